@@ -1,0 +1,103 @@
+"""Every option of asgd.train: its default, its validation, and the one dataclass
+that the rest of the program receives."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    """A bad option; the message is one line a user can act on."""
+
+
+@dataclass(frozen=True)
+class Config:
+    data: str | None = None      # TSV training file; None: the embedded default problem
+    test: str | None = None      # held-out TSV; None: <data stem>.test.tsv, or a split
+    classes: int | None = None   # None: inferred from the labels
+    hidden: int = 10000
+    batch: int = 256
+    lr: float | None = None      # None: mlp.default_lr(hidden)
+    epochs: int = 5
+    seed: int = 0
+    out: str | None = None       # None: runs/<timestamp>-n<ranks>
+    timeout: float = 0.0         # seconds for the whole job; 0: none
+    progress: float = 2.0        # seconds between progress lines at most
+    quiet: bool = False
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing and exiting on every rank."""
+
+    def error(self, message: str):
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = Config()
+    p = _Parser(
+        prog="mpiexec -n N python -m asgd.train",
+        description="Asynchronous SGD with a parameter server over MPI: rank 0 serves the "
+                    "parameters, ranks 1..N-1 train the d_in-hidden-d_out MLP on their share "
+                    "of the data. With no options: the embedded 2-feature rings problem "
+                    "(16384 points), a 2-10K-2 MLP, batch 256, 5 epochs.",
+        epilog="Writes OUT/results.json (schema in the README). Errors end the whole job "
+               "with one line and exit status 2 (bad input) or 1 (failure during the run).")
+    p.add_argument("--data", metavar="TSV", help="training data: features then an integer "
+                   "label per line, tab separated (default: the embedded rings problem)")
+    p.add_argument("--test", metavar="TSV", help="held-out data (default: DATA's "
+                   "<stem>.test.tsv if it exists, else a seeded 1/8 of DATA)")
+    p.add_argument("--classes", type=int, help="number of classes (default: max label + 1)")
+    p.add_argument("--hidden", type=int, default=d.hidden, help="hidden units (default %(default)s; the paper also uses 100000)")
+    p.add_argument("--batch", type=int, default=d.batch, help="mini-batch size per worker step (default %(default)s)")
+    p.add_argument("--lr", type=float, help="learning rate of each worker's step (default 3/hidden)")
+    p.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data by all workers together (default %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the data split, shuffles and initial weights (default %(default)s)")
+    p.add_argument("--out", metavar="DIR", help="run folder for results.json (default: runs/<time>-n<ranks>)")
+    p.add_argument("--timeout", type=float, default=d.timeout, metavar="SECONDS",
+                   help="end the whole job with an error if it runs longer (default: no limit)")
+    p.add_argument("--progress", type=float, default=d.progress, metavar="SECONDS",
+                   help="seconds between progress lines within an epoch (default %(default)s)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
+    return p
+
+
+def parse(argv: list[str] | None, world_size: int, quiet_help: bool = False) -> Config:
+    """Options -> validated Config. quiet_help: do not print --help (ranks other than 0)."""
+    p = build_parser()
+    if quiet_help:
+        p._print_message = lambda *a, **k: None  # --help prints once, from rank 0
+    a = p.parse_args(argv)
+    cfg = Config(**vars(a))
+    validate(cfg, world_size)
+    return cfg
+
+
+def validate(cfg: Config, world_size: int) -> None:
+    def need(ok: bool, msg: str):
+        if not ok:
+            raise ConfigError(msg)
+
+    need(world_size >= 2, f"need at least 2 MPI ranks (1 server + 1 worker), got {world_size}; "
+                          "run under mpiexec -n N with N >= 2")
+    need(cfg.hidden >= 1, f"--hidden must be >= 1, got {cfg.hidden}")
+    need(cfg.batch >= 1, f"--batch must be >= 1, got {cfg.batch}")
+    need(cfg.epochs >= 1, f"--epochs must be >= 1, got {cfg.epochs}")
+    need(cfg.lr is None or (math.isfinite(cfg.lr) and cfg.lr > 0),
+         f"--lr must be a positive finite number, got {cfg.lr}")
+    need(cfg.classes is None or cfg.classes >= 2, f"--classes must be >= 2, got {cfg.classes}")
+    need(math.isfinite(cfg.timeout) and cfg.timeout >= 0, f"--timeout must be >= 0 seconds, got {cfg.timeout}")
+    need(math.isfinite(cfg.progress) and cfg.progress > 0, f"--progress must be > 0 seconds, got {cfg.progress}")
+    need(cfg.test is None or cfg.data is not None, "--test needs --data")
+
+
+def default_out(world_size: int) -> str:
+    return os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + f"-n{world_size}")

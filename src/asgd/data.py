@@ -1,0 +1,188 @@
+"""The synthetic problem and the TSV file format.
+
+Format (the paper's): one data point a line, the features as decimal numbers, then an
+integer class label, separated by tabs (any whitespace is accepted, as are CRLF line
+endings and trailing blanks).
+
+The default problem is concentric rings in 2-D: class k fills the ring between radii
+k/K and (k+1)/K, less a gap between rings. No linear classifier separates the
+classes (the hidden layer matters), there is no label noise (the best accuracy is
+1.0), and every point is fixed by the seed.
+
+    python -m asgd.data generate --points 16384 --out data.tsv --seed 0
+
+writes data.tsv and its held-out companion data.test.tsv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_POINTS = 16384  # the paper's data set size
+DEFAULT_TEST_POINTS = 4096
+RING_GAP = 0.1  # fraction of each ring's width left empty, so the problem has a margin
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file and, where it can, the line."""
+
+
+@dataclass
+class Dataset:
+    X: np.ndarray  # (n, n_features) float64
+    y: np.ndarray  # (n,) int64 class labels 0..classes-1
+    classes: int
+
+    @property
+    def features(self) -> int:
+        return self.X.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+def rings(points: int, seed: int, classes: int = 2) -> Dataset:
+    """`points` points of the concentric-rings problem, balanced over `classes`."""
+    if points < 1:
+        raise DataError(f"need at least 1 point, got {points}")
+    if classes < 2:
+        raise DataError(f"need at least 2 classes, got {classes}")
+    rng = np.random.default_rng(seed)
+    y = rng.permutation(np.arange(points) % classes).astype(np.int64)
+    width = 1.0 / classes
+    r_in = y * width + (y > 0) * (RING_GAP * width / 2)
+    r_out = (y + 1) * width - (y < classes - 1) * (RING_GAP * width / 2)
+    # uniform in area: r^2 uniform between the ring's radii squared
+    r = np.sqrt(r_in**2 + rng.random(points) * (r_out**2 - r_in**2))
+    theta = rng.random(points) * 2 * np.pi
+    X = np.stack([r * np.cos(theta), r * np.sin(theta)], axis=1)
+    return Dataset(X, y, classes)
+
+
+def default_problem(seed: int = 0) -> tuple[Dataset, Dataset]:
+    """The embedded default: 16384 training and 4096 held-out points (seeds s, s+1)."""
+    return rings(DEFAULT_POINTS, seed), rings(DEFAULT_TEST_POINTS, seed + 1)
+
+
+def test_path(path: str) -> str:
+    """The held-out companion of a data file: data.tsv -> data.test.tsv."""
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.test{ext}"
+
+
+def write_tsv(path: str, data: Dataset) -> None:
+    # %.17g round-trips a float64 exactly
+    cols = np.column_stack([data.X, data.y.astype(np.float64)])
+    fmt = ["%.17g"] * data.features + ["%d"]
+    np.savetxt(path, cols, fmt=fmt, delimiter="\t")
+
+
+def read_tsv(path: str, classes: int | None = None) -> Dataset:
+    """Parse and validate a TSV file; any problem raises DataError naming file and line."""
+    lines = _read_lines(path)
+    n_fields = None
+    rows = []
+    for lineno, line in enumerate(lines, 1):
+        fields = line.split()
+        if not fields:
+            raise DataError(f"{path}:{lineno}: empty line")
+        if n_fields is None:
+            n_fields = len(fields)
+            if n_fields < 2:
+                raise DataError(f"{path}:{lineno}: need at least one feature and a label, "
+                                f"got {n_fields} field(s)")
+        elif len(fields) != n_fields:
+            raise DataError(f"{path}:{lineno}: expected {n_fields} fields like line 1, "
+                            f"got {len(fields)}")
+        rows.append(fields)
+    return _validate(path, rows, classes)
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise DataError(f"{path}: data file not found") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read data file: {e.strerror}") from None
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not a text file (byte {raw[e.start]:#x})") from None
+    lines = text.splitlines()
+    while lines and not lines[-1].strip():  # trailing blank lines are harmless
+        lines.pop()
+    if not lines:
+        raise DataError(f"{path}: empty data file")
+    return lines
+
+
+def _validate(path: str, rows: list[list[str]], classes: int | None) -> Dataset:
+    n_feat = len(rows[0]) - 1
+    X = np.empty((len(rows), n_feat))
+    y = np.empty(len(rows), dtype=np.int64)
+    for i, fields in enumerate(rows):
+        try:
+            X[i] = [float(v) for v in fields[:n_feat]]
+        except ValueError:
+            bad = next(v for v in fields[:n_feat] if not _is_float(v))
+            raise DataError(f"{path}:{i + 1}: feature {bad!r} is not a number") from None
+        label = fields[-1]
+        if not label.lstrip("-").isdigit():
+            raise DataError(f"{path}:{i + 1}: label {label!r} is not an integer")
+        y[i] = int(label)
+    bad = np.flatnonzero(~np.isfinite(X).all(axis=1))
+    if len(bad):
+        raise DataError(f"{path}:{bad[0] + 1}: feature is NaN or infinite")
+    if (y < 0).any():
+        raise DataError(f"{path}:{np.flatnonzero(y < 0)[0] + 1}: negative label {y[y < 0][0]}")
+    k = int(y.max()) + 1 if classes is None else classes
+    if classes is not None and (y >= classes).any():
+        i = np.flatnonzero(y >= classes)[0]
+        raise DataError(f"{path}:{i + 1}: label {y[i]} out of range for --classes {classes}")
+    if k < 2:
+        raise DataError(f"{path}: all labels are 0; need at least 2 classes")
+    return Dataset(X, y, k)
+
+
+def _is_float(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m asgd.data", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate", help="write the synthetic rings problem as TSV")
+    g.add_argument("--points", type=int, default=DEFAULT_POINTS, help="training points (default %(default)s)")
+    g.add_argument("--test-points", type=int, default=None,
+                   help="held-out points written to <out stem>.test.tsv (default: points/4)")
+    g.add_argument("--classes", type=int, default=2, help="number of rings/classes (default %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    g.add_argument("--out", required=True, help="output file, e.g. data.tsv")
+    a = p.parse_args(argv)
+    try:
+        test_points = a.test_points if a.test_points is not None else max(1, a.points // 4)
+        train, test = rings(a.points, a.seed, a.classes), rings(test_points, a.seed + 1, a.classes)
+        write_tsv(a.out, train)
+        write_tsv(test_path(a.out), test)
+    except (DataError, OSError) as e:
+        print(f"asgd.data: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(train)} points to {a.out} and {len(test)} to {test_path(a.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
