@@ -1,0 +1,86 @@
+"""Roles, message layout, and waiting on MPI requests without spinning.
+
+Messages (float64, one contiguous buffer each, no pickling on the hot path):
+    push  worker -> server, TAG_PUSH: [ Delta-w (n_w) | version, loss_sum, samples ]
+    pull  server -> worker, TAG_PULL: [ w (n_w)       | version ]
+    done  worker -> server, TAG_DONE: [ 0 ]  after the worker's last exchange
+`version` is the number of updates the server had applied to the w a Delta-w was
+computed from (push) or to the w it sends (pull): staleness = server version at
+apply - push version.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from mpi4py import MPI
+
+SERVER = 0
+TAG_PUSH, TAG_PULL, TAG_DONE = 11, 12, 13
+PUSH_HEADER = 3  # version, loss_sum, samples
+PULL_HEADER = 1  # version
+
+
+class StallError(RuntimeError):
+    """A wait outlived the job's deadline."""
+
+
+def cores_available() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def oversubscribed(comm: MPI.Comm) -> bool:
+    """More ranks on this node than cores they may run on."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size() > cores_available()
+    finally:
+        node.Free()
+
+
+class Waiter:
+    """Completes requests by polling Test*, never by MPI's blocking Wait.
+
+    MPICH busy-polls inside Wait; with more ranks than cores that steals the cores of
+    the ranks doing work (NOTES-mpi.md: a Test loop with sleep backoff was 4-5x faster).
+    So: spin briefly (only when every rank has a core), then sleep, doubling from
+    10 us to max_sleep. Every wait also checks the job's deadline, so nothing hangs.
+    """
+
+    def __init__(self, oversubscribed: bool, deadline: float = 0.0, what: str = ""):
+        self.spin_s = 0.0 if oversubscribed else 200e-6
+        self.max_sleep_s = 1e-3 if oversubscribed else 100e-6
+        self.deadline = deadline  # time.monotonic() value, 0: none
+        self.what = what          # "rank 3 (worker)", for stall messages
+
+    def _poll(self, test, waiting_for: str):
+        start = time.perf_counter()
+        sleep = 10e-6
+        while True:
+            done = test()
+            if done is not None:
+                return done
+            now = time.perf_counter()
+            if now - start < self.spin_s:
+                continue
+            if self.deadline and time.monotonic() > self.deadline:
+                raise StallError(f"{self.what} timed out waiting for {waiting_for}")
+            time.sleep(sleep)
+            sleep = min(sleep * 2, self.max_sleep_s)
+
+    def any(self, requests: list[MPI.Request], waiting_for: str = "a message") -> int:
+        """Index of a completed request (as MPI_Waitany)."""
+        def test():
+            index, flag = MPI.Request.Testany(requests)
+            return index if flag and index != MPI.UNDEFINED else None
+        return self._poll(test, waiting_for)
+
+    def all(self, requests: list[MPI.Request], waiting_for: str = "messages") -> None:
+        self._poll(lambda: True if MPI.Request.Testall(requests) else None, waiting_for)
+
+    def barrier(self, comm: MPI.Comm, waiting_for: str = "the other ranks") -> None:
+        self.all([comm.Ibarrier()], waiting_for)

@@ -1,0 +1,118 @@
+"""results.json (schema in the README) and the end-of-run summary, both built from the
+per-rank records gathered on rank 0. bench/, plots and the model read only this file."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+
+def machine(comm, oversubscribed: bool) -> dict:
+    """Where the run ran; not collective (only rank 0 calls it)."""
+    from mpi4py import MPI
+    import mpi4py
+    import numba
+
+    from .comm import cores_available
+    return {
+        "world_size": comm.size,
+        "host": socket.gethostname(),
+        "cores": cores_available(),
+        "oversubscribed": oversubscribed,
+        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi_version": "%d.%d" % MPI.Get_version(),
+        "mpi4py": mpi4py.__version__,
+        "launcher": launcher(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+    }
+
+
+def launcher() -> str:
+    """Which launcher started us, from the environment it leaves behind."""
+    env = os.environ
+    if "SLURM_STEP_ID" in env and "PMI_RANK" not in env and "OMPI_COMM_WORLD_RANK" not in env:
+        return "srun"
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return "mpirun (Open MPI)"
+    if "PMI_RANK" in env or "HYDRA_CONTROL_FD" in env or "PMI_FD" in env:
+        return "mpiexec (Hydra)"
+    return "singleton"
+
+
+def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: dict) -> dict:
+    """ranks: one record per rank (rank, role, phases, bytes_sent, bytes_recv, updates,
+    staleness); server: updates, samples, history, final loss/accuracy."""
+    init_s = max(r["phases"].get("init", 0.0) for r in ranks)
+    train_s = max(wall_s - init_s, 1e-9)
+    return {
+        "schema": SCHEMA_VERSION,
+        "config": {**config, **meta},
+        "wall_s": wall_s,
+        "init_s": init_s,
+        "train_s": train_s,
+        "metrics": {"loss": server["loss"], "accuracy": server["accuracy"],
+                    "history": server["history"]},
+        "throughput": {"samples_per_s": server["samples"] / train_s,
+                       "updates_per_s": server["updates"] / train_s,
+                       "samples": server["samples"], "updates": server["updates"]},
+        "ranks": ranks,
+    }
+
+
+def write(path: str, results: dict) -> None:
+    """Atomically: a reader never sees half a file."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1, default=_plain)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _plain(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(f"not JSON serializable: {type(x)}")
+
+
+def role_split(results: dict) -> dict[str, dict[str, float]]:
+    """Mean seconds per phase over the ranks of each role."""
+    out: dict[str, dict[str, float]] = {}
+    for role in ("server", "worker"):
+        rs = [r for r in results["ranks"] if r["role"] == role]
+        if rs:
+            names = sorted({p for r in rs for p in r["phases"]}, key=_PHASE_ORDER.index)
+            out[role] = {p: float(np.mean([r["phases"].get(p, 0.0) for r in rs])) for p in names}
+    return out
+
+
+_PHASE_ORDER = ["init", "compute", "push", "comm_wait", "aggregate", "evaluate", "idle"]
+
+
+def summary(results: dict, path: str) -> str:
+    c, t = results["config"], results["throughput"]
+    lines = [
+        f"asgd: {c['world_size']} ranks ({c['servers']} server, {c['workers']} workers), "
+        f"{c['features']}-{c['hidden']}-{c['classes']} MLP ({c['n_w']:,} parameters), "
+        f"batch {c['batch']}, lr {c['lr']:g}, {c['epochs']} epochs",
+        f"held-out loss {results['metrics']['loss']:.4f}  accuracy {results['metrics']['accuracy']:.4f}",
+        f"wall {results['wall_s']:.2f} s (init {results['init_s']:.2f} s, train {results['train_s']:.2f} s)  "
+        f"{t['samples_per_s']:,.0f} samples/s  {t['updates_per_s']:,.1f} updates/s",
+        "time split, seconds (mean over the role's ranks):",
+    ]
+    split = role_split(results)
+    phases = [p for p in _PHASE_ORDER if any(p in s for s in split.values())]
+    lines.append("  " + f"{'role':8}" + "".join(f"{p:>11}" for p in phases))
+    for role, s in split.items():
+        lines.append("  " + f"{role:8}" + "".join(
+            f"{s[p]:>11.2f}" if p in s else f"{'-':>11}" for p in phases))
+    lines.append(f"results: {path}")
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""mpiexec -n N python -m asgd.train [options]: the whole run, top to bottom.
+
+options -> data -> init (load, split, JIT) -> training loop (rank 0 serves, the others
+work) -> gather per-rank records -> results.json and summary on rank 0.
+"""
+
+from __future__ import annotations
+
+import time
+
+T0_NS = time.perf_counter_ns()  # init starts when the process does: imports and JIT count
+
+import os  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+from . import config, data, mlp, results  # noqa: E402
+from .comm import SERVER, Waiter, oversubscribed  # noqa: E402
+from .server import EpochTracker, run_server  # noqa: E402
+from .trace import PhaseClock  # noqa: E402
+from .worker import run_worker  # noqa: E402
+
+
+def load(cfg: config.Config) -> tuple[data.Dataset, data.Dataset]:
+    """Training and held-out sets (every rank loads them; the readers issue replaces this)."""
+    if cfg.data is None:
+        return data.default_problem()
+    train = data.read_tsv(cfg.data, cfg.classes)
+    test_file = cfg.test or data.test_path(cfg.data)
+    if cfg.test or os.path.exists(test_file):
+        test = data.read_tsv(test_file, cfg.classes)
+    else:  # a seeded 1/8 of the data is held out
+        perm = np.random.default_rng([cfg.seed, 8]).permutation(len(train))
+        cut = len(train) // 8
+        if cut == 0:
+            raise data.DataError(f"{cfg.data}: {len(train)} points are too few to hold out a test set")
+        test = data.Dataset(train.X[perm[:cut]], train.y[perm[:cut]], train.classes)
+        train = data.Dataset(train.X[perm[cut:]], train.y[perm[cut:]], train.classes)
+    if test.features != train.features:
+        raise data.DataError(f"{test_file}: {test.features} features, but {cfg.data} has {train.features}")
+    classes = cfg.classes or max(train.classes, test.classes)
+    return data.Dataset(train.X, train.y, classes), data.Dataset(test.X, test.y, classes)
+
+
+def share(n: int, worker: int, workers: int, seed: int) -> np.ndarray:
+    """Indices of this worker's random 1/workers of the n training points."""
+    return np.random.default_rng([seed, 1]).permutation(n)[worker::workers]
+
+
+def agree(comm: MPI.Comm, waiter: Waiter, error: str | None) -> str | None:
+    """Every rank learns whether any failed, and the lowest failing rank's message."""
+    waiter.barrier(comm, "the other ranks to finish start-up")
+    return next((e for e in comm.allgather(error) if e), None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    comm = MPI.COMM_WORLD
+    rank = comm.rank
+    role = "server" if rank == SERVER else "worker"
+    clock = PhaseClock("init", T0_NS)
+    try:
+        cfg = config.parse(argv, comm.size, quiet_help=rank != 0)
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+    except config.ConfigError as e:
+        if rank == 0:
+            print(f"asgd.train: error: {e} (see --help)", file=sys.stderr)
+        return 2
+    deadline = time.monotonic() + cfg.timeout if cfg.timeout else 0.0
+    crowded = oversubscribed(comm)
+    waiter = Waiter(crowded, deadline, f"rank {rank} ({role})")
+    say = (lambda s: print(s, flush=True)) if rank == 0 and not cfg.quiet else (lambda s: None)
+
+    # -- init: data, model, output folder, JIT; any failure is agreed on, reported once
+    error = None
+    try:
+        train, test = load(cfg)
+        layout = mlp.Layout(train.features, cfg.hidden, train.classes)
+        lr = cfg.lr or mlp.default_lr(cfg.hidden)
+        w = mlp.init_params(layout, cfg.seed)
+        out = cfg.out or comm.bcast(config.default_out(comm.size) if rank == 0 else None)
+        if rank == 0:
+            _check_writable(out)
+        warm_up_jit(comm, waiter)
+    except (data.DataError, OSError, MemoryError) as e:
+        error = str(e)
+    except Exception as e:  # a bug: say where
+        error = f"rank {rank} ({role}): {type(e).__name__}: {e}"
+    error = agree(comm, waiter, error)
+    if error:
+        if rank == 0:
+            print(f"asgd.train: error: {error}", file=sys.stderr)
+        return 2
+
+    # -- training: from here a failure anywhere aborts the whole job
+    try:
+        workers = comm.size - 1
+        if rank == SERVER:
+            say(f"asgd: {comm.size} ranks: 1 server, {workers} workers; {len(train):,} training and "
+                f"{len(test):,} held-out points; {layout.d_in}-{layout.d_hidden}-{layout.d_out} MLP, "
+                f"batch {cfg.batch}, lr {lr:g}, {cfg.epochs} epochs")
+            evaluate = mlp.make_evaluate(layout, w, test)
+            tracker = EpochTracker(len(train), cfg.epochs, evaluate, say, cfg.progress, clock)
+            st = run_server(comm, w, mlp.add_into, tracker, waiter, clock)
+            record = {"updates": st.updates, "bytes_sent": st.bytes_sent, "bytes_recv": st.bytes_recv,
+                      "staleness": _staleness(st.stale_sum.sum(), st.stale_max.max(initial=0), st.updates)}
+        else:
+            mine = share(len(train), rank - 1, workers, cfg.seed)
+            step = mlp.make_step(layout, cfg.batch)
+            st = run_worker(comm, w, train.X[mine], train.y[mine], step, lr, cfg.batch,
+                            cfg.epochs, cfg.seed, waiter, clock)
+            record = {"updates": st.updates, "bytes_sent": st.bytes_sent, "bytes_recv": st.bytes_recv}
+        clock.switch("idle")
+        waiter.barrier(comm, "the other ranks to finish")
+        record.update(rank=rank, role=role, phases=clock.seconds())
+        records = comm.gather(record, root=SERVER)
+        if rank == SERVER:
+            wall = clock.elapsed()
+            for r in records[1:]:
+                i = r["rank"] - 1
+                r["staleness"] = _staleness(st.stale_sum[i], st.stale_max[i], st.worker_updates[i])
+            final = st.history[-1] if st.history else {}
+            res = results.build(
+                config={**cfg.to_dict(), "out": out, "lr": lr, "servers": 1, "workers": workers,
+                        "features": layout.d_in, "classes": layout.d_out, "n_w": layout.n_w,
+                        "train_points": len(train), "test_points": len(test)},
+                ranks=records, wall_s=wall, meta=results.machine(comm, crowded),
+                server={"updates": st.updates, "samples": st.samples, "history": st.history,
+                        "loss": final.get("test_loss"), "accuracy": final.get("test_accuracy")})
+            path = os.path.join(out, "results.json")
+            results.write(path, res)
+            print(results.summary(res, path), flush=True)
+        return 0
+    except Exception as e:
+        print(f"asgd.train: rank {rank} ({role}): {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        if os.environ.get("ASGD_DEBUG"):
+            traceback.print_exc()
+        comm.Abort(1)
+        return 1
+
+
+def warm_up_jit(comm: MPI.Comm, waiter: Waiter) -> None:
+    """One rank per node compiles the kernels into numba's cache; the others then load
+    it, rather than every rank compiling at once on the node's few cores."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        if node.rank == 0:
+            mlp.compile_kernels()
+        waiter.barrier(node, "the node's first rank to compile the kernels")
+        if node.rank != 0:
+            mlp.compile_kernels()
+    finally:
+        node.Free()
+
+
+def _staleness(total, worst, updates) -> dict:
+    return {"mean": float(total) / updates if updates else 0.0, "max": int(worst)}
+
+
+def _check_writable(out: str) -> None:
+    try:
+        os.makedirs(out, exist_ok=True)
+        probe = os.path.join(out, ".asgd-write-test")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise OSError(f"cannot write to output folder {out}: {e.strerror}") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
