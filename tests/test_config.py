@@ -1,0 +1,39 @@
+import math
+
+import pytest
+
+from asgd import config
+from asgd.config import ConfigError
+
+
+def test_defaults_are_the_papers_setup():
+    c = config.parse([], world_size=16)
+    assert (c.hidden, c.batch, c.data) == (10000, 256, None)
+    assert c.lr is None  # resolved to 3/hidden by the trainer
+
+
+@pytest.mark.parametrize("argv, world, message", [
+    (["--batch", "0"], 4, "--batch must be >= 1, got 0"),
+    (["--hidden", "-1"], 4, "--hidden must be >= 1, got -1"),
+    (["--epochs", "0"], 4, "--epochs must be >= 1, got 0"),
+    (["--lr", "0"], 4, "--lr must be a positive finite number"),
+    (["--lr", "-0.1"], 4, "--lr must be a positive finite number"),
+    (["--lr", "nan"], 4, "--lr must be a positive finite number"),
+    (["--lr", "inf"], 4, "--lr must be a positive finite number"),
+    (["--classes", "1"], 4, "--classes must be >= 2"),
+    (["--timeout", "-1"], 4, "--timeout must be >= 0"),
+    (["--batch", "abc"], 4, "invalid int value: 'abc'"),
+    (["--no-such-option"], 4, "unrecognized arguments: --no-such-option"),
+    (["--test", "t.tsv"], 4, "--test needs --data"),
+    ([], 1, "need at least 2 MPI ranks"),
+])
+def test_bad_options_give_one_clear_message(argv, world, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        config.parse(argv, world_size=world)
+
+
+def test_values_round_trip_to_dict():
+    c = config.parse(["--hidden", "100", "--lr", "0.5", "--seed", "3"], world_size=2)
+    d = c.to_dict()
+    assert d["hidden"] == 100 and math.isclose(d["lr"], 0.5) and d["seed"] == 3
+    assert set(d) == {f.name for f in config.Config.__dataclass_fields__.values()}
