@@ -74,17 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     waiter = Waiter(crowded, deadline, f"rank {rank} ({role})")
     say = (lambda s: print(s, flush=True)) if rank == 0 and not cfg.quiet else (lambda s: None)
 
-    # -- init: data, model, output folder, JIT; any failure is agreed on, reported once
+    # -- init: data, model, output folder. Only local work here (no collective may
+    # follow a step that can fail on some ranks): failures are agreed on, reported once.
+    out = cfg.out or comm.bcast(config.default_out(comm.size) if rank == 0 else None)
     error = None
     try:
         train, test = load(cfg)
         layout = mlp.Layout(train.features, cfg.hidden, train.classes)
         lr = cfg.lr or mlp.default_lr(cfg.hidden)
         w = mlp.init_params(layout, cfg.seed)
-        out = cfg.out or comm.bcast(config.default_out(comm.size) if rank == 0 else None)
         if rank == 0:
             _check_writable(out)
-        warm_up_jit(comm, waiter)
     except (data.DataError, OSError, MemoryError) as e:
         error = str(e)
     except Exception as e:  # a bug: say where
@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"asgd.train: error: {error}", file=sys.stderr)
         return 2
 
-    # -- training: from here a failure anywhere aborts the whole job
+    # -- JIT and training: from here a failure anywhere aborts the whole job
     try:
+        warm_up_jit(comm, waiter)
         workers = comm.size - 1
         if rank == SERVER:
             say(f"asgd: {comm.size} ranks: 1 server, {workers} workers; {len(train):,} training and "

@@ -1,0 +1,116 @@
+"""The trainer as a user runs it: mpiexec in a subprocess, always with a time limit."""
+
+import numpy as np
+import pytest
+
+from asgd import data
+from conftest import load_results, mpiexec
+
+WORKER_PHASES = {"init", "compute", "comm_wait"}
+SERVER_PHASES = {"init", "aggregate", "idle"}
+
+
+def check_schema(r: dict, world: int) -> None:
+    """The results.json contract the README documents (other tools read only this)."""
+    c = r["config"]
+    for key in ("hidden", "batch", "lr", "epochs", "seed", "world_size", "workers", "servers",
+                "mpi_library", "host", "cores", "n_w"):
+        assert key in c, key
+    assert c["world_size"] == world and c["servers"] == 1 and c["workers"] == world - 1
+    assert c["mpi_library"]  # e.g. "MPICH Version: 5.0.2"
+    assert r["wall_s"] > 0 and 0 <= r["init_s"] < r["wall_s"]
+    assert r["train_s"] == pytest.approx(r["wall_s"] - r["init_s"])
+    m, t = r["metrics"], r["throughput"]
+    assert 0 <= m["accuracy"] <= 1 and np.isfinite(m["loss"])
+    assert len(m["history"]) == c["epochs"]
+    assert [h["epoch"] for h in m["history"]] == list(range(1, c["epochs"] + 1))
+    assert t["samples_per_s"] > 0 and t["updates_per_s"] > 0
+    assert t["samples"] == c["epochs"] * c["train_points"]
+    ranks = r["ranks"]
+    assert [x["rank"] for x in ranks] == list(range(world))
+    assert [x["role"] for x in ranks] == ["server"] + ["worker"] * (world - 1)
+    assert SERVER_PHASES <= set(ranks[0]["phases"])
+    for x in ranks:
+        assert x["bytes_sent"] > 0 and x["bytes_recv"] > 0
+        assert x["staleness"]["max"] >= x["staleness"]["mean"] >= 0
+    for x in ranks[1:]:
+        assert WORKER_PHASES <= set(x["phases"])
+    # every Delta-w a worker sent was applied by the server, once
+    assert ranks[0]["updates"] == sum(x["updates"] for x in ranks[1:]) == t["updates"]
+    n_w8 = c["n_w"] * 8
+    assert ranks[0]["bytes_recv"] == sum(x["bytes_sent"] for x in ranks[1:]) > t["updates"] * n_w8
+
+
+def test_two_ranks_small_model(tmp_path):
+    p = mpiexec(2, ["--hidden", "500", "--epochs", "4", "--out", str(tmp_path), "--quiet"])
+    assert p.returncode == 0, p.stderr
+    r = load_results(tmp_path)
+    check_schema(r, 2)
+    assert r["metrics"]["accuracy"] >= 0.95
+    assert "held-out loss" in p.stdout and "results:" in p.stdout
+
+
+def test_four_ranks_default_model_learns(tmp_path):
+    p = mpiexec(4, ["--epochs", "3", "--out", str(tmp_path)])
+    assert p.returncode == 0, p.stderr
+    r = load_results(tmp_path)
+    check_schema(r, 4)
+    assert r["config"]["hidden"] == 10000 and r["config"]["n_w"] == 2 * 10000 + 10000 + 10000 * 2 + 2
+    assert r["metrics"]["accuracy"] >= 0.95
+    assert p.stdout.count("epoch ") >= 3  # progress lines from rank 0 only
+
+
+def test_default_run_sixteen_ranks(tmp_path):
+    """The README's main command, oversubscribed 8x on a 2-core machine."""
+    p = mpiexec(16, ["--out", str(tmp_path)], timeout=150)
+    assert p.returncode == 0, p.stderr
+    r = load_results(tmp_path)
+    check_schema(r, 16)
+    assert r["metrics"]["accuracy"] >= 0.95
+    assert r["config"]["oversubscribed"] is True
+
+
+def test_trains_on_a_tsv_file_with_its_test_file(tmp_path):
+    f = tmp_path / "d.tsv"
+    assert data.main(["generate", "--points", "3000", "--classes", "3", "--out", str(f)]) == 0
+    out = tmp_path / "run"
+    p = mpiexec(3, ["--data", str(f), "--hidden", "300", "--epochs", "2", "--out", str(out), "--quiet"])
+    assert p.returncode == 0, p.stderr
+    r = load_results(out)
+    assert (r["config"]["features"], r["config"]["classes"]) == (2, 3)
+    assert (r["config"]["train_points"], r["config"]["test_points"]) == (3000, 750)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch", "0"], "--batch must be >= 1, got 0"),
+    (["--hidden", "-1"], "--hidden must be >= 1, got -1"),
+    (["--lr", "nan"], "--lr must be a positive finite number"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--data", "/no/such/file.tsv"], "/no/such/file.tsv: data file not found"),
+])
+def test_errors_end_the_job_with_one_line(tmp_path, args, message):
+    p = mpiexec(4, args + ["--out", str(tmp_path / "o")], timeout=30)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_bad_line_in_data_file_is_named(tmp_path):
+    f = tmp_path / "bad.tsv"
+    f.write_text("0.1\t0.2\t0\n0.3\t0.4\t1\n0.5\toops\t1\n")
+    p = mpiexec(3, ["--data", str(f), "--out", str(tmp_path / "o")], timeout=30)
+    assert p.returncode == 2
+    assert p.stderr.strip() == f"asgd.train: error: {f}:3: feature 'oops' is not a number"
+
+
+def test_unwritable_output_folder(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    p = mpiexec(2, ["--out", str(blocker / "sub")], timeout=30)
+    assert p.returncode == 2 and "cannot write to output folder" in p.stderr
+
+
+def test_one_rank_is_refused():
+    p = mpiexec(1, [], timeout=30)
+    assert p.returncode == 2 and "need at least 2 MPI ranks" in p.stderr
