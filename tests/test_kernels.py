@@ -1,0 +1,161 @@
+"""The numba kernels against the plain-numpy oracle in mlp.py and against finite differences."""
+
+import numpy as np
+import pytest
+
+from asgd import kernels as K
+from asgd.mlp import Layout, init_params, reference_predict, reference_step
+
+
+def _data(layout, n, seed):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, layout.d_in)), rng.integers(0, layout.d_out, n)
+
+
+def _both(layout, w, X, y, lr, scratch_batch):
+    """Run the numba step (dw prefilled with NaN: it must overwrite all of it) and the reference."""
+    dw_ref = np.empty(layout.n_w)
+    loss_ref = reference_step(layout, w, X, y, lr, dw_ref)
+    dw = np.full(layout.n_w, np.nan)
+    scratch = K.make_scratch(scratch_batch, layout.d_hidden, layout.d_out)
+    loss = K.sgd_step(*layout.views(w), X, y, lr, *layout.views(dw), scratch)
+    return loss, dw, loss_ref, dw_ref
+
+
+@pytest.mark.parametrize("d_in,d_h,d_out,batch,scratch_batch", [
+    (2, 10000, 2, 256, 256),   # the paper's 2-10K-2: fused path, several sample blocks
+    (2, 1000, 2, 37, 64),      # partial last batch, not a multiple of 4 (padded rows), H not a multiple of CH
+    (2, 300, 2, 1, 256),       # batch 1
+    (2, 700, 3, 33, 33),       # d_out 3: generic path
+    (3, 50, 4, 16, 16),        # d_out 4, d_in 3
+    (1, 513, 2, 70, 64),       # d_in 1, batch larger than the scratch's block
+])
+def test_step_matches_reference(d_in, d_h, d_out, batch, scratch_batch):
+    layout = Layout(d_in, d_h, d_out)
+    w = init_params(layout, seed=d_h)
+    X, y = _data(layout, batch, seed=batch)
+    loss, dw, loss_ref, dw_ref = _both(layout, w, X, y, 0.05, scratch_batch)
+    assert np.isfinite(loss) and loss > 0
+    assert loss == pytest.approx(loss_ref, rel=1e-12)
+    for got, ref in zip(layout.views(dw), layout.views(dw_ref)):
+        np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12 * np.abs(dw_ref).max())
+
+
+def test_scratch_is_reusable_across_batch_sizes():
+    layout = Layout(2, 600, 2)
+    w = init_params(layout, 1)
+    scratch = K.make_scratch(64, 600, 2)
+    for batch in (64, 13, 64, 2):   # full batches, then the short last batch of an epoch
+        X, y = _data(layout, batch, seed=batch)
+        dw_ref = np.empty(layout.n_w)
+        loss_ref = reference_step(layout, w, X, y, 0.1, dw_ref)
+        dw = np.empty(layout.n_w)
+        assert K.sgd_step(*layout.views(w), X, y, 0.1, *layout.views(dw), scratch) == pytest.approx(loss_ref, rel=1e-12)
+        np.testing.assert_allclose(dw, dw_ref, rtol=1e-9, atol=1e-12 * np.abs(dw_ref).max())
+
+
+def test_gradient_matches_central_differences():
+    layout = Layout(3, 7, 4)
+    w = init_params(layout, 3)
+    X, y = _data(layout, 9, seed=4)
+    scratch = K.make_scratch(9, 7, 4)
+    dw = np.empty(layout.n_w)
+
+    def loss(v):
+        return K.sgd_step(*layout.views(v), X, y, 1.0, *layout.views(np.empty(layout.n_w)), scratch)
+
+    K.sgd_step(*layout.views(w), X, y, 1.0, *layout.views(dw), scratch)   # lr = 1: dw = -grad
+    eps = 1e-6
+    fd = np.empty(layout.n_w)
+    for i in range(layout.n_w):
+        wp, wm = w.copy(), w.copy()
+        wp[i] += eps
+        wm[i] -= eps
+        fd[i] = (loss(wp) - loss(wm)) / (2 * eps)
+    np.testing.assert_allclose(-dw, fd, rtol=1e-6, atol=1e-8)
+    assert np.abs(fd).max() > 1e-3   # the check is not vacuous
+
+
+@pytest.mark.parametrize("d_in,d_h,d_out,n", [(2, 1000, 2, 3001), (3, 40, 4, 517)])
+def test_evaluate_matches_reference_predict(d_in, d_h, d_out, n):
+    layout = Layout(d_in, d_h, d_out)
+    w = init_params(layout, 5)
+    X, y = _data(layout, n, seed=6)
+    p = reference_predict(layout, w, X)
+    loss, acc = K.evaluate(*layout.views(w), X, y)
+    assert loss == pytest.approx(np.mean(-np.log(p[np.arange(n), y])), rel=1e-12)
+    assert acc == np.mean(p.argmax(axis=1) == y)
+    assert 0.0 < acc < 1.0
+
+
+def test_extreme_logits_and_saturated_sigmoid_stay_finite():
+    layout = Layout(2, 400, 3)
+    w = init_params(layout, 7)
+    W1, b1, W2, b2 = layout.views(w)
+    W2 *= 400.0                      # logits in the hundreds
+    X, y = _data(layout, 40, seed=8)
+    X *= 300.0                       # pre-activations far beyond exp's range: sigmoid saturates
+    with np.errstate(over="ignore"):
+        p = reference_predict(layout, w, X)
+        loss, dw, loss_ref, dw_ref = _both(layout, w, X, y, 0.1, 40)
+    z = np.abs(np.log(p[p > 0]))
+    assert z.max() > 100                               # the test really is extreme
+    assert np.isfinite(loss) and loss > 50 and np.all(np.isfinite(dw))
+    assert loss == pytest.approx(loss_ref, rel=1e-9)
+    np.testing.assert_allclose(dw, dw_ref, rtol=1e-9, atol=1e-12 * np.abs(dw_ref).max())
+    assert np.isfinite(K.evaluate(*layout.views(w), X, y)[0])
+
+
+def test_nan_in_w_reaches_dw():
+    layout = Layout(2, 100, 2)
+    w = init_params(layout, 9)
+    w[5] = np.nan                    # a diverged worker: the server must see it in Delta-w
+    X, y = _data(layout, 8, seed=9)
+    dw = np.zeros(layout.n_w)
+    loss = K.sgd_step(*layout.views(w), X, y, 0.1, *layout.views(dw), K.make_scratch(8, 100, 2))
+    assert np.isnan(loss)
+    assert not K.all_finite(dw)
+
+
+def test_bad_labels_raise():
+    layout = Layout(2, 100, 2)
+    w = init_params(layout, 0)
+    X, y = _data(layout, 8, seed=0)
+    y[3] = 2
+    with pytest.raises(ValueError):
+        K.sgd_step(*layout.views(w), X, y, 0.1, *layout.views(np.empty(layout.n_w)), K.make_scratch(8, 100, 2))
+    with pytest.raises(ValueError):
+        K.evaluate(*layout.views(w), X, y)
+
+
+def test_add_into():
+    rng = np.random.default_rng(10)
+    w, dw = rng.normal(size=1003), rng.normal(size=1003)
+    expect = w + dw
+    K.add_into(w, dw)
+    np.testing.assert_array_equal(w, expect)
+    shard = w[101:900]               # a server shard is a contiguous slice of w
+    expect = shard + dw[:799]
+    K.add_into(shard, dw[:799])
+    np.testing.assert_array_equal(w[101:900], expect)
+
+
+def test_all_finite():
+    a = np.random.default_rng(11).normal(size=1001) * 1e300
+    assert K.all_finite(a) and K.all_finite(a[:0])
+    for bad in (np.nan, np.inf, -np.inf):
+        for i in (0, 500, 1000):     # vector body and scalar tail
+            b = a.copy()
+            b[i] = bad
+            assert not K.all_finite(b)
+
+
+def test_vexp_against_numpy():
+    x = np.concatenate([np.linspace(-708, 709, 1_000_001), np.linspace(-1, 1, 100_001), [0.0, 1e-300, -1e-300]])
+    out = np.empty_like(x)
+    K.exp_into(x, out)
+    assert np.max(np.abs(out / np.exp(x) - 1)) < 1e-15
+    out = np.empty(4)
+    K.exp_into(np.array([-1e4, 1e4, np.nan, -np.inf]), out)
+    assert 0 < out[0] < 1e-300 and np.isfinite(out[1]) and out[1] > 1e307   # clamped, not 0/inf
+    assert np.isnan(out[2]) and 0 < out[3] < 1e-300
