@@ -1,7 +1,7 @@
 """Roles, message layout, and waiting on MPI requests without spinning.
 
 Messages (float64, one contiguous buffer each, no pickling on the hot path):
-    push  worker -> server, TAG_PUSH: [ Delta-w (n_w) | version, loss_sum, samples ]
+    push  worker -> server, TAG_PUSH: [ Delta-w (n_w) | version, loss_sum, samples, step ]
     pull  server -> worker, TAG_PULL: [ w (n_w)       | version ]
     done  worker -> server, TAG_DONE: [ 0 ]  after the worker's last exchange
 `version` is the number of updates the server had applied to the w a Delta-w was
@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
 from mpi4py import MPI
 
 SERVER = 0
-TAG_PUSH, TAG_PULL, TAG_DONE = 11, 12, 13
-PUSH_HEADER = 3  # version, loss_sum, samples
+TAG_PUSH, TAG_PULL, TAG_DONE, TAG_CLOCK = 11, 12, 13, 14
+PUSH_HEADER = 4  # version, loss_sum, samples, the worker's step (names the message in traces)
 PULL_HEADER = 1  # version
 
 
@@ -84,3 +85,28 @@ class Waiter:
 
     def barrier(self, comm: MPI.Comm, waiting_for: str = "the other ranks") -> None:
         self.all([comm.Ibarrier()], waiting_for)
+
+
+def clock_offsets(comm: MPI.Comm, waiter: Waiter, tries: int = 5) -> list[int] | None:
+    """On rank 0: ns to add to each rank's perf_counter_ns to put it on rank 0's clock
+    (Cristian's method: the round trip with the least delay wins). Collective; other
+    ranks get None. Ranks on one node share CLOCK_MONOTONIC, so there it is ~0."""
+    t, ping = np.zeros(1, np.int64), np.zeros(1, np.int64)  # never one buffer for a send and a receive
+    if comm.rank == 0:
+        offsets = [0]
+        for r in range(1, comm.size):
+            best = None
+            for _ in range(tries):
+                t0 = time.perf_counter_ns()
+                waiter.all([comm.Isend([ping, MPI.INT64_T], r, TAG_CLOCK),
+                            comm.Irecv([t, MPI.INT64_T], r, TAG_CLOCK)], f"rank {r}'s clock")
+                t1 = time.perf_counter_ns()
+                if best is None or t1 - t0 < best[0]:
+                    best = (t1 - t0, (t0 + t1) // 2 - int(t[0]))
+            offsets.append(best[1])
+        return offsets
+    for _ in range(tries):
+        waiter.all([comm.Irecv([ping, MPI.INT64_T], 0, TAG_CLOCK)], "rank 0's clock request")
+        t[0] = time.perf_counter_ns()
+        waiter.all([comm.Isend([t, MPI.INT64_T], 0, TAG_CLOCK)], "rank 0 to take my clock")
+    return None

@@ -28,6 +28,8 @@ class Config:
     out: str | None = None       # None: runs/<timestamp>-n<ranks>
     timeout: float = 0.0         # seconds for the whole job; 0: none
     progress: float = 2.0        # seconds between progress lines at most
+    trace: bool = False          # write trace.json (Chrome Trace Event format)
+    trace_steps: str = "0:200"   # window of worker steps the trace records, A:B
     quiet: bool = False
 
     def to_dict(self) -> dict:
@@ -67,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", type=float, default=d.progress, metavar="SECONDS",
                    help="seconds between progress lines within an epoch (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
+    p.add_argument("--trace", action="store_true", help="write OUT/trace.json, a timeline of every "
+                   "rank's phases and messages that opens in Perfetto (ui.perfetto.dev) and chrome://tracing")
+    p.add_argument("--trace-steps", default=d.trace_steps, metavar="A:B", help="record worker steps "
+                   "A..B-1 only, which bounds the trace's size (default %(default)s; init is always recorded)")
     return p
 
 
@@ -97,6 +103,18 @@ def validate(cfg: Config, world_size: int) -> None:
     need(math.isfinite(cfg.timeout) and cfg.timeout >= 0, f"--timeout must be >= 0 seconds, got {cfg.timeout}")
     need(math.isfinite(cfg.progress) and cfg.progress > 0, f"--progress must be > 0 seconds, got {cfg.progress}")
     need(cfg.test is None or cfg.data is not None, "--test needs --data")
+    trace_window(cfg.trace_steps)
+
+
+def trace_window(spec: str) -> tuple[int, int]:
+    """'A:B' -> (A, B), the worker steps a trace records."""
+    try:
+        a, b = (int(x) for x in spec.split(":"))
+    except ValueError:
+        raise ConfigError(f"--trace-steps must be A:B with integers A < B, got {spec!r}") from None
+    if not 0 <= a < b:
+        raise ConfigError(f"--trace-steps must be A:B with 0 <= A < B, got {spec!r}")
+    return a, b
 
 
 def default_out(world_size: int) -> str:

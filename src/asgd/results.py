@@ -53,7 +53,7 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
     staleness); server: updates, samples, history, final loss/accuracy."""
     init_s = max(r["phases"].get("init", 0.0) for r in ranks)
     train_s = max(wall_s - init_s, 1e-9)
-    return {
+    out = {
         "schema": SCHEMA_VERSION,
         "config": {**config, **meta},
         "wall_s": wall_s,
@@ -66,6 +66,46 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
                        "samples": server["samples"], "updates": server["updates"]},
         "ranks": ranks,
     }
+    out["profile"] = profile(out)
+    return out
+
+
+def profile(results: dict) -> dict:
+    """The IPM-style view: per rank, the share of its wall time in each kind of work,
+    and a one-line verdict on what bounds the run."""
+    rows = []
+    for r in results["ranks"]:
+        p = r["phases"]
+        total = sum(v for k, v in p.items() if k not in _INIT_PARTS) or 1e-9
+        pct = lambda *names: 100.0 * sum(p.get(n, 0.0) for n in names) / total  # noqa: E731
+        row = {"rank": r["rank"], "role": r["role"], "init_pct": pct("init"), "barrier_pct": pct("idle")}
+        if r["role"] == "worker":
+            row.update(compute_pct=pct("compute"), comm_wait_pct=pct("comm_wait", "push"))
+        else:
+            training = total - p.get("init", 0.0)
+            row.update(busy_pct=100.0 * (p.get("aggregate", 0.0) + p.get("evaluate", 0.0)) / max(training, 1e-9))
+        rows.append(row)
+    return {"ranks": rows, **verdict(results, rows)}
+
+
+def verdict(results: dict, rows: list[dict]) -> dict:
+    """Initialization-, server-, communication- or computation-bound, and why."""
+    init = results["init_s"] / max(results["wall_s"], 1e-9)
+    busy = max((r["busy_pct"] for r in rows if r["role"] == "server"), default=0.0)
+    workers = [r for r in rows if r["role"] == "worker"]
+    compute = float(np.mean([r["compute_pct"] for r in workers]))
+    wait = float(np.mean([r["comm_wait_pct"] for r in workers]))
+    if init >= 0.5:
+        return {"bound": "initialization", "why": f"init is {100 * init:.0f}% of the wall time"}
+    if busy >= 80.0:
+        return {"bound": "server", "why": f"the server is busy {busy:.0f}% of the training time"}
+    if wait > compute:
+        why = (f"workers wait {wait:.0f}% of their time (compute {compute:.0f}%), while the server "
+               f"is busy only {busy:.0f}%")
+        if results["config"].get("oversubscribed"):
+            why += ": with more ranks than cores, mostly waiting for a core"
+        return {"bound": "communication", "why": why}
+    return {"bound": "computation", "why": f"workers compute {compute:.0f}% of their time, wait {wait:.0f}%"}
 
 
 def write(path: str, results: dict) -> None:
@@ -94,7 +134,9 @@ def role_split(results: dict) -> dict[str, dict[str, float]]:
     return out
 
 
-_PHASE_ORDER = ["init", "compute", "push", "comm_wait", "aggregate", "evaluate", "idle"]
+_PHASE_ORDER = ["init", "read", "parse", "shuffle", "compute", "push", "comm_wait", "aggregate",
+                "evaluate", "idle"]
+_INIT_PARTS = ("read", "parse", "shuffle")  # sub-phases inside init: not added to the total again
 
 
 def summary(results: dict, path: str) -> str:
@@ -114,5 +156,13 @@ def summary(results: dict, path: str) -> str:
     for role, s in split.items():
         lines.append("  " + f"{role:8}" + "".join(
             f"{s[p]:>11.2f}" if p in s else f"{'-':>11}" for p in phases))
+    lines.append("per rank, % of wall time (IPM style; busy: % of the server's training time):")
+    lines.append(f"  {'rank':>4} {'role':7} {'init':>6} {'compute':>8} {'wait':>6} {'barrier':>8} {'busy':>6}")
+    f = lambda row, k: f"{row[k]:.1f}" if k in row else "-"  # noqa: E731
+    for row in results["profile"]["ranks"]:
+        lines.append(f"  {row['rank']:>4} {row['role']:7} {f(row, 'init_pct'):>6} {f(row, 'compute_pct'):>8} "
+                     f"{f(row, 'comm_wait_pct'):>6} {f(row, 'barrier_pct'):>8} {f(row, 'busy_pct'):>6}")
+    pr = results["profile"]
+    lines.append(f"verdict: {pr['bound']}-bound: {pr['why']}")
     lines.append(f"results: {path}")
     return "\n".join(lines)

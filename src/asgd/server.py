@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .comm import PULL_HEADER, PUSH_HEADER, TAG_DONE, TAG_PULL, TAG_PUSH, Waiter
-from .trace import PhaseClock
+from .trace import RECV, SEND, PhaseClock
 
 
 @dataclass
@@ -100,7 +100,9 @@ def run_server(comm: MPI.Comm, w: np.ndarray, add_into, tracker: EpochTracker,
             finished += 1
             continue
         buf = recv[i]
-        v_push, loss_sum, m = buf[n_w], buf[n_w + 1], buf[n_w + 2]
+        v_push, loss_sum, m, wstep = buf[n_w], buf[n_w + 1], buf[n_w + 2], int(buf[n_w + 3])
+        clock.step = wstep  # the trace window counts worker steps
+        clock.message(RECV, i + 1, buf.nbytes, i + 1, wstep, False)
         add_into(w, buf[:n_w])
         stale = version - int(v_push)
         version += 1
@@ -110,6 +112,7 @@ def run_server(comm: MPI.Comm, w: np.ndarray, add_into, tracker: EpochTracker,
         out[:n_w] = w
         out[n_w] = version
         replies[i] = comm.Isend([out, MPI.DOUBLE], i + 1, TAG_PULL)
+        clock.message(SEND, i + 1, out.nbytes, i + 1, wstep, True)
         pushes[i].Start()
         st.updates += 1
         st.samples += int(m)

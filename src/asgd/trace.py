@@ -1,13 +1,29 @@
-"""Per-rank phase accounting: where each rank's time went.
+"""Per-rank phase accounting and, with --trace, an event recorder.
 
 A rank is always in exactly one phase; `switch` closes the current one and opens the
-next with a single clock read, so phases add up to the rank's wall time and timing
-costs one perf_counter_ns call per phase boundary.
+next with a single clock read, so phases add up to the rank's wall time. PhaseClock
+keeps only the totals: with tracing off that is all the hot path pays. TraceClock also
+stores every phase interval and message event, inside a window of steps, into
+preallocated int64 arrays (no Python object per event); `export` turns them into the
+Chrome Trace Event format that Perfetto and chrome://tracing open.
 """
 
 from __future__ import annotations
 
+import json
 import time
+
+import numpy as np
+
+PHASES = ("init", "read", "parse", "shuffle", "compute", "push", "comm_wait", "aggregate",
+          "evaluate", "idle")
+INIT_PHASES = ("init", "read", "parse", "shuffle")  # always recorded, whatever the window
+SEND, RECV = 0, 1
+
+
+def flow_id(worker_rank: int, step: int, reply: bool) -> int:
+    """One id per message, the same on both ends: a push and the reply to it."""
+    return (worker_rank << 32) | (2 * step + int(reply))
 
 
 class PhaseClock:
@@ -16,6 +32,7 @@ class PhaseClock:
         self.phase = first
         self.t0_ns = time.perf_counter_ns() if t0_ns is None else t0_ns
         self.since_ns = self.t0_ns
+        self.step = 0  # the loops set it; TraceClock records only a window of steps
 
     def switch(self, phase: str) -> int:
         """Enter `phase`; returns the clock reading (ns)."""
@@ -24,6 +41,10 @@ class PhaseClock:
         self.phase, self.since_ns = phase, now
         return now
 
+    def message(self, kind: int, peer: int, nbytes: int, worker: int, step: int, reply: bool) -> None:
+        """A push (reply False) or pull (True) of `worker`'s `step`, sent or received
+        (tracing off: nothing)."""
+
     def seconds(self) -> dict[str, float]:
         """Phase -> seconds so far (the open phase included up to now)."""
         self.switch(self.phase)
@@ -31,3 +52,77 @@ class PhaseClock:
 
     def elapsed(self) -> float:
         return (time.perf_counter_ns() - self.t0_ns) / 1e9
+
+
+class TraceClock(PhaseClock):
+    """PhaseClock that also records intervals and messages for steps in [first, last)."""
+
+    def __init__(self, first: str, t0_ns: int | None = None, steps: tuple[int, int] = (0, 200),
+                 capacity: int = 200_000):
+        super().__init__(first, t0_ns)
+        self.first, self.last = steps
+        self.intervals = np.empty((capacity, 3), np.int64)  # start ns, end ns, phase code
+        self.messages = np.empty((capacity, 5), np.int64)   # t ns, kind, peer, bytes, flow id
+        self.n_iv = self.n_msg = 0
+        self.dropped = 0  # events past capacity: counted, never a reallocation
+        self._code = {p: i for i, p in enumerate(PHASES)}
+
+    def switch(self, phase: str) -> int:
+        since, prev = self.since_ns, self.phase
+        now = super().switch(phase)
+        if prev != phase and (self.first <= self.step < self.last or prev in INIT_PHASES):
+            if self.n_iv < len(self.intervals):
+                self.intervals[self.n_iv] = (since, now, self._code.setdefault(prev, len(self._code)))
+                self.n_iv += 1
+            else:
+                self.dropped += 1
+        return now
+
+    def message(self, kind: int, peer: int, nbytes: int, worker: int, step: int, reply: bool) -> None:
+        if self.first <= step < self.last:  # the message's step: both ends agree on the window
+            if self.n_msg < len(self.messages):
+                self.messages[self.n_msg] = (time.perf_counter_ns(), kind, peer, nbytes,
+                                             flow_id(worker, step, reply))
+                self.n_msg += 1
+            else:
+                self.dropped += 1
+
+    def events(self) -> dict:
+        """What rank 0 gathers: the filled part of the arrays and the phase names."""
+        names = sorted(self._code, key=self._code.get)
+        return {"intervals": self.intervals[:self.n_iv].copy(), "messages": self.messages[:self.n_msg].copy(),
+                "phases": names, "dropped": self.dropped}
+
+
+def export(path: str, per_rank: list[dict], names: list[str], offsets_ns: list[int], t0_ns: int) -> dict:
+    """Write a Chrome Trace Event file: one process per rank named by role, a slice per
+    phase interval, and a flow arrow from each message's send to its receive.
+    offsets_ns[r] is added to rank r's clock to put it on rank 0's; t0_ns is time zero."""
+    ev: list[dict] = []
+    sends: dict[int, tuple[int, float]] = {}
+    recvs: dict[int, tuple[int, float]] = {}
+    for r, (rec, name) in enumerate(zip(per_rank, names)):
+        ev.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": name}})
+        ev.append({"ph": "M", "name": "process_sort_index", "pid": r, "args": {"sort_index": r}})
+        us = lambda t: (int(t) + offsets_ns[r] - t0_ns) / 1e3  # noqa: E731
+        for start, end, code in rec["intervals"]:
+            ev.append({"ph": "X", "name": rec["phases"][code], "cat": "phase", "pid": r, "tid": 0,
+                       "ts": us(start), "dur": max((int(end) - int(start)) / 1e3, 0.001)})
+        for t, kind, peer, nbytes, flow in rec["messages"]:
+            ts = us(t)
+            what = "send" if kind == SEND else "recv"
+            ev.append({"ph": "i", "s": "t", "name": what, "cat": "mpi", "pid": r, "tid": 0, "ts": ts,
+                       "args": {"peer": int(peer), "bytes": int(nbytes)}})
+            (sends if kind == SEND else recvs)[int(flow)] = (r, ts)
+    flows = 0
+    for fid, (src, ts) in sends.items():
+        if fid in recvs:
+            dst, tr = recvs[fid]
+            name = "w'" if fid & 1 else "Δw"
+            ev.append({"ph": "s", "id": fid, "name": name, "cat": "msg", "pid": src, "tid": 0, "ts": ts})
+            ev.append({"ph": "f", "bp": "e", "id": fid, "name": name, "cat": "msg", "pid": dst, "tid": 0,
+                       "ts": max(tr, ts)})
+            flows += 1
+    with open(path, "w") as f:
+        json.dump({"traceEvents": ev, "displayTimeUnit": "ms"}, f, separators=(",", ":"))
+    return {"events": len(ev), "flows": flows, "dropped": sum(r["dropped"] for r in per_rank)}

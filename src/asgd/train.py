@@ -18,9 +18,10 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from . import config, data, mlp, results  # noqa: E402
-from .comm import SERVER, Waiter, oversubscribed  # noqa: E402
+from .comm import SERVER, Waiter, clock_offsets, oversubscribed  # noqa: E402
 from .server import EpochTracker, run_server  # noqa: E402
-from .trace import PhaseClock  # noqa: E402
+from .trace import PhaseClock, TraceClock  # noqa: E402
+from .trace import export as export_trace  # noqa: E402
 from .worker import run_worker  # noqa: E402
 
 
@@ -60,7 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     rank = comm.rank
     role = "server" if rank == SERVER else "worker"
-    clock = PhaseClock("init", T0_NS)
     try:
         cfg = config.parse(argv, comm.size, quiet_help=rank != 0)
     except SystemExit as e:  # --help
@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(f"asgd.train: error: {e} (see --help)", file=sys.stderr)
         return 2
+    clock = (TraceClock("init", T0_NS, config.trace_window(cfg.trace_steps)) if cfg.trace
+             else PhaseClock("init", T0_NS))
     deadline = time.monotonic() + cfg.timeout if cfg.timeout else 0.0
     crowded = oversubscribed(comm)
     waiter = Waiter(crowded, deadline, f"rank {rank} ({role})")
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     # -- JIT and training: from here a failure anywhere aborts the whole job
     try:
         warm_up_jit(comm, waiter)
+        init_end_ns = time.perf_counter_ns()
         workers = comm.size - 1
         if rank == SERVER:
             say(f"asgd: {comm.size} ranks: 1 server, {workers} workers; {len(train):,} training and "
@@ -114,15 +117,26 @@ def main(argv: list[str] | None = None) -> int:
             st = run_worker(comm, w, train.X[mine], train.y[mine], step, lr, cfg.batch,
                             cfg.epochs, cfg.seed, waiter, clock)
             record = {"updates": st.updates, "bytes_sent": st.bytes_sent, "bytes_recv": st.bytes_recv}
-        clock.switch("idle")
+        end_ns = clock.switch("idle")
         waiter.barrier(comm, "the other ranks to finish")
-        record.update(rank=rank, role=role, phases=clock.seconds())
+        record.update(rank=rank, role=role, phases=clock.seconds(), clock_ns=(T0_NS, init_end_ns, end_ns))
+        offsets = clock_offsets(comm, waiter)
         records = comm.gather(record, root=SERVER)
+        events = comm.gather(clock.events() if cfg.trace else None, root=SERVER)
         if rank == SERVER:
             wall = clock.elapsed()
+            zero = min(r["clock_ns"][0] + off for r, off in zip(records, offsets))  # first rank's start
+            for r, off in zip(records, offsets):
+                r["timeline"] = {k: (t + off - zero) / 1e9
+                                 for k, t in zip(("start", "init_end", "end"), r.pop("clock_ns"))}
             for r in records[1:]:
                 i = r["rank"] - 1
                 r["staleness"] = _staleness(st.stale_sum[i], st.stale_max[i], st.worker_updates[i])
+            if cfg.trace:
+                names = [f"{r['role']} {r['rank']}" for r in records]
+                info = export_trace(os.path.join(out, "trace.json"), events, names, offsets, zero)
+                say(f"trace: {os.path.join(out, 'trace.json')} ({info['events']:,} events, "
+                    f"{info['flows']:,} message arrows, {info['dropped']:,} dropped)")
             final = st.history[-1] if st.history else {}
             res = results.build(
                 config={**cfg.to_dict(), "out": out, "lr": lr, "servers": 1, "workers": workers,

@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .comm import PULL_HEADER, PUSH_HEADER, SERVER, TAG_DONE, TAG_PULL, TAG_PUSH, Waiter
-from .trace import PhaseClock
+from .trace import RECV, SEND, PhaseClock
 
 
 @dataclass
@@ -44,6 +44,7 @@ def run_worker(comm: MPI.Comm, w0: np.ndarray, X: np.ndarray, y: np.ndarray, ste
     for _ in range(epochs):
         order = rng.permutation(n)
         for start in range(0, n, batch):
+            clock.step = stats.updates  # the trace window counts steps
             clock.switch("compute")
             idx = order[start:start + batch]
             m = len(idx)
@@ -51,14 +52,16 @@ def run_worker(comm: MPI.Comm, w0: np.ndarray, X: np.ndarray, y: np.ndarray, ste
             np.take(y, idx, out=yb[:m])
             buf = push[k]
             loss = step(cur[:n_w], Xb[:m], yb[:m], lr, buf[:n_w])
-            buf[n_w:] = (cur[n_w], loss * m, m)
+            buf[n_w:] = (cur[n_w], loss * m, m, stats.updates)
             if pending:
                 clock.switch("comm_wait")
                 waiter.all(pending, f"the server (rank {SERVER}) to answer a push")
+                clock.message(RECV, SERVER, nxt.nbytes, comm.rank, stats.updates - 1, True)
                 cur, nxt = nxt, cur
             clock.switch("push")
             pending = [comm.Isend([buf, MPI.DOUBLE], SERVER, TAG_PUSH),
                        comm.Irecv([nxt, MPI.DOUBLE], SERVER, TAG_PULL)]
+            clock.message(SEND, SERVER, buf.nbytes, comm.rank, stats.updates, False)
             stats.updates += 1
             stats.samples += m
             stats.bytes_sent += buf.nbytes
@@ -67,6 +70,7 @@ def run_worker(comm: MPI.Comm, w0: np.ndarray, X: np.ndarray, y: np.ndarray, ste
     clock.switch("comm_wait")
     if pending:
         waiter.all(pending, f"the server (rank {SERVER}) to answer the last push")
+        clock.message(RECV, SERVER, nxt.nbytes, comm.rank, stats.updates - 1, True)
     done = np.zeros(1)
     waiter.all([comm.Isend([done, MPI.DOUBLE], SERVER, TAG_DONE)],
                f"the server (rank {SERVER}) to take the end-of-work message")

@@ -1,0 +1,83 @@
+"""--trace's Chrome Trace Event file, the IPM-style profile, and asgd.report's figures."""
+
+import json
+import os
+
+import pytest
+
+from asgd import results
+from conftest import load_results, mpiexec
+
+
+def check_trace(path, world):
+    with open(path) as f:
+        trace = json.load(f)
+    ev = trace["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {r: ("server 0" if r == 0 else f"worker {r}") for r in range(world)}
+    slices = [e for e in ev if e["ph"] == "X"]
+    assert {e["pid"] for e in slices} == set(range(world))  # every rank has a timeline
+    assert all(e["dur"] > 0 and e["ts"] >= 0 for e in slices)  # time zero: the first rank's start
+    assert {"init", "compute", "comm_wait"} <= {e["name"] for e in slices if e["pid"] != 0}
+    assert {"init", "aggregate", "idle"} <= {e["name"] for e in slices if e["pid"] == 0}
+    starts = {e["id"]: e for e in ev if e["ph"] == "s"}
+    ends = {e["id"]: e for e in ev if e["ph"] == "f"}
+    assert starts and starts.keys() == ends.keys()  # every arrow has both ends
+    for fid, s in starts.items():
+        f = ends[fid]
+        assert f["ts"] >= s["ts"]
+        if s["name"] == "Δw":  # worker -> server
+            assert s["pid"] != 0 and f["pid"] == 0
+        else:                 # w' : server -> worker
+            assert s["name"] == "w'" and s["pid"] == 0 and f["pid"] != 0
+    return trace, starts
+
+
+def test_trace_structure_and_window(tmp_path):
+    p = mpiexec(4, ["--epochs", "1", "--hidden", "1000", "--trace", "--trace-steps", "2:7",
+                    "--out", str(tmp_path)])
+    assert p.returncode == 0, p.stderr
+    _, arrows = check_trace(tmp_path / "trace.json", 4)
+    # the window holds steps 2..6 of each of 3 workers: a push and a reply each
+    assert len(arrows) == 3 * 5 * 2
+    assert "trace:" in p.stdout and "message arrows" in p.stdout
+
+
+def test_sixteen_ranks_trace_and_report(tmp_path):
+    p = mpiexec(16, ["--epochs", "2", "--trace", "--out", str(tmp_path), "--quiet"], timeout=150)
+    assert p.returncode == 0, p.stderr
+    _, arrows = check_trace(tmp_path / "trace.json", 16)
+    assert {a["pid"] for a in arrows.values() if a["name"] == "Δw"} == set(range(1, 16))
+    r = load_results(tmp_path)
+    assert len(r["profile"]["ranks"]) == 16
+    assert r["profile"]["bound"] in {"initialization", "server", "communication", "computation"}
+    pytest.importorskip("matplotlib")
+    from asgd import report
+    assert report.main([str(tmp_path), str(tmp_path), "--out", str(tmp_path / "fig")]) == 0
+    for name in ("profile-0-w15.png", "timeline-0-w15.png", "scaling.png"):
+        assert os.path.getsize(tmp_path / "fig" / name) > 10_000
+
+
+def _fake(init, aggregate, compute, wait, oversubscribed=False):
+    ranks = [{"rank": 0, "role": "server", "phases": {"init": init, "aggregate": aggregate,
+                                                      "idle": 10 - init - aggregate}},
+             {"rank": 1, "role": "worker", "phases": {"init": init, "compute": compute,
+                                                      "comm_wait": wait, "idle": 10 - init - compute - wait}}]
+    return {"ranks": ranks, "init_s": init, "wall_s": 10.0, "config": {"oversubscribed": oversubscribed}}
+
+
+@pytest.mark.parametrize("args, bound", [
+    ((6, 1, 2, 1), "initialization"),
+    ((1, 8, 2, 6), "server"),
+    ((1, 2, 2, 6), "communication"),
+    ((1, 2, 7, 1), "computation"),
+])
+def test_verdict(args, bound):
+    r = _fake(*args)
+    prof = results.profile(r)
+    assert prof["bound"] == bound
+    worker = prof["ranks"][1]
+    assert worker["init_pct"] == pytest.approx(10 * args[0])
+    assert worker["compute_pct"] == pytest.approx(10 * args[2])
+    server = prof["ranks"][0]
+    assert server["busy_pct"] == pytest.approx(100 * args[1] / (10 - args[0]))
