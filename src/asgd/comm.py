@@ -1,11 +1,15 @@
 """Roles, message layout, and waiting on MPI requests without spinning.
 
-Messages (float64, one contiguous buffer each, no pickling on the hot path):
-    push  worker -> server, TAG_PUSH: [ Delta-w (n_w) | version, loss_sum, samples, step ]
-    pull  server -> worker, TAG_PULL: [ w (n_w)       | version ]
-    done  worker -> server, TAG_DONE: [ 0 ]  after the worker's last exchange
-`version` is the number of updates the server had applied to the w a Delta-w was
-computed from (push) or to the w it sends (pull): staleness = server version at
+Ranks 0..S-1 are servers, each owning a contiguous shard [lo, hi) of the flat
+parameter vector; ranks S..N-1 are workers. Messages (float64, no pickling on the hot
+path), as the server sees them:
+    push  worker -> server s, TAG_PUSH: [ Delta-w[lo:hi] | version, loss_sum, samples, step ]
+    pull  server s -> worker, TAG_PULL: [ w[lo:hi]       | version ]
+    done  worker -> server s, TAG_DONE: [ 0 ]  after the worker's last exchange
+A worker keeps one flat buffer [ Delta-w (n_w) | S push headers ] (and likewise for w)
+and sends each server an indexed datatype picking its slice and its header: sharding
+costs no copies. `version` is the number of updates server s had applied to the shard a
+Delta-w was computed from (push) or that it sends (pull): staleness = server version at
 apply - push version.
 """
 
@@ -18,9 +22,22 @@ import numpy as np
 from mpi4py import MPI
 
 SERVER = 0
-TAG_PUSH, TAG_PULL, TAG_DONE, TAG_CLOCK = 11, 12, 13, 14
+TAG_PUSH, TAG_PULL, TAG_DONE, TAG_CLOCK, TAG_SHARD = 11, 12, 13, 14, 15
 PUSH_HEADER = 4  # version, loss_sum, samples, the worker's step (names the message in traces)
 PULL_HEADER = 1  # version
+
+
+def shard_bounds(n_w: int, servers: int) -> list[tuple[int, int]]:
+    """Contiguous [lo, hi) per server, sizes within one element of each other."""
+    edges = [n_w * s // servers for s in range(servers + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def shard_types(n_w: int, shards: list[tuple[int, int]], header: int) -> list[MPI.Datatype]:
+    """Per server, the datatype that picks its slice of a flat [vector | S headers]
+    buffer and its own header; on the wire it is hi-lo+header contiguous doubles."""
+    return [MPI.DOUBLE.Create_indexed([hi - lo, header], [lo, n_w + s * header]).Commit()
+            for s, (lo, hi) in enumerate(shards)]
 
 
 class StallError(RuntimeError):

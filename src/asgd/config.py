@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 
 
+
+
 class ConfigError(ValueError):
     """A bad option; the message is one line a user can act on."""
 
@@ -29,6 +31,10 @@ class Config:
     timeout: float = 0.0         # seconds for the whole job; 0: none
     progress: float = 2.0        # seconds between progress lines at most
     trace: bool = False          # write trace.json (Chrome Trace Event format)
+    arch: str = "ps"             # ps: parameter servers; allreduce: every rank a worker
+    servers: int = 1             # ranks 0..servers-1 serve a shard of w each
+    mode: str = "async"          # async | ssp | sync
+    staleness: int = 3           # ssp: at most this many steps ahead of the slowest worker
     trace_steps: str = "0:200"   # window of worker steps the trace records, A:B
     quiet: bool = False
 
@@ -63,6 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, help="learning rate of each worker's step (default 3/hidden)")
     p.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data by all workers together (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the data split, shuffles and initial weights (default %(default)s)")
+    p.add_argument("--arch", choices=["ps", "allreduce"], default=d.arch,
+                   help="ps: parameter servers and workers (default); allreduce: no servers, every "
+                        "rank a worker averaging its Delta-w with MPI Allreduce each step")
+    p.add_argument("--servers", type=int, default=d.servers, metavar="S",
+                   help="ranks 0..S-1 are servers, each owning a contiguous shard of the "
+                        "parameters (default %(default)s)")
+    p.add_argument("--mode", choices=["async", "ssp", "sync"], default=d.mode,
+                   help="async: apply each Delta-w as it arrives (default); ssp: stale-synchronous, "
+                        "a worker at most --staleness steps ahead of the slowest; sync: each step "
+                        "the servers apply the average of all workers' Delta-w once")
+    p.add_argument("--staleness", type=int, default=d.staleness, metavar="K",
+                   help="ssp's bound K >= 1 (default %(default)s)")
     p.add_argument("--out", metavar="DIR", help="run folder for results.json (default: runs/<time>-n<ranks>)")
     p.add_argument("--timeout", type=float, default=d.timeout, metavar="SECONDS",
                    help="end the whole job with an error if it runs longer (default: no limit)")
@@ -92,8 +110,16 @@ def validate(cfg: Config, world_size: int) -> None:
         if not ok:
             raise ConfigError(msg)
 
-    need(world_size >= 2, f"need at least 2 MPI ranks (1 server + 1 worker), got {world_size}; "
-                          "run under mpiexec -n N with N >= 2")
+    need(cfg.servers >= 1, f"--servers must be >= 1, got {cfg.servers}")
+    need(cfg.staleness >= 1, f"--staleness must be >= 1, got {cfg.staleness}")
+    if cfg.arch == "ps":
+        need(world_size >= 2, f"need at least 2 MPI ranks (1 server + 1 worker), got {world_size}; "
+                              "run under mpiexec -n N with N >= 2")
+        need(cfg.servers < world_size, f"--servers {cfg.servers} leaves no worker among {world_size} "
+                                       f"ranks; need mpiexec -n N with N > {cfg.servers}")
+    else:
+        need(cfg.servers == 1, "--servers does not apply to --arch allreduce (it has no servers)")
+        need(cfg.mode in ("async", "sync"), "--arch allreduce is synchronous; --mode ssp does not apply")
     need(cfg.hidden >= 1, f"--hidden must be >= 1, got {cfg.hidden}")
     need(cfg.batch >= 1, f"--batch must be >= 1, got {cfg.batch}")
     need(cfg.epochs >= 1, f"--epochs must be >= 1, got {cfg.epochs}")

@@ -354,3 +354,12 @@ def all_finite(a):
     for i in range(a.size):
         s += a[i] * 0.0
     return s == 0.0
+
+
+@njit(boundscheck=False, cache=True)
+def add_scaled(w, dw, a):
+    """w += a * dw in place: a sync server's weighted average, one worker at a time."""
+    if w.size != dw.size:
+        raise ValueError("add_scaled: size mismatch")
+    for i in range(w.size):
+        w[i] += a * dw[i]

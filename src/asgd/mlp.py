@@ -55,10 +55,12 @@ def init_params(layout: Layout, seed: int) -> np.ndarray:
     return w
 
 
-def default_lr(d_hidden: int) -> float:
+def default_lr(d_hidden: int, averaged_workers: int = 1) -> float:
     """3/d_hidden: the output layer's curvature grows with the width, and this step
-    stays stable under the 15-30 updates of staleness of 15 asynchronous workers."""
-    return 3.0 / d_hidden
+    stays stable under the 15-30 updates of staleness of 15 asynchronous workers.
+    Where each update averages W workers' Delta-w (sync, allreduce), W times that: the
+    linear scaling rule (Goyal et al. 2017), so an epoch moves w as far as async does."""
+    return 3.0 / d_hidden * averaged_workers
 
 
 def reference_step(layout: Layout, w: np.ndarray, X: np.ndarray, y: np.ndarray,

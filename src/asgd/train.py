@@ -10,6 +10,7 @@ import time
 
 T0_NS = time.perf_counter_ns()  # init starts when the process does: imports and JIT count
 
+import math  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
@@ -18,8 +19,10 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from . import config, data, mlp, results  # noqa: E402
-from .comm import SERVER, Waiter, clock_offsets, oversubscribed  # noqa: E402
-from .server import EpochTracker, run_server  # noqa: E402
+from .allreduce import run_allreduce  # noqa: E402
+from .comm import TAG_SHARD, Waiter, clock_offsets, oversubscribed, shard_bounds  # noqa: E402
+from .progress import EpochTracker  # noqa: E402
+from .server import Server  # noqa: E402
 from .trace import PhaseClock, TraceClock  # noqa: E402
 from .trace import export as export_trace  # noqa: E402
 from .worker import run_worker  # noqa: E402
@@ -60,7 +63,6 @@ def agree(comm: MPI.Comm, waiter: Waiter, error: str | None) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     rank = comm.rank
-    role = "server" if rank == SERVER else "worker"
     try:
         cfg = config.parse(argv, comm.size, quiet_help=rank != 0)
     except SystemExit as e:  # --help
@@ -73,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
              else PhaseClock("init", T0_NS))
     deadline = time.monotonic() + cfg.timeout if cfg.timeout else 0.0
     crowded = oversubscribed(comm)
+    role = "server" if cfg.arch == "ps" and rank < cfg.servers else "worker"
     waiter = Waiter(crowded, deadline, f"rank {rank} ({role})")
     say = (lambda s: print(s, flush=True)) if rank == 0 and not cfg.quiet else (lambda s: None)
 
@@ -83,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train, test = load(cfg)
         layout = mlp.Layout(train.features, cfg.hidden, train.classes)
-        lr = cfg.lr or mlp.default_lr(cfg.hidden)
+        S = 0 if cfg.arch == "allreduce" else cfg.servers
+        workers = comm.size - S
+        averaged = workers if cfg.arch == "allreduce" or cfg.mode == "sync" else 1
+        lr = cfg.lr or mlp.default_lr(cfg.hidden, averaged)
         w = mlp.init_params(layout, cfg.seed)
         if rank == 0:
             _check_writable(out)
@@ -101,50 +107,59 @@ def main(argv: list[str] | None = None) -> int:
     try:
         warm_up_jit(comm, waiter)
         init_end_ns = time.perf_counter_ns()
-        workers = comm.size - 1
-        if rank == SERVER:
-            say(f"asgd: {comm.size} ranks: 1 server, {workers} workers; {len(train):,} training and "
-                f"{len(test):,} held-out points; {layout.d_in}-{layout.d_hidden}-{layout.d_out} MLP, "
-                f"batch {cfg.batch}, lr {lr:g}, {cfg.epochs} epochs")
-            evaluate = mlp.make_evaluate(layout, w, test)
+        steps = math.ceil(math.ceil(len(train) / workers) / cfg.batch)  # per epoch of the largest share
+        tracker = None
+        if rank == 0:
+            say(f"asgd: {comm.size} ranks: {S} server(s), {workers} workers ({cfg.arch}, {cfg.mode}); "
+                f"{len(train):,} training and {len(test):,} held-out points; "
+                f"{layout.d_in}-{layout.d_hidden}-{layout.d_out} MLP, batch {cfg.batch}, lr {lr:g}, "
+                f"{cfg.epochs} epochs")
+            evaluate = mlp.make_evaluate(layout, w, test) if S <= 1 else None  # needs all of w
             tracker = EpochTracker(len(train), cfg.epochs, evaluate, say, cfg.progress, clock)
-            st = run_server(comm, w, mlp.add_into, tracker, waiter, clock)
-            record = {"updates": st.updates, "bytes_sent": st.bytes_sent, "bytes_recv": st.bytes_recv,
-                      "staleness": _staleness(st.stale_sum.sum(), st.stale_max.max(initial=0), st.updates)}
+        if rank < S:
+            record = serve(cfg, comm, w, S, cfg.epochs * steps, waiter, clock, tracker)
         else:
-            mine = share(len(train), rank - 1, workers, cfg.seed)
-            step = mlp.make_step(layout, cfg.batch)
-            st = run_worker(comm, w, train.X[mine], train.y[mine], step, lr, cfg.batch,
-                            cfg.epochs, cfg.seed, waiter, clock)
-            record = {"updates": st.updates, "bytes_sent": st.bytes_sent, "bytes_recv": st.bytes_recv}
+            mine = share(len(train), rank - S, workers, cfg.seed)
+            X, y, step = train.X[mine], train.y[mine], mlp.make_step(layout, cfg.batch)
+            if S:
+                st = run_worker(comm, shard_bounds(layout.n_w, S), w, X, y, step, lr, cfg.batch,
+                                cfg.epochs, [cfg.seed, rank - S], waiter, clock, overlap=cfg.mode != "sync",
+                                steps_per_epoch=steps if cfg.mode == "sync" else None)
+            else:
+                st = run_allreduce(comm, w, X, y, step, lr, cfg.batch, cfg.epochs, steps, [cfg.seed, rank],
+                                   waiter, clock, tracker)
+            record = {"role": "worker", "updates": st.updates, "bytes_sent": st.bytes_sent,
+                      "bytes_recv": st.bytes_recv}
         end_ns = clock.switch("idle")
         waiter.barrier(comm, "the other ranks to finish")
-        record.update(rank=rank, role=role, phases=clock.seconds(), clock_ns=(T0_NS, init_end_ns, end_ns))
+        record.update(rank=rank, phases=clock.seconds(), clock_ns=(T0_NS, init_end_ns, end_ns))
         offsets = clock_offsets(comm, waiter)
-        records = comm.gather(record, root=SERVER)
-        events = comm.gather(clock.events() if cfg.trace else None, root=SERVER)
-        if rank == SERVER:
+        records = comm.gather(record, root=0)
+        events = comm.gather(clock.events() if cfg.trace else None, root=0)
+        if rank == 0:
             wall = clock.elapsed()
             zero = min(r["clock_ns"][0] + off for r, off in zip(records, offsets))  # first rank's start
             for r, off in zip(records, offsets):
                 r["timeline"] = {k: (t + off - zero) / 1e9
                                  for k, t in zip(("start", "init_end", "end"), r.pop("clock_ns"))}
-            for r in records[1:]:
-                i = r["rank"] - 1
-                r["staleness"] = _staleness(st.stale_sum[i], st.stale_max[i], st.worker_updates[i])
+            _staleness_per_worker(records, S)
             if cfg.trace:
                 names = [f"{r['role']} {r['rank']}" for r in records]
                 info = export_trace(os.path.join(out, "trace.json"), events, names, offsets, zero)
                 say(f"trace: {os.path.join(out, 'trace.json')} ({info['events']:,} events, "
                     f"{info['flows']:,} message arrows, {info['dropped']:,} dropped)")
-            final = st.history[-1] if st.history else {}
+            final = tracker.history[-1] if tracker.history else {}
+            if final.get("test_accuracy") is None:  # sharded: w was assembled on rank 0 by serve()
+                final = dict(zip(("test_loss", "test_accuracy"), mlp.make_evaluate(layout, w, test)()))
+            updates = records[0]["rounds"] if S else records[0]["updates"]
             res = results.build(
-                config={**cfg.to_dict(), "out": out, "lr": lr, "servers": 1, "workers": workers,
+                config={**cfg.to_dict(), "out": out, "lr": lr, "servers": S, "workers": workers,
                         "features": layout.d_in, "classes": layout.d_out, "n_w": layout.n_w,
                         "train_points": len(train), "test_points": len(test)},
                 ranks=records, wall_s=wall, meta=results.machine(comm, crowded),
-                server={"updates": st.updates, "samples": st.samples, "history": st.history,
-                        "loss": final.get("test_loss"), "accuracy": final.get("test_accuracy")})
+                server={"updates": updates, "samples": tracker.samples, "history": tracker.history,
+                        "loss": final["test_loss"], "accuracy": final["test_accuracy"]})
+            np.save(os.path.join(out, "model.npy"), w)
             path = os.path.join(out, "results.json")
             results.write(path, res)
             print(results.summary(res, path), flush=True)
@@ -171,8 +186,44 @@ def warm_up_jit(comm: MPI.Comm, waiter: Waiter) -> None:
         node.Free()
 
 
-def _staleness(total, worst, updates) -> dict:
-    return {"mean": float(total) / updates if updates else 0.0, "max": int(worst)}
+def serve(cfg: config.Config, comm: MPI.Comm, w: np.ndarray, S: int, rounds: int,
+          waiter: Waiter, clock: PhaseClock, tracker: EpochTracker | None) -> dict:
+    """Serve my shard of w (a view: rank 0's w stays whole); then the other servers send
+    their shards to rank 0, which evaluates the assembled w."""
+    shards = shard_bounds(len(w), S)
+    lo, hi = shards[comm.rank]
+    server = Server(comm, w[lo:hi], S, waiter, clock, tracker)
+    if cfg.mode == "sync":
+        st = server.serve_sync(rounds)
+    else:
+        st = server.serve_async(cfg.staleness if cfg.mode == "ssp" else None)
+    if S > 1:
+        reqs = ([comm.Irecv(w[a:b], s, TAG_SHARD) for s, (a, b) in enumerate(shards) if s] if comm.rank == 0
+                else [comm.Isend(w[lo:hi], 0, TAG_SHARD)])
+        waiter.all(reqs, "the servers' final shards")
+    return {"role": "server", "updates": st.updates, "rounds": st.rounds, "bytes_sent": st.bytes_sent,
+            "bytes_recv": st.bytes_recv, "shard": [lo, hi], "requests": st.updates,
+            "staleness_hist": [np.bincount(v).tolist() for v in st.staleness],
+            "step_gap_hist": [np.bincount(v).tolist() for v in st.step_gap]}
+
+
+def _staleness_per_worker(records: list[dict], S: int) -> None:
+    """Each worker's staleness and step-gap distributions, over every server that applied
+    its Delta-w; servers get the distribution over all workers."""
+    def dist(hists: list[list[int]]) -> dict:
+        h = np.zeros(max((len(x) for x in hists), default=1), np.int64)
+        for x in hists:
+            h[:len(x)] += x
+        n = h.sum()
+        return {"mean": float(h @ np.arange(len(h)) / n) if n else 0.0,
+                "max": int(np.flatnonzero(h).max(initial=0)), "histogram": h.tolist()}
+    servers = records[:S]
+    for j, r in enumerate(records[S:]):
+        r["staleness"] = dist([s["staleness_hist"][j] for s in servers])
+        r["step_gap"] = dist([s["step_gap_hist"][j] for s in servers])
+    for s in servers:
+        s["staleness"] = dist(s.pop("staleness_hist"))
+        s["step_gap"] = dist(s.pop("step_gap_hist"))
 
 
 def _check_writable(out: str) -> None:

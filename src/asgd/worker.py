@@ -1,19 +1,21 @@
 """The worker loop: train mini-batches on my share, push Delta-w, pull w'.
 
-Communication overlaps computation: batch k+1 is computed while batch k's exchange is
-in flight, with at most one exchange outstanding. Buffers in flight are never written:
-Delta-w alternates between two push buffers, and w' arrives in a second w buffer that
-is swapped in (no copy) once the exchange completes.
+With `overlap` (async and ssp), batch k+1 is computed while batch k's exchange is in
+flight, at most one exchange outstanding; without it (sync) each step waits for its
+reply, so every step starts from the same w on every worker. Buffers in flight are never
+written: Delta-w alternates between two push buffers, and w' arrives in a second w
+buffer that is swapped in (no copy) once the exchange completes. Each buffer is the flat
+vector followed by one header per server (comm.shard_types picks each server's part).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
-from .comm import PULL_HEADER, PUSH_HEADER, SERVER, TAG_DONE, TAG_PULL, TAG_PUSH, Waiter
+from .comm import PULL_HEADER, PUSH_HEADER, TAG_DONE, TAG_PULL, TAG_PUSH, Waiter, shard_types
 from .trace import RECV, SEND, PhaseClock
 
 
@@ -23,55 +25,84 @@ class WorkerStats:
     samples: int = 0
     bytes_sent: int = 0
     bytes_recv: int = 0
-    extra: dict = field(default_factory=dict)
 
 
-def run_worker(comm: MPI.Comm, w0: np.ndarray, X: np.ndarray, y: np.ndarray, step,
-               lr: float, batch: int, epochs: int, seed: int,
-               waiter: Waiter, clock: PhaseClock) -> WorkerStats:
-    """step(w, X, y, lr, dw) -> loss writes Delta-w into dw (see mlp.make_step)."""
-    n_w, n = len(w0), len(y)
-    stats = WorkerStats()
-    push = [np.zeros(n_w + PUSH_HEADER) for _ in range(2)]
-    cur = np.zeros(n_w + PULL_HEADER)  # [w | version]; version 0 = the shared initial w
+def batches(n: int, batch: int, steps: int | None, rng: np.random.Generator):
+    """One epoch of index arrays over a fresh permutation of range(n). With `steps`
+    (sync), exactly that many, the last ones possibly short or empty, so every worker
+    takes the same number of steps whatever the size of its share."""
+    order = rng.permutation(n)
+    for k in range(steps if steps is not None else -(-n // batch)):
+        yield order[k * batch:(k + 1) * batch]
+
+
+def run_worker(comm: MPI.Comm, shards: list[tuple[int, int]], w0: np.ndarray, X: np.ndarray,
+               y: np.ndarray, step, lr: float, batch: int, epochs: int, seed,
+               waiter: Waiter, clock: PhaseClock, overlap: bool = True,
+               steps_per_epoch: int | None = None) -> WorkerStats:
+    """step(w, X, y, lr, dw) -> loss writes Delta-w into dw (see mlp.make_step).
+    Servers are ranks 0..len(shards)-1; seed seeds my shuffles ([run seed, worker index]:
+    a worker shuffles alike whatever its rank)."""
+    S, n_w, me = len(shards), len(w0), comm.rank
+    st = WorkerStats()
+    push_t, pull_t = shard_types(n_w, shards, PUSH_HEADER), shard_types(n_w, shards, PULL_HEADER)
+    push = [np.zeros(n_w + S * PUSH_HEADER) for _ in range(2)]
+    cur = np.zeros(n_w + S * PULL_HEADER)  # [w | version per server]; 0 = the shared initial w
     cur[:n_w] = w0
     nxt = np.empty_like(cur)
+    push_bytes = [8 * (hi - lo + PUSH_HEADER) for lo, hi in shards]
+    pull_bytes = [8 * (hi - lo + PULL_HEADER) for lo, hi in shards]
     Xb = np.empty((batch, X.shape[1]))
     yb = np.empty(batch, dtype=np.int64)
-    rng = np.random.default_rng([seed, comm.rank])
+    rng = np.random.default_rng(seed)
     pending: list[MPI.Request] = []
+
+    def complete(pending):
+        clock.switch("comm_wait")
+        waiter.all(pending, "the servers to answer a push")
+        for s in range(S):
+            clock.message(RECV, s, pull_bytes[s], me, st.updates - 1, True)
+
     k = 0
     for _ in range(epochs):
-        order = rng.permutation(n)
-        for start in range(0, n, batch):
-            clock.step = stats.updates  # the trace window counts steps
+        for idx in batches(len(y), batch, steps_per_epoch, rng):
+            clock.step = st.updates  # the trace window counts steps
             clock.switch("compute")
-            idx = order[start:start + batch]
             m = len(idx)
-            np.take(X, idx, axis=0, out=Xb[:m])
-            np.take(y, idx, out=yb[:m])
             buf = push[k]
-            loss = step(cur[:n_w], Xb[:m], yb[:m], lr, buf[:n_w])
-            buf[n_w:] = (cur[n_w], loss * m, m, stats.updates)
+            if m:
+                np.take(X, idx, axis=0, out=Xb[:m])
+                np.take(y, idx, out=yb[:m])
+                loss = step(cur[:n_w], Xb[:m], yb[:m], lr, buf[:n_w])
+            else:  # an empty last batch (sync): a zero-weight Delta-w keeps the workers in step
+                buf[:n_w] = 0.0
+                loss = 0.0
+            hdr = buf[n_w:].reshape(S, PUSH_HEADER)
+            hdr[:, 0] = cur[n_w:]
+            hdr[:, 1:] = (loss * m, m, st.updates)
             if pending:
-                clock.switch("comm_wait")
-                waiter.all(pending, f"the server (rank {SERVER}) to answer a push")
-                clock.message(RECV, SERVER, nxt.nbytes, comm.rank, stats.updates - 1, True)
+                complete(pending)
                 cur, nxt = nxt, cur
             clock.switch("push")
-            pending = [comm.Isend([buf, MPI.DOUBLE], SERVER, TAG_PUSH),
-                       comm.Irecv([nxt, MPI.DOUBLE], SERVER, TAG_PULL)]
-            clock.message(SEND, SERVER, buf.nbytes, comm.rank, stats.updates, False)
-            stats.updates += 1
-            stats.samples += m
-            stats.bytes_sent += buf.nbytes
-            stats.bytes_recv += nxt.nbytes
+            pending = []
+            for s in range(S):
+                pending.append(comm.Isend([buf, 1, push_t[s]], s, TAG_PUSH))
+                pending.append(comm.Irecv([nxt, 1, pull_t[s]], s, TAG_PULL))
+                clock.message(SEND, s, push_bytes[s], me, st.updates, False)
+            st.updates += 1
+            st.samples += m
+            st.bytes_sent += sum(push_bytes)
+            st.bytes_recv += sum(pull_bytes)
             k ^= 1
-    clock.switch("comm_wait")
+            if not overlap:
+                complete(pending)
+                cur, nxt = nxt, cur
+                pending = []
     if pending:
-        waiter.all(pending, f"the server (rank {SERVER}) to answer the last push")
-        clock.message(RECV, SERVER, nxt.nbytes, comm.rank, stats.updates - 1, True)
+        complete(pending)
     done = np.zeros(1)
-    waiter.all([comm.Isend([done, MPI.DOUBLE], SERVER, TAG_DONE)],
-               f"the server (rank {SERVER}) to take the end-of-work message")
-    return stats
+    waiter.all([comm.Isend([done, MPI.DOUBLE], s, TAG_DONE) for s in range(S)],
+               "the servers to take the end-of-work message")
+    for t in push_t + pull_t:
+        t.Free()
+    return st

@@ -9,57 +9,106 @@ import pytest
 from mpi4py import MPI
 
 from asgd import data, mlp
-from asgd.comm import Waiter, oversubscribed
-from asgd.server import EpochTracker, run_server
+from asgd.comm import Waiter, oversubscribed, shard_bounds
+from asgd.progress import EpochTracker
+from asgd.server import Server
 from asgd.trace import PhaseClock
 from asgd.worker import run_worker
 
-pytestmark = pytest.mark.mpi(min_size=2)
+pytestmark = pytest.mark.mpi(min_size=3)
 
 
-def run_job(epochs=2, batch=32, n=600, hidden=20):
+def run_job(servers=1, mode="async", K=None, epochs=2, batch=32, n=600, hidden=20, slow_rank=None):
+    """A small job on COMM_WORLD; returns what rank 0 gathered (None elsewhere)."""
     comm = MPI.COMM_WORLD
     layout = mlp.Layout(2, hidden, 2)
     w0 = mlp.init_params(layout, 0)
     w = w0.copy()
-    train, test = data.rings(n, 0), data.rings(100, 1)
+    train = data.rings(n, 0)
     waiter = Waiter(oversubscribed(comm), time.monotonic() + 60, f"rank {comm.rank}")
     clock = PhaseClock("init")
+    W = comm.size - servers
     sent = np.zeros(layout.n_w)  # sum of every Delta-w this rank sent
-    if comm.rank == 0:
-        tracker = EpochTracker(n, epochs, mlp.make_evaluate(layout, w, test), lambda s: None, 1e9, clock)
-        st = run_server(comm, w, mlp.add_into, tracker, waiter, clock)
-        mine = (st.updates, st.samples, st.stale_sum.sum(), st.stale_max.max())
+    shards = shard_bounds(layout.n_w, servers)
+    if comm.rank < servers:
+        lo, hi = shards[comm.rank]
+        tracker = EpochTracker(n, epochs, None, lambda s: None, 1e9, clock) if comm.rank == 0 else None
+        srv = Server(comm, w[lo:hi], servers, waiter, clock, tracker)
+        st = srv.serve_sync(epochs * -(-(-(-n // W)) // batch)) if mode == "sync" else srv.serve_async(K)
+        mine = {"updates": st.updates, "gap_max": max((max(g, default=0) for g in st.step_gap), default=0),
+                "stale_min": min((min(s, default=0) for s in st.staleness), default=0),
+                "samples": tracker.samples if tracker else None, "shard": (lo, hi)}
     else:
         step = mlp.make_step(layout, batch)
 
         def counting_step(w_, X, y, lr, dw):
+            if comm.rank == slow_rank:
+                time.sleep(0.01)  # a straggler: ssp must hold the others back
             loss = step(w_, X, y, lr, dw)
             sent[:] += dw
             return loss
-        idx = np.arange(comm.rank - 1, n, comm.size - 1)
-        st = run_worker(comm, w, train.X[idx], train.y[idx], counting_step, 0.05, batch, epochs, 0,
-                        waiter, clock)
-        mine = (st.updates, st.samples, 0, 0)
+        idx = np.arange(comm.rank - servers, n, W)
+        st = run_worker(comm, shards, w, train.X[idx], train.y[idx], counting_step, 0.05, batch, epochs,
+                        [0, comm.rank - servers], waiter, clock, overlap=mode != "sync",
+                        steps_per_epoch=-(-(-(-n // W)) // batch) if mode == "sync" else None)
+        mine = {"updates": st.updates, "samples": st.samples}
     total_sent = np.zeros_like(sent)
     comm.Reduce(sent, total_sent, op=MPI.SUM, root=0)
+    final = np.zeros_like(w)
+    for s, (lo, hi) in enumerate(shards):  # each server's shard of the final w
+        part = np.ascontiguousarray(w[lo:hi]) if comm.rank == s else np.empty(hi - lo)
+        comm.Bcast(part, root=s)
+        final[lo:hi] = part
     counts = comm.gather(mine, root=0)
-    return comm.rank, w0, w, total_sent, counts
+    return (w0, final, total_sent, counts) if comm.rank == 0 else None
 
 
 def test_async_server_applies_every_update_once():
-    rank, w0, w, total_sent, counts = run_job()
-    if rank == 0:
+    got = run_job()
+    if got:
+        w0, w, total_sent, counts = got
         server, workers = counts[0], counts[1:]
-        assert server[0] == sum(c[0] for c in workers) > 0        # updates
-        assert server[1] == sum(c[1] for c in workers) == 2 * 600  # samples: 2 epochs
+        assert server["updates"] == sum(c["updates"] for c in workers) > 0
+        assert server["samples"] == sum(c["samples"] for c in workers) == 2 * 600
         # the server's w is the initial w plus every Delta-w sent, each exactly once
         np.testing.assert_allclose(w, w0 + total_sent, rtol=0, atol=1e-10)
-        assert server[2] >= 0 and server[3] >= 0                    # staleness counted
+        assert server["stale_min"] >= 0
 
 
 def test_uneven_shares_and_partial_batches():
-    rank, w0, w, total_sent, counts = run_job(epochs=1, batch=64, n=601)
-    if rank == 0:
-        assert counts[0][1] == 601
+    got = run_job(epochs=1, batch=64, n=601)
+    if got:
+        w0, w, total_sent, counts = got
+        assert counts[0]["samples"] == 601
         np.testing.assert_allclose(w, w0 + total_sent, rtol=0, atol=1e-10)
+
+
+def test_async_with_two_servers_loses_no_update():
+    got = run_job(servers=2)
+    if got:
+        w0, w, total_sent, counts = got
+        servers, workers = counts[:2], counts[2:]
+        assert servers[0]["shard"][0] == 0 and servers[0]["shard"][1] == servers[1]["shard"][0]
+        sizes = [hi - lo for lo, hi in (s["shard"] for s in servers)]
+        assert max(sizes) - min(sizes) <= 1
+        for s in servers:  # every server applied every push to its shard
+            assert s["updates"] == sum(c["updates"] for c in workers)
+        np.testing.assert_allclose(w, w0 + total_sent, rtol=0, atol=1e-10)
+
+
+def test_ssp_never_applies_an_update_more_than_k_steps_ahead():
+    K = 1
+    got = run_job(mode="ssp", K=K, epochs=3, slow_rank=1)
+    if got:
+        w0, w, total_sent, counts = got
+        gap = counts[0]["gap_max"]
+        assert gap <= K          # the bound holds ...
+        assert gap == K          # ... and was reached: the straggler really held the others
+        np.testing.assert_allclose(w, w0 + total_sent, rtol=0, atol=1e-10)
+
+
+def test_async_without_bound_runs_ahead_of_a_straggler():
+    got = run_job(mode="async", epochs=3, slow_rank=1)
+    if got:  # the contrast that makes the ssp test meaningful
+        counts = got[3]
+        assert counts[0]["gap_max"] > 1

@@ -1,0 +1,55 @@
+"""--arch allreduce: no servers; every rank is a worker (the Horovod design).
+
+Each step every rank computes its Delta-w, the ranks sum [m * Delta-w | m, loss_sum]
+with one Iallreduce (waited through the Waiter, not MPI's spinning Wait), and every
+rank applies the sample-weighted mean: the same update a sync server applies.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from . import kernels
+from .comm import Waiter
+from .progress import EpochTracker
+from .trace import PhaseClock
+from .worker import WorkerStats, batches
+
+
+def run_allreduce(comm: MPI.Comm, w: np.ndarray, X: np.ndarray, y: np.ndarray, step, lr: float,
+                  batch: int, epochs: int, steps_per_epoch: int, seed, waiter: Waiter,
+                  clock: PhaseClock, tracker: EpochTracker | None) -> WorkerStats:
+    """Train in place on w; tracker (rank 0 only) sees every step's summed samples."""
+    n_w = len(w)
+    st = WorkerStats()
+    part, total = np.zeros(n_w + 2), np.zeros(n_w + 2)  # [m * Delta-w | m, loss_sum]
+    Xb = np.empty((batch, X.shape[1]))
+    yb = np.empty(batch, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    for _ in range(epochs):
+        for idx in batches(len(y), batch, steps_per_epoch, rng):
+            clock.step = st.updates
+            clock.switch("compute")
+            m = len(idx)
+            if m:
+                np.take(X, idx, axis=0, out=Xb[:m])
+                np.take(y, idx, out=yb[:m])
+                loss = step(w, Xb[:m], yb[:m], lr, part[:n_w])
+                part[:n_w] *= m
+            else:  # an empty last batch: contribute nothing, but take part
+                part[:n_w] = 0.0
+                loss = 0.0
+            part[n_w:] = (m, loss * m)
+            clock.switch("comm_wait")
+            waiter.all([comm.Iallreduce(part, total, op=MPI.SUM)], "the other ranks' allreduce")
+            clock.switch("aggregate")
+            if total[n_w]:
+                kernels.add_scaled(w, total[:n_w], 1.0 / total[n_w])
+            st.updates += 1
+            st.samples += m
+            st.bytes_sent += part.nbytes
+            st.bytes_recv += total.nbytes
+            if tracker:
+                tracker.add(total[n_w + 1], total[n_w])
+    return st

@@ -1,0 +1,63 @@
+"""Epochs and progress lines from a stream of applied updates, on the rank that sees
+them all (server 0, or rank 0 of an allreduce job). The loops only call `add`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .trace import PhaseClock
+
+
+@dataclass
+class EpochTracker:
+    n_train: int
+    epochs: int
+    # held-out (loss, accuracy) of the current w; None where this rank holds only a shard
+    evaluate: Callable[[], tuple[float, float]] | None
+    report: Callable[[str], None]
+    every_s: float
+    clock: PhaseClock
+    history: list = field(default_factory=list)  # one dict per epoch
+    samples: int = 0
+    t_start: float = field(default_factory=time.perf_counter)
+    epoch: int = 0
+    loss_sum: float = 0.0
+    loss_n: float = 0.0
+    last_line: float = field(default_factory=time.perf_counter)
+
+    def add(self, loss_sum: float, m: float) -> None:
+        """An applied update of m samples whose batch losses sum to loss_sum."""
+        self.samples += int(m)
+        self.loss_sum += loss_sum
+        self.loss_n += m
+        now = time.perf_counter()
+        while self.epoch < self.epochs and self.samples >= (self.epoch + 1) * self.n_train:
+            self._end_epoch(now)
+        if now - self.last_line >= self.every_s:
+            self.last_line = now
+            done = self.samples - self.epoch * self.n_train
+            self.report(f"  epoch {self.epoch + 1}: {done:,}/{self.n_train:,} samples  "
+                        f"train loss {self.loss_sum / max(self.loss_n, 1):.4f}  "
+                        f"{self.samples / max(now - self.t_start, 1e-9):,.0f} samples/s")
+
+    def _end_epoch(self, now: float) -> None:
+        self.epoch += 1
+        test_loss = test_acc = None
+        if self.evaluate is not None:
+            prev = self.clock.phase
+            self.clock.switch("evaluate")
+            test_loss, test_acc = self.evaluate()
+            self.clock.switch(prev)
+        elapsed = now - self.t_start
+        h = {"epoch": self.epoch, "samples": self.samples, "time_s": round(elapsed, 4),
+             "train_loss": self.loss_sum / max(self.loss_n, 1),
+             "test_loss": test_loss, "test_accuracy": test_acc}
+        self.history.append(h)
+        held_out = f"held-out loss {test_loss:.4f} acc {test_acc:.4f}  " if test_acc is not None else ""
+        self.report(f"epoch {self.epoch}/{self.epochs}  samples {self.samples:>9,}  "
+                    f"train loss {h['train_loss']:.4f}  {held_out}"
+                    f"{self.samples / max(elapsed, 1e-9):>9,.0f} samples/s  {elapsed:6.1f} s")
+        self.loss_sum = self.loss_n = 0.0
+        self.last_line = now
