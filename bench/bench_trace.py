@@ -1,0 +1,64 @@
+"""Cost of --trace: the same run with tracing off and on, interleaved, medians.
+
+    python bench/bench_trace.py [--ranks 16] [--repeat 5] [--out bench/results/trace]
+
+Writes trace.csv and trace.json and prints median wall and training time per mode."""
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def run(ranks: int, trace: bool, extra: list[str]) -> dict:
+    out = tempfile.mkdtemp(prefix="asgd-bench-trace-")
+    cmd = [shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]),
+           "-n", str(ranks), sys.executable, "-m", "asgd.train", "--quiet", "--out", out, *extra]
+    if trace:
+        cmd.append("--trace")
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    with open(os.path.join(out, "results.json")) as f:
+        r = json.load(f)
+    shutil.rmtree(out)
+    return {"trace": trace, "wall_s": r["wall_s"], "train_s": r["train_s"], "accuracy": r["metrics"]["accuracy"]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=16)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--out", default="bench/results/trace")
+    p.add_argument("train_args", nargs="*", help="extra asgd.train options (after --)")
+    a = p.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    rows = []
+    run(a.ranks, False, a.train_args)  # warm numba's cache
+    for i in range(a.repeat):
+        for trace in (False, True) if i % 2 == 0 else (True, False):
+            rows.append(run(a.ranks, trace, a.train_args))
+            print(f"  {i + 1}/{a.repeat} trace={'on ' if trace else 'off'} wall {rows[-1]['wall_s']:.2f} s "
+                  f"train {rows[-1]['train_s']:.2f} s", flush=True)
+    med = {m: {k: statistics.median(r[k] for r in rows if r["trace"] == m) for k in ("wall_s", "train_s")}
+           for m in (False, True)}
+    over = {k: 100 * (med[True][k] / med[False][k] - 1) for k in ("wall_s", "train_s")}
+    with open(os.path.join(a.out, "trace.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    with open(os.path.join(a.out, "trace.json"), "w") as f:
+        json.dump({"ranks": a.ranks, "repeat": a.repeat, "median": {str(k): v for k, v in med.items()},
+                   "overhead_pct": over, "runs": rows}, f, indent=1)
+    print(f"{'tracing':8} {'median wall s':>14} {'median train s':>15}")
+    for m in (False, True):
+        print(f"{'on' if m else 'off':8} {med[m]['wall_s']:>14.2f} {med[m]['train_s']:>15.2f}")
+    print(f"overhead {over['wall_s']:>+13.1f}% {over['train_s']:>+14.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
