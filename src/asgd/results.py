@@ -37,14 +37,17 @@ def machine(comm, oversubscribed: bool) -> dict:
 
 
 def launcher() -> str:
-    """Which launcher started us, from the environment it leaves behind."""
+    """Which launcher started us, from the environment it leaves behind. Hydra alone sets
+    MPI_LOCALNRANKS (srun --mpi=pmi2 sets PMI_RANK too, so that cannot tell them apart)."""
     env = os.environ
-    if "SLURM_STEP_ID" in env and "PMI_RANK" not in env and "OMPI_COMM_WORLD_RANK" not in env:
-        return "srun"
     if "OMPI_COMM_WORLD_RANK" in env:
         return "mpirun (Open MPI)"
-    if "PMI_RANK" in env or "HYDRA_CONTROL_FD" in env or "PMI_FD" in env:
+    if "MPI_LOCALNRANKS" in env or "HYDRA_CONTROL_FD" in env:
         return "mpiexec (Hydra)"
+    if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env:
+        return "srun"
+    if "PMI_RANK" in env or "PMI_FD" in env:
+        return "a PMI launcher"
     return "singleton"
 
 
