@@ -52,6 +52,7 @@ class EpochTracker:
             self.clock.switch(prev)
         elapsed = now - self.t_start
         h = {"epoch": self.epoch, "samples": self.samples, "time_s": round(elapsed, 4),
+             "wall_s": round(self.clock.elapsed(), 4),  # since this rank's process started
              "train_loss": self.loss_sum / max(self.loss_n, 1),
              "test_loss": test_loss, "test_accuracy": test_acc}
         self.history.append(h)
