@@ -10,25 +10,27 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from . import kernels
+from . import kernels, signals
 from .comm import Waiter
 from .progress import EpochTracker
+from .server import DIVERGED_AFTER, DivergenceError
 from .trace import PhaseClock
 from .worker import WorkerStats, batches
 
 
 def run_allreduce(comm: MPI.Comm, w: np.ndarray, X: np.ndarray, y: np.ndarray, step, lr: float,
                   batch: int, epochs: int, steps_per_epoch: int, seed, waiter: Waiter,
-                  clock: PhaseClock, tracker: EpochTracker | None) -> WorkerStats:
-    """Train in place on w; tracker (rank 0 only) sees every step's summed samples."""
+                  clock: PhaseClock, tracker: EpochTracker | None, first_epoch: int = 0) -> WorkerStats:
+    """Train in place on w; tracker (rank 0 only) sees every step's summed samples. A stop
+    request on any rank rides in the sum: every rank stops after the same step."""
     n_w = len(w)
     st = WorkerStats()
-    part, total = np.zeros(n_w + 2), np.zeros(n_w + 2)  # [m * Delta-w | m, loss_sum]
+    part, total = np.zeros(n_w + 3), np.zeros(n_w + 3)  # [m * Delta-w | m, loss_sum, stop]
     Xb = np.empty((batch, X.shape[1]))
     yb = np.empty(batch, dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    for _ in range(epochs):
-        for idx in batches(len(y), batch, steps_per_epoch, rng):
+    refused = 0  # non-finite updates in a row
+    for epoch in range(first_epoch, epochs):
+        for idx in batches(len(y), batch, steps_per_epoch, np.random.default_rng([*seed, epoch])):
             clock.step = st.updates
             clock.switch("compute")
             m = len(idx)
@@ -40,10 +42,17 @@ def run_allreduce(comm: MPI.Comm, w: np.ndarray, X: np.ndarray, y: np.ndarray, s
             else:  # an empty last batch: contribute nothing, but take part
                 part[:n_w] = 0.0
                 loss = 0.0
-            part[n_w:] = (m, loss * m)
+            part[n_w:] = (m, loss * m, signals.requested() is not None)
             clock.switch("comm_wait")
             waiter.all([comm.Iallreduce(part, total, op=MPI.SUM)], "the other ranks' allreduce")
             clock.switch("aggregate")
+            if not kernels.all_finite(total[:n_w + 2]):  # every rank sees the same sum: all refuse it alike
+                refused += 1
+                if refused >= DIVERGED_AFTER:
+                    raise DivergenceError(f"{refused} allreduced updates in a row had NaN or inf values: "
+                                          "training diverged; lower --lr")
+                continue
+            refused = 0
             if total[n_w]:
                 kernels.add_scaled(w, total[:n_w], 1.0 / total[n_w])
             st.updates += 1
@@ -52,4 +61,7 @@ def run_allreduce(comm: MPI.Comm, w: np.ndarray, X: np.ndarray, y: np.ndarray, s
             st.bytes_recv += total.nbytes
             if tracker:
                 tracker.add(total[n_w + 1], total[n_w])
+            if total[n_w + 2]:
+                st.stopped = True
+                return st
     return st

@@ -3,14 +3,14 @@
 Ranks 0..S-1 are servers, each owning a contiguous shard [lo, hi) of the flat
 parameter vector; ranks S..N-1 are workers. Messages (float64, no pickling on the hot
 path), as the server sees them:
-    push  worker -> server s, TAG_PUSH: [ Delta-w[lo:hi] | version, loss_sum, samples, step ]
-    pull  server s -> worker, TAG_PULL: [ w[lo:hi]       | version ]
+    push  worker -> server s, TAG_PUSH: [ Delta-w[lo:hi] | version, loss_sum, samples, step, stop ]
+    pull  server s -> worker, TAG_PULL: [ w[lo:hi]       | version, stop ]
     done  worker -> server s, TAG_DONE: [ 0 ]  after the worker's last exchange
 A worker keeps one flat buffer [ Delta-w (n_w) | S push headers ] (and likewise for w)
 and sends each server an indexed datatype picking its slice and its header: sharding
 costs no copies. `version` is the number of updates server s had applied to the shard a
 Delta-w was computed from (push) or that it sends (pull): staleness = server version at
-apply - push version.
+apply - push version. `stop` (1.0) carries a stop request (a signal) between them.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from mpi4py import MPI
 
 SERVER = 0
 TAG_PUSH, TAG_PULL, TAG_DONE, TAG_CLOCK, TAG_SHARD = 11, 12, 13, 14, 15
-PUSH_HEADER = 4  # version, loss_sum, samples, the worker's step (names the message in traces)
-PULL_HEADER = 1  # version
+PUSH_HEADER = 5  # version, loss_sum, samples, the worker's step (names it in traces), stop
+PULL_HEADER = 2  # version, stop
 
 
 def shard_bounds(n_w: int, servers: int) -> list[tuple[int, int]]:
@@ -60,6 +60,11 @@ def oversubscribed(comm: MPI.Comm) -> bool:
         node.Free()
 
 
+def _text(waiting_for) -> str:
+    """Wait descriptions may be callables, built only when a message needs them."""
+    return waiting_for() if callable(waiting_for) else waiting_for
+
+
 class Waiter:
     """Completes requests by polling Test*, never by MPI's blocking Wait.
 
@@ -69,11 +74,13 @@ class Waiter:
     10 us to max_sleep. Every wait also checks the job's deadline, so nothing hangs.
     """
 
-    def __init__(self, oversubscribed: bool, deadline: float = 0.0, what: str = ""):
+    def __init__(self, oversubscribed: bool, deadline: float = 0.0, what: str = "",
+                 stall_s: float = 0.0):
         self.spin_s = 0.0 if oversubscribed else 200e-6
         self.max_sleep_s = 1e-3 if oversubscribed else 100e-6
-        self.deadline = deadline  # time.monotonic() value, 0: none
-        self.what = what          # "rank 3 (worker)", for stall messages
+        self.deadline = deadline  # time.monotonic() value, 0: none (--timeout)
+        self.stall_s = stall_s    # longest one wait may take, 0: no limit (--stall-timeout)
+        self.what = what          # "rank 3 (worker)", for the messages
 
     def _poll(self, test, waiting_for: str):
         start = time.perf_counter()
@@ -86,7 +93,11 @@ class Waiter:
             if now - start < self.spin_s:
                 continue
             if self.deadline and time.monotonic() > self.deadline:
-                raise StallError(f"{self.what} timed out waiting for {waiting_for}")
+                raise StallError(f"{self.what}: the job reached its --timeout while waiting for "
+                                 f"{_text(waiting_for)}")
+            if self.stall_s and now - start > self.stall_s:
+                raise StallError(f"{self.what} waited {self.stall_s:g} s for {_text(waiting_for)}: "
+                                 "stalled (--stall-timeout)")
             time.sleep(sleep)
             sleep = min(sleep * 2, self.max_sleep_s)
 

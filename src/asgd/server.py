@@ -11,12 +11,13 @@ send buffer, since the shard keeps changing while a reply is in flight.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
 
-from . import kernels
+from . import kernels, signals
 from .comm import PULL_HEADER, PUSH_HEADER, TAG_DONE, TAG_PULL, TAG_PUSH, Waiter
 from .progress import EpochTracker
 from .trace import RECV, SEND, PhaseClock
@@ -30,12 +31,23 @@ class ServerStats:
     bytes_recv: int = 0
     staleness: list = field(default_factory=list)  # per worker: applied Delta-w's staleness
     step_gap: list = field(default_factory=list)   # per worker: steps ahead of the slowest
+    refused: int = 0   # Delta-w with NaN or inf, not applied
+
+
+DIVERGED_AFTER = 10  # refused Delta-w in a row that end the job
+
+
+class DivergenceError(RuntimeError):
+    """Training produced NaN or inf again and again: the learning rate is too high."""
 
 
 class Server:
     def __init__(self, comm: MPI.Comm, w: np.ndarray, first_worker: int, waiter: Waiter,
-                 clock: PhaseClock, tracker: EpochTracker | None):
+                 clock: PhaseClock, tracker: EpochTracker | None, on_update=None):
+        """on_update(rounds): called after each new version of the shard (checkpoints)."""
         self.comm, self.w, self.waiter, self.clock, self.tracker = comm, w, waiter, clock, tracker
+        self.on_update = on_update or (lambda rounds: None)
+        self.stopping = False  # a stop request: replies tell the workers to stop
         self.first, self.W, n = first_worker, comm.size - first_worker, len(w)
         self.recv = [np.empty(n + PUSH_HEADER) for _ in range(self.W)]
         self.send = [np.empty(n + PULL_HEADER) for _ in range(self.W)]
@@ -46,18 +58,35 @@ class Server:
                       for j in range(self.W)]
         self.replies = [MPI.REQUEST_NULL] * self.W
         self.st = ServerStats(staleness=[[] for _ in range(self.W)], step_gap=[[] for _ in range(self.W)])
+        self.refused_in_a_row = 0
         MPI.Prequest.Startall(self.pushes)
 
     def take(self, j: int) -> tuple[np.ndarray, float, float]:
         """Account for worker j's completed push; returns (Delta-w, loss_sum, samples)."""
         buf, n = self.recv[j], len(self.w)
         version, loss_sum, m, step = buf[n], buf[n + 1], buf[n + 2], int(buf[n + 3])
+        self.stopping |= bool(buf[n + 4]) or signals.requested() is not None
         self.clock.step = step  # the trace window counts worker steps
         self.clock.message(RECV, self.first + j, buf.nbytes, self.first + j, step, False)
         self.st.staleness[j].append(self.st.rounds - int(version))
         self.st.updates += 1
         self.st.bytes_recv += buf.nbytes
         return buf[:n], loss_sum, m
+
+    def acceptable(self, j: int, dw: np.ndarray, loss_sum: float) -> bool:
+        """False for a Delta-w or loss with NaN or inf: refused (not applied) and counted;
+        DIVERGED_AFTER of them in a row stop the job."""
+        if kernels.all_finite(dw) and math.isfinite(loss_sum):
+            self.refused_in_a_row = 0
+            return True
+        self.st.refused += 1
+        self.refused_in_a_row += 1
+        if self.refused_in_a_row >= DIVERGED_AFTER:
+            raise DivergenceError(
+                f"server rank {self.comm.rank} refused {self.refused_in_a_row} updates in a row with NaN "
+                f"or inf values (the last from worker rank {self.first + j}): training diverged; "
+                "lower --lr")
+        return False
 
     def reply(self, j: int) -> None:
         """Send worker j the current shard, then re-arm its receive."""
@@ -66,6 +95,7 @@ class Server:
         out, n = self.send[j], len(self.w)
         out[:n] = self.w
         out[n] = self.st.rounds
+        out[n + 1] = self.stopping
         self.replies[j] = self.comm.Isend([out, MPI.DOUBLE], self.first + j, TAG_PULL)
         self.clock.message(SEND, self.first + j, out.nbytes, self.first + j,
                            int(self.recv[j][n + 3]), True)
@@ -94,14 +124,19 @@ class Server:
             return K is None or steps[j] + 1 - steps[active].min() <= K
         while active.any():
             self.clock.switch("idle")
-            i = self.waiter.any(requests, "a push from any worker")
+            i = self.waiter.any(requests, lambda: "a push from any of the worker ranks "
+                                f"{[self.first + j for j in np.flatnonzero(active)]}")
             self.clock.switch("aggregate")
             if i >= W:  # a done arrives only after its sender got the reply to its last push
                 active[i - W] = False
             else:
                 dw, loss_sum, m = self.take(i)
-                kernels.add_into(self.w, dw)
+                if self.acceptable(i, dw, loss_sum):
+                    kernels.add_into(self.w, dw)
+                else:
+                    loss_sum = m = 0  # a refused update adds no samples to the progress
                 self.st.rounds += 1
+                self.on_update(self.st.rounds)
                 steps[i] += 1
                 self.st.step_gap[i].append(int(steps[i] - steps[active].min()))
                 if may_reply(i):
@@ -119,9 +154,11 @@ class Server:
         """`rounds` rounds of: every worker's push, one averaged update, every reply."""
         for r in range(rounds):
             self.clock.switch("idle")
-            self.waiter.all(self.pushes, f"every worker's push of round {r}")
+            self.waiter.all(self.pushes, lambda: f"the pushes of round {r} from worker ranks "
+                            f"{[self.first + j for j, p in enumerate(self.pushes) if not p.Test()]}")
             self.clock.switch("aggregate")
             taken = [self.take(j) for j in range(self.W)]
+            taken = [t if self.acceptable(j, t[0], t[1]) else (t[0], 0.0, 0.0) for j, t in enumerate(taken)]
             total = sum(m for _, _, m in taken)
             for dw, _, m in taken:  # in worker order, whatever the arrival order: deterministic
                 if m:
@@ -132,4 +169,7 @@ class Server:
                 self.reply(j)
             if self.tracker:
                 self.tracker.add(sum(ls for _, ls, _ in taken), total)
+            self.on_update(self.st.rounds)
+            if self.stopping:  # every worker was told in this round's reply
+                break
         return self.finish()

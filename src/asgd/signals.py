@@ -1,0 +1,22 @@
+"""SIGTERM and SIGINT (a Slurm time limit, Ctrl-C) ask the job to stop: the handler only
+records the request; the loops check it at step boundaries, finish their exchanges,
+and the servers write a checkpoint before the job exits."""
+
+from __future__ import annotations
+
+import signal
+
+_requested: str | None = None
+
+
+def install() -> None:
+    def handler(signum, frame):
+        global _requested
+        _requested = signal.Signals(signum).name
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, handler)
+
+
+def requested() -> str | None:
+    """The name of the signal that asked to stop, or None."""
+    return _requested
