@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 
+READERS = ("sequential", "parallel")  # how ranks read the data file: asgd.readers
 
 
 class ConfigError(ValueError):
@@ -22,6 +23,7 @@ class Config:
     data: str | None = None      # TSV training file; None: the embedded default problem
     test: str | None = None      # held-out TSV; None: <data stem>.test.tsv, or a split
     classes: int | None = None   # None: inferred from the labels
+    reader: str = "parallel"     # READERS: how ranks read the data file
     hidden: int = 10000
     batch: int = 256
     lr: float | None = None      # None: mlp.default_lr(hidden)
@@ -64,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test", metavar="TSV", help="held-out data (default: DATA's "
                    "<stem>.test.tsv if it exists, else a seeded 1/8 of DATA)")
     p.add_argument("--classes", type=int, help="number of classes (default: max label + 1)")
+    p.add_argument("--reader", choices=READERS, default=d.reader,
+                   help="parallel (default): each rank reads its part of the file at once, then a "
+                        "seeded shuffle; sequential: ranks take turns reading the whole file, as "
+                        "CNTK did (init grows with the ranks)")
     p.add_argument("--hidden", type=int, default=d.hidden, help="hidden units (default %(default)s; the paper also uses 100000)")
     p.add_argument("--batch", type=int, default=d.batch, help="mini-batch size per worker step (default %(default)s)")
     p.add_argument("--lr", type=float, help="learning rate of each worker's step (default 3/hidden)")
@@ -129,6 +135,7 @@ def validate(cfg: Config, world_size: int) -> None:
     need(math.isfinite(cfg.timeout) and cfg.timeout >= 0, f"--timeout must be >= 0 seconds, got {cfg.timeout}")
     need(math.isfinite(cfg.progress) and cfg.progress > 0, f"--progress must be > 0 seconds, got {cfg.progress}")
     need(cfg.test is None or cfg.data is not None, "--test needs --data")
+    need(cfg.reader in READERS, f"--reader must be one of {', '.join(READERS)}, got {cfg.reader!r}")
     trace_window(cfg.trace_steps)
 
 

@@ -1,8 +1,13 @@
-"""The synthetic problem and the TSV file format.
+"""The synthetic problem and the data file formats.
 
-Format (the paper's): one data point a line, the features as decimal numbers, then an
+TSV (the paper's): one data point a line, the features as decimal numbers, then an
 integer class label, separated by tabs (any whitespace is accepted, as are CRLF line
-endings and trailing blanks).
+endings and trailing blanks). read_tsv here is the reference parser (plain Python);
+the readers use the numba parser in parse.py, which gives the same messages.
+
+.npy (binary): one 2-D little-endian float64 array, a row per data point: the features,
+then the label (an integer value). A rank can read any range of rows at a known offset
+and nothing needs parsing. Files ending in .npy are binary, anything else is TSV.
 
 The default problem is concentric rings in 2-D: class k fills the ring between radii
 k/K and (k+1)/K, less a gap between rings. No linear classifier separates the
@@ -11,7 +16,8 @@ classes (the hidden layer matters), there is no label noise (the best accuracy i
 
     python -m asgd.data generate --points 16384 --out data.tsv --seed 0
 
-writes data.tsv and its held-out companion data.test.tsv.
+writes data.tsv and its held-out companion data.test.tsv (--format npy: data.npy);
+`convert IN OUT` rewrites one file in the other format.
 """
 
 from __future__ import annotations
@@ -73,6 +79,56 @@ def test_path(path: str) -> str:
     """The held-out companion of a data file: data.tsv -> data.test.tsv."""
     stem, ext = os.path.splitext(path)
     return f"{stem}.test{ext}"
+
+
+def is_binary(path: str) -> bool:
+    """The format goes by the file name: .npy is binary, anything else is text."""
+    return path.lower().endswith(".npy")
+
+
+def write(path: str, data: Dataset) -> None:
+    (write_npy if is_binary(path) else write_tsv)(path, data)
+
+
+def write_npy(path: str, data: Dataset) -> None:
+    with open(path, "wb") as f:  # a file object: np.save would add .npy to a name like X.NPY
+        np.save(f, np.column_stack([data.X, data.y.astype(np.float64)]).astype("<f8"))
+
+
+def file_size(path: str) -> int:
+    """Size in bytes of a readable data file; the same messages as read_tsv."""
+    try:
+        with open(path, "rb") as f:
+            return os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        raise DataError(f"{path}: data file not found") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read data file: {e.strerror}") from None
+
+
+def npy_header(path: str) -> tuple[int, int, int]:
+    """(byte offset of the data, rows, columns) of a .npy data file, checked: a 2-D
+    C-order little-endian float64 array with at least two columns, not truncated."""
+    size = file_size(path)
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            read = {(1, 0): np.lib.format.read_array_header_1_0,
+                    (2, 0): np.lib.format.read_array_header_2_0}[version]
+            shape, fortran, dtype = read(f)
+        except (ValueError, KeyError, EOFError, OSError):
+            raise DataError(f"{path}: not a .npy file numpy can read (format 1.0 or 2.0)") from None
+        offset = f.tell()
+    if dtype != np.dtype("<f8") or len(shape) != 2 or fortran:
+        raise DataError(f"{path}: expected a 2-D float64 array (a row per point: features, then "
+                        f"the label), got {dtype} of shape {shape}" + (" in Fortran order" if fortran else ""))
+    rows, cols = shape
+    if rows and cols < 2:
+        raise DataError(f"{path}: need at least one feature and a label, got {cols} column(s)")
+    if size < offset + rows * cols * 8:
+        raise DataError(f"{path}: truncated: {rows} x {cols} values need {offset + rows * cols * 8} "
+                        f"bytes, the file has {size}")
+    return offset, rows, cols
 
 
 def write_tsv(path: str, data: Dataset) -> None:
@@ -167,16 +223,30 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("generate", help="write the synthetic rings problem as TSV")
     g.add_argument("--points", type=int, default=DEFAULT_POINTS, help="training points (default %(default)s)")
     g.add_argument("--test-points", type=int, default=None,
-                   help="held-out points written to <out stem>.test.tsv (default: points/4)")
+                   help="held-out points written to <out stem>.test.<ext> (default: points/4)")
     g.add_argument("--classes", type=int, default=2, help="number of rings/classes (default %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
-    g.add_argument("--out", required=True, help="output file, e.g. data.tsv")
+    g.add_argument("--out", required=True, help="output file, e.g. data.tsv or data.npy")
+    g.add_argument("--format", choices=("tsv", "npy"),
+                   help="tsv or npy (default: from --out's extension; must agree with it)")
+    c = sub.add_parser("convert", help="rewrite a data file in the other format (by extension)")
+    c.add_argument("input", metavar="IN", help="a .tsv/.txt or .npy data file")
+    c.add_argument("output", metavar="OUT", help="the file to write: .npy for binary, else TSV")
     a = p.parse_args(argv)
     try:
+        if a.cmd == "convert":
+            from .parse import read_file  # the fast parser; parse.py imports this module
+            d = read_file(a.input)
+            write(a.output, d)
+            print(f"wrote {len(d)} points from {a.input} to {a.output}")
+            return 0
+        if a.format and (a.format == "npy") != is_binary(a.out):
+            raise DataError(f"--format {a.format} needs --out to end in "
+                            f"{'.npy' if a.format == 'npy' else 'something else than .npy, e.g. .tsv'}")
         test_points = a.test_points if a.test_points is not None else max(1, a.points // 4)
         train, test = rings(a.points, a.seed, a.classes), rings(test_points, a.seed + 1, a.classes)
-        write_tsv(a.out, train)
-        write_tsv(test_path(a.out), test)
+        write(a.out, train)
+        write(test_path(a.out), test)
     except (DataError, OSError) as e:
         print(f"asgd.data: error: {e}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ import traceback  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from . import config, data, mlp, results  # noqa: E402
+from . import config, data, mlp, readers, results  # noqa: E402
 from .allreduce import run_allreduce  # noqa: E402
 from .comm import TAG_SHARD, Waiter, clock_offsets, oversubscribed, shard_bounds  # noqa: E402
 from .progress import EpochTracker  # noqa: E402
@@ -28,30 +28,14 @@ from .trace import export as export_trace  # noqa: E402
 from .worker import run_worker  # noqa: E402
 
 
-def load(cfg: config.Config) -> tuple[data.Dataset, data.Dataset]:
-    """Training and held-out sets (every rank loads them; the readers issue replaces this)."""
+def load(comm: MPI.Comm, cfg: config.Config, waiter: Waiter) -> readers.Loaded:
+    """This rank's share of the training points (servers: none) and, on rank 0, the
+    held-out set, read by cfg.reader. Collective: a bad file raises the same DataError
+    on every rank. The embedded problem has no file: each rank generates it, keeps its share."""
+    job = readers.Job(0 if cfg.arch == "allreduce" else cfg.servers, cfg.seed, cfg.classes)
     if cfg.data is None:
-        return data.default_problem()
-    train = data.read_tsv(cfg.data, cfg.classes)
-    test_file = cfg.test or data.test_path(cfg.data)
-    if cfg.test or os.path.exists(test_file):
-        test = data.read_tsv(test_file, cfg.classes)
-    else:  # a seeded 1/8 of the data is held out
-        perm = np.random.default_rng([cfg.seed, 8]).permutation(len(train))
-        cut = len(train) // 8
-        if cut == 0:
-            raise data.DataError(f"{cfg.data}: {len(train)} points are too few to hold out a test set")
-        test = data.Dataset(train.X[perm[:cut]], train.y[perm[:cut]], train.classes)
-        train = data.Dataset(train.X[perm[cut:]], train.y[perm[cut:]], train.classes)
-    if test.features != train.features:
-        raise data.DataError(f"{test_file}: {test.features} features, but {cfg.data} has {train.features}")
-    classes = cfg.classes or max(train.classes, test.classes)
-    return data.Dataset(train.X, train.y, classes), data.Dataset(test.X, test.y, classes)
-
-
-def share(n: int, worker: int, workers: int, seed: int) -> np.ndarray:
-    """Indices of this worker's random 1/workers of the n training points."""
-    return np.random.default_rng([seed, 1]).permutation(n)[worker::workers]
+        return readers.embedded(comm, waiter, job)
+    return readers.load(comm, waiter, cfg.data, cfg.test, cfg.reader, job)
 
 
 def agree(comm: MPI.Comm, waiter: Waiter, error: str | None) -> str | None:
@@ -81,10 +65,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # -- init: data, model, output folder. Only local work here (no collective may
     # follow a step that can fail on some ranks): failures are agreed on, reported once.
+    # load is collective, but agrees on a bad file itself (the same error on every rank).
     out = cfg.out or comm.bcast(config.default_out(comm.size) if rank == 0 else None)
     error = None
     try:
-        train, test = load(cfg)
+        got = load(comm, cfg, waiter)
+        train, test, n_train = got.train, got.test, got.train_points  # train: my share
         layout = mlp.Layout(train.features, cfg.hidden, train.classes)
         S = 0 if cfg.arch == "allreduce" else cfg.servers
         workers = comm.size - S
@@ -107,20 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         warm_up_jit(comm, waiter)
         init_end_ns = time.perf_counter_ns()
-        steps = math.ceil(math.ceil(len(train) / workers) / cfg.batch)  # per epoch of the largest share
+        steps = math.ceil(math.ceil(n_train / workers) / cfg.batch)  # per epoch of the largest share
         tracker = None
         if rank == 0:
             say(f"asgd: {comm.size} ranks: {S} server(s), {workers} workers ({cfg.arch}, {cfg.mode}); "
-                f"{len(train):,} training and {len(test):,} held-out points; "
+                f"{n_train:,} training and {len(test):,} held-out points; "
                 f"{layout.d_in}-{layout.d_hidden}-{layout.d_out} MLP, batch {cfg.batch}, lr {lr:g}, "
                 f"{cfg.epochs} epochs")
             evaluate = mlp.make_evaluate(layout, w, test) if S <= 1 else None  # needs all of w
-            tracker = EpochTracker(len(train), cfg.epochs, evaluate, say, cfg.progress, clock)
+            tracker = EpochTracker(n_train, cfg.epochs, evaluate, say, cfg.progress, clock)
         if rank < S:
             record = serve(cfg, comm, w, S, cfg.epochs * steps, waiter, clock, tracker)
         else:
-            mine = share(len(train), rank - S, workers, cfg.seed)
-            X, y, step = train.X[mine], train.y[mine], mlp.make_step(layout, cfg.batch)
+            X, y, step = train.X, train.y, mlp.make_step(layout, cfg.batch)
             if S:
                 st = run_worker(comm, shard_bounds(layout.n_w, S), w, X, y, step, lr, cfg.batch,
                                 cfg.epochs, [cfg.seed, rank - S], waiter, clock, overlap=cfg.mode != "sync",
@@ -132,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                       "bytes_recv": st.bytes_recv}
         end_ns = clock.switch("idle")
         waiter.barrier(comm, "the other ranks to finish")
-        record.update(rank=rank, phases=clock.seconds(), clock_ns=(T0_NS, init_end_ns, end_ns))
+        record.update(rank=rank, phases={**clock.seconds(), **got.times},  # + init's read/parse/shuffle
+                      clock_ns=(T0_NS, init_end_ns, end_ns))
         offsets = clock_offsets(comm, waiter)
         records = comm.gather(record, root=0)
         events = comm.gather(clock.events() if cfg.trace else None, root=0)
@@ -155,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             res = results.build(
                 config={**cfg.to_dict(), "out": out, "lr": lr, "servers": S, "workers": workers,
                         "features": layout.d_in, "classes": layout.d_out, "n_w": layout.n_w,
-                        "train_points": len(train), "test_points": len(test)},
+                        "train_points": n_train, "test_points": len(test)},
                 ranks=records, wall_s=wall, meta=results.machine(comm, crowded),
                 server={"updates": updates, "samples": tracker.samples, "history": tracker.history,
                         "loss": final["test_loss"], "accuracy": final["test_accuracy"]})

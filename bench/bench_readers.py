@@ -1,0 +1,224 @@
+"""Initialization against workers for the two readers: the paper's finding and its fix.
+
+The paper (sec. 5.2.2, 5.3) found CNTK's init dominated by reading: every rank reads
+and parses the whole file, one rank after another, so T_disk_new(w, n) = w x T_disk(n x w)
+(eq. 12) with T_disk(n) = r_d x 8 x n_f x n (eq. 5): init grows linearly with the nodes.
+asgd's `--reader sequential` does that on purpose; `--reader parallel` (the default) reads
+each rank's part of the file at once and shuffles with one all-to-all.
+
+For each workers w and reader: `mpiexec -n w+1 python -m asgd.train --data FILE --reader R
+--epochs 1 --hidden 100`; from its results.json: init_s (the job's init, slowest rank)
+and, per rank, init's sub-phases read/parse/shuffle. "data" is the slowest rank's
+read+parse+shuffle: the reader's part of init (sequential: `read` includes waiting for the
+other ranks' turns). Runs of the two readers alternate, so a change in the machine's load
+hits both alike; the load average is recorded.
+
+The model: every one of the w+1 ranks reads the whole file of d points (asgd's server is
+a rank of its own, where CNTK's shared node 1 with a worker), so eq. 12 reads
+data(w) = (w+1) x T_disk(d), T_disk(d) = r_d x 8 x n_f x d, with r_d calibrated from the
+1-worker sequential run (its data time is two turns). Writes readers.csv, readers.json
+(with the machine), readers.png; prints a table, the sequential reader's slope and R^2 of
+init vs workers, and the parallel/sequential ratio at 8 workers.
+
+    python bench/bench_readers.py                 # 1,000,000 points, workers 1,2,4,8,16
+    python bench/bench_readers.py --quick         # 100,000 points, workers 1,2,4,8
+    python bench/bench_readers.py --format tsv,npy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import common  # noqa: F401  (first: pins threads, puts src/ on the path)
+from common import LoadSampler, describe, int_list, machine, mpiexec, print_table, results_dir, write_outputs
+
+import numpy as np  # noqa: E402
+
+TEST_POINTS = 4096  # a small held-out file: the bench is about the training file
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--points", type=int, default=1_000_000, help="training points in the file (default 1,000,000)")
+    p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 16], help="comma list (default 1,2,4,8,16)")
+    p.add_argument("--format", default="tsv", help="tsv, npy or tsv,npy (default tsv)")
+    p.add_argument("--repeat", type=int, default=1, help="runs per (format, reader, workers); the median counts")
+    p.add_argument("--quick", action="store_true", help="100,000 points, workers 1,2,4,8")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default bench/results/readers)")
+    p.add_argument("--no-plot", action="store_true", help="skip readers.png")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.points, a.workers = 100_000, [1, 2, 4, 8]
+    a.format = [f for f in a.format.split(",") if f]
+    if not set(a.format) <= {"tsv", "npy"}:
+        p.error("--format takes tsv, npy or both")
+    return a
+
+
+def data_file(out: Path, points: int, fmt: str) -> Path:
+    """The rings problem with `points` points, written once (reused by later runs)."""
+    path = out / f"rings-{points}.{fmt}"
+    if not path.exists():
+        print(f"writing {path} ...", flush=True)
+        cmd = [sys.executable, "-m", "asgd.data", "generate", "--points", str(points),
+               "--test-points", str(TEST_POINTS), "--out", str(path)]
+        if subprocess.run(cmd, cwd=common.ROOT).returncode:
+            sys.exit(f"bench_readers: could not write {path}")
+    return path
+
+
+def run_once(path: Path, reader: str, workers: int, out: Path, timeout: float) -> dict:
+    run_dir = out / "runs" / f"{path.suffix[1:]}-{reader}-w{workers}"
+    mpiexec(workers + 1, ["-m", "asgd.train", "--data", str(path), "--reader", reader, "--epochs", "1",
+                          "--hidden", "100", "--batch", "1024", "--quiet", "--out", str(run_dir),
+                          "--timeout", str(timeout)], timeout=timeout + 30)
+    res = json.loads((run_dir / "results.json").read_text())
+    ranks = res["ranks"]
+    sub = lambda r: sum(r["phases"].get(k, 0.0) for k in ("read", "parse", "shuffle"))  # noqa: E731
+    slowest = max(ranks, key=lambda r: r["phases"]["init"])
+    return {"format": path.suffix[1:], "reader": reader, "workers": workers, "ranks": len(ranks),
+            "points": res["config"]["train_points"], "features": res["config"]["features"],
+            "init_s": res["init_s"], "data_s": max(sub(r) for r in ranks),
+            "read_s": max(r["phases"]["read"] for r in ranks),
+            "parse_s": max(r["phases"]["parse"] for r in ranks),
+            "shuffle_s": max(r["phases"]["shuffle"] for r in ranks),
+            "rest_s": slowest["phases"]["init"] - sub(slowest),  # imports, JIT, model: not the reader
+            "wall_s": res["wall_s"], "accuracy": res["metrics"]["accuracy"]}
+
+
+def median_run(runs: list[dict]) -> dict:
+    best = sorted(runs, key=lambda r: r["init_s"])[len(runs) // 2]
+    return {**best, "repeats": len(runs)}
+
+
+def fit(x, y) -> dict:
+    """Least-squares line y = a + b x: slope b, intercept a, R^2."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    b, a = np.polyfit(x, y, 1)
+    ss_res = float(np.sum((y - (a + b * x)) ** 2))
+    ss_tot = float(np.sum((y - y.mean()) ** 2)) or 1e-12
+    return {"slope_s_per_worker": float(b), "intercept_s": float(a), "r2": 1 - ss_res / ss_tot}
+
+
+def model(rows: list[dict], fmt: str) -> dict | None:
+    """Eq. 12 for asgd's sequential reader, r_d from the 1-worker run (2 ranks read)."""
+    one = next((r for r in rows if r["format"] == fmt and r["reader"] == "sequential" and r["workers"] == 1), None)
+    if one is None:
+        return None
+    t_disk = one["data_s"] / one["ranks"]  # one rank's turn: read + parse the whole file
+    r_d = t_disk / (8 * one["features"] * one["points"])
+    return {"T_disk_s": t_disk, "r_d_s_per_byte": r_d, "calibrated_on": "sequential, 1 worker",
+            "predict": "data(w) = (w + 1) * r_d * 8 * n_f * d;  init(w) = init(1) + (w - 1) * T_disk"}
+
+
+def summarize(rows: list[dict], formats: list[str]) -> dict:
+    out = {}
+    for fmt in formats:
+        seq = sorted((r for r in rows if r["format"] == fmt and r["reader"] == "sequential"),
+                     key=lambda r: r["workers"])
+        par = {r["workers"]: r for r in rows if r["format"] == fmt and r["reader"] == "parallel"}
+        s = {"model": model(rows, fmt)}
+        if len(seq) >= 2:
+            s["sequential_init_fit"] = fit([r["workers"] for r in seq], [r["init_s"] for r in seq])
+            s["sequential_data_fit"] = fit([r["workers"] for r in seq], [r["data_s"] for r in seq])
+        at8 = next((r for r in seq if r["workers"] == 8), None)
+        if at8 and 8 in par:
+            s["ratio_at_8_workers"] = {"init": par[8]["init_s"] / at8["init_s"],
+                                       "data": par[8]["data_s"] / at8["data_s"]}
+        out[fmt] = s
+    return out
+
+
+def plot(rows, summary, path, points):
+    plt = common.pyplot()
+    formats = list(summary)
+    fig, axes = plt.subplots(len(formats), 2, figsize=(11, 4.2 * len(formats)), squeeze=False)
+    colors = {"sequential": "tab:red", "parallel": "tab:blue"}
+    for (ax_init, ax_data), fmt in zip(axes, formats):
+        m = summary[fmt]["model"]
+        for reader in ("sequential", "parallel"):
+            rs = sorted((r for r in rows if r["format"] == fmt and r["reader"] == reader), key=lambda r: r["workers"])
+            if not rs:
+                continue
+            w = [r["workers"] for r in rs]
+            ax_init.plot(w, [r["init_s"] for r in rs], "o-", color=colors[reader], label=f"{reader}: init_s")
+            ax_init.plot(w, [r["rest_s"] for r in rs], ":", color=colors[reader], alpha=0.6,
+                         label=f"{reader}: init less the reader")
+            ax_data.plot(w, [r["data_s"] for r in rs], "o-", color=colors[reader], label=reader)
+        if m:
+            seq1 = next(r for r in rows if r["format"] == fmt and r["reader"] == "sequential" and r["workers"] == 1)
+            ws = np.array(sorted({r["workers"] for r in rows if r["format"] == fmt}))
+            ax_data.plot(ws, (ws + 1) * m["T_disk_s"], "--", color="k",
+                         label=f"eq. 12: (w+1) x T_disk(d), r_d = {m['r_d_s_per_byte'] * 1e9:.2f} ns/B")
+            ax_init.plot(ws, seq1["init_s"] + (ws - 1) * m["T_disk_s"], "--", color="k",
+                         label="eq. 12 from the 1-worker init")
+        for ax, title in ((ax_init, "job init (init_s)"), (ax_data, "reader: read + parse + shuffle")):
+            ax.set_xlabel("workers (ranks = workers + 1)")
+            ax.set_ylabel("seconds")
+            ax.set_title(f"{title}, {points:,} points, {fmt}", fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    out = results_dir("readers", a.out)
+    files = {fmt: data_file(out, a.points, fmt) for fmt in a.format}
+    meta = {"machine": machine(bandwidth=False), "points": a.points, "test_points": TEST_POINTS,
+            "workers": a.workers, "formats": a.format, "repeat": a.repeat,
+            "command": "mpiexec -n w+1 python -m asgd.train --data FILE --reader R --epochs 1 "
+                       "--hidden 100 --batch 1024"}
+    print("warming numba's caches (not timed) ...", flush=True)
+    run_once(files[a.format[0]], "parallel", 1, out / "warmup", a.timeout)
+    load = LoadSampler()
+    rows = []
+    for w in a.workers:
+        for fmt in a.format:
+            runs = {"sequential": [], "parallel": []}
+            for _ in range(a.repeat):
+                for reader in runs:  # alternate: load changes hit both readers alike
+                    runs[reader].append(run_once(files[fmt], reader, w, out, a.timeout))
+            for reader, rs in runs.items():
+                rows.append(median_run(rs))
+                r = rows[-1]
+                print(f"  {fmt} {reader:10} w={w:2}: init {r['init_s']:6.2f} s, reader {r['data_s']:6.2f} s",
+                      flush=True)
+    meta["load"] = load.summary()
+    summary = summarize(rows, a.format)
+    meta["summary"] = summary
+    paths = write_outputs(out, "readers", rows, meta)
+    print(f"\n{describe(meta['machine'], meta['load'])}")
+    print_table(rows, [("format", "format", ""), ("reader", "reader", ""), ("workers", "workers", "d"),
+                       ("init_s", "init_s", ".2f"), ("reader_s", "data_s", ".2f"), ("read", "read_s", ".2f"),
+                       ("parse", "parse_s", ".2f"), ("shuffle", "shuffle_s", ".2f"), ("rest", "rest_s", ".2f"),
+                       ("accuracy", "accuracy", ".3f")],
+                title=f"init (s) by reader and workers, {a.points:,} points (reader_s: slowest rank's "
+                      "read+parse+shuffle; rest: the slowest rank's init less that)")
+    for fmt, s in summary.items():
+        if "sequential_init_fit" in s:
+            f, g = s["sequential_init_fit"], s["sequential_data_fit"]
+            print(f"{fmt}: sequential init vs workers: slope {f['slope_s_per_worker']:.3f} s/worker, "
+                  f"R^2 {f['r2']:.4f} (reader part: {g['slope_s_per_worker']:.3f} s/worker, R^2 {g['r2']:.4f})")
+        if s.get("model"):
+            print(f"{fmt}: eq. 12 calibration: T_disk(d) = {s['model']['T_disk_s']:.3f} s, "
+                  f"r_d = {s['model']['r_d_s_per_byte'] * 1e9:.3f} ns per byte of doubles")
+        if "ratio_at_8_workers" in s:
+            q = s["ratio_at_8_workers"]
+            print(f"{fmt}: parallel / sequential at 8 workers: init {q['init']:.3f}, reader part {q['data']:.3f}")
+    if not a.no_plot:
+        plot(rows, summary, out / "readers.png", a.points)
+        paths.append(out / "readers.png")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,554 @@
+"""How each rank gets its share of the data: `sequential` (the paper's finding) or
+`parallel` (the fix).
+
+Both end in the same place: each worker holds the points that `assign` gives it (a
+seeded random 1/w of the file, so both readers give identical shares), the servers
+(ranks 0..S-1) hold none, rank 0 also holds the held-out set (it evaluates the model),
+and every point keeps its 0-based line (row) of the file, so tests can prove that the
+shares cover the file exactly once.
+
+sequential  CNTK's UCIFastReader: ranks take turns (a token passed rank to rank with
+            Isend/Irecv); each reads and parses the whole file and keeps its own points.
+            Init grows as (ranks) x T_disk(d), the paper's eq. 12.
+parallel    every rank reads 1/P of the file's bytes (rows of a .npy) at once with one
+            collective MPI-IO read, parses them, and one all-to-all sends every point to
+            its owner. The held-out file is read the same way and sent to rank 0.
+            Rank 0 reads its part too (it holds bytes) though a server keeps no points.
+
+A failure must end the job on every rank, never hang it: each step that can fail on
+some ranks only (opening, parsing, packing) is local, and is followed by an agreement
+(`_stage`: every rank learns every rank's result or error) before the next collective.
+All waits poll (no MPI_Wait, which busy-polls in MPICH): through comm.Waiter, or for the
+bulk transfer, yielding the core between polls (_bulk_wait).
+
+    mpiexec -n N python -m asgd.readers check data.tsv [data.npy ...] [--sizes 2,3,..] [--out DIR]
+runs both readers on each file (with the first k ranks, for each k of --sizes) and checks
+that the workers' shares are the file exactly once (main); --out keeps what they read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+from numba import njit
+
+from . import data, parse
+from .comm import StallError, Waiter, oversubscribed
+from .config import READERS
+from .data import DataError, Dataset
+
+TAG_TURN = 21       # the sequential reader's token (comm.py's tags are 11-14)
+MARGIN = 1 << 16    # bytes read past a range's end to finish its last line (more if needed)
+HOLDOUT = 8         # with no held-out file, 1/HOLDOUT of the data file is held out
+EVALUATOR = 0       # the rank that evaluates the model holds the held-out set
+HELD_OUT = -1       # assign's owner of a held-out point
+
+
+@dataclass
+class Loaded:
+    train: Dataset                 # this rank's training points (servers: none)
+    lines: np.ndarray              # the file line (row) of each, 0-based, increasing
+    test: Dataset | None           # the held-out set, on rank 0 only
+    test_lines: np.ndarray | None  # its lines (in the test file, or the data file if held out of it)
+    train_points: int              # all workers' training points together
+    times: dict                    # seconds of `read`, `parse`, `shuffle` (parts of init)
+
+
+def assign(n: int, seed: int, servers: int, workers: int, holdout: bool,
+           rows: np.ndarray | None = None) -> np.ndarray:
+    """Owner rank of points `rows` (default: all n): a seeded random 1/workers to each
+    worker rank servers..servers+workers-1 (sizes differ by at most one); with holdout,
+    a random 1/8 is HELD_OUT first (rank 0's test set). Point i goes by its place p(i)
+    in a seeded random permutation of 0..n-1, computed for just these rows (O(rows),
+    not O(n): the parallel reader only knows its own rows)."""
+    rows = np.arange(n) if rows is None else rows
+    key = np.random.default_rng([seed, HOLDOUT]).integers(0, 2**63, 4, dtype=np.uint64)
+    p = _permuted(rows.astype(np.int64), n, key)
+    cut = n // HOLDOUT if holdout else 0
+    return np.where(p < cut, HELD_OUT, servers + (p - cut) % workers).astype(np.int32)
+
+
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S27, _S30, _S31 = np.uint64(27), np.uint64(30), np.uint64(31)
+
+
+@njit(cache=True)
+def _mix(x):
+    """splitmix64's finalizer: a well-mixed 64-bit hash."""
+    x = (x ^ (x >> _S30)) * _M1
+    x = (x ^ (x >> _S27)) * _M2
+    return x ^ (x >> _S31)
+
+
+@njit(cache=True)
+def _permuted(rows, n, key):
+    """p(i) for i in rows: a 4-round Feistel network (a keyed bijection) on the smallest
+    even number of bits that holds n, applied again while the result is >= n (cycle
+    walking), which keeps it a bijection of 0..n-1. About 15 ns a point."""
+    bits = 2
+    while (1 << bits) < n:
+        bits += 2
+    half = np.uint64(bits // 2)
+    mask = np.uint64((1 << (bits // 2)) - 1)
+    un = np.uint64(n)
+    out = np.empty(len(rows), np.int64)
+    for i in range(len(rows)):
+        x = np.uint64(rows[i])
+        while True:
+            left, right = x >> half, x & mask
+            for r in range(4):
+                left, right = right, left ^ (_mix(right ^ key[r]) & mask)
+            x = (left << half) | right
+            if x < un:
+                break
+        out[i] = np.int64(x)
+    return out
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a reader needs to know about the run."""
+    servers: int          # ranks 0..servers-1 hold no training points (0: all are workers)
+    seed: int = 0
+    classes: int | None = None
+
+
+def load(comm: MPI.Comm, waiter: Waiter, path: str, test: str | None = None,
+         reader: str = "parallel", job: Job = Job(1)) -> Loaded:
+    """Collective. Raises the same DataError on every rank if the data is bad."""
+    if reader not in READERS:
+        raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
+    if not 0 <= job.servers < comm.size:
+        raise ValueError(f"need at least one worker: {job.servers} servers of {comm.size} ranks")
+    test_file = test or data.test_path(path)
+    has_test = test is not None or os.path.exists(test_file)  # every rank sees the same files
+    jit_error = _compile_once_per_node(comm, waiter)
+    run = _sequential if reader == "sequential" else _parallel
+    return run(comm, waiter, path, test_file if has_test else None, job, _Times(), jit_error)
+
+
+def embedded(comm: MPI.Comm, waiter: Waiter, job: Job = Job(1)) -> Loaded:
+    """The default problem has no file: every rank generates it from the seed (a few ms)
+    and keeps the share `assign` gives it, as if a reader had read it."""
+    jit_error = _compile_once_per_node(comm, waiter)
+    if jit_error:
+        raise jit_error  # numba is broken here: train.py's agreement reports it
+    times = _Times()
+    times.enter("shuffle")
+    train, test = data.default_problem(job.seed)
+    k = job.classes or max(train.classes, test.classes)
+    owner = assign(len(train), job.seed, job.servers, comm.size - job.servers, holdout=False)
+    mine = np.flatnonzero(owner == comm.rank)
+    evaluator = comm.rank == EVALUATOR
+    times.enter(None)
+    return Loaded(Dataset(train.X[mine], train.y[mine], k), mine,
+                  Dataset(test.X, test.y, k) if evaluator else None,
+                  np.arange(len(test)) if evaluator else None, len(train), times.seconds)
+
+
+# -- sequential: one rank after another, each reads everything ---------------------
+
+def _sequential(comm, waiter, path, test_file, job, times, jit_error) -> Loaded:
+    rank, size = comm.rank, comm.size
+    token = np.zeros(1, np.int64)  # 1: an earlier rank failed; skip the file
+    times.enter("read")  # waiting for my turn counts as reading: the disk is busy
+    if rank > 0:
+        waiter.all([comm.Irecv([token, MPI.INT64_T], rank - 1, TAG_TURN)],
+                   f"rank {rank - 1} to finish reading {path}")
+    err, got = None, None
+    if not token[0]:
+        try:
+            if jit_error:
+                raise jit_error
+            got = _whole_share(comm, path, test_file is None, job, times)
+        except Exception as e:
+            err, token[0] = _describe(e, rank), 1
+    if rank < size - 1:
+        waiter.all([comm.Isend([token, MPI.INT64_T], rank + 1, TAG_TURN)], f"rank {rank + 1} to take its turn")
+    if rank == EVALUATOR and test_file and err is None:  # after passing the token: overlaps rank 1's turn
+        try:
+            X, y, max_label, features = _whole_file(test_file, job.classes, times)
+            got["held"] = (X, y, np.arange(len(y)))
+            got["meta"]["test_meta"] = (max_label, features)
+        except Exception as e:
+            err = _describe(e, rank)
+    times.enter("read")  # the others' turns
+    meta = got["meta"] if got else None  # None: skipped, an earlier rank failed (its error comes first)
+    metas = _stage(comm, waiter, lambda: _raise(err) or meta, f"the other ranks to read {path}")
+    times.enter("shuffle")
+    out = _finish(rank, path, test_file, metas[EVALUATOR], job, got["mine"], got.get("held"), times)
+    times.enter(None)
+    return out
+
+
+def _whole_file(path, classes, times):
+    """(X, y, max label, features) of a whole file, timed as read + parse."""
+    times.enter("read")
+    if data.is_binary(path):
+        A = parse.read_rows(path)
+        times.enter("parse")
+        _, _, _, max_label = parse.resolve(path, [parse.check_array(A, classes)])
+        X, y = parse.split_rows(A)
+    else:
+        buf = parse.read_bytes(path)
+        times.enter("parse")
+        X, y, max_label = parse.parse_bytes(path, buf, classes)
+    return X, y, max_label, X.shape[1]
+
+
+def _whole_share(comm, path, holdout, job, times) -> dict:
+    """Read the whole file, keep my points (and on rank 0 the held-out ones)."""
+    X, y, max_label, features = _whole_file(path, job.classes, times)
+    times.enter("shuffle")
+    n = len(y)
+    _check_train(path, n, max_label, job.classes, holdout)
+    owner = assign(n, job.seed, job.servers, comm.size - job.servers, holdout)  # every line: CNTK's way
+    got = {"meta": {"n": n, "features": features, "max_label": max_label}}
+    for key, who in (("mine", comm.rank), ("held", HELD_OUT if comm.rank == EVALUATOR else None)):
+        if who is not None:
+            lines = np.flatnonzero(owner == who)
+            got[key] = (X[lines], y[lines], lines)
+    return got
+
+
+# -- parallel: every rank reads its part at once, then one all-to-all ---------------
+
+def _parallel(comm, waiter, path, test_file, job, times, jit_error) -> Loaded:
+    train = _read_part(comm, waiter, path, job.classes, times, jit_error)
+    test = _read_part(comm, waiter, test_file, job.classes, times) if test_file else None
+    times.enter("shuffle")
+    n = train["n"]
+    meta = {"n": n, "features": train["features"], "max_label": train["max_label"]}
+    if test:
+        meta["test_meta"] = (test["max_label"], test["features"])
+    _check_train(path, n, train["max_label"], job.classes, test is None)  # every rank alike
+    owner = assign(n, job.seed, job.servers, comm.size - job.servers, test is None, train["lines"])
+    kept = owner != HELD_OUT
+    held = test or _take(train, ~kept)
+    unpack = [_redistribute(comm, waiter, _take(train, kept), owner[kept]),
+              _redistribute(comm, waiter, held, np.full(len(held["y"]), EVALUATOR, np.int32))]
+    mine, held = [u() for u in unpack]  # only after the last collective: local work from here
+    out = _finish(comm.rank, path, test_file, meta, job, mine, held, times)
+    times.enter(None)
+    return out
+
+
+def _take(part, mask):
+    return {"X": part["X"][mask], "y": part["y"][mask], "lines": part["lines"][mask]}
+
+
+def _read_part(comm, waiter, path, classes, times, jit_error=None) -> dict:
+    """This rank's rows of `path` (global lines attached) and the whole file's verdict."""
+    rank, P = comm.rank, comm.size
+    binary = data.is_binary(path)
+    times.enter("read")
+    part = {}  # what this rank reads: stays here (the agreement carries only errors)
+
+    def probe():  # local: is the file there, which part is mine, room for it
+        if jit_error:
+            raise jit_error
+        if binary:
+            offset, rows, cols = data.npy_header(path)
+            r0, r1 = rank * rows // P, (rank + 1) * rows // P
+            part.update(at=offset + r0 * cols * 8, first=r0, buf=np.empty((r1 - r0, cols)))
+            return
+        size = data.file_size(path)
+        s, e = rank * size // P, (rank + 1) * size // P
+        # buf[0]: the byte before s ('\n' at the file's start); then [s, e); then a tail
+        # past e to finish my last line; then a sentinel for the parser
+        buf = np.empty(1 + (e - s) + (min(MARGIN, size - e) if e > s else 0) + 1, np.uint8)
+        buf[0] = buf[-1] = 10
+        part.update(at=s, s=s, e=e, size=size, buf=buf)
+
+    _stage(comm, waiter, probe, f"the other ranks to open {path}")
+    buf, err = part["buf"], None
+    fh = MPI.File.Open(comm, path, MPI.MODE_RDONLY)  # collective; the probe said it opens
+    try:
+        # the ranges are disjoint and contiguous, so MPI-IO reads them independently
+        # (overlapping ranges would make ROMIO shuffle the data through aggregators)
+        spec = [buf, MPI.DOUBLE] if binary else [buf[1:1 + part["e"] - part["s"]], MPI.BYTE]
+        waiter.all([fh.Iread_at_all(part["at"], spec)], f"the collective read of {path}")
+        if not binary:
+            try:
+                buf, lo, hi = _own_lines(fh, buf, part)
+            except Exception as e:  # local; reported at the next agreement
+                err = _describe(e, rank)
+    finally:
+        fh.Close()
+
+    times.enter("parse")
+
+    def parse_mine():
+        _raise(err)
+        if binary:
+            return parse.check_array(buf, classes)
+        X, y, info = parse.parse_text(buf, lo, hi, classes or 0)
+        part["X"], part["y"] = X, y
+        return parse.summarize(info, buf, classes=classes or 0)
+
+    chunks = _stage(comm, waiter, parse_mine, f"the other ranks to parse {path}")
+    offsets, n, features, max_label = parse.resolve(path, chunks)  # raises on every rank alike
+    if binary:
+        X, y = parse.split_rows(buf)
+        first = part["first"]
+    else:
+        X, y, first = part["X"], part["y"], offsets[rank]
+        X = X.reshape(len(y), features)  # a chunk with no line has no fields: (0, 0)
+    return {"X": X, "y": y, "lines": np.arange(first, first + len(y)), "n": n,
+            "features": features, "max_label": max_label}
+
+
+def _own_lines(fh, buf, part):
+    """Cut my byte range [s, e) at line boundaries: I own the lines that start in it.
+    buf[i] holds file byte s-1+i. My first line starts after the first newline at or
+    after byte s-1, my last ends at the first newline at or after byte e-1: independent
+    reads fetch byte s-1 and the tail past e (more if the tail holds no newline)."""
+    s, e, size = part["s"], part["e"], part["size"]
+    if e == s:
+        return buf, 0, 0
+    if s > 0:
+        fh.Read_at(s - 1, [buf[:1], MPI.BYTE])
+    held = len(buf) - 1  # bytes held (the last is the sentinel)
+    if held > 1 + e - s:
+        fh.Read_at(e, [buf[1 + e - s:held], MPI.BYTE])
+    nl = parse.find_byte(buf, 0, e - s, 10)
+    if nl < 0:  # a line longer than my whole range: no line starts in it
+        return buf, 0, 0
+    lo, search = nl + 1, e - s
+    while True:
+        nl = parse.find_byte(buf, search, held, 10)
+        if nl >= 0:
+            return buf, lo, nl + 1
+        if s - 1 + held >= size:
+            return buf, lo, held  # the file's last line has no '\n'
+        more = min(max(held, MARGIN), size - (s - 1 + held))
+        grown = np.empty(held + more + 1, np.uint8)
+        grown[:held] = buf[:held]
+        grown[-1] = 10
+        fh.Read_at(s - 1 + held, [grown[held:held + more], MPI.BYTE])
+        buf, search, held = grown, held, held + more
+
+
+def _redistribute(comm, waiter, part, dest):
+    """Send each of my rows to rank dest[i] (one Ialltoallv of [features, label, line]
+    rows). Returns a function that unpacks what arrived: rows in line order, since
+    every rank sends its rows in order and rank k's lines precede rank k+1's."""
+    X, y, lines = part["X"], part["y"], part["lines"]
+    f, P = X.shape[1], comm.size
+
+    def pack():
+        order = np.argsort(dest, kind="stable")
+        rows = np.empty((len(dest), f + 2))
+        rows[:, :f], rows[:, f], rows[:, f + 1] = X[order], y[order], lines[order]
+        part["send"] = rows
+        return np.bincount(dest, minlength=P).astype(np.int32)
+
+    counts = np.array(_stage(comm, waiter, pack, "the other ranks to pack their rows"))  # [from, to]
+    send, send_n = part.pop("send"), np.ascontiguousarray(counts[comm.rank])
+    recv_n = np.ascontiguousarray(counts[:, comm.rank])
+    recv = np.empty((int(recv_n.sum()), f + 2))
+    row = MPI.DOUBLE.Create_contiguous(f + 2).Commit()  # counts in rows, not doubles
+    try:
+        _bulk_wait(waiter, comm.Ialltoallv([send, (send_n, _starts(send_n)), row],
+                                           [recv, (recv_n, _starts(recv_n)), row]), "the other ranks' rows")
+    finally:
+        row.Free()
+    return lambda: (np.ascontiguousarray(recv[:, :f]), recv[:, f].astype(np.int64),
+                    recv[:, f + 1].astype(np.int64))  # X, y, lines
+
+
+def _bulk_wait(waiter, request, waiting_for):
+    """Complete a bulk transfer that every rank is in: poll, yielding the core between
+    polls. MPICH moves a large message in pieces, a piece per poll, so the Waiter's
+    sleeps (up to 1 ms when oversubscribed) stretch it: 32 MB among 3 ranks took 0.8 s,
+    yielding 0.01 s (about as fast as a blocking Alltoallv, which spins). A rank with
+    work still gets the core: sched_yield hands it over. The job's deadline still holds."""
+    while not request.Test():
+        if waiter.deadline and time.monotonic() > waiter.deadline:
+            raise StallError(f"{waiter.what} timed out waiting for {waiting_for}")
+        os.sched_yield()
+
+
+def _starts(counts):
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
+
+
+# -- shared by both --------------------------------------------------------------------
+
+def _check_train(path, n, max_label, classes, holdout):
+    if holdout and n // HOLDOUT == 0:
+        raise DataError(f"{path}: {n} points are too few to hold out a test set")
+    if (classes or max_label + 1) < 2:
+        raise DataError(f"{path}: all labels are 0; need at least 2 classes")
+
+
+def _finish(rank, path, test_file, meta, job, mine, held, times) -> Loaded:
+    """The same checks on every rank (all know rank 0's metadata), then the Loaded.
+    mine: (X, y, lines) that `assign` gave this rank; held: rank 0's held-out set."""
+    max_label = meta["max_label"]
+    if "test_meta" in meta:
+        test_max, test_features = meta["test_meta"]
+        if test_features != meta["features"]:
+            raise DataError(f"{test_file}: {test_features} features, but {path} has {meta['features']}")
+        max_label = max(max_label, test_max)
+    k = job.classes or max_label + 1
+    n = meta["n"]
+    train_points = n - (n // HOLDOUT if test_file is None else 0)
+    X, y, lines = mine
+    test = Dataset(held[0], held[1], k) if rank == EVALUATOR else None
+    return Loaded(Dataset(X, y, k), lines, test, held[2] if rank == EVALUATOR else None,
+                  train_points, times.seconds)
+
+
+def _stage(comm, waiter, step, waiting_for):
+    """Run the local `step` on every rank, then agree: every rank gets the list of all
+    ranks' results, or every rank raises the same DataError (the lowest failing rank's).
+    `step` must not call MPI, so a rank that fails cannot leave the others in a
+    collective it never joins."""
+    err, value = None, None
+    try:
+        value = step()
+    except Exception as e:
+        err = _describe(e, comm.rank)
+    waiter.barrier(comm, waiting_for)  # a sleeping wait; the allgather then finds everyone there
+    got = comm.allgather((err, value))
+    first = next((e for e, _ in got if e), None)
+    if first:
+        raise DataError(first)
+    return [v for _, v in got]
+
+
+def _compile_once_per_node(comm, waiter):
+    """One rank per node compiles the parsers (and assign's kernel) into numba's cache;
+    the others then load it. Returns the error, if any, for the first agreement to report."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    err = None
+    try:
+        for turn in (0, 1):
+            if (node.rank == 0) == (turn == 0) and err is None:
+                try:
+                    parse.compile_parsers()
+                    assign(3, 0, 1, 1, False)  # its kernel
+                except Exception as e:
+                    err = e
+            if turn == 0:
+                waiter.barrier(node, "the node's first rank to compile the parsers")
+    finally:
+        node.Free()
+    waiter.barrier(comm, "the other ranks to load the parsers")  # the readers' clocks start together
+    return err
+
+
+def _describe(e: Exception, rank: int) -> str:
+    if isinstance(e, DataError):
+        return str(e)
+    if isinstance(e, MemoryError):
+        return f"rank {rank}: out of memory reading the data"
+    return f"rank {rank}: {type(e).__name__}: {e}"
+
+
+def _raise(err):
+    if err:
+        raise DataError(err)
+
+
+class _Times:
+    """Seconds per sub-phase of init; one clock read per switch."""
+
+    def __init__(self):
+        self.seconds = {"read": 0.0, "parse": 0.0, "shuffle": 0.0}
+        self.phase, self.since = None, time.perf_counter()
+
+    def enter(self, phase):
+        now = time.perf_counter()
+        if self.phase:
+            self.seconds[self.phase] += now - self.since
+        self.phase, self.since = phase, now
+
+
+# -- python -m asgd.readers check ------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="mpiexec -n N python -m asgd.readers", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check", help="read FILEs with the readers and check the shares cover them exactly")
+    c.add_argument("files", nargs="+", metavar="FILE", help=".tsv/.txt or .npy data files")
+    c.add_argument("--reader", default=",".join(READERS), help="comma list (default: both)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--classes", type=int)
+    c.add_argument("--servers", type=int, default=1, help="ranks that hold no training points (default 1)")
+    c.add_argument("--sizes", help="comma list of world sizes to check on the job's first ranks "
+                   "(one launch covers many; default: the job's size)")
+    c.add_argument("--timeout", type=float, default=0.0, help="seconds before a wait is an error")
+    c.add_argument("--out", help="write DIR/<file stem>-<reader>-n<size>.npz: every rank's lines, X, y")
+    world = MPI.COMM_WORLD
+    try:
+        a = p.parse_args(argv)
+        sizes = [int(k) for k in a.sizes.split(",")] if a.sizes else [world.size]
+    except SystemExit as e:
+        return int(e.code or 0)
+    except ValueError:
+        sizes = []
+    readers = [r for r in a.reader.split(",") if r]
+    if not sizes or any(not a.servers < k <= world.size for k in sizes) or any(r not in READERS for r in readers):
+        if world.rank == 0:
+            print(f"asgd.readers: error: sizes must be in {a.servers + 1}..{world.size} and readers in "
+                  f"{READERS}", file=sys.stderr)
+        return 2
+    waiter = Waiter(oversubscribed(world), time.monotonic() + a.timeout if a.timeout else 0.0,
+                    f"rank {world.rank}")
+    ok = True
+    for k in sizes:
+        comm = world.Split(0 if world.rank < k else MPI.UNDEFINED)  # the first k ranks
+        for path in a.files if comm != MPI.COMM_NULL else []:
+            for reader in readers:
+                try:
+                    got = load(comm, waiter, path, None, reader, Job(a.servers, a.seed, a.classes))
+                except DataError as e:
+                    if comm.rank == 0:
+                        print(f"asgd.readers: error: {e}", file=sys.stderr)
+                    return 2
+                waiter.barrier(comm, "the other ranks")
+                shares = comm.gather((got.lines, got.train.X, got.train.y, got.times), root=0)
+                if comm.rank == 0:
+                    ok &= _report(path, reader, got, shares, a.servers, a.out)
+        if comm != MPI.COMM_NULL:
+            comm.Free()
+        waiter.barrier(world, "the ranks of the last size")
+    return 0 if ok else 1
+
+
+def _report(path, reader, got, shares, servers, out) -> bool:
+    """Rank 0: do the workers' shares (and a held-out part of the file) cover the file
+    exactly once, with servers holding nothing? Print a line; save the arrays."""
+    held_from_file = not os.path.exists(data.test_path(path))
+    parts = [s[0] for s in shares] + ([got.test_lines] if held_from_file else [])
+    lines = np.concatenate(parts)
+    n = got.train_points + (len(got.test_lines) if held_from_file else 0)
+    exact = (len(lines) == n and np.array_equal(np.sort(lines), np.arange(n))
+             and not any(len(s[0]) for s in shares[:servers]))
+    sizes = [len(s[0]) for s in shares[servers:]]
+    slowest = {k: max(s[3][k] for s in shares) for k in shares[0][3]}
+    print(f"{path} {reader} n={len(shares)}: {got.train_points} training points, {len(got.test)} held out; worker "
+          f"shares {min(sizes)}..{max(sizes)}; exact cover {'ok' if exact else 'FAILED'}; slowest rank "
+          + ", ".join(f"{k} {v:.3f} s" for k, v in slowest.items()), flush=True)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        stem = os.path.splitext(os.path.basename(path))[0]
+        arrays = {f"{k}{r}": s[i] for r, s in enumerate(shares) for i, k in enumerate(("lines", "X", "y"))}
+        np.savez(os.path.join(out, f"{stem}-{reader}-n{len(shares)}.npz"), train_points=got.train_points,
+                 world=len(shares), servers=servers, held_from_file=held_from_file,
+                 test_lines=got.test_lines, test_X=got.test.X, test_y=got.test.y,
+                 classes=got.train.classes, **arrays)
+    return exact
+
+
+if __name__ == "__main__":
+    sys.exit(main())
