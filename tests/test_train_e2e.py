@@ -79,38 +79,3 @@ def test_trains_on_a_tsv_file_with_its_test_file(tmp_path):
     r = load_results(out)
     assert (r["config"]["features"], r["config"]["classes"]) == (2, 3)
     assert (r["config"]["train_points"], r["config"]["test_points"]) == (3000, 750)
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--batch", "0"], "--batch must be >= 1, got 0"),
-    (["--hidden", "-1"], "--hidden must be >= 1, got -1"),
-    (["--lr", "nan"], "--lr must be a positive finite number"),
-    (["--bogus"], "unrecognized arguments: --bogus"),
-    (["--data", "/no/such/file.tsv"], "/no/such/file.tsv: data file not found"),
-])
-def test_errors_end_the_job_with_one_line(tmp_path, args, message):
-    p = mpiexec(4, args + ["--out", str(tmp_path / "o")], timeout=30)
-    assert p.returncode == 2
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], p.stderr
-    assert "Traceback" not in p.stderr and p.stdout == ""
-
-
-def test_bad_line_in_data_file_is_named(tmp_path):
-    f = tmp_path / "bad.tsv"
-    f.write_text("0.1\t0.2\t0\n0.3\t0.4\t1\n0.5\toops\t1\n")
-    p = mpiexec(3, ["--data", str(f), "--out", str(tmp_path / "o")], timeout=30)
-    assert p.returncode == 2
-    assert p.stderr.strip() == f"asgd.train: error: {f}:3: feature 'oops' is not a number"
-
-
-def test_unwritable_output_folder(tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    p = mpiexec(2, ["--out", str(blocker / "sub")], timeout=30)
-    assert p.returncode == 2 and "cannot write to output folder" in p.stderr
-
-
-def test_one_rank_is_refused():
-    p = mpiexec(1, [], timeout=30)
-    assert p.returncode == 2 and "need at least 2 MPI ranks" in p.stderr

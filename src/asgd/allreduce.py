@@ -20,7 +20,8 @@ from .worker import WorkerStats, batches
 
 def run_allreduce(comm: MPI.Comm, w: np.ndarray, X: np.ndarray, y: np.ndarray, step, lr: float,
                   batch: int, epochs: int, steps_per_epoch: int, seed, waiter: Waiter,
-                  clock: PhaseClock, tracker: EpochTracker | None, first_epoch: int = 0) -> WorkerStats:
+                  clock: PhaseClock, tracker: EpochTracker | None, first_epoch: int = 0,
+                  on_update=None) -> WorkerStats:
     """Train in place on w; tracker (rank 0 only) sees every step's summed samples. A stop
     request on any rank rides in the sum: every rank stops after the same step."""
     n_w = len(w)
@@ -61,6 +62,8 @@ def run_allreduce(comm: MPI.Comm, w: np.ndarray, X: np.ndarray, y: np.ndarray, s
             st.bytes_recv += total.nbytes
             if tracker:
                 tracker.add(total[n_w + 1], total[n_w])
+            if on_update:
+                on_update(st.updates)
             if total[n_w + 2]:
                 st.stopped = True
                 return st

@@ -10,6 +10,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from . import checkpoint
+
 
 READERS = ("sequential", "parallel")  # how ranks read the data file: asgd.readers
 
@@ -37,6 +39,9 @@ class Config:
     servers: int = 1             # ranks 0..servers-1 serve a shard of w each
     mode: str = "async"          # async | ssp | sync
     staleness: int = 3           # ssp: at most this many steps ahead of the slowest worker
+    stall_timeout: float = 0.0   # seconds one wait may take; 0: no limit
+    checkpoint_every: str | None = None  # "N" updates or "Ns" seconds
+    resume: str | None = None    # run folder to continue from its last checkpoint
     trace_steps: str = "0:200"   # window of worker steps the trace records, A:B
     quiet: bool = False
 
@@ -93,6 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", type=float, default=d.progress, metavar="SECONDS",
                    help="seconds between progress lines within an epoch (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
+    p.add_argument("--stall-timeout", type=float, default=d.stall_timeout, metavar="SECONDS",
+                   help="end the job, naming who waited on whom, if one wait takes longer "
+                        "(default: no limit)")
+    p.add_argument("--checkpoint-every", metavar="N|Ns",
+                   help="servers write their shard and the progress to OUT/checkpoint every N "
+                        "updates (e.g. 500) or N seconds (e.g. 30s), atomically, and at the end")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue from RUN_DIR's last complete checkpoint (same --hidden and "
+                        "--servers); the run folder defaults to RUN_DIR")
     p.add_argument("--trace", action="store_true", help="write OUT/trace.json, a timeline of every "
                    "rank's phases and messages that opens in Perfetto (ui.perfetto.dev) and chrome://tracing")
     p.add_argument("--trace-steps", default=d.trace_steps, metavar="A:B", help="record worker steps "
@@ -134,6 +148,12 @@ def validate(cfg: Config, world_size: int) -> None:
     need(cfg.classes is None or cfg.classes >= 2, f"--classes must be >= 2, got {cfg.classes}")
     need(math.isfinite(cfg.timeout) and cfg.timeout >= 0, f"--timeout must be >= 0 seconds, got {cfg.timeout}")
     need(math.isfinite(cfg.progress) and cfg.progress > 0, f"--progress must be > 0 seconds, got {cfg.progress}")
+    need(math.isfinite(cfg.stall_timeout) and cfg.stall_timeout >= 0,
+         f"--stall-timeout must be >= 0 seconds, got {cfg.stall_timeout}")
+    try:
+        checkpoint.parse_every(cfg.checkpoint_every)
+    except checkpoint.CheckpointError as e:
+        raise ConfigError(str(e)) from None
     need(cfg.test is None or cfg.data is not None, "--test needs --data")
     need(cfg.reader in READERS, f"--reader must be one of {', '.join(READERS)}, got {cfg.reader!r}")
     trace_window(cfg.trace_steps)

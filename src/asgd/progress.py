@@ -27,6 +27,9 @@ class EpochTracker:
     loss_n: float = 0.0
     last_line: float = field(default_factory=time.perf_counter)
 
+    def __post_init__(self):
+        self.first_samples = self.samples  # a resumed run starts past zero: rates count from here
+
     def add(self, loss_sum: float, m: float) -> None:
         """An applied update of m samples whose batch losses sum to loss_sum."""
         self.samples += int(m)
@@ -40,7 +43,7 @@ class EpochTracker:
             done = self.samples - self.epoch * self.n_train
             self.report(f"  epoch {self.epoch + 1}: {done:,}/{self.n_train:,} samples  "
                         f"train loss {self.loss_sum / max(self.loss_n, 1):.4f}  "
-                        f"{self.samples / max(now - self.t_start, 1e-9):,.0f} samples/s")
+                        f"{(self.samples - self.first_samples) / max(now - self.t_start, 1e-9):,.0f} samples/s")
 
     def _end_epoch(self, now: float) -> None:
         self.epoch += 1
@@ -59,6 +62,7 @@ class EpochTracker:
         held_out = f"held-out loss {test_loss:.4f} acc {test_acc:.4f}  " if test_acc is not None else ""
         self.report(f"epoch {self.epoch}/{self.epochs}  samples {self.samples:>9,}  "
                     f"train loss {h['train_loss']:.4f}  {held_out}"
-                    f"{self.samples / max(elapsed, 1e-9):>9,.0f} samples/s  {elapsed:6.1f} s")
+                    f"{(self.samples - self.first_samples) / max(elapsed, 1e-9):>9,.0f} samples/s  "
+                    f"{elapsed:6.1f} s")
         self.loss_sum = self.loss_n = 0.0
         self.last_line = now

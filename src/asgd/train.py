@@ -18,7 +18,7 @@ import traceback  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from . import config, data, mlp, readers, results  # noqa: E402
+from . import checkpoint, config, data, mlp, readers, results, signals  # noqa: E402
 from .allreduce import run_allreduce  # noqa: E402
 from .comm import TAG_SHARD, Waiter, clock_offsets, oversubscribed, shard_bounds  # noqa: E402
 from .progress import EpochTracker  # noqa: E402
@@ -55,18 +55,19 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(f"asgd.train: error: {e} (see --help)", file=sys.stderr)
         return 2
+    signals.install()  # SIGTERM/SIGINT: stop at a step boundary, checkpoint, exit cleanly
     clock = (TraceClock("init", T0_NS, config.trace_window(cfg.trace_steps)) if cfg.trace
              else PhaseClock("init", T0_NS))
     deadline = time.monotonic() + cfg.timeout if cfg.timeout else 0.0
     crowded = oversubscribed(comm)
     role = "server" if cfg.arch == "ps" and rank < cfg.servers else "worker"
-    waiter = Waiter(crowded, deadline, f"rank {rank} ({role})")
+    waiter = Waiter(crowded, deadline, f"rank {rank} ({role})", cfg.stall_timeout)
     say = (lambda s: print(s, flush=True)) if rank == 0 and not cfg.quiet else (lambda s: None)
 
     # -- init: data, model, output folder. Only local work here (no collective may
     # follow a step that can fail on some ranks): failures are agreed on, reported once.
     # load is collective, but agrees on a bad file itself (the same error on every rank).
-    out = cfg.out or comm.bcast(config.default_out(comm.size) if rank == 0 else None)
+    out = cfg.out or cfg.resume or comm.bcast(config.default_out(comm.size) if rank == 0 else None)
     error = None
     try:
         got = load(comm, cfg, waiter)
@@ -76,10 +77,16 @@ def main(argv: list[str] | None = None) -> int:
         workers = comm.size - S
         averaged = workers if cfg.arch == "allreduce" or cfg.mode == "sync" else 1
         lr = cfg.lr or mlp.default_lr(cfg.hidden, averaged)
-        w = mlp.init_params(layout, cfg.seed)
+        w, resumed = mlp.init_params(layout, cfg.seed), {}
+        if cfg.resume:  # every rank reads every shard: workers need all of w too
+            w, resumed = checkpoint.load(cfg.resume, max(S, 1), layout.n_w)
+            if resumed.get("epoch", 0) >= cfg.epochs:
+                raise checkpoint.CheckpointError(f"{cfg.resume}: its checkpoint has {resumed['epoch']} "
+                                                 f"epochs done; ask for more with --epochs")
+        first_epoch = resumed.get("epoch", 0)
         if rank == 0:
             _check_writable(out)
-    except (data.DataError, OSError, MemoryError) as e:
+    except (data.DataError, checkpoint.CheckpointError, OSError, MemoryError) as e:
         error = str(e)
     except Exception as e:  # a bug: say where
         error = f"rank {rank} ({role}): {type(e).__name__}: {e}"
@@ -101,20 +108,33 @@ def main(argv: list[str] | None = None) -> int:
                 f"{layout.d_in}-{layout.d_hidden}-{layout.d_out} MLP, batch {cfg.batch}, lr {lr:g}, "
                 f"{cfg.epochs} epochs")
             evaluate = mlp.make_evaluate(layout, w, test) if S <= 1 else None  # needs all of w
-            tracker = EpochTracker(n_train, cfg.epochs, evaluate, say, cfg.progress, clock)
+            tracker = EpochTracker(n_train, cfg.epochs, evaluate, say, cfg.progress, clock,
+                                   history=list(resumed.get("history", [])), epoch=first_epoch,
+                                   samples=first_epoch * n_train)
+            if first_epoch:
+                say(f"resuming from {cfg.resume} after epoch {first_epoch}")
+        ckpt = None
+        if rank < max(S, 1):  # servers, or allreduce's rank 0: they can save a checkpoint
+            lo, hi = shard_bounds(layout.n_w, max(S, 1))[rank]
+            progress = (lambda: {"epoch": tracker.epoch, "samples": tracker.samples,
+                                 "history": tracker.history}) if tracker else dict
+            ckpt = checkpoint.Checkpointing(out, rank, max(S, 1), (lo, hi), layout.n_w, w[lo:hi],
+                                            checkpoint.parse_every(cfg.checkpoint_every), progress)
         if rank < S:
-            record = serve(cfg, comm, w, S, cfg.epochs * steps, waiter, clock, tracker)
+            record = serve(cfg, comm, w, S, (cfg.epochs - first_epoch) * steps, waiter, clock, tracker, ckpt)
         else:
             X, y, step = train.X, train.y, mlp.make_step(layout, cfg.batch)
             if S:
                 st = run_worker(comm, shard_bounds(layout.n_w, S), w, X, y, step, lr, cfg.batch,
                                 cfg.epochs, [cfg.seed, rank - S], waiter, clock, overlap=cfg.mode != "sync",
-                                steps_per_epoch=steps if cfg.mode == "sync" else None)
+                                steps_per_epoch=steps if cfg.mode == "sync" else None, first_epoch=first_epoch)
             else:
                 st = run_allreduce(comm, w, X, y, step, lr, cfg.batch, cfg.epochs, steps, [cfg.seed, rank],
-                                   waiter, clock, tracker)
+                                   waiter, clock, tracker, first_epoch, ckpt.maybe if ckpt else None)
+                if ckpt and (cfg.checkpoint_every or st.stopped):
+                    ckpt.save(st.updates)
             record = {"role": "worker", "updates": st.updates, "bytes_sent": st.bytes_sent,
-                      "bytes_recv": st.bytes_recv}
+                      "bytes_recv": st.bytes_recv, "stopped": st.stopped}
         end_ns = clock.switch("idle")
         waiter.barrier(comm, "the other ranks to finish")
         record.update(rank=rank, phases={**clock.seconds(), **got.times},  # + init's read/parse/shuffle
@@ -138,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             if final.get("test_accuracy") is None:  # sharded: w was assembled on rank 0 by serve()
                 final = dict(zip(("test_loss", "test_accuracy"), mlp.make_evaluate(layout, w, test)()))
             updates = records[0]["rounds"] if S else records[0]["updates"]
+            stopped = any(r.get("stopped") for r in records)
             res = results.build(
                 config={**cfg.to_dict(), "out": out, "lr": lr, "servers": S, "workers": workers,
                         "features": layout.d_in, "classes": layout.d_out, "n_w": layout.n_w,
@@ -145,10 +166,15 @@ def main(argv: list[str] | None = None) -> int:
                 ranks=records, wall_s=wall, meta=results.machine(comm, crowded),
                 server={"updates": updates, "samples": tracker.samples, "history": tracker.history,
                         "loss": final["test_loss"], "accuracy": final["test_accuracy"]})
+            res["stopped"] = (signals.requested() or "a stop request") if stopped else None
             np.save(os.path.join(out, "model.npy"), w)
             path = os.path.join(out, "results.json")
             results.write(path, res)
             print(results.summary(res, path), flush=True)
+            if stopped:
+                print(f"asgd.train: stopped early by {res['stopped']} after epoch {tracker.epoch} "
+                      f"({tracker.samples:,} samples); checkpoint in {checkpoint.folder(out)}; "
+                      f"continue with --resume {out}", flush=True)
         return 0
     except Exception as e:
         print(f"asgd.train: rank {rank} ({role}): {type(e).__name__}: {e}", file=sys.stderr, flush=True)
@@ -172,22 +198,27 @@ def warm_up_jit(comm: MPI.Comm, waiter: Waiter) -> None:
         node.Free()
 
 
-def serve(cfg: config.Config, comm: MPI.Comm, w: np.ndarray, S: int, rounds: int,
-          waiter: Waiter, clock: PhaseClock, tracker: EpochTracker | None) -> dict:
-    """Serve my shard of w (a view: rank 0's w stays whole); then the other servers send
-    their shards to rank 0, which evaluates the assembled w."""
+def serve(cfg: config.Config, comm: MPI.Comm, w: np.ndarray, S: int, rounds: int, waiter: Waiter,
+          clock: PhaseClock, tracker: EpochTracker | None, ckpt: checkpoint.Checkpointing) -> dict:
+    """Serve my shard of w (a view: rank 0's w stays whole), checkpointing as asked and
+    at the end (always when stopped early); then the other servers send their shards to
+    rank 0, which evaluates the assembled w."""
     shards = shard_bounds(len(w), S)
     lo, hi = shards[comm.rank]
-    server = Server(comm, w[lo:hi], S, waiter, clock, tracker)
+    server = Server(comm, w[lo:hi], S, waiter, clock, tracker, on_update=ckpt.maybe)
     if cfg.mode == "sync":
         st = server.serve_sync(rounds)
     else:
         st = server.serve_async(cfg.staleness if cfg.mode == "ssp" else None)
+    stopped = server.stopping or signals.requested() is not None
+    if cfg.checkpoint_every or stopped:
+        ckpt.save(st.rounds)
     if S > 1:
         reqs = ([comm.Irecv(w[a:b], s, TAG_SHARD) for s, (a, b) in enumerate(shards) if s] if comm.rank == 0
                 else [comm.Isend(w[lo:hi], 0, TAG_SHARD)])
         waiter.all(reqs, "the servers' final shards")
-    return {"role": "server", "updates": st.updates, "rounds": st.rounds, "bytes_sent": st.bytes_sent,
+    return {"role": "server", "stopped": stopped, "refused": st.refused,
+            "updates": st.updates, "rounds": st.rounds, "bytes_sent": st.bytes_sent,
             "bytes_recv": st.bytes_recv, "shard": [lo, hi], "requests": st.updates,
             "staleness_hist": [np.bincount(v).tolist() for v in st.staleness],
             "step_gap_hist": [np.bincount(v).tolist() for v in st.step_gap]}

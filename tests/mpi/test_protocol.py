@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 from asgd import data, mlp
-from asgd.comm import Waiter, oversubscribed, shard_bounds
+from asgd.comm import StallError, Waiter, oversubscribed, shard_bounds
 from asgd.progress import EpochTracker
 from asgd.server import Server
 from asgd.trace import PhaseClock
@@ -112,3 +112,21 @@ def test_async_without_bound_runs_ahead_of_a_straggler():
     if got:  # the contrast that makes the ssp test meaningful
         counts = got[3]
         assert counts[0]["gap_max"] > 1
+
+
+def test_a_stalled_wait_ends_with_who_waited_on_whom():
+    comm = MPI.COMM_WORLD
+    peer = (comm.rank + 1) % comm.size
+    waiter = Waiter(True, 0.0, f"rank {comm.rank} (worker)", stall_s=0.3)
+    buf = np.empty(1)
+    req = comm.Irecv(buf, source=peer, tag=99)  # nobody sends it
+    t = time.monotonic()
+    with pytest.raises(StallError) as e:
+        waiter.all([req], lambda: f"rank {peer}'s message")
+    waited = time.monotonic() - t
+    req.Cancel()
+    req.Wait()
+    comm.Barrier()  # after the assertion-free part: every rank gets here
+    assert str(e.value) == (f"rank {comm.rank} (worker) waited 0.3 s for rank {peer}'s message: "
+                            "stalled (--stall-timeout)")
+    assert 0.3 <= waited < 2
