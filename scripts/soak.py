@@ -31,9 +31,10 @@ BAD = [  # (ranks, options, text the one error line must hold): expected exit 2
 ]
 
 
-def leftovers() -> list[str]:
-    p = subprocess.run(["pgrep", "-af", "asgd.train"], capture_output=True, text=True)
-    return [l for l in p.stdout.splitlines() if "soak.py" not in l and "pgrep" not in l]
+def leftovers(out: str) -> list[str]:
+    """This run's processes still alive (found by its unique run folder)."""
+    p = subprocess.run(["pgrep", "-af", "--", f"--out {out} "], capture_output=True, text=True)
+    return [line for line in p.stdout.splitlines() if "pgrep" not in line]
 
 
 def main(argv=None) -> int:
@@ -64,7 +65,7 @@ def main(argv=None) -> int:
             with open(os.path.join(out, "results.json")) as f:
                 acc = json.load(f)["metrics"]["accuracy"]
         shutil.rmtree(out, ignore_errors=True)
-        left = leftovers()
+        left = leftovers(out)
         if kind == "good":
             ok = rc == 0 and acc is not None and acc >= 0.95
         else:
