@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--timeout", type=float, default=120, help="seconds per run (default %(default)s)")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=5, help="per run (default %(default)s, as asgd.train)")
     p.add_argument("--log", default="soak.csv")
     a = p.parse_args(argv)
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
