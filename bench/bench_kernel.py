@@ -1,37 +1,58 @@
-"""Worker training-step throughput on one core: the numba kernel vs the numpy reference.
+"""Worker training-step throughput on one core: asgd's numba kernel vs numpy, PyTorch and the FLOP ceiling.
 
-Measures samples/s of one SGD step (forward, backward, Delta-w) of the d_in-H-d_out MLP
-in float64, for each hidden size and batch size, with asgd.kernels.sgd_step and
-asgd.mlp.reference_step side by side in one run: both warmed up, repetitions
-interleaved, medians reported. Also measures this core's DGEMM rate (numpy matmul,
-one thread) as the hardware bound. Writes kernel.csv, kernel.json and kernel.png.
+Measures samples/s of one SGD step of the d_in-H-d_out MLP (sigmoid hidden layer, softmax
+cross-entropy, float64) for each hidden and batch size, all in one run, warmed up,
+repetitions interleaved, medians reported:
+  numba         asgd.mlp.make_step: the worker's kernel (writes Delta-w; the server applies it)
+  numpy         asgd.mlp.reference_step: plain numpy (matmul + exp)
+  torch         a typical PyTorch user's step: nn.Linear -> nn.Sigmoid -> nn.Linear,
+                nn.CrossEntropyLoss, autograd, optim.SGD.step() (1 thread, same init weights)
+  torch_manual  PyTorch with hand-written forward/backward on preallocated tensors, w -= lr*grad
+  exp_only      asgd's vectorized exp (kernels.vexp) over B rows of H values alone, each row
+                cache-resident as in the kernel: what the sigmoids' exps cost
+  ceiling       this core's DGEMM rate (numpy matmul, 1 thread, measured in the same run)
+                over the step's FLOPs: 4*d_in*H + 6*H*d_out (matmuls) + 9*H (elementwise,
+                exp counted as 1 FLOP) per sample
+Writes kernel.csv, kernel.json (with the machine) and kernel.png under --out.
 
     python bench/bench_kernel.py                      # 2-10K-2, batch 256
     python bench/bench_kernel.py --batch 16,64,256,1024 --hidden 10000,100000
+    python bench/bench_kernel.py --quick              # batch 64,256, 2-10K-2, few repeats
 """
 
 import os
+import sys
+from pathlib import Path
 
-for _v in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_v] = "1"   # one core, like one MPI rank; must precede the numpy import
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402,I001  (pins one thread per process before numpy loads)
+from common import int_list, interleaved  # noqa: E402
 
 import argparse  # noqa: E402
-import csv  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+from numba import njit  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))   # run from a checkout without installing
 from asgd import kernels  # noqa: E402
-from asgd.mlp import Layout, init_params, reference_step  # noqa: E402
+from asgd.mlp import Layout, init_params, make_step, reference_step  # noqa: E402
+
+IMPLS = ("numba", "numpy", "torch", "torch_manual", "exp_only")
 
 
-def int_list(s):
-    return [int(v) for v in s.split(",") if v]
+@njit(fastmath={"reassoc", "contract", "nsz", "arcp"}, error_model="numpy", boundscheck=False, cache=True)
+def exp_rows(a, out, rows):
+    """rows passes of asgd's vectorized exp over one row of H values (cache-resident, as in the
+    kernel's chunks): what the H exps of each sample cost alone."""
+    for r in range(rows):
+        shift = r * 1e-9                 # a different input each pass: no pass can be elided
+        for i in range(a.size):
+            out[i] = kernels.vexp(a[i] - shift)
+
+
+def machine():
+    """What the numbers were measured on (kept here: other benchmarks import it from bench_kernel)."""
+    return common.machine()
 
 
 def parse_args(argv=None):
@@ -43,153 +64,247 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=21, help="timed repetitions per implementation (default 21)")
     p.add_argument("--min-time", type=float, default=0.05,
                    help="seconds per repetition; short steps are looped to reach it (default 0.05)")
-    p.add_argument("--out", type=Path, default=Path("bench/results/kernel"), help="output folder (default bench/results/kernel)")
+    p.add_argument("--dgemm-n", type=int, default=2048, help="size of the peak-measuring DGEMM (default 2048)")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch peers (skipped anyway without torch)")
+    p.add_argument("--quick", action="store_true", help="batch 64,256 at 2-10K-2, 5 repeats, 0.03 s each")
+    p.add_argument("--out", type=Path, default=common.RESULTS / "kernel",
+                   help="output folder (default bench/results/kernel)")
     p.add_argument("--no-plot", action="store_true", help="skip kernel.png")
-    return p.parse_args(argv)
-
-
-def machine():
-    """What the numbers were measured on."""
-    import llvmlite.binding as llvm
-    import numba
-    cpu = "unknown"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        cpu = platform.processor() or cpu
-    return {"cpu": cpu, "llvm_cpu": llvm.get_host_cpu_name(), "cores": os.cpu_count(),
-            "loadavg_at_start": os.getloadavg(), "python": platform.python_version(),
-            "numpy": np.__version__, "numba": numba.__version__, "platform": platform.platform()}
+    a = p.parse_args(argv)
+    if a.quick:
+        a.hidden, a.batch, a.repeat, a.min_time = [10000], [64, 256], 5, 0.03
+    return a
 
 
 def dgemm_gflops(n=2048, reps=4):
-    """One-thread float64 matmul rate: the core's practical FLOP peak."""
+    """One-thread float64 matmul rate (best of reps): the core's practical FLOP peak."""
     a, b = np.random.default_rng(0).random((2, n, n))
-    a @ b
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        a @ b
-        ts.append(time.perf_counter() - t0)
-    return 2 * n**3 / min(ts) / 1e9
+    c = np.empty((n, n))
+    np.matmul(a, b, out=c)
+    best = min(_timed(lambda: np.matmul(a, b, out=c)) for _ in range(reps))
+    return 2 * n**3 / best / 1e9
+
+
+def _timed(f):
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
 
 
 def step_flops(layout):
-    """Multiply-add FLOPs of one sample's step: 2 forward + 4 backward per weight (the H exps not counted)."""
-    return 6 * (layout.d_in * layout.d_hidden + layout.d_hidden * layout.d_out)
+    """FLOPs of one sample's step: forward (2 per weight), weight gradients (2 per weight),
+    dh = dz W2^T (2 per W2 weight), and 9 elementwise per hidden unit (bias, sigmoid with
+    exp counted as 1, its derivative, db1). dx is not needed."""
+    d_in, H, d_out = layout.d_in, layout.d_hidden, layout.d_out
+    return 4 * d_in * H + 6 * H * d_out + 9 * H
 
 
-def bench_case(layout, batch, repeat, min_time):
-    """Median/min/max samples/s of both implementations for one (layout, batch), interleaved."""
+def torch_available():
+    import importlib.util
+    return importlib.util.find_spec("torch") is not None
+
+
+def torch_steps(layout, w, X, y, lr):
+    """(typical user's step, hand-written step): both apply w -= lr*grad to their own copy of w."""
+    import torch
+    from torch import nn
+    torch.set_num_threads(1)
+    W1, b1, W2, b2 = layout.views(w)
+    model = nn.Sequential(nn.Linear(layout.d_in, layout.d_hidden), nn.Sigmoid(),
+                          nn.Linear(layout.d_hidden, layout.d_out)).double()
+    with torch.no_grad():
+        for p, v in zip(model.parameters(), (W1.T, b1, W2.T, b2)):
+            p.copy_(torch.from_numpy(np.ascontiguousarray(v)))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    loss_fn = nn.CrossEntropyLoss()
+    Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
+
+    def typical():
+        opt.zero_grad()
+        loss = loss_fn(model(Xt), yt)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    B = len(y)
+    tW1, tb1, tW2, tb2 = (torch.from_numpy(v.copy()) for v in (W1, b1, W2, b2))
+    h, dh = torch.empty(B, layout.d_hidden, dtype=torch.float64), torch.empty(B, layout.d_hidden, dtype=torch.float64)
+    z = torch.empty(B, layout.d_out, dtype=torch.float64)
+    gW1, gW2 = torch.empty_like(tW1), torch.empty_like(tW2)
+    rows = torch.arange(B)
+
+    def manual():
+        torch.addmm(tb1, Xt, tW1, out=h)
+        h.sigmoid_()
+        torch.addmm(tb2, h, tW2, out=z)
+        logp = torch.log_softmax(z, dim=1)
+        loss = -logp[rows, yt].mean()
+        dz = logp.exp_()
+        dz[rows, yt] -= 1.0
+        dz.mul_(1.0 / B)
+        torch.mm(h.T, dz, out=gW2)
+        torch.mm(dz, tW2.T, out=dh)
+        dh.mul_(h)
+        dh.addcmul_(dh, h, value=-1.0)   # dh * h * (1 - h)
+        torch.mm(Xt.T, dh, out=gW1)
+        tW2.add_(gW2, alpha=-lr)
+        tb2.add_(dz.sum(0), alpha=-lr)
+        tW1.add_(gW1, alpha=-lr)
+        tb1.add_(dh.sum(0), alpha=-lr)
+        return loss.item()
+
+    def delta_typical():   # Delta-w of one step, flat, in asgd's layout (for the equivalence check)
+        before = [p.detach().clone() for p in model.parameters()]
+        typical()
+        d = [(p.detach() - b).numpy() for p, b in zip(model.parameters(), before)]
+        return np.concatenate([d[0].T.ravel(), d[1], d[2].T.ravel(), d[3]])
+    return typical, manual, delta_typical
+
+
+def bench_case(layout, batch, repeat, min_time, with_torch):
+    """{impl: {samples_per_s, ...}} for one (layout, batch), repetitions interleaved."""
     w = init_params(layout, seed=0)
     rng = np.random.default_rng(1)
     X = rng.normal(size=(batch, layout.d_in))
     y = rng.integers(0, layout.d_out, batch)
-    dw = np.empty(layout.n_w)
-    views, dviews = layout.views(w), layout.views(dw)
-    scratch = kernels.make_scratch(batch, layout.d_hidden, layout.d_out)
-    steps = {"numba": lambda: kernels.sgd_step(*views, X, y, 0.01, *dviews, scratch),
-             "numpy": lambda: reference_step(layout, w, X, y, 0.01, dw)}
+    lr = 3.0 / layout.d_hidden
+    dw, dw_ref = np.empty(layout.n_w), np.empty(layout.n_w)
+    step = make_step(layout, batch)
     t0 = time.perf_counter()
-    steps["numba"]()                  # compiles, or loads the numba cache
+    step(w, X, y, lr, dw)             # compiles, or loads the numba cache
     first_call_s = time.perf_counter() - t0
-    loops = {}
-    for name, f in steps.items():     # warm up and size the loop so one repetition lasts ~min_time
-        f()
-        t0 = time.perf_counter()
-        f()
-        loops[name] = max(1, int(min_time / (time.perf_counter() - t0)))
-    times = {name: [] for name in steps}
-    for _ in range(repeat):
-        for name, f in steps.items():
-            t0 = time.perf_counter()
-            for _ in range(loops[name]):
-                f()
-            times[name].append((time.perf_counter() - t0) / loops[name])
+    reference_step(layout, w, X, y, lr, dw_ref)
+    check = {"numba": float(np.abs(dw - dw_ref).max() / np.abs(dw_ref).max())}
+    a = np.random.default_rng(2).normal(size=layout.d_hidden)
+    e = np.empty_like(a)
+    fns = {"numba": lambda: step(w, X, y, lr, dw),
+           "numpy": lambda: reference_step(layout, w, X, y, lr, dw_ref),
+           "exp_only": lambda: exp_rows(a, e, batch)}
+    if with_torch:
+        typical, manual, delta_typical = torch_steps(layout, w, X, y, lr)
+        check["torch"] = float(np.abs(delta_typical() - dw_ref).max() / np.abs(dw_ref).max())
+        fns["torch"], fns["torch_manual"] = typical, manual
+    res = interleaved(fns, repeat, min_time)
     out = {}
-    for name, ts in times.items():
-        ts = np.array(ts)
-        out[name] = {"samples_per_s": batch / np.median(ts), "samples_per_s_min": batch / ts.max(),
-                     "samples_per_s_max": batch / ts.min(), "step_ms": 1e3 * np.median(ts),
-                     "steps_per_repeat": loops[name]}
+    for name, r in res.items():
+        out[name] = {"samples_per_s": batch / r["median_s"], "samples_per_s_min": batch / r["max_s"],
+                     "samples_per_s_max": batch / r["min_s"], "samples_per_s_cpu": batch / r["cpu_median_s"],
+                     "step_ms": 1e3 * r["median_s"],
+                     "steps_per_repeat": r["loops"], "max_rel_diff_vs_numpy": check.get(name)}
     out["numba"]["first_call_s"] = first_call_s
     return out
 
 
 def plot(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
     hiddens = sorted({r["hidden"] for r in rows})
-    fig, axes = plt.subplots(1, len(hiddens), figsize=(5 + 2.5 * len(hiddens), 4.2), squeeze=False)
+    impls = [i for i in ("numba", "numpy", "torch", "torch_manual") if any(r["impl"] == i for r in rows)]
+    colors = {"numba": "tab:blue", "numpy": "tab:gray", "torch": "tab:orange", "torch_manual": "tab:red"}
+    fig, axes = plt.subplots(1, len(hiddens), figsize=(4 + 3.5 * len(hiddens), 4.6), squeeze=False)
     for ax, hid in zip(axes[0], hiddens):
         sub = [r for r in rows if r["hidden"] == hid]
         batches = sorted({r["batch"] for r in sub})
         x = np.arange(len(batches))
-        for off, impl, color in ((-0.2, "numba", "tab:blue"), (0.2, "numpy", "tab:gray")):
+        width = 0.8 / len(impls)
+        for i, impl in enumerate(impls):
             rs = [next(r for r in sub if r["batch"] == b and r["impl"] == impl) for b in batches]
             med = np.array([r["samples_per_s"] for r in rs])
             err = [med - [r["samples_per_s_min"] for r in rs], [r["samples_per_s_max"] for r in rs] - med]
-            ax.bar(x + off, med, 0.4, yerr=err, capsize=3, color=color, label=f"{impl} (median, min-max)")
-            for xi, m, r in zip(x + off, med, rs):
-                label = f"{m:,.0f}" + (f"\n{r['speedup_vs_numpy']:.1f}x" if impl == "numba" else "")  # above the error bar
-                ax.annotate(label, (xi, r["samples_per_s_max"]), ha="center", va="bottom", fontsize=7, xytext=(0, 3),
+            xs = x - 0.4 + width * (i + 0.5)
+            ax.bar(xs, med, width, yerr=err, capsize=2, color=colors[impl], label=impl)
+            for xi, m, r in zip(xs, med, rs):   # the median, above the error bar
+                ax.annotate(f"{m / 1e3:,.1f}K" if m < 1e5 else f"{m / 1e3:,.0f}K", (xi, r["samples_per_s_max"]),
+                            ha="center", va="bottom", fontsize=6, rotation=90, xytext=(0, 2),
                             textcoords="offset points")
+        ceil = sub[0]["ceiling_samples_per_s"]
+        ax.axhline(ceil, color="k", ls="--", lw=1, label=f"FLOP ceiling {ceil / 1e3:,.0f}K (DGEMM peak)")
+        ax.set_yscale("log")
         ax.set_xticks(x, [str(b) for b in batches])
         ax.set_xlabel("batch size")
-        ax.set_ylabel("samples/s, one core")
-        ax.set_title(f"{sub[0]['d_in']}-{hid}-{sub[0]['d_out']} MLP, float64 training step\n"
-                     f"(DGEMM bound {sub[0]['dgemm_bound_samples_per_s']:,} samples/s)", fontsize=10)
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
-        ax.set_ylim(0, 1.2 * max(r["samples_per_s_max"] for r in sub))
+        ax.set_ylabel("samples/s, one core (log)")
+        ax.set_title(f"{sub[0]['d_in']}-{hid}-{sub[0]['d_out']} MLP, float64 training step", fontsize=10)
+        ax.set_ylim(top=max(ceil, max(r["samples_per_s_max"] for r in sub)) * 4)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv=None):
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    info = {"machine": machine(), "dgemm_gflops_1thread": dgemm_gflops(), "args": {
-        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+    load = common.LoadSampler()
+    with_torch = not args.no_torch and torch_available()
+    info = {"benchmark": "kernel", "machine": common.machine(), "dgemm_gflops_1thread": dgemm_gflops(args.dgemm_n),
+            "torch": with_torch or "not measured (not installed, or --no-torch)",
+            "command": common.command_line(),
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "columns": {"samples_per_s": "median over repetitions, wall clock (min/max beside it)",
+                        "samples_per_s_cpu": "batch / median CPU time of the step (the thread's: "
+                                             "blind to preemption by other processes)",
+                        "flops_per_sample": "4*d_in*H + 6*H*d_out + 9*H (exp as 1 FLOP)",
+                        "gflops": "samples_per_s * flops_per_sample",
+                        "ceiling_samples_per_s": "DGEMM GFLOP/s (1 thread, best of 2 runs) / flops_per_sample",
+                        "pct_of_ceiling": "samples_per_s / ceiling", "vs_torch": "samples_per_s / torch's",
+                        "max_rel_diff_vs_numpy": "max |Delta-w - numpy's| / max |numpy's| after one step",
+                        "exp_share_pct": "numba: the H exps of a sample alone (exp_only) / its whole step",
+                        "gflops_without_exp": "numba: the step's FLOPs less the H exps, over its time less the "
+                                              "exps' (compare with dgemm_gflops_1thread)"}}
     rows = []
     for hid in args.hidden:
         layout = Layout(args.d_in, hid, args.d_out)
         flops = step_flops(layout)
         for batch in args.batch:
-            res = bench_case(layout, batch, args.repeat, args.min_time)
-            for impl, r in res.items():
+            res = bench_case(layout, batch, args.repeat, args.min_time, with_torch)
+            for impl in (i for i in IMPLS if i in res):
+                r = res[impl]
                 rows.append({"d_in": args.d_in, "hidden": hid, "d_out": args.d_out, "batch": batch, "impl": impl,
-                             **{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()},
-                             "gflops": round(r["samples_per_s"] * flops / 1e9, 3),
+                             **{k: float(f"{v:.7g}") if isinstance(v, float) else v for k, v in r.items()},
+                             "flops_per_sample": flops, "gflops": round(r["samples_per_s"] * flops / 1e9, 3),
                              "speedup_vs_numpy": round(r["samples_per_s"] / res["numpy"]["samples_per_s"], 3),
-                             "flops_per_sample": flops,
-                             "dgemm_bound_samples_per_s": round(info["dgemm_gflops_1thread"] * 1e9 / flops)})
-    info["results"] = rows
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    with open(args.out / "kernel.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-    (args.out / "kernel.json").write_text(json.dumps(info, indent=2))
+                             "vs_torch": round(r["samples_per_s"] / res["torch"]["samples_per_s"], 3)
+                             if "torch" in res else None})
+            nb = next(r for r in rows[-len(res):] if r["impl"] == "numba")   # how much of its step is the exp
+            t_step, t_exp = 1 / res["numba"]["samples_per_s"], 1 / res["exp_only"]["samples_per_s"]
+            nb["exp_share_pct"] = round(100 * t_exp / t_step, 1)
+            nb["gflops_without_exp"] = round((flops - hid) / max(t_step - t_exp, 1e-12) / 1e9, 2) if t_step > t_exp else None
+            print(f"  {args.d_in}-{hid}-{args.d_out} batch {batch}: "
+                  + ", ".join(f"{i} {res[i]['samples_per_s']:,.0f}" for i in IMPLS if i in res), flush=True)
+    info["dgemm_gflops_1thread"] = max(info["dgemm_gflops_1thread"], dgemm_gflops(args.dgemm_n))  # again at the end: best of both
+    for r in rows:
+        r["ceiling_samples_per_s"] = round(info["dgemm_gflops_1thread"] * 1e9 / r["flops_per_sample"])
+        r["pct_of_ceiling"] = round(100 * r["samples_per_s"] / r["ceiling_samples_per_s"], 2)
+        r["dgemm_bound_samples_per_s"] = r["ceiling_samples_per_s"]   # the old column name
+    info["load"] = load.summary()
+    paths = common.write_outputs(args.out, "kernel", rows, info)
     if not args.no_plot:
         plot(rows, args.out / "kernel.png")
+        paths.append(args.out / "kernel.png")
 
-    m = info["machine"]
-    print(f"{m['cpu']} ({m['llvm_cpu']}), {m['cores']} cores, load {m['loadavg_at_start'][0]:.2f}; "
-          f"numpy {m['numpy']}, numba {m['numba']}; DGEMM 1 thread {info['dgemm_gflops_1thread']:.1f} GFLOP/s")
-    print(f"{'model':>12} {'batch':>6} {'numba s/s':>11} {'numpy s/s':>10} {'speedup':>8} {'numba GFLOP/s':>14} {'DGEMM bound s/s':>16}")
+    print(common.describe(info["machine"], info["load"]))
+    print(f"DGEMM 1 thread {info['dgemm_gflops_1thread']:.1f} GFLOP/s; torch: {info['torch']}")
+    table = []
     for hid in args.hidden:
         for batch in args.batch:
-            nb, npy = (next(r for r in rows if r["hidden"] == hid and r["batch"] == batch and r["impl"] == i)
-                       for i in ("numba", "numpy"))
-            print(f"{f'{args.d_in}-{hid}-{args.d_out}':>12} {batch:>6} {nb['samples_per_s']:>11,.0f} "
-                  f"{npy['samples_per_s']:>10,.0f} {nb['speedup_vs_numpy']:>7.1f}x {nb['gflops']:>14.1f} "
-                  f"{nb['dgemm_bound_samples_per_s']:>16,}")
-    print(f"wrote {args.out}/kernel.csv, kernel.json" + ("" if args.no_plot else ", kernel.png"))
+            by = {r["impl"]: r for r in rows if r["hidden"] == hid and r["batch"] == batch}
+            nb = by["numba"]
+            table.append({"model": f"{args.d_in}-{hid}-{args.d_out}", "batch": batch,
+                          **{i: by[i]["samples_per_s"] if i in by else None for i in IMPLS},
+                          "ceiling": nb["ceiling_samples_per_s"], "pct": nb["pct_of_ceiling"],
+                          "x_numpy": nb["speedup_vs_numpy"], "x_torch": nb["vs_torch"],
+                          "x_torch_cpu": nb["samples_per_s_cpu"] / by["torch"]["samples_per_s_cpu"] if "torch" in by else None,
+                          "exp_pct": nb.get("exp_share_pct"), "gf_noexp": nb.get("gflops_without_exp")})
+    common.print_table(table, [("model", "model", ""), ("batch", "batch", "d"), ("numba s/s", "numba", ",.0f"),
+                               ("numpy", "numpy", ",.0f"), ("torch", "torch", ",.0f"),
+                               ("torch manual", "torch_manual", ",.0f"), ("exp only", "exp_only", ",.0f"),
+                               ("ceiling", "ceiling", ",.0f"), ("numba % ceil", "pct", ".1f"),
+                               ("x numpy", "x_numpy", ".1f"), ("x torch", "x_torch", ".1f"),
+                               ("x torch (cpu time)", "x_torch_cpu", ".1f"), ("exp % of step", "exp_pct", ".0f"),
+                               ("GFLOP/s w/o exp", "gf_noexp", ".1f")])
+    print("s/s: samples/s, median wall clock; 'cpu time': the same ratio from the steps' CPU time (load-proof)")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""End to end: time to held-out accuracy >= 0.95 and samples/s at 2, 4 and 8 ranks, for asgd's
+parameter server (default options), asgd's allreduce (--arch allreduce) and PyTorch
+DistributedDataParallel (gloo, CPU: bench/ddp_peer.py), each launched the same way
+(`mpiexec -n N python ...`), same data, model, init, batch 256 per rank and lr rule.
+
+Time to accuracy is the results.json history's `wall_s` (since rank 0's process started:
+imports, MPI/gloo start-up, data, JIT and evaluation all count) of the first epoch whose
+held-out accuracy reaches --target. samples/s is over the training phase (train_s). Runs
+are interleaved (implementations in rotating order within each repetition); medians.
+Writes e2e.csv (one row per run), e2e.json (with the per-configuration medians) and e2e.png.
+
+    python bench/bench_e2e.py                          # ranks 2,4,8, 3 repetitions
+    python bench/bench_e2e.py --quick                  # 4 ranks, once
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402,I001
+from common import int_list  # noqa: E402
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+
+IMPLS = {"asgd ps": ["-m", "asgd.train"], "asgd allreduce": ["-m", "asgd.train", "--arch", "allreduce"],
+         "pytorch ddp": [str(common.BENCH / "ddp_peer.py")]}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int_list, default=[2, 4, 8], help="MPI ranks, comma list (default 2,4,8)")
+    p.add_argument("--repeat", type=int, default=3, help="repetitions of each configuration (default 3)")
+    p.add_argument("--epochs", type=int, default=4, help="epochs per run (default 4; DDP stops at --target)")
+    p.add_argument("--target", type=float, default=0.95, help="held-out accuracy (default 0.95)")
+    p.add_argument("--impls", default=",".join(IMPLS), help=f"comma list of {', '.join(IMPLS)}")
+    p.add_argument("--quick", action="store_true", help="4 ranks only, one repetition, 3 epochs")
+    p.add_argument("--timeout", type=float, default=300, help="seconds one run may take (default 300)")
+    p.add_argument("--out", type=Path, default=common.RESULTS / "e2e", help="output folder (default bench/results/e2e)")
+    p.add_argument("--no-plot", action="store_true")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.ranks, a.repeat, a.epochs = [4], 1, 3
+    a.impls = [i.strip() for i in a.impls.split(",") if i.strip()]
+    unknown = set(a.impls) - set(IMPLS)
+    if unknown:
+        p.error(f"unknown --impls {sorted(unknown)}")
+    if "pytorch ddp" in a.impls and not common._version("torch"):
+        print("pytorch ddp: skipped (torch is not installed: pip install torch==2.13.0)", flush=True)
+        a.impls.remove("pytorch ddp")
+    return a
+
+
+def run(impl: str, n: int, args) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="asgd-bench-e2e-"))
+    argv = [*IMPLS[impl], "--epochs", str(args.epochs), "--out", str(out)]
+    argv += ["--stop-at", str(args.target)] if impl == "pytorch ddp" else ["--quiet", "--timeout", str(args.timeout - 10)]
+    try:
+        job = common.mpiexec(n, argv, timeout=args.timeout)
+        r = json.loads((out / "results.json").read_text())
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    hist = r["metrics"]["history"]
+    tta = common.time_to_accuracy(hist, args.target)
+    return {"impl": impl, "ranks": n, "time_to_accuracy_s": round(tta, 3) if tta is not None else None,
+            "epochs_to_accuracy": next((h["epoch"] for h in hist if (h["test_accuracy"] or 0) >= args.target), None),
+            "samples_per_s": round(r["throughput"]["samples_per_s"], 1), "init_s": round(r["init_s"], 3),
+            "train_s": round(r["train_s"], 3), "wall_s": round(r["wall_s"], 3), "job_wall_s": round(job["wall_s"], 3),
+            "final_accuracy": round(r["metrics"]["accuracy"], 4), "epochs_run": len(hist),
+            "accuracy_by_epoch": " ".join(f"{h['test_accuracy']:.3f}" for h in hist),
+            "wall_by_epoch": " ".join(f"{h['wall_s']:.2f}" for h in hist), "lr": r["config"]["lr"],
+            "command": f"mpiexec -n {n} python {' '.join(argv).replace(str(out), 'DIR')}"}
+
+
+def summarize(rows, impls, ranks):
+    out = []
+    for n in ranks:
+        for impl in impls:
+            rs = [r for r in rows if r["ranks"] == n and r["impl"] == impl]
+            if not rs:
+                continue
+            ttas = [r["time_to_accuracy_s"] for r in rs if r["time_to_accuracy_s"] is not None]
+            out.append({"ranks": n, "impl": impl, "runs": len(rs), "reached": len(ttas),
+                        "time_to_accuracy_s": round(statistics.median(ttas), 3) if ttas else None,
+                        "tta_min_s": min(ttas) if ttas else None, "tta_max_s": max(ttas) if ttas else None,
+                        "epochs_to_accuracy": statistics.median([r["epochs_to_accuracy"] for r in rs
+                                                                 if r["epochs_to_accuracy"]] or [0]) or None,
+                        "samples_per_s": round(statistics.median(r["samples_per_s"] for r in rs), 1),
+                        "init_s": round(statistics.median(r["init_s"] for r in rs), 3),
+                        "job_wall_s": round(statistics.median(r["job_wall_s"] for r in rs), 3)})
+        ddp = next((s for s in out if s["ranks"] == n and s["impl"] == "pytorch ddp"), None)
+        for s in out:
+            if s["ranks"] == n:
+                s["tta_vs_ddp"] = (round(s["time_to_accuracy_s"] / ddp["time_to_accuracy_s"], 3)
+                                   if ddp and ddp["time_to_accuracy_s"] and s["time_to_accuracy_s"] else None)
+    return out
+
+
+def plot(summary, target, path):
+    plt = common.pyplot()
+    import numpy as np
+    ranks = sorted({s["ranks"] for s in summary})
+    impls = list(dict.fromkeys(s["impl"] for s in summary))
+    colors = {"asgd ps": "tab:blue", "asgd allreduce": "tab:cyan", "pytorch ddp": "tab:orange"}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
+    x = np.arange(len(ranks))
+    wd = 0.8 / len(impls)
+    for i, impl in enumerate(impls):
+        for ax, key, fmt in ((axes[0], "time_to_accuracy_s", "{:.1f} s"), (axes[1], "samples_per_s", "{:,.0f}")):
+            ss = [next((s for s in summary if s["ranks"] == n and s["impl"] == impl), None) for n in ranks]
+            ys = [(s or {}).get(key) or 0 for s in ss]
+            bars = ax.bar(x - 0.4 + wd * (i + 0.5), ys, wd, color=colors.get(impl), label=impl)
+            for b, yv in zip(bars, ys):
+                ax.annotate(fmt.format(yv) if yv else "not\nreached", (b.get_x() + b.get_width() / 2, yv),
+                            ha="center", va="bottom", fontsize=7)
+    axes[0].set_ylabel(f"seconds from start to held-out accuracy ≥ {target} (median)")
+    axes[1].set_ylabel("training samples/s (median)")
+    for ax in axes:
+        ax.set_xticks(x, [str(n) for n in ranks])
+        ax.set_xlabel("MPI ranks (asgd ps: 1 server + N-1 workers)")
+        ax.legend(fontsize=8)
+    axes[0].set_title("Time to accuracy, 2-10K-2, batch 256/rank", fontsize=10)
+    axes[1].set_title("Throughput during training", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    load = common.LoadSampler()
+    m = common.machine()
+    common.mpiexec(2, ["-m", "asgd.train", "--epochs", "1", "--quiet", "--out", str(args.out / ".warm")],
+                   timeout=args.timeout)   # numba's cache warm, as for every later run
+    shutil.rmtree(args.out / ".warm", ignore_errors=True)
+    rows = []
+    for rep in range(args.repeat):
+        for n in args.ranks:
+            k = (rep + n) % len(args.impls)
+            for impl in args.impls[k:] + args.impls[:k]:   # rotating order
+                try:
+                    r = run(impl, n, args)
+                except common.JobFailed as e:
+                    print(f"  {impl} n={n}: FAILED {str(e)[:400]}", flush=True)
+                    continue
+                rows.append({"rep": rep, **r})
+                print(f"  rep {rep + 1}/{args.repeat} n={n} {impl:<15} time to {args.target}: "
+                      f"{common.fmt(r['time_to_accuracy_s'], '.2f')} s (epoch {r['epochs_to_accuracy']}), "
+                      f"{r['samples_per_s']:,.0f} samples/s, acc by epoch {r['accuracy_by_epoch']}", flush=True)
+    summary = summarize(rows, args.impls, args.ranks)
+    info = {"benchmark": "e2e", "machine": m, "load": load.summary(), "target_accuracy": args.target,
+            "command": common.command_line(),
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "problem": "asgd.data.default_problem(): 16384 train / 4096 held-out rings; 2-10000-2, float64, "
+                       "batch 256 per worker rank; asgd ps lr 3/H (async), allreduce and DDP lr 3/H x N",
+            "columns": {"time_to_accuracy_s": "history wall_s (since rank 0's process start) of the first "
+                                              "epoch with test_accuracy >= target",
+                        "samples_per_s": "training samples / train_s", "job_wall_s": "mpiexec start to exit",
+                        "tta_vs_ddp": "time_to_accuracy_s / DDP's at the same ranks"},
+            "summary": summary}
+    paths = common.write_outputs(args.out, "e2e", rows, info)
+    if not args.no_plot and summary:
+        plot(summary, args.target, args.out / "e2e.png")
+        paths.append(args.out / "e2e.png")
+    print(common.describe(m, info["load"]))
+    common.print_table(summary, [("ranks", "ranks", "d"), ("implementation", "impl", ""),
+                                 (f"time to {args.target} s", "time_to_accuracy_s", ".2f"),
+                                 ("min", "tta_min_s", ".2f"), ("max", "tta_max_s", ".2f"),
+                                 ("epochs", "epochs_to_accuracy", ".0f"), ("x DDP", "tta_vs_ddp", ".2f"),
+                                 ("samples/s", "samples_per_s", ",.0f"), ("init s", "init_s", ".2f"),
+                                 ("runs", "runs", "d"), ("reached", "reached", "d")])
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""Messaging: a worker's push/pull round trip through asgd's real protocol against a raw MPI
+ping-pong of the same size, 2 ranks, in one MPI job (this script starts it under mpiexec).
+
+Variants, repetitions interleaved (the order rotates), per-exchange median on the worker:
+  pingpong            raw MPI: rank 1 Isend n_w doubles + Irecv n_w doubles, Waitall;
+                      rank 0 echoes (its Irecv always posted ahead, Wait, Isend, Wait).
+                      The hardware/MPI bound.
+  pingpong+aggregate  the same, rank 0 doing the server's per-push work between receive and
+                      send (add_into Delta-w, copy w into the reply): the protocol's floor.
+  asgd                asgd.server.Server.serve_async on rank 0 and asgd.worker.run_worker on
+                      rank 1 with a stub training step (no compute): every push, header,
+                      finiteness check, aggregation, reply and comm.Waiter wait of a real run.
+The server's busy time per push (its `aggregate` phase) is recorded beside it.
+Writes messaging.csv, messaging.json, messaging.png under --out.
+
+    python bench/bench_messaging.py                      # 2-10K-2 and 2-100K-2 sizes
+    python bench/bench_messaging.py --hidden 100 --repeat 1 --iters 20     # seconds
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402,I001
+from common import int_list  # noqa: E402
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+VARIANTS = ("pingpong", "pingpong+aggregate", "pingpong+versioned", "pingpong+reply-first", "asgd")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int_list, default=[10000, 100000],
+                   help="2-H-2 models whose n_w sets the message size, comma list (default 10000,100000)")
+    p.add_argument("--repeat", type=int, default=9, help="interleaved repetitions of each variant (default 9)")
+    p.add_argument("--iters", type=int, default=0,
+                   help="exchanges per repetition (default 0: enough for about 0.15 s)")
+    p.add_argument("--quick", action="store_true", help="3 repetitions of about 0.05 s")
+    p.add_argument("--timeout", type=float, default=300, help="seconds before the MPI job is killed (default 300)")
+    p.add_argument("--out", type=Path, default=common.RESULTS / "messaging",
+                   help="output folder (default bench/results/messaging)")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--mpi-child", action="store_true", help=argparse.SUPPRESS)   # set when run under mpiexec
+    a = p.parse_args(argv)
+    if a.quick:
+        a.repeat = min(a.repeat, 3)
+    return a
+
+
+# -- inside the MPI job ------------------------------------------------------------------
+
+def child(args) -> None:
+    from mpi4py import MPI
+
+    from asgd import kernels
+    from asgd.comm import Waiter, oversubscribed, shard_bounds
+    from asgd.mlp import Layout
+    from asgd.server import Server
+    from asgd.trace import PhaseClock
+    from asgd.worker import run_worker
+
+    comm = MPI.COMM_WORLD
+    if comm.size != 2:
+        raise SystemExit("bench_messaging runs on exactly 2 ranks")
+    me, other = comm.rank, 1 - comm.rank
+    crowded = oversubscribed(comm)
+    deadline = time.monotonic() + args.timeout
+    waiter = Waiter(crowded, deadline, f"rank {me}")
+    block_s = 0.05 if args.quick else 0.15
+    raw = []
+
+    from bench_server import add_to
+
+    def pingpong(n, iters, aggregate, versioned=False, reply_first=False):
+        out, back = np.ones(n), np.empty(n)
+        w, dw, reply = np.zeros(n), np.full(n, 1e-12), np.empty(n)
+        vers = [np.zeros(n), np.zeros(n)]
+        rtt = np.empty(iters)
+        if me == 1:
+            for i in range(iters):
+                t0 = time.perf_counter()
+                MPI.Request.Waitall([comm.Isend([out, MPI.DOUBLE], 0, 1), comm.Irecv([back, MPI.DOUBLE], 0, 2)])
+                rtt[i] = time.perf_counter() - t0
+            return rtt
+        recv = comm.Irecv([back, MPI.DOUBLE], 1, 1)   # always posted before the push arrives, as Server's
+        for i in range(iters):
+            recv.Wait()
+            send = out
+            if aggregate:
+                kernels.add_into(w, back)
+                reply[:] = w
+                send = reply
+            elif versioned:
+                add_to(vers[i % 2], back, vers[(i + 1) % 2])
+                send = vers[(i + 1) % 2]
+            elif reply_first:
+                send = vers[i % 2]
+            req = comm.Isend([send, MPI.DOUBLE], 1, 2)
+            if reply_first:   # the next version, while this one is on its way (the other buffer is free)
+                add_to(vers[i % 2], back, vers[(i + 1) % 2])
+            if i + 1 < iters:
+                recv = comm.Irecv([back, MPI.DOUBLE], 1, 1)
+            req.Wait()
+        return rtt
+
+    def protocol(n_w, iters):
+        """Returns the worker's per-exchange times (rank 1) or the server's aggregate s/push (rank 0)."""
+        w0 = np.zeros(n_w)
+        clock = PhaseClock("init")
+        if me == 0:
+            server = Server(comm, w0, 1, waiter, clock, None)
+            st = server.serve_async()
+            return clock.seconds().get("aggregate", 0.0) / max(st.updates, 1)
+        stamps = np.empty(iters + 1)
+        k = [0]
+
+        def stub_step(w, X, y, lr, dw):   # no compute: the round trip alone
+            stamps[k[0]] = time.perf_counter()
+            k[0] += 1
+            return 0.0
+        run_worker(comm, shard_bounds(n_w, 1), w0, np.zeros((iters, 2)), np.zeros(iters, np.int64),
+                   stub_step, lr=0.0, batch=1, epochs=1, seed=[0, 0], waiter=waiter, clock=clock)
+        stamps[iters] = time.perf_counter()
+        return np.diff(stamps[:k[0] + 1])
+
+    for hid in args.hidden:
+        n_w = Layout(2, hid, 2).n_w
+        pingpong(n_w, 3, True)                              # warm up (and JIT the kernels)
+        pingpong(n_w, 3, False, True)
+        pingpong(n_w, 3, False, False, True)
+        if me == 1:
+            est = float(np.median(pingpong(n_w, 10, False)))
+            iters = args.iters or int(min(5000, max(60, block_s / max(est, 1e-7))))
+        else:
+            pingpong(n_w, 10, False)
+            iters = None
+        iters = comm.bcast(iters, root=1)
+        protocol(n_w, 5)                                    # warm up the protocol path
+        for rep in range(args.repeat):
+            k = rep % len(VARIANTS)
+            order = VARIANTS[k:] + VARIANTS[:k]             # rotate: no variant always first
+            for v in order:
+                comm.Barrier()
+                if v == "asgd":
+                    got = protocol(n_w, iters)
+                else:
+                    got = pingpong(n_w, iters, v == "pingpong+aggregate", v == "pingpong+versioned",
+                                   v == "pingpong+reply-first")
+                agg = comm.bcast(got if me == 0 and v == "asgd" else None, root=0)
+                if me == 1:
+                    raw.append({"hidden": hid, "n_w": n_w, "variant": v, "rep": rep, "iters": iters,
+                                "rtt_median_s": float(np.median(got[1:])), "rtt_min_s": float(np.min(got[1:])),
+                                "rtt_mean_s": float(np.mean(got[1:])),
+                                "server_aggregate_s_per_push": agg if v == "asgd" else None})
+    if me == 1:
+        (args.out / "messaging_raw.json").write_text(json.dumps(
+            {"oversubscribed": crowded, "ranks": comm.size, "rows": raw}, indent=1))
+
+
+# -- the launcher ------------------------------------------------------------------------
+
+def plot(rows, path):
+    plt = common.pyplot()
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    x = np.arange(len(models))
+    colors = {"pingpong": "0.6", "pingpong+aggregate": "tab:green", "pingpong+versioned": "tab:olive",
+              "pingpong+reply-first": "tab:purple", "asgd": "tab:blue"}
+    wd = 0.8 / len(VARIANTS)
+    for i, v in enumerate(VARIANTS):
+        rs = [next(r for r in rows if r["model"] == m and r["variant"] == v) for m in models]
+        ys = [r["rtt_us"] for r in rs]
+        bars = ax.bar(x - 0.4 + wd * (i + 0.5), ys, wd, color=colors[v], label=v)
+        ax.scatter(x - 0.4 + wd * (i + 0.5), [r["rtt_us_min"] for r in rs], marker="_", s=120, color="k", zorder=3,
+                   label="fastest exchange" if i == 0 else None)
+        for b, r in zip(bars, rs):
+            ax.annotate(f"{r['rtt_us']:,.0f}\n{r['vs_pingpong']:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()),
+                        ha="center", va="bottom", fontsize=6)
+    ax.set_yscale("log")
+    ax.set_xticks(x, [f"{m}\n{r['kb']:,.0f} KB each way" for m, r in
+                      zip(models, [next(r for r in rows if r["model"] == m) for m in models])])
+    ax.set_ylabel("round trip, µs (bar: median; dash: fastest; log)")
+    ax.set_title("Push/pull round trip vs raw MPI ping-pong, 2 ranks", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.mpi_child:
+        child(args)
+        return 0
+    load = common.LoadSampler(1.0)
+    m = common.machine()
+    raw_path = args.out / "messaging_raw.json"
+    raw_path.unlink(missing_ok=True)
+    argv_child = [str(Path(__file__).resolve()), "--mpi-child", "--hidden", ",".join(map(str, args.hidden)),
+                  "--repeat", str(args.repeat), "--iters", str(args.iters), "--timeout", str(args.timeout),
+                  "--out", str(args.out.resolve())] + (["--quick"] if args.quick else [])
+    job = common.mpiexec(2, argv_child, timeout=args.timeout + 30)
+    raw = json.loads(raw_path.read_text())
+    rows = []
+    for hid in args.hidden:
+        for v in VARIANTS:
+            rs = [r for r in raw["rows"] if r["hidden"] == hid and r["variant"] == v]
+            med = float(np.median([r["rtt_median_s"] for r in rs]))
+            agg = [r["server_aggregate_s_per_push"] for r in rs if r["server_aggregate_s_per_push"] is not None]
+            n_w = rs[0]["n_w"]
+            rows.append({"model": f"2-{hid}-2", "n_w": n_w, "kb": 8 * n_w / 1e3, "variant": v,
+                         "rtt_us": round(1e6 * med, 2),
+                         "rtt_us_min": round(1e6 * min(r["rtt_min_s"] for r in rs), 2),
+                         "exchanges_per_s": round(1 / med, 1), "gb_per_s_both_ways": round(16 * n_w / med / 1e9, 3),
+                         "server_aggregate_us": round(1e6 * float(np.median(agg)), 2) if agg else None,
+                         "repeat": len(rs), "iters": rs[0]["iters"]})
+        pp = next(r for r in rows if r["model"] == f"2-{hid}-2" and r["variant"] == "pingpong")["rtt_us"]
+        for r in rows:
+            if r["model"] == f"2-{hid}-2":
+                r["vs_pingpong"] = round(r["rtt_us"] / pp, 3)
+    info = {"benchmark": "messaging", "machine": m, "load": load.summary(), "ranks": raw["ranks"],
+            "oversubscribed": raw["oversubscribed"], "mpiexec": job["cmd"], "job_wall_s": round(job["wall_s"], 2),
+            "command": common.command_line(),
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "columns": {"rtt_us": "median over repetitions of each repetition's median exchange (µs)",
+                        "vs_pingpong": "rtt_us / the raw ping-pong's, same size, same run",
+                        "gb_per_s_both_ways": "16 n_w bytes / rtt",
+                        "server_aggregate_us": "asgd only: the server's busy time per push (take, check, "
+                                               "add_into, copy, Isend)"},
+            "raw": raw["rows"]}
+    paths = common.write_outputs(args.out, "messaging", rows, info)
+    raw_path.unlink()
+    if not args.no_plot:
+        plot(rows, args.out / "messaging.png")
+        paths.append(args.out / "messaging.png")
+    print(common.describe(m, info["load"]))
+    print(f"2 ranks ({'oversubscribed' if raw['oversubscribed'] else 'ranks <= cores'}), {job['cmd'].split()[0]}")
+    common.print_table(rows, [("model", "model", ""), ("KB each way", "kb", ",.0f"), ("variant", "variant", ""),
+                              ("round trip µs", "rtt_us", ",.1f"), ("min µs", "rtt_us_min", ",.1f"),
+                              ("x ping-pong", "vs_pingpong", ".2f"), ("GB/s both ways", "gb_per_s_both_ways", ".2f"),
+                              ("server busy µs/push", "server_aggregate_us", ",.1f")])
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Helpers every benchmark shares: one core per process, the machine's description,
+launching MPI jobs with a time limit, load sampling, interleaved timing, and the
+CSV/JSON/table outputs. Import it before numpy (it pins BLAS/numba to one thread).
+
+    from common import machine, mpiexec, write_outputs, results_dir
+
+ASGD_BENCH_STREAM_MIB (default 128) sizes the arrays of the memory-bandwidth measurement
+that every benchmark's machine description carries (the smoke test makes it small).
+"""
+
+from __future__ import annotations
+
+import os
+
+for _v in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")   # one core per process, like one MPI rank; must precede numpy
+
+import csv  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+if str(ROOT / "src") not in sys.path:
+    sys.path.insert(0, str(ROOT / "src"))   # run from a checkout without installing
+RESULTS = BENCH / "results"
+
+
+def results_dir(name: str, out: str | Path | None = None) -> Path:
+    """bench/results/<name> (or `out`), created."""
+    p = Path(out) if out else RESULTS / name
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def int_list(s: str) -> list[int]:
+    return [int(v) for v in str(s).split(",") if v]
+
+
+# -- the machine -----------------------------------------------------------------------
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _mem_total_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _caches() -> dict:
+    """Cache sizes of cpu0 from sysfs: {'L1d': '32K', 'L2': '1024K', 'L3': '32768K'}."""
+    out = {}
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for d in sorted(base.glob("index*")):
+        try:
+            level, kind = (d / "level").read_text().strip(), (d / "type").read_text().strip()
+            size = (d / "size").read_text().strip()
+        except OSError:
+            continue
+        if kind != "Instruction":
+            out[f"L{level}{'d' if kind == 'Data' else ''}"] = size
+    return out
+
+
+def _mpi_library() -> dict:
+    """MPI library and version as mpi4py sees them, without initializing MPI (legal before MPI_Init)."""
+    try:
+        import mpi4py
+        if "mpi4py.MPI" not in sys.modules:
+            mpi4py.rc.initialize = False
+            mpi4py.rc.finalize = False
+        from mpi4py import MPI
+        return {"mpi_library": " ".join(MPI.Get_library_version().split()),
+                "mpi_version": "%d.%d" % MPI.Get_version(), "mpi4py": mpi4py.__version__,
+                "mpiexec": find_mpiexec()}
+    except Exception as e:  # noqa: BLE001  (a description, never a failure)
+        return {"mpi_library": f"unavailable ({e})"}
+
+
+def _version(pkg: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return None
+
+
+def stream(n: int = 1 << 24, reps: int = 5) -> dict:
+    """STREAM-like bandwidth with numpy, GB/s counting the bytes each kernel moves (best of reps):
+    copy b=a (16n), add c=a+b (24n), triad a=b+s*c as numpy's two passes (40n)."""
+    a, b, c = (np.full(n, v) for v in (1.0, 2.0, 0.5))
+    kernels = {"copy": (lambda: np.copyto(b, a), 16 * n),
+               "add": (lambda: np.add(a, b, out=c), 24 * n),
+               "triad": (lambda: (np.multiply(c, 3.0, out=a), np.add(a, b, out=a)), 40 * n)}
+    best = {k: float("inf") for k in kernels}
+    for _ in range(reps):          # interleaved
+        for k, (f, _) in kernels.items():
+            t0 = time.perf_counter()
+            f()
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return {k: round(nbytes / best[k] / 1e9, 2) for k, (_, nbytes) in kernels.items()}
+
+
+_STREAM_CACHE: dict | None = None
+STREAM_MIB = int(os.environ.get("ASGD_BENCH_STREAM_MIB", "128"))
+
+
+def machine(bandwidth: bool = True) -> dict:
+    """What the numbers were measured on: CPU, cores, caches, memory (and its measured
+    bandwidth: STREAM-like on ASGD_BENCH_STREAM_MIB arrays), MPI library, package versions, load average."""
+    global _STREAM_CACHE
+    try:
+        import llvmlite.binding as llvm
+        llvm_cpu = llvm.get_host_cpu_name()
+    except Exception:  # noqa: BLE001
+        llvm_cpu = None
+    try:
+        cores_usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores_usable = os.cpu_count()
+    m = {"cpu": _cpu_model(), "llvm_cpu": llvm_cpu, "cores": os.cpu_count(), "cores_usable": cores_usable,
+         "caches": _caches(), "memory_gib": _mem_total_gib(), "host": platform.node(),
+         "platform": platform.platform(), "python": platform.python_version(),
+         "numpy": np.__version__, "numba": _version("numba"), "torch": _version("torch"),
+         "matplotlib": _version("matplotlib"), **_mpi_library(),
+         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+         "date": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+    if bandwidth:
+        if _STREAM_CACHE is None:
+            _STREAM_CACHE = stream(STREAM_MIB << 17)
+        m["memory_bandwidth_gbs"] = {**_STREAM_CACHE, "array_mib": STREAM_MIB, "tool": "numpy, 1 thread, best of 5"}
+    return m
+
+
+class LoadSampler:
+    """Samples the 1-minute load average every `every_s` in a thread; .summary() at the end.
+    Other processes on the machine change the numbers: this says how busy it was."""
+
+    def __init__(self, every_s: float = 2.0):
+        self.samples = [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, args=(every_s,), daemon=True)
+        self._t.start()
+
+    def _run(self, every_s):
+        while not self._stop.wait(every_s):
+            self.samples.append(os.getloadavg()[0])
+
+    def summary(self) -> dict:
+        self._stop.set()
+        self.samples.append(os.getloadavg()[0])
+        s = self.samples
+        return {"loadavg_1min_min": round(min(s), 2), "loadavg_1min_median": round(statistics.median(s), 2),
+                "loadavg_1min_max": round(max(s), 2), "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+                "cores": os.cpu_count()}
+
+
+# -- timing ----------------------------------------------------------------------------
+
+def interleaved(fns: dict, repeat: int, min_time: float = 0.05, warmup: int = 1) -> dict:
+    """Seconds per call of each callable in `fns`, repetitions interleaved (A B C A B C ...)
+    so a change in the machine's load hits all alike. Each repetition loops a callable
+    until it lasts about min_time. Wall-clock median/min/max, and the median of the
+    thread's CPU time (time.thread_time: what the call costs its core, blind to time
+    spent preempted by other processes; equal to wall on a quiet machine)."""
+    loops = {}
+    for name, f in fns.items():
+        for _ in range(warmup):
+            f()
+        t0 = time.perf_counter()
+        f()
+        loops[name] = max(1, int(min_time / max(time.perf_counter() - t0, 1e-9)))
+    times = {name: [] for name in fns}
+    cpu = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, f in fns.items():
+            n = loops[name]
+            c0, t0 = time.thread_time(), time.perf_counter()
+            for _ in range(n):
+                f()
+            t1, c1 = time.perf_counter(), time.thread_time()
+            times[name].append((t1 - t0) / n)
+            cpu[name].append((c1 - c0) / n)
+    return {name: {"median_s": float(np.median(ts)), "min_s": float(np.min(ts)), "max_s": float(np.max(ts)),
+                   "cpu_median_s": float(np.median(cpu[name])), "loops": loops[name], "repeat": repeat}
+            for name, ts in times.items()}
+
+
+# -- MPI jobs --------------------------------------------------------------------------
+
+def find_mpiexec() -> str | None:
+    """The mpiexec beside this Python (the venv's PyPI MPICH) first, then PATH."""
+    return shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+def mpiexec(n: int, argv: list[str], timeout: float, env: dict | None = None, check: bool = True) -> dict:
+    """Run `mpiexec -n n python <argv>` with a time limit; on timeout the whole process group
+    (mpiexec and its ranks) is killed. Returns {rc, wall_s, stdout, stderr}; check: raise on rc != 0."""
+    exe = find_mpiexec()
+    if exe is None:
+        raise JobFailed("no mpiexec beside this Python or on PATH (pip install -e '.[mpich]')")
+    cmd = [exe, "-n", str(n), sys.executable, *argv]
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, env={**os.environ, **(env or {})}, cwd=ROOT)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)   # our own child's group: mpiexec and its ranks
+        out, err = p.communicate()
+        raise JobFailed(f"timed out after {timeout:.0f} s: {' '.join(cmd)}\n{err[-2000:]}") from None
+    res = {"rc": p.returncode, "wall_s": time.perf_counter() - t0, "stdout": out, "stderr": err,
+           "cmd": " ".join(cmd)}
+    if check and p.returncode:
+        raise JobFailed(f"exit {p.returncode}: {' '.join(cmd)}\n{err[-2000:]}")
+    return res
+
+
+def time_to_accuracy(history: list[dict], target: float) -> float | None:
+    """wall_s of the first epoch whose held-out accuracy reaches target (None: never)."""
+    for h in history:
+        if h.get("test_accuracy") is not None and h["test_accuracy"] >= target:
+            return h["wall_s"]
+    return None
+
+
+# -- outputs ---------------------------------------------------------------------------
+
+def write_outputs(out: Path, name: str, rows: list[dict], meta: dict) -> list[Path]:
+    """<out>/<name>.csv (one row per measurement) and <out>/<name>.json ({**meta, rows})."""
+    paths = [out / f"{name}.csv", out / f"{name}.json"]
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    with open(paths[0], "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    paths[1].write_text(json.dumps({**meta, "rows": rows}, indent=1, default=str))
+    return paths
+
+
+def command_line() -> str:
+    """How this process was started, as one would type it from the repository root."""
+    def rel(a):
+        try:
+            return str(Path(a).resolve().relative_to(ROOT)) if os.path.exists(a) else a
+        except ValueError:
+            return a
+    return " ".join(["python", *(rel(a) for a in sys.argv)])
+
+
+def fmt(v, spec: str = ",.0f") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v
+    return format(v, spec)
+
+
+def print_table(rows: list[dict], cols: list[tuple[str, str, str]], title: str | None = None) -> str:
+    """cols: (header, key, format spec). Returns the text it printed."""
+    cells = [[h for h, _, _ in cols]] + [[fmt(r.get(k), spec) for _, k, spec in cols] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
+    lines = ([title] if title else []) + ["  ".join(c.rjust(wd) for c, wd in zip(row, widths)) for row in cells]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def describe(m: dict, load: dict | None = None) -> str:
+    """One line about the machine for the printed tables."""
+    bw = m.get("memory_bandwidth_gbs") or {}
+    line = (f"{m['cpu']} ({m.get('llvm_cpu')}), {m['cores']} cores, {m.get('memory_gib')} GiB"
+            + (f", STREAM copy/add/triad {bw['copy']}/{bw['add']}/{bw['triad']} GB/s" if bw else "")
+            + f"; {m.get('mpi_library', '').split(' MPICH Release')[0].split(',')[0][:60]}")
+    if load:
+        line += (f"; load avg 1 min {load['loadavg_1min_min']}-{load['loadavg_1min_max']}"
+                 f" (median {load['loadavg_1min_median']}) on {load['cores']} cores")
+    return line
+
+
+def pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt

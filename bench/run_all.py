@@ -1,0 +1,212 @@
+"""Run the whole benchmark suite, then print and write one summary with the targets.
+
+    python bench/run_all.py            # the five benchmarks below (about 20 minutes on 2 cores)
+    python bench/run_all.py --quick    # smaller sweeps (about 1.5 minutes on 2 cores), into bench/results/quick/
+    python bench/run_all.py --only kernel,server
+    python bench/run_all.py --everything   # also bench_arch, bench_trace, bench_readers
+
+Each benchmark runs as its own process (`python bench/<script> ...`, with a time limit) and
+writes CSV, JSON (with the machine and the load average) and a PNG under
+bench/results/<name>/ (--quick: bench/results/quick/<name>/); this script then writes
+summary.json and summary.md beside them:
+the headline numbers, the exact commands, the load average, and each target met or missed.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402,I001
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+# name: (script, full-suite arguments, --quick arguments)
+SUITE = {
+    "kernel": ("bench_kernel.py", ["--batch", "16,64,256,1024", "--hidden", "10000,100000", "--repeat", "7"],
+               ["--quick"]),
+    "server": ("bench_server.py", [], ["--quick"]),
+    "messaging": ("bench_messaging.py", [], ["--quick"]),
+    "e2e": ("bench_e2e.py", [], ["--quick"]),
+    "paper": ("paper_figures.py", [], ["--quick"]),
+}
+# the other benchmarks in bench/: run only when named in --only, or with --everything
+OTHERS = {
+    "arch": ("bench_arch.py", [], ["--quick"]),
+    "trace": ("bench_trace.py", [], ["--repeat", "1"]),
+    "readers": ("bench_readers.py", [], ["--quick"]),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="each benchmark's --quick: smaller sweeps, fewer repetitions")
+    p.add_argument("--only", default=",".join(SUITE),
+                   help=f"comma list of {', '.join(SUITE)} (default all of these) or {', '.join(OTHERS)}")
+    p.add_argument("--everything", action="store_true", help=f"also {', '.join(OTHERS)} (bench/'s other scripts)")
+    p.add_argument("--summarize", action="store_true",
+                   help="run nothing: rebuild summary.md/.json from the results already there")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds one benchmark may take (default 1800)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results root (default bench/results, with --quick bench/results/quick: a quick run "
+                        "never overwrites the full suite's results)")
+    a = p.parse_args(argv)
+    a.out = a.out or (common.RESULTS / "quick" if a.quick else common.RESULTS)
+    a.only = [x.strip() for x in a.only.split(",") if x.strip()] + (list(OTHERS) if a.everything else [])
+    bad = set(a.only) - set(SUITE) - set(OTHERS)
+    if bad:
+        p.error(f"unknown benchmark(s) {sorted(bad)}; choose from {', '.join([*SUITE, *OTHERS])}")
+    return a
+
+
+def load_json(out: Path, name: str) -> dict | None:
+    f = out / name / f"{name}.json"
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def targets(out: Path) -> list[dict]:
+    """Each target: what was measured against what, and met/missed (None: not measured)."""
+    res = []
+    k = load_json(out, "kernel")
+    if k:
+        by = {(r["hidden"], r["batch"], r["impl"]): r for r in k["rows"]}
+        nb, pt = by.get((10000, 256, "numba")), by.get((10000, 256, "torch"))
+        if nb and pt:
+            x, xc = nb["samples_per_s"] / pt["samples_per_s"], nb["samples_per_s_cpu"] / pt["samples_per_s_cpu"]
+            res.append({"target": "worker kernel >= 5x PyTorch, 2-10K-2, batch 256, float64, 1 core",
+                        "measured": f"{nb['samples_per_s']:,.0f} vs {pt['samples_per_s']:,.0f} samples/s: {x:.1f}x "
+                                    f"(CPU-time ratio {xc:.1f}x); {nb['pct_of_ceiling']:.0f}% of the FLOP ceiling "
+                                    f"{nb['ceiling_samples_per_s']:,}", "met": x >= 5})
+        else:
+            res.append({"target": "worker kernel >= 5x PyTorch", "measured": "PyTorch not measured", "met": None})
+    s = load_json(out, "server")
+    if s:
+        for r in (r for r in s["rows"] if r["variant"] == "server path"):
+            res.append({"target": f"server >= 50% of the bandwidth bound, {r['model']}, {r['workers']} worker(s)",
+                        "measured": f"{r['gb_per_s']:.1f} GB/s = {r['pct_of_bound_same_size']:.0f}% of "
+                                    f"{r['bound_same_size_gb_per_s']:.1f} GB/s (same footprint); "
+                                    f"{r['pct_of_memory_bound']:.0f}% of memory's {s['memory_bound_gb_per_s']:.1f}",
+                        "met": r["pct_of_bound_same_size"] >= 50})
+    m = load_json(out, "messaging")
+    if m:
+        for r in (r for r in m["rows"] if r["variant"] == "asgd"):
+            pp = next(x for x in m["rows"] if x["model"] == r["model"] and x["variant"] == "pingpong")
+            res.append({"target": f"push/pull round trip <= 1.5x ping-pong, {r['model']}, 2 ranks",
+                        "measured": f"{r['rtt_us']:,.0f} vs {pp['rtt_us']:,.0f} µs median: {r['vs_pingpong']:.2f}x "
+                                    f"(min {r['rtt_us_min']:,.0f} vs {pp['rtt_us_min']:,.0f} µs)",
+                        "met": r["vs_pingpong"] <= 1.5})
+    e = load_json(out, "e2e")
+    if e:
+        for n in sorted({x["ranks"] for x in e["summary"]}):
+            got = {x["impl"]: x for x in e["summary"] if x["ranks"] == n}
+            ddp = got.get("pytorch ddp", {}).get("time_to_accuracy_s")
+            for impl in ("asgd ps", "asgd allreduce"):
+                t = got.get(impl, {}).get("time_to_accuracy_s")
+                res.append({"target": f"time to {e['target_accuracy']} below PyTorch DDP's, {impl}, {n} ranks",
+                            "measured": f"{common.fmt(t, '.2f')} s vs DDP {common.fmt(ddp, '.2f')} s",
+                            "met": None if t is None or ddp is None else t < ddp})
+    return res
+
+
+def md_table(header: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+           ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
+
+
+def headlines(out: Path) -> list[str]:
+    """The main numbers of each benchmark as markdown tables (medians)."""
+    f = common.fmt
+    lines = []
+    k = load_json(out, "kernel")
+    if k:
+        by = {(r["hidden"], r["batch"], r["impl"]): r for r in k["rows"]}
+        keys = sorted({(r["hidden"], r["batch"]) for r in k["rows"]})
+        get = lambda h, b, i, c="samples_per_s": f(by[(h, b, i)][c]) if (h, b, i) in by else "-"  # noqa: E731
+        lines += [f"Worker kernel, samples/s on one core (median wall clock; DGEMM "
+                  f"{k['dgemm_gflops_1thread']:.1f} GFLOP/s):", ""]
+        lines += md_table(["model", "batch", "numba (asgd)", "numpy", "PyTorch", "PyTorch manual", "ceiling",
+                           "numba % of ceiling", "numba / PyTorch"],
+                          [[f"2-{h}-2", b, get(h, b, "numba"), get(h, b, "numpy"), get(h, b, "torch"),
+                            get(h, b, "torch_manual"), get(h, b, "numba", "ceiling_samples_per_s"),
+                            f(by[(h, b, "numba")]["pct_of_ceiling"], ".1f"),
+                            f(by[(h, b, "numba")]["vs_torch"], ".1f")] for h, b in keys])
+    s = load_json(out, "server")
+    if s:
+        lines += ["Server per-push work, GB/s (bytes moved) against the bound at the same footprint:", ""]
+        lines += md_table(["model", "workers", "variant", "updates/s", "GB/s", "bound GB/s", "% of bound"],
+                          [[r["model"], r["workers"], r["variant"], f(r["ops_per_s"]), f(r["gb_per_s"], ".1f"),
+                            f(r["bound_same_size_gb_per_s"], ".1f"), f(r["pct_of_bound_same_size"], ".0f")]
+                           for r in s["rows"] if r["kind"] == "server"])
+    m = load_json(out, "messaging")
+    if m:
+        lines += ["Push/pull round trip, 2 ranks, µs:", ""]
+        lines += md_table(["model", "variant", "median", "min", "x ping-pong"],
+                          [[r["model"], r["variant"], f(r["rtt_us"], ",.1f"), f(r["rtt_us_min"], ",.1f"),
+                            f(r["vs_pingpong"], ".2f")] for r in m["rows"]])
+    e = load_json(out, "e2e")
+    if e:
+        lines += [f"Time to held-out accuracy {e['target_accuracy']}, s (median of runs; from process start):", ""]
+        lines += md_table(["ranks", "implementation", "time to accuracy", "epochs", "samples/s", "init s", "runs"],
+                          [[x["ranks"], x["impl"], f(x["time_to_accuracy_s"], ".2f"), f(x["epochs_to_accuracy"], ".0f"),
+                            f(x["samples_per_s"]), f(x["init_s"], ".2f"), x["runs"]] for x in e["summary"]])
+    p = load_json(out, "paper")
+    if p:
+        lines += ["Paper figures: bench/results/paper/figure{2,3,4,9}.png. Figure 4: "
+                  + ("cache jump seen: " if p["figure4_cache_jump"]["jump"] else "no cache jump: ")
+                  + "; ".join(p["figure4_cache_jump"]["by_ranks"]) + f". Figure 9: {p['figure9_model']}.", ""]
+    return lines
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    load = common.LoadSampler()
+    t_start = time.perf_counter()
+    ran = []
+    for name in [] if a.summarize else a.only:
+        script, full, quick = {**SUITE, **OTHERS}[name]
+        cmd = [sys.executable, str(common.BENCH / script), *(quick if a.quick else full), "--out", str(a.out / name)]
+        shown = " ".join(["python", f"bench/{script}", *(quick if a.quick else full)])
+        print(f"\n=== {name}: {shown}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            rc = subprocess.run(cmd, timeout=a.timeout, cwd=common.ROOT).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        ran.append({"benchmark": name, "command": shown, "rc": rc, "seconds": round(time.perf_counter() - t0, 1)})
+        print(f"=== {name}: {'ok' if rc == 0 else f'FAILED ({rc})'} in {ran[-1]['seconds']:.0f} s", flush=True)
+    checks = targets(a.out)
+    if a.summarize:   # what each results folder says it ran
+        for name in a.only:
+            j = load_json(a.out, name)
+            if j:
+                ran.append({"benchmark": name, "command": j.get("command", "?"), "rc": 0, "seconds": None,
+                            "load": j.get("load")})
+    summary = {"suite": "quick" if a.quick else "full", "machine": common.machine(bandwidth=False),
+               "load": load.summary(), "seconds": round(time.perf_counter() - t_start, 1), "benchmarks": ran,
+               "targets": checks}
+    (a.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    head = "rebuilt from the results there" if a.summarize else f"{summary['seconds']:.0f} s"
+    lines = [f"# asgd benchmarks ({summary['suite']} suite, {head})", "",
+             common.describe(summary["machine"], None if a.summarize else summary["load"]), "",
+             "| benchmark | command | status | seconds |", "|---|---|---|---|"]
+    lines += [f"| {r['benchmark']} | `{r['command']}` | {'ok' if r['rc'] == 0 else r['rc']} | {r['seconds']} |"
+              for r in ran]
+    lines += ["", "Load average (1 min) during each benchmark: " + "; ".join(
+        f"{r['benchmark']} {j['load']['loadavg_1min_median']} (max {j['load']['loadavg_1min_max']})"
+        for r in ran if (j := load_json(a.out, r["benchmark"])) and j.get("load")) + f" on {os.cpu_count()} cores."]
+    lines += [""] + headlines(a.out)
+    lines += ["| target | measured | |", "|---|---|---|"]
+    lines += [f"| {c['target']} | {c['measured']} | {'met' if c['met'] else 'n/a' if c['met'] is None else 'MISSED'} |"
+              for c in checks]
+    (a.out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n" + "\n".join(lines))
+    print(f"\nwrote {a.out / 'summary.json'}, {a.out / 'summary.md'}")
+    return 0 if all(r["rc"] == 0 for r in ran) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Smoke test of bench/: the cheapest benchmark runs finish and write well-formed outputs.
+No timing is asserted (timings belong to bench/, never to the tests). The PyTorch parts
+run only where torch is installed (CI does not install it)."""
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import MPIEXEC
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def bench(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
+                       timeout=timeout, cwd=BENCH.parent, env={**os.environ, "ASGD_BENCH_STREAM_MIB": "8"})
+    assert p.returncode == 0, f"{script} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+    return p
+
+
+def read_outputs(out: Path, name: str) -> tuple[list[dict], dict]:
+    with open(out / f"{name}.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    meta = json.loads((out / f"{name}.json").read_text())
+    assert rows and len(rows) == len(meta["rows"])
+    m = meta["machine"]
+    for key in ("cpu", "cores", "memory_gib", "mpi_library", "loadavg_at_start"):
+        assert m.get(key) not in (None, ""), key
+    assert m["memory_bandwidth_gbs"]["copy"] > 0
+    assert "MPICH" in m["mpi_library"] or "Open MPI" in m["mpi_library"] or m["mpi_library"]
+    assert meta["load"]["loadavg_1min_max"] >= 0
+    return rows, meta
+
+
+def test_kernel_bench(tmp_path):
+    out = tmp_path / "kernel"
+    p = bench("bench_kernel.py", "--hidden", "1000", "--batch", "64", "--repeat", "1", "--min-time", "0.001",
+              "--dgemm-n", "256", "--out", str(out), *([] if HAS_TORCH else ["--no-torch"]))
+    rows, meta = read_outputs(out, "kernel")
+    impls = {r["impl"] for r in rows}
+    assert {"numba", "numpy", "exp_only"} <= impls
+    assert ({"torch", "torch_manual"} <= impls) == HAS_TORCH
+    for r in rows:
+        assert float(r["samples_per_s"]) > 0 and int(r["ceiling_samples_per_s"]) > 0
+    assert meta["dgemm_gflops_1thread"] > 0
+    assert float(next(r for r in rows if r["impl"] == "numba")["max_rel_diff_vs_numpy"]) < 1e-9
+    if HAS_TORCH:   # the PyTorch step computes the same update from the same weights
+        assert float(next(r for r in rows if r["impl"] == "torch")["max_rel_diff_vs_numpy"]) < 1e-9
+    assert (out / "kernel.png").stat().st_size > 0
+    assert "numba s/s" in p.stdout
+
+
+def test_server_bench(tmp_path):
+    out = tmp_path / "server"
+    bench("bench_server.py", "--hidden", "1000", "--workers", "1", "--repeat", "1", "--min-time", "0.001",
+          "--no-plot", "--out", str(out))
+    rows, meta = read_outputs(out, "server")
+    assert {r["variant"] for r in rows} >= {"add+copy", "server path", "stream copy", "stream triad"}
+    assert all(float(r["gb_per_s"]) > 0 and float(r["bound_same_size_gb_per_s"]) > 0 for r in rows)
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install -e '.[mpich]')")
+def test_messaging_bench(tmp_path):
+    out = tmp_path / "messaging"
+    bench("bench_messaging.py", "--hidden", "100", "--repeat", "1", "--iters", "20", "--timeout", "40",
+          "--out", str(out))
+    rows, meta = read_outputs(out, "messaging")
+    assert {r["variant"] for r in rows} == {"pingpong", "pingpong+aggregate", "pingpong+versioned",
+                                              "pingpong+reply-first", "asgd"}
+    assert all(float(r["rtt_us"]) > 0 for r in rows)
+    assert meta["ranks"] == 2 and not (out / "messaging_raw.json").exists()
+    assert (out / "messaging.png").stat().st_size > 0
+
+
+@pytest.mark.skipif(MPIEXEC is None or not HAS_TORCH, reason="needs mpiexec and torch (the bench extra)")
+def test_ddp_peer(tmp_path):
+    """The DDP peer trains 2 ranks for one epoch and writes asgd's results.json keys."""
+    p = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(BENCH / "ddp_peer.py"), "--hidden", "50",
+                        "--epochs", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads((tmp_path / "results.json").read_text())
+    assert r["config"]["world_size"] == 2 and r["throughput"]["samples"] == 16384
+    h = r["metrics"]["history"]
+    assert len(h) == 1 and 0 <= h[0]["test_accuracy"] <= 1 and h[0]["wall_s"] > 0
