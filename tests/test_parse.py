@@ -147,6 +147,10 @@ def test_generate_npy_and_convert_roundtrip(tmp_path, capsys):
     assert np.array_equal(np.load(tmp_path / "again.npy"), A)
     assert data.main(["generate", "--format", "npy", "--out", str(tmp_path / "x.tsv")]) == 2
     assert "--format npy needs --out to end in .npy" in capsys.readouterr().err
+    (tmp_path / "bad.tsv").write_text("0.1\t0\n0.2\tzz\n")
+    assert data.main(["convert", str(tmp_path / "bad.tsv"), str(tmp_path / "bad.npy")]) == 2
+    assert f"{tmp_path / 'bad.tsv'}:2: label 'zz' is not an integer" in capsys.readouterr().err
+    assert not (tmp_path / "bad.npy").exists()
 
 
 @pytest.mark.parametrize("array, message", [

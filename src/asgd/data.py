@@ -255,4 +255,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the package's copy of this module: its DataError is the one parse.py raises
+    from asgd.data import main as package_main
+    sys.exit(package_main())
