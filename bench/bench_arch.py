@@ -62,7 +62,7 @@ def plot(rows, path):
             rs = sorted((r for r in rows if r["hidden"] == h and r["config"] == cfg), key=lambda r: r["workers"])
             if not rs:
                 continue
-            style = "--" if "sync" in cfg else "-"
+            style = "--" if cfg.endswith(", sync") else "-"  # async solid, sync dashed
             for row, key in enumerate(("updates_per_s", "epoch_s")):
                 axes[row][col].plot([r["workers"] for r in rs], [r[key] for r in rs], style, marker="o", label=cfg)
         for row, name in enumerate(("updates/s (model versions)", "seconds per epoch")):
