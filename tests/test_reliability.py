@@ -92,7 +92,9 @@ def test_a_killed_worker_ends_the_job_and_resume_recovers(tmp_path):
     os.kill(max(pids), signal.SIGKILL)  # the last started: a worker
     out, err = finish(proc, 30)
     assert time.monotonic() - killed_at < 10
-    assert proc.returncode != 0 and "Killed" in out + err  # the launcher names the lost rank
+    # whoever notices first says so: the launcher (the killed rank) or a rank whose MPI call failed
+    assert proc.returncode != 0
+    assert "Killed" in out + err or "MPI communication failed; another rank probably died" in err, out + err
     p = mpiexec(4, ["--epochs", "5", "--resume", str(run), "--quiet"])
     assert p.returncode == 0, p.stderr
     resumed = load_results(run)["metrics"]["accuracy"]

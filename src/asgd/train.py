@@ -177,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"continue with --resume {out}", flush=True)
         return 0
     except Exception as e:
-        print(f"asgd.train: rank {rank} ({role}): {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        why = f"{type(e).__name__}: {e}"
+        if isinstance(e, MPI.Exception):  # e.g. a peer killed mid-exchange, seen here before the launcher
+            why = (f"MPI communication failed; another rank probably died or was killed "
+                   f"(MPI: {str(e).split(',')[0]})")
+        print(f"asgd.train: rank {rank} ({role}): {why}", file=sys.stderr, flush=True)
         if os.environ.get("ASGD_DEBUG"):
             traceback.print_exc()
         comm.Abort(1)
