@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kernel import machine  # noqa: E402  (one description of the machine for every bench)
+import common  # noqa: E402  (one machine description and mpiexec lookup for every bench)
 
 CONFIGS = [("ps", 1, "async"), ("ps", 2, "async"), ("ps", 4, "async"),
            ("ps", 1, "sync"), ("ps", 2, "sync"), ("ps", 4, "sync"), ("allreduce", 0, "sync")]
@@ -29,7 +29,7 @@ def label(arch, servers, mode):
 
 def run(arch, servers, mode, workers, hidden, batch, epochs) -> dict | None:
     out = tempfile.mkdtemp(prefix="asgd-bench-arch-")
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    mpiexec = common.find_mpiexec()
     args = ["--hidden", str(hidden), "--batch", str(batch), "--epochs", str(epochs), "--quiet",
             "--out", out, "--timeout", "280", "--arch", arch, "--mode", mode]
     if arch == "ps":
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
         wr.writeheader()
         wr.writerows(rows)
     with open(os.path.join(a.out, "arch.json"), "w") as f:
-        json.dump({"machine": machine(), "rows": rows}, f, indent=1)
+        json.dump({"machine": common.machine(), "rows": rows}, f, indent=1)
     plot(rows, os.path.join(a.out, "arch.png"))
     print(f"wrote {a.out}/arch.csv, arch.json, arch.png")
     return 0

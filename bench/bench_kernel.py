@@ -50,11 +50,6 @@ def exp_rows(a, out, rows):
             out[i] = kernels.vexp(a[i] - shift)
 
 
-def machine():
-    """What the numbers were measured on (kept here: other benchmarks import it from bench_kernel)."""
-    return common.machine()
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hidden", type=int_list, default=[10000], help="hidden sizes, comma list (default 10000)")

@@ -14,10 +14,13 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402  (the mpiexec beside this Python, as every bench finds it)
+
 
 def run(ranks: int, trace: bool, extra: list[str]) -> dict:
     out = tempfile.mkdtemp(prefix="asgd-bench-trace-")
-    cmd = [shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]),
+    cmd = [common.find_mpiexec(),
            "-n", str(ranks), sys.executable, "-m", "asgd.train", "--quiet", "--out", out, *extra]
     if trace:
         cmd.append("--trace")

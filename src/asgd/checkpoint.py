@@ -103,7 +103,6 @@ class Checkpointing:
         self.run_dir, self.index, self.servers, self.shard, self.n_w = run_dir, index, servers, shard, n_w
         self.w, self.every, self.progress = w, every, progress  # w: the shard, a live view
         self.last_rounds, self.last_time = 0, time.monotonic()
-        self.saved = 0
 
     def maybe(self, rounds: int) -> None:
         """After each update: save when --checkpoint-every says it is time."""
@@ -117,4 +116,3 @@ class Checkpointing:
         save(self.run_dir, self.index, self.w, {"n_w": self.n_w, "servers": self.servers,
                                                 "shard": list(self.shard), "rounds": rounds, **self.progress()})
         self.last_rounds, self.last_time = rounds, time.monotonic()
-        self.saved += 1
