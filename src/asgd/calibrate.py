@@ -1,0 +1,451 @@
+"""Measure the performance model's machine-dependent parameters, as the paper did with
+STREAM, iperf and single-node runs: microbenchmarks of asgd's own parts, never runs of
+the configurations to be predicted.
+
+  startup      one rank of asgd.train up to its first data: imports, MPI_Init, numba
+               cache loads (wall and CPU seconds)                       mpiexec -n 1
+  step         the numba training step with its batch gather, per hidden and batch size
+               (c_p, c_b; the batch sizes span the caches: Figure 4)     in process
+  evaluate     held-out evaluation per point, per hidden size            in process
+  cores        P ranks stepping at once: how many cores' worth of work they get done
+                                                                         mpiexec -n P
+  messaging    raw ping-pong (r_net); asgd's push/pull with a no-compute worker: the
+               round trip, and the CPU per update of the server (c_u) and the worker
+                                                                         mpiexec -n 2
+  contention   1 server and P-1 no-compute workers on the node's cores: CPU per update of
+               the push/pull when ranks outnumber cores                 mpiexec -n P
+  readers      both readers on one rank, TSV and .npy: read + parse per byte (r_d), keep
+               or shuffle per point                                      mpiexec -n 1
+  memory       STREAM-like copy (r_m), and the cache sizes from sysfs    in process
+
+The orchestrating process never initializes MPI; the MPI probes run under the launcher
+(`--launcher`, default mpiexec) as `python -m asgd.calibrate PROBE ...`, each printing
+one JSON line.
+"""
+
+from __future__ import annotations
+
+import time
+
+T0_NS = time.perf_counter_ns()  # the startup probe times from here, as asgd.train does
+
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import shlex  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+HIDDEN = (1000, 10000, 100000)
+BATCHES = (1, 4, 16, 64, 256, 1024, 4096)
+QUICK_HIDDEN, QUICK_BATCHES = (1000, 10000), (1, 16, 256, 1024)
+PINGPONG_BYTES = (8, 1 << 16, 1 << 20, 1 << 22)
+
+
+class CalibrationError(RuntimeError):
+    pass
+
+
+# -- probes that run under MPI -----------------------------------------------------------
+
+def probe_startup() -> dict:
+    """What every asgd.train rank does before its data, in its three stages: imports
+    (numpy, mpi4py with MPI_Init, numba, asgd), then numba cache loads of the readers'
+    parsers, then of the training kernels (train loads each once per node first, then
+    on the node's other ranks). Wall and CPU seconds of each, and the embedded problem's
+    generation."""
+    import resource
+
+    def cpu():
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return ru.ru_utime + ru.ru_stime
+    out, t = {}, T0_NS / 1e9
+    from . import train  # noqa: F401  (numpy, mpi4py, numba and every asgd module, as train)
+    from . import data, mlp, parse, readers
+    from .comm import oversubscribed
+    from mpi4py import MPI
+    oversubscribed(MPI.COMM_WORLD)
+    stages = (("imports", lambda: None),
+              ("parsers", lambda: (parse.compile_parsers(), readers.assign(3, 0, 1, 1, False))),
+              ("kernels", mlp.compile_kernels))
+    for name, f in stages:
+        c = cpu() if name != "imports" else 0.0
+        f()
+        now = time.perf_counter()
+        out[f"{name}_wall_s"], out[f"{name}_cpu_s"] = now - t, cpu() - c
+        t = now
+    t = time.perf_counter()
+    data.default_problem(0)
+    out["embedded_s"] = time.perf_counter() - t
+    return out
+
+
+def probe_messaging(sizes: list[int], updates: int) -> dict | None:
+    """Rank 0 and 1: raw ping-pong one way at each size; then asgd's real Server and
+    worker loop (stub step: no compute) at each n_w, timing the round trip with polling
+    waits, and the CPU per update with sleeping waits (as when ranks share cores)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from . import mlp
+    from .comm import Waiter, shard_bounds
+    from .server import Server
+    from .trace import PhaseClock
+    from .worker import run_worker
+    comm = MPI.COMM_WORLD
+    if comm.size != 2:
+        raise CalibrationError("the messaging probe needs exactly 2 ranks")
+    me, peer = comm.rank, 1 - comm.rank
+    mlp.compile_kernels()  # the server's add and check: loaded now, not in the timed loop
+    out = {"pingpong_s": {}, "round_trip_s": {}, "server_update_s": {}, "worker_msg_s": {}}
+    for nbytes in PINGPONG_BYTES:
+        buf = np.zeros(max(nbytes // 8, 1))
+        reps = max(20, min(2000, int(2e8 // max(nbytes, 1))))
+        best = []
+        for _ in range(3):
+            comm.Barrier()
+            t = time.perf_counter()
+            for _ in range(reps):
+                if me == 0:
+                    comm.Send(buf, peer, 1)
+                    comm.Recv(buf, peer, 1)
+                else:
+                    comm.Recv(buf, peer, 1)
+                    comm.Send(buf, peer, 1)
+            best.append((time.perf_counter() - t) / reps / 2)
+        out["pingpong_s"][buf.nbytes] = min(best)
+    for n_w in sizes:
+        for crowded in (False, True):
+            w = np.zeros(n_w)
+            X, y = np.zeros((updates, 2)), np.zeros(updates, np.int64)
+            waiter = Waiter(crowded, time.monotonic() + 120, f"calibrate rank {me}")
+            comm.Barrier()
+            t, c = time.perf_counter(), time.process_time()
+            if me == 0:
+                Server(comm, w, 1, waiter, PhaseClock("idle"), None).serve_async()
+            else:
+                run_worker(comm, shard_bounds(n_w, 1), w, X, y, lambda w, X, y, lr, dw: 0.0, 0.0, 1, 1,
+                           [0, 0], waiter, PhaseClock("compute"))
+            wall, cpu = (time.perf_counter() - t) / updates, (time.process_time() - c) / updates
+            got = comm.gather((wall, cpu))
+            if me == 0:
+                if not crowded:
+                    out["round_trip_s"][n_w] = got[1][0]
+                else:
+                    out["server_update_s"][n_w], out["worker_msg_s"][n_w] = got[0][1], got[1][1]
+    return out if me == 0 else None
+
+
+def probe_cores(hidden: int, batch: int, seconds: float) -> dict | None:
+    """Every rank runs training steps for `seconds` at once; rank 0 reports the steps per
+    second of all of them together. Against one rank's, this is how many cores' worth of
+    work P ranks get done on this node (hyperthreads, sharing, context switches)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from . import data, mlp
+    comm = MPI.COMM_WORLD
+    layout = mlp.Layout(2, hidden, 2)
+    w, dw, ds = mlp.init_params(layout, 0), np.zeros(layout.n_w), data.rings(batch, comm.rank)
+    step = mlp.make_step(layout, batch)
+    step(w, ds.X, ds.y, 1e-9, dw)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    n = 0
+    while time.perf_counter() - t0 < seconds:
+        step(w, ds.X, ds.y, 1e-9, dw)
+        n += 1
+    rates = comm.gather(n / (time.perf_counter() - t0))
+    return {"steps_per_s": sum(rates)} if comm.rank == 0 else None
+
+
+def probe_contention(sizes: list[int], updates: int) -> dict | None:
+    """Rank 0 serves, every other rank is a no-compute worker pushing `updates` Delta-w:
+    the updates/s the whole job gets through at each n_w when its ranks share the cores
+    (message copies, wake-ups, caches shared), which 2 ranks alone do not show."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from . import mlp
+    from .comm import Waiter, oversubscribed, shard_bounds
+    from .server import Server
+    from .trace import PhaseClock
+    from .worker import run_worker
+    comm = MPI.COMM_WORLD
+    mlp.compile_kernels()
+    crowded = oversubscribed(comm)
+    out = {}
+    for n_w in sizes:
+        w = np.zeros(n_w)
+        X, y = np.zeros((updates, 2)), np.zeros(updates, np.int64)
+        waiter = Waiter(crowded, time.monotonic() + 120, f"calibrate rank {comm.rank}")
+        comm.Barrier()
+        t = time.perf_counter()
+        if comm.rank == 0:
+            Server(comm, w, 1, waiter, PhaseClock("idle"), None).serve_async()
+        else:
+            run_worker(comm, shard_bounds(n_w, 1), w, X, y, lambda w, X, y, lr, dw: 0.0, 0.0, 1, 1,
+                       [0, comm.rank], waiter, PhaseClock("compute"))
+        out[n_w] = (comm.size - 1) * updates / (time.perf_counter() - t)
+    return {"updates_per_s": out} if comm.rank == 0 else None
+
+
+def probe_readers(files: list[str]) -> dict:
+    """One rank, both readers, each file: read+parse seconds per byte, and the keep
+    (sequential) or shuffle (parallel) seconds per point."""
+    from mpi4py import MPI
+
+    from . import readers
+    from .comm import Waiter
+    comm, out = MPI.COMM_WORLD, {"read_s_per_byte": {}, "select_s_per_point": {}, "bytes_per_point": {}}
+    for path in files:
+        fmt = "npy" if path.endswith(".npy") else "tsv"
+        size = os.path.getsize(path)
+        for reader in ("sequential", "parallel"):
+            best = None
+            for _ in range(3):
+                got = readers.load(comm, Waiter(False, time.monotonic() + 120), path, None, reader, readers.Job(0))
+                t = got.times
+                n = got.train_points + len(got.test.y)
+                cost = (t.get("read", 0) + t.get("parse", 0), t.get("shuffle", 0))
+                best = cost if best is None or sum(cost) < sum(best) else best
+            if reader == "sequential":
+                out["read_s_per_byte"][fmt] = best[0] / size
+                out["bytes_per_point"][fmt] = size / n
+            out["select_s_per_point"].setdefault(reader, []).append(best[1] / n)
+    out["select_s_per_point"] = {k: min(v) for k, v in out["select_s_per_point"].items()}
+    return out
+
+
+# -- in-process microbenchmarks ------------------------------------------------------------
+
+def _best(f, min_time: float, max_reps: int = 1000) -> float:
+    """Least seconds per call of f, over repetitions totalling about min_time."""
+    f()
+    t0 = time.perf_counter()
+    f()
+    one = time.perf_counter() - t0
+    reps = max(3, min(max_reps, int(min_time / max(one, 1e-7))))
+    best = one
+    for _ in range(3):
+        k = max(1, reps // 3)
+        t = time.perf_counter()
+        for _ in range(k):
+            f()
+        best = min(best, (time.perf_counter() - t) / k)
+    return best
+
+
+def measure_steps(hidden: tuple, batches: tuple, min_time: float) -> dict:
+    """Seconds per worker step (batch gather + numba step), as run_worker does it."""
+    import numpy as np
+
+    from . import data, mlp
+    ds = data.rings(65536, 0)
+    out = {}
+    for h in hidden:
+        layout = mlp.Layout(2, h, 2)
+        w, dw = mlp.init_params(layout, 0), np.zeros(layout.n_w)
+        out[h] = {}
+        rng = np.random.default_rng(0)
+        for b in batches:
+            step = mlp.make_step(layout, b)
+            Xb, yb = np.empty((b, 2)), np.empty(b, np.int64)
+
+            def one():
+                idx = rng.integers(0, len(ds.y), b)
+                np.take(ds.X, idx, axis=0, out=Xb)
+                np.take(ds.y, idx, out=yb)
+                step(w, Xb, yb, 1e-9, dw)
+            out[h][b] = _best(one, min_time * (1 if b * h < 2e7 else 0.3), 2000)
+    return out
+
+
+def measure_evaluate(hidden: tuple, min_time: float) -> dict:
+    from . import data, mlp
+    test = data.rings(2048, 1)
+    out = {}
+    for h in hidden:
+        layout = mlp.Layout(2, h, 2)
+        ev = mlp.make_evaluate(layout, mlp.init_params(layout, 0), test)
+        out[h] = _best(ev, min_time, 50) / len(test.y)
+    return out
+
+
+def measure_memory(mib: int = 128) -> float:
+    """r_m: seconds per byte moved by a large numpy copy (read + write counted)."""
+    import numpy as np
+    a = np.ones(mib << 17)
+    b = np.empty_like(a)
+    t = _best(lambda: np.copyto(b, a), 0.3, 10)
+    return t / (2 * a.nbytes)
+
+
+def caches() -> dict[str, int]:
+    """Cache sizes of cpu0 in bytes, from sysfs."""
+    out = {}
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for d in sorted(base.glob("index*")):
+        try:
+            level, kind = (d / "level").read_text().strip(), (d / "type").read_text().strip()
+            size = (d / "size").read_text().strip()
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1], 1)
+        out[f"L{level}{'d' if kind == 'Data' else ''}"] = int(size.rstrip("KMG")) * mult
+    return out
+
+
+# -- the orchestrator ------------------------------------------------------------------------
+
+def _launch(launcher: str, n: int, args: list[str], timeout: float) -> dict:
+    cmd = [*shlex.split(launcher), "-n", str(n), sys.executable, "-m", "asgd.calibrate", *args]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise CalibrationError(f"cannot run {cmd[0]!r}: is MPI installed? (or pass --launcher)") from None
+    except subprocess.TimeoutExpired:
+        raise CalibrationError(f"{' '.join(cmd)} took over {timeout:.0f} s") from None
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode or not lines:
+        raise CalibrationError(f"{' '.join(cmd)} failed (exit {p.returncode}): {p.stderr.strip()[-600:]}")
+    return json.loads(lines[-1])
+
+
+def default_launcher() -> str:
+    """mpiexec beside this Python (a venv's MPICH wheel), else on PATH."""
+    import shutil
+    found = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    return found or "mpiexec"
+
+
+def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> dict:
+    """Every parameter, with units and the machine description: params.json's content."""
+    from . import data
+    from .comm import cores_available
+    launcher = launcher or default_launcher()
+    t_all = time.perf_counter()
+    hidden, batches = (QUICK_HIDDEN, QUICK_BATCHES) if quick else (HIDDEN, BATCHES)
+    min_time = 0.05 if quick else 0.25
+    say("calibrate: startup of one rank (imports, MPI_Init, numba cache loads)")
+    _launch(launcher, 1, ["startup"], 300)  # fills numba's cache if it is cold
+    starts = [_launch(launcher, 1, ["startup"], 300) for _ in range(2 if quick else 5)]
+    start = {k: statistics.median(s[k] for s in starts) for k in starts[0]}
+    say("  " + ", ".join(f"{k[:-2]} {v:.3f} s" for k, v in start.items()))
+    say(f"calibrate: training step, hidden {hidden} x batch {batches}")
+    steps = measure_steps(hidden, batches, min_time)
+    say("calibrate: held-out evaluation")
+    evaluate = measure_evaluate(hidden, min_time)
+    nws = sorted({h * 3 + 2 * (h + 1) for h in (hidden[0], hidden[-1])})
+    say(f"calibrate: messaging, ping-pong and push/pull at n_w {nws}")
+    msg = _launch(launcher, 2, ["messaging", "--nw", ",".join(map(str, nws)),
+                                "--updates", "200" if quick else "1000"], 600)
+    C = cores_available()
+    counts = sorted({1, C, C + 1, 2 * C + 1} if quick else {1, C, C + 1, 2 * C + 1, 4 * C + 1, 8 * C + 1})
+    say(f"calibrate: cores' worth of work done by {counts} ranks at once (2-10K-2 steps)")
+    rates = {n: [] for n in counts}
+    for _ in range(2 if quick else 3):  # interleaved repetitions, medians: the machine drifts
+        for n in counts:
+            rates[n].append(_launch(launcher, n, ["cores", "--hidden", "10000", "--batch", "256",
+                                                  "--seconds", "0.5" if quick else "1.0"], 300)["steps_per_s"])
+    rates = {n: statistics.median(r) for n, r in rates.items()}
+
+    def rates_eff(n):  # cores' worth of work n ranks do (as perfmodel.Params.cores_worth)
+        xs = sorted(rates)
+        lo = max([x for x in xs if x <= n], default=xs[0])
+        hi = min([x for x in xs if x >= n], default=xs[-1])
+        f = 0.0 if hi == lo else (n - lo) / (hi - lo)
+        return (rates[lo] * (1 - f) + rates[hi] * f) / rates[1]
+    say("  " + ", ".join(f"{n}: {r / rates[1]:.2f}" for n, r in rates.items()))
+    crowd = sorted({C + 1, 2 * C + 1} if quick else {C + 1, 2 * C + 1, 4 * C + 1})
+    say(f"calibrate: push/pull CPU per update with {crowd} ranks sharing the cores (no-compute workers)")
+    contended = {}
+    for n in crowd:
+        got = _launch(launcher, n, ["contention", "--nw", ",".join(map(str, nws)),
+                                    "--updates", str(max(50, (400 if quick else 2000) // (n - 1)))], 600)
+        contended[n] = {int(k): rates_eff(n) / v for k, v in got["updates_per_s"].items()}
+    say("calibrate: readers (TSV, .npy; sequential, parallel)")
+    with tempfile.TemporaryDirectory(prefix="asgd-calibrate-") as tmp:
+        ds = data.rings(50_000 if quick else 400_000, 0)
+        files = [os.path.join(tmp, "cal.tsv"), os.path.join(tmp, "cal.npy")]
+        for f in files:
+            data.write(f, ds)
+        rd = _launch(launcher, 1, ["readers", *files], 600)
+    say("calibrate: memory bandwidth, caches")
+    params = {
+        "cores": C, "effective_cores": {n: r / rates[1] for n, r in rates.items()},
+        "startup": {k: v for k, v in start.items() if k != "embedded_s"}, "embedded_s": start["embedded_s"],
+        "step_s": steps, "eval_s_per_point": evaluate,
+        "worker_msg_s": msg["worker_msg_s"], "server_update_s": msg["server_update_s"],
+        "round_trip_s": msg["round_trip_s"], "pingpong_s": msg["pingpong_s"], "contended_update_s": contended,
+        "read_s_per_byte": rd["read_s_per_byte"], "select_s_per_point": rd["select_s_per_point"],
+        "bytes_per_point": rd["bytes_per_point"],
+        "memory_s_per_byte": measure_memory(32 if quick else 128), "caches": caches(),
+    }
+    return {"schema": 1, "params": params, "units": UNITS, "machine": describe(),
+            "quick": quick, "seconds": round(time.perf_counter() - t_all, 1)}
+
+
+UNITS = {
+    "cores": "cores this process may run on",
+    "effective_cores": "cores' worth of training steps done by P ranks at once, [P]",
+    "startup": "s (wall) and CPU s of one rank's imports, parser and kernel cache loads",
+    "embedded_s": "s per rank to generate the embedded problem",
+    "step_s": "s per training step, [hidden][batch]", "eval_s_per_point": "s per held-out point, [hidden]",
+    "worker_msg_s": "worker CPU s per push/pull, [n_w]", "server_update_s": "c_u: server CPU s per update, [n_w]",
+    "round_trip_s": "s per push/pull round trip without compute, [n_w]",
+    "pingpong_s": "s one way, [bytes]",
+    "contended_update_s": "CPU s per push/pull, all ranks together, with P ranks sharing the cores, [P][n_w]", "read_s_per_byte": "r_d: s/byte read + parsed, [format]",
+    "select_s_per_point": "s per point of the file, [reader]", "bytes_per_point": "bytes/point, [format]",
+    "memory_s_per_byte": "r_m: s/byte (copy)", "caches": "bytes",
+}
+
+
+def describe() -> dict:
+    import numba
+    import numpy as np
+    cpu = "unknown"
+    try:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"host": platform.node(), "cpu": cpu, "python": platform.python_version(), "numpy": np.__version__,
+            "numba": numba.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+
+
+def _probe_main(argv: list[str]) -> int:
+    """python -m asgd.calibrate startup | messaging --nw N,.. --updates K | readers FILE..."""
+    probe = argv[0] if argv else ""
+    if probe == "startup":
+        print(json.dumps(probe_startup()), flush=True)
+    elif probe == "messaging":
+        a = dict(zip(argv[1::2], argv[2::2]))
+        got = probe_messaging([int(x) for x in a["--nw"].split(",")], int(a["--updates"]))
+        if got:
+            print(json.dumps(got), flush=True)
+    elif probe == "cores":
+        a = dict(zip(argv[1::2], argv[2::2]))
+        got = probe_cores(int(a["--hidden"]), int(a["--batch"]), float(a["--seconds"]))
+        if got:
+            print(json.dumps(got), flush=True)
+    elif probe == "contention":
+        a = dict(zip(argv[1::2], argv[2::2]))
+        got = probe_contention([int(x) for x in a["--nw"].split(",")], int(a["--updates"]))
+        if got:
+            print(json.dumps(got), flush=True)
+    elif probe == "readers":
+        print(json.dumps(probe_readers(argv[1:])), flush=True)
+    else:
+        print("usage: mpiexec -n N python -m asgd.calibrate startup|messaging|readers ...  (internal: "
+              "use python -m asgd.model calibrate)", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_probe_main(sys.argv[1:]))

@@ -1,0 +1,354 @@
+"""python -m asgd.model calibrate | predict | compare | optimize: the performance model
+(asgd.perfmodel) at the command line.
+
+  calibrate   measure this machine's parameters (asgd.calibrate) into params.json
+  predict     predicted init, compute, communication and total seconds per configuration
+  compare     predicted against measured for asgd.train runs (their results.json)
+  optimize    the configurations with the least predicted time, ranked (Yan et al. 2015)
+
+Every command but calibrate reads the parameters from --params (default params.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from dataclasses import asdict, replace
+
+from . import perfmodel
+from .perfmodel import Params, Run
+
+PHASES = ("init", "train", "total")  # the paper's two phases (Figure 9) and their sum: what runs measure
+DETAIL = ("compute", "comm")         # inside train: a worker's compute, and its waits and sends
+
+
+class ModelError(RuntimeError):
+    pass
+
+
+def load_params(path: str) -> Params:
+    try:
+        with open(path) as f:
+            got = json.load(f)
+        return Params.from_dict(got["params"])
+    except FileNotFoundError:
+        raise ModelError(f"{path}: no such file; measure this machine first: "
+                         f"python -m asgd.model calibrate --out {path}") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ModelError(f"{path}: not a parameters file from 'asgd.model calibrate' ({e})") from None
+
+
+# -- the data a configuration reads ------------------------------------------------------
+
+def data_of(path: str | None, points: int | None, fmt: str, p: Params, test: str | None = None) -> dict:
+    """Run fields for the data: a real file (size, points, held-out companion), a file of
+    `points` points in `fmt` that need not exist, or the embedded problem."""
+    from . import data
+    if path:
+        binary = data.is_binary(path)
+        size = os.path.getsize(path)
+        n = data.npy_header(path)[0] if binary else _count_lines(path)
+        test = test or data.test_path(path)
+        if os.path.exists(test):
+            tn = data.npy_header(test)[0] if binary else _count_lines(test)
+            return dict(points=n, test_points=tn, file_bytes=size, test_bytes=os.path.getsize(test), binary=binary)
+        held = n // 8  # readers.HOLDOUT: 1/8 of the file is held out
+        return dict(points=n - held, test_points=held, file_bytes=size, test_bytes=0, binary=binary)
+    if fmt == "embedded":
+        from .data import DEFAULT_POINTS, DEFAULT_TEST_POINTS
+        return dict(points=points or DEFAULT_POINTS, test_points=DEFAULT_TEST_POINTS if not points else points // 4)
+    n = points or 16384
+    per = p.bytes_per_point[fmt]
+    return dict(points=n, test_points=n // 4, file_bytes=int(n * per), test_bytes=int(n // 4 * per),
+                binary=fmt == "npy")
+
+
+def _count_lines(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+
+
+def run_of(results: dict, p: Params) -> Run:
+    """The Run a results.json describes (its config), for predicting it."""
+    c = results["config"]
+    d = c.get("data")
+    if d and os.path.exists(d):
+        got = data_of(d, None, "tsv", p, c.get("test"))
+        got.update(points=c["train_points"], test_points=c["test_points"])
+    elif d:  # the file is gone: its size from the calibrated bytes per point
+        fmt = "npy" if d.lower().endswith(".npy") else "tsv"
+        n = c["train_points"] + c["test_points"]
+        got = dict(points=c["train_points"], test_points=c["test_points"], binary=fmt == "npy",
+                   file_bytes=int(n * p.bytes_per_point[fmt]), test_bytes=0)
+    else:
+        got = dict(points=c["train_points"], test_points=c["test_points"])
+    return Run(workers=c["workers"], servers=c["servers"], batch=c["batch"], hidden=c["hidden"],
+               epochs=c["epochs"], reader=c["reader"], mode=c["mode"], features=c["features"],
+               classes=c["classes"], cores=c.get("cores", 0), **got)
+
+
+def measured(results: dict) -> dict:
+    """Measured seconds per phase: init, train, total (job level), and the workers' mean
+    compute and communication (push + comm_wait)."""
+    workers = [r for r in results["ranks"] if r["role"] == "worker"]
+    mean = lambda *keys: statistics.fmean(sum(r["phases"].get(k, 0.0) for k in keys) for r in workers)  # noqa: E731
+    return {"init": results["init_s"], "train": results["train_s"], "total": results["wall_s"],
+            "compute": mean("compute"), "comm": mean("push", "comm_wait")}
+
+
+def predicted(pr: perfmodel.Prediction) -> dict:
+    return {"init": pr.init_s, "train": pr.train_s, "total": pr.total_s, "compute": pr.compute_s, "comm": pr.comm_s}
+
+
+def ape(pred: float, meas: float) -> float:
+    """Absolute percentage error of a prediction, % of the measured value."""
+    return abs(pred - meas) / meas * 100 if meas > 0 else math.inf
+
+
+def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
+    """One row per usable run: its configuration, predicted and measured seconds and the
+    APE per phase. Runs the model does not cover (allreduce, stopped early, resumed) are
+    skipped, with the reason."""
+    rows, skipped = [], []
+    for path in paths:
+        f = os.path.join(path, "results.json") if os.path.isdir(path) else path
+        try:
+            with open(f) as fh:
+                res = json.load(fh)
+        except (OSError, json.JSONDecodeError) as e:
+            skipped.append(f"{path}: unreadable ({e})")
+            continue
+        c = res.get("config", {})
+        why = ("allreduce (the model covers parameter servers)" if c.get("arch") == "allreduce" else
+               "stopped early" if res.get("stopped") else "resumed from a checkpoint" if c.get("resume") else None)
+        if why:
+            skipped.append(f"{path}: {why}")
+            continue
+        run = run_of(res, p)
+        pr, me = predicted(perfmodel.predict(p, run)), measured(res)
+        row = {"run": path, "workers": run.workers, "servers": run.servers, "batch": run.batch,
+               "hidden": run.hidden, "reader": run.reader if run.file_bytes else "embedded",
+               "epochs": run.epochs, "mode": run.mode}
+        for k in PHASES + DETAIL:
+            row.update({f"{k}_pred_s": pr[k], f"{k}_meas_s": me[k], f"{k}_ape": ape(pr[k], me[k])})
+        rows.append(row)
+    return rows, skipped
+
+
+def error_summary(rows: list[dict], phases=PHASES + DETAIL) -> dict:
+    """Median and 90th percentile APE per phase over all rows."""
+    out = {}
+    for k in phases:
+        e = sorted(r[f"{k}_ape"] for r in rows)
+        if e:
+            out[k] = {"median": statistics.median(e), "p90": e[min(len(e) - 1, math.ceil(0.9 * len(e)) - 1)]}
+    return out
+
+
+def optimize(p: Params, nodes: int, cores_per_node: int, base: Run, workers: list[int], servers: list[int],
+             batches: list[int], readers: list[str], max_ranks: int | None = None) -> list[dict]:
+    """Every configuration of the grid within max_ranks ranks (default: one per core),
+    ranked by predicted total time (init + epochs of training)."""
+    cores = nodes * cores_per_node
+    limit = max_ranks or cores
+    out = []
+    for s in servers:
+        for w in workers:
+            if w + s > limit:
+                continue
+            for b in batches:
+                for r in (readers if base.file_bytes else ["parallel"]):
+                    run = replace(base, workers=w, servers=s, batch=b, reader=r, cores=cores)
+                    pr = perfmodel.predict(p, run)
+                    out.append({"workers": w, "servers": s, "batch": b, "reader": r if base.file_bytes else "embedded",
+                                "ranks": w + s, "init_s": pr.init_s, "train_s": pr.train_s, "total_s": pr.total_s,
+                                "per_epoch_s": pr.total_s / run.epochs, "bound": pr.detail["bound"]})
+    return sorted(out, key=lambda r: r["total_s"])
+
+
+# -- command line ---------------------------------------------------------------------------
+
+def int_list(s: str) -> list[int]:
+    try:
+        vals = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
+    return vals
+
+
+def _data_args(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("data (default: the embedded problem)")
+    g.add_argument("--data", help="a real data file: points, size and held-out companion from it")
+    g.add_argument("--points", type=int, help="training points of a file that need not exist")
+    g.add_argument("--format", choices=("tsv", "npy", "embedded"), default=None,
+                   help="with --points: tsv or npy file, or the embedded problem (default tsv with --points)")
+    g.add_argument("--epochs", type=int, default=1, help="passes over the data (default 1)")
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m asgd.model", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("calibrate", help="measure this machine's parameters")
+    c.add_argument("--out", default="params.json", help="parameters file to write (default params.json)")
+    c.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (seconds, not minutes)")
+    c.add_argument("--launcher", default=None, help="MPI launcher command, e.g. 'srun' (default: mpiexec)")
+    params = dict(default="params.json", help="parameters from calibrate (default params.json)")
+
+    pp = sub.add_parser("predict", help="predicted phase times per configuration")
+    pp.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 16], help="comma-separated (default 1,2,4,8,16)")
+    pp.add_argument("--servers", type=int, default=1, help="parameter servers (default 1)")
+    pp.add_argument("--hidden", type=int_list, default=[10000], help="hidden units, comma-separated (default 10000)")
+    pp.add_argument("--batch", type=int_list, default=[256], help="batch sizes, comma-separated (default 256)")
+    pp.add_argument("--reader", choices=("sequential", "parallel"), default="parallel")
+    pp.add_argument("--mode", choices=("async", "ssp", "sync"), default="async")
+    pp.add_argument("--cores", type=int, default=0, help="cores the ranks share (default: the calibrated machine's)")
+    pp.add_argument("--params", **params)
+    pp.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    _data_args(pp)
+
+    cp = sub.add_parser("compare", help="predicted against measured for asgd.train runs")
+    cp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (or their results.json)")
+    cp.add_argument("--params", **params)
+    cp.add_argument("--csv", help="also write the rows to this CSV file")
+
+    op = sub.add_parser("optimize", help="rank configurations by predicted time")
+    op.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    op.add_argument("--cores-per-node", type=int, required=True, help="cores per node")
+    op.add_argument("--hidden", type=int, default=10000, help="hidden units (default 10000)")
+    op.add_argument("--workers", type=int_list, help="worker counts to try (default 1 .. ranks - servers)")
+    op.add_argument("--servers", type=int_list, default=[1, 2, 4], help="server counts to try (default 1,2,4)")
+    op.add_argument("--batches", type=int_list, default=[16, 64, 256, 1024], help="default 16,64,256,1024")
+    op.add_argument("--readers", default="sequential,parallel", help="default sequential,parallel")
+    op.add_argument("--max-ranks", type=int, help="most ranks to start (default: one per core; more shares cores)")
+    op.add_argument("--top", type=int, default=10, help="configurations to print (default 10)")
+    op.add_argument("--params", **params)
+    _data_args(op)
+    return ap.parse_args(argv)
+
+
+def _fmt_s(x: float) -> str:
+    return f"{x:9.3f}" if x < 1000 else f"{x:9.0f}"
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    try:
+        if a.cmd == "calibrate":
+            return _calibrate(a)
+        p = load_params(a.params)
+        return {"predict": _predict, "compare": _compare, "optimize": _optimize}[a.cmd](a, p)
+    except (ModelError, ValueError, OSError) as e:
+        print(f"asgd.model {a.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _calibrate(a) -> int:
+    from .calibrate import CalibrationError, calibrate
+    try:
+        got = calibrate(a.launcher, a.quick)
+    except CalibrationError as e:
+        raise ModelError(str(e)) from None
+    tmp = a.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(got, f, indent=1)
+    os.replace(tmp, a.out)
+    p = Params.from_dict(got["params"])
+    t = p.table1(Run(workers=1, hidden=10000, batch=256))
+    print(f"Table 1 on this machine (2-10K-2, batch 256), measured in {got['seconds']:.0f} s:")
+    for k in ("c_p", "c_b", "c_u", "r_d", "r_m", "r_net", "point_bytes"):
+        print(f"  {k:12s} {getattr(t, k):.4g} {Table1Units[k]}")
+    st = p.startup
+    print(f"  {'startup':12s} {sum(v for k, v in st.items() if k.endswith('wall_s')):.3f} s per rank "
+          f"(imports {st['imports_wall_s']:.3f}, cache loads {st['parsers_wall_s'] + st['kernels_wall_s']:.3f}); "
+          f"{p.cores} cores")
+    print(f"parameters: {a.out}")
+    return 0
+
+
+Table1Units = perfmodel.Table1.UNITS
+
+
+def _base_run(a, p: Params) -> Run:
+    fmt = a.format or ("tsv" if a.points else "embedded")
+    return Run(workers=1, epochs=a.epochs, **data_of(a.data, a.points, fmt, p))
+
+
+def _predict(a, p: Params) -> int:
+    base = _base_run(a, p)
+    if a.servers < 1:
+        raise ModelError("--servers must be at least 1")
+    cols = "workers servers  hidden  batch  reader       init_s compute_s    comm_s   train_s   total_s  bound"
+    if not a.json:
+        what = "embedded problem" if not base.file_bytes else f"{'npy' if base.binary else 'TSV'} file"
+        print(f"predicted, {base.points:,} training points ({what}), {a.epochs} epoch(s), "
+              f"{a.cores or p.cores} cores, {a.mode}")
+        print(cols)
+    for h in a.hidden:
+        for b in a.batch:
+            for w in a.workers:
+                run = replace(base, workers=w, servers=a.servers, hidden=h, batch=b, reader=a.reader,
+                              mode=a.mode, cores=a.cores)
+                pr = perfmodel.predict(p, run)
+                if a.json:
+                    print(json.dumps({"run": asdict(run), **pr.as_dict()}))
+                    continue
+                print(f"{w:7d} {a.servers:7d} {h:7d} {b:6d}  {a.reader if base.file_bytes else 'embedded':10s}"
+                      f"{_fmt_s(pr.init_s)} {_fmt_s(pr.compute_s)} {_fmt_s(pr.comm_s)} {_fmt_s(pr.train_s)} "
+                      f"{_fmt_s(pr.total_s)}  {pr.detail['bound']}")
+    return 0
+
+
+def _compare(a, p: Params) -> int:
+    rows, skipped = compare(a.runs, p)
+    for s in skipped:
+        print(f"skipped {s}", file=sys.stderr)
+    if not rows:
+        raise ModelError("no run to compare")
+    print("predicted / measured seconds, and the absolute percentage error (APE)")
+    print(f"{'run':28s} {'w':>2s} {'S':>2s} {'hidden':>6s} {'batch':>5s} {'reader':10s}" +
+          "".join(f" {k:>22s}" for k in PHASES + DETAIL))
+    for r in rows:
+        cells = "".join(f" {r[f'{k}_pred_s']:7.2f}/{r[f'{k}_meas_s']:6.2f} {r[f'{k}_ape']:5.0f}%" for k in PHASES + DETAIL)
+        print(f"{os.path.basename(os.path.normpath(r['run']))[-28:]:28s} {r['workers']:2d} {r['servers']:2d} "
+              f"{r['hidden']:6d} {r['batch']:5d} {r['reader']:10s}{cells}")
+    print(f"APE over {len(rows)} runs:  " + "   ".join(
+        f"{k} median {e['median']:.1f}% p90 {e['p90']:.1f}%" for k, e in error_summary(rows).items()))
+    if a.csv:
+        import csv
+        with open(a.csv, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+            wr.writeheader()
+            wr.writerows(rows)
+        print(f"rows: {a.csv}")
+    return 0
+
+
+def _optimize(a, p: Params) -> int:
+    base = replace(_base_run(a, p), hidden=a.hidden)
+    readers = [r.strip() for r in a.readers.split(",") if r.strip()]
+    bad = [r for r in readers if r not in ("sequential", "parallel")]
+    if bad:
+        raise ModelError(f"unknown reader(s) {bad}: choose from sequential, parallel")
+    limit = a.max_ranks or a.nodes * a.cores_per_node
+    workers = a.workers or list(range(1, limit))
+    ranked = optimize(p, a.nodes, a.cores_per_node, base, workers, a.servers, a.batches, readers, limit)
+    if not ranked:
+        raise ModelError(f"no configuration fits in {limit} ranks (--max-ranks)")
+    print(f"{len(ranked)} configurations on {a.nodes} node(s) x {a.cores_per_node} cores, at most {limit} ranks, "
+          f"hidden {a.hidden}, {base.points:,} points, {a.epochs} epoch(s); best first:")
+    print(" rank workers servers  batch  reader       init_s   train_s   total_s  s/epoch  bound")
+    for i, r in enumerate(ranked[:a.top], 1):
+        print(f"{i:5d} {r['workers']:7d} {r['servers']:7d} {r['batch']:6d}  {r['reader']:10s}"
+              f"{_fmt_s(r['init_s'])} {_fmt_s(r['train_s'])} {_fmt_s(r['total_s'])} {r['per_epoch_s']:8.3f}  {r['bound']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

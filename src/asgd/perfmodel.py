@@ -1,0 +1,407 @@
+"""The paper's performance model (section 3 and 5.3: Table 1, equations 1-12), and what
+asgd adds to it to predict its own runs.
+
+Part 1 is the paper as printed: `Table1` holds its parameters with their units, and each
+equation is a function of a Table1 and a number of data points n. Part 2 goes past it,
+on the paper's own list of what its model misses:
+  a. server saturation: a closed queueing model solved by mean-value analysis (MVA),
+     w workers cycling between their own compute and the server's queue;
+  b. cache effects of the batch size: the per-batch step time is measured at several
+     batch sizes (calibrate), not assumed linear, and the working set is compared
+     with the caches;
+  c. ranks sharing cores: with more ranks than cores, work is CPU-bound at the cores;
+  d. several servers, each owning a shard: one queue per server, each 1/S of the work.
+`predict(params, Run(...))` combines them into init, compute, communication and total
+seconds for one configuration. Units everywhere: seconds, bytes, data points.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+# -- Part 1: the paper's model ---------------------------------------------------------
+
+DOUBLE = 8  # bytes: data points and weights are float64 vectors
+
+
+@dataclass(frozen=True)
+class Table1:
+    """The parameters of the paper's Table 1 (w_d = r_d and w_m = r_m, as it assumes)."""
+    w: int                 # workers
+    b: int                 # batch size, data points
+    n_f: int               # features per data point (float64 each)
+    n_w: int               # entries of w and of Delta-w (float64 each)
+    d: int                 # data points in the input
+    epoch: int             # passes over the data
+    c_p: float             # s per data point processed
+    c_b: float             # s per batch: preparing and sending one Delta-w
+    c_u: float             # s on the server per Delta-w aggregated
+    r_d: float             # s per byte read from disk (and parsed)
+    r_m: float             # s per byte read from (or written to) memory
+    r_net: float           # s per byte over the network: 1 / bandwidth
+    point_bytes: float = 0.0  # bytes per point on disk; 0: 8 n_f as eq. 5 assumes (a text file is larger)
+
+    UNITS = {"w": "workers", "b": "points", "n_f": "features", "n_w": "weights", "d": "points",
+             "epoch": "passes", "c_p": "s/point", "c_b": "s/batch", "c_u": "s/update", "r_d": "s/byte",
+             "r_m": "s/byte", "r_net": "s/byte", "point_bytes": "bytes/point"}
+
+    @property
+    def bytes_per_point(self) -> float:
+        return self.point_bytes or DOUBLE * self.n_f
+
+
+def T_processing(t: Table1, n: float) -> float:
+    """Eq. 1: processing n data points once, c_p x n."""
+    return t.c_p * n
+
+
+def T_update(t: Table1, n: float) -> float:
+    """Eq. 2: one Delta-w prepared and sent per batch, c_b x n / b."""
+    return t.c_b * n / t.b
+
+
+def T_computation(t: Table1, n: float) -> float:
+    """Eq. 3: T_processing + T_update. (The paper's eq. 4, c_p n (1 + 1/b), is this with c_b = c_p.)"""
+    return T_processing(t, n) + T_update(t, n)
+
+
+def T_disk(t: Table1, n: float) -> float:
+    """Eq. 5: reading n points from disk once, r_d x (bytes per point) x n."""
+    return t.r_d * t.bytes_per_point * n
+
+
+def T_memory(t: Table1, n: float) -> float:
+    """Eq. 6: every point read once from memory per pass, and w read and written once per
+    batch: 8 n (r_m n_f + (r_m + w_m) n_w / b), with w_m = r_m."""
+    return DOUBLE * n * (t.r_m * t.n_f + 2 * t.r_m * t.n_w / t.b)
+
+
+def T_send(t: Table1, n: float) -> float:
+    """Eq. 7: one Delta-w (8 n_w bytes) sent per batch: r_net x 8 n_w x n / b."""
+    return t.r_net * DOUBLE * t.n_w * n / t.b
+
+
+def T_network(t: Table1, n: float) -> float:
+    """Eq. 8: Delta-w out and w' back per batch, and the server's c_u for each of the w
+    workers' updates: n / b x (16 r_net n_w + w c_u)."""
+    return 2 * T_send(t, n) + t.w * t.c_u * n / t.b
+
+
+def T_total(t: Table1) -> float:
+    """Eq. 9: T_disk(d/w) + epoch x max(T_network(d/w), T_computation(d/w) + T_memory(d/w)):
+    communication overlaps computation, but reading does not."""
+    n = t.d / t.w
+    return T_disk(t, n) + t.epoch * max(T_network(t, n), T_computation(t, n) + T_memory(t, n))
+
+
+def T_disk_new(t: Table1, w: int, n: float) -> float:
+    """Eq. 12: every rank reads the whole file (n x w points), one rank after another: w x T_disk(n w)."""
+    return w * T_disk(t, n * w)
+
+
+def T_total_new(t: Table1, T_computation_phase: float) -> float:
+    """Section 5.3's updated total: T_disk_new(w, d/w) + epoch x the computation phase,
+    which cannot go below T_computation_phase (the least it took at any scale).
+
+    As printed, the formula takes min(...) of T_network(d) and T_computation(d) +
+    T_memory(d) for the whole data set; the text calls T_computation_phase the minimum
+    achievable time, so here it is a floor (max) on eq. 9's per-worker term, d/w."""
+    n = t.d / t.w
+    per_pass = max(T_network(t, n), T_computation(t, n) + T_memory(t, n))
+    return T_disk_new(t, t.w, n) + t.epoch * max(per_pass, T_computation_phase)
+
+
+# -- Part 2: past the paper -------------------------------------------------------------
+
+def mva(customers: int, think_s: float, service_s: list[float], overlap: bool = False) -> tuple[float, list[float]]:
+    """Exact mean-value analysis of a closed network (extension a): `customers` workers
+    each compute for think_s, then visit every queueing station once (a server: service
+    s each, FIFO, one at a time). Returns (throughput in cycles/s, response time per
+    station at that population).
+
+    overlap (asgd's async workers): the next batch is computed while the exchange is in
+    flight, so a cycle lasts max(think, response) rather than their sum."""
+    queue = [0.0] * len(service_s)
+    X, R = 0.0, [0.0] * len(service_s)
+    cap = 1 / max(service_s) if service_s and max(service_s) > 0 else math.inf
+    for n in range(1, customers + 1):
+        R = [s * (1 + q) for s, q in zip(service_s, queue)]
+        cycle = max(think_s, sum(R)) if overlap else think_s + sum(R)
+        # overlap is an approximation: keep it within the busiest station's capacity,
+        # and never below the throughput of one worker fewer
+        X = max(X, min(n / cycle if cycle > 0 else math.inf, cap))
+        queue = [X * r for r in R]
+    return X, R
+
+
+def saturation_workers(think_s: float, service_s: float) -> float:
+    """The knee of the MVA curve (asymptotic bounds): past (think + service) / service
+    workers, one more worker adds nothing, as the paper saw at 16 nodes."""
+    return (think_s + service_s) / service_s if service_s > 0 else math.inf
+
+
+def cores_shared(ranks: float, cores: int) -> float:
+    """Extension c: how many ranks' worth of work one second buys when `ranks` runnable
+    processes share `cores` (1 while every rank has a core)."""
+    return min(1.0, cores / ranks) if ranks > 0 else 1.0
+
+
+def working_set_bytes(batch: int, n_w: int, hidden: int, n_f: int = 2) -> int:
+    """Extension b: what one training step touches: w and Delta-w (8 n_w each), the batch,
+    and the hidden activations of a block of samples (the kernel blocks samples so that
+    they stay below kernels.H_BYTES)."""
+    from .kernels import H_BYTES
+    rows = max(4, min(32, H_BYTES // (DOUBLE * hidden), (batch + 3) // 4 * 4) // 4 * 4)  # kernels._block_rows
+    return 2 * DOUBLE * n_w + DOUBLE * (n_f + 1) * batch + DOUBLE * rows * hidden
+
+
+def cache_level(nbytes: int, caches: dict[str, int]) -> str:
+    """The smallest cache ('L1d', 'L2', 'L3') that holds nbytes, or 'memory'."""
+    for name in ("L1d", "L2", "L3"):
+        if name in caches and nbytes <= caches[name]:
+            return name
+    return "memory"
+
+
+def interpolate_log(table: dict[int, float], x: float) -> float:
+    """Piecewise linear in (log x, log y) through measured points; beyond the ends, the
+    nearest end scaled linearly in x. Calibrated costs are tabulated, not assumed smooth."""
+    xs = sorted(table)
+    if x <= xs[0]:
+        return table[xs[0]] * x / xs[0]
+    if x >= xs[-1]:
+        return table[xs[-1]] * x / xs[-1]
+    for a, b in zip(xs, xs[1:]):
+        if a <= x <= b:
+            f = math.log(x / a) / math.log(b / a)
+            return math.exp(math.log(table[a]) * (1 - f) + math.log(table[b]) * f)
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One configuration to predict (asgd.train's options, and the data)."""
+    workers: int
+    servers: int = 1
+    batch: int = 256
+    hidden: int = 10000
+    epochs: int = 1
+    reader: str = "parallel"        # sequential | parallel
+    points: int = 16384             # training points (a file without a held-out companion: 7/8 of its lines)
+    test_points: int = 4096         # held-out points rank 0 evaluates after every epoch
+    file_bytes: int = 0             # training file size; 0: the embedded problem (no file)
+    test_bytes: int = 0             # held-out file size (0: none, or embedded)
+    binary: bool = False            # .npy rather than TSV
+    features: int = 2
+    classes: int = 2
+    mode: str = "async"             # async | ssp | sync
+    cores: int = 0                  # 0: the calibrated machine's
+
+    @property
+    def ranks(self) -> int:
+        return self.workers + self.servers
+
+    @property
+    def n_w(self) -> int:
+        return self.hidden * (self.features + 1) + self.classes * (self.hidden + 1)
+
+
+
+@dataclass
+class Prediction:
+    init_s: float
+    compute_s: float          # a worker's own work (steps), inflated by sharing cores
+    comm_s: float             # the part of a worker's time spent waiting on the server or the network
+    train_s: float            # compute + communication + per-epoch evaluation, the training phase
+    total_s: float            # init + train: the wall time
+    detail: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Params:
+    """Calibrated, machine-dependent parameters (asgd.calibrate writes them; see its
+    docstring for how each is measured). Tables are keyed by hidden size and batch size."""
+    cores: int
+    effective_cores: dict[int, float]     # [ranks] cores' worth of steps P ranks do at once (shared, SMT)
+    startup: dict[str, float]      # one rank's start: {imports,parsers,kernels}_{wall,cpu}_s
+    step_s: dict[int, dict[int, float]]   # [hidden][batch] s per training step (batch gather included)
+    eval_s_per_point: dict[int, float]    # [hidden] s per held-out point evaluated
+    worker_msg_s: dict[int, float]        # [n_w] a worker's CPU per push/pull (posting, completing)
+    server_update_s: dict[int, float]     # [n_w] c_u: the server's CPU per Delta-w (receive, check, add, reply)
+    round_trip_s: dict[int, float]        # [n_w] a push/pull round trip with no compute, 2 ranks
+    pingpong_s: dict[int, float]          # [bytes] raw MPI ping-pong one way (r_net by fit)
+    read_s_per_byte: dict[str, float]     # [tsv|npy] read + parse, one rank
+    select_s_per_point: dict[str, float]  # [sequential|parallel] a rank's keep/shuffle work per point of the file
+    memory_s_per_byte: float       # r_m (STREAM-like copy)
+    bytes_per_point: dict[str, float]     # [tsv|npy] on disk, from the calibration file
+    embedded_s: float = 0.0        # one rank generating the embedded problem (no data file)
+    # [ranks][n_w] push/pull CPU per update, all ranks together, ranks > cores (none: as 2 ranks)
+    contended_update_s: dict[int, dict[int, float]] = field(default_factory=dict)
+    caches: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Params:
+        def keys_int(t):  # JSON keys are strings
+            return {int(k): (keys_int(v) if isinstance(v, dict) else v) for k, v in t.items()}
+        names = {f.name for f in fields(cls)}
+        p = {k: v for k, v in d.items() if k in names}
+        for k in ("effective_cores", "contended_update_s", "step_s", "eval_s_per_point", "worker_msg_s", "server_update_s", "round_trip_s", "pingpong_s"):
+            p[k] = keys_int(p[k])
+        return cls(**p)
+
+    def cores_worth(self, ranks: float) -> float:
+        """Extension c: cores' worth of work `ranks` busy ranks get done on this machine,
+        measured (linear between measured counts, flat beyond the largest)."""
+        xs = sorted(self.effective_cores)
+        if ranks >= xs[-1]:
+            return self.effective_cores[xs[-1]]
+        i = max(bisect.bisect_left(xs, ranks), 1)
+        a, b = xs[i - 1], xs[i]
+        return self.effective_cores[a] + (self.effective_cores[b] - self.effective_cores[a]) * (ranks - a) / (b - a)
+
+    def parallelism(self, ranks: float, cores: int = 0) -> float:
+        """Cores' worth of work from `ranks` busy ranks; on another core count than the
+        calibrated one, min(ranks, cores) at the calibrated per-core efficiency."""
+        if not cores or cores == self.cores:
+            return self.cores_worth(ranks)
+        return min(ranks, cores) * self.cores_worth(self.cores) / self.cores
+
+    def step(self, hidden: int, batch: int) -> float:
+        """Seconds per training step: measured tables, interpolated in batch, then scaled
+        with the hidden size between (or beyond) the measured ones."""
+        by_h = {h: interpolate_log(t, batch) for h, t in self.step_s.items()}
+        return interpolate_log(by_h, hidden)
+
+    def per_nw(self, table: dict[int, float], n_w: int) -> float:
+        """A per-message cost at n_w weights: linear between measured sizes (a fixed part and
+        a per-byte part), as MPI's s + r n model."""
+        xs = sorted(table)
+        if len(xs) == 1:
+            return table[xs[0]] * n_w / xs[0]
+        i = min(max(bisect.bisect_left(xs, n_w), 1), len(xs) - 1)
+        a, b = xs[i - 1], xs[i]
+        slope = (table[b] - table[a]) / (b - a)
+        return max(table[a] + slope * (n_w - a), 0.0)
+
+    def contended(self, ranks: int, n_w: int) -> float:
+        """CPU seconds per push/pull (worker's and server's, messages included) when
+        `ranks` ranks share the cores: linear in ranks between measured counts."""
+        by_p = {P: self.per_nw(t, n_w) for P, t in self.contended_update_s.items()}
+        xs = sorted(by_p)
+        if ranks <= xs[0] or ranks >= xs[-1]:
+            return by_p[xs[0] if ranks <= xs[0] else xs[-1]]
+        i = bisect.bisect_left(xs, ranks)
+        a, b = xs[i - 1], xs[i]
+        return by_p[a] + (by_p[b] - by_p[a]) * (ranks - a) / (b - a)
+
+    def r_net(self) -> float:
+        """s per byte: the slope of the ping-pong between its two largest sizes."""
+        xs = sorted(self.pingpong_s)
+        a, b = xs[-2], xs[-1]
+        return (self.pingpong_s[b] - self.pingpong_s[a]) / (b - a)
+
+    def table1(self, run: Run) -> Table1:
+        """The paper's Table 1 for this run, from these calibrated values."""
+        t_small, t_big = self.step(run.hidden, 16), self.step(run.hidden, 1024)
+        c_p = (t_big - t_small) / (1024 - 16)
+        fmt = "npy" if run.binary else "tsv"
+        return Table1(w=run.workers, b=run.batch, n_f=run.features, n_w=run.n_w, d=run.points,
+                      epoch=run.epochs, c_p=c_p, c_b=max(t_small - 16 * c_p, 0.0)
+                      + self.per_nw(self.worker_msg_s, run.n_w),
+                      c_u=self.per_nw(self.server_update_s, run.n_w), r_d=self.read_s_per_byte[fmt],
+                      r_m=self.memory_s_per_byte, r_net=self.r_net(),
+                      point_bytes=self.bytes_per_point[fmt])
+
+
+def predict_startup(st: dict[str, float], P: int, C: float) -> float:
+    """A job's start (extension c): P ranks import at once, sharing C cores; then numba's
+    cache loads, parsers then kernels, each by one rank of the node first (the others
+    wait) and then by the other P-1 at once (train.warm_up_jit, readers)."""
+    t = max(st["imports_wall_s"], st["imports_cpu_s"] * P / C)
+    for stage in ("parsers", "kernels"):
+        wall, cpu = st[f"{stage}_wall_s"], st[f"{stage}_cpu_s"]
+        t += wall + (max(wall, cpu * (P - 1) / C) if P > 1 else 0.0)
+    return t
+
+
+def predict_init(p: Params, run: Run) -> dict:
+    """Init: every rank starts (imports, MPI_Init, numba cache loads: CPU the ranks share
+    when they outnumber the cores), then reads the data.
+      sequential  eq. 12: the ranks take turns, each reading and parsing the whole file
+                  and keeping its points: P x (r_d B + keep d);
+      parallel    the file's parse work spread over the cores, then one all-to-all."""
+    P = run.ranks
+    C = p.parallelism(P, run.cores)  # cores' worth of work the P ranks get done together
+    startup = predict_startup(p.startup, P, C)
+    if not run.file_bytes:  # embedded: every rank generates the problem itself
+        read = p.embedded_s * max(1.0, P / C)
+        return {"startup_s": startup, "read_s": read, "init_s": startup + read}
+    fmt = "npy" if run.binary else "tsv"
+    whole = p.read_s_per_byte[fmt] * run.file_bytes
+    test = p.read_s_per_byte[fmt] * run.test_bytes
+    select = p.select_s_per_point[run.reader] * (run.points + run.test_points)
+    if run.reader == "sequential":
+        # rank 0 reads the held-out file after passing the token: hidden behind rank 1's turn
+        read = P * (whole + p.select_s_per_point["sequential"] * run.points) + (test if P == 1 else 0.0)
+    else:
+        read = (whole + test + select) / C
+    return {"startup_s": startup, "read_s": read, "init_s": startup + read}
+
+
+def predict_train(p: Params, run: Run) -> dict:
+    """The training phase: each worker's steps (think time Z), the servers' work per
+    Delta-w (c_u, split over S shards), and the held-out evaluation after every epoch.
+
+    Throughput (updates/s) is the least of: MVA over the S server queues with w workers
+    (extension a, d); the round trip when it outlasts a step; and, when ranks outnumber
+    cores, the cores' capacity (extension c): their measured worth C over the CPU seconds
+    per update of all ranks together, a step plus the push/pull as measured with as many
+    ranks crowding the cores."""
+    S, w = run.servers, run.workers
+    C = p.parallelism(run.ranks, run.cores)
+    share = math.ceil(run.points / w)
+    steps = math.ceil(share / run.batch) * run.epochs       # per worker (the largest share)
+    updates = steps * w
+    step = p.step(run.hidden, min(run.batch, share))
+    Z = step + S * p.per_nw(p.worker_msg_s, math.ceil(run.n_w / S))
+    c_u = p.per_nw(p.server_update_s, math.ceil(run.n_w / S))
+    rtt_free = p.per_nw(p.round_trip_s, math.ceil(run.n_w / S))   # transfer both ways, no queueing
+    latency = max(rtt_free - c_u, 0.0)
+    overlap = run.mode != "sync"
+    X_mva, R = mva(w, Z + (0.0 if overlap else latency), [c_u] * S, overlap=overlap)
+    if overlap:  # the round trip hides behind the next step unless it is longer
+        X_mva = min(X_mva, w / (latency + sum(R)))
+    crowded = run.ranks > (run.cores or p.cores)
+    # with ranks sharing cores, messaging costs what it measured under the same crowding
+    msg = Z - step + S * c_u
+    if crowded and p.contended_update_s:
+        msg = S * p.contended(run.ranks, math.ceil(run.n_w / S))
+    cpu_per_update = step + msg
+    X_cpu = C / cpu_per_update if crowded else math.inf
+    X = min(X_mva, X_cpu)
+    steps_s = updates / X
+    evaluate = run.epochs * run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
+    # a worker's own compute, stretched by sharing the cores
+    busy = w + min(S, S * X * c_u)  # runnable ranks on average: the workers, and the servers' utilization
+    compute = steps * step / cores_shared(busy, C)
+    train = steps_s + evaluate
+    return {"train_s": train, "compute_s": min(compute, steps_s), "comm_s": max(steps_s - compute, 0.0),
+            "evaluate_s": evaluate, "updates": updates, "updates_per_s": X,
+            "bound": "cores" if X_cpu <= X_mva else ("server" if sum(R) >= Z else "workers"),
+            "think_s": Z, "c_u_s": c_u, "knee_workers": saturation_workers(Z + (S - 1) * c_u, c_u)}
+
+
+def predict(p: Params, run: Run) -> Prediction:
+    """Predicted phases of one run (see predict_init and predict_train)."""
+    if run.workers < 1 or run.servers < 1:
+        raise ValueError("the model covers the parameter-server architecture: at least one server and one worker")
+    if run.reader not in ("sequential", "parallel"):
+        raise ValueError(f"unknown reader {run.reader!r}")
+    i, t = predict_init(p, run), predict_train(p, run)
+    return Prediction(init_s=i["init_s"], compute_s=t["compute_s"], comm_s=t["comm_s"],
+                      train_s=t["train_s"], total_s=i["init_s"] + t["train_s"], detail={**i, **t})

@@ -1,0 +1,647 @@
+"""asgd.perfmodel: the paper's equations (section 3, eq. 1-9; section 5.3, eq. 12 and the
+updated total), the extensions past it (MVA, cores, caches, interpolation), and the
+calibrated-parameter prediction (Params, predict).
+
+Every expected value is worked out by hand below (the arithmetic is in the comments) and
+written as a literal: nothing is computed by calling, or re-implementing, the code under
+test. No MPI, no subprocesses.
+"""
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from asgd import perfmodel as pm
+from asgd.perfmodel import Params, Run, Table1
+
+
+def approx(x):
+    return pytest.approx(x, rel=1e-12)
+
+
+# -- Part 1: the paper's equations ------------------------------------------------------
+
+# The paper's setup at w = 4: d/w = n = 4096 points per worker, n_w = 50002 (hidden 10000,
+# 2 features, 2 classes), b = 256, so n/b = 16 batches per worker per pass.
+T = Table1(w=4, b=256, n_f=2, n_w=50002, d=16384, epoch=2, c_p=1e-5, c_b=2e-4, c_u=3e-4,
+           r_d=3e-8, r_m=1e-10, r_net=2e-10)
+N = 4096  # d / w
+
+
+def test_eq1_processing():
+    # c_p n = 1e-5 x 4096
+    assert pm.T_processing(T, N) == approx(0.04096)
+
+
+def test_eq2_update():
+    # c_b n / b = 2e-4 x 4096 / 256 = 2e-4 x 16
+    assert pm.T_update(T, N) == approx(0.0032)
+
+
+def test_eq3_computation():
+    # 0.04096 + 0.0032
+    assert pm.T_computation(T, N) == approx(0.04416)
+
+
+def test_eq4_is_eq3_with_c_b_equal_c_p():
+    t = dataclasses.replace(T, c_b=1e-5)
+    # c_p n (1 + 1/b) = 1e-5 x 4096 x 257/256 = 0.04096 + 0.00016
+    assert pm.T_computation(t, N) == approx(0.04112)
+
+
+def test_eq5_disk_default_point_bytes_is_8_n_f():
+    assert T.bytes_per_point == 16  # 8 x n_f
+    # r_d x 8 n_f x n = 3e-8 x 16 x 4096 = 3e-8 x 65536
+    assert pm.T_disk(T, N) == approx(0.00196608)
+
+
+def test_eq5_disk_with_point_bytes_from_a_text_file():
+    t = dataclasses.replace(T, point_bytes=43.0)
+    assert t.bytes_per_point == 43.0
+    # 3e-8 x 43 x 4096 = 3e-8 x 176128
+    assert pm.T_disk(t, N) == approx(0.00528384)
+
+
+def test_eq6_memory():
+    # 8 n (r_m n_f + 2 r_m n_w / b) = 32768 x (2e-10 + 2e-10 x 50002 / 256)
+    #                               = 32768 x (2e-10 + 3.906406250e-8) = 32768 x 3.926406250e-8
+    assert pm.T_memory(T, N) == approx(0.0012866048)
+
+
+def test_eq7_send():
+    # r_net x 8 n_w x n / b = 2e-10 x 400016 x 16 = 2e-10 x 6400256
+    assert pm.T_send(T, N) == approx(0.0012800512)
+
+
+def test_eq8_network():
+    # n/b (16 r_net n_w + w c_u) = 16 x (16 x 2e-10 x 50002 + 4 x 3e-4)
+    #                            = 2 x 0.0012800512 + 0.0192
+    assert pm.T_network(T, N) == approx(0.0217601024)
+
+
+def test_eq9_total_computation_bound():
+    # T_disk(4096) + 2 max(T_network, T_computation + T_memory)
+    #   = 0.00196608 + 2 max(0.0217601024, 0.04416 + 0.0012866048 = 0.0454466048)
+    #   = 0.00196608 + 0.0908932096
+    assert pm.T_total(T) == approx(0.0928592896)
+
+
+def test_eq9_total_with_a_text_file():
+    # 0.00528384 + 0.0908932096
+    assert pm.T_total(dataclasses.replace(T, point_bytes=43.0)) == approx(0.0961770496)
+
+
+def test_eq9_total_network_bound():
+    t = dataclasses.replace(T, c_u=3e-3)
+    # T_network = 16 x (1.600064e-4 + 4 x 3e-3) = 0.0025601024 + 0.192 = 0.1945601024 > 0.0454466048
+    # T_total = 0.00196608 + 2 x 0.1945601024
+    assert pm.T_network(t, N) == approx(0.1945601024)
+    assert pm.T_total(t) == approx(0.3910862848)
+
+
+def test_eq12_disk_new():
+    # w T_disk(n w) = 4 x 3e-8 x 16 x 16384 = 4 x 0.00786432
+    assert pm.T_disk_new(T, 4, N) == approx(0.03145728)
+
+
+@pytest.mark.parametrize("w, expected", [
+    (1, 0.00196608),    # 1 x T_disk(4096)
+    (2, 0.00786432),    # 4 x 0.00196608
+    (4, 0.03145728),    # 16 x 0.00196608
+    (8, 0.12582912),    # 64 x 0.00196608
+    (16, 0.50331648),   # 256 x 0.00196608
+])
+def test_eq12_grows_as_w_squared_for_a_fixed_share(w, expected):
+    assert pm.T_disk_new(T, w, N) == approx(expected)
+
+
+def test_total_new_above_the_floor_is_eq9_with_the_sequential_read():
+    # T_disk_new(4, 4096) + 2 max(0.0454466048, 0.01) = 0.03145728 + 0.0908932096
+    assert pm.T_total_new(T, 0.01) == approx(0.1223504896)
+
+
+def test_total_new_computation_phase_is_a_floor():
+    # the least achievable computation phase, 1 s, exceeds eq. 9's per-pass 0.0454466048 s:
+    # max, not the printed min: 0.03145728 + 2 x 1.0
+    assert pm.T_total_new(T, 1.0) == approx(2.03145728)
+    # a larger floor only ever adds: monotone in T_computation_phase
+    assert pm.T_total_new(T, 0.0) == approx(0.1223504896)
+    assert pm.T_total_new(T, 0.0454466048) == approx(0.1223504896)
+
+
+# -- Part 2: the extensions -------------------------------------------------------------
+
+@pytest.mark.parametrize("think, service, X", [
+    (3.0, [1.0], 0.25),          # 1 / (3 + 1)
+    (0.3, [0.2, 0.5], 1.0),      # 1 / (0.3 + 0.2 + 0.5)
+    (0.0, [0.125], 8.0),         # 1 / 0.125
+])
+def test_mva_one_customer(think, service, X):
+    got, R = pm.mva(1, think, service)
+    assert got == approx(X)
+    assert R == [approx(s) for s in service]  # nobody ahead: response = service
+
+
+@pytest.mark.parametrize("customers", [1, 2, 3, 7, 50])
+def test_mva_single_station_no_think_runs_at_1_over_S(customers):
+    # Z = 0: the server is never idle; Q(n) = n so R(n) = n S and X = n / (n S) = 1/S = 4
+    X, R = pm.mva(customers, 0.0, [0.25])
+    assert X == approx(4.0)
+    assert R == [approx(0.25 * customers)]
+
+
+def test_mva_no_overlap_one_station_hand_values():
+    # Z = 2, S = 1.  n=1: R=1, X=1/3, Q=1/3.  n=2: R=4/3, X=2/(10/3)=0.6, Q=0.8.
+    #                n=3: R=1.8, X=3/3.8=15/19.
+    X, R = pm.mva(2, 2.0, [1.0])
+    assert X == approx(0.6) and R == [approx(4 / 3)]
+    X, R = pm.mva(3, 2.0, [1.0])
+    assert X == approx(15 / 19) and R == [approx(1.8)]
+
+
+def test_mva_no_overlap_two_stations_hand_values():
+    # Z = 1, S = [1, 0.5].
+    #   n=1: R=[1, 0.5],  X=1/2.5=0.4,        Q=[0.4, 0.2]
+    #   n=2: R=[1.4, 0.6], X=2/(1+2)=2/3,     Q=[14/15, 0.4]
+    #   n=3: R=[29/15, 0.7], sum=79/30, X=3/(109/30)=90/109
+    X, R = pm.mva(2, 1.0, [1.0, 0.5])
+    assert X == approx(2 / 3) and R == [approx(1.4), approx(0.6)]
+    X, R = pm.mva(3, 1.0, [1.0, 0.5])
+    assert X == approx(90 / 109) and R == [approx(29 / 15), approx(0.7)]
+
+
+def test_mva_overlap_hand_values_think_dominates():
+    # Z = 4, S = 1; a cycle is max(Z, R).
+    #   n=1: R=1, cycle 4, X=0.25, Q=0.25
+    #   n=2: R=1.25, cycle 4, X=0.5, Q=0.625
+    #   n=3: R=1.625, cycle 4, X=0.75
+    X, R = pm.mva(1, 4.0, [1.0], overlap=True)
+    assert X == approx(0.25) and R == [approx(1.0)]
+    X, R = pm.mva(2, 4.0, [1.0], overlap=True)
+    assert X == approx(0.5) and R == [approx(1.25)]
+    X, R = pm.mva(3, 4.0, [1.0], overlap=True)
+    assert X == approx(0.75) and R == [approx(1.625)]
+    # without overlap the same workers are slower: n=2 is 2/(4+1.2)=5/13 (n=1: R=1, X=0.2, Q=0.2)
+    X, R = pm.mva(2, 4.0, [1.0])
+    assert X == approx(5 / 13) and R == [approx(1.2)]
+
+
+def test_mva_overlap_hand_values_response_dominates():
+    # Z = 0.5, S = 1: the response (>= 1) always exceeds the think time, so a cycle is R.
+    #   n=1: R=1, X=1, Q=1.  n=2: R=2, X=1, Q=2.  n=3: R=3, X=1.
+    X, R = pm.mva(2, 0.5, [1.0], overlap=True)
+    assert X == approx(1.0) and R == [approx(2.0)]
+    X, R = pm.mva(3, 0.5, [1.0], overlap=True)
+    assert X == approx(1.0) and R == [approx(3.0)]
+
+
+def test_mva_no_customers():
+    assert pm.mva(0, 1.0, [0.5]) == (0.0, [0.0])
+
+
+NETWORKS = [(2.0, [1.0]), (1.0, [1.0, 0.5]), (0.0, [0.3]), (5.0, [0.1, 0.4, 0.2]), (1e-3, [2e-5]),
+            (1.0, [0.5, 0.25])]
+
+
+@pytest.mark.parametrize("think, service", NETWORKS)
+def test_mva_no_overlap_monotone_and_bounded(think, service):
+    Xs = [pm.mva(n, think, service)[0] for n in range(1, 41)]
+    assert all(b >= a * (1 - 1e-12) for a, b in zip(Xs, Xs[1:]))
+    assert all(X <= 1 / max(service) * (1 + 1e-12) for X in Xs)
+    assert all(X <= n / (think + sum(service)) * (1 + 1e-12) for n, X in enumerate(Xs, 1))
+
+
+# With overlap, a cycle is max(think, response): an approximation that on its own would let
+# Z = 2, S = [1] reach X(3) = 3/2.5 = 1.2 > 1/S; mva caps it at the busiest station's 1/S.
+def test_mva_overlap_bounded_by_the_busiest_server():
+    for think, service in NETWORKS:
+        for n in range(1, 41):
+            X = pm.mva(n, think, service, overlap=True)[0]
+            assert X <= 1 / max(service) * (1 + 1e-12), (think, service, n, X)
+
+
+# Z = 1, S = [0.5, 0.25]: uncapped, X(2) = 32/17 = 1.882 > X(3) = 204/109 = 1.872; mva keeps
+# throughput non-decreasing in workers.
+def test_mva_overlap_monotone_in_customers():
+    for think, service in NETWORKS:
+        Xs = [pm.mva(n, think, service, overlap=True)[0] for n in range(1, 41)]
+        assert all(b >= a * (1 - 1e-12) for a, b in zip(Xs, Xs[1:])), (think, service, Xs)
+
+
+def test_saturation_workers():
+    assert pm.saturation_workers(3.0, 1.0) == approx(4.0)     # (3 + 1) / 1
+    assert pm.saturation_workers(0.9, 0.1) == approx(10.0)    # (0.9 + 0.1) / 0.1
+    assert pm.saturation_workers(0.0, 0.5) == approx(1.0)
+    assert pm.saturation_workers(1.0, 0.0) == math.inf
+
+
+def test_saturation_is_where_mva_flattens():
+    # Z = 9, S = 1: knee at 10 workers; well past it MVA is within 5% of 1/S, well before it
+    # each worker still adds nearly 1/(Z+S) = 0.1
+    assert pm.saturation_workers(9.0, 1.0) == approx(10.0)
+    assert pm.mva(40, 9.0, [1.0])[0] > 0.95
+    assert pm.mva(2, 9.0, [1.0])[0] > 0.19
+
+
+@pytest.mark.parametrize("ranks, cores, share", [
+    (2, 4, 1.0), (4, 4, 1.0), (8, 4, 0.5), (6, 4, 4 / 6), (16, 2, 0.125), (0, 4, 1.0), (4.5, 4, 4 / 4.5),
+])
+def test_cores_shared(ranks, cores, share):
+    assert pm.cores_shared(ranks, cores) == approx(share)
+
+
+CACHES = {"L1d": 32768, "L2": 1048576, "L3": 33554432}
+
+
+@pytest.mark.parametrize("nbytes, caches, level", [
+    (1, CACHES, "L1d"),
+    (32768, CACHES, "L1d"),
+    (32769, CACHES, "L2"),
+    (1048576, CACHES, "L2"),
+    (1048577, CACHES, "L3"),
+    (33554432, CACHES, "L3"),
+    (33554433, CACHES, "memory"),
+    (500, {"L1d": 100, "L3": 1000}, "L3"),   # no L2 reported: the next one up
+    (5, {}, "memory"),
+])
+def test_cache_level(nbytes, caches, level):
+    assert pm.cache_level(nbytes, caches) == level
+
+
+def test_working_set_small_case():
+    # batch 4, n_w 10, hidden 5, n_f 2: rows = min(4, 2500000 // 40) = 4
+    #   2 x 8 x 10 (w, Delta-w) + 8 x 3 x 4 (batch X and y) + 8 x 4 x 5 (h) = 160 + 96 + 160
+    assert pm.working_set_bytes(4, 10, 5, n_f=2) == 416
+    # n_f 5: the batch part is 8 x 6 x 4 = 192
+    assert pm.working_set_bytes(4, 10, 5, n_f=5) == 512
+
+
+def test_working_set_the_papers_network_is_past_l2():
+    # batch 256, n_w 50002, hidden 10000: w and Delta-w alone are 800032 bytes; the h block
+    # (about 2.2-2.5 MB) takes the total past a 1 MiB L2, within a 32 MiB L3
+    nbytes = pm.working_set_bytes(256, 50002, 10000)
+    assert 3_000_000 < nbytes < 3_300_000
+    assert pm.cache_level(nbytes, CACHES) == "L3"
+
+
+# The kernel's sample block (kernels._block_rows): at most 32 rows, a multiple of 4. Hidden 100,
+# batch 256: 2 x 8 x 502 + 8 x 3 x 256 + 8 x 32 x 100 = 8032 + 6144 + 25600 = 39776;
+# hidden 10000, batch 256 (28 rows): 800032 + 6144 + 2240000 = 3046176.
+def test_working_set_uses_the_kernels_sample_block():
+    assert pm.working_set_bytes(256, 502, 100) == 39776
+    assert pm.working_set_bytes(256, 50002, 10000) == 3046176
+
+
+def test_interpolate_log_exact_at_table_points():
+    table = {16: 2e-4, 64: 8e-4, 1024: 1.028e-2}
+    for x, y in table.items():
+        assert pm.interpolate_log(table, x) == approx(y)
+
+
+def test_interpolate_log_geometric_mean_midway():
+    # 4 is midway between 2 and 8 in log x: sqrt(3 x 12) = 6
+    assert pm.interpolate_log({2: 3.0, 8: 12.0}, 4) == approx(6.0)
+    # 100 midway between 10 and 1000: sqrt(1 x 100) = 10
+    assert pm.interpolate_log({10: 1.0, 1000: 100.0}, 100) == approx(10.0)
+    # a power law y = x^2 is reproduced exactly between its points: 20^2
+    assert pm.interpolate_log({10: 100.0, 40: 1600.0}, 20) == approx(400.0)
+    # constant stays constant
+    assert pm.interpolate_log({1: 5.0, 100: 5.0}, 10) == approx(5.0)
+    # three points: between the 2nd and 3rd, 16 midway between 8 and 32: sqrt(12 x 48) = 24
+    assert pm.interpolate_log({2: 3.0, 8: 12.0, 32: 48.0}, 16) == approx(24.0)
+
+
+def test_interpolate_log_extrapolates_linearly_in_x():
+    table = {2: 3.0, 8: 12.0, 32: 100.0}
+    assert pm.interpolate_log(table, 1) == approx(1.5)     # 3 x 1/2
+    assert pm.interpolate_log(table, 0.5) == approx(0.75)  # 3 x 0.5/2
+    assert pm.interpolate_log(table, 64) == approx(200.0)  # 100 x 64/32
+    assert pm.interpolate_log(table, 96) == approx(300.0)  # 100 x 96/32
+    assert pm.interpolate_log({10: 7.0}, 30) == approx(21.0)  # one point: proportional
+
+
+# -- Part 3: calibrated parameters and the prediction -----------------------------------
+
+# A tiny hand-made calibration. Hidden 100 -> n_w = 100 x 3 + 2 x 101 = 502;
+# hidden 400 -> n_w = 1200 + 802 = 2002. The hidden-400 step is 4x the hidden-100 one, so
+# hidden 200 (their geometric mean) is 2x. Between batch 16 and 1024 the hidden-100 step
+# rises by 1008 x 1e-5: c_p = 1e-5 s/point.
+STEP_S = {100: {16: 2e-4, 64: 8e-4, 1024: 1.028e-2}, 400: {16: 8e-4, 64: 3.2e-3, 1024: 4.112e-2}}
+
+
+# one rank's start: imports, then numba's cache loads of the parsers and the kernels
+STARTUP = {"imports_wall_s": 0.5, "imports_cpu_s": 0.4, "parsers_wall_s": 0.1, "parsers_cpu_s": 0.08,
+           "kernels_wall_s": 0.2, "kernels_cpu_s": 0.16}
+
+
+def make_params(**kw) -> Params:
+    p = Params(cores=4, effective_cores={1: 1.0, 4: 4.0}, startup=dict(STARTUP),
+               step_s={h: dict(t) for h, t in STEP_S.items()},
+               eval_s_per_point={100: 1e-6, 400: 4e-6},
+               worker_msg_s={502: 1e-5, 2002: 4e-5},      # slope 2e-8 s/weight
+               server_update_s={502: 2e-5, 2002: 5e-5},   # slope 2e-8
+               round_trip_s={502: 6e-5, 2002: 1.2e-4},    # slope 4e-8
+               pingpong_s={3000: 6e-6, 8: 1e-6, 1000: 2e-6},  # slope 2e-9 s/byte at the top
+               read_s_per_byte={"tsv": 2e-8, "npy": 1e-9},
+               select_s_per_point={"sequential": 1e-7, "parallel": 3e-7},
+               memory_s_per_byte=1e-10, bytes_per_point={"tsv": 40.0, "npy": 24.0},
+               embedded_s=0.2, caches=dict(CACHES))
+    return dataclasses.replace(p, **kw)
+
+
+def test_params_from_dict_round_trips_through_json():
+    p = make_params()
+    d = json.loads(json.dumps(dataclasses.asdict(p)))
+    assert set(d["step_s"]) == {"100", "400"} and set(d["step_s"]["100"]) == {"16", "64", "1024"}
+    d["units"] = {"cores": "cores"}  # params.json carries more than the fields: ignored
+    q = Params.from_dict(d)
+    assert q == p
+    assert all(isinstance(h, int) for h in q.step_s)
+    assert all(isinstance(b, int) for t in q.step_s.values() for b in t)
+    for table in (q.eval_s_per_point, q.worker_msg_s, q.server_update_s, q.round_trip_s, q.pingpong_s):
+        assert all(isinstance(k, int) for k in table)
+    assert q.read_s_per_byte == {"tsv": 2e-8, "npy": 1e-9}  # string-keyed tables stay strings
+    assert q.caches == CACHES
+
+
+def test_params_from_dict_defaults():
+    d = json.loads(json.dumps(dataclasses.asdict(make_params())))
+    del d["caches"], d["embedded_s"]
+    assert d["startup"] == STARTUP
+    q = Params.from_dict(d)
+    assert q.caches == {} and q.embedded_s == 0.0
+
+
+@pytest.mark.parametrize("hidden, batch, s", [
+    (100, 16, 2e-4), (100, 64, 8e-4), (100, 1024, 1.028e-2), (400, 64, 3.2e-3),  # measured
+    (100, 32, 4e-4),      # sqrt(2e-4 x 8e-4): 32 is midway between 16 and 64 in log
+    (400, 32, 1.6e-3),    # sqrt(8e-4 x 3.2e-3)
+    (200, 64, 1.6e-3),    # hidden 200 midway between 100 and 400: sqrt(8e-4 x 3.2e-3)
+    (200, 32, 8e-4),      # sqrt(4e-4 x 1.6e-3)
+    (100, 8, 1e-4),       # below the batches: 2e-4 x 8/16
+    (100, 2048, 2.056e-2),  # above: 1.028e-2 x 2
+    (800, 64, 6.4e-3),    # above the hidden sizes: 3.2e-3 x 800/400
+    (50, 16, 1e-4),       # below: 2e-4 x 50/100
+])
+def test_params_step(hidden, batch, s):
+    assert make_params().step(hidden, batch) == approx(s)
+
+
+def test_per_nw_two_sizes_linear():
+    p = make_params()
+    t = p.worker_msg_s  # {502: 1e-5, 2002: 4e-5}
+    assert p.per_nw(t, 502) == approx(1e-5)
+    assert p.per_nw(t, 2002) == approx(4e-5)
+    assert p.per_nw(t, 1252) == approx(2.5e-5)   # 1e-5 + 750 x 2e-8
+    assert p.per_nw(t, 4002) == approx(8e-5)     # 1e-5 + 3500 x 2e-8: the line goes on
+    assert p.per_nw(t, 102) == approx(2e-6)      # 1e-5 - 400 x 2e-8
+    assert p.per_nw(t, 0) == 0.0                 # 1e-5 - 502 x 2e-8 = -4e-8: never negative
+
+
+def test_per_nw_one_size_is_proportional():
+    assert make_params().per_nw({1000: 1e-5}, 3000) == approx(3e-5)
+
+
+def test_per_nw_three_sizes():
+    p = make_params()
+    t = {400: 4.0, 100: 1.0, 200: 3.0}  # slopes 0.02 then 0.005
+    assert p.per_nw(t, 150) == approx(2.0)   # 1 + 50 x 0.02
+    assert p.per_nw(t, 300) == approx(3.5)   # 3 + 100 x 0.005
+    assert p.per_nw(t, 800) == approx(6.0)   # 3 + 600 x 0.005
+    assert p.per_nw(t, 50) == 0.0            # 1 - 50 x 0.02 = 0
+
+
+# Four sizes: n_w = 250 lies in (200, 300): 2 + 50 x 0.08 = 6.0 (not the last segment's 9.5).
+def test_per_nw_four_sizes_interpolates_in_the_bracketing_segment():
+    t = {100: 1.0, 200: 2.0, 300: 10.0, 400: 11.0}
+    assert make_params().per_nw(t, 250) == approx(6.0)
+
+
+def test_r_net_is_the_slope_between_the_two_largest_pings():
+    # (6e-6 - 2e-6) / (3000 - 1000) s/byte, whatever the order of the table
+    assert make_params().r_net() == approx(2e-9)
+
+
+def test_run_n_w():
+    assert Run(workers=1, hidden=100).n_w == 502
+    assert Run(workers=1, hidden=10000).n_w == 50002  # the paper's network
+    assert Run(workers=1, hidden=10, features=5, classes=3).n_w == 10 * 6 + 3 * 11
+    assert Run(workers=3, servers=2).ranks == 5
+
+
+def test_table1_from_params():
+    p = make_params()
+    run = Run(workers=2, servers=1, batch=64, hidden=100, epochs=3, points=1000)
+    # c_p = (1.028e-2 - 2e-4) / (1024 - 16) = 1.008e-2 / 1008 = 1e-5
+    # c_b = (2e-4 - 16 x 1e-5) + worker_msg(502) = 4e-5 + 1e-5
+    # c_u = server_update(502) = 2e-5; r_net = 2e-9; TSV: r_d 2e-8, 40 bytes a point
+    t = p.table1(run)
+    assert (t.w, t.b, t.n_f, t.n_w, t.d, t.epoch) == (2, 64, 2, 502, 1000, 3)
+    assert t.c_p == approx(1e-5)
+    assert t.c_b == approx(5e-5)
+    assert t.c_u == approx(2e-5)
+    assert t.r_d == approx(2e-8)
+    assert t.r_m == approx(1e-10)
+    assert t.r_net == approx(2e-9)
+    assert t.point_bytes == 40.0
+    tb = p.table1(dataclasses.replace(run, binary=True))
+    assert tb.r_d == approx(1e-9) and tb.point_bytes == 24.0
+    # hidden 400 (n_w 2002): c_p = (4.112e-2 - 8e-4) / 1008 = 4e-5; c_b = (8e-4 - 6.4e-4) + 4e-5
+    t4 = p.table1(dataclasses.replace(run, hidden=400))
+    assert t4.n_w == 2002 and t4.c_p == approx(4e-5) and t4.c_b == approx(2e-4) and t4.c_u == approx(5e-5)
+
+
+def test_table1_c_b_never_negative():
+    # a step table whose small-batch time is below 16 c_p: the fixed part is clamped at 0
+    p = make_params(step_s={100: {16: 1e-4, 1024: 1.018e-2}})  # c_p = 1.008e-2/1008 = 1e-5; 1e-4 - 1.6e-4 < 0
+    t = p.table1(Run(workers=2, hidden=100))
+    assert t.c_b == approx(1e-5)  # 0 + worker_msg(502)
+
+
+# Init: whole file 40000 bytes of TSV = 2e-8 x 40000 = 8e-4 s; 1000 training points,
+# 200 held-out points in an 8000-byte file (1.6e-4 s).
+FILE = dict(points=1000, test_points=200, file_bytes=40000, test_bytes=8000)
+
+
+@pytest.mark.parametrize("P, C, startup", [
+    # max(0.5, 0.4 P/C) + [0.1 + max(0.1, 0.08 (P-1)/C)] + [0.2 + max(0.2, 0.16 (P-1)/C)]
+    (1, 4, 0.8),     # 0.5 + 0.1 + 0.2: one rank, nobody waits for a cache
+    (2, 4, 1.1),     # 0.5 + (0.1 + 0.1) + (0.2 + 0.2)
+    (4, 4, 1.1),     # 0.5 + (0.1 + max(0.1, 0.06)) + (0.2 + max(0.2, 0.12))
+    (8, 4, 1.52),    # 0.8 + (0.1 + 0.14) + (0.2 + 0.28)
+    (16, 4, 2.8),    # 1.6 + (0.1 + 0.3) + (0.2 + 0.6)
+    (4, 2, 1.46),    # 0.8 + (0.1 + 0.12) + (0.2 + 0.24)
+])
+def test_predict_startup(P, C, startup):
+    assert pm.predict_startup(STARTUP, P, C) == approx(startup)
+
+
+@pytest.mark.parametrize("workers, read, startup", [
+    (1, 1.8e-3, 1.1),     # P=2:  2 x (8e-4 + 1e-7 x 1000) = 2 x 9e-4
+    (3, 3.6e-3, 1.1),     # P=4:  4 x 9e-4
+    (7, 7.2e-3, 1.52),    # P=8:  8 x 9e-4
+    (15, 1.44e-2, 2.8),   # P=16: 16 x 9e-4
+])
+def test_predict_init_sequential_reads_grow_linearly_in_ranks(workers, read, startup):
+    got = pm.predict_init(make_params(), Run(workers=workers, servers=1, reader="sequential", **FILE))
+    assert got["read_s"] == approx(read)
+    assert got["startup_s"] == approx(startup)  # see test_predict_startup
+    assert got["init_s"] == approx(read + startup)
+
+
+@pytest.mark.parametrize("workers, cores, read, startup", [
+    # the parse work: 8e-4 (file) + 1.6e-4 (held-out file) + 3e-7 x 1200 (shuffle) = 1.32e-3,
+    # over min(P, C) ranks
+    (1, 0, 6.6e-4, 1.1),    # P=2, C=4: / 2
+    (3, 0, 3.3e-4, 1.1),    # P=4, C=4: / 4
+    (7, 0, 3.3e-4, 1.52),   # P=8, C=4: / 4, no faster past the cores
+    (3, 2, 6.6e-4, 1.46),   # P=4, run.cores=2: / 2 (and the startup of 4 ranks on 2 cores)
+])
+def test_predict_init_parallel_divides_by_min_ranks_cores(workers, cores, read, startup):
+    got = pm.predict_init(make_params(), Run(workers=workers, servers=1, reader="parallel", cores=cores, **FILE))
+    assert got["read_s"] == approx(read)
+    assert got["startup_s"] == approx(startup)
+    assert got["init_s"] == approx(read + startup)
+
+
+def test_predict_init_parallel_binary():
+    # .npy at 1e-9 s/byte: 4e-5 + 8e-6 + 3.6e-4 = 4.08e-4, over 4 ranks
+    got = pm.predict_init(make_params(), Run(workers=3, reader="parallel", binary=True, **FILE))
+    assert got["read_s"] == approx(1.02e-4)
+
+
+@pytest.mark.parametrize("workers, read", [(1, 0.2), (3, 0.2), (7, 0.4), (15, 0.8)])
+def test_predict_init_embedded(workers, read):
+    # no file: each rank generates the problem, 0.2 s, and P ranks share 4 cores: 0.2 x max(1, P/4)
+    got = pm.predict_init(make_params(), Run(workers=workers, servers=1, points=1000))
+    assert got["read_s"] == approx(read)
+
+
+# Training. 3 workers on 960 points: a share of 320, batch 64 -> 5 steps each, 15 updates.
+#   think Z = step(100, 64) + worker_msg(502) = 8e-4 + 1e-5 = 8.1e-4 s
+#   c_u = server_update(502) = 2e-5 s; evaluation 100 held-out points x 1e-6 s = 1e-4 s
+TRAIN = dict(workers=3, servers=1, hidden=100, batch=64, points=960, test_points=100, epochs=1)
+
+
+def test_predict_train_cpu_bound_past_the_cores():
+    # 4 ranks on 2 cores: X = C / (Z + S c_u) = 2 / 8.3e-4 = 2409.638554216867... updates/s
+    # (MVA alone: nearly 3 / 8.1e-4 = 3703.7, more than the cores can give)
+    d = pm.predict_train(make_params(), Run(cores=2, **TRAIN))
+    assert d["bound"] == "cores"
+    assert d["updates"] == 15
+    assert d["think_s"] == approx(8.1e-4)
+    assert d["c_u_s"] == approx(2e-5)
+    assert d["updates_per_s"] == approx(2409.6385542168674)
+    assert d["evaluate_s"] == approx(1e-4)
+    # 15 / X = 15 x 8.3e-4 / 2 = 6.225e-3, plus 1e-4 of evaluation
+    assert d["train_s"] == approx(6.325e-3)
+    # busy ranks: 3 + X c_u = 3 + 4e-5 / 8.3e-4 = 3.048192771084337; compute = 5 steps x 8e-4
+    # stretched by busy / 2 cores: 2e-3 x 3.048192771084337
+    assert d["compute_s"] == approx(6.096385542168675e-3)
+    assert d["comm_s"] == approx(1.286144578313253e-4)   # 6.225e-3 - 6.0963855e-3
+    assert d["knee_workers"] == approx(41.5)  # (8.1e-4 + 2e-5) / 2e-5
+
+
+def test_predict_train_worker_bound_with_a_tiny_c_u():
+    p = make_params(server_update_s={502: 1e-9, 2002: 1e-9}, round_trip_s={502: 2e-9, 2002: 2e-9})
+    d = pm.predict_train(p, Run(**TRAIN))  # 4 ranks on 4 cores
+    assert d["bound"] == "workers"
+    # each worker at its own pace: X -> w / Z = 3 / 8.1e-4 = 3703.7037...
+    assert d["updates_per_s"] <= 3 / 8.1e-4
+    assert d["updates_per_s"] == pytest.approx(3703.7037037037035, rel=1e-5)
+    assert d["compute_s"] == approx(4e-3)     # 5 x 8e-4: every rank has a core
+    assert d["comm_s"] == pytest.approx(5e-5, rel=1e-3)  # 15 x 8.1e-4 / 3 - 4e-3
+
+
+def test_predict_train_server_bound():
+    # c_u = 1e-3 > Z: the one server runs flat out, X = 1 / c_u (MVA with overlap: n=1 R=1e-3,
+    # cycle 1e-3, X=1000, Q=1; n=2 R=2e-3, X=1000; n=3 R=3e-3, X=1000; no extra latency)
+    p = make_params(server_update_s={502: 1e-3, 2002: 1e-3}, round_trip_s={502: 6e-5, 2002: 6e-5})
+    d = pm.predict_train(p, Run(**TRAIN))
+    assert d["bound"] == "server"
+    assert d["updates_per_s"] == approx(1000.0)
+    assert d["train_s"] == approx(0.0151)  # 15 / 1000 + 1e-4
+
+
+def test_predict_train_one_worker_async_vs_sync():
+    run = Run(workers=1, servers=1, hidden=100, batch=64, points=320, test_points=100, epochs=1)
+    # latency = round_trip(502) - c_u = 6e-5 - 2e-5 = 4e-5
+    # async: the exchange (4e-5 + 2e-5) hides behind the next step: X = 1 / 8.1e-4
+    d = pm.predict_train(make_params(), run)
+    assert d["updates_per_s"] == approx(1 / 8.1e-4)
+    # sync: the worker waits for it: X = 1 / (8.1e-4 + 4e-5 + 2e-5) = 1 / 8.7e-4
+    d = pm.predict_train(make_params(), dataclasses.replace(run, mode="sync"))
+    assert d["updates_per_s"] == approx(1 / 8.7e-4)
+
+
+# S shard servers: every update visits each, so the busiest station's demand is c_u and the
+# asymptotic-bound knee is (Z + S c_u) / c_u.
+def test_predict_train_knee_with_two_servers():
+    # S=2: each shard has ceil(502/2) = 251 weights.
+    #   Z = 8e-4 + 2 x worker_msg(251) = 8e-4 + 2 x (1e-5 - 251 x 2e-8 = 4.98e-6) = 8.0996e-4
+    #   c_u = server_update(251) = 2e-5 - 251 x 2e-8 = 1.498e-5
+    #   knee = (8.0996e-4 + 2 x 1.498e-5) / 1.498e-5 = 8.3992e-4 / 1.498e-5 = 56.0694259012016...
+    d = pm.predict_train(make_params(), Run(**{**TRAIN, "servers": 2}))
+    assert d["think_s"] == approx(8.0996e-4) and d["c_u_s"] == approx(1.498e-5)
+    assert d["knee_workers"] == approx(56.06942590120160)
+
+
+def test_predict_total_is_init_plus_train():
+    p = make_params()
+    pr = pm.predict(p, Run(cores=2, **TRAIN))
+    # embedded (no file), P=4 on 2 cores: startup 1.46 (test_predict_startup), generate 0.2 x 2
+    assert pr.init_s == approx(1.86)
+    assert pr.train_s == approx(6.325e-3)
+    assert pr.total_s == approx(1.866325)
+    assert pr.compute_s == approx(6.096385542168675e-3)
+    assert pr.detail["bound"] == "cores" and pr.detail["startup_s"] == approx(1.46)
+    d = pr.as_dict()
+    assert d["total_s"] == approx(1.866325) and d["detail"]["updates"] == 15
+
+
+def test_predict_with_a_file():
+    pr = pm.predict(make_params(), Run(reader="sequential", **{**TRAIN, **FILE, "points": 960}))
+    # init: startup 1.1 + 4 x (8e-4 + 1e-7 x 960) = 1.1 + 4 x 8.96e-4 = 1.103584
+    assert pr.init_s == approx(1.103584)
+    assert pr.total_s == approx(pr.init_s + pr.train_s)
+
+
+@pytest.mark.parametrize("run, message", [
+    (Run(workers=2, servers=0), "at least one server"),
+    (Run(workers=0, servers=1), "at least one server and one worker"),
+    (Run(workers=2, reader="mmap"), "unknown reader 'mmap'"),
+])
+def test_predict_rejects(run, message):
+    with pytest.raises(ValueError, match=message):
+        pm.predict(make_params(), run)
+
+
+# -- measured core sharing and crowded messaging ----------------------------------------
+
+def test_cores_worth_is_linear_between_measured_counts_and_flat_beyond():
+    p = make_params(cores=2, effective_cores={1: 1.0, 2: 1.9, 5: 1.8})
+    assert p.cores_worth(2) == approx(1.9)
+    assert p.cores_worth(3) == approx(1.8666666666666667)   # 1.9 + (1.8 - 1.9) x 1/3
+    assert p.cores_worth(9) == approx(1.8)                  # beyond the largest count
+    assert p.parallelism(3) == approx(1.8666666666666667)  # the calibrated machine
+    # another machine of 8 cores: min(9, 8) x the calibrated per-core worth 1.9 / 2
+    assert p.parallelism(9, cores=8) == approx(7.6)
+
+
+def test_contended_interpolates_in_ranks_then_n_w():
+    p = make_params(contended_update_s={3: {100: 1e-3, 200: 2e-3}, 5: {100: 3e-3, 200: 4e-3}})
+    assert p.contended(4, 150) == approx(2.5e-3)   # (1.5e-3 at 3 ranks + 3.5e-3 at 5) / 2
+    assert p.contended(9, 100) == approx(3e-3)     # beyond 5 ranks: flat
+    assert p.contended(2, 200) == approx(2e-3)     # below 3 ranks: flat
+
+
+def test_predict_train_crowded_uses_the_contended_messaging_cost():
+    # 4 ranks on 2 cores, contended push/pull 1e-4 s per update at 502 weights:
+    # X = 2 / (step 8e-4 + 1 x 1e-4) = 2222.222... updates/s; 15 updates: 6.75e-3 s + 1e-4 evaluation
+    p = make_params(contended_update_s={3: {502: 1e-4, 2002: 1e-4}})
+    d = pm.predict_train(p, Run(cores=2, **TRAIN))
+    assert d["bound"] == "cores"
+    assert d["updates_per_s"] == approx(2222.222222222222)
+    assert d["train_s"] == approx(6.85e-3)
