@@ -7,8 +7,9 @@ asgd's defaults otherwise); the numbers come from its results.json (wall_s, init
   figure4.png  training time per epoch against batch size, several rank counts; says whether
                the paper's cache jump (time falls with the batch, then jumps up) appears
   figure9.png  phase by phase (initialization, training, total) against ranks, batch 256,
-               with asgd's performance model overlaid where asgd.perfmodel / asgd.model
-               offers a predict() (otherwise the figure says it is pending)
+               with asgd's performance model (asgd.perfmodel) overlaid: parameters from
+               --params, or from `python -m asgd.model calibrate` run first (never fitted
+               to these runs)
 Runs are shared between figures and done in a shuffled order (drift in the machine's load
 does not line up with one axis). Writes paper.csv (one row per run), paper.json, the PNGs.
 
@@ -24,9 +25,8 @@ import common  # noqa: E402,I001
 from common import int_list  # noqa: E402
 
 import argparse  # noqa: E402
-import importlib  # noqa: E402
-import inspect  # noqa: E402
 import json  # noqa: E402
+import subprocess  # noqa: E402
 import random  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
@@ -47,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="ranks 2,8, batch 64,256,1024, 1 epoch")
     p.add_argument("--timeout", type=float, default=300, help="seconds one run may take (default 300)")
+    p.add_argument("--params", type=Path, help="performance-model parameters for Figure 9 "
+                   "(default: calibrate into <out>/params.json first)")
     p.add_argument("--replot", action="store_true", help="no runs: redraw the figures from <out>/paper.json")
     p.add_argument("--out", type=Path, default=common.RESULTS / "paper", help="output folder (default bench/results/paper)")
     a = p.parse_args(argv)
@@ -100,34 +102,30 @@ def pick(rows, **kw):
     return sorted((r for r in rows if all(r[k] == v for k, v in kw.items())), key=lambda r: (r["ranks"], r["batch"]))
 
 
-def perf_model():
-    """asgd's performance model, if some module offers predict(); (module name, predict) or (None, reason)."""
-    for name in ("asgd.perfmodel", "asgd.model"):
-        try:
-            mod = importlib.import_module(name)
-        except ImportError:
-            continue
-        f = getattr(mod, "predict", None)
-        if callable(f):
-            return name, f
-        return None, f"{name} exists but has no predict(); overlay pending"
-    return None, "asgd.perfmodel / asgd.model not there yet: model overlay pending"
-
-
-def predict(f, row) -> dict | None:
-    """Call the model's predict with whatever of these keywords it takes; expect init/train/total seconds."""
-    ctx = {"ranks": row["ranks"], "world_size": row["ranks"], "workers": row["workers"], "servers": 1,
-           "hidden": row["hidden"], "batch": row["batch"], "epochs": row["epochs"], "n_points": 16384,
-           "train_points": 16384, "features": 2, "classes": 2}
+def perf_model(a):
+    """(params file, Params) for the Figure 9 overlay: --params, or a fresh calibration
+    into <out>/params.json (--quick: a quick one), or (None, why not)."""
+    from asgd import model
+    path = a.params or a.out / "params.json"
+    if not a.params and not (a.replot and path.exists()):
+        cmd = [sys.executable, "-m", "asgd.model", "calibrate", "--out", str(path)] + (["--quick"] if a.quick else [])
+        print("calibrating the performance model: " + " ".join(cmd[1:]), flush=True)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if p.returncode:
+            return None, f"calibration failed: {p.stderr.strip()[-300:]}"
     try:
-        params = inspect.signature(f).parameters
-        p = f(**{k: v for k, v in ctx.items() if k in params})
-        p = p if isinstance(p, dict) else vars(p)
-        get = lambda *ks: next((float(p[k]) for k in ks if k in p), None)  # noqa: E731
-        return {"init_s": get("init_s", "init", "T_init"), "train_s": get("train_s", "train", "T_train", "compute_s"),
-                "wall_s": get("wall_s", "total_s", "total", "T_total")}
-    except Exception as e:  # noqa: BLE001
-        return {"error": f"{type(e).__name__}: {e}"}
+        return str(path), model.load_params(str(path))
+    except model.ModelError as e:
+        return None, str(e)
+
+
+def predict(params, row) -> dict:
+    """asgd.perfmodel's init/train/total seconds for one row (the embedded problem)."""
+    from asgd import model, perfmodel
+    run = perfmodel.Run(workers=row["workers"], servers=1, hidden=row["hidden"], batch=row["batch"],
+                        epochs=row["epochs"], **model.data_of(None, None, "embedded", params))
+    pr = perfmodel.predict(params, run)
+    return {"init_s": pr.init_s, "train_s": pr.train_s, "wall_s": pr.total_s}
 
 
 def log2_axis(ax, values, label):
@@ -216,7 +214,7 @@ def figure4(rows, fig4_ranks, verdict, path, plt):
 
 
 def figure9(rows, model, path, plt):
-    name, f = model
+    name, params = model  # (params file, Params), or (None, why there is no model)
     rs = pick(rows, hidden=10000, batch=256)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     x = [r["ranks"] for r in rs]
@@ -225,17 +223,11 @@ def figure9(rows, model, path, plt):
         ax.plot(x, [r[key] for r in rs], marker="o", color=color, label=f"{label} (measured)")
     note = None
     if name:
-        preds = [predict(f, r) for r in rs]
-        errs = [p["error"] for p in preds if p and "error" in p]
-        if errs:
-            note = f"{name}.predict failed: {errs[0][:120]}"
-        else:
-            for key, color in (("init_s", "tab:blue"), ("train_s", "tab:red"), ("wall_s", "k")):
-                ys = [p.get(key) for p in preds]
-                if all(y is not None for y in ys):
-                    ax.plot(x, ys, ls="--", color=color, label=f"{key[:-2]} ({name} prediction)")
+        preds = [predict(params, r) for r in rs]
+        for key, color in (("init_s", "tab:blue"), ("train_s", "tab:red"), ("wall_s", "k")):
+            ax.plot(x, [p[key] for p in preds], ls="--", color=color, label=f"{key[:-2]} (asgd.perfmodel)")
     else:
-        note = f
+        note = f"no model overlay: {params}"
     log2_axis(ax, x, RANKS)
     ax.set_ylabel("seconds")
     ax.set_title("Figure 9 on this machine: phase by phase, 2-10K-2, batch 256", fontsize=10)
@@ -287,7 +279,7 @@ def main(argv=None):
     jump_lines, jump = cache_jump(rows, a.fig4_ranks)
     verdict = ("Cache jump: " + ("yes. " if jump else "no. ") + "; ".join(jump_lines)
                + f" ({a.repeat} run(s) per point, {a.epochs} epoch(s) each; load average in paper.json)")
-    model = perf_model()
+    model = perf_model(a)
     figure2(rows, a.batches, a.out / "figure2.png", plt)
     figure3(rows, a.out / "figure3.png", plt)
     figure4(rows, a.fig4_ranks, verdict, a.out / "figure4.png", plt)
@@ -300,7 +292,7 @@ def main(argv=None):
                                    "why": "" if jump else "asgd's kernel works in sample blocks of <= 32 rows whose hidden "
                                           "activations stay in L2 whatever the batch, so the working set does "
                                           "not grow with the batch size (the paper's CNTK step did)"},
-            "figure9_model": note9 or f"overlaid from {model[0]}",
+            "figure9_model": note9 or f"asgd.perfmodel with parameters from {model[0]}",
             "columns": {"wall_s": "results.json wall_s (rank 0, process start to end of training)",
                         "init_s": "slowest rank's init phase", "train_s": "wall_s - init_s",
                         "train_s_per_epoch": "train_s / epochs", "job_wall_s": "mpiexec start to exit",
@@ -314,7 +306,7 @@ def main(argv=None):
                               ("samples/s", "samples_per_s", ",.0f"), ("server busy %", "server_busy_pct", ".0f"),
                               ("bound", "bound", "")])
     print(f"Figure 4: {verdict}")
-    print(f"Figure 9: {note9 or 'model overlaid from ' + model[0]}")
+    print(f"Figure 9: {note9 or 'asgd.perfmodel overlaid, parameters from ' + model[0]}")
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
