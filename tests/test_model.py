@@ -1,0 +1,100 @@
+"""python -m asgd.model: calibrate (quick), predict, compare against real runs, optimize,
+and its errors. The equations themselves are in test_perfmodel.py."""
+
+import csv
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from asgd import model, perfmodel
+from conftest import mpiexec
+
+
+def cli(*args, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "asgd.model", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_calibrate_writes_every_parameter_with_units(quick_params):
+    got = json.loads(quick_params.read_text())
+    p = perfmodel.Params.from_dict(got["params"])
+    assert p.cores >= 1 and set(got["units"]) >= {"step_s", "server_update_s", "read_s_per_byte", "startup"}
+    values = [p.memory_s_per_byte, *p.startup.values(), *p.read_s_per_byte.values(),
+              *p.eval_s_per_point.values(), *p.server_update_s.values(), *p.worker_msg_s.values(),
+              *p.pingpong_s.values(), *p.effective_cores.values(),
+              *(v for t in p.step_s.values() for v in t.values()),
+              *(v for t in p.contended_update_s.values() for v in t.values())]
+    assert all(math.isfinite(v) and v > 0 for v in values)
+    assert set(p.read_s_per_byte) == {"tsv", "npy"} and set(p.select_s_per_point) == {"sequential", "parallel"}
+    for h, t in p.step_s.items():  # a bigger batch costs more per step, less per point
+        b = sorted(t)
+        assert t[b[-1]] > t[b[0]] and t[b[-1]] / b[-1] < t[b[0]] / b[0], (h, t)
+    t1 = p.table1(perfmodel.Run(workers=4, hidden=10000, batch=256))
+    assert t1.c_p > 0 and t1.c_u > 0 and t1.r_d > 0 and t1.point_bytes > 8 * 2  # TSV is bigger than doubles
+
+
+def test_predict_prints_a_row_per_configuration(quick_params):
+    p = cli("predict", "--params", str(quick_params), "--workers", "1,2,4,8", "--batch", "64,256",
+            "--reader", "sequential", "--points", "200000")
+    assert p.returncode == 0, p.stderr
+    rows = [ln.split() for ln in p.stdout.splitlines() if ln.split() and ln.split()[0].isdigit()]
+    assert len(rows) == 8 and all(r[4] == "sequential" for r in rows)
+    init = {(int(r[0]), int(r[3])): float(r[5]) for r in rows}
+    # eq. 12: every rank reads the whole file in turn: init grows with the workers
+    assert init[(1, 64)] < init[(2, 64)] < init[(4, 64)] < init[(8, 64)]
+    j = cli("predict", "--params", str(quick_params), "--workers", "2", "--json")
+    got = json.loads(j.stdout.splitlines()[0])
+    assert got["total_s"] == pytest.approx(got["init_s"] + got["train_s"])
+    assert got["run"]["workers"] == 2 and got["detail"]["bound"] in ("workers", "server", "cores")
+
+
+def test_compare_against_real_runs(quick_params, tmp_path):
+    data = tmp_path / "d.tsv"
+    subprocess.run([sys.executable, "-m", "asgd.data", "generate", "--points", "4000", "--out", str(data)],
+                   check=True, capture_output=True, timeout=60)
+    runs = []
+    for n, reader, arch in ((2, "sequential", "ps"), (3, "parallel", "ps"), (2, "parallel", "allreduce")):
+        out = tmp_path / f"run-{n}-{reader}-{arch}"
+        r = mpiexec(n, ["--data", str(data), "--reader", reader, "--arch", arch, "--hidden", "1000",
+                        "--epochs", "1", "--quiet", "--out", str(out)], timeout=90)
+        assert r.returncode == 0, r.stderr
+        runs.append(str(out))
+    p = cli("compare", *runs, "--params", str(quick_params), "--csv", str(tmp_path / "rows.csv"))
+    assert p.returncode == 0, p.stderr
+    assert "allreduce" in p.stderr and "APE over 2 runs" in p.stdout
+    with open(tmp_path / "rows.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["workers"]) for r in rows] == [1, 2]
+    for r in rows:
+        for k in model.PHASES + model.DETAIL:
+            pred, meas = float(r[f"{k}_pred_s"]), float(r[f"{k}_meas_s"])
+            assert pred > 0 and meas > 0
+            assert float(r[f"{k}_ape"]) == pytest.approx(abs(pred - meas) / meas * 100)
+        res = json.loads((tmp_path / r["run"].split("/")[-1] / "results.json").read_text())
+        assert float(r["total_meas_s"]) == pytest.approx(res["wall_s"])
+
+
+def test_optimize_ranks_by_predicted_time(quick_params):
+    p = cli("optimize", "--params", str(quick_params), "--nodes", "2", "--cores-per-node", "4",
+            "--points", "100000", "--top", "50")
+    assert p.returncode == 0, p.stderr
+    rows = [r for r in map(str.split, p.stdout.splitlines()) if len(r) == 10 and r[0].isdigit()]
+    assert len(rows) >= 20
+    totals = [float(r[7]) for r in rows]
+    assert totals == sorted(totals)
+    assert all(int(r[1]) + int(r[2]) <= 8 for r in rows)  # one rank per core by default
+    assert {r[4] for r in rows} == {"sequential", "parallel"}
+
+
+def test_errors_are_one_clear_line(tmp_path):
+    p = cli("predict", "--params", str(tmp_path / "none.json"))
+    assert p.returncode == 2 and "asgd.model calibrate" in p.stderr and "Traceback" not in p.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    p = cli("compare", str(tmp_path), "--params", str(bad))
+    assert p.returncode == 2 and "not a parameters file" in p.stderr
+    p = cli("predict", "--workers", "0,2")
+    assert p.returncode == 2 and "positive integers" in p.stderr
