@@ -90,3 +90,30 @@ def test_ddp_peer(tmp_path):
     assert r["config"]["world_size"] == 2 and r["throughput"]["samples"] == 16384
     h = r["metrics"]["history"]
     assert len(h) == 1 and 0 <= h[0]["test_accuracy"] <= 1 and h[0]["wall_s"] > 0
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install -e '.[mpich]')")
+def test_model_bench(tmp_path, quick_params):
+    """The model's validation sweep in --quick (4 small runs, with the session's quick
+    calibration): every run has finite positive predicted and measured seconds for every
+    phase; the summary and the optimizer check are written. No threshold is asserted (the
+    verdict is the bench's)."""
+    import math
+    out = tmp_path / "model"
+    p = bench("bench_model.py", "--quick", "--params", str(quick_params), "--out", str(out), timeout=110)
+    rows, meta = read_outputs(out, "model")
+    phases = ("init", "train", "total", "compute", "comm")
+    assert len(rows) >= 4 and {r["reader"] for r in rows} == {"sequential", "parallel"}
+    for r in rows:
+        for k in phases:
+            for v in (float(r[f"{k}_pred_s"]), float(r[f"{k}_meas_s"])):
+                assert math.isfinite(v) and v > 0, (r["label"], k, v)
+            assert math.isfinite(float(r[f"{k}_ape"])) and float(r[f"{k}_ape"]) >= 0
+    assert set(meta["summary"]) == set(phases)
+    assert all(meta["summary"][k]["median"] >= 0 and meta["summary"][k]["p90"] >= 0 for k in phases)
+    assert [c["hidden"] for c in meta["optimizer"]] == [1000]
+    chk = meta["optimizer"][0]
+    assert chk["ratio"] >= 1 and isinstance(chk["pass"], bool) and chk["top"]["total_meas_s"] > 0
+    assert meta["params_file"] == str(quick_params) and not meta["params_calibrated_here"]
+    assert (out / "model.png").stat().st_size > 0
+    assert "median APE" in p.stdout and "optimizer" in p.stdout

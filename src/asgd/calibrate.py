@@ -334,7 +334,7 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
     min_time = 0.05 if quick else 0.25
     say("calibrate: startup of one rank (imports, MPI_Init, numba cache loads)")
     _launch(launcher, 1, ["startup"], 300)  # fills numba's cache if it is cold
-    starts = [_launch(launcher, 1, ["startup"], 300) for _ in range(2 if quick else 5)]
+    starts = [_launch(launcher, 1, ["startup"], 300) for _ in range(1 if quick else 5)]
     start = {k: statistics.median(s[k] for s in starts) for k in starts[0]}
     say("  " + ", ".join(f"{k[:-2]} {v:.3f} s" for k, v in start.items()))
     say(f"calibrate: training step, hidden {hidden} x batch {batches}")
@@ -346,10 +346,10 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
     msg = _launch(launcher, 2, ["messaging", "--nw", ",".join(map(str, nws)),
                                 "--updates", "200" if quick else "1000"], 600)
     C = cores_available()
-    counts = sorted({1, C, C + 1, 2 * C + 1} if quick else {1, C, C + 1, 2 * C + 1, 4 * C + 1, 8 * C + 1})
+    counts = sorted({1, C, 2 * C + 1} if quick else {1, C, C + 1, 2 * C + 1, 4 * C + 1, 8 * C + 1})
     say(f"calibrate: cores' worth of work done by {counts} ranks at once (2-10K-2 steps)")
     rates = {n: [] for n in counts}
-    for _ in range(2 if quick else 3):  # interleaved repetitions, medians: the machine drifts
+    for _ in range(1 if quick else 3):  # interleaved repetitions, medians: the machine drifts
         for n in counts:
             rates[n].append(_launch(launcher, n, ["cores", "--hidden", "10000", "--batch", "256",
                                                   "--seconds", "0.5" if quick else "1.0"], 300)["steps_per_s"])
@@ -362,7 +362,7 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
         f = 0.0 if hi == lo else (n - lo) / (hi - lo)
         return (rates[lo] * (1 - f) + rates[hi] * f) / rates[1]
     say("  " + ", ".join(f"{n}: {r / rates[1]:.2f}" for n, r in rates.items()))
-    crowd = sorted({C + 1, 2 * C + 1} if quick else {C + 1, 2 * C + 1, 4 * C + 1})
+    crowd = sorted({2 * C + 1} if quick else {C + 1, 2 * C + 1, 4 * C + 1})
     say(f"calibrate: push/pull CPU per update with {crowd} ranks sharing the cores (no-compute workers)")
     contended = {}
     for n in crowd:

@@ -250,8 +250,10 @@ class Params:
             return {int(k): (keys_int(v) if isinstance(v, dict) else v) for k, v in t.items()}
         names = {f.name for f in fields(cls)}
         p = {k: v for k, v in d.items() if k in names}
-        for k in ("effective_cores", "contended_update_s", "step_s", "eval_s_per_point", "worker_msg_s", "server_update_s", "round_trip_s", "pingpong_s"):
-            p[k] = keys_int(p[k])
+        for k in ("effective_cores", "contended_update_s", "step_s", "eval_s_per_point", "worker_msg_s",
+                  "server_update_s", "round_trip_s", "pingpong_s"):
+            if k in p:  # a missing one is reported by the constructor, or takes its default
+                p[k] = keys_int(p[k])
         return cls(**p)
 
     def cores_worth(self, ranks: float) -> float:

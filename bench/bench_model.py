@@ -1,0 +1,444 @@
+"""Validation sweep of the performance model (asgd.perfmodel, `python -m asgd.model`):
+its predictions against measured asgd.train runs on this machine.
+
+The model's parameters come from `python -m asgd.model calibrate` alone (microbenchmarks
+of asgd's parts, run here BEFORE the sweep), or from --params FILE; nothing is fitted to
+the sweep's runs. Then:
+
+  data      `python -m asgd.data generate --points P --test-points T --out OUT/data/d.tsv`, once
+  warm-up   one run (numba's caches), discarded
+  sweep     hidden 10000: workers {1,2,4,8} x batch {16,64,256,1024} x reader {sequential,
+            parallel} (32 runs); hidden 100000: workers {1,2,4,8} x batch {64,1024}, reader
+            sequential at workers 1 and 4, parallel at 2 and 8 (8 runs). Each run is
+            `mpiexec -n w+1 python -m asgd.train --data D --reader R --batch B --hidden H
+            --epochs E --quiet --out OUT/runs/h{H}-w{W}-b{B}-{R}`, in an order shuffled with a
+            fixed seed (--seed), with a time limit; a run that fails is reported and skipped.
+  compare   asgd.model.compare over the runs: predicted and measured seconds and the
+            absolute percentage error, APE = |pred - meas| / meas, per phase:
+              init, train, total  the phases the model validates (pass/fail):
+                                  median APE of total <= 15%, of init and of train <= 25%
+              compute, comm       a worker's compute and its communication inside train:
+                                  reported as detail (median, p90), NOT pass/fail
+  optimizer per hidden size, asgd.model.optimize over exactly the grid measured at that
+            hidden (its workers, batches and readers; 1 server, 1 node of params.cores
+            cores, at most max(workers) + 1 ranks). Its top configuration's measured total
+            (run now, and added, if the sweep did not measure it) against the best
+            measured total at that hidden: pass if top / best <= 1.10.
+
+Writes OUT/model.csv (one row per run: configuration, {phase}_pred_s, {phase}_meas_s,
+{phase}_ape), OUT/model.json (rows, APE summary, breakdown by reader/workers/batch/hidden,
+optimizer check, pass/fail, machine, load, parameters file, command line) and
+OUT/model.png (predicted against measured; APE of total by workers, batch and hidden).
+The exit status is 0 whether or not the model passes (the verdict is in the output).
+
+    python bench/bench_model.py                           # the sweep above: 40 runs, several minutes
+    python bench/bench_model.py --params params.json      # reuse a calibration (no calibrate step)
+    python bench/bench_model.py --hidden 10000 --workers 1,2 --batches 64,256
+    python bench/bench_model.py --quick                   # hidden 1000, workers 1,2, batch 64,256,
+                                                          # 20,000 points, calibrate --quick: ~40 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import common  # noqa: F401  (first: pins threads, puts src/ on the path)
+from common import (JobFailed, LoadSampler, command_line, describe, int_list, machine, mpiexec, print_table,
+                    results_dir, write_outputs)
+
+PHASES = ("init", "train", "total")     # asgd.model.PHASES: validated, pass/fail
+DETAIL = ("compute", "comm")            # asgd.model.DETAIL: reported only
+LIMITS = {"total": 15.0, "init": 25.0, "train": 25.0}  # median APE, %
+OPTIMIZER_LIMIT = 1.10                  # top predicted config's measured wall / best measured wall
+BIG_HIDDEN = 100_000                    # from this size on, the reduced grid (batches 64, 1024; one reader)
+BIG_BATCHES = (64, 1024)
+READERS = ("sequential", "parallel")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--points", type=int, default=100_000, help="training points (default 100,000)")
+    p.add_argument("--test-points", type=int, default=2000, help="held-out points (default 2000)")
+    p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8], help="comma list (default 1,2,4,8)")
+    p.add_argument("--batches", type=int_list, default=[16, 64, 256, 1024], help="comma list (default 16,64,256,1024)")
+    p.add_argument("--hidden", type=int_list, default=[10000, 100000], help="comma list (default 10000,100000)")
+    p.add_argument("--epochs", type=int, default=1, help="epochs per run (default 1)")
+    p.add_argument("--params", type=Path, default=None,
+                   help="parameters from 'python -m asgd.model calibrate' (default: calibrate now into OUT/params.json)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the run order's shuffle (default 0)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
+    p.add_argument("--quick", action="store_true",
+                   help="hidden 1000, workers 1,2, batch 64,256 (one reader each, alternating), "
+                        "20,000 points, calibrate --quick")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default bench/results/model)")
+    p.add_argument("--no-plot", action="store_true", help="skip model.png")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.points, a.workers, a.batches, a.hidden, a.timeout = 20_000, [1, 2], [64, 256], [1000], min(a.timeout, 60)
+    return a
+
+
+def plan(a) -> list[dict]:
+    """The runs, in the order they are measured (shuffled with a fixed seed)."""
+    ws, bs = sorted(set(a.workers)), sorted(set(a.batches))
+    runs = []
+    for h in sorted(set(a.hidden)):
+        if a.quick:    # one reader per (workers, batch), alternating: both readers at every workers and batch
+            runs += [(h, w, b, READERS[(i + j) % 2]) for i, w in enumerate(ws) for j, b in enumerate(bs)]
+        elif h >= BIG_HIDDEN:   # the reduced grid: batches 64 and 1024, readers alternating over the workers
+            big = [b for b in bs if b in BIG_BATCHES] or bs
+            runs += [(h, w, b, READERS[0 if w in (1, 4) else 1 if w in (2, 8) else i % 2])
+                     for i, w in enumerate(ws) for b in big]
+        else:
+            runs += [(h, w, b, r) for w in ws for b in bs for r in READERS]
+    random.Random(a.seed).shuffle(runs)
+    return [dict(hidden=h, workers=w, batch=b, reader=r) for h, w, b, r in runs]
+
+
+def label(c: dict) -> str:
+    return f"h{c['hidden']}-w{c['workers']}-b{c['batch']}-{c['reader']}"
+
+
+# -- steps -------------------------------------------------------------------------------
+
+def python(argv: list[str], timeout: float, what: str) -> float:
+    """`python argv` from the repository root, output to ours, the whole process group
+    killed after `timeout` s (calibrate starts mpiexec jobs of its own). Returns the wall."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, *argv], cwd=common.ROOT, start_new_session=True)
+    try:
+        rc = p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)   # our own child's group
+        p.wait()
+        sys.exit(f"bench_model: {what} did not finish within {timeout:.0f} s")
+    if rc:
+        sys.exit(f"bench_model: {what} failed (exit {rc}): python {' '.join(argv)}")
+    return time.perf_counter() - t0
+
+
+def generate(out: Path, a) -> Path:
+    path = (out / "data" / "d.tsv").resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"writing {path} ({a.points:,} + {a.test_points:,} points) ...", flush=True)
+    python(["-m", "asgd.data", "generate", "--points", str(a.points), "--test-points", str(a.test_points),
+            "--out", str(path)], 300, "asgd.data generate")
+    return path
+
+
+def calibrate(out: Path, quick: bool) -> tuple[Path, float]:
+    path = (out / "params.json").resolve()
+    print(f"calibrating the model's parameters ({'--quick' if quick else 'full'}), before any run ...", flush=True)
+    wall = python(["-m", "asgd.model", "calibrate", "--out", str(path), *(["--quick"] if quick else [])],
+                  300 if quick else 3600, "asgd.model calibrate")
+    return path, wall
+
+
+def run_one(c: dict, data: Path, run_dir: Path, a) -> dict:
+    """One asgd.train job; its results.json's walls, and the launcher's."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)   # never read a stale results.json
+    res = mpiexec(c["workers"] + 1, ["-m", "asgd.train", "--data", str(data), "--reader", c["reader"],
+                                     "--batch", str(c["batch"]), "--hidden", str(c["hidden"]),
+                                     "--epochs", str(a.epochs), "--quiet", "--out", str(run_dir),
+                                     "--timeout", str(a.timeout)], timeout=a.timeout + 30)
+    got = json.loads((run_dir / "results.json").read_text())
+    return {"launch_wall_s": res["wall_s"], "wall_s": got["wall_s"], "init_s": got["init_s"],
+            "train_s": got["train_s"], "accuracy": got["metrics"].get("accuracy")}
+
+
+def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: list) -> list[dict]:
+    """Run each configuration; the ones that ran, with their run folder."""
+    done = []
+    for i, c in enumerate(configs, 1):
+        run_dir = (out / "runs" / label(c)).resolve()
+        tag = f"[{i:2d}/{len(configs)}]" if source == "sweep" else "[optimizer]"
+        try:
+            m = run_one(c, data, run_dir, a)
+        except (JobFailed, OSError, ValueError, KeyError) as e:
+            msg = str(e).strip().splitlines()
+            print(f"{tag} {label(c):32s} FAILED: {msg[0] if msg else e!r}", flush=True)
+            failed.append({**c, "source": source, "error": str(e)[-2000:]})
+            continue
+        print(f"{tag} {label(c):32s} wall {m['launch_wall_s']:6.2f} s (job {m['wall_s']:.2f}: "
+              f"init {m['init_s']:.2f} + train {m['train_s']:.2f})", flush=True)
+        done.append({**c, "run_dir": str(run_dir), "source": source, "order": i, **m})
+    return done
+
+
+def compared(done: list[dict], params) -> list[dict]:
+    """asgd.model.compare's rows for the runs, with the order, source and launcher wall."""
+    import asgd.model
+    rows, skipped = asgd.model.compare([d["run_dir"] for d in done], params)
+    for s in skipped:
+        print(f"compare skipped {s}", flush=True)
+    by_dir = {d["run_dir"]: d for d in done}
+    for r in rows:
+        d = by_dir[r["run"]]
+        r.update(label=label(d), source=d["source"], order=d["order"], launch_wall_s=d["launch_wall_s"],
+                 accuracy=d["accuracy"])
+    return rows
+
+
+def optimizer_check(rows: list[dict], params, data: Path, out: Path, a, failed: list) -> list[dict]:
+    """Per hidden size: asgd.model.optimize over the grid measured at it; its top configuration's
+    measured total (run now if the sweep did not measure it; the row is added to `rows`)
+    against the best measured total."""
+    import asgd.model
+    from asgd.perfmodel import Run
+    checks = []
+    for h in sorted({r["hidden"] for r in rows}):
+        at = [r for r in rows if r["hidden"] == h]
+        ws, bs = sorted({r["workers"] for r in at}), sorted({r["batch"] for r in at})
+        rs = [x for x in READERS if any(r["reader"] == x for r in at)]
+        base = Run(workers=1, hidden=h, epochs=a.epochs, **asgd.model.data_of(str(data), None, "tsv", params))
+        ranked = asgd.model.optimize(params, 1, params.cores, base, ws, [1], bs, rs, max(ws) + 1)
+        top = ranked[0]
+        key = lambda r: (r["workers"], r["batch"], r["reader"])  # noqa: E731
+        found = [r for r in at if key(r) == key(top)]
+        added = not found
+        if added:
+            c = dict(hidden=h, workers=top["workers"], batch=top["batch"], reader=top["reader"])
+            print(f"optimizer's top at hidden {h}, {label(c)}, was not measured: running it", flush=True)
+            new = compared(measure([c], data, out, a, "optimizer", failed), params)
+            rows += new
+            at += new
+            found = new
+        best = min(at, key=lambda r: r["total_meas_s"])
+        pred_rank = [key(x) for x in ranked]
+        chk = {"hidden": h, "grid": {"workers": ws, "batches": bs, "readers": rs, "servers": [1],
+                                     "nodes": 1, "cores_per_node": params.cores, "max_ranks": max(ws) + 1},
+               "configurations": len(ranked),
+               "top": {k: top[k] for k in ("workers", "servers", "batch", "reader", "ranks", "init_s", "train_s",
+                                           "total_s", "bound")},
+               "top_added_run": added,
+               "best_measured": {k: best[k] for k in ("label", "workers", "batch", "reader", "total_meas_s",
+                                                      "total_pred_s")},
+               "best_measured_predicted_rank": pred_rank.index(key(best)) + 1 if key(best) in pred_rank else None,
+               "top5_predicted": ranked[:5]}
+        if found:
+            t = found[0]
+            chk["top"]["label"], chk["top"]["total_meas_s"] = t["label"], t["total_meas_s"]
+            chk["ratio"] = t["total_meas_s"] / best["total_meas_s"]
+            chk["pass"] = chk["ratio"] <= OPTIMIZER_LIMIT
+        else:   # the top configuration failed to run
+            chk["top"]["total_meas_s"], chk["ratio"], chk["pass"] = None, None, False
+        checks.append(chk)
+    return checks
+
+
+# -- summaries -----------------------------------------------------------------------------
+
+def summarize(rows: list[dict]) -> dict:
+    import asgd.model
+    s = asgd.model.error_summary(rows, PHASES + DETAIL)
+    for k, e in s.items():
+        e["limit_median"] = LIMITS.get(k)
+        e["pass"] = e["median"] <= LIMITS[k] if k in LIMITS else None
+        e["role"] = "validated" if k in LIMITS else "detail (not pass/fail)"
+    return s
+
+
+def breakdown(rows: list[dict]) -> dict:
+    """Median APE of init, train and total by each of reader, workers, batch, hidden."""
+    out = {}
+    for dim in ("reader", "workers", "batch", "hidden"):
+        out[dim] = {}
+        for v in sorted({r[dim] for r in rows}):
+            sub = [r for r in rows if r[dim] == v]
+            out[dim][str(v)] = {"runs": len(sub), **{f"{k}_median_ape": statistics.median(r[f"{k}_ape"] for r in sub)
+                                                      for k in PHASES + DETAIL},
+                                **{f"{k}_median_signed_pct": statistics.median(
+                                    (r[f"{k}_pred_s"] - r[f"{k}_meas_s"]) / r[f"{k}_meas_s"] * 100
+                                    for r in sub if r[f"{k}_meas_s"] > 0) for k in PHASES}}
+    return out
+
+
+def report(rows, summary, parts, checks, meta) -> None:
+    print(f"\n{describe(meta['machine'], meta['load'])}")
+    cols = [("hidden", "hidden", "d"), ("w", "workers", "d"), ("batch", "batch", "d"), ("reader", "reader", "")]
+    for k in PHASES + DETAIL:
+        cols += [(f"{k} pred", f"{k}_pred_s", ".3f"), (f"{k} meas", f"{k}_meas_s", ".3f"), ("APE%", f"{k}_ape", ".0f")]
+    order = sorted(rows, key=lambda r: (r["hidden"], r["reader"], r["workers"], r["batch"]))
+    print_table(order, cols, title=f"\npredicted / measured seconds and APE per run ({len(rows)} runs; "
+                                   "compute, comm: a worker's, inside train)")
+    srows = [{"phase": k, "median": e["median"], "p90": e["p90"],
+              "limit": f"<= {e['limit_median']:.0f}%" if e["limit_median"] else "-",
+              "verdict": ("PASS" if e["pass"] else "FAIL") if e["pass"] is not None else "detail, not pass/fail"}
+             for k, e in summary.items()]
+    print_table(srows, [("phase", "phase", ""), ("median APE%", "median", ".1f"), ("p90 APE%", "p90", ".1f"),
+                        ("median limit", "limit", ""), ("verdict", "verdict", "")],
+                title=f"\nAPE over {len(rows)} runs (validated: init, train, total; compute and comm are detail)")
+    print("\nmedian APE% (signed median error of total, + = predicted slower) by:")
+    for dim, groups in parts.items():
+        cells = "   ".join(f"{v}: init {g['init_median_ape']:.0f} train {g['train_median_ape']:.0f} "
+                           f"total {g['total_median_ape']:.0f} ({g['total_median_signed_pct']:+.0f})"
+                           for v, g in groups.items())
+        print(f"  {dim:8s} {cells}")
+    worst = sorted(rows, key=lambda r: -r["total_ape"])[:5]
+    print("\nworst runs by APE of total: " + "; ".join(
+        f"{r['label']} {r['total_pred_s']:.2f}/{r['total_meas_s']:.2f} s ({r['total_ape']:.0f}%; init "
+        f"{r['init_ape']:.0f}%, train {r['train_ape']:.0f}%)" for r in worst))
+    for c in checks:
+        t, b = c["top"], c["best_measured"]
+        meas = f"{t['total_meas_s']:.2f} s measured" if t["total_meas_s"] is not None else "did not run"
+        print(f"\noptimizer, hidden {c['hidden']} ({c['configurations']} configurations): top predicted "
+              f"w={t['workers']} b={t['batch']} {t['reader']} ({t['total_s']:.2f} s predicted, {meas}"
+              f"{', run for this check' if c['top_added_run'] else ''}); best measured {b['label']} "
+              f"{b['total_meas_s']:.2f} s (predicted rank {c['best_measured_predicted_rank']})")
+        ratio = f"{c['ratio']:.3f}" if c["ratio"] is not None else "-"
+        print(f"  top measured / best measured = {ratio} (<= {OPTIMIZER_LIMIT:.2f}): "
+              f"{'PASS' if c['pass'] else 'FAIL'}")
+    print()
+    for k in PHASES:
+        e = summary[k]
+        print(f"{'PASS' if e['pass'] else 'FAIL'}: median APE of {k} {e['median']:.1f}% <= {LIMITS[k]:.0f}%")
+    for k in DETAIL:
+        print(f"info: median APE of {k} {summary[k]['median']:.1f}% (detail, not pass/fail)")
+    for c in checks:
+        print(f"{'PASS' if c['pass'] else 'FAIL'}: optimizer at hidden {c['hidden']}, top / best measured "
+              f"{c['ratio'] if c['ratio'] is None else round(c['ratio'], 3)} <= {OPTIMIZER_LIMIT:.2f}")
+
+
+# -- the figure ------------------------------------------------------------------------------
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    plt = common.pyplot()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(15, 5.8), gridspec_kw={"width_ratios": [1, 1.15]})
+    colors = {"init": "tab:blue", "train": "tab:orange", "total": "tab:green"}
+    markers = {"sequential": "o", "parallel": "s"}
+    vals = [r[f"{k}_{s}_s"] for r in rows for k in PHASES for s in ("pred", "meas")]
+    lo, hi = min(v for v in vals if v > 0) / 1.5, max(vals) * 1.5
+    x = [lo, hi]
+    ax.fill_between(x, [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.85", label="±15%")
+    ax.plot(x, x, "k-", lw=0.8, label="predicted = measured")
+    for k in PHASES:
+        for rd, mk in markers.items():
+            sub = [r for r in rows if r["reader"] == rd]
+            if sub:
+                ax.scatter([r[f"{k}_meas_s"] for r in sub], [r[f"{k}_pred_s"] for r in sub], marker=mk,
+                           s=30, color=colors[k], alpha=0.75, edgecolor="k", linewidth=0.3, label=f"{k}, {rd}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_aspect("equal")
+    ax.set_xlabel("measured seconds")
+    ax.set_ylabel("predicted seconds")
+    meds = ", ".join(f"{k} {statistics.median(r[f'{k}_ape'] for r in rows):.0f}%" for k in PHASES)
+    ax.set_title(f"predicted against measured, per phase and reader\n(median APE: {meds})", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7.5, loc="upper left", ncol=2)
+
+    cmap = plt.get_cmap("viridis")
+    bs = sorted({r["batch"] for r in rows})
+    bcol = {b: cmap(i / max(len(bs) - 1, 1)) for i, b in enumerate(bs)}
+    hs = sorted({r["hidden"] for r in rows})
+    hmark = {h: m for h, m in zip(hs, ("o", "^", "D", "v", "P"))}
+    ws = sorted({r["workers"] for r in rows})
+    for r in rows:   # spread the batch sizes apart around each worker count
+        dx = 2 ** ((bs.index(r["batch"]) - (len(bs) - 1) / 2) * 0.08)
+        face = bcol[r["batch"]] if r["reader"] == "parallel" else "none"
+        ax2.scatter(r["workers"] * dx, r["total_ape"], marker=hmark[r["hidden"]], s=42, facecolor=face,
+                    edgecolor=bcol[r["batch"]], linewidth=1.3)
+    ax2.axhline(LIMITS["total"], color="tab:red", ls="--", lw=1)
+    med = statistics.median(r["total_ape"] for r in rows)
+    ax2.axhline(med, color="k", ls=":", lw=1)
+    h_ = [plt.Line2D([], [], color=bcol[b], marker="s", ls="", label=f"batch {b}") for b in bs]
+    h_ += [plt.Line2D([], [], color="0.3", marker=hmark[h], ls="", mfc="0.3", label=f"hidden {h:,}") for h in hs]
+    h_ += [plt.Line2D([], [], color="0.3", marker="o", ls="", mfc="0.3", label="filled: parallel reader"),
+           plt.Line2D([], [], color="0.3", marker="o", ls="", mfc="none", label="hollow: sequential reader"),
+           plt.Line2D([], [], color="tab:red", ls="--", label=f"{LIMITS['total']:.0f}% (limit on the median)"),
+           plt.Line2D([], [], color="k", ls=":", label=f"median {med:.1f}%")]
+    ax2.legend(handles=h_, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # off the points
+    ax2.set_xscale("log", base=2)
+    ax2.set_xlim(min(ws) / 1.4, max(ws) * 1.4)
+    ax2.set_xticks(ws)
+    ax2.set_xticklabels([str(w) for w in ws])
+    ax2.set_xlabel("workers (ranks = workers + 1)")
+    ax2.set_ylabel("APE of total, % of measured")
+    ax2.set_ylim(0, max(max(r["total_ape"] for r in rows) * 1.15, LIMITS["total"] * 1.5))
+    ax2.set_title("where the error of the total sits", fontsize=10)
+    ax2.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    t_start = time.perf_counter()
+    out = results_dir("model", a.out)
+    meta = {"machine": machine(), "command": command_line(), "points": a.points, "test_points": a.test_points,
+            "epochs": a.epochs, "quick": a.quick, "seed": a.seed, "timeout_s": a.timeout,
+            "limits": {"median_ape_pct": LIMITS, "optimizer_ratio": OPTIMIZER_LIMIT},
+            "run_command": "mpiexec -n W+1 python -m asgd.train --data D --reader R --batch B --hidden H "
+                           f"--epochs {a.epochs} --quiet --out OUT/runs/hH-wW-bB-R"}
+    configs = plan(a)
+    if not configs:
+        sys.exit("bench_model: nothing to run")
+    data = generate(out, a)
+    if a.params:   # the parameters first, and never from the sweep's runs
+        params_path, meta["calibrate_s"] = a.params.resolve(), None
+    else:
+        params_path, meta["calibrate_s"] = calibrate(out, a.quick)
+    import asgd.model
+    try:
+        params = asgd.model.load_params(str(params_path))
+    except asgd.model.ModelError as e:
+        sys.exit(f"bench_model: {e}")
+    meta["params_file"] = str(params_path)
+    meta["params_calibrated_here"] = a.params is None
+
+    print("warm-up run (numba's caches; discarded) ...", flush=True)
+    warm = dict(hidden=min(c["hidden"] for c in configs), workers=1, batch=max(c["batch"] for c in configs),
+                reader="parallel")
+    try:
+        run_one(warm, data, (out / "warmup").resolve(), a)
+    except (JobFailed, OSError, ValueError, KeyError) as e:
+        print(f"warm-up failed (going on): {str(e).strip()[:300]}", flush=True)
+
+    load = LoadSampler()
+    failed: list[dict] = []
+    t_sweep = time.perf_counter()
+    print(f"{len(configs)} runs, in an order shuffled with seed {a.seed}:", flush=True)
+    rows = compared(measure(configs, data, out, a, "sweep", failed), params)
+    if not rows:
+        sys.exit("bench_model: no run finished")
+    checks = optimizer_check(rows, params, data, out, a, failed)
+    meta["sweep_s"] = time.perf_counter() - t_sweep
+    meta["load"] = load.summary()
+    summary = summarize(rows)
+    parts = breakdown(rows)
+    meta.update(summary=summary, breakdown=parts, optimizer=checks, failed=failed, runs=len(rows),
+                passed={"median_ape": {k: summary[k]["pass"] for k in PHASES},
+                        "optimizer": {str(c["hidden"]): c["pass"] for c in checks}})
+    meta["passed"]["all"] = (all(meta["passed"]["median_ape"].values())
+                             and all(meta["passed"]["optimizer"].values()))
+    report(rows, summary, parts, checks, meta)
+    if failed:
+        print(f"\n{len(failed)} run(s) failed and were skipped: " + ", ".join(label(f) for f in failed))
+    meta["wall_s"] = time.perf_counter() - t_start
+    paths = write_outputs(out, "model", rows, meta)
+    if not a.no_plot:
+        plot(rows, out / "model.png",
+             f"performance model vs {len(rows)} asgd.train runs, {a.points:,} points, {a.epochs} epoch(s); "
+             f"{meta['machine']['cores']} cores; parameters from calibrate only")
+        paths.append(out / "model.png")
+    print(f"\nsweep {meta['sweep_s']:.0f} s, all {meta['wall_s']:.0f} s; wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
