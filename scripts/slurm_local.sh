@@ -116,6 +116,8 @@ submit sweep env ASGD_LAUNCHER=mpiexec ASGD_SWEEP="2 3" ASGD_OUT="$J/sweep" \
   sbatch -n 3 -t 3 "$after" "$repo/slurm/sweep.sbatch" "${small[@]}"
 submit bad env ASGD_OUT="$J/bad" \
   sbatch -n 2 -t 3 "$after" "$repo/slurm/train.sbatch" --batch 0
+submit calibrate env ASGD_OUT="$J/params.json" \
+  sbatch -t 3 "$after" "$repo/slurm/calibrate.sbatch" --quick
 submit pbs env ASGD_ARGS="${small[*]}" ASGD_OUT="$J/pbs" \
   qsub -V -l nodes=1:ppn=3,walltime=00:03:00 -W depend=afterany:${ids[0]} "$repo/pbs/train.pbs"
 echo "slurm_local: submitted ${names[*]} as jobs ${ids[*]}"; t0=$SECONDS
@@ -151,6 +153,8 @@ check "sweep job exit 0"              [ "$(code sweep)" = 0:0 ]
 check "sweep results.json n2 n3"      results "$J/sweep/n2/results.json" "$J/sweep/n3/results.json"
 check "sweep scaling.png"             [ -s "$J/sweep/scaling.png" ]
 check "bad job exit non-zero"         [ "$(code bad)" != 0:0 ]
+check "calibrate job exit 0"          [ "$(code calibrate)" = 0:0 ]
+check "calibrate params.json"         [ -s "$J/params.json" ]
 check "pbs job exit 0"                [ "$(code pbs)" = 0:0 ]
 check "pbs results.json"              results "$J/pbs/results.json"
 if (( fail )); then

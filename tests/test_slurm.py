@@ -2,9 +2,10 @@
 
 scripts/slurm_local.sh brings up a one-node Slurm on this machine (its own munged,
 slurmctld and slurmd, configured in a temp folder), submits slurm/train.sbatch (srun),
-slurm/sweep.sbatch (mpiexec, 2 and 3 tasks), a train job with a bad option, and
-pbs/train.pbs through slurm-wlm-torque's qsub, waits for them, and stops the daemons.
-It runs once for the module (about 25 s on 2 cores); the tests below read what it left.
+slurm/sweep.sbatch (mpiexec, 2 and 3 tasks), a train job with a bad option,
+slurm/calibrate.sbatch --quick, and pbs/train.pbs through slurm-wlm-torque's qsub, waits
+for them, and stops the daemons. It runs once for the module (about 30 s on 2 cores);
+the tests below read what it left.
 Skipped where Slurm is not installed (apt-get install slurm-wlm slurm-wlm-torque) or
 when not root.
 """
@@ -134,6 +135,16 @@ def test_sweep_job_under_mpiexec_gathers_runs_and_figures(slurm):
                     "timeline-0-w1.png", "timeline-1-w2.png"]
     for p in sweep.glob("*.png"):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_calibration_job_writes_model_parameters(slurm):
+    j = job(slurm, "calibrate")  # slurm/calibrate.sbatch --quick: mpiexec inside the allocation
+    assert (j["state"], j["exit"]) == ("COMPLETED", "0:0"), job_output(j)
+    from asgd import perfmodel
+    got = json.loads((slurm["work"] / "jobs" / "params.json").read_text())
+    p = perfmodel.Params.from_dict(got["params"])
+    assert p.cores >= 1 and p.step_s and p.contended_update_s and got["quick"] is True
+    assert "Table 1 on this machine" in job_output(j)
 
 
 def test_failing_job_reports_its_exit_code_to_the_scheduler(slurm):
