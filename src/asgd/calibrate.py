@@ -418,32 +418,32 @@ def describe() -> dict:
             "numba": numba.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %z")}
 
 
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",")]
+
+
+# probe name -> its function of the options (--name value pairs) and positional arguments
+PROBES = {
+    "startup": lambda o, rest: probe_startup(),
+    "messaging": lambda o, rest: probe_messaging(_ints(o["--nw"]), int(o["--updates"])),
+    "cores": lambda o, rest: probe_cores(int(o["--hidden"]), int(o["--batch"]), float(o["--seconds"])),
+    "contention": lambda o, rest: probe_contention(_ints(o["--nw"]), int(o["--updates"])),
+    "readers": lambda o, rest: probe_readers(rest),
+}
+
+
 def _probe_main(argv: list[str]) -> int:
-    """python -m asgd.calibrate startup | messaging --nw N,.. --updates K | readers FILE..."""
-    probe = argv[0] if argv else ""
-    if probe == "startup":
-        print(json.dumps(probe_startup()), flush=True)
-    elif probe == "messaging":
-        a = dict(zip(argv[1::2], argv[2::2]))
-        got = probe_messaging([int(x) for x in a["--nw"].split(",")], int(a["--updates"]))
-        if got:
-            print(json.dumps(got), flush=True)
-    elif probe == "cores":
-        a = dict(zip(argv[1::2], argv[2::2]))
-        got = probe_cores(int(a["--hidden"]), int(a["--batch"]), float(a["--seconds"]))
-        if got:
-            print(json.dumps(got), flush=True)
-    elif probe == "contention":
-        a = dict(zip(argv[1::2], argv[2::2]))
-        got = probe_contention([int(x) for x in a["--nw"].split(",")], int(a["--updates"]))
-        if got:
-            print(json.dumps(got), flush=True)
-    elif probe == "readers":
-        print(json.dumps(probe_readers(argv[1:])), flush=True)
-    else:
-        print("usage: mpiexec -n N python -m asgd.calibrate startup|messaging|readers ...  (internal: "
+    """mpiexec -n N python -m asgd.calibrate PROBE [--option value ...] [FILE ...]: one JSON
+    line from rank 0 (internal: `python -m asgd.model calibrate` runs these)."""
+    if not argv or argv[0] not in PROBES:
+        print(f"usage: mpiexec -n N python -m asgd.calibrate {{{','.join(PROBES)}}} ...  (internal: "
               "use python -m asgd.model calibrate)", file=sys.stderr)
         return 2
+    args = argv[1:]
+    options = dict(zip(args[0::2], args[1::2])) if args and args[0].startswith("--") else {}
+    got = PROBES[argv[0]](options, args)
+    if got:  # MPI probes answer on rank 0 only
+        print(json.dumps(got), flush=True)
     return 0
 
 
