@@ -101,7 +101,7 @@ def probe_messaging(sizes: list[int], updates: int) -> dict | None:
     me, peer = comm.rank, 1 - comm.rank
     mlp.compile_kernels()  # the server's add and check: loaded now, not in the timed loop
     out = {"pingpong_s": {}, "round_trip_s": {}, "server_update_s": {}, "worker_msg_s": {}}
-    for nbytes in PINGPONG_BYTES:
+    for nbytes in sorted(set(PINGPONG_BYTES) | {8 * n for n in sizes}):  # and Delta-w's own sizes
         buf = np.zeros(max(nbytes // 8, 1))
         reps = max(20, min(2000, int(2e8 // max(nbytes, 1))))
         best = []

@@ -264,6 +264,9 @@ def _calibrate(a) -> int:
     print(f"Table 1 on this machine (2-10K-2, batch 256), measured in {got['seconds']:.0f} s:")
     for k in ("c_p", "c_b", "c_u", "r_d", "r_m", "r_net", "point_bytes"):
         print(f"  {k:12s} {getattr(t, k):.4g} {Table1Units[k]}")
+    pp = p.pingpong_s
+    print(f"  {'MPI':12s} {min(pp.values()) * 1e6:.1f} us latency, {1 / p.r_net() / 1e9:.2f} GB/s "
+          f"(ping-pong, {min(pp)} to {max(pp):,} bytes)")
     st = p.startup
     print(f"  {'startup':12s} {sum(v for k, v in st.items() if k.endswith('wall_s')):.3f} s per rank "
           f"(imports {st['imports_wall_s']:.3f}, cache loads {st['parsers_wall_s'] + st['kernels_wall_s']:.3f}); "
