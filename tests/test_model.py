@@ -64,7 +64,7 @@ def test_compare_against_real_runs(quick_params, tmp_path):
         runs.append(str(out))
     p = cli("compare", *runs, "--params", str(quick_params), "--csv", str(tmp_path / "rows.csv"))
     assert p.returncode == 0, p.stderr
-    assert "allreduce" in p.stderr and "APE over 2 runs" in p.stdout
+    assert "allreduce" in p.stderr and "APE over 2 runs" in p.stdout and "the paper's own equations" in p.stdout
     with open(tmp_path / "rows.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["workers"]) for r in rows] == [1, 2]
@@ -73,6 +73,7 @@ def test_compare_against_real_runs(quick_params, tmp_path):
             pred, meas = float(r[f"{k}_pred_s"]), float(r[f"{k}_meas_s"])
             assert pred > 0 and meas > 0
             assert float(r[f"{k}_ape"]) == pytest.approx(abs(pred - meas) / meas * 100)
+        assert float(r["paper_total_pred_s"]) > 0  # the paper's eq. 9 / 5.3, for contrast
         res = json.loads((tmp_path / r["run"].split("/")[-1] / "results.json").read_text())
         assert float(r["total_meas_s"]) == pytest.approx(res["wall_s"])
 

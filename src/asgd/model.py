@@ -109,6 +109,17 @@ def ape(pred: float, meas: float) -> float:
     return abs(pred - meas) / meas * 100 if meas > 0 else math.inf
 
 
+def paper_total(p: Params, run: Run) -> float:
+    """The paper's own prediction with these calibrated parameters, for contrast: section
+    5.3's T_total_new (eq. 12's reading) for the sequential reader and the embedded
+    problem (every rank builds all of it), eq. 9 for the parallel one. It knows no
+    start-up, no cores shared and no server queue."""
+    t = p.table1(run)
+    if run.reader == "parallel" and run.file_bytes:
+        return perfmodel.T_total(t)
+    return perfmodel.T_total_new(t, 0.0)
+
+
 def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
     """One row per usable run: its configuration, predicted and measured seconds and the
     APE per phase. Runs the model does not cover (allreduce, stopped early, resumed) are
@@ -135,6 +146,8 @@ def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
                "epochs": run.epochs, "mode": run.mode}
         for k in PHASES + DETAIL:
             row.update({f"{k}_pred_s": pr[k], f"{k}_meas_s": me[k], f"{k}_ape": ape(pr[k], me[k])})
+        paper = paper_total(p, run)
+        row.update(paper_total_pred_s=paper, paper_total_ape=ape(paper, me["total"]))
         rows.append(row)
     return rows, skipped
 
@@ -323,6 +336,9 @@ def _compare(a, p: Params) -> int:
               f"{r['hidden']:6d} {r['batch']:5d} {r['reader']:10s}{cells}")
     print(f"APE over {len(rows)} runs:  " + "   ".join(
         f"{k} median {e['median']:.1f}% p90 {e['p90']:.1f}%" for k, e in error_summary(rows).items()))
+    e = error_summary(rows, ("paper_total",))["paper_total"]
+    print(f"the paper's own equations (eq. 9; 5.3's update for the sequential reader), same parameters: "
+          f"total median {e['median']:.1f}% p90 {e['p90']:.1f}%")
     if a.csv:
         import csv
         with open(a.csv, "w", newline="") as f:
