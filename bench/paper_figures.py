@@ -224,8 +224,9 @@ def figure9(rows, model, path, plt):
     note = None
     if name:
         preds = [predict(params, r) for r in rs]
-        for key, color in (("init_s", "tab:blue"), ("train_s", "tab:red"), ("wall_s", "k")):
-            ax.plot(x, [p[key] for p in preds], ls="--", color=color, label=f"{key[:-2]} (asgd.perfmodel)")
+        for key, label, color in (("init_s", "initialization", "tab:blue"), ("train_s", "training", "tab:red"),
+                                  ("wall_s", "total", "k")):
+            ax.plot(x, [p[key] for p in preds], ls="--", color=color, label=f"{label} (asgd.perfmodel)")
     else:
         note = f"no model overlay: {params}"
     log2_axis(ax, x, RANKS)
