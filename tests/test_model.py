@@ -22,13 +22,16 @@ def test_calibrate_writes_every_parameter_with_units(quick_params):
     got = json.loads(quick_params.read_text())
     p = perfmodel.Params.from_dict(got["params"])
     assert p.cores >= 1 and set(got["units"]) >= {"step_s", "server_update_s", "read_s_per_byte", "startup"}
-    values = [p.memory_s_per_byte, *p.startup.values(), *p.read_s_per_byte.values(),
+    values = [p.memory_s_per_byte, *p.startup.values(), *(p.r_d(r, f) for r in ("sequential", "parallel")
+                                                            for f in ("tsv", "npy")),
               *p.eval_s_per_point.values(), *p.server_update_s.values(), *p.worker_msg_s.values(),
               *p.pingpong_s.values(), *p.effective_cores.values(),
               *(v for t in p.step_s.values() for v in t.values()),
               *(v for t in p.contended_update_s.values() for v in t.values())]
     assert all(math.isfinite(v) and v > 0 for v in values)
-    assert set(p.read_s_per_byte) == {"tsv", "npy"} and set(p.select_s_per_point) == {"sequential", "parallel"}
+    assert set(p.read_s_per_byte) == {"sequential", "parallel"} == set(p.select_s_per_point)
+    assert all(set(t) == {"tsv", "npy"} for t in p.read_s_per_byte.values())
+    assert p.r_d("sequential", "npy") < p.r_d("sequential", "tsv")  # nothing to parse in binary
     for h, t in p.step_s.items():  # a bigger batch costs more per step, less per point
         b = sorted(t)
         assert t[b[-1]] > t[b[0]] and t[b[-1]] / b[-1] < t[b[0]] / b[0], (h, t)

@@ -645,3 +645,10 @@ def test_predict_train_crowded_uses_the_contended_messaging_cost():
     assert d["bound"] == "cores"
     assert d["updates_per_s"] == approx(2222.222222222222)
     assert d["train_s"] == approx(6.85e-3)
+
+
+def test_r_d_per_reader_and_format_or_flat():
+    nested = make_params(read_s_per_byte={"sequential": {"tsv": 2e-8, "npy": 1e-9},
+                                          "parallel": {"tsv": 3e-8, "npy": 2e-9}})
+    assert nested.r_d("parallel", "tsv") == 3e-8 and nested.r_d("sequential", "npy") == 1e-9
+    assert make_params().r_d("parallel", "tsv") == 2e-8  # a flat [format] table serves both readers

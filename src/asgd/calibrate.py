@@ -194,8 +194,8 @@ def probe_contention(sizes: list[int], updates: int) -> dict | None:
 
 
 def probe_readers(files: list[str]) -> dict:
-    """One rank, both readers, each file: read+parse seconds per byte, and the keep
-    (sequential) or shuffle (parallel) seconds per point."""
+    """One rank, both readers, each file: read+parse seconds per byte ([reader][format]),
+    and the keep (sequential) or shuffle (parallel) seconds per point."""
     from mpi4py import MPI
 
     from . import readers
@@ -212,9 +212,8 @@ def probe_readers(files: list[str]) -> dict:
                 n = got.train_points + len(got.test.y)
                 cost = (t.get("read", 0) + t.get("parse", 0), t.get("shuffle", 0))
                 best = cost if best is None or sum(cost) < sum(best) else best
-            if reader == "sequential":
-                out["read_s_per_byte"][fmt] = best[0] / size
-                out["bytes_per_point"][fmt] = size / n
+            out["read_s_per_byte"].setdefault(reader, {})[fmt] = best[0] / size
+            out["bytes_per_point"][fmt] = size / n
             out["select_s_per_point"].setdefault(reader, []).append(best[1] / n)
     out["select_s_per_point"] = {k: min(v) for k, v in out["select_s_per_point"].items()}
     return out
@@ -400,7 +399,8 @@ UNITS = {
     "worker_msg_s": "worker CPU s per push/pull, [n_w]", "server_update_s": "c_u: server CPU s per update, [n_w]",
     "round_trip_s": "s per push/pull round trip without compute, [n_w]",
     "pingpong_s": "s one way, [bytes]",
-    "contended_update_s": "CPU s per push/pull, all ranks together, with P ranks sharing the cores, [P][n_w]", "read_s_per_byte": "r_d: s/byte read + parsed, [format]",
+    "contended_update_s": "CPU s per push/pull, all ranks together, with P ranks sharing the cores, [P][n_w]",
+    "read_s_per_byte": "r_d: s/byte read + parsed by one rank, [reader][format]",
     "select_s_per_point": "s per point of the file, [reader]", "bytes_per_point": "bytes/point, [format]",
     "memory_s_per_byte": "r_m: s/byte (copy)", "caches": "bytes",
 }

@@ -219,8 +219,10 @@ def parse_args(argv):
     pp.add_argument("--servers", type=int, default=1, help="parameter servers (default 1)")
     pp.add_argument("--hidden", type=int_list, default=[10000], help="hidden units, comma-separated (default 10000)")
     pp.add_argument("--batch", type=int_list, default=[256], help="batch sizes, comma-separated (default 256)")
-    pp.add_argument("--reader", choices=("sequential", "parallel"), default="parallel")
-    pp.add_argument("--mode", choices=("async", "ssp", "sync"), default="async")
+    pp.add_argument("--reader", choices=("sequential", "parallel"), default="parallel",
+                    help="data reader, as asgd.train's (default parallel; no effect on the embedded problem)")
+    pp.add_argument("--mode", choices=("async", "ssp", "sync"), default="async",
+                    help="consistency mode, as asgd.train's (default async; ssp is predicted as async)")
     pp.add_argument("--cores", type=int, default=0, help="cores the ranks share (default: the calibrated machine's)")
     pp.add_argument("--params", **params)
     pp.add_argument("--json", action="store_true", help="JSON lines instead of a table")

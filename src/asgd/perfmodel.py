@@ -235,7 +235,7 @@ class Params:
     server_update_s: dict[int, float]     # [n_w] c_u: the server's CPU per Delta-w (receive, check, add, reply)
     round_trip_s: dict[int, float]        # [n_w] a push/pull round trip with no compute, 2 ranks
     pingpong_s: dict[int, float]          # [bytes] raw MPI ping-pong one way (r_net by fit)
-    read_s_per_byte: dict[str, float]     # [tsv|npy] read + parse, one rank
+    read_s_per_byte: dict[str, dict[str, float]]  # [reader][tsv|npy] read + parse, one rank (r_d)
     select_s_per_point: dict[str, float]  # [sequential|parallel] a rank's keep/shuffle work per point of the file
     memory_s_per_byte: float       # r_m (STREAM-like copy)
     bytes_per_point: dict[str, float]     # [tsv|npy] on disk, from the calibration file
@@ -301,6 +301,12 @@ class Params:
         a, b = xs[i - 1], xs[i]
         return by_p[a] + (by_p[b] - by_p[a]) * (ranks - a) / (b - a)
 
+    def r_d(self, reader: str, fmt: str) -> float:
+        """s per byte read and parsed by one rank, for this reader and format (a flat
+        [format] table, from older files, serves both readers)."""
+        t = self.read_s_per_byte
+        return t[reader][fmt] if isinstance(t.get(reader), dict) else t[fmt]
+
     def r_net(self) -> float:
         """s per byte: the slope of the ping-pong between its two largest sizes."""
         xs = sorted(self.pingpong_s)
@@ -315,7 +321,7 @@ class Params:
         return Table1(w=run.workers, b=run.batch, n_f=run.features, n_w=run.n_w, d=run.points,
                       epoch=run.epochs, c_p=c_p, c_b=max(t_small - 16 * c_p, 0.0)
                       + self.per_nw(self.worker_msg_s, run.n_w),
-                      c_u=self.per_nw(self.server_update_s, run.n_w), r_d=self.read_s_per_byte[fmt],
+                      c_u=self.per_nw(self.server_update_s, run.n_w), r_d=self.r_d(run.reader, fmt),
                       r_m=self.memory_s_per_byte, r_net=self.r_net(),
                       point_bytes=self.bytes_per_point[fmt])
 
@@ -344,8 +350,8 @@ def predict_init(p: Params, run: Run) -> dict:
         read = p.embedded_s * max(1.0, P / C)
         return {"startup_s": startup, "read_s": read, "init_s": startup + read}
     fmt = "npy" if run.binary else "tsv"
-    whole = p.read_s_per_byte[fmt] * run.file_bytes
-    test = p.read_s_per_byte[fmt] * run.test_bytes
+    whole = p.r_d(run.reader, fmt) * run.file_bytes
+    test = p.r_d(run.reader, fmt) * run.test_bytes
     select = p.select_s_per_point[run.reader] * (run.points + run.test_points)
     if run.reader == "sequential":
         # rank 0 reads the held-out file after passing the token: hidden behind rank 1's turn
