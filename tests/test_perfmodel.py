@@ -343,7 +343,8 @@ def make_params(**kw) -> Params:
                worker_msg_s={502: 1e-5, 2002: 4e-5},      # slope 2e-8 s/weight
                server_update_s={502: 2e-5, 2002: 5e-5},   # slope 2e-8
                round_trip_s={502: 6e-5, 2002: 1.2e-4},    # slope 4e-8
-               pingpong_s={3000: 6e-6, 8: 1e-6, 1000: 2e-6},  # slope 2e-9 s/byte at the top
+               # 1e-6 + 2e-9 b from 64 KiB up (slope 2e-9 s/byte); 8 bytes: latency, left out of the fit
+               pingpong_s={262144: 5.25288e-4, 8: 1e-6, 65536: 1.32072e-4, 131072: 2.63144e-4},
                read_s_per_byte={"tsv": 2e-8, "npy": 1e-9},
                select_s_per_point={"sequential": 1e-7, "parallel": 3e-7},
                memory_s_per_byte=1e-10, bytes_per_point={"tsv": 40.0, "npy": 24.0},
@@ -419,9 +420,12 @@ def test_per_nw_four_sizes_interpolates_in_the_bracketing_segment():
     assert make_params().per_nw(t, 250) == approx(6.0)
 
 
-def test_r_net_is_the_slope_between_the_two_largest_pings():
-    # (6e-6 - 2e-6) / (3000 - 1000) s/byte, whatever the order of the table
-    assert make_params().r_net() == approx(2e-9)
+def test_r_net_is_the_least_squares_slope_from_64_kib_up():
+    assert make_params().r_net() == approx(2e-9)  # collinear points: exactly their slope
+    # b / 64 KiB = 1, 2, 4 (mean 7/3), t = 3, 5, 9 e-5 (mean 17/3): Sxx = 14/3, Sxy = 28/3 (e-5),
+    # slope 2e-5 per 65536 bytes = 3.0517578125e-10; the 8-byte point (latency) is left out
+    p = make_params(pingpong_s={8: 1e-3, 65536: 3e-5, 131072: 5e-5, 262144: 9e-5})
+    assert p.r_net() == approx(3.0517578125e-10)
 
 
 def test_run_n_w():

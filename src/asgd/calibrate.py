@@ -85,8 +85,7 @@ def probe_startup() -> dict:
 
 def probe_messaging(sizes: list[int], updates: int) -> dict | None:
     """Rank 0 and 1: raw ping-pong one way at each size; then asgd's real Server and
-    worker loop (stub step: no compute) at each n_w, timing the round trip with polling
-    waits, and the CPU per update with sleeping waits (as when ranks share cores)."""
+    worker loop (with a stand-in step) at each n_w, in the three passes below."""
     import numpy as np
     from mpi4py import MPI
 
@@ -118,25 +117,44 @@ def probe_messaging(sizes: list[int], updates: int) -> dict | None:
             best.append((time.perf_counter() - t) / reps / 2)
         out["pingpong_s"][buf.nbytes] = min(best)
     for n_w in sizes:
-        for crowded in (False, True):
+        # 1: no compute, polling waits: the bare round trip. 2: no compute, sleeping waits
+        # (as when ranks share cores): the server is kept busy, its CPU per update is c_u.
+        # 3: sleeping waits and a step that computes for longer than a reply can take
+        # (twice the round trip, plus the sleeping server's longest poll interval), so the
+        # exchange hides behind it as in async training: the worker's CPU per update beyond
+        # its step (the push/pull's share of c_b).
+        think = 0.0
+        for phase in ("round trip", "server", "worker"):
             w = np.zeros(n_w)
             X, y = np.zeros((updates, 2)), np.zeros(updates, np.int64)
-            waiter = Waiter(crowded, time.monotonic() + 120, f"calibrate rank {me}")
+            waiter = Waiter(phase != "round trip", time.monotonic() + 120, f"calibrate rank {me}")
             comm.Barrier()
             t, c = time.perf_counter(), time.process_time()
             if me == 0:
                 Server(comm, w, 1, waiter, PhaseClock("idle"), None).serve_async()
             else:
-                run_worker(comm, shard_bounds(n_w, 1), w, X, y, lambda w, X, y, lr, dw: 0.0, 0.0, 1, 1,
-                           [0, 0], waiter, PhaseClock("compute"))
+                run_worker(comm, shard_bounds(n_w, 1), w, X, y, _spin_step(think if phase == "worker" else 0.0),
+                           0.0, 1, 1, [0, 0], waiter, PhaseClock("compute"))
             wall, cpu = (time.perf_counter() - t) / updates, (time.process_time() - c) / updates
-            got = comm.gather((wall, cpu))
-            if me == 0:
-                if not crowded:
-                    out["round_trip_s"][n_w] = got[1][0]
-                else:
-                    out["server_update_s"][n_w], out["worker_msg_s"][n_w] = got[0][1], got[1][1]
+            got = comm.bcast(comm.gather((wall, cpu)))
+            if phase == "round trip":
+                out["round_trip_s"][n_w] = got[1][0]
+                think = 2 * got[1][0] + 2 * Waiter(True).max_sleep_s
+            elif phase == "server":
+                out["server_update_s"][n_w] = got[0][1]
+            else:
+                out["worker_msg_s"][n_w] = max(got[1][1] - think, 0.0)
     return out if me == 0 else None
+
+
+def _spin_step(seconds: float):
+    """A stand-in training step that keeps the core busy for `seconds` (0: returns at once)."""
+    def step(w, X, y, lr, dw):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+        return 0.0
+    return step
 
 
 def probe_cores(hidden: int, batch: int, seconds: float) -> dict | None:

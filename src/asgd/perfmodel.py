@@ -308,10 +308,15 @@ class Params:
         return t[reader][fmt] if isinstance(t.get(reader), dict) else t[fmt]
 
     def r_net(self) -> float:
-        """s per byte: the slope of the ping-pong between its two largest sizes."""
-        xs = sorted(self.pingpong_s)
-        a, b = xs[-2], xs[-1]
-        return (self.pingpong_s[b] - self.pingpong_s[a]) / (b - a)
+        """s per byte: the least-squares slope of the ping-pong's time against its size,
+        over the sizes of 64 KiB and up (below, latency dominates)."""
+        pts = [(b, t) for b, t in self.pingpong_s.items() if b >= 1 << 16] or list(self.pingpong_s.items())
+        if len(pts) < 2:
+            b, t = pts[0]
+            return t / b
+        mb = sum(b for b, _ in pts) / len(pts)
+        mt = sum(t for _, t in pts) / len(pts)
+        return sum((b - mb) * (t - mt) for b, t in pts) / sum((b - mb) ** 2 for b, _ in pts)
 
     def table1(self, run: Run) -> Table1:
         """The paper's Table 1 for this run, from these calibrated values."""
