@@ -656,3 +656,23 @@ def test_r_d_per_reader_and_format_or_flat():
                                           "parallel": {"tsv": 3e-8, "npy": 2e-9}})
     assert nested.r_d("parallel", "tsv") == 3e-8 and nested.r_d("sequential", "npy") == 1e-9
     assert make_params().r_d("parallel", "tsv") == 2e-8  # a flat [format] table serves both readers
+
+
+def test_extrapolate_linear():
+    t = {1: 0.5, 3: 1.5, 9: 3.0}
+    assert pm.extrapolate_linear(t, 3) == approx(1.5)
+    assert pm.extrapolate_linear(t, 5) == approx(2.0)     # 1.5 + 1.5 x 2/6
+    assert pm.extrapolate_linear(t, 17) == approx(5.0)    # 3.0 + 0.25 x 8, the last segment's slope
+    assert pm.extrapolate_linear(t, 0) == approx(0.0)     # 0.5 - 0.5 x 1, the first segment's
+    assert pm.extrapolate_linear({4: 2.0}, 9) == 2.0
+
+
+def test_predict_init_uses_the_measured_job_startup():
+    # measured start-up of 2 and 6 ranks: 1.0 and 3.0 s; 4 ranks (3 workers + 1 server): 2.0 s,
+    # then the embedded problem: embedded_s 0.2 x max(1, 4 / 4 cores) = 0.2
+    p = make_params(startup_by_ranks={2: 1.0, 6: 3.0})
+    got = pm.predict_init(p, Run(workers=3))
+    assert got["startup_s"] == approx(2.0) and got["init_s"] == approx(2.2)
+    # another core count than the calibrated one: the per-rank stages again
+    other = pm.predict_init(p, Run(workers=3, cores=8))
+    assert other["startup_s"] == approx(pm.predict_startup(p.startup, 4, p.parallelism(4, 8)))

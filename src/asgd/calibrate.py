@@ -7,6 +7,8 @@ the configurations to be predicted.
   step         the numba training step with its batch gather, per hidden and batch size
                (c_p, c_b; the batch sizes span the caches: Figure 4)     in process
   evaluate     held-out evaluation per point, per hidden size            in process
+  job startup  P ranks starting at once, with asgd.train's staged cache loads, no data
+                                                                         mpiexec -n P
   cores        P ranks stepping at once: how many cores' worth of work they get done
                                                                          mpiexec -n P
   messaging    raw ping-pong (r_net); asgd's push/pull with a no-compute worker: the
@@ -81,6 +83,22 @@ def probe_startup() -> dict:
     data.default_problem(0)
     out["embedded_s"] = time.perf_counter() - t
     return out
+
+
+def probe_job_startup() -> dict | None:
+    """A whole job's start with this many ranks and no data: every rank's imports at once,
+    then asgd.train's own staged numba cache loads (readers' parsers, then the kernels:
+    the node's first rank, then the others). The slowest rank's seconds since its start,
+    as init_s counts them."""
+    from . import readers, train
+    from .comm import Waiter, oversubscribed
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    waiter = Waiter(oversubscribed(comm), time.monotonic() + 300, f"calibrate rank {comm.rank}")
+    readers._compile_once_per_node(comm, waiter)
+    train.warm_up_jit(comm, waiter)
+    slowest = comm.reduce((time.perf_counter_ns() - T0_NS) / 1e9, op=MPI.MAX)
+    return {"startup_s": slowest} if comm.rank == 0 else None
 
 
 def probe_messaging(sizes: list[int], updates: int) -> dict | None:
@@ -379,6 +397,13 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
         f = 0.0 if hi == lo else (n - lo) / (hi - lo)
         return (rates[lo] * (1 - f) + rates[hi] * f) / rates[1]
     say("  " + ", ".join(f"{n}: {r / rates[1]:.2f}" for n, r in rates.items()))
+    say(f"calibrate: a job's start-up (no data) with {counts} ranks")
+    job_start = {n: [] for n in counts}
+    for _ in range(1 if quick else 3):
+        for n in counts:
+            job_start[n].append(_launch(launcher, n, ["job-startup"], 300)["startup_s"])
+    job_start = {n: statistics.median(v) for n, v in job_start.items()}
+    say("  " + ", ".join(f"{n}: {v:.2f} s" for n, v in job_start.items()))
     crowd = sorted({2 * C + 1} if quick else {C + 1, 2 * C + 1, 4 * C + 1})
     say(f"calibrate: push/pull CPU per update with {crowd} ranks sharing the cores (no-compute workers)")
     contended = {}
@@ -397,6 +422,7 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
     params = {
         "cores": C, "effective_cores": {n: r / rates[1] for n, r in rates.items()},
         "startup": {k: v for k, v in start.items() if k != "embedded_s"}, "embedded_s": start["embedded_s"],
+        "startup_by_ranks": job_start,
         "step_s": steps, "eval_s_per_point": evaluate,
         "worker_msg_s": msg["worker_msg_s"], "server_update_s": msg["server_update_s"],
         "round_trip_s": msg["round_trip_s"], "pingpong_s": msg["pingpong_s"], "contended_update_s": contended,
@@ -413,6 +439,7 @@ UNITS = {
     "effective_cores": "cores' worth of training steps done by P ranks at once, [P]",
     "startup": "s (wall) and CPU s of one rank's imports, parser and kernel cache loads",
     "embedded_s": "s per rank to generate the embedded problem",
+    "startup_by_ranks": "s, a job's start-up with P ranks and no data (slowest rank), [P]",
     "step_s": "s per training step, [hidden][batch]", "eval_s_per_point": "s per held-out point, [hidden]",
     "worker_msg_s": "worker CPU s per push/pull, [n_w]", "server_update_s": "c_u: server CPU s per update, [n_w]",
     "round_trip_s": "s per push/pull round trip without compute, [n_w]",
@@ -443,6 +470,7 @@ def _ints(s: str) -> list[int]:
 # probe name -> its function of the options (--name value pairs) and positional arguments
 PROBES = {
     "startup": lambda o, rest: probe_startup(),
+    "job-startup": lambda o, rest: probe_job_startup(),
     "messaging": lambda o, rest: probe_messaging(_ints(o["--nw"]), int(o["--updates"])),
     "cores": lambda o, rest: probe_cores(int(o["--hidden"]), int(o["--batch"]), float(o["--seconds"])),
     "contention": lambda o, rest: probe_contention(_ints(o["--nw"]), int(o["--updates"])),

@@ -240,6 +240,8 @@ class Params:
     memory_s_per_byte: float       # r_m (STREAM-like copy)
     bytes_per_point: dict[str, float]     # [tsv|npy] on disk, from the calibration file
     embedded_s: float = 0.0        # one rank generating the embedded problem (no data file)
+    # [ranks] a job's start-up, no data, measured (none: from `startup`, one rank's stages)
+    startup_by_ranks: dict[int, float] = field(default_factory=dict)
     # [ranks][n_w] push/pull CPU per update, all ranks together, ranks > cores (none: as 2 ranks)
     contended_update_s: dict[int, dict[int, float]] = field(default_factory=dict)
     caches: dict[str, int] = field(default_factory=dict)
@@ -250,7 +252,7 @@ class Params:
             return {int(k): (keys_int(v) if isinstance(v, dict) else v) for k, v in t.items()}
         names = {f.name for f in fields(cls)}
         p = {k: v for k, v in d.items() if k in names}
-        for k in ("effective_cores", "contended_update_s", "step_s", "eval_s_per_point", "worker_msg_s",
+        for k in ("effective_cores", "startup_by_ranks", "contended_update_s", "step_s", "eval_s_per_point", "worker_msg_s",
                   "server_update_s", "round_trip_s", "pingpong_s"):
             if k in p:  # a missing one is reported by the constructor, or takes its default
                 p[k] = keys_int(p[k])
@@ -331,6 +333,16 @@ class Params:
                       point_bytes=self.bytes_per_point[fmt])
 
 
+def extrapolate_linear(table: dict[int, float], x: float) -> float:
+    """Linear between measured points; beyond them, along the nearest end segment."""
+    xs = sorted(table)
+    if len(xs) == 1:
+        return table[xs[0]]
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    a, b = xs[i - 1], xs[i]
+    return table[a] + (table[b] - table[a]) * (x - a) / (b - a)
+
+
 def predict_startup(st: dict[str, float], P: int, C: float) -> float:
     """A job's start (extension c): P ranks import at once, sharing C cores; then numba's
     cache loads, parsers then kernels, each by one rank of the node first (the others
@@ -344,13 +356,17 @@ def predict_startup(st: dict[str, float], P: int, C: float) -> float:
 
 def predict_init(p: Params, run: Run) -> dict:
     """Init: every rank starts (imports, MPI_Init, numba cache loads: CPU the ranks share
-    when they outnumber the cores), then reads the data.
+    when they outnumber the cores; measured per rank count where calibrate did, else
+    predict_startup), then reads the data.
       sequential  eq. 12: the ranks take turns, each reading and parsing the whole file
                   and keeping its points: P x (r_d B + keep d);
       parallel    the file's parse work spread over the cores, then one all-to-all."""
     P = run.ranks
     C = p.parallelism(P, run.cores)  # cores' worth of work the P ranks get done together
-    startup = predict_startup(p.startup, P, C)
+    if p.startup_by_ranks and run.cores in (0, p.cores):  # measured on this machine
+        startup = extrapolate_linear(p.startup_by_ranks, P)
+    else:
+        startup = predict_startup(p.startup, P, C)
     if not run.file_bytes:  # embedded: every rank generates the problem itself
         read = p.embedded_s * max(1.0, P / C)
         return {"startup_s": startup, "read_s": read, "init_s": startup + read}
