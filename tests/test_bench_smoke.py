@@ -106,8 +106,9 @@ def test_model_bench(tmp_path, quick_params):
     assert len(rows) >= 4 and {r["reader"] for r in rows} == {"sequential", "parallel"}
     for r in rows:
         for k in phases:
-            for v in (float(r[f"{k}_pred_s"]), float(r[f"{k}_meas_s"])):
-                assert math.isfinite(v) and v > 0, (r["label"], k, v)
+            pred, meas = float(r[f"{k}_pred_s"]), float(r[f"{k}_meas_s"])
+            assert math.isfinite(meas) and meas > 0, (r["label"], k, meas)
+            assert math.isfinite(pred) and (pred > 0 if k != "comm" else pred >= 0), (r["label"], k, pred)
             assert math.isfinite(float(r[f"{k}_ape"])) and float(r[f"{k}_ape"]) >= 0
     assert set(meta["summary"]) == set(phases)
     assert all(meta["summary"][k]["median"] >= 0 and meta["summary"][k]["p90"] >= 0 for k in phases)

@@ -74,7 +74,7 @@ def test_compare_against_real_runs(quick_params, tmp_path):
     for r in rows:
         for k in model.PHASES + model.DETAIL:
             pred, meas = float(r[f"{k}_pred_s"]), float(r[f"{k}_meas_s"])
-            assert pred > 0 and meas > 0
+            assert meas > 0 and (pred > 0 if k != "comm" else pred >= 0)  # all the time may go to compute
             assert float(r[f"{k}_ape"]) == pytest.approx(abs(pred - meas) / meas * 100)
         assert float(r["paper_total_pred_s"]) > 0  # the paper's eq. 9 / 5.3, for contrast
         res = json.loads((tmp_path / r["run"].split("/")[-1] / "results.json").read_text())

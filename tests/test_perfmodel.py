@@ -676,3 +676,13 @@ def test_predict_init_uses_the_measured_job_startup():
     # another core count than the calibrated one: the per-rank stages again
     other = pm.predict_init(p, Run(workers=3, cores=8))
     assert other["startup_s"] == approx(pm.predict_startup(p.startup, 4, p.parallelism(4, 8)))
+
+
+def test_cores_worth_per_hidden_size():
+    # measured at hidden 10000 (9 ranks: 1.8) and 100000 (1.5): 31623 is midway in log(hidden)
+    p = make_params(cores=2, effective_cores={10000: {1: 1.0, 2: 1.9, 9: 1.8}, 100000: {1: 1.0, 2: 1.7, 9: 1.5}})
+    assert p.cores_worth(9, 10000) == approx(1.8) and p.cores_worth(9, 100000) == approx(1.5)
+    assert p.cores_worth(9, 31622.776601683792) == approx(1.65)
+    assert p.cores_worth(9, 1000) == approx(1.8)       # below the measured sizes: the nearest
+    assert p.cores_worth(17, 100000) == approx(1.5)    # beyond the measured ranks: flat
+    assert p.parallelism(2, hidden=100000) == approx(1.7)

@@ -137,15 +137,15 @@ def probe_messaging(sizes: list[int], updates: int) -> dict | None:
     for n_w in sizes:
         # 1: no compute, polling waits: the bare round trip. 2: no compute, sleeping waits
         # (as when ranks share cores): the server is kept busy, its CPU per update is c_u.
-        # 3: sleeping waits and a step that computes for longer than a reply can take
-        # (twice the round trip, plus the sleeping server's longest poll interval), so the
-        # exchange hides behind it as in async training: the worker's CPU per update beyond
-        # its step (the push/pull's share of c_b).
+        # 3: polling waits (each rank has a core) and a step that computes for twice the
+        # round trip, as in async training: the worker's time per update beyond its step
+        # (the push/pull's share of c_b). MPI moves a large message only inside MPI calls,
+        # so part of the exchange still waits for the step to end: that is counted.
         think = 0.0
         for phase in ("round trip", "server", "worker"):
             w = np.zeros(n_w)
             X, y = np.zeros((updates, 2)), np.zeros(updates, np.int64)
-            waiter = Waiter(phase != "round trip", time.monotonic() + 120, f"calibrate rank {me}")
+            waiter = Waiter(phase == "server", time.monotonic() + 120, f"calibrate rank {me}")
             comm.Barrier()
             t, c = time.perf_counter(), time.process_time()
             if me == 0:
@@ -157,11 +157,11 @@ def probe_messaging(sizes: list[int], updates: int) -> dict | None:
             got = comm.bcast(comm.gather((wall, cpu)))
             if phase == "round trip":
                 out["round_trip_s"][n_w] = got[1][0]
-                think = 2 * got[1][0] + 2 * Waiter(True).max_sleep_s
+                think = 2 * got[1][0]
             elif phase == "server":
                 out["server_update_s"][n_w] = got[0][1]
             else:
-                out["worker_msg_s"][n_w] = max(got[1][1] - think, 0.0)
+                out["worker_msg_s"][n_w] = max(got[1][0] - think, 0.0)
     return out if me == 0 else None
 
 
@@ -363,6 +363,7 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
     """Every parameter, with units and the machine description: params.json's content."""
     from . import data
     from .comm import cores_available
+    from .perfmodel import extrapolate_linear
     launcher = launcher or default_launcher()
     t_all = time.perf_counter()
     hidden, batches = (QUICK_HIDDEN, QUICK_BATCHES) if quick else (HIDDEN, BATCHES)
@@ -376,27 +377,22 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
     steps = measure_steps(hidden, batches, min_time)
     say("calibrate: held-out evaluation")
     evaluate = measure_evaluate(hidden, min_time)
-    nws = sorted({h * 3 + 2 * (h + 1) for h in (hidden[0], hidden[-1])})
+    nws = sorted({h * 3 + 2 * (h + 1) for h in hidden})  # Delta-w of each calibrated hidden size
     say(f"calibrate: messaging, ping-pong and push/pull at n_w {nws}")
     msg = _launch(launcher, 2, ["messaging", "--nw", ",".join(map(str, nws)),
                                 "--updates", "200" if quick else "1000"], 600)
     C = cores_available()
     counts = sorted({1, C, 2 * C + 1} if quick else {1, C, C + 1, 2 * C + 1, 4 * C + 1, 8 * C + 1})
-    say(f"calibrate: cores' worth of work done by {counts} ranks at once (2-10K-2 steps)")
-    rates = {n: [] for n in counts}
-    for _ in range(1 if quick else 3):  # interleaved repetitions, medians: the machine drifts
-        for n in counts:
-            rates[n].append(_launch(launcher, n, ["cores", "--hidden", "10000", "--batch", "256",
-                                                  "--seconds", "0.5" if quick else "1.0"], 300)["steps_per_s"])
-    rates = {n: statistics.median(r) for n, r in rates.items()}
-
-    def rates_eff(n):  # cores' worth of work n ranks do (as perfmodel.Params.cores_worth)
-        xs = sorted(rates)
-        lo = max([x for x in xs if x <= n], default=xs[0])
-        hi = min([x for x in xs if x >= n], default=xs[-1])
-        f = 0.0 if hi == lo else (n - lo) / (hi - lo)
-        return (rates[lo] * (1 - f) + rates[hi] * f) / rates[1]
-    say("  " + ", ".join(f"{n}: {r / rates[1]:.2f}" for n, r in rates.items()))
+    say(f"calibrate: cores' worth of training steps done by {counts} ranks at once, batch 256")
+    worth = {}  # [hidden][ranks]: cores' worth of steps, against one rank's
+    for h in [x for x in hidden if x >= 10000]:
+        rates = {n: [] for n in counts}
+        for _ in range(1 if quick else 2):  # interleaved repetitions, medians: the machine drifts
+            for n in counts:
+                rates[n].append(_launch(launcher, n, ["cores", "--hidden", str(h), "--batch", "256",
+                                                      "--seconds", "0.5" if quick else "1.0"], 300)["steps_per_s"])
+        worth[h] = {n: statistics.median(r) / statistics.median(rates[1]) for n, r in rates.items()}
+        say(f"  hidden {h}: " + ", ".join(f"{n}: {v:.2f}" for n, v in worth[h].items()))
     say(f"calibrate: a job's start-up (no data) with {counts} ranks")
     job_start = {n: [] for n in counts}
     for _ in range(1 if quick else 3):
@@ -410,7 +406,8 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
     for n in crowd:
         got = _launch(launcher, n, ["contention", "--nw", ",".join(map(str, nws)),
                                     "--updates", str(max(50, (400 if quick else 2000) // (n - 1)))], 600)
-        contended[n] = {int(k): rates_eff(n) / v for k, v in got["updates_per_s"].items()}
+        c_eff = extrapolate_linear(worth[min(worth)], n)  # cores' worth the n ranks get
+        contended[n] = {int(k): c_eff / v for k, v in got["updates_per_s"].items()}
     say("calibrate: readers (TSV, .npy; sequential, parallel)")
     with tempfile.TemporaryDirectory(prefix="asgd-calibrate-") as tmp:
         ds = data.rings(50_000 if quick else 400_000, 0)
@@ -420,7 +417,7 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
         rd = _launch(launcher, 1, ["readers", *files], 600)
     say("calibrate: memory bandwidth, caches")
     params = {
-        "cores": C, "effective_cores": {n: r / rates[1] for n, r in rates.items()},
+        "cores": C, "effective_cores": worth,
         "startup": {k: v for k, v in start.items() if k != "embedded_s"}, "embedded_s": start["embedded_s"],
         "startup_by_ranks": job_start,
         "step_s": steps, "eval_s_per_point": evaluate,
@@ -436,12 +433,12 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
 
 UNITS = {
     "cores": "cores this process may run on",
-    "effective_cores": "cores' worth of training steps done by P ranks at once, [P]",
+    "effective_cores": "cores' worth of training steps done by P ranks at once, [hidden][P]",
     "startup": "s (wall) and CPU s of one rank's imports, parser and kernel cache loads",
     "embedded_s": "s per rank to generate the embedded problem",
     "startup_by_ranks": "s, a job's start-up with P ranks and no data (slowest rank), [P]",
     "step_s": "s per training step, [hidden][batch]", "eval_s_per_point": "s per held-out point, [hidden]",
-    "worker_msg_s": "worker CPU s per push/pull, [n_w]", "server_update_s": "c_u: server CPU s per update, [n_w]",
+    "worker_msg_s": "s a worker spends per push/pull beyond its step, 2 ranks, [n_w]", "server_update_s": "c_u: server CPU s per update, [n_w]",
     "round_trip_s": "s per push/pull round trip without compute, [n_w]",
     "pingpong_s": "s one way, [bytes]",
     "contended_update_s": "CPU s per push/pull, all ranks together, with P ranks sharing the cores, [P][n_w]",

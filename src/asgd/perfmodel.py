@@ -227,11 +227,11 @@ class Params:
     """Calibrated, machine-dependent parameters (asgd.calibrate writes them; see its
     docstring for how each is measured). Tables are keyed by hidden size and batch size."""
     cores: int
-    effective_cores: dict[int, float]     # [ranks] cores' worth of steps P ranks do at once (shared, SMT)
+    effective_cores: dict          # [hidden][ranks] cores' worth of steps P ranks do at once (or [ranks])
     startup: dict[str, float]      # one rank's start: {imports,parsers,kernels}_{wall,cpu}_s
     step_s: dict[int, dict[int, float]]   # [hidden][batch] s per training step (batch gather included)
     eval_s_per_point: dict[int, float]    # [hidden] s per held-out point evaluated
-    worker_msg_s: dict[int, float]        # [n_w] a worker's CPU per push/pull (posting, completing)
+    worker_msg_s: dict[int, float]        # [n_w] a worker's time per push/pull beyond its step (2 ranks)
     server_update_s: dict[int, float]     # [n_w] c_u: the server's CPU per Delta-w (receive, check, add, reply)
     round_trip_s: dict[int, float]        # [n_w] a push/pull round trip with no compute, 2 ranks
     pingpong_s: dict[int, float]          # [bytes] raw MPI ping-pong one way (r_net by fit)
@@ -258,22 +258,29 @@ class Params:
                 p[k] = keys_int(p[k])
         return cls(**p)
 
-    def cores_worth(self, ranks: float) -> float:
-        """Extension c: cores' worth of work `ranks` busy ranks get done on this machine,
-        measured (linear between measured counts, flat beyond the largest)."""
-        xs = sorted(self.effective_cores)
-        if ranks >= xs[-1]:
-            return self.effective_cores[xs[-1]]
-        i = max(bisect.bisect_left(xs, ranks), 1)
-        a, b = xs[i - 1], xs[i]
-        return self.effective_cores[a] + (self.effective_cores[b] - self.effective_cores[a]) * (ranks - a) / (b - a)
+    def cores_worth(self, ranks: float, hidden: int = 10000) -> float:
+        """Extension c: cores' worth of training steps `ranks` busy ranks get done on this
+        machine, measured per hidden size (a larger model shares caches and memory worse):
+        linear between measured rank counts, flat beyond the largest; between measured
+        hidden sizes, linear in log(hidden), the nearest one outside them."""
+        t = self.effective_cores
+        if not isinstance(next(iter(t.values())), dict):  # one table, for every hidden size
+            t = {hidden: t}
+        by_h = {h: extrapolate_linear(tab, min(ranks, max(tab))) for h, tab in t.items()}
+        hs = sorted(by_h)
+        if hidden <= hs[0] or hidden >= hs[-1]:
+            return by_h[hs[0] if hidden <= hs[0] else hs[-1]]
+        i = bisect.bisect_left(hs, hidden)
+        a, b = hs[i - 1], hs[i]
+        f = math.log(hidden / a) / math.log(b / a)
+        return by_h[a] * (1 - f) + by_h[b] * f
 
-    def parallelism(self, ranks: float, cores: int = 0) -> float:
+    def parallelism(self, ranks: float, cores: int = 0, hidden: int = 10000) -> float:
         """Cores' worth of work from `ranks` busy ranks; on another core count than the
         calibrated one, min(ranks, cores) at the calibrated per-core efficiency."""
         if not cores or cores == self.cores:
-            return self.cores_worth(ranks)
-        return min(ranks, cores) * self.cores_worth(self.cores) / self.cores
+            return self.cores_worth(ranks, hidden)
+        return min(ranks, cores) * self.cores_worth(self.cores, hidden) / self.cores
 
     def step(self, hidden: int, batch: int) -> float:
         """Seconds per training step: measured tables, interpolated in batch, then scaled
@@ -392,7 +399,7 @@ def predict_train(p: Params, run: Run) -> dict:
     per update of all ranks together, a step plus the push/pull as measured with as many
     ranks crowding the cores."""
     S, w = run.servers, run.workers
-    C = p.parallelism(run.ranks, run.cores)
+    C = p.parallelism(run.ranks, run.cores, run.hidden)
     share = math.ceil(run.points / w)
     steps = math.ceil(share / run.batch) * run.epochs       # per worker (the largest share)
     updates = steps * w
