@@ -25,7 +25,8 @@ def test_calibrate_writes_every_parameter_with_units(quick_params):
     values = [p.memory_s_per_byte, *p.startup.values(), *(p.r_d(r, f) for r in ("sequential", "parallel")
                                                             for f in ("tsv", "npy")),
               *p.eval_s_per_point.values(), *p.server_update_s.values(), *p.worker_msg_s.values(),
-              *p.pingpong_s.values(), *p.effective_cores.values(),
+              *p.pingpong_s.values(), *p.startup_by_ranks.values(),
+              *(v for t in p.effective_cores.values() for v in t.values()),
               *(v for t in p.step_s.values() for v in t.values()),
               *(v for t in p.contended_update_s.values() for v in t.values())]
     assert all(math.isfinite(v) and v > 0 for v in values)
