@@ -9,11 +9,11 @@ the configurations to be predicted.
   evaluate     held-out evaluation per point, per hidden size            in process
   job startup  P ranks starting at once, with asgd.train's staged cache loads, no data
                                                                          mpiexec -n P
-  cores        P ranks stepping at once: how many cores' worth of work they get done
-                                                                         mpiexec -n P
-  messaging    raw ping-pong (r_net); asgd's push/pull with a no-compute worker: the
-               round trip, and the CPU per update of the server (c_u) and the worker
-                                                                         mpiexec -n 2
+  cores        P ranks stepping at once (2-10K-2 and 2-100K-2): how many cores' worth of
+               work they get done                                        mpiexec -n P
+  messaging    raw ping-pong (r_net); asgd's push/pull: the round trip (no compute), the
+               server's CPU per update (c_u), the worker's time per update beyond a
+               stand-in step (its share of c_b)                          mpiexec -n 2
   contention   1 server and P-1 no-compute workers on the node's cores: CPU per update of
                the push/pull when ranks outnumber cores                 mpiexec -n P
   readers      both readers on one rank, TSV and .npy: read + parse per byte (r_d), keep

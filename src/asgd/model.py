@@ -302,7 +302,8 @@ def _predict(a, p: Params) -> int:
     base = _base_run(a, p)
     if a.servers < 1:
         raise ModelError("--servers must be at least 1")
-    cols = "workers servers  hidden  batch  reader       init_s compute_s    comm_s   train_s   total_s  bound"
+    cols = ("workers servers  hidden  batch  reader       init_s compute_s    comm_s   train_s   total_s  bound"
+            "    step fits in")
     if not a.json:
         what = "embedded problem" if not base.file_bytes else f"{'npy' if base.binary else 'TSV'} file"
         print(f"predicted, {base.points:,} training points ({what}), {a.epochs} epoch(s), "
@@ -319,7 +320,7 @@ def _predict(a, p: Params) -> int:
                     continue
                 print(f"{w:7d} {a.servers:7d} {h:7d} {b:6d}  {a.reader if base.file_bytes else 'embedded':10s}"
                       f"{_fmt_s(pr.init_s)} {_fmt_s(pr.compute_s)} {_fmt_s(pr.comm_s)} {_fmt_s(pr.train_s)} "
-                      f"{_fmt_s(pr.total_s)}  {pr.detail['bound']}")
+                      f"{_fmt_s(pr.total_s)}  {pr.detail['bound']:8s} {pr.detail['cache_level']}")
     return 0
 
 

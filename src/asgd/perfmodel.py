@@ -208,7 +208,6 @@ class Run:
         return self.hidden * (self.features + 1) + self.classes * (self.hidden + 1)
 
 
-
 @dataclass
 class Prediction:
     init_s: float
@@ -252,8 +251,8 @@ class Params:
             return {int(k): (keys_int(v) if isinstance(v, dict) else v) for k, v in t.items()}
         names = {f.name for f in fields(cls)}
         p = {k: v for k, v in d.items() if k in names}
-        for k in ("effective_cores", "startup_by_ranks", "contended_update_s", "step_s", "eval_s_per_point", "worker_msg_s",
-                  "server_update_s", "round_trip_s", "pingpong_s"):
+        for k in ("effective_cores", "startup_by_ranks", "contended_update_s", "step_s", "eval_s_per_point",
+                  "worker_msg_s", "server_update_s", "round_trip_s", "pingpong_s"):
             if k in p:  # a missing one is reported by the constructor, or takes its default
                 p[k] = keys_int(p[k])
         return cls(**p)
@@ -429,7 +428,9 @@ def predict_train(p: Params, run: Run) -> dict:
     return {"train_s": train, "compute_s": min(compute, steps_s), "comm_s": max(steps_s - compute, 0.0),
             "evaluate_s": evaluate, "updates": updates, "updates_per_s": X,
             "bound": "cores" if X_cpu <= X_mva else ("server" if sum(R) >= Z else "workers"),
-            "think_s": Z, "c_u_s": c_u, "knee_workers": saturation_workers(Z + (S - 1) * c_u, c_u)}
+            "think_s": Z, "c_u_s": c_u, "knee_workers": saturation_workers(Z + (S - 1) * c_u, c_u),
+            "working_set_bytes": (ws := working_set_bytes(run.batch, run.n_w, run.hidden, run.features)),
+            "cache_level": cache_level(ws, p.caches)}
 
 
 def predict(p: Params, run: Run) -> Prediction:
