@@ -278,7 +278,7 @@ def _calibrate(a) -> int:
     t = p.table1(Run(workers=1, hidden=10000, batch=256))
     print(f"Table 1 on this machine (2-10K-2, batch 256), measured in {got['seconds']:.0f} s:")
     for k in ("c_p", "c_b", "c_u", "r_d", "r_m", "r_net", "point_bytes"):
-        print(f"  {k:12s} {getattr(t, k):.4g} {Table1Units[k]}")
+        print(f"  {k:12s} {getattr(t, k):.4g} {perfmodel.Table1.UNITS[k]}")
     pp = p.pingpong_s
     print(f"  {'MPI':12s} {min(pp.values()) * 1e6:.1f} us latency, {1 / p.r_net() / 1e9:.2f} GB/s "
           f"(ping-pong, {min(pp)} to {max(pp):,} bytes)")
@@ -288,9 +288,6 @@ def _calibrate(a) -> int:
           f"{p.cores} cores")
     print(f"parameters: {a.out}")
     return 0
-
-
-Table1Units = perfmodel.Table1.UNITS
 
 
 def _base_run(a, p: Params) -> Run:
