@@ -686,3 +686,11 @@ def test_cores_worth_per_hidden_size():
     assert p.cores_worth(9, 1000) == approx(1.8)       # below the measured sizes: the nearest
     assert p.cores_worth(17, 100000) == approx(1.5)    # beyond the measured ranks: flat
     assert p.parallelism(2, hidden=100000) == approx(1.7)
+
+
+def test_evaluation_per_epoch_with_one_server_once_with_shards():
+    # 100 held-out points x 1e-6 s (hidden 100): after each of 3 epochs with one server,
+    # once at the end with two (rank 0 evaluates the assembled w only then)
+    one = pm.predict_train(make_params(), Run(**{**TRAIN, "epochs": 3}))
+    two = pm.predict_train(make_params(), Run(**{**TRAIN, "epochs": 3, "servers": 2}))
+    assert one["evaluate_s"] == approx(3e-4) and two["evaluate_s"] == approx(1e-4)

@@ -420,7 +420,9 @@ def predict_train(p: Params, run: Run) -> dict:
     X_cpu = C / cpu_per_update if crowded else math.inf
     X = min(X_mva, X_cpu)
     steps_s = updates / X
-    evaluate = run.epochs * run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
+    # rank 0 evaluates after every epoch with one server; with shards, once on the assembled w
+    evaluations = run.epochs if S == 1 else 1
+    evaluate = evaluations * run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
     # a worker's own compute, stretched by sharing the cores
     busy = w + min(S, S * X * c_u)  # runnable ranks on average: the workers, and the servers' utilization
     compute = steps * step / cores_shared(busy, C)
