@@ -103,3 +103,5 @@ def test_errors_are_one_clear_line(tmp_path):
     assert p.returncode == 2 and "not a parameters file" in p.stderr
     p = cli("predict", "--workers", "0,2")
     assert p.returncode == 2 and "positive integers" in p.stderr
+    p = cli("optimize", "--cores-per-node", "2", "--epochs", "0")
+    assert p.returncode == 2 and "positive integer" in p.stderr and "Traceback" not in p.stderr

@@ -19,7 +19,7 @@ import statistics
 import sys
 from dataclasses import asdict, replace
 
-from . import perfmodel
+from . import data, perfmodel
 from .perfmodel import Params, Run
 
 PHASES = ("init", "train", "total")  # the paper's two phases (Figure 9) and their sum: what runs measure
@@ -44,23 +44,22 @@ def load_params(path: str) -> Params:
 
 # -- the data a configuration reads ------------------------------------------------------
 
-def data_of(path: str | None, points: int | None, fmt: str, p: Params, test: str | None = None) -> dict:
+def data_of(path: str | None, points: int | None, fmt: str, p: Params) -> dict:
     """Run fields for the data: a real file (size, points, held-out companion), a file of
     `points` points in `fmt` that need not exist, or the embedded problem."""
-    from . import data
     if path:
         binary = data.is_binary(path)
         size = os.path.getsize(path)
         n = data.npy_header(path)[0] if binary else _count_lines(path)
-        test = test or data.test_path(path)
+        test = data.test_path(path)
         if os.path.exists(test):
             tn = data.npy_header(test)[0] if binary else _count_lines(test)
             return dict(points=n, test_points=tn, file_bytes=size, test_bytes=os.path.getsize(test), binary=binary)
         held = n // 8  # readers.HOLDOUT: 1/8 of the file is held out
         return dict(points=n - held, test_points=held, file_bytes=size, test_bytes=0, binary=binary)
     if fmt == "embedded":
-        from .data import DEFAULT_POINTS, DEFAULT_TEST_POINTS
-        return dict(points=points or DEFAULT_POINTS, test_points=DEFAULT_TEST_POINTS if not points else points // 4)
+        return dict(points=points or data.DEFAULT_POINTS,
+                    test_points=points // 4 if points else data.DEFAULT_TEST_POINTS)
     n = points or 16384
     per = p.bytes_per_point[fmt]
     return dict(points=n, test_points=n // 4, file_bytes=int(n * per), test_bytes=int(n // 4 * per),
@@ -76,16 +75,16 @@ def run_of(results: dict, p: Params) -> Run:
     """The Run a results.json describes (its config), for predicting it."""
     c = results["config"]
     d = c.get("data")
-    if d and os.path.exists(d):
-        got = data_of(d, None, "tsv", p, c.get("test"))
-        got.update(points=c["train_points"], test_points=c["test_points"])
-    elif d:  # the file is gone: its size from the calibrated bytes per point
-        fmt = "npy" if d.lower().endswith(".npy") else "tsv"
-        n = c["train_points"] + c["test_points"]
-        got = dict(points=c["train_points"], test_points=c["test_points"], binary=fmt == "npy",
-                   file_bytes=int(n * p.bytes_per_point[fmt]), test_bytes=0)
-    else:
-        got = dict(points=c["train_points"], test_points=c["test_points"])
+    got = dict(points=c["train_points"], test_points=c["test_points"])  # as the run counted them
+    if d:
+        binary = d.lower().endswith(".npy")
+        test = c.get("test") or data.test_path(d)
+        if os.path.exists(d):  # the sizes only: the points are known
+            got.update(binary=binary, file_bytes=os.path.getsize(d),
+                       test_bytes=os.path.getsize(test) if os.path.exists(test) else 0)
+        else:  # the file is gone: its size from the calibrated bytes per point
+            n = c["train_points"] + c["test_points"]
+            got.update(binary=binary, file_bytes=int(n * p.bytes_per_point["npy" if binary else "tsv"]))
     return Run(workers=c["workers"], servers=c["servers"], batch=c["batch"], hidden=c["hidden"],
                epochs=c["epochs"], reader=c["reader"], mode=c["mode"], features=c["features"],
                classes=c["classes"], cores=c.get("cores", 0), **got)
@@ -185,6 +184,16 @@ def optimize(p: Params, nodes: int, cores_per_node: int, base: Run, workers: lis
 
 # -- command line ---------------------------------------------------------------------------
 
+def positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
 def int_list(s: str) -> list[int]:
     try:
         vals = [int(x) for x in s.split(",") if x.strip()]
@@ -198,10 +207,10 @@ def int_list(s: str) -> list[int]:
 def _data_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("data (default: the embedded problem)")
     g.add_argument("--data", help="a real data file: points, size and held-out companion from it")
-    g.add_argument("--points", type=int, help="training points of a file that need not exist")
+    g.add_argument("--points", type=positive_int, help="training points of a file that need not exist")
     g.add_argument("--format", choices=("tsv", "npy", "embedded"), default=None,
                    help="with --points: tsv or npy file, or the embedded problem (default tsv with --points)")
-    g.add_argument("--epochs", type=int, default=1, help="passes over the data (default 1)")
+    g.add_argument("--epochs", type=positive_int, default=1, help="passes over the data (default 1)")
 
 
 def parse_args(argv):
@@ -216,14 +225,14 @@ def parse_args(argv):
 
     pp = sub.add_parser("predict", help="predicted phase times per configuration")
     pp.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 16], help="comma-separated (default 1,2,4,8,16)")
-    pp.add_argument("--servers", type=int, default=1, help="parameter servers (default 1)")
+    pp.add_argument("--servers", type=positive_int, default=1, help="parameter servers (default 1)")
     pp.add_argument("--hidden", type=int_list, default=[10000], help="hidden units, comma-separated (default 10000)")
     pp.add_argument("--batch", type=int_list, default=[256], help="batch sizes, comma-separated (default 256)")
     pp.add_argument("--reader", choices=("sequential", "parallel"), default="parallel",
                     help="data reader, as asgd.train's (default parallel; no effect on the embedded problem)")
     pp.add_argument("--mode", choices=("async", "ssp", "sync"), default="async",
                     help="consistency mode, as asgd.train's (default async; ssp is predicted as async)")
-    pp.add_argument("--cores", type=int, default=0, help="cores the ranks share (default: the calibrated machine's)")
+    pp.add_argument("--cores", type=positive_int, default=0, help="cores the ranks share (default: the calibrated machine's)")
     pp.add_argument("--params", **params)
     pp.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     _data_args(pp)
@@ -234,15 +243,16 @@ def parse_args(argv):
     cp.add_argument("--csv", help="also write the rows to this CSV file")
 
     op = sub.add_parser("optimize", help="rank configurations by predicted time")
-    op.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-    op.add_argument("--cores-per-node", type=int, required=True, help="cores per node")
-    op.add_argument("--hidden", type=int, default=10000, help="hidden units (default 10000)")
+    op.add_argument("--nodes", type=positive_int, default=1, help="nodes (default 1)")
+    op.add_argument("--cores-per-node", type=positive_int, required=True, help="cores per node")
+    op.add_argument("--hidden", type=positive_int, default=10000, help="hidden units (default 10000)")
     op.add_argument("--workers", type=int_list, help="worker counts to try (default 1 .. ranks - servers)")
     op.add_argument("--servers", type=int_list, default=[1, 2, 4], help="server counts to try (default 1,2,4)")
     op.add_argument("--batches", type=int_list, default=[16, 64, 256, 1024], help="default 16,64,256,1024")
     op.add_argument("--readers", default="sequential,parallel", help="default sequential,parallel")
-    op.add_argument("--max-ranks", type=int, help="most ranks to start (default: one per core; more shares cores)")
-    op.add_argument("--top", type=int, default=10, help="configurations to print (default 10)")
+    op.add_argument("--max-ranks", type=positive_int,
+                    help="most ranks to start (default: one per core; more shares cores)")
+    op.add_argument("--top", type=positive_int, default=10, help="configurations to print (default 10)")
     op.add_argument("--params", **params)
     _data_args(op)
     return ap.parse_args(argv)
@@ -297,8 +307,6 @@ def _base_run(a, p: Params) -> Run:
 
 def _predict(a, p: Params) -> int:
     base = _base_run(a, p)
-    if a.servers < 1:
-        raise ModelError("--servers must be at least 1")
     cols = ("workers servers  hidden  batch  reader       init_s compute_s    comm_s   train_s   total_s  bound"
             "    step fits in")
     if not a.json:
