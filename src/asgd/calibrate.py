@@ -108,10 +108,6 @@ def probe_messaging(sizes: list[int], updates: int) -> dict | None:
     from mpi4py import MPI
 
     from . import mlp
-    from .comm import Waiter, shard_bounds
-    from .server import Server
-    from .trace import PhaseClock
-    from .worker import run_worker
     comm = MPI.COMM_WORLD
     if comm.size != 2:
         raise CalibrationError("the messaging probe needs exactly 2 ranks")
@@ -143,16 +139,8 @@ def probe_messaging(sizes: list[int], updates: int) -> dict | None:
         # so part of the exchange still waits for the step to end: that is counted.
         think = 0.0
         for phase in ("round trip", "server", "worker"):
-            w = np.zeros(n_w)
-            X, y = np.zeros((updates, 2)), np.zeros(updates, np.int64)
-            waiter = Waiter(phase == "server", time.monotonic() + 120, f"calibrate rank {me}")
-            comm.Barrier()
             t, c = time.perf_counter(), time.process_time()
-            if me == 0:
-                Server(comm, w, 1, waiter, PhaseClock("idle"), None).serve_async()
-            else:
-                run_worker(comm, shard_bounds(n_w, 1), w, X, y, _spin_step(think if phase == "worker" else 0.0),
-                           0.0, 1, 1, [0, 0], waiter, PhaseClock("compute"))
+            _exchange(comm, n_w, updates, phase == "server", _spin_step(think if phase == "worker" else 0.0))
             wall, cpu = (time.perf_counter() - t) / updates, (time.process_time() - c) / updates
             got = comm.bcast(comm.gather((wall, cpu)))
             if phase == "round trip":
@@ -163,6 +151,27 @@ def probe_messaging(sizes: list[int], updates: int) -> dict | None:
             else:
                 out["worker_msg_s"][n_w] = max(got[1][0] - think, 0.0)
     return out if me == 0 else None
+
+
+def _exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
+    """asgd's real protocol, after a barrier: rank 0 serves (Server.serve_async), every
+    other rank is a worker pushing `updates` Delta-w of n_w weights, computing with
+    `step`; waits sleep (crowded) or poll first, as comm.Waiter does."""
+    import numpy as np
+
+    from .comm import Waiter, shard_bounds
+    from .server import Server
+    from .trace import PhaseClock
+    from .worker import run_worker
+    w = np.zeros(n_w)
+    X, y = np.zeros((updates, 2)), np.zeros(updates, np.int64)
+    waiter = Waiter(crowded, time.monotonic() + 120, f"calibrate rank {comm.rank}")
+    comm.Barrier()
+    if comm.rank == 0:
+        Server(comm, w, 1, waiter, PhaseClock("idle"), None).serve_async()
+    else:
+        run_worker(comm, shard_bounds(n_w, 1), w, X, y, step, 0.0, 1, 1, [0, comm.rank], waiter,
+                   PhaseClock("compute"))
 
 
 def _spin_step(seconds: float):
@@ -202,29 +211,17 @@ def probe_contention(sizes: list[int], updates: int) -> dict | None:
     """Rank 0 serves, every other rank is a no-compute worker pushing `updates` Delta-w:
     the updates/s the whole job gets through at each n_w when its ranks share the cores
     (message copies, wake-ups, caches shared), which 2 ranks alone do not show."""
-    import numpy as np
     from mpi4py import MPI
 
     from . import mlp
-    from .comm import Waiter, oversubscribed, shard_bounds
-    from .server import Server
-    from .trace import PhaseClock
-    from .worker import run_worker
+    from .comm import oversubscribed
     comm = MPI.COMM_WORLD
     mlp.compile_kernels()
     crowded = oversubscribed(comm)
     out = {}
     for n_w in sizes:
-        w = np.zeros(n_w)
-        X, y = np.zeros((updates, 2)), np.zeros(updates, np.int64)
-        waiter = Waiter(crowded, time.monotonic() + 120, f"calibrate rank {comm.rank}")
-        comm.Barrier()
         t = time.perf_counter()
-        if comm.rank == 0:
-            Server(comm, w, 1, waiter, PhaseClock("idle"), None).serve_async()
-        else:
-            run_worker(comm, shard_bounds(n_w, 1), w, X, y, lambda w, X, y, lr, dw: 0.0, 0.0, 1, 1,
-                       [0, comm.rank], waiter, PhaseClock("compute"))
+        _exchange(comm, n_w, updates, crowded, _spin_step(0.0))
         out[n_w] = (comm.size - 1) * updates / (time.perf_counter() - t)
     return {"updates_per_s": out} if comm.rank == 0 else None
 
