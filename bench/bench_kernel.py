@@ -34,8 +34,8 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
-from asgd import kernels  # noqa: E402
-from asgd.mlp import Layout, init_params, make_step, reference_step  # noqa: E402
+from asgd.net import kernels  # noqa: E402
+from asgd.net.mlp import Layout, init_params, make_step, reference_step  # noqa: E402
 
 IMPLS = ("numba", "numpy", "torch", "torch_manual", "exp_only")
 

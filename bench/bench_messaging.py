@@ -57,12 +57,12 @@ def parse_args(argv=None):
 def child(args) -> None:
     from mpi4py import MPI
 
-    from asgd import kernels
-    from asgd.comm import Waiter, oversubscribed, shard_bounds
-    from asgd.mlp import Layout
-    from asgd.server import Server
-    from asgd.trace import PhaseClock
-    from asgd.worker import run_worker
+    from asgd.net import kernels
+    from asgd.protocol.comm import Waiter, oversubscribed, shard_bounds
+    from asgd.net.mlp import Layout
+    from asgd.protocol.server import Server
+    from asgd.run.trace import PhaseClock
+    from asgd.protocol.worker import run_worker
 
     comm = MPI.COMM_WORLD
     if comm.size != 2:

@@ -1,7 +1,7 @@
-"""Validation sweep of the performance model (asgd.perfmodel, `python -m asgd.model`):
+"""Validation sweep of the performance model (asgd.perf.analytic, `python -m asgd.perf`):
 its predictions against measured asgd.train runs on this machine.
 
-The model's parameters come from `python -m asgd.model calibrate` alone (microbenchmarks
+The model's parameters come from `python -m asgd.perf calibrate` alone (microbenchmarks
 of asgd's parts, run here BEFORE the sweep), or from --params FILE; nothing is fitted to
 the sweep's runs. Then:
 
@@ -13,13 +13,13 @@ the sweep's runs. Then:
             `mpiexec -n w+1 python -m asgd.train --data D --reader R --batch B --hidden H
             --epochs E --quiet --out OUT/runs/h{H}-w{W}-b{B}-{R}`, in an order shuffled with a
             fixed seed (--seed), with a time limit; a run that fails is reported and skipped.
-  compare   asgd.model.compare over the runs: predicted and measured seconds and the
+  compare   asgd.perf.cli.compare over the runs: predicted and measured seconds and the
             absolute percentage error, APE = |pred - meas| / meas, per phase:
               init, train, total  the phases the model validates (pass/fail):
                                   median APE of total <= 15%, of init and of train <= 25%
               compute, comm       a worker's compute and its communication inside train:
                                   reported as detail (median, p90), NOT pass/fail
-  optimizer per hidden size, asgd.model.optimize over exactly the grid measured at that
+  optimizer per hidden size, asgd.perf.cli.optimize over exactly the grid measured at that
             hidden (its workers, batches and readers; 1 server, 1 node of params.cores
             cores, at most max(workers) + 1 ranks). Its top configuration's measured total
             (run now, and added, if the sweep did not measure it) against the best
@@ -61,8 +61,8 @@ import common  # noqa: F401  (first: pins threads, puts src/ on the path)
 from common import (JobFailed, LoadSampler, command_line, describe, int_list, machine, mpiexec, print_table,
                     results_dir, write_outputs)
 
-PHASES = ("init", "train", "total")     # asgd.model.PHASES: validated, pass/fail
-DETAIL = ("compute", "comm")            # asgd.model.DETAIL: reported only
+PHASES = ("init", "train", "total")     # asgd.perf.cli.PHASES: validated, pass/fail
+DETAIL = ("compute", "comm")            # asgd.perf.cli.DETAIL: reported only
 LIMITS = {"total": 15.0, "init": 25.0, "train": 25.0}  # median APE, %
 OPTIMIZER_LIMIT = 1.10                  # top predicted config's measured wall / best measured wall
 BIG_HIDDEN = 100_000                    # from this size on, the reduced grid (batches 64, 1024; one reader)
@@ -79,7 +79,7 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int_list, default=[10000, 100000], help="comma list (default 10000,100000)")
     p.add_argument("--epochs", type=int, default=1, help="epochs per run (default 1)")
     p.add_argument("--params", type=Path, default=None,
-                   help="parameters from 'python -m asgd.model calibrate' (default: calibrate now into OUT/params.json)")
+                   help="parameters from 'python -m asgd.perf calibrate' (default: calibrate now into OUT/params.json)")
     p.add_argument("--seed", type=int, default=0, help="seed of the run order's shuffle (default 0)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
     p.add_argument("--quick", action="store_true",
@@ -144,8 +144,8 @@ def generate(out: Path, a) -> Path:
 def calibrate(out: Path, quick: bool) -> tuple[Path, float]:
     path = (out / "params.json").resolve()
     print(f"calibrating the model's parameters ({'--quick' if quick else 'full'}), before any run ...", flush=True)
-    wall = python(["-m", "asgd.model", "calibrate", "--out", str(path), *(["--quick"] if quick else [])],
-                  300 if quick else 3600, "asgd.model calibrate")
+    wall = python(["-m", "asgd.perf", "calibrate", "--out", str(path), *(["--quick"] if quick else [])],
+                  300 if quick else 3600, "asgd.perf calibrate")
     return path, wall
 
 
@@ -182,9 +182,9 @@ def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: 
 
 
 def compared(done: list[dict], params) -> list[dict]:
-    """asgd.model.compare's rows for the runs, with the order, source and launcher wall."""
-    import asgd.model
-    rows, skipped = asgd.model.compare([d["run_dir"] for d in done], params)
+    """asgd.perf.cli.compare's rows for the runs, with the order, source and launcher wall."""
+    import asgd.perf.cli
+    rows, skipped = asgd.perf.cli.compare([d["run_dir"] for d in done], params)
     for s in skipped:
         print(f"compare skipped {s}", flush=True)
     by_dir = {d["run_dir"]: d for d in done}
@@ -196,18 +196,18 @@ def compared(done: list[dict], params) -> list[dict]:
 
 
 def optimizer_check(rows: list[dict], params, data: Path, out: Path, a, failed: list) -> list[dict]:
-    """Per hidden size: asgd.model.optimize over the grid measured at it; its top configuration's
+    """Per hidden size: asgd.perf.cli.optimize over the grid measured at it; its top configuration's
     measured total (run now if the sweep did not measure it; the row is added to `rows`)
     against the best measured total."""
-    import asgd.model
-    from asgd.perfmodel import Run
+    import asgd.perf.cli
+    from asgd.perf.analytic import Run
     checks = []
     for h in sorted({r["hidden"] for r in rows}):
         at = [r for r in rows if r["hidden"] == h]
         ws, bs = sorted({r["workers"] for r in at}), sorted({r["batch"] for r in at})
         rs = [x for x in READERS if any(r["reader"] == x for r in at)]
-        base = Run(workers=1, hidden=h, epochs=a.epochs, **asgd.model.data_of(str(data), None, "tsv", params))
-        ranked = asgd.model.optimize(params, 1, params.cores, base, ws, [1], bs, rs, max(ws) + 1)
+        base = Run(workers=1, hidden=h, epochs=a.epochs, **asgd.perf.cli.data_of(str(data), None, "tsv", params))
+        ranked = asgd.perf.cli.optimize(params, 1, params.cores, base, ws, [1], bs, rs, max(ws) + 1)
         top = ranked[0]
         key = lambda r: (r["workers"], r["batch"], r["reader"])  # noqa: E731
         found = [r for r in at if key(r) == key(top)]
@@ -245,8 +245,8 @@ def optimizer_check(rows: list[dict], params, data: Path, out: Path, a, failed: 
 # -- summaries -----------------------------------------------------------------------------
 
 def summarize(rows: list[dict]) -> dict:
-    import asgd.model
-    s = asgd.model.error_summary(rows, PHASES + DETAIL)
+    import asgd.perf.cli
+    s = asgd.perf.cli.error_summary(rows, PHASES + DETAIL)
     for k, e in s.items():
         e["limit_median"] = LIMITS.get(k)
         e["pass"] = e["median"] <= LIMITS[k] if k in LIMITS else None
@@ -398,10 +398,10 @@ def main(argv=None) -> int:
         params_path, meta["calibrate_s"] = a.params.resolve(), None
     else:
         params_path, meta["calibrate_s"] = calibrate(out, a.quick)
-    import asgd.model
+    import asgd.perf.cli
     try:
-        params = asgd.model.load_params(str(params_path))
-    except asgd.model.ModelError as e:
+        params = asgd.perf.cli.load_params(str(params_path))
+    except asgd.perf.cli.PerfError as e:
         sys.exit(f"bench_model: {e}")
     meta["params_file"] = str(params_path)
     meta["params_calibrated_here"] = a.params is None
@@ -426,7 +426,7 @@ def main(argv=None) -> int:
     meta["load"] = load.summary()
     summary = summarize(rows)
     parts = breakdown(rows)
-    paper = asgd.model.error_summary(rows, ("paper_total",))["paper_total"]
+    paper = asgd.perf.cli.error_summary(rows, ("paper_total",))["paper_total"]
     meta.update(paper_equations_total_ape=paper, summary=summary, breakdown=parts, optimizer=checks, failed=failed, runs=len(rows),
                 passed={"median_ape": {k: summary[k]["pass"] for k in PHASES},
                         "optimizer": {str(c["hidden"]): c["pass"] for c in checks}})

@@ -33,9 +33,9 @@ import argparse  # noqa: E402
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
-from asgd import kernels  # noqa: E402
-from asgd.comm import PULL_HEADER, PUSH_HEADER  # noqa: E402
-from asgd.mlp import Layout  # noqa: E402
+from asgd.net import kernels  # noqa: E402
+from asgd.protocol.comm import PULL_HEADER, PUSH_HEADER  # noqa: E402
+from asgd.net.mlp import Layout  # noqa: E402
 
 
 @njit(fastmath={"reassoc"}, boundscheck=False, cache=True)   # reassoc: the finiteness sum vectorizes

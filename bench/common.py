@@ -73,7 +73,7 @@ def _mem_total_gib() -> float | None:
 
 def _caches() -> dict:
     """Cache sizes of cpu0, as sysfs writes them: {'L1d': '32K', 'L2': '1024K', 'L3': '32768K'}."""
-    from asgd.calibrate import caches
+    from asgd.perf.calibrate import caches
     return {name: f"{size >> 10}K" for name, size in caches().items()}
 
 

@@ -2,7 +2,7 @@
 
     mpiexec -n N python bench/ddp_peer.py [--epochs 5] [--out DIR] [--stop-at 0.95]
 
-Same data (asgd.data.default_problem(): 16384 training / 4096 held-out rings, each rank
+Same data (asgd.problem.default_problem(): 16384 training / 4096 held-out rings, each rank
 the share asgd's allreduce gives it, shuffled with the same per-epoch seeds), same model
 (2-H-2, sigmoid hidden, softmax cross-entropy, float64, initialized by
 asgd.mlp.init_params), batch B per rank, plain SGD with the linear-scaling lr of asgd's
@@ -75,9 +75,10 @@ def main(argv=None) -> int:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from asgd import data, mlp
-    from asgd.readers import assign
-    from asgd.worker import batches
+    from asgd.net import mlp
+    from asgd.data import problem
+    from asgd.data.readers import assign
+    from asgd.protocol.worker import batches
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
     dist.init_process_group("gloo", init_method=f"file://{rendezvous.resolve()}", rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=args.timeout))
 
-    train, test = data.default_problem(args.seed)
+    train, test = problem.default_problem(args.seed)
     mine = np.flatnonzero(assign(len(train), args.seed, 0, size, holdout=False) == rank)   # = asgd allreduce's share
     X, y = torch.from_numpy(train.X[mine]), torch.from_numpy(train.y[mine])
     Xt, yt = torch.from_numpy(test.X), torch.from_numpy(test.y)

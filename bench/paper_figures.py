@@ -7,8 +7,8 @@ asgd's defaults otherwise); the numbers come from its results.json (wall_s, init
   figure4.png  training time per epoch against batch size, several rank counts; says whether
                the paper's cache jump (time falls with the batch, then jumps up) appears
   figure9.png  phase by phase (initialization, training, total) against ranks, batch 256,
-               with asgd's performance model (asgd.perfmodel) overlaid: parameters from
-               --params, or from `python -m asgd.model calibrate` run first (never fitted
+               with asgd's performance model (asgd.perf.analytic) overlaid: parameters from
+               --params, or from `python -m asgd.perf calibrate` run first (never fitted
                to these runs)
 Runs are shared between figures and done in a shuffled order (drift in the machine's load
 does not line up with one axis). Writes paper.csv (one row per run), paper.json, the PNGs.
@@ -105,26 +105,27 @@ def pick(rows, **kw):
 def perf_model(a):
     """(params file, Params) for the Figure 9 overlay: --params, or a fresh calibration
     into <out>/params.json (--quick: a quick one), or (None, why not)."""
-    from asgd import model
+    from asgd.perf import cli
     path = a.params or a.out / "params.json"
     if not a.params and not (a.replot and path.exists()):
-        cmd = [sys.executable, "-m", "asgd.model", "calibrate", "--out", str(path)] + (["--quick"] if a.quick else [])
+        cmd = [sys.executable, "-m", "asgd.perf", "calibrate", "--out", str(path)] + (["--quick"] if a.quick else [])
         print("calibrating the performance model: " + " ".join(cmd[1:]), flush=True)
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if p.returncode:
             return None, f"calibration failed: {p.stderr.strip()[-300:]}"
     try:
-        return str(path), model.load_params(str(path))
-    except model.ModelError as e:
+        return str(path), cli.load_params(str(path))
+    except cli.PerfError as e:
         return None, str(e)
 
 
 def predict(params, row) -> dict:
-    """asgd.perfmodel's init/train/total seconds for one row (the embedded problem)."""
-    from asgd import model, perfmodel
-    run = perfmodel.Run(workers=row["workers"], servers=1, hidden=row["hidden"], batch=row["batch"],
-                        epochs=row["epochs"], **model.data_of(None, None, "embedded", params))
-    pr = perfmodel.predict(params, run)
+    """asgd.perf.analytic's init/train/total seconds for one row (the embedded problem)."""
+    from asgd.perf import analytic
+    from asgd.perf import cli
+    run = analytic.Run(workers=row["workers"], servers=1, hidden=row["hidden"], batch=row["batch"],
+                        epochs=row["epochs"], **cli.data_of(None, None, "embedded", params))
+    pr = analytic.predict(params, run)
     return {"init_s": pr.init_s, "train_s": pr.train_s, "wall_s": pr.total_s}
 
 
@@ -226,7 +227,7 @@ def figure9(rows, model, path, plt):
         preds = [predict(params, r) for r in rs]
         for key, label, color in (("init_s", "initialization", "tab:blue"), ("train_s", "training", "tab:red"),
                                   ("wall_s", "total", "k")):
-            ax.plot(x, [p[key] for p in preds], ls="--", color=color, label=f"{label} (asgd.perfmodel)")
+            ax.plot(x, [p[key] for p in preds], ls="--", color=color, label=f"{label} (asgd.perf.analytic)")
     else:
         note = f"no model overlay: {params}"
     log2_axis(ax, x, RANKS)
@@ -293,7 +294,7 @@ def main(argv=None):
                                    "why": "" if jump else "asgd's kernel works in sample blocks of <= 32 rows whose hidden "
                                           "activations stay in L2 whatever the batch, so the working set does "
                                           "not grow with the batch size (the paper's CNTK step did)"},
-            "figure9_model": note9 or f"asgd.perfmodel with parameters from {model[0]}",
+            "figure9_model": note9 or f"asgd.perf.analytic with parameters from {model[0]}",
             "columns": {"wall_s": "results.json wall_s (rank 0, process start to end of training)",
                         "init_s": "slowest rank's init phase", "train_s": "wall_s - init_s",
                         "train_s_per_epoch": "train_s / epochs", "job_wall_s": "mpiexec start to exit",
@@ -307,7 +308,7 @@ def main(argv=None):
                               ("samples/s", "samples_per_s", ",.0f"), ("server busy %", "server_busy_pct", ".0f"),
                               ("bound", "bound", "")])
     print(f"Figure 4: {verdict}")
-    print(f"Figure 9: {note9 or 'asgd.perfmodel overlaid, parameters from ' + model[0]}")
+    print(f"Figure 9: {note9 or 'asgd.perf.analytic overlaid, parameters from ' + model[0]}")
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 

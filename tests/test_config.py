@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from asgd import config
-from asgd.config import ConfigError
+from asgd.run import config
+from asgd.run.config import ConfigError
 
 
 def test_defaults_are_the_papers_setup():

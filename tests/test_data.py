@@ -1,18 +1,19 @@
 import numpy as np
 import pytest
 
-from asgd import data
-from asgd.data import DataError
+from asgd.data import formats, problem
+from asgd.data import __main__ as data_cli
+from asgd.data.formats import DataError
 
 
 def test_rings_is_determined_by_seed():
-    a, b, c = data.rings(1000, 7), data.rings(1000, 7), data.rings(1000, 8)
+    a, b, c = problem.rings(1000, 7), problem.rings(1000, 7), problem.rings(1000, 8)
     assert np.array_equal(a.X, b.X) and np.array_equal(a.y, b.y)
     assert not np.array_equal(a.X, c.X)
 
 
 def test_rings_balanced_with_margin_and_not_linearly_separable():
-    d = data.rings(20000, 0)
+    d = problem.rings(20000, 0)
     assert d.features == 2 and d.classes == 2
     assert abs(np.mean(d.y) - 0.5) < 0.01
     r = np.hypot(d.X[:, 0], d.X[:, 1])
@@ -27,35 +28,35 @@ def test_rings_balanced_with_margin_and_not_linearly_separable():
 
 
 def test_default_problem_sizes():
-    train, test = data.default_problem()
+    train, test = problem.default_problem()
     assert (len(train), len(test)) == (16384, 4096)
     assert not np.array_equal(train.X[:10], test.X[:10])
 
 
 def test_tsv_roundtrip_is_exact(tmp_path):
-    d = data.rings(300, 3, classes=3)
+    d = problem.rings(300, 3, classes=3)
     p = tmp_path / "d.tsv"
-    data.write_tsv(str(p), d)
+    formats.write_tsv(str(p), d)
     line = p.read_text().splitlines()[0].split("\t")
     assert len(line) == 3 and line[-1].isdigit()
-    back = data.read_tsv(str(p))
+    back = formats.read_tsv(str(p))
     assert np.array_equal(back.X, d.X) and np.array_equal(back.y, d.y) and back.classes == 3
 
 
 def test_generate_cli_writes_train_and_test(tmp_path, capsys):
     out = tmp_path / "data.tsv"
-    assert data.main(["generate", "--points", "100", "--out", str(out), "--seed", "0"]) == 0
+    assert data_cli.main(["generate", "--points", "100", "--out", str(out), "--seed", "0"]) == 0
     assert len(out.read_text().splitlines()) == 100
     assert len((tmp_path / "data.test.tsv").read_text().splitlines()) == 25
     again = tmp_path / "again.tsv"
-    data.main(["generate", "--points", "100", "--out", str(again), "--seed", "0"])
+    data_cli.main(["generate", "--points", "100", "--out", str(again), "--seed", "0"])
     assert again.read_text() == out.read_text()
 
 
 def test_crlf_and_trailing_whitespace_accepted(tmp_path):
     p = tmp_path / "d.tsv"
     p.write_bytes(b"0.5\t-1.25\t0 \r\n1e-3\t2\t1\t\r\n\r\n")
-    d = data.read_tsv(str(p))
+    d = formats.read_tsv(str(p))
     assert d.X.tolist() == [[0.5, -1.25], [1e-3, 2.0]] and d.y.tolist() == [0, 1]
 
 
@@ -76,7 +77,7 @@ def test_bad_input_names_file_and_line(tmp_path, content, message):
     p = tmp_path / "bad.tsv"
     p.write_text(content)
     with pytest.raises(DataError, match=message.replace("(", r"\(")) as e:
-        data.read_tsv(str(p))
+        formats.read_tsv(str(p))
     assert str(p) in str(e.value)
 
 
@@ -84,10 +85,10 @@ def test_label_out_of_range_for_classes(tmp_path):
     p = tmp_path / "d.tsv"
     p.write_text("0.1\t0.2\t0\n0.3\t0.4\t2\n")
     with pytest.raises(DataError, match=":2: label 2 out of range for --classes 2"):
-        data.read_tsv(str(p), classes=2)
-    assert data.read_tsv(str(p)).classes == 3
+        formats.read_tsv(str(p), classes=2)
+    assert formats.read_tsv(str(p)).classes == 3
 
 
 def test_missing_file(tmp_path):
     with pytest.raises(DataError, match="data file not found"):
-        data.read_tsv(str(tmp_path / "nope.tsv"))
+        formats.read_tsv(str(tmp_path / "nope.tsv"))

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from asgd import kernels as K
-from asgd.mlp import Layout, init_params, reference_predict, reference_step
+from asgd.net import kernels as K
+from asgd.net.mlp import Layout, init_params, reference_predict, reference_step
 
 
 def _data(layout, n, seed):

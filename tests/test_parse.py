@@ -1,11 +1,14 @@
-"""The fast parser (numba over raw bytes) against the reference parser data.read_tsv,
+"""The fast parser (numba over raw bytes) against the reference parser formats.read_tsv,
 whole and cut into chunks as the parallel reader cuts it; the .npy format; the CLI."""
 
 import numpy as np
 import pytest
 
-from asgd import config, data, parse
-from asgd.data import DataError
+from asgd.data import parse
+from asgd.run import config
+from asgd.data import formats, problem
+from asgd.data import __main__ as data_cli
+from asgd.data.formats import DataError
 
 # one defect each: the fast parser must name the same line with the same message
 BAD = [
@@ -74,7 +77,7 @@ def test_fast_parser_names_the_same_line_as_the_reference(tmp_path, content, mes
     raw = content.encode("latin-1")
     p.write_bytes(raw)
     with pytest.raises(DataError) as ref:
-        data.read_tsv(str(p))
+        formats.read_tsv(str(p))
     with pytest.raises(DataError) as got:
         fast(p, raw)
     assert str(got.value) == str(ref.value) and message in str(got.value)
@@ -101,16 +104,16 @@ def test_chunks_agree_on_the_first_bad_line(tmp_path, content, message, P):
 def test_fast_parser_values_equal_the_reference(tmp_path, content, P):
     p = tmp_path / "good.tsv"
     p.write_text(content)
-    ref = data.read_tsv(str(p))
+    ref = formats.read_tsv(str(p))
     X, y, _ = chunked(p, content.encode(), P)
     assert X.tolist() == ref.X.tolist() and y.tolist() == ref.y.tolist()
 
 
 def test_values_are_bit_identical_and_lines_numbered(tmp_path):
-    d = data.rings(5000, 3, classes=3)
+    d = problem.rings(5000, 3, classes=3)
     d.X[:10] = [[1e-310, -0.0], [5e-324, 1.7976931348623157e308]] * 5  # subnormals, extremes
     p = tmp_path / "d.tsv"
-    data.write_tsv(str(p), d)
+    formats.write_tsv(str(p), d)
     raw = p.read_bytes()
     for P in (1, 4, 9):
         X, y, offsets = chunked(p, raw, P)
@@ -134,21 +137,21 @@ def test_label_bounds(tmp_path):
 
 def test_generate_npy_and_convert_roundtrip(tmp_path, capsys):
     npy, tsv = tmp_path / "d.npy", tmp_path / "back.tsv"
-    assert data.main(["generate", "--points", "300", "--classes", "3", "--format", "npy", "--out", str(npy)]) == 0
+    assert data_cli.main(["generate", "--points", "300", "--classes", "3", "--format", "npy", "--out", str(npy)]) == 0
     assert (tmp_path / "d.test.npy").exists()
-    d = data.rings(300, 0, classes=3)
+    d = problem.rings(300, 0, classes=3)
     A = np.load(npy)
     assert A.dtype == np.float64 and A.shape == (300, 3)
     assert np.array_equal(A[:, :2], d.X) and np.array_equal(A[:, 2], d.y)
-    assert data.main(["convert", str(npy), str(tsv)]) == 0
-    back = data.read_tsv(str(tsv))
+    assert data_cli.main(["convert", str(npy), str(tsv)]) == 0
+    back = formats.read_tsv(str(tsv))
     assert np.array_equal(back.X, d.X) and np.array_equal(back.y, d.y)
-    assert data.main(["convert", str(tsv), str(tmp_path / "again.npy")]) == 0
+    assert data_cli.main(["convert", str(tsv), str(tmp_path / "again.npy")]) == 0
     assert np.array_equal(np.load(tmp_path / "again.npy"), A)
-    assert data.main(["generate", "--format", "npy", "--out", str(tmp_path / "x.tsv")]) == 2
+    assert data_cli.main(["generate", "--format", "npy", "--out", str(tmp_path / "x.tsv")]) == 2
     assert "--format npy needs --out to end in .npy" in capsys.readouterr().err
     (tmp_path / "bad.tsv").write_text("0.1\t0\n0.2\tzz\n")
-    assert data.main(["convert", str(tmp_path / "bad.tsv"), str(tmp_path / "bad.npy")]) == 2
+    assert data_cli.main(["convert", str(tmp_path / "bad.tsv"), str(tmp_path / "bad.npy")]) == 2
     assert f"{tmp_path / 'bad.tsv'}:2: label 'zz' is not an integer" in capsys.readouterr().err
     assert not (tmp_path / "bad.npy").exists()
 
@@ -176,12 +179,12 @@ def test_truncated_or_foreign_npy(tmp_path):
     np.save(p, np.zeros((100, 3)))
     p.write_bytes(p.read_bytes()[:-8])
     with pytest.raises(DataError, match="truncated"):
-        data.npy_header(str(p))
+        formats.npy_header(str(p))
     p.write_bytes(b"0.1\t0.2\t1\n")
     with pytest.raises(DataError, match="not a .npy file"):
-        data.npy_header(str(p))
+        formats.npy_header(str(p))
     with pytest.raises(DataError, match="data file not found"):
-        data.npy_header(str(tmp_path / "none.npy"))
+        formats.npy_header(str(tmp_path / "none.npy"))
 
 
 def test_reader_option():

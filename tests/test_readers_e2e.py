@@ -1,11 +1,12 @@
 """Both readers as a user runs them, under mpiexec with a time limit: exact cover for 1
-to 8 workers (asgd.readers check), and through asgd.train: the same data, timing
+to 8 workers (asgd.data check), and through asgd.train: the same data, timing
 sub-phases in results.json, one clear line for a bad file."""
 
 import numpy as np
 import pytest
 
-from asgd import data
+from asgd.data import formats, problem
+from asgd.data import __main__ as data_cli
 from conftest import load_results, mpiexec
 
 
@@ -15,8 +16,8 @@ def files(tmp_path_factory):
     file of 1001 points with a held-out companion file."""
     d = tmp_path_factory.mktemp("readers")
     tsv, npy = d / "a.tsv", d / "b.npy"
-    data.write(str(tsv), data.rings(1003, 1, classes=3))
-    assert data.main(["generate", "--points", "1001", "--test-points", "50", "--classes", "3",
+    formats.write(str(tsv), problem.rings(1003, 1, classes=3))
+    assert data_cli.main(["generate", "--points", "1001", "--test-points", "50", "--classes", "3",
                       "--out", str(npy)]) == 0
     return tsv, npy
 
@@ -27,11 +28,11 @@ def test_exact_cover_for_1_to_8_workers(files, tmp_path, launch, sizes):
     sub-communicator; one launch instead of eight: ranks start slowly on 2 cores)."""
     tsv, npy = files
     p = mpiexec(launch, ["check", str(tsv), str(npy), "--sizes", ",".join(map(str, sizes)),
-                         "--timeout", "60", "--out", str(tmp_path)], module="asgd.readers", timeout=60)
+                         "--timeout", "60", "--out", str(tmp_path)], module="asgd.data", timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("exact cover ok") == 4 * len(sizes)
     for path, held_from_file in ((tsv, True), (npy, False)):
-        ref = data.read_tsv(str(path)) if path.suffix == ".tsv" else None
+        ref = formats.read_tsv(str(path)) if path.suffix == ".tsv" else None
         A = np.load(path) if ref is None else np.column_stack([ref.X, ref.y])
         for ranks in sizes:
             shares = {}

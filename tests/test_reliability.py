@@ -135,8 +135,8 @@ def test_bad_data_ends_every_rank_within_10_s(tmp_path, case):
 
 
 def test_crlf_and_trailing_blanks_are_accepted(tmp_path):
-    from asgd import data
-    d = data.rings(400, 0)
+    from asgd.data import problem
+    d = problem.rings(400, 0)
     f = tmp_path / "d.tsv"
     f.write_bytes(b"".join(b"%r\t%r\t%d \t\r\n" % (float(a), float(b), y) for (a, b), y in zip(d.X, d.y)))
     p = mpiexec(3, ["--data", str(f), "--hidden", "200", "--epochs", "1", "--out", str(tmp_path / "o")])

@@ -140,9 +140,9 @@ def test_sweep_job_under_mpiexec_gathers_runs_and_figures(slurm):
 def test_calibration_job_writes_model_parameters(slurm):
     j = job(slurm, "calibrate")  # slurm/calibrate.sbatch --quick: mpiexec inside the allocation
     assert (j["state"], j["exit"]) == ("COMPLETED", "0:0"), job_output(j)
-    from asgd import perfmodel
+    from asgd.perf import analytic
     got = json.loads((slurm["work"] / "jobs" / "params.json").read_text())
-    p = perfmodel.Params.from_dict(got["params"])
+    p = analytic.Params.from_dict(got["params"])
     assert p.cores >= 1 and p.step_s and p.contended_update_s and got["quick"] is True
     assert "Table 1 on this machine" in job_output(j)
 

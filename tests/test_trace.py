@@ -1,11 +1,11 @@
-"""--trace's Chrome Trace Event file, the IPM-style profile, and asgd.report's figures."""
+"""--trace's Chrome Trace Event file, the IPM-style profile, and asgd.perf report's figures."""
 
 import json
 import os
 
 import pytest
 
-from asgd import results
+from asgd.run import results
 from conftest import load_results, mpiexec
 
 
@@ -52,8 +52,8 @@ def test_sixteen_ranks_trace_and_report(tmp_path):
     assert len(r["profile"]["ranks"]) == 16
     assert r["profile"]["bound"] in {"initialization", "server", "communication", "computation"}
     pytest.importorskip("matplotlib")
-    from asgd import report
-    assert report.main([str(tmp_path), str(tmp_path), "--out", str(tmp_path / "fig")]) == 0
+    from asgd.perf import report
+    assert report.write_figures([str(tmp_path), str(tmp_path)], str(tmp_path / "fig")) == 0
     for name in ("profile-0-w15.png", "timeline-0-w15.png", "scaling.png"):
         assert os.path.getsize(tmp_path / "fig" / name) > 10_000
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from asgd import data
+from asgd.data import __main__ as data_cli
 from conftest import load_results, mpiexec
 
 WORKER_PHASES = {"init", "compute", "comm_wait"}
@@ -72,7 +72,7 @@ def test_default_run_sixteen_ranks(tmp_path):
 
 def test_trains_on_a_tsv_file_with_its_test_file(tmp_path):
     f = tmp_path / "d.tsv"
-    assert data.main(["generate", "--points", "3000", "--classes", "3", "--out", str(f)]) == 0
+    assert data_cli.main(["generate", "--points", "3000", "--classes", "3", "--out", str(f)]) == 0
     out = tmp_path / "run"
     p = mpiexec(3, ["--data", str(f), "--hidden", "300", "--epochs", "2", "--out", str(out), "--quiet"])
     assert p.returncode == 0, p.stderr

@@ -18,14 +18,16 @@ import traceback  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from . import checkpoint, config, data, mlp, readers, results, signals  # noqa: E402
-from .allreduce import run_allreduce  # noqa: E402
-from .comm import TAG_SHARD, Waiter, clock_offsets, oversubscribed, shard_bounds  # noqa: E402
-from .progress import EpochTracker  # noqa: E402
-from .server import Server  # noqa: E402
-from .trace import PhaseClock, TraceClock  # noqa: E402
-from .trace import export as export_trace  # noqa: E402
-from .worker import run_worker  # noqa: E402
+from .data import formats, readers  # noqa: E402
+from .net import mlp  # noqa: E402
+from .protocol.allreduce import run_allreduce  # noqa: E402
+from .protocol.comm import TAG_SHARD, Waiter, clock_offsets, oversubscribed, shard_bounds  # noqa: E402
+from .protocol.server import Server  # noqa: E402
+from .protocol.worker import run_worker  # noqa: E402
+from .run import checkpoint, config, results, signals  # noqa: E402
+from .run.progress import EpochTracker  # noqa: E402
+from .run.trace import PhaseClock, TraceClock  # noqa: E402
+from .run.trace import export as export_trace  # noqa: E402
 
 
 def load(comm: MPI.Comm, cfg: config.Config, waiter: Waiter) -> readers.Loaded:
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         first_epoch = resumed.get("epoch", 0)
         if rank == 0:
             _check_writable(out)
-    except (data.DataError, checkpoint.CheckpointError, OSError, MemoryError) as e:
+    except (formats.DataError, checkpoint.CheckpointError, OSError, MemoryError) as e:
         error = str(e)
     except Exception as e:  # a bug: say where
         error = f"rank {rank} ({role}): {type(e).__name__}: {e}"

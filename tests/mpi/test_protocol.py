@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from asgd import data, mlp
-from asgd.comm import StallError, Waiter, oversubscribed, shard_bounds
-from asgd.progress import EpochTracker
-from asgd.server import Server
-from asgd.trace import PhaseClock
-from asgd.worker import run_worker
+from asgd.net import mlp
+from asgd.data import problem
+from asgd.protocol.comm import StallError, Waiter, oversubscribed, shard_bounds
+from asgd.run.progress import EpochTracker
+from asgd.protocol.server import Server
+from asgd.run.trace import PhaseClock
+from asgd.protocol.worker import run_worker
 
 pytestmark = pytest.mark.mpi(min_size=3)
 
@@ -24,7 +25,7 @@ def run_job(servers=1, mode="async", K=None, epochs=2, batch=32, n=600, hidden=2
     layout = mlp.Layout(2, hidden, 2)
     w0 = mlp.init_params(layout, 0)
     w = w0.copy()
-    train = data.rings(n, 0)
+    train = problem.rings(n, 0)
     waiter = Waiter(oversubscribed(comm), time.monotonic() + 60, f"rank {comm.rank}")
     clock = PhaseClock("init")
     W = comm.size - servers

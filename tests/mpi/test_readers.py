@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from asgd import data, readers
-from asgd.comm import Waiter, oversubscribed
-from asgd.data import DataError
+from asgd.data import readers
+from asgd.data import formats, problem
+from asgd.protocol.comm import Waiter, oversubscribed
+from asgd.data.formats import DataError
 
 pytestmark = pytest.mark.mpi(min_size=2)
 comm = MPI.COMM_WORLD
@@ -44,10 +45,10 @@ def run(path, reader, servers=1, seed=0, classes=None):
 
 def reference(path, classes=None):
     """X, y by the plain-Python reference parser (or np.load)."""
-    if data.is_binary(path):
+    if formats.is_binary(path):
         A = np.load(path)
         return A[:, :-1], A[:, -1].astype(np.int64)
-    d = data.read_tsv(path, classes)
+    d = formats.read_tsv(path, classes)
     return d.X, d.y
 
 
@@ -91,11 +92,11 @@ def test_shares_cover_the_file_exactly_once(mpi_tmp_path, fmt, points, with_test
     out = str(mpi_tmp_path / f"d{points}{with_test}{servers}.{fmt}")
 
     def write(p):
-        data.write(p, data.rings(points, 5, classes=3))
+        formats.write(p, problem.rings(points, 5, classes=3))
         if with_test:
-            data.write(data.test_path(p), data.rings(37, 6, classes=3))
+            formats.write(formats.test_path(p), problem.rings(37, 6, classes=3))
     path = written(out, write)
-    test_file = data.test_path(path) if with_test else None
+    test_file = formats.test_path(path) if with_test else None
     seq, par = run(path, "sequential", servers), run(path, "parallel", servers)
     if comm.rank == 0:
         check_cover(seq, path, test_file, servers)
@@ -124,12 +125,12 @@ def test_lines_are_cut_right_whatever_the_layout(mpi_tmp_path, layout):
 
     def write(p):
         open(p, "w").write(content)
-        open(data.test_path(p), "w").write(content.splitlines()[0] + "\n")
+        open(formats.test_path(p), "w").write(content.splitlines()[0] + "\n")
     path = written(mpi_tmp_path / f"{layout.replace(' ', '-')}.tsv", write)
     for reader in ("sequential", "parallel"):
         shares = run(path, reader)
         if comm.rank == 0:
-            check_cover(shares, path, data.test_path(path), 1)
+            check_cover(shares, path, formats.test_path(path), 1)
 
 
 def bad_file(defect_line: int, bad: str, n: int = 400) -> str:
@@ -168,7 +169,7 @@ def test_bad_file_same_message_on_every_rank(mpi_tmp_path, case, reader):
 
 @pytest.mark.parametrize("reader", ["sequential", "parallel"])
 def test_bad_binary_and_missing_files(mpi_tmp_path, reader):
-    A = np.column_stack([data.rings(300, 0).X, data.rings(300, 0).y]).astype(np.float64)
+    A = np.column_stack([problem.rings(300, 0).X, problem.rings(300, 0).y]).astype(np.float64)
     A[297, 1] = np.inf
     inf = written(mpi_tmp_path / "inf.npy", lambda p: np.save(p, A))
     cut = written(mpi_tmp_path / "cut.npy", lambda p: open(p, "wb").write(open(inf, "rb").read()[:-100]))
@@ -184,7 +185,7 @@ def test_bad_binary_and_missing_files(mpi_tmp_path, reader):
 
 
 def test_held_out_file_must_match(mpi_tmp_path):
-    path = written(mpi_tmp_path / "m.tsv", lambda p: data.write(p, data.rings(100, 0)))
+    path = written(mpi_tmp_path / "m.tsv", lambda p: formats.write(p, problem.rings(100, 0)))
     test = written(mpi_tmp_path / "m.test.tsv", lambda p: open(p, "w").write("0.1\t0.2\t0.3\t1\n"))
     got = [run(path, r) for r in ("sequential", "parallel")]
     if comm.rank == 0:

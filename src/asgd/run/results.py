@@ -20,7 +20,7 @@ def machine(comm, oversubscribed: bool) -> dict:
     import mpi4py
     import numba
 
-    from .comm import cores_available
+    from ..protocol.comm import cores_available
     return {
         "world_size": comm.size,
         "host": socket.gethostname(),

@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from . import kernels, signals
+from ..net import kernels
+from ..run import signals
+from ..run.progress import EpochTracker
+from ..run.trace import PhaseClock
 from .comm import Waiter
-from .progress import EpochTracker
 from .server import DIVERGED_AFTER, DivergenceError
-from .trace import PhaseClock
 from .worker import WorkerStats, batches
 
 

@@ -10,10 +10,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from ..data import READERS  # how ranks read the data file
 from . import checkpoint
-
-
-READERS = ("sequential", "parallel")  # how ranks read the data file: asgd.readers
 
 
 class ConfigError(ValueError):

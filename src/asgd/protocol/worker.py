@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from . import signals
+from ..run import signals
+from ..run.trace import RECV, SEND, PhaseClock
 from .comm import PULL_HEADER, PUSH_HEADER, TAG_DONE, TAG_PULL, TAG_PUSH, Waiter, shard_types
-from .trace import RECV, SEND, PhaseClock
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""python -m asgd.model: calibrate (quick), predict, compare against real runs, optimize,
-and its errors. The equations themselves are in test_perfmodel.py."""
+"""python -m asgd.perf: calibrate (quick), predict, compare against real runs, optimize,
+and its errors. The equations themselves are in test_analytic.py."""
 
 import csv
 import json
@@ -9,18 +9,19 @@ import sys
 
 import pytest
 
-from asgd import model, perfmodel
+from asgd.perf import analytic
+from asgd.perf import cli
 from conftest import mpiexec
 
 
-def cli(*args, timeout=60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "asgd.model", *args], capture_output=True, text=True,
+def perf(*args, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "asgd.perf", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
 def test_calibrate_writes_every_parameter_with_units(quick_params):
     got = json.loads(quick_params.read_text())
-    p = perfmodel.Params.from_dict(got["params"])
+    p = analytic.Params.from_dict(got["params"])
     assert p.cores >= 1 and set(got["units"]) >= {"step_s", "server_update_s", "read_s_per_byte", "startup"}
     values = [p.memory_s_per_byte, *p.startup.values(), *(p.r_d(r, f) for r in ("sequential", "parallel")
                                                             for f in ("tsv", "npy")),
@@ -36,12 +37,12 @@ def test_calibrate_writes_every_parameter_with_units(quick_params):
     for h, t in p.step_s.items():  # a bigger batch costs more per step, less per point
         b = sorted(t)
         assert t[b[-1]] > t[b[0]] and t[b[-1]] / b[-1] < t[b[0]] / b[0], (h, t)
-    t1 = p.table1(perfmodel.Run(workers=4, hidden=10000, batch=256))
+    t1 = p.table1(analytic.Run(workers=4, hidden=10000, batch=256))
     assert t1.c_p > 0 and t1.c_u > 0 and t1.r_d > 0 and t1.point_bytes > 8 * 2  # TSV is bigger than doubles
 
 
 def test_predict_prints_a_row_per_configuration(quick_params):
-    p = cli("predict", "--params", str(quick_params), "--workers", "1,2,4,8", "--batch", "64,256",
+    p = perf("predict", "--params", str(quick_params), "--workers", "1,2,4,8", "--batch", "64,256",
             "--reader", "sequential", "--points", "200000")
     assert p.returncode == 0, p.stderr
     rows = [ln.split() for ln in p.stdout.splitlines() if ln.split() and ln.split()[0].isdigit()]
@@ -49,7 +50,7 @@ def test_predict_prints_a_row_per_configuration(quick_params):
     init = {(int(r[0]), int(r[3])): float(r[5]) for r in rows}
     # eq. 12: every rank reads the whole file in turn: init grows with the workers
     assert init[(1, 64)] < init[(2, 64)] < init[(4, 64)] < init[(8, 64)]
-    j = cli("predict", "--params", str(quick_params), "--workers", "2", "--json")
+    j = perf("predict", "--params", str(quick_params), "--workers", "2", "--json")
     got = json.loads(j.stdout.splitlines()[0])
     assert got["total_s"] == pytest.approx(got["init_s"] + got["train_s"])
     assert got["run"]["workers"] == 2 and got["detail"]["bound"] in ("workers", "server", "cores")
@@ -66,14 +67,14 @@ def test_compare_against_real_runs(quick_params, tmp_path):
                         "--epochs", "1", "--quiet", "--out", str(out)], timeout=90)
         assert r.returncode == 0, r.stderr
         runs.append(str(out))
-    p = cli("compare", *runs, "--params", str(quick_params), "--csv", str(tmp_path / "rows.csv"))
+    p = perf("compare", *runs, "--params", str(quick_params), "--csv", str(tmp_path / "rows.csv"))
     assert p.returncode == 0, p.stderr
     assert "allreduce" in p.stderr and "APE over 2 runs" in p.stdout and "the paper's own equations" in p.stdout
     with open(tmp_path / "rows.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["workers"]) for r in rows] == [1, 2]
     for r in rows:
-        for k in model.PHASES + model.DETAIL:
+        for k in cli.PHASES + cli.DETAIL:
             pred, meas = float(r[f"{k}_pred_s"]), float(r[f"{k}_meas_s"])
             assert meas > 0 and (pred > 0 if k != "comm" else pred >= 0)  # all the time may go to compute
             assert float(r[f"{k}_ape"]) == pytest.approx(abs(pred - meas) / meas * 100)
@@ -83,7 +84,7 @@ def test_compare_against_real_runs(quick_params, tmp_path):
 
 
 def test_optimize_ranks_by_predicted_time(quick_params):
-    p = cli("optimize", "--params", str(quick_params), "--nodes", "2", "--cores-per-node", "4",
+    p = perf("optimize", "--params", str(quick_params), "--nodes", "2", "--cores-per-node", "4",
             "--points", "100000", "--top", "50")
     assert p.returncode == 0, p.stderr
     rows = [r for r in map(str.split, p.stdout.splitlines()) if len(r) == 10 and r[0].isdigit()]
@@ -95,13 +96,13 @@ def test_optimize_ranks_by_predicted_time(quick_params):
 
 
 def test_errors_are_one_clear_line(tmp_path):
-    p = cli("predict", "--params", str(tmp_path / "none.json"))
-    assert p.returncode == 2 and "asgd.model calibrate" in p.stderr and "Traceback" not in p.stderr
+    p = perf("predict", "--params", str(tmp_path / "none.json"))
+    assert p.returncode == 2 and "asgd.perf calibrate" in p.stderr and "Traceback" not in p.stderr
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    p = cli("compare", str(tmp_path), "--params", str(bad))
+    p = perf("compare", str(tmp_path), "--params", str(bad))
     assert p.returncode == 2 and "not a parameters file" in p.stderr
-    p = cli("predict", "--workers", "0,2")
+    p = perf("predict", "--workers", "0,2")
     assert p.returncode == 2 and "positive integers" in p.stderr
-    p = cli("optimize", "--cores-per-node", "2", "--epochs", "0")
+    p = perf("optimize", "--cores-per-node", "2", "--epochs", "0")
     assert p.returncode == 2 and "positive integer" in p.stderr and "Traceback" not in p.stderr

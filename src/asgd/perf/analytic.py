@@ -152,7 +152,7 @@ def working_set_bytes(batch: int, n_w: int, hidden: int, n_f: int = 2) -> int:
     """Extension b: what one training step touches: w and Delta-w (8 n_w each), the batch,
     and the hidden activations of a block of samples (the kernel blocks samples so that
     they stay below kernels.H_BYTES)."""
-    from .kernels import H_BYTES
+    from ..net.kernels import H_BYTES
     rows = max(4, min(32, H_BYTES // (DOUBLE * hidden), (batch + 3) // 4 * 4) // 4 * 4)  # kernels._block_rows
     return 2 * DOUBLE * n_w + DOUBLE * (n_f + 1) * batch + DOUBLE * rows * hidden
 

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from . import kernels, signals
+from ..net import kernels
+from ..run import signals
+from ..run.progress import EpochTracker
+from ..run.trace import RECV, SEND, PhaseClock
 from .comm import PULL_HEADER, PUSH_HEADER, TAG_DONE, TAG_PULL, TAG_PUSH, Waiter
-from .progress import EpochTracker
-from .trace import RECV, SEND, PhaseClock
 
 
 @dataclass

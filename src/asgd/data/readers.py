@@ -21,16 +21,13 @@ some ranks only (opening, parsing, packing) is local, and is followed by an agre
 All waits poll (no MPI_Wait, which busy-polls in MPICH): through comm.Waiter, or for the
 bulk transfer, yielding the core between polls (_bulk_wait).
 
-    mpiexec -n N python -m asgd.readers check data.tsv [data.npy ...] [--sizes 2,3,..] [--out DIR]
-runs both readers on each file (with the first k ranks, for each k of --sizes) and checks
-that the workers' shares are the file exactly once (main); --out keeps what they read.
+`mpiexec -n N python -m asgd.data check FILE...` runs both readers on files and checks
+that the workers' shares are each file exactly once.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import time
 from dataclasses import dataclass
 
@@ -38,10 +35,10 @@ import numpy as np
 from mpi4py import MPI
 from numba import njit
 
-from . import data, parse
-from .comm import StallError, Waiter, oversubscribed
-from .config import READERS
-from .data import DataError, Dataset
+from ..protocol.comm import StallError, Waiter
+from . import formats, parse, problem
+from . import READERS
+from .formats import DataError, Dataset
 
 TAG_TURN = 21       # the sequential reader's token (comm.py's tags are 11-14)
 MARGIN = 1 << 16    # bytes read past a range's end to finish its last line (more if needed)
@@ -126,7 +123,7 @@ def load(comm: MPI.Comm, waiter: Waiter, path: str, test: str | None = None,
         raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
     if not 0 <= job.servers < comm.size:
         raise ValueError(f"need at least one worker: {job.servers} servers of {comm.size} ranks")
-    test_file = test or data.test_path(path)
+    test_file = test or formats.test_path(path)
     has_test = test is not None or os.path.exists(test_file)  # every rank sees the same files
     jit_error = _compile_once_per_node(comm, waiter)
     run = _sequential if reader == "sequential" else _parallel
@@ -141,7 +138,7 @@ def embedded(comm: MPI.Comm, waiter: Waiter, job: Job = Job(1)) -> Loaded:
         raise jit_error  # numba is broken here: train.py's agreement reports it
     times = _Times()
     times.enter("shuffle")
-    train, test = data.default_problem(job.seed)
+    train, test = problem.default_problem(job.seed)
     k = job.classes or max(train.classes, test.classes)
     owner = assign(len(train), job.seed, job.servers, comm.size - job.servers, holdout=False)
     mine = np.flatnonzero(owner == comm.rank)
@@ -190,7 +187,7 @@ def _sequential(comm, waiter, path, test_file, job, times, jit_error) -> Loaded:
 def _whole_file(path, classes, times):
     """(X, y, max label, features) of a whole file, timed as read + parse."""
     times.enter("read")
-    if data.is_binary(path):
+    if formats.is_binary(path):
         A = parse.read_rows(path)
         times.enter("parse")
         _, _, _, max_label = parse.resolve(path, [parse.check_array(A, classes)])
@@ -246,7 +243,7 @@ def _take(part, mask):
 def _read_part(comm, waiter, path, classes, times, jit_error=None) -> dict:
     """This rank's rows of `path` (global lines attached) and the whole file's verdict."""
     rank, P = comm.rank, comm.size
-    binary = data.is_binary(path)
+    binary = formats.is_binary(path)
     times.enter("read")
     part = {}  # what this rank reads: stays here (the agreement carries only errors)
 
@@ -254,11 +251,11 @@ def _read_part(comm, waiter, path, classes, times, jit_error=None) -> dict:
         if jit_error:
             raise jit_error
         if binary:
-            offset, rows, cols = data.npy_header(path)
+            offset, rows, cols = formats.npy_header(path)
             r0, r1 = rank * rows // P, (rank + 1) * rows // P
             part.update(at=offset + r0 * cols * 8, first=r0, buf=np.empty((r1 - r0, cols)))
             return
-        size = data.file_size(path)
+        size = formats.file_size(path)
         s, e = rank * size // P, (rank + 1) * size // P
         # buf[0]: the byte before s ('\n' at the file's start); then [s, e); then a tail
         # past e to finish my last line; then a sentinel for the parser
@@ -470,85 +467,3 @@ class _Times:
         if self.phase:
             self.seconds[self.phase] += now - self.since
         self.phase, self.since = phase, now
-
-
-# -- python -m asgd.readers check ------------------------------------------------------
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="mpiexec -n N python -m asgd.readers", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("check", help="read FILEs with the readers and check the shares cover them exactly")
-    c.add_argument("files", nargs="+", metavar="FILE", help=".tsv/.txt or .npy data files")
-    c.add_argument("--reader", default=",".join(READERS), help="comma list (default: both)")
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--classes", type=int)
-    c.add_argument("--servers", type=int, default=1, help="ranks that hold no training points (default 1)")
-    c.add_argument("--sizes", help="comma list of world sizes to check on the job's first ranks "
-                   "(one launch covers many; default: the job's size)")
-    c.add_argument("--timeout", type=float, default=0.0, help="seconds before a wait is an error")
-    c.add_argument("--out", help="write DIR/<file stem>-<reader>-n<size>.npz: every rank's lines, X, y")
-    world = MPI.COMM_WORLD
-    try:
-        a = p.parse_args(argv)
-        sizes = [int(k) for k in a.sizes.split(",")] if a.sizes else [world.size]
-    except SystemExit as e:
-        return int(e.code or 0)
-    except ValueError:
-        sizes = []
-    readers = [r for r in a.reader.split(",") if r]
-    if not sizes or any(not a.servers < k <= world.size for k in sizes) or any(r not in READERS for r in readers):
-        if world.rank == 0:
-            print(f"asgd.readers: error: sizes must be in {a.servers + 1}..{world.size} and readers in "
-                  f"{READERS}", file=sys.stderr)
-        return 2
-    waiter = Waiter(oversubscribed(world), time.monotonic() + a.timeout if a.timeout else 0.0,
-                    f"rank {world.rank}")
-    ok = True
-    for k in sizes:
-        comm = world.Split(0 if world.rank < k else MPI.UNDEFINED)  # the first k ranks
-        for path in a.files if comm != MPI.COMM_NULL else []:
-            for reader in readers:
-                try:
-                    got = load(comm, waiter, path, None, reader, Job(a.servers, a.seed, a.classes))
-                except DataError as e:
-                    if comm.rank == 0:
-                        print(f"asgd.readers: error: {e}", file=sys.stderr)
-                    return 2
-                waiter.barrier(comm, "the other ranks")
-                shares = comm.gather((got.lines, got.train.X, got.train.y, got.times), root=0)
-                if comm.rank == 0:
-                    ok &= _report(path, reader, got, shares, a.servers, a.out)
-        if comm != MPI.COMM_NULL:
-            comm.Free()
-        waiter.barrier(world, "the ranks of the last size")
-    return 0 if ok else 1
-
-
-def _report(path, reader, got, shares, servers, out) -> bool:
-    """Rank 0: do the workers' shares (and a held-out part of the file) cover the file
-    exactly once, with servers holding nothing? Print a line; save the arrays."""
-    held_from_file = not os.path.exists(data.test_path(path))
-    parts = [s[0] for s in shares] + ([got.test_lines] if held_from_file else [])
-    lines = np.concatenate(parts)
-    n = got.train_points + (len(got.test_lines) if held_from_file else 0)
-    exact = (len(lines) == n and np.array_equal(np.sort(lines), np.arange(n))
-             and not any(len(s[0]) for s in shares[:servers]))
-    sizes = [len(s[0]) for s in shares[servers:]]
-    slowest = {k: max(s[3][k] for s in shares) for k in shares[0][3]}
-    print(f"{path} {reader} n={len(shares)}: {got.train_points} training points, {len(got.test)} held out; worker "
-          f"shares {min(sizes)}..{max(sizes)}; exact cover {'ok' if exact else 'FAILED'}; slowest rank "
-          + ", ".join(f"{k} {v:.3f} s" for k, v in slowest.items()), flush=True)
-    if out:
-        os.makedirs(out, exist_ok=True)
-        stem = os.path.splitext(os.path.basename(path))[0]
-        arrays = {f"{k}{r}": s[i] for r, s in enumerate(shares) for i, k in enumerate(("lines", "X", "y"))}
-        np.savez(os.path.join(out, f"{stem}-{reader}-n{len(shares)}.npz"), train_points=got.train_points,
-                 world=len(shares), servers=servers, held_from_file=held_from_file,
-                 test_lines=got.test_lines, test_X=got.test.X, test_y=got.test.y,
-                 classes=got.train.classes, **arrays)
-    return exact
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The synthetic problem and the data file formats.
+"""The data file formats, and the Dataset every reader returns.
 
 TSV (the paper's): one data point a line, the features as decimal numbers, then an
 integer class label, separated by tabs (any whitespace is accepted, as are CRLF line
@@ -8,30 +8,14 @@ the readers use the numba parser in parse.py, which gives the same messages.
 .npy (binary): one 2-D little-endian float64 array, a row per data point: the features,
 then the label (an integer value). A rank can read any range of rows at a known offset
 and nothing needs parsing. Files ending in .npy are binary, anything else is TSV.
-
-The default problem is concentric rings in 2-D: class k fills the ring between radii
-k/K and (k+1)/K, less a gap between rings. No linear classifier separates the
-classes (the hidden layer matters), there is no label noise (the best accuracy is
-1.0), and every point is fixed by the seed.
-
-    python -m asgd.data generate --points 16384 --out data.tsv --seed 0
-
-writes data.tsv and its held-out companion data.test.tsv (--format npy: data.npy);
-`convert IN OUT` rewrites one file in the other format.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 from dataclasses import dataclass
 
 import numpy as np
-
-DEFAULT_POINTS = 16384  # the paper's data set size
-DEFAULT_TEST_POINTS = 4096
-RING_GAP = 0.1  # fraction of each ring's width left empty, so the problem has a margin
 
 
 class DataError(ValueError):
@@ -50,29 +34,6 @@ class Dataset:
 
     def __len__(self) -> int:
         return len(self.y)
-
-
-def rings(points: int, seed: int, classes: int = 2) -> Dataset:
-    """`points` points of the concentric-rings problem, balanced over `classes`."""
-    if points < 1:
-        raise DataError(f"need at least 1 point, got {points}")
-    if classes < 2:
-        raise DataError(f"need at least 2 classes, got {classes}")
-    rng = np.random.default_rng(seed)
-    y = rng.permutation(np.arange(points) % classes).astype(np.int64)
-    width = 1.0 / classes
-    r_in = y * width + (y > 0) * (RING_GAP * width / 2)
-    r_out = (y + 1) * width - (y < classes - 1) * (RING_GAP * width / 2)
-    # uniform in area: r^2 uniform between the ring's radii squared
-    r = np.sqrt(r_in**2 + rng.random(points) * (r_out**2 - r_in**2))
-    theta = rng.random(points) * 2 * np.pi
-    X = np.stack([r * np.cos(theta), r * np.sin(theta)], axis=1)
-    return Dataset(X, y, classes)
-
-
-def default_problem(seed: int = 0) -> tuple[Dataset, Dataset]:
-    """The embedded default: 16384 training and 4096 held-out points (seeds s, s+1)."""
-    return rings(DEFAULT_POINTS, seed), rings(DEFAULT_TEST_POINTS, seed + 1)
 
 
 def test_path(path: str) -> str:
@@ -214,47 +175,3 @@ def _is_float(s: str) -> bool:
         return True
     except ValueError:
         return False
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m asgd.data", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    g = sub.add_parser("generate", help="write the synthetic rings problem as TSV")
-    g.add_argument("--points", type=int, default=DEFAULT_POINTS, help="training points (default %(default)s)")
-    g.add_argument("--test-points", type=int, default=None,
-                   help="held-out points written to <out stem>.test.<ext> (default: points/4)")
-    g.add_argument("--classes", type=int, default=2, help="number of rings/classes (default %(default)s)")
-    g.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
-    g.add_argument("--out", required=True, help="output file, e.g. data.tsv or data.npy")
-    g.add_argument("--format", choices=("tsv", "npy"),
-                   help="tsv or npy (default: from --out's extension; must agree with it)")
-    c = sub.add_parser("convert", help="rewrite a data file in the other format (by extension)")
-    c.add_argument("input", metavar="IN", help="a .tsv/.txt or .npy data file")
-    c.add_argument("output", metavar="OUT", help="the file to write: .npy for binary, else TSV")
-    a = p.parse_args(argv)
-    try:
-        if a.cmd == "convert":
-            from .parse import read_file  # the fast parser; parse.py imports this module
-            d = read_file(a.input)
-            write(a.output, d)
-            print(f"wrote {len(d)} points from {a.input} to {a.output}")
-            return 0
-        if a.format and (a.format == "npy") != is_binary(a.out):
-            raise DataError(f"--format {a.format} needs --out to end in "
-                            f"{'.npy' if a.format == 'npy' else 'something else than .npy, e.g. .tsv'}")
-        test_points = a.test_points if a.test_points is not None else max(1, a.points // 4)
-        train, test = rings(a.points, a.seed, a.classes), rings(test_points, a.seed + 1, a.classes)
-        write(a.out, train)
-        write(test_path(a.out), test)
-    except (DataError, OSError) as e:
-        print(f"asgd.data: error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {len(train)} points to {a.out} and {len(test)} to {test_path(a.out)}")
-    return 0
-
-
-if __name__ == "__main__":
-    # run the package's copy of this module: its DataError is the one parse.py raises
-    from asgd.data import main as package_main
-    sys.exit(package_main())

@@ -1,4 +1,4 @@
-"""asgd.perfmodel: the paper's equations (section 3, eq. 1-9; section 5.3, eq. 12 and the
+"""asgd.perf.analytic: the paper's equations (section 3, eq. 1-9; section 5.3, eq. 12 and the
 updated total), the extensions past it (MVA, cores, caches, interpolation), and the
 calibrated-parameter prediction (Params, predict).
 
@@ -13,8 +13,8 @@ import math
 
 import pytest
 
-from asgd import perfmodel as pm
-from asgd.perfmodel import Params, Run, Table1
+from asgd.perf import analytic as pm
+from asgd.perf.analytic import Params, Run, Table1
 
 
 def approx(x):

@@ -21,7 +21,7 @@ the configurations to be predicted.
   memory       STREAM-like copy (r_m), and the cache sizes from sysfs    in process
 
 The orchestrating process never initializes MPI; the MPI probes run under the launcher
-(`--launcher`, default mpiexec) as `python -m asgd.calibrate PROBE ...`, each printing
+(`--launcher`, default mpiexec) as `python -m asgd.perf.calibrate PROBE ...`, each printing
 one JSON line.
 """
 
@@ -65,9 +65,10 @@ def probe_startup() -> dict:
         ru = resource.getrusage(resource.RUSAGE_SELF)
         return ru.ru_utime + ru.ru_stime
     out, t = {}, T0_NS / 1e9
-    from . import train  # noqa: F401  (numpy, mpi4py, numba and every asgd module, as train)
-    from . import data, mlp, parse, readers
-    from .comm import oversubscribed
+    from .. import train  # noqa: F401  (numpy, mpi4py, numba and every asgd module, as train)
+    from ..data import parse, problem, readers
+    from ..net import mlp
+    from ..protocol.comm import oversubscribed
     from mpi4py import MPI
     oversubscribed(MPI.COMM_WORLD)
     stages = (("imports", lambda: None),
@@ -80,7 +81,7 @@ def probe_startup() -> dict:
         out[f"{name}_wall_s"], out[f"{name}_cpu_s"] = now - t, cpu() - c
         t = now
     t = time.perf_counter()
-    data.default_problem(0)
+    problem.default_problem(0)
     out["embedded_s"] = time.perf_counter() - t
     return out
 
@@ -90,8 +91,9 @@ def probe_job_startup() -> dict | None:
     then asgd.train's own staged numba cache loads (readers' parsers, then the kernels:
     the node's first rank, then the others). The slowest rank's seconds since its start,
     as init_s counts them."""
-    from . import readers, train
-    from .comm import Waiter, oversubscribed
+    from .. import train
+    from ..data import readers
+    from ..protocol.comm import Waiter, oversubscribed
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     waiter = Waiter(oversubscribed(comm), time.monotonic() + 300, f"calibrate rank {comm.rank}")
@@ -107,7 +109,7 @@ def probe_messaging(sizes: list[int], updates: int) -> dict | None:
     import numpy as np
     from mpi4py import MPI
 
-    from . import mlp
+    from ..net import mlp
     comm = MPI.COMM_WORLD
     if comm.size != 2:
         raise CalibrationError("the messaging probe needs exactly 2 ranks")
@@ -159,10 +161,10 @@ def _exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
     `step`; waits sleep (crowded) or poll first, as comm.Waiter does."""
     import numpy as np
 
-    from .comm import Waiter, shard_bounds
-    from .server import Server
-    from .trace import PhaseClock
-    from .worker import run_worker
+    from ..protocol.comm import Waiter, shard_bounds
+    from ..protocol.server import Server
+    from ..protocol.worker import run_worker
+    from ..run.trace import PhaseClock
     w = np.zeros(n_w)
     X, y = np.zeros((updates, 2)), np.zeros(updates, np.int64)
     waiter = Waiter(crowded, time.monotonic() + 120, f"calibrate rank {comm.rank}")
@@ -191,10 +193,11 @@ def probe_cores(hidden: int, batch: int, seconds: float) -> dict | None:
     import numpy as np
     from mpi4py import MPI
 
-    from . import data, mlp
+    from ..data import problem
+    from ..net import mlp
     comm = MPI.COMM_WORLD
     layout = mlp.Layout(2, hidden, 2)
-    w, dw, ds = mlp.init_params(layout, 0), np.zeros(layout.n_w), data.rings(batch, comm.rank)
+    w, dw, ds = mlp.init_params(layout, 0), np.zeros(layout.n_w), problem.rings(batch, comm.rank)
     step = mlp.make_step(layout, batch)
     step(w, ds.X, ds.y, 1e-9, dw)
     comm.Barrier()
@@ -213,8 +216,8 @@ def probe_contention(sizes: list[int], updates: int) -> dict | None:
     (message copies, wake-ups, caches shared), which 2 ranks alone do not show."""
     from mpi4py import MPI
 
-    from . import mlp
-    from .comm import oversubscribed
+    from ..net import mlp
+    from ..protocol.comm import oversubscribed
     comm = MPI.COMM_WORLD
     mlp.compile_kernels()
     crowded = oversubscribed(comm)
@@ -231,8 +234,8 @@ def probe_readers(files: list[str]) -> dict:
     and the keep (sequential) or shuffle (parallel) seconds per point."""
     from mpi4py import MPI
 
-    from . import readers
-    from .comm import Waiter
+    from ..data import readers
+    from ..protocol.comm import Waiter
     comm, out = MPI.COMM_WORLD, {"read_s_per_byte": {}, "select_s_per_point": {}, "bytes_per_point": {}}
     for path in files:
         fmt = "npy" if path.endswith(".npy") else "tsv"
@@ -275,8 +278,9 @@ def measure_steps(hidden: tuple, batches: tuple, min_time: float) -> dict:
     """Seconds per worker step (batch gather + numba step), as run_worker does it."""
     import numpy as np
 
-    from . import data, mlp
-    ds = data.rings(65536, 0)
+    from ..data import problem
+    from ..net import mlp
+    ds = problem.rings(65536, 0)
     out = {}
     for h in hidden:
         layout = mlp.Layout(2, h, 2)
@@ -297,8 +301,9 @@ def measure_steps(hidden: tuple, batches: tuple, min_time: float) -> dict:
 
 
 def measure_evaluate(hidden: tuple, min_time: float) -> dict:
-    from . import data, mlp
-    test = data.rings(2048, 1)
+    from ..data import problem
+    from ..net import mlp
+    test = problem.rings(2048, 1)
     out = {}
     for h in hidden:
         layout = mlp.Layout(2, h, 2)
@@ -336,7 +341,7 @@ def caches() -> dict[str, int]:
 # -- the orchestrator ------------------------------------------------------------------------
 
 def _launch(launcher: str, n: int, args: list[str], timeout: float) -> dict:
-    cmd = [*shlex.split(launcher), "-n", str(n), sys.executable, "-m", "asgd.calibrate", *args]
+    cmd = [*shlex.split(launcher), "-n", str(n), sys.executable, "-m", "asgd.perf.calibrate", *args]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
@@ -358,9 +363,9 @@ def default_launcher() -> str:
 
 def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> dict:
     """Every parameter, with units and the machine description: params.json's content."""
-    from . import data
-    from .comm import cores_available
-    from .perfmodel import extrapolate_linear
+    from ..data import formats, problem
+    from ..protocol.comm import cores_available
+    from .analytic import extrapolate_linear
     launcher = launcher or default_launcher()
     t_all = time.perf_counter()
     hidden, batches = (QUICK_HIDDEN, QUICK_BATCHES) if quick else (HIDDEN, BATCHES)
@@ -407,10 +412,10 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
         contended[n] = {int(k): c_eff / v for k, v in got["updates_per_s"].items()}
     say("calibrate: readers (TSV, .npy; sequential, parallel)")
     with tempfile.TemporaryDirectory(prefix="asgd-calibrate-") as tmp:
-        ds = data.rings(50_000 if quick else 400_000, 0)
+        ds = problem.rings(50_000 if quick else 400_000, 0)
         files = [os.path.join(tmp, "cal.tsv"), os.path.join(tmp, "cal.npy")]
         for f in files:
-            data.write(f, ds)
+            formats.write(f, ds)
         rd = _launch(launcher, 1, ["readers", *files], 600)
     say("calibrate: memory bandwidth, caches")
     params = {
@@ -474,11 +479,11 @@ PROBES = {
 
 
 def _probe_main(argv: list[str]) -> int:
-    """mpiexec -n N python -m asgd.calibrate PROBE [--option value ...] [FILE ...]: one JSON
-    line from rank 0 (internal: `python -m asgd.model calibrate` runs these)."""
+    """mpiexec -n N python -m asgd.perf.calibrate PROBE [--option value ...] [FILE ...]: one JSON
+    line from rank 0 (internal: `python -m asgd.perf calibrate` runs these)."""
     if not argv or argv[0] not in PROBES:
-        print(f"usage: mpiexec -n N python -m asgd.calibrate {{{','.join(PROBES)}}} ...  (internal: "
-              "use python -m asgd.model calibrate)", file=sys.stderr)
+        print(f"usage: mpiexec -n N python -m asgd.perf.calibrate {{{','.join(PROBES)}}} ...  (internal: "
+              "use python -m asgd.perf calibrate)", file=sys.stderr)
         return 2
     args = argv[1:]
     options = dict(zip(args[0::2], args[1::2])) if args and args[0].startswith("--") else {}

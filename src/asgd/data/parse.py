@@ -1,7 +1,7 @@
 """Fast parsing of the data formats (numba), and the rules that turn what each chunk of
 a file found into one verdict for the whole file.
 
-The TSV parser works on raw bytes: data.read_tsv, a Python loop over lines, takes about
+The TSV parser works on raw bytes: formats.read_tsv, a Python loop over lines, takes about
 4 us a line here (two 17-digit features and a label), this about 0.45 us. A rank may
 parse only a chunk of the file (the parallel reader), so the kernel reports what the
 whole-file checks need to be finished across chunks (`Summary`): the line count
@@ -9,7 +9,7 @@ whole-file checks need to be finished across chunks (`Summary`): the line count
 first line (it must equal line 1's), and whether the chunk ends in blank lines (an error
 only if data follows in a later chunk).
 `resolve` then reports the first bad line of the file, with the messages of the
-reference parser data.read_tsv.
+reference parser formats.read_tsv.
 
 Numbers: a feature must be a decimal number ([+-]digits[.digits][e[+-]digits]); it is
 converted by the C library's strtod, which rounds correctly, so values are bit-identical
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit, types
 
-from .data import DataError, Dataset, file_size, is_binary, npy_header
+from .formats import DataError, Dataset, file_size, is_binary, npy_header
 
 # strtod from the C library, by symbol name: unlike a ctypes pointer this keeps the
 # kernel cacheable (cache=True), so 16 ranks load it instead of compiling it.

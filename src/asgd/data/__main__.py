@@ -1,0 +1,147 @@
+"""python -m asgd.data generate | convert | check: make, rewrite and check data files.
+
+    python -m asgd.data generate --points 16384 --out data.tsv --seed 0
+writes the embedded problem (concentric rings) to data.tsv and its held-out companion
+data.test.tsv (--format npy or --out data.npy: the binary format);
+    python -m asgd.data convert IN OUT
+rewrites one file in the format of OUT's extension (.npy binary, anything else TSV);
+    mpiexec -n N python -m asgd.data check data.tsv [data.npy ...] [--sizes 2,3,..] [--out DIR]
+runs both readers on each file (with the first k ranks, for each k of --sizes) and checks
+that the workers' shares are the file exactly once; --out keeps what they read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from .formats import DataError, is_binary, test_path, write
+from .problem import DEFAULT_POINTS, rings
+
+from . import READERS
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m asgd.data", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate", help="write the synthetic rings problem as TSV or .npy")
+    g.add_argument("--points", type=int, default=DEFAULT_POINTS, help="training points (default %(default)s)")
+    g.add_argument("--test-points", type=int, default=None,
+                   help="held-out points written to <out stem>.test.<ext> (default: points/4)")
+    g.add_argument("--classes", type=int, default=2, help="number of rings/classes (default %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    g.add_argument("--out", required=True, help="output file, e.g. data.tsv or data.npy")
+    g.add_argument("--format", choices=("tsv", "npy"),
+                   help="tsv or npy (default: from --out's extension; must agree with it)")
+    c = sub.add_parser("convert", help="rewrite a data file in the other format (by extension)")
+    c.add_argument("input", metavar="IN", help="a .tsv/.txt or .npy data file")
+    c.add_argument("output", metavar="OUT", help="the file to write: .npy for binary, else TSV")
+    k = sub.add_parser("check", help="(under mpiexec) read FILEs with the readers and check that "
+                       "the shares cover them exactly once")
+    k.add_argument("files", nargs="+", metavar="FILE", help=".tsv/.txt or .npy data files")
+    k.add_argument("--reader", default=",".join(READERS), help="comma list (default: both)")
+    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--classes", type=int)
+    k.add_argument("--servers", type=int, default=1, help="ranks that hold no training points (default 1)")
+    k.add_argument("--sizes", help="comma list of world sizes to check on the job's first ranks "
+                   "(one launch covers many; default: the job's size)")
+    k.add_argument("--timeout", type=float, default=0.0, help="seconds before a wait is an error")
+    k.add_argument("--out", help="write DIR/<file stem>-<reader>-n<size>.npz: every rank's lines, X, y")
+    try:
+        a = p.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    if a.cmd == "check":
+        return check(a)
+    try:
+        if a.cmd == "convert":
+            from .parse import read_file  # the fast parser
+            d = read_file(a.input)
+            write(a.output, d)
+            print(f"wrote {len(d)} points from {a.input} to {a.output}")
+            return 0
+        if a.format and (a.format == "npy") != is_binary(a.out):
+            raise DataError(f"--format {a.format} needs --out to end in "
+                            f"{'.npy' if a.format == 'npy' else 'something else than .npy, e.g. .tsv'}")
+        test_points = a.test_points if a.test_points is not None else max(1, a.points // 4)
+        train, test = rings(a.points, a.seed, a.classes), rings(test_points, a.seed + 1, a.classes)
+        write(a.out, train)
+        write(test_path(a.out), test)
+    except (DataError, OSError) as e:
+        print(f"asgd.data: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(train)} points to {a.out} and {len(test)} to {test_path(a.out)}")
+    return 0
+
+
+def check(a) -> int:
+    """mpiexec ... check: both readers on every file and size; exit 1 if a cover fails."""
+    from mpi4py import MPI
+
+    from ..protocol.comm import Waiter, oversubscribed
+    from . import readers
+    world = MPI.COMM_WORLD
+    try:
+        sizes = [int(k) for k in a.sizes.split(",")] if a.sizes else [world.size]
+    except ValueError:
+        sizes = []
+    names = [r for r in a.reader.split(",") if r]
+    if not sizes or any(not a.servers < k <= world.size for k in sizes) or any(r not in READERS for r in names):
+        if world.rank == 0:
+            print(f"asgd.data check: error: sizes must be in {a.servers + 1}..{world.size} and readers in "
+                  f"{READERS}", file=sys.stderr)
+        return 2
+    waiter = Waiter(oversubscribed(world), time.monotonic() + a.timeout if a.timeout else 0.0,
+                    f"rank {world.rank}")
+    ok = True
+    for k in sizes:
+        comm = world.Split(0 if world.rank < k else MPI.UNDEFINED)  # the first k ranks
+        for path in a.files if comm != MPI.COMM_NULL else []:
+            for reader in names:
+                try:
+                    got = readers.load(comm, waiter, path, None, reader, readers.Job(a.servers, a.seed, a.classes))
+                except DataError as e:
+                    if comm.rank == 0:
+                        print(f"asgd.data check: error: {e}", file=sys.stderr)
+                    return 2
+                waiter.barrier(comm, "the other ranks")
+                shares = comm.gather((got.lines, got.train.X, got.train.y, got.times), root=0)
+                if comm.rank == 0:
+                    ok &= _report(path, reader, got, shares, a.servers, a.out)
+        if comm != MPI.COMM_NULL:
+            comm.Free()
+        waiter.barrier(world, "the ranks of the last size")
+    return 0 if ok else 1
+
+
+def _report(path, reader, got, shares, servers, out) -> bool:
+    """Rank 0: do the workers' shares (and a held-out part of the file) cover the file
+    exactly once, with servers holding nothing? Print a line; save the arrays."""
+    import numpy as np
+    held_from_file = not os.path.exists(test_path(path))
+    parts = [s[0] for s in shares] + ([got.test_lines] if held_from_file else [])
+    lines = np.concatenate(parts)
+    n = got.train_points + (len(got.test_lines) if held_from_file else 0)
+    exact = (len(lines) == n and np.array_equal(np.sort(lines), np.arange(n))
+             and not any(len(s[0]) for s in shares[:servers]))
+    sizes = [len(s[0]) for s in shares[servers:]]
+    slowest = {k: max(s[3][k] for s in shares) for k in shares[0][3]}
+    print(f"{path} {reader} n={len(shares)}: {got.train_points} training points, {len(got.test)} held out; worker "
+          f"shares {min(sizes)}..{max(sizes)}; exact cover {'ok' if exact else 'FAILED'}; slowest rank "
+          + ", ".join(f"{k} {v:.3f} s" for k, v in slowest.items()), flush=True)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        stem = os.path.splitext(os.path.basename(path))[0]
+        arrays = {f"{k}{r}": s[i] for r, s in enumerate(shares) for i, k in enumerate(("lines", "X", "y"))}
+        np.savez(os.path.join(out, f"{stem}-{reader}-n{len(shares)}.npz"), train_points=got.train_points,
+                 world=len(shares), servers=servers, held_from_file=held_from_file,
+                 test_lines=got.test_lines, test_X=got.test.X, test_y=got.test.y,
+                 classes=got.train.classes, **arrays)
+    return exact
+
+
+if __name__ == "__main__":
+    sys.exit(main())
