@@ -14,11 +14,11 @@ import pytest
 from conftest import MPIEXEC, load_results, mpiexec
 
 
-def start(n, args):
+def start(n, args, program=("-m", "asgd.train")):
     """An asgd job in the background (its own process group, so nothing outlives it)."""
     if MPIEXEC is None:
         pytest.skip("no mpiexec")
-    return subprocess.Popen([MPIEXEC, "-n", str(n), sys.executable, "-m", "asgd.train", *args],
+    return subprocess.Popen([MPIEXEC, "-n", str(n), sys.executable, *program, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -172,3 +172,37 @@ def test_unwritable_output_folder(tmp_path):
     blocker.write_text("")
     p = mpiexec(2, ["--out", str(blocker / "sub")], timeout=30)
     assert p.returncode == 2 and p.stderr.startswith("asgd.train: error: cannot write to output folder")
+
+
+def rank_pids(run) -> dict[int, int]:
+    """{MPI rank: pid} of the job writing to `run`, from each process's environment."""
+    pids = subprocess.run(["pgrep", "-f", "--", f"--out {run}( |$)"], capture_output=True, text=True).stdout.split()
+    ranks = {}
+    for pid in map(int, pids):
+        try:
+            env = dict(kv.split("=", 1) for kv in open(f"/proc/{pid}/environ").read().split("\0") if "=" in kv)
+        except OSError:
+            continue
+        rank = env.get("PMI_RANK", env.get("OMPI_COMM_WORLD_RANK"))
+        if rank is not None:
+            ranks[int(rank)] = pid
+    return ranks
+
+
+@pytest.mark.parametrize("servers", [2, 3])
+def test_sync_with_several_servers_stops_when_one_server_is_signalled(tmp_path, servers):
+    """The worst skew of a signal's arrival: only server rank 0 gets SIGTERM. It tells the
+    workers to stop; the other servers, which never got the signal, must stop with them
+    rather than wait forever for the next round's pushes."""
+    run = tmp_path / "run"
+    proc = start(servers + 3, ["--mode", "sync", "--servers", str(servers), "--epochs", "200",
+                               "--checkpoint-every", "20", "--out", str(run)])
+    wait_for(run / "checkpoint" / "shard-0.npz", proc)
+    os.kill(rank_pids(run)[0], signal.SIGTERM)
+    out, err = finish(proc, 20)
+    assert proc.returncode == 0, err
+    assert "stopped early by SIGTERM" in out
+    r = load_results(run)
+    rounds = {x["rounds"] for x in r["ranks"] if x["role"] == "server"}
+    assert len(rounds) == 1  # every shard stopped after the same round: one consistent model
+

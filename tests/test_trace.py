@@ -9,16 +9,16 @@ from asgd.run import results
 from conftest import load_results, mpiexec
 
 
-def check_trace(path, world):
+def check_trace(path, world, servers=1):
     with open(path) as f:
         trace = json.load(f)
     ev = trace["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
-    assert names == {r: ("server 0" if r == 0 else f"worker {r}") for r in range(world)}
+    assert names == {r: (f"server {r}" if r < servers else f"worker {r}") for r in range(world)}
     slices = [e for e in ev if e["ph"] == "X"]
     assert {e["pid"] for e in slices} == set(range(world))  # every rank has a timeline
     assert all(e["dur"] > 0 and e["ts"] >= 0 for e in slices)  # time zero: the first rank's start
-    assert {"init", "compute", "comm_wait"} <= {e["name"] for e in slices if e["pid"] != 0}
+    assert {"init", "compute", "comm_wait"} <= {e["name"] for e in slices if e["pid"] >= servers}
     assert {"init", "aggregate", "idle"} <= {e["name"] for e in slices if e["pid"] == 0}
     starts = {e["id"]: e for e in ev if e["ph"] == "s"}
     ends = {e["id"]: e for e in ev if e["ph"] == "f"}
@@ -27,9 +27,9 @@ def check_trace(path, world):
         f = ends[fid]
         assert f["ts"] >= s["ts"]
         if s["name"] == "Δw":  # worker -> server
-            assert s["pid"] != 0 and f["pid"] == 0
+            assert s["pid"] >= servers and f["pid"] < servers
         else:                 # w' : server -> worker
-            assert s["name"] == "w'" and s["pid"] == 0 and f["pid"] != 0
+            assert s["name"] == "w'" and s["pid"] < servers and f["pid"] >= servers
     return trace, starts
 
 
@@ -41,6 +41,17 @@ def test_trace_structure_and_window(tmp_path):
     # the window holds steps 2..6 of each of 3 workers: a push and a reply each
     assert len(arrows) == 3 * 5 * 2
     assert "trace:" in p.stdout and "message arrows" in p.stdout
+
+
+def test_trace_has_an_arrow_per_message_with_two_servers(tmp_path):
+    p = mpiexec(5, ["--epochs", "1", "--hidden", "1000", "--servers", "2", "--trace", "--trace-steps", "2:7",
+                    "--out", str(tmp_path)])
+    assert p.returncode == 0, p.stderr
+    _, arrows = check_trace(tmp_path / "trace.json", 5, servers=2)
+    # steps 2..6 of each of 3 workers: a push to and a reply from each of the 2 servers
+    assert len(arrows) == 3 * 5 * 2 * 2
+    for server in (0, 1):
+        assert sum(a["pid"] == server for a in arrows.values() if a["name"] == "w'") == 3 * 5
 
 
 def test_sixteen_ranks_trace_and_report(tmp_path):

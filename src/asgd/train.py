@@ -21,8 +21,8 @@ from mpi4py import MPI  # noqa: E402
 from .data import formats, readers  # noqa: E402
 from .net import mlp  # noqa: E402
 from .protocol.allreduce import run_allreduce  # noqa: E402
-from .protocol.comm import TAG_SHARD, Waiter, clock_offsets, oversubscribed, shard_bounds  # noqa: E402
-from .protocol.server import Server  # noqa: E402
+from .protocol.comm import Waiter, clock_offsets, oversubscribed, shard_bounds  # noqa: E402
+from .protocol.server import Server, gather_shards, policy  # noqa: E402
 from .protocol.worker import run_worker  # noqa: E402
 from .run import checkpoint, config, results, signals  # noqa: E402
 from .run.progress import EpochTracker  # noqa: E402
@@ -122,8 +122,14 @@ def main(argv: list[str] | None = None) -> int:
                                  "history": tracker.history}) if tracker else dict
             ckpt = checkpoint.Checkpointing(out, rank, max(S, 1), (lo, hi), layout.n_w, w[lo:hi],
                                             checkpoint.parse_every(cfg.checkpoint_every), progress)
-        if rank < S:
-            record = serve(cfg, comm, w, S, (cfg.epochs - first_epoch) * steps, waiter, clock, tracker, ckpt)
+        if rank < S:  # serve my shard (a view: rank 0's w stays whole), then rank 0 gathers all of w
+            lo, hi = shard_bounds(layout.n_w, S)[rank]
+            st = Server(comm, w[lo:hi], S, waiter, clock, tracker, on_update=ckpt.maybe).serve(
+                policy(cfg.mode, cfg.staleness))
+            if cfg.checkpoint_every or st.stopped:
+                ckpt.save(st.rounds)
+            gather_shards(comm, w, S, waiter)
+            record = st.record((lo, hi))
         else:
             X, y, step = train.X, train.y, mlp.make_step(layout, cfg.batch)
             if S:
@@ -135,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                                    waiter, clock, tracker, first_epoch, ckpt.maybe if ckpt else None)
                 if ckpt and (cfg.checkpoint_every or st.stopped):
                     ckpt.save(st.updates)
-            record = {"role": "worker", "updates": st.updates, "bytes_sent": st.bytes_sent,
-                      "bytes_recv": st.bytes_recv, "stopped": st.stopped}
+            record = st.record()
         end_ns = clock.switch("idle")
         waiter.barrier(comm, "the other ranks to finish")
         record.update(rank=rank, phases={**clock.seconds(), **got.times},  # + init's read/parse/shuffle
@@ -150,7 +155,6 @@ def main(argv: list[str] | None = None) -> int:
             for r, off in zip(records, offsets):
                 r["timeline"] = {k: (t + off - zero) / 1e9
                                  for k, t in zip(("start", "init_end", "end"), r.pop("clock_ns"))}
-            _staleness_per_worker(records, S)
             if cfg.trace:
                 names = [f"{r['role']} {r['rank']}" for r in records]
                 info = export_trace(os.path.join(out, "trace.json"), events, names, offsets, zero)
@@ -202,51 +206,6 @@ def warm_up_jit(comm: MPI.Comm, waiter: Waiter) -> None:
             mlp.compile_kernels()
     finally:
         node.Free()
-
-
-def serve(cfg: config.Config, comm: MPI.Comm, w: np.ndarray, S: int, rounds: int, waiter: Waiter,
-          clock: PhaseClock, tracker: EpochTracker | None, ckpt: checkpoint.Checkpointing) -> dict:
-    """Serve my shard of w (a view: rank 0's w stays whole), checkpointing as asked and
-    at the end (always when stopped early); then the other servers send their shards to
-    rank 0, which evaluates the assembled w."""
-    shards = shard_bounds(len(w), S)
-    lo, hi = shards[comm.rank]
-    server = Server(comm, w[lo:hi], S, waiter, clock, tracker, on_update=ckpt.maybe)
-    if cfg.mode == "sync":
-        st = server.serve_sync(rounds)
-    else:
-        st = server.serve_async(cfg.staleness if cfg.mode == "ssp" else None)
-    stopped = server.stopping or signals.requested() is not None
-    if cfg.checkpoint_every or stopped:
-        ckpt.save(st.rounds)
-    if S > 1:
-        reqs = ([comm.Irecv(w[a:b], s, TAG_SHARD) for s, (a, b) in enumerate(shards) if s] if comm.rank == 0
-                else [comm.Isend(w[lo:hi], 0, TAG_SHARD)])
-        waiter.all(reqs, "the servers' final shards")
-    return {"role": "server", "stopped": stopped, "refused": st.refused,
-            "updates": st.updates, "rounds": st.rounds, "bytes_sent": st.bytes_sent,
-            "bytes_recv": st.bytes_recv, "shard": [lo, hi], "requests": st.updates,
-            "staleness_hist": [np.bincount(v).tolist() for v in st.staleness],
-            "step_gap_hist": [np.bincount(v).tolist() for v in st.step_gap]}
-
-
-def _staleness_per_worker(records: list[dict], S: int) -> None:
-    """Each worker's staleness and step-gap distributions, over every server that applied
-    its Delta-w; servers get the distribution over all workers."""
-    def dist(hists: list[list[int]]) -> dict:
-        h = np.zeros(max((len(x) for x in hists), default=1), np.int64)
-        for x in hists:
-            h[:len(x)] += x
-        n = h.sum()
-        return {"mean": float(h @ np.arange(len(h)) / n) if n else 0.0,
-                "max": int(np.flatnonzero(h).max(initial=0)), "histogram": h.tolist()}
-    servers = records[:S]
-    for j, r in enumerate(records[S:]):
-        r["staleness"] = dist([s["staleness_hist"][j] for s in servers])
-        r["step_gap"] = dist([s["step_gap_hist"][j] for s in servers])
-    for s in servers:
-        s["staleness"] = dist(s.pop("staleness_hist"))
-        s["step_gap"] = dist(s.pop("step_gap_hist"))
 
 
 def _check_writable(out: str) -> None:

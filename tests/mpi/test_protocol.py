@@ -12,7 +12,7 @@ from asgd.net import mlp
 from asgd.data import problem
 from asgd.protocol.comm import StallError, Waiter, oversubscribed, shard_bounds
 from asgd.run.progress import EpochTracker
-from asgd.protocol.server import Server
+from asgd.protocol.server import Server, policy
 from asgd.run.trace import PhaseClock
 from asgd.protocol.worker import run_worker
 
@@ -35,7 +35,7 @@ def run_job(servers=1, mode="async", K=None, epochs=2, batch=32, n=600, hidden=2
         lo, hi = shards[comm.rank]
         tracker = EpochTracker(n, epochs, None, lambda s: None, 1e9, clock) if comm.rank == 0 else None
         srv = Server(comm, w[lo:hi], servers, waiter, clock, tracker)
-        st = srv.serve_sync(epochs * -(-(-(-n // W)) // batch)) if mode == "sync" else srv.serve_async(K)
+        st = srv.serve(policy(mode, K))
         mine = {"updates": st.updates, "gap_max": max((max(g, default=0) for g in st.step_gap), default=0),
                 "stale_min": min((min(s, default=0) for s in st.staleness), default=0),
                 "samples": tracker.samples if tracker else None, "shard": (lo, hi)}

@@ -156,13 +156,13 @@ def probe_messaging(sizes: list[int], updates: int) -> dict | None:
 
 
 def _exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
-    """asgd's real protocol, after a barrier: rank 0 serves (Server.serve_async), every
+    """asgd's real protocol, after a barrier: rank 0 serves (Server.serve, async), every
     other rank is a worker pushing `updates` Delta-w of n_w weights, computing with
     `step`; waits sleep (crowded) or poll first, as comm.Waiter does."""
     import numpy as np
 
     from ..protocol.comm import Waiter, shard_bounds
-    from ..protocol.server import Server
+    from ..protocol.server import Async, Server
     from ..protocol.worker import run_worker
     from ..run.trace import PhaseClock
     w = np.zeros(n_w)
@@ -170,7 +170,7 @@ def _exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
     waiter = Waiter(crowded, time.monotonic() + 120, f"calibrate rank {comm.rank}")
     comm.Barrier()
     if comm.rank == 0:
-        Server(comm, w, 1, waiter, PhaseClock("idle"), None).serve_async()
+        Server(comm, w, 1, waiter, PhaseClock("idle"), None).serve(Async())
     else:
         run_worker(comm, shard_bounds(n_w, 1), w, X, y, step, 0.0, 1, 1, [0, comm.rank], waiter,
                    PhaseClock("compute"))
