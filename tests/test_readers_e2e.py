@@ -22,7 +22,7 @@ def files(tmp_path_factory):
     return tsv, npy
 
 
-@pytest.mark.parametrize("launch, sizes", [(2, [2]), (9, range(2, 10))])
+@pytest.mark.parametrize("launch, sizes", [(2, [2]), pytest.param(9, range(2, 10), marks=pytest.mark.openmpi)])
 def test_exact_cover_for_1_to_8_workers(files, tmp_path, launch, sizes):
     """World sizes 2..9: the 9-rank launch checks each size on its first k ranks (a
     sub-communicator; one launch instead of eight: ranks start slowly on 2 cores)."""
@@ -75,6 +75,7 @@ def test_both_readers_train_the_same_model(files, tmp_path):
     assert [h["test_loss"] for h in seq] == [h["test_loss"] for h in par]
 
 
+@pytest.mark.openmpi
 def test_trains_on_npy(files, tmp_path):
     _, npy = files
     p = mpiexec(3, ["--data", str(npy), "--hidden", "200", "--epochs", "1", "--out", str(tmp_path),

@@ -33,6 +33,7 @@ def check_trace(path, world, servers=1):
     return trace, starts
 
 
+@pytest.mark.openmpi
 def test_trace_structure_and_window(tmp_path):
     p = mpiexec(4, ["--epochs", "1", "--hidden", "1000", "--trace", "--trace-steps", "2:7",
                     "--out", str(tmp_path)])

@@ -81,8 +81,9 @@ def check(a) -> int:
     """mpiexec ... check: both readers on every file and size; exit 1 if a cover fails."""
     from mpi4py import MPI
 
-    from ..protocol.comm import Waiter, oversubscribed
-    from . import readers
+    from ..protocol.comm import Waiter, agree_on, oversubscribed
+    from ..run import startup
+    from . import readers, shares
     world = MPI.COMM_WORLD
     try:
         sizes = [int(k) for k in a.sizes.split(",")] if a.sizes else [world.size]
@@ -96,21 +97,28 @@ def check(a) -> int:
         return 2
     waiter = Waiter(oversubscribed(world), time.monotonic() + a.timeout if a.timeout else 0.0,
                     f"rank {world.rank}")
+    error = startup.warm_up(world, waiter, ("parsers",), ("parsers",))  # once per node, then the others
+    try:
+        agree_on(world, waiter, error, "the other ranks to load the parsers")
+    except RuntimeError as e:
+        if world.rank == 0:
+            print(f"asgd.data check: error: {e}", file=sys.stderr)
+        return 1
     ok = True
     for k in sizes:
         comm = world.Split(0 if world.rank < k else MPI.UNDEFINED)  # the first k ranks
         for path in a.files if comm != MPI.COMM_NULL else []:
             for reader in names:
                 try:
-                    got = readers.load(comm, waiter, path, None, reader, readers.Job(a.servers, a.seed, a.classes))
+                    got = readers.load(comm, waiter, path, None, reader, shares.Job(a.servers, a.seed, a.classes))
                 except DataError as e:
                     if comm.rank == 0:
                         print(f"asgd.data check: error: {e}", file=sys.stderr)
                     return 2
                 waiter.barrier(comm, "the other ranks")
-                shares = comm.gather((got.lines, got.train.X, got.train.y, got.times), root=0)
+                gathered = comm.gather((got.lines, got.train.X, got.train.y, got.times), root=0)
                 if comm.rank == 0:
-                    ok &= _report(path, reader, got, shares, a.servers, a.out)
+                    ok &= _report(path, reader, got, gathered, a.servers, a.out)
         if comm != MPI.COMM_NULL:
             comm.Free()
         waiter.barrier(world, "the ranks of the last size")

@@ -121,18 +121,29 @@ def make_evaluate(layout: Layout, w: np.ndarray, test):
     return evaluate
 
 
-def add_into(w: np.ndarray, dw: np.ndarray) -> None:
-    """w += dw in place: the server's aggregation."""
+KERNEL_USES = ("step", "evaluate", "aggregate")  # what a role calls: see compile_kernels
+
+
+def compile_kernels(*uses: str) -> None:
+    """Call the kernels of `uses` once on a tiny model with the run's argument types
+    (C-contiguous float64 vectors, int64 labels), so numba compiles them, or loads them
+    from its cache, before the timed loop; with no argument, all of them.
+      step       sgd_step (a worker)
+      evaluate   evaluate (the rank that evaluates: rank 0)
+      aggregate  add_into, add_scaled, all_finite (a server; allreduce ranks)"""
     from . import kernels
-    kernels.add_into(w, dw)
-
-
-def compile_kernels() -> None:
-    """Call every kernel once on a tiny model with the run's argument types, so numba
-    compiles them (or loads them from its cache) before the timed loop."""
+    unknown = set(uses) - set(KERNEL_USES)
+    if unknown:
+        raise ValueError(f"unknown kernel uses {sorted(unknown)}; choose from {KERNEL_USES}")
+    uses = uses or KERNEL_USES
     tiny = Layout(2, 3, 2)
     w, dw = init_params(tiny, 0), np.zeros(tiny.n_w)
     X, y = np.zeros((2, 2)), np.zeros(2, dtype=np.int64)
-    make_step(tiny, 2)(w, X, y, 0.1, dw)
-    make_evaluate(tiny, w, SimpleNamespace(X=X, y=y))()
-    add_into(w, dw)
+    if "step" in uses:
+        make_step(tiny, 2)(w, X, y, 0.1, dw)
+    if "evaluate" in uses:
+        make_evaluate(tiny, w, SimpleNamespace(X=X, y=y))()
+    if "aggregate" in uses:
+        kernels.all_finite(dw)
+        kernels.add_into(w, dw)
+        kernels.add_scaled(w, dw, 0.5)

@@ -15,8 +15,11 @@ import time
 
 import numpy as np
 
+from .. import BadInput
+from .files import atomic_write
 
-class CheckpointError(ValueError):
+
+class CheckpointError(BadInput):
     """A checkpoint that cannot be resumed from; the message says why."""
 
 
@@ -35,19 +38,9 @@ def save(run_dir: str, server: int, w: np.ndarray, meta: dict) -> str:
     d = folder(run_dir)
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, f"shard-{server}.npz")
-    tmp = f"{path}.tmp{os.getpid()}"
     meta = {**meta, "time": time.time()}
     header = json.dumps({"meta": meta, "sha256": _digest(w, meta)})
-    with open(tmp, "wb") as f:
-        np.savez(f, w=w, header=np.frombuffer(header.encode(), dtype=np.uint8))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(d, os.O_RDONLY)  # the rename itself must reach the disk
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    atomic_write(path, lambda f: np.savez(f, w=w, header=np.frombuffer(header.encode(), dtype=np.uint8)), binary=True)
     return path
 
 
@@ -79,19 +72,6 @@ def load(run_dir: str, servers: int, n_w: int) -> tuple[np.ndarray, dict]:
         w[lo:hi] = shard
         metas.append(meta)
     return w, metas[0]
-
-
-def parse_every(spec: str | None) -> tuple[str, float] | None:
-    """--checkpoint-every: '500' (updates of the shard) or '30s' (seconds)."""
-    if not spec:
-        return None
-    try:
-        n = float(spec[:-1]) if spec.endswith("s") else int(spec)
-    except ValueError:
-        raise CheckpointError(f"--checkpoint-every must be N (updates) or Ns (seconds), got {spec!r}") from None
-    if n <= 0:
-        raise CheckpointError(f"--checkpoint-every must be positive, got {spec!r}")
-    return ("seconds" if spec.endswith("s") else "updates", n)
 
 
 class Checkpointing:

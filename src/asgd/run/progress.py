@@ -29,6 +29,15 @@ class EpochTracker:
 
     def __post_init__(self):
         self.first_samples = self.samples  # a resumed run starts past zero: rates count from here
+        self.evaluated_at = None  # samples when the last held-out evaluation was made
+
+    def final_metrics(self, evaluate: Callable[[], tuple[float, float]]) -> tuple[float, float]:
+        """Held-out (loss, accuracy) of the final weights: the last epoch's evaluation if no
+        update was applied since (every applied update brings samples), else evaluate()
+        now (a run stopped mid-epoch, sharded servers, updates refused at the end)."""
+        if self.evaluated_at == self.samples and self.history and self.history[-1]["test_loss"] is not None:
+            return self.history[-1]["test_loss"], self.history[-1]["test_accuracy"]
+        return evaluate()
 
     def add(self, loss_sum: float, m: float) -> None:
         """An applied update of m samples whose batch losses sum to loss_sum."""
@@ -52,6 +61,7 @@ class EpochTracker:
             prev = self.clock.phase
             self.clock.switch("evaluate")
             test_loss, test_acc = self.evaluate()
+            self.evaluated_at = self.samples
             self.clock.switch(prev)
         elapsed = now - self.t_start
         h = {"epoch": self.epoch, "samples": self.samples, "time_s": round(elapsed, 4),

@@ -11,6 +11,8 @@ import sys
 
 import numpy as np
 
+from .files import atomic_write
+
 SCHEMA_VERSION = 1
 
 
@@ -134,11 +136,7 @@ def verdict(results: dict, rows: list[dict]) -> dict:
 
 def write(path: str, results: dict) -> None:
     """Atomically: a reader never sees half a file."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=1, default=_plain)
-        f.write("\n")
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: f.write(json.dumps(results, indent=1, default=_plain) + "\n"))
 
 
 def _plain(x):
