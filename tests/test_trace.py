@@ -93,3 +93,14 @@ def test_verdict(args, bound):
     assert worker["compute_pct"] == pytest.approx(10 * args[2])
     server = prof["ranks"][0]
     assert server["busy_pct"] == pytest.approx(100 * args[1] / (10 - args[0]))
+
+
+def test_staleness_of_a_worker_whose_push_was_never_applied():
+    """A worker stopped before its first push reached a server (SIGTERM) has an empty
+    histogram: its distribution is empty, not a crash of rank 0."""
+    records = [{"role": "server", "staleness_hist": [[], [1, 2]], "step_gap_hist": [[], [3]]},
+               {"role": "worker"}, {"role": "worker"}]
+    results._staleness(records, 1)
+    assert records[1]["staleness"] == {"mean": 0.0, "max": 0, "histogram": []}
+    assert records[2]["staleness"]["histogram"] == [1, 2] and records[2]["step_gap"]["histogram"] == [3]
+    assert records[0]["staleness"]["histogram"] == [1, 2]

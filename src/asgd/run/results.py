@@ -83,7 +83,7 @@ def _staleness(records: list[dict], S: int) -> None:
     def dist(hists: list[list[int]]) -> dict:
         h = np.zeros(max((len(x) for x in hists), default=1), np.int64)
         for x in hists:
-            h[:len(x)] += x
+            h[:len(x)] += np.asarray(x, np.int64)  # an empty one is float64
         n = h.sum()
         return {"mean": float(h @ np.arange(len(h)) / n) if n else 0.0,
                 "max": int(np.flatnonzero(h).max(initial=0)), "histogram": h.tolist()}
