@@ -96,6 +96,27 @@ def request_stop(proc, run) -> None:
         os.kill(proc.pid, signal.SIGTERM)
 
 
+@pytest.mark.parametrize("optimizer", ["adam"])
+def test_the_optimizers_state_survives_checkpoint_and_resume(tmp_path, optimizer):
+    """Sync mode is deterministic: 2 epochs, then a resume to 4, ends with the weights of
+    an uninterrupted 4-epoch run only if each server's optimizer state (Adam's moments and
+    step count, per shard) came back with its shard."""
+    common = ["--mode", "sync", "--servers", "2", "--optimizer", optimizer, "--hidden", "300", "--batch", "64",
+              "--quiet"]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    p = mpiexec(5, common + ["--epochs", "4", "--out", str(whole)])
+    assert p.returncode == 0, p.stderr
+    p = mpiexec(5, common + ["--epochs", "2", "--checkpoint-every", "1000000", "--out", str(part)])
+    assert p.returncode == 0, p.stderr
+    p = mpiexec(5, common + ["--epochs", "4", "--resume", str(part)])
+    assert p.returncode == 0, p.stderr
+    np.testing.assert_array_equal(np.load(part / "weights.npy"), np.load(whole / "weights.npy"))
+    r = load_results(part)
+    assert r["config"]["optimizer"] == optimizer and [h["epoch"] for h in r["metrics"]["history"]] == [1, 2, 3, 4]
+    p = mpiexec(5, [*common[:4], "--optimizer", "sgd", *common[6:], "--epochs", "5", "--resume", str(part)], timeout=30)
+    assert p.returncode == 2 and "resume with the run's --optimizer" in p.stderr
+
+
 def test_sigterm_checkpoints_and_exits_cleanly(tmp_path):
     proc = start(4, ["--epochs", "200", "--checkpoint-every", "20", "--out", str(tmp_path)])
     wait_for(tmp_path / "checkpoint" / "shard-0.npz", proc)

@@ -30,14 +30,15 @@ from mpi4py import MPI  # noqa: E402
 from . import BadInput  # noqa: E402
 from .data import shares  # noqa: E402
 from .data.formats import DataError, Dataset  # noqa: E402
-from .net import mlp  # noqa: E402
+from .data import standardize  # noqa: E402
+from .net import mlp, optimizers  # noqa: E402
 from .protocol.allreduce import run_allreduce  # noqa: E402
 from .protocol.comm import Waiter, agree, agree_on, clock_offsets, describe, oversubscribed, shard_bounds  # noqa: E402
 from .protocol.server import Server, gather_shards, policy  # noqa: E402
 from .protocol.worker import run_worker  # noqa: E402
 from .run import checkpoint, config, results, signals, startup  # noqa: E402
 from .run.files import atomic_write  # noqa: E402
-from .run.progress import EpochTracker  # noqa: E402
+from .run.progress import EpochTracker, convergence_notes  # noqa: E402
 from .run.trace import PhaseClock, TraceClock  # noqa: E402
 from .run.trace import export as export_trace  # noqa: E402
 
@@ -85,8 +86,10 @@ class Model:
     read_times: dict         # init's read / parse / shuffle seconds
     layout: mlp.Layout
     w: np.ndarray            # all of w (a server serves its shard, a view of it)
-    lr: float
+    lr: float                # the optimizer's (sgd: the workers' step's)
     resumed: dict            # the checkpoint's progress, or {}
+    saved_optimizer: list    # each shard's optimizer state from the checkpoint, or []
+    scaling: tuple | None    # --standardize: (mean, std) of every feature
     init_end_ns: int = 0
 
     @property
@@ -143,26 +146,33 @@ def init(job: Job) -> Model:
     cfg, comm, waiter = job.cfg, job.comm, job.waiter
     allreduce = cfg.arch == "allreduce"
     reads_file = cfg.data is not None
-    mine = startup.loads(job.role, job.rank, reads_file, allreduce)
-    error = startup.warm_up(comm, waiter, mine, startup.node_loads(reads_file, allreduce))
+    mine = startup.loads(job.role, job.rank, reads_file, allreduce, cfg.optimizer)
+    error = startup.warm_up(comm, waiter, mine, startup.node_loads(reads_file, allreduce, cfg.optimizer))
     agree_on(comm, waiter, error, "the other ranks to load their kernels", Agreed)
 
     got = load_data(job)  # collective; a bad file raises the same DataError on every rank
+    scaling = None
+    if cfg.standardize:  # collective: the statistics of the workers' shares together
+        scaling = standardize.statistics(comm, waiter, got.train.X)
+        for data in (got.train, got.test):
+            if data is not None:
+                standardize.apply(data.X, *scaling)
     made = {}
 
     def local():  # no MPI in here: it may fail on some ranks only, and is agreed on
         layout = mlp.Layout(got.train.features, cfg.hidden, got.train.classes)
         averaged = job.workers if allreduce or cfg.mode == "sync" else 1
-        w, resumed = mlp.init_params(layout, cfg.seed), {}
+        w, resumed, saved = mlp.init_params(layout, cfg.seed), {}, []
         if cfg.resume:  # every rank reads every shard: workers need all of w too
-            w, resumed = checkpoint.load(cfg.resume, max(job.servers, 1), layout.n_w)
+            w, resumed, saved = checkpoint.load(cfg.resume, max(job.servers, 1), layout.n_w, cfg.optimizer)
             if resumed.get("epoch", 0) >= cfg.epochs:
                 raise checkpoint.CheckpointError(f"{cfg.resume}: its checkpoint has {resumed['epoch']} "
                                                  f"epochs done; ask for more with --epochs")
         if job.rank == 0:
             _check_writable(job.out)
-        made["model"] = Model(got.train, got.test, got.train_points, got.times, layout, w,
-                              cfg.lr or mlp.default_lr(cfg.hidden, averaged), resumed)
+        lr = cfg.lr or optimizers.default_lr(cfg.optimizer, cfg.hidden, averaged)
+        made["model"] = Model(got.train, got.test, got.train_points, got.times, layout, w, lr, resumed,
+                              saved, scaling)
     agree(comm, waiter, local, "the other ranks to finish start-up", Agreed)
     model = made["model"]
     model.init_end_ns = time.perf_counter_ns()
@@ -211,24 +221,32 @@ def tracker_of(job: Job, m: Model) -> EpochTracker | None:
                         samples=m.first_epoch * m.n_train)
 
 
-def checkpointing(job: Job, m: Model, tracker: EpochTracker | None) -> checkpoint.Checkpointing:
-    """A server's (or allreduce rank 0's) checkpoints of its shard, and rank 0's progress."""
+def optimizer_of(job: Job, m: Model) -> tuple[optimizers.Optimizer, checkpoint.Checkpointing]:
+    """A server's optimizer for its shard (allreduce's ranks: for all of w), restored from
+    the checkpoint when resuming, and its checkpoints: the shard, the optimizer's state
+    and, on rank 0, the progress."""
     n = max(job.servers, 1)
-    lo, hi = shard_bounds(m.layout.n_w, n)[job.rank]
+    lo, hi = shard_bounds(m.layout.n_w, n)[job.rank if job.servers else 0]
+    opt = optimizers.Optimizer(job.cfg.optimizer, m.lr, hi - lo)
+    if m.saved_optimizer:
+        opt.load(m.saved_optimizer[job.rank if job.servers else 0])
+    tracker = job.tracker
     progress = (lambda: {"epoch": tracker.epoch, "samples": tracker.samples,
                          "history": tracker.history}) if tracker else dict
-    return checkpoint.Checkpointing(job.out, job.rank, n, (lo, hi), m.layout.n_w, m.w[lo:hi],
-                                    config.checkpoint_every(job.cfg.checkpoint_every), progress)
+    ckpt = checkpoint.Checkpointing(job.out, job.rank, n, (lo, hi), m.layout.n_w, m.w[lo:hi],
+                                    config.checkpoint_every(job.cfg.checkpoint_every), progress,
+                                    state=opt.save, optimizer=opt.name)
+    return opt, ckpt
 
 
 def serve(job: Job, m: Model) -> dict:
     """Serve my shard of w (a view: rank 0's w stays whole) until every worker is done;
     checkpoint as asked (and always when stopped early); then rank 0 gathers all of w."""
     job.tracker = tracker_of(job, m)
-    ckpt = checkpointing(job, m, job.tracker)
+    opt, ckpt = optimizer_of(job, m)
     lo, hi = ckpt.shard
     st = Server(job.comm, m.w[lo:hi], job.servers, job.waiter, job.clock, job.tracker,
-                on_update=ckpt.maybe).serve(policy(job.cfg.mode, job.cfg.staleness))
+                on_update=ckpt.maybe, optimizer=opt).serve(policy(job.cfg.mode, job.cfg.staleness))
     if job.cfg.checkpoint_every or st.stopped:
         ckpt.save(st.rounds)
     gather_shards(job.comm, m.w, job.servers, job.waiter)
@@ -240,19 +258,20 @@ def work(job: Job, m: Model) -> dict:
     cfg, S = job.cfg, job.servers
     steps = math.ceil(math.ceil(m.n_train / job.workers) / cfg.batch)  # per epoch of the largest share
     step = mlp.make_step(m.layout, cfg.batch)
+    lr = optimizers.worker_lr(cfg.optimizer, m.lr)  # sgd: Delta-w; the others: the negative gradient
     if S:
         job.tracker = None
-        st = run_worker(job.comm, shard_bounds(m.layout.n_w, S), m.w, m.train.X, m.train.y, step, m.lr,
+        st = run_worker(job.comm, shard_bounds(m.layout.n_w, S), m.w, m.train.X, m.train.y, step, lr,
                         cfg.batch, cfg.epochs, [cfg.seed, job.rank - S], job.waiter, job.clock,
                         overlap=cfg.mode != "sync", steps_per_epoch=steps if cfg.mode == "sync" else None,
                         first_epoch=m.first_epoch)
         return st.record()
     job.tracker = tracker_of(job, m)
-    ckpt = checkpointing(job, m, job.tracker) if job.rank == 0 else None
-    st = run_allreduce(job.comm, m.w, m.train.X, m.train.y, step, m.lr, cfg.batch, cfg.epochs, steps,
+    opt, ckpt = optimizer_of(job, m)  # every rank applies the same updates; rank 0 checkpoints them
+    st = run_allreduce(job.comm, m.w, m.train.X, m.train.y, step, lr, opt, cfg.batch, cfg.epochs, steps,
                        [cfg.seed, job.rank], job.waiter, job.clock, job.tracker, m.first_epoch,
-                       ckpt.maybe if ckpt else None)
-    if ckpt and (cfg.checkpoint_every or st.stopped):
+                       ckpt.maybe if job.rank == 0 else None)
+    if job.rank == 0 and (cfg.checkpoint_every or st.stopped):
         ckpt.save(st.updates)
     return st.record()
 
@@ -286,16 +305,23 @@ def save(job: Job, m: Model, record: dict) -> None:
     stopped = any(r.get("stopped") for r in records)
     res = results.build(
         config={**cfg.to_dict(), "out": job.out, "lr": m.lr, "servers": job.servers, "workers": job.workers,
+                "worker_lr": optimizers.worker_lr(cfg.optimizer, m.lr),
                 "features": m.layout.d_in, "classes": m.layout.d_out, "n_w": m.layout.n_w,
                 "train_points": m.n_train, "test_points": len(m.test)},
         ranks=records, wall_s=wall, meta=results.machine(comm, job.crowded),
         server={"updates": records[0]["rounds"] if job.servers else records[0]["updates"],
                 "samples": tracker.samples, "history": tracker.history, "loss": loss, "accuracy": accuracy})
     res["stopped"] = (signals.requested() or "a stop request") if stopped else None
+    if m.scaling:
+        res["standardize"] = {"mean": m.scaling[0].tolist(), "std": m.scaling[1].tolist()}
+        standardize.write(job.out, *m.scaling)
+    res["notes"] = convergence_notes(tracker.history, sum(r.get("refused", 0) for r in records))
     atomic_write(os.path.join(job.out, "weights.npy"), lambda f: np.save(f, m.w), binary=True)
     path = os.path.join(job.out, "results.json")
     results.write(path, res)
     print(results.summary(res, path), flush=True)
+    for note in res["notes"]:
+        print(f"asgd.train: note: {note}", flush=True)
     if stopped:
         print(f"asgd.train: stopped early by {res['stopped']} after epoch {tracker.epoch} "
               f"({tracker.samples:,} samples); checkpoint in {checkpoint.folder(job.out)}; "

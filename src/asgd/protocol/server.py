@@ -24,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..net import kernels
+from ..net.optimizers import Optimizer
 from ..run import signals
 from ..run.progress import EpochTracker
 from ..run.trace import RECV, SEND, PhaseClock, flow_id
@@ -58,10 +59,14 @@ class ServerStats:
 
 class Server:
     def __init__(self, comm: MPI.Comm, w: np.ndarray, first_worker: int, waiter: Waiter,
-                 clock: PhaseClock, tracker: EpochTracker | None, on_update=None):
+                 clock: PhaseClock, tracker: EpochTracker | None, on_update=None,
+                 optimizer: Optimizer | None = None):
         """w: my shard (a live view); workers are ranks first_worker..; tracker (rank 0):
-        epochs and progress; on_update(rounds): after each new version (checkpoints)."""
+        epochs and progress; on_update(rounds): after each new version (checkpoints);
+        optimizer: what an update does to w, with its state for my shard (default: sgd,
+        w += Delta-w)."""
         self.comm, self.w, self.waiter, self.clock, self.tracker = comm, w, waiter, clock, tracker
+        self.optimizer = optimizer or Optimizer("sgd", 1.0, len(w))
         self.on_update = on_update or (lambda rounds: None)
         self.stopping = False  # a stop request: replies tell the workers to stop
         self.first, self.W, n = first_worker, comm.size - first_worker, len(w)
@@ -114,14 +119,10 @@ class Server:
             dw, loss_sum, m = None, 0.0, 0.0  # a refused update adds no samples to the progress
         policy.take(self, j, dw, loss_sum, m)
 
-    def apply(self, dw: np.ndarray | None, scale: float = 1.0) -> None:
-        """w += scale * Delta-w (None: a refused one, nothing to add)."""
-        if dw is None:
-            return
-        if scale == 1.0:
-            kernels.add_into(self.w, dw)
-        else:
-            kernels.add_scaled(self.w, dw, scale)
+    def apply(self, d: np.ndarray | None) -> None:
+        """The optimizer moves my shard along d (None: a refused update, nothing moves)."""
+        if d is not None:
+            self.optimizer.step(self.w, d)
 
     def new_version(self, loss_sum: float, samples: float) -> None:
         """The shard has a new version; count it, report the samples it took in."""
@@ -221,11 +222,12 @@ class SSP(Async):
 
 
 class Sync(Policy):
-    """Rounds: every active worker's push, one sample-weighted mean applied in worker
-    order (whatever the arrival order: deterministic), then every worker answered."""
+    """Rounds: every active worker's push, their sample-weighted mean (summed in worker
+    order, whatever the arrival order: deterministic) applied once, every worker answered."""
 
     def __init__(self):
         self.pending: dict[int, tuple] = {}
+        self.mean: np.ndarray | None = None
 
     def take(self, srv, j, dw, loss_sum, m):
         self.pending[j] = (dw, loss_sum, m)
@@ -234,11 +236,16 @@ class Sync(Policy):
         if not self.pending or any(srv.active[j] and j not in self.pending for j in range(srv.W)):
             return []
         total = sum(m for _, _, m in self.pending.values())
+        if self.mean is None:
+            self.mean = np.empty_like(srv.w)
+        self.mean[:] = 0.0
         for j in sorted(self.pending):
             dw, _, m = self.pending[j]
             if m:
-                srv.apply(dw, m / total)
+                kernels.add_scaled(self.mean, dw, m / total)
             srv.st.step_gap[j].append(0)
+        if total:
+            srv.apply(self.mean)
         srv.new_version(sum(ls for _, ls, _ in self.pending.values()), total)
         ready, self.pending = sorted(self.pending), {}
         return ready

@@ -31,11 +31,12 @@ class WorkerStats:
     bytes_sent: int = 0
     bytes_recv: int = 0
     stopped: bool = False  # ended early on a stop request
+    refused: int = 0       # allreduce: summed updates with NaN or inf, not applied
 
     def record(self) -> dict:
         """This worker's entry of results.json's `ranks` (train.py adds the rest)."""
         return {"role": "worker", "updates": self.updates, "bytes_sent": self.bytes_sent,
-                "bytes_recv": self.bytes_recv, "stopped": self.stopped}
+                "bytes_recv": self.bytes_recv, "stopped": self.stopped, "refused": self.refused}
 
 
 class PushPull:

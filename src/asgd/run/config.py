@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .. import BadInput
 from ..data import READERS  # how ranks read the data file
+from ..net import OPTIMIZERS
 
 
 class ConfigError(BadInput):
@@ -26,7 +27,9 @@ class Config:
     reader: str = "parallel"     # READERS: how ranks read the data file
     hidden: int = 10000
     batch: int = 256
-    lr: float | None = None      # None: mlp.default_lr(hidden, averaged workers)
+    lr: float | None = None      # None: optimizers.default_lr(optimizer, hidden, averaged workers)
+    optimizer: str = "sgd"       # OPTIMIZERS: what a server does with an update (asgd.net.optimizers)
+    standardize: bool = False    # scale each feature to mean 0, variance 1 (statistics over the workers' shares)
     epochs: int = 5
     seed: int = 0
     out: str | None = None       # None: runs/<timestamp>-n<ranks>
@@ -75,8 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "CNTK did (init grows with the ranks)")
     p.add_argument("--hidden", type=int, default=d.hidden, help="hidden units (default %(default)s; the paper also uses 100000)")
     p.add_argument("--batch", type=int, default=d.batch, help="mini-batch size per worker step (default %(default)s)")
-    p.add_argument("--lr", type=float, help="learning rate of each worker's step (default 3/hidden; "
-                   "x W workers in sync and allreduce, where each update averages W workers' Delta-w)")
+    p.add_argument("--lr", type=float, help="learning rate (default, by --optimizer: sgd 3/hidden, momentum "
+                   "0.3/hidden, both x W workers in sync and allreduce, where each update averages W workers'; "
+                   "adagrad 0.01; adam 0.001)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer,
+                   help="what the servers (allreduce: every rank) do with an update, each keeping its state "
+                        "for its shard: sgd (default: w += Delta-w, the worker applies lr, the paper's ASGD), "
+                        "momentum, adagrad or adam (workers push the gradient, the server applies lr)")
+    p.add_argument("--standardize", action="store_true",
+                   help="scale each feature to mean 0 and variance 1 with statistics of the training "
+                        "points (computed by the workers together during init), for training and held-out "
+                        "data; written to OUT/standardize.json and results.json. Use it when features "
+                        "have different scales or are far from [-1, 1]")
     p.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data by all workers together (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the data split, shuffles and initial weights (default %(default)s)")
     p.add_argument("--arch", choices=["ps", "allreduce"], default=d.arch,

@@ -76,3 +76,28 @@ class EpochTracker:
                     f"{elapsed:6.1f} s")
         self.loss_sum = self.loss_n = 0.0
         self.last_line = now
+
+
+FALLING_FAST = 0.05  # the loss still falling this much an epoch at the end (and by at least
+MATTERS = 0.01       # this many nats an epoch: a loss near 0 falling fast is done): not converged
+
+
+def convergence_notes(history: list[dict], refused: int) -> list[str]:
+    """One line each for what the end of a run says about its training: the loss still
+    falling fast in each of the last (up to two) epochs (the held-out loss, else the
+    training loss where the held-out one was not evaluated each epoch), and updates
+    refused as NaN or inf."""
+    notes = []
+    tail = history[-3:]
+    key = "test_loss" if tail and all(h.get("test_loss") is not None for h in tail) else "train_loss"
+    loss = [h[key] for h in tail]
+    falls = [(a - b, (a - b) / a) for a, b in zip(loss, loss[1:]) if a > 0]
+    if falls and all(rel > FALLING_FAST and nats > MATTERS for nats, rel in falls):
+        which = "held-out" if key == "test_loss" else "training"
+        notes.append(f"training had not converged: the {which} loss was still falling "
+                     f"{min(rel for _, rel in falls):.0%} or more an epoch over the last {len(falls)} epoch(s); "
+                     "try more --epochs or a larger --lr")
+    if refused:
+        notes.append(f"{refused:,} update(s) were refused for NaN or inf values: training was unstable; "
+                     "lower --lr")
+    return notes

@@ -3,10 +3,10 @@ when it reads a file; nothing else. A rank spends most of its start-up importing
 mpi4py and numba and loading numba's cache, so each role loads only its own kernels,
 and one rank per node loads them first (a cold cache is compiled once, not N times).
 
-    role            kernels (net.mlp.compile_kernels)   data
-    worker          step                                parsers (file), shares (embedded)
-    server          aggregate; rank 0 also evaluate     parsers (file)
-    allreduce rank  step, aggregate; rank 0 evaluate    parsers (file), shares (embedded)
+    role            kernels (net.mlp.compile_kernels)             data
+    worker          step                                          parsers (file), shares (embedded)
+    server          aggregate, its optimizer; rank 0 evaluate     parsers (file)
+    allreduce rank  step, aggregate, its optimizer; rank 0 eval.  parsers (file), shares (embedded)
 
 calibrate's start-up probes call the same functions, so the model measures what a run
 pays.
@@ -19,18 +19,21 @@ from mpi4py import MPI
 from ..protocol.comm import Waiter, once_per_node
 
 # what every rank of asgd.train imports (calibrate times it; a test keeps it true)
-RANK_MODULES = ("numpy", "mpi4py.MPI", "asgd.data.shares", "asgd.net.mlp", "asgd.protocol.allreduce",
+RANK_MODULES = ("numpy", "mpi4py.MPI", "asgd.data.shares", "asgd.data.standardize", "asgd.net.mlp",
+                "asgd.net.optimizers", "asgd.protocol.allreduce",
                 "asgd.protocol.comm", "asgd.protocol.server", "asgd.protocol.worker", "asgd.run.checkpoint",
                 "asgd.run.config", "asgd.run.results", "asgd.run.signals", "asgd.run.startup",
                 "asgd.run.progress", "asgd.run.trace")
 
 
-def loads(role: str, rank: int, reads_file: bool, allreduce: bool = False) -> tuple[str, ...]:
+def loads(role: str, rank: int, reads_file: bool, allreduce: bool = False,
+          optimizer: str = "sgd") -> tuple[str, ...]:
     """The kernel uses of a rank (see the table above), plus 'parsers' or 'shares'."""
+    update = f"update:{optimizer}"
     if allreduce:
-        uses = ("step", "aggregate")
+        uses = ("step", "aggregate", update)
     else:
-        uses = ("step",) if role == "worker" else ("aggregate",)
+        uses = ("step",) if role == "worker" else ("aggregate", update)
     if rank == 0:
         uses += ("evaluate",)
     if reads_file:
@@ -40,10 +43,10 @@ def loads(role: str, rank: int, reads_file: bool, allreduce: bool = False) -> tu
     return uses
 
 
-def node_loads(reads_file: bool, allreduce: bool = False) -> tuple[str, ...]:
+def node_loads(reads_file: bool, allreduce: bool = False, optimizer: str = "sgd") -> tuple[str, ...]:
     """Every rank's loads together: what a node's first rank compiles when the cache is cold."""
     return tuple(dict.fromkeys(u for role in ("server", "worker") for rank in (0, 1)
-                               for u in loads(role, rank, reads_file, allreduce)))
+                               for u in loads(role, rank, reads_file, allreduce, optimizer)))
 
 
 def load(uses: tuple[str, ...]) -> None:
