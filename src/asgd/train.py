@@ -12,6 +12,7 @@ T0_NS = time.perf_counter_ns()  # init starts when the process does: imports and
 
 import math  # noqa: E402
 import os  # noqa: E402
+import socket  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                       "bytes_recv": st.bytes_recv, "stopped": st.stopped}
         end_ns = clock.switch("idle")
         waiter.barrier(comm, "the other ranks to finish")
-        record.update(rank=rank, phases={**clock.seconds(), **got.times},  # + init's read/parse/shuffle
+        record.update(rank=rank, host=socket.gethostname(), phases={**clock.seconds(), **got.times},  # + init's read/parse/shuffle
                       clock_ns=(T0_NS, init_end_ns, end_ns))
         offsets = clock_offsets(comm, waiter)
         records = comm.gather(record, root=0)
