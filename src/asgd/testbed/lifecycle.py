@@ -132,13 +132,15 @@ def down(name: str, say=print) -> dict:
     inside = procs.inside(_namespace_inodes(name, namespaces))
     left = procs.kill(inside)
     removed["processes"] = inside
-    for ns in namespaces:
-        links.delete_netns(ns)
-        removed["netns"].append(ns)
+    # links before namespaces: a namespace's deletion takes its veth pair with it, but
+    # asynchronously, so a later look could still see (and count) the root-side end
     devs = link_names(name, links.list_links())
     for dev in sorted(devs, key=lambda d: d == f"{PREFIX}{name}"):   # veths first, the bridge last
         links.delete_link(dev)
         removed["links"].append(dev)
+    for ns in namespaces:
+        links.delete_netns(ns)
+        removed["netns"].append(ns)
     d = state.state_file(name).parent
     if d.is_dir():
         for f in sorted(d.glob("*.uts")) + sorted(d.glob("*.ipc")):
