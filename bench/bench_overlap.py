@@ -9,21 +9,23 @@ with the real numba training step (`net.mlp.make_step`) on real data, exactly as
 asgd.train calls them; so the same script measures "after" once the worker gives large
 messages progress while it computes (a progress thread, tests between sample blocks).
 
-Definitions, per configuration (model size x transport), all per update on the worker:
-  E           the exchange alone: the worker's time per update with a step that returns at
+Definitions, per configuration (model size x transport), all per step on the worker:
+  E           the exchange alone: the worker's time per step with a step that returns at
               once (no compute): push, the server's work, the reply, the waits
-  c           the compute: the worker's `compute` phase per update with the real step at a
-              batch size chosen so that c is about r x E, for r in --ratios
+  c           the compute: the worker's `compute` phase per step with the real step at a
+              batch size timed here to take about r x E, for r in --ratios
   exposed(c)  the exchange time the worker still sees with that compute: its `push` and
-              `comm_wait` phases per update (posting the exchange, then waiting for the
+              `comm_wait` phases per step (posting the exchange, then waiting for the
               previous one to complete, after the step)
+  All per step, medians over the run's steps (from a TraceClock of the worker), so that a
+  loaded machine's occasional long preemptions do not decide the figure.
   hidden(c)   = (E - exposed(c)) / min(E, c), clipped to [0, 1]: the fraction of the
               exchange that overlapped the compute, of what could have (with c >= E all
               of it can hide; with c < E at most c of it). 0: nothing moved while the
               worker computed (MPI moves a rendezvous-sized message only inside MPI
               calls, and the worker makes none during its step); 1: perfect overlap.
   headline    hidden at r = 2 (a compute twice the exchange: everything could hide)
-Also per row: T = the worker's time per update, and the two bounds max(c, E) (perfect
+Also per row: T = the worker's time per step, and the two bounds max(c, E) (perfect
 overlap) and c + E (none).
 
 Writes overlap.csv, overlap.json (machine, load, testbed), overlap.png under --out.
@@ -58,8 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--bandwidth", default="1gbit", help="the testbed's links, each way (default 1gbit)")
     p.add_argument("--ratios", type=float_list, default=[0.5, 1.0, 2.0, 4.0],
                    help="compute / exchange ratios r (default 0.5,1,2,4; the headline is r = 2)")
-    p.add_argument("--updates", type=int, default=30, help="updates per measurement (default 30)")
-    p.add_argument("--repeat", type=int, default=3, help="repetitions, medians (default 3)")
+    p.add_argument("--updates", type=int, default=40, help="updates per measurement (default 40)")
+    p.add_argument("--repeat", type=int, default=5, help="repetitions, medians (default 5)")
     p.add_argument("--quick", action="store_true", help="ratios 2 only, 10 updates, 1 repetition")
     p.add_argument("--timeout", type=float, default=900, help="seconds per MPI job (default 900)")
     p.add_argument("--out", type=Path, default=common.RESULTS / "overlap", help="default bench/results/overlap")
@@ -74,6 +76,26 @@ def parse_args(argv=None):
 
 # -- inside the MPI job: rank 0 serves, rank 1 works -----------------------------------------
 
+def per_step(events: dict) -> dict:
+    """Median per worker step of its compute, exposed (push + comm_wait) and total time,
+    from a TraceClock's intervals: a step is a `compute` interval and the `comm_wait` and
+    `push` intervals that follow it (run_worker's order). The first two steps (no exchange
+    to wait for yet, warm caches) are left out. Medians: a loaded machine's rare long
+    preemptions do not move them."""
+    names = events["phases"]
+    steps = []
+    for start, end, code in events["intervals"]:
+        name = names[code]
+        if name == "compute":
+            steps.append({"compute": 0.0, "exposed": 0.0})
+        if steps and name in ("compute", "push", "comm_wait"):
+            steps[-1]["compute" if name == "compute" else "exposed"] += (int(end) - int(start)) / 1e9
+    steps = steps[2:]
+    return {"compute": float(np.median([x["compute"] for x in steps])),
+            "exposed": float(np.median([x["exposed"] for x in steps])),
+            "T": float(np.median([x["compute"] + x["exposed"] for x in steps])), "steps": len(steps)}
+
+
 def child(args) -> None:
     from mpi4py import MPI
 
@@ -82,7 +104,7 @@ def child(args) -> None:
     from asgd.protocol.comm import Waiter, oversubscribed, shard_bounds
     from asgd.protocol.server import Server
     from asgd.protocol.worker import run_worker
-    from asgd.run.trace import PhaseClock
+    from asgd.run.trace import PhaseClock, TraceClock
 
     comm = MPI.COMM_WORLD
     if comm.size != 2:
@@ -93,45 +115,47 @@ def child(args) -> None:
     out = []
 
     def exchange(layout, step, batch: int, updates: int) -> dict | None:
-        """One run of the real protocol: `updates` steps; the worker's phases per update."""
+        """One run of the real protocol: `updates` steps; the worker's medians per step."""
         w = mlp.init_params(layout, 0)
         comm.Barrier()
-        clock = PhaseClock("idle")
         if comm.rank == 0:
-            Server(comm, w, 1, waiter, clock, None).serve_async()
+            Server(comm, w, 1, waiter, PhaseClock("idle"), None).serve_async()
             return None
         data = problem.rings(batch * updates, 1)
-        t = time.perf_counter()
-        st = run_worker(comm, shard_bounds(layout.n_w, 1), w, data.X, data.y, step, 1e-9, batch, 1, [0, 0],
-                        waiter, clock)
-        wall = time.perf_counter() - t
-        ph = clock.seconds()
-        n = st.updates
-        return {"T": wall / n, "compute": ph.get("compute", 0.0) / n,
-                "exposed": (ph.get("push", 0.0) + ph.get("comm_wait", 0.0)) / n, "updates": n}
+        clock = TraceClock("idle", steps=(0, 1 << 30))
+        run_worker(comm, shard_bounds(layout.n_w, 1), w, data.X, data.y, step, 1e-9, batch, 1, [0, 0],
+                   waiter, clock)
+        return per_step(clock.events())
 
     def no_compute(w, X, y, lr, dw):
         return 0.0
 
+    def batch_for(layout, seconds: float) -> int:
+        """The batch size whose real training step takes about `seconds` here (two rounds
+        of timing and rescaling: the step is not quite linear in the batch)."""
+        ds = problem.rings(4096, 2)
+        w, dw = mlp.init_params(layout, 0), np.zeros(layout.n_w)
+        b = 64
+        for _ in range(3):
+            b = int(min(max(b, 1), 4096))
+            s = mlp.make_step(layout, b)
+            s(w, ds.X[:b], ds.y[:b], 1e-9, dw)
+            ts = []
+            for _ in range(3):
+                t = time.perf_counter()
+                s(w, ds.X[:b], ds.y[:b], 1e-9, dw)
+                ts.append(time.perf_counter() - t)
+            b = round(b * seconds / float(np.median(ts)))
+        return int(min(max(b, 1), 4096))
+
     for hidden in args.hidden:
         layout = mlp.Layout(2, hidden, 2)
-        # the step's time per sample, on the worker, to pick batch sizes for each ratio
-        per_sample = None
-        if comm.rank == 1:
-            ds = problem.rings(256, 2)
-            w, dw = mlp.init_params(layout, 0), np.zeros(layout.n_w)
-            s = mlp.make_step(layout, 64)
-            s(w, ds.X[:64], ds.y[:64], 1e-9, dw)
-            t = time.perf_counter()
-            for _ in range(5):
-                s(w, ds.X[:64], ds.y[:64], 1e-9, dw)
-            per_sample = (time.perf_counter() - t) / 5 / 64
-        exchange(layout, no_compute, 1, 3)   # warm-up: connections, buffers
+        exchange(layout, no_compute, 1, 5)   # warm-up: connections, buffers
         for rep in range(args.repeat):
             alone = exchange(layout, no_compute, 1, args.updates)
             E = comm.bcast(alone["T"] if alone else None, root=1)
             for r in args.ratios:
-                batch = comm.bcast(max(1, round(r * E / per_sample)) if per_sample else None, root=1)
+                batch = comm.bcast(batch_for(layout, r * E) if comm.rank == 1 else None, root=1)
                 got = exchange(layout, mlp.make_step(layout, batch), batch, args.updates)
                 if got:
                     c, exposed = got["compute"], got["exposed"]
@@ -141,7 +165,7 @@ def child(args) -> None:
                                 "exposed_ms": 1e3 * exposed, "T_ms": 1e3 * got["T"],
                                 "perfect_ms": 1e3 * max(c, E), "serial_ms": 1e3 * (c + E),
                                 "hidden_frac": float(np.clip((E - exposed) / min(E, c), 0, 1)) if c > 0 else None,
-                                "updates": got["updates"]})
+                                "steps": got["steps"]})
     if comm.rank == 1:
         print(json.dumps({"oversubscribed": crowded, "rows": out}), flush=True)
 
@@ -169,6 +193,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         rs = [r for r in rows if (r["where"], r["hidden"], r["ratio"]) == (where, hidden, ratio)]
         med = {k: float(np.median([r[k] for r in rs])) for k in ("E_ms", "c_ms", "exposed_ms", "T_ms",
                                                                    "perfect_ms", "serial_ms", "hidden_frac")}
+        med["c_over_E"] = float(np.median([r["c_ms"] / r["E_ms"] for r in rs]))
         out.append({"where": where, "hidden": hidden, "mbytes": round(rs[0]["mbytes"], 3), "ratio": ratio,
                     "batch": rs[0]["batch"], **{k: round(v, 3) for k, v in med.items()},
                     "hidden_frac_min": round(min(r["hidden_frac"] for r in rs), 3),
@@ -201,7 +226,7 @@ def plot(summary, path, headline_ratio):
     ax.bar(x + 0.1, [s["perfect_ms"] for s in hs], 0.2, color="tab:green", label="max(c, E) (perfect)")
     ax.set_xticks(x, [f"{s['where']}\n{s['mbytes']:.1f} MB" for s in hs], fontsize=8)
     ax.set_yscale("log")
-    ax.set_ylabel(f"ms per update at c = {headline_ratio:g} E")
+    ax.set_ylabel(f"ms per step at c = {headline_ratio:g} E (medians)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -251,18 +276,18 @@ def main(argv=None):
     info = {"benchmark": "overlap", "machine": m, "load": load.summary(), "command": common.command_line(),
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "testbed": testbed, "summary": summary, "headline_ratio": headline,
-            "columns": {"E_ms": "the exchange alone: worker ms per update with no compute",
-                        "c_ms": "the worker's compute per update (real step, batch chosen for ratio x E)",
-                        "exposed_ms": "push + comm_wait per update with that compute",
+            "columns": {"E_ms": "the exchange alone: worker ms per step with no compute (median over steps)",
+                        "c_ms": "the worker's compute per step (real step, batch timed for ratio x E)",
+                        "exposed_ms": "push + comm_wait per step with that compute",
                         "hidden_frac": "(E - exposed) / min(E, c), clipped to [0, 1]",
-                        "T_ms": "worker ms per update", "perfect_ms": "max(c, E)", "serial_ms": "c + E"}}
+                        "T_ms": "worker ms per step", "perfect_ms": "max(c, E)", "serial_ms": "c + E"}}
     paths = common.write_outputs(args.out, "overlap", rows, info)
     if not args.no_plot:
         plot(summary, args.out / "overlap.png", headline)
         paths.append(args.out / "overlap.png")
     print(common.describe(m, info["load"]))
     common.print_table(summary, [("where", "where", ""), ("MB", "mbytes", ".1f"), ("c/E", "ratio", "g"),
-                                 ("batch", "batch", "d"), ("E ms", "E_ms", ".2f"), ("c ms", "c_ms", ".2f"),
+                                 ("batch", "batch", "d"), ("c/E got", "c_over_E", ".2f"), ("E ms", "E_ms", ".2f"), ("c ms", "c_ms", ".2f"),
                                  ("exposed ms", "exposed_ms", ".2f"), ("T ms", "T_ms", ".2f"),
                                  ("max(c,E)", "perfect_ms", ".2f"), ("c+E", "serial_ms", ".2f"),
                                  ("hidden", "hidden_frac", ".2f"), ("min", "hidden_frac_min", ".2f"),
