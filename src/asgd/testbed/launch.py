@@ -29,7 +29,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,11 +171,12 @@ def run(spec: Spec, cmd: list[str], servers: int | None = None, ranks_per_host: 
         cmd += ["--out", info["out"]]
         say(f"asgd.testbed: results in {info['out']}")
     kind = flavour(cmd[0])
-    tmp = tempfile.TemporaryDirectory(prefix="asgd-testbed-")
+    rankfile = state.runs_dir(spec) / f"rankfile-{os.getpid()}"   # in the state dir: down removes it
     if kind == "mpich":
         full = _hydra(spec, cmd, where)
     else:
-        full = _openmpi(spec, cmd, where, Path(tmp.name) / "rankfile")
+        rankfile.parent.mkdir(parents=True, exist_ok=True)
+        full = _openmpi(spec, cmd, where, rankfile)
     job_env = {**os.environ, **TCP_ONLY_ENV, **(env or {})}
     if kind == "openmpi" and os.geteuid() == 0:
         job_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -208,7 +208,7 @@ def run(spec: Spec, cmd: list[str], servers: int | None = None, ranks_per_host: 
         raise
     finally:
         record.unlink(missing_ok=True)
-        tmp.cleanup()
+        rankfile.unlink(missing_ok=True)
     wall = time.perf_counter() - t0
     res = RunResult(p.returncode, full, wall, [spec.host(h) for h in where], info["out"], out, err,
                     proof.wire(before, proof.snapshot(spec)), _qdisc_delta(q_before, _qdiscs(spec)),

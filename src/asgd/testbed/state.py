@@ -2,7 +2,8 @@
 as it clears the namespaces):
   state.json       the spec, and status "creating" (up under way or killed) or "up"
   runs/<pid>       one file per `run` in progress: the launcher's pid and start time, so
-                   down can end a launcher whose `run` was killed
+                   down can end a launcher whose `run` was killed (and runs/rankfile-<pid>,
+                   Open MPI's placement)
   rsh              the ssh stand-in the MPI launcher calls (written by up)
   <host>.uts/.ipc  the hosts' persistent namespaces (see hostns)
 """
@@ -64,7 +65,7 @@ def record_run(spec: Spec, pid: int, start: int | None, cmd: list[str]) -> Path:
 def recorded_runs(name: str) -> list[dict]:
     d = specmod.STATE_ROOT / name / "runs"
     out = []
-    for f in sorted(d.glob("*")) if d.is_dir() else []:
+    for f in sorted(d.glob("[0-9]*")) if d.is_dir() else []:
         try:
             out.append(json.loads(f.read_text()))
         except (OSError, json.JSONDecodeError):
