@@ -20,6 +20,7 @@ T0_NS = time.perf_counter_ns()  # init starts when the process does: imports and
 
 import math  # noqa: E402
 import os  # noqa: E402
+import socket  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -284,7 +285,8 @@ def save(job: Job, m: Model, record: dict) -> None:
     comm, clock, cfg = job.comm, job.clock, job.cfg
     end_ns = clock.switch("idle")
     job.waiter.barrier(comm, "the other ranks to finish")
-    record.update(rank=job.rank, phases={**clock.seconds(), **m.read_times},  # + init's read/parse/shuffle
+    record.update(rank=job.rank, host=socket.gethostname(),
+                  phases={**clock.seconds(), **m.read_times},  # + init's read/parse/shuffle
                   clock_ns=(T0_NS, m.init_end_ns, end_ns))
     offsets = clock_offsets(comm, job.waiter)
     records = comm.gather(record, root=0)
