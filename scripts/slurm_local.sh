@@ -85,6 +85,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
 : > "$D/plugstack.conf"     # no site SPANK plugins (the system's plugstack.conf is not read)
 export SLURM_CONF=$D/slurm.conf
+# The node claims 16 CPUs the machine may not have: Open MPI's mpiexec would refuse to
+# bind more ranks than real cores to cores (MPICH's does not bind).
+export PRTE_MCA_hwloc_default_binding_policy=none
 for _ in $(seq 50); do [[ -S $D/munge/sock ]] && break; sleep 0.1; done
 slurmctld -D -f "$SLURM_CONF" > "$D/log/slurmctld.out" 2>&1 & pids+=($!)
 slurmd -D -f "$SLURM_CONF" > "$D/log/slurmd.out" 2>&1 & pids+=($!)

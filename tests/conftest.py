@@ -34,12 +34,14 @@ def mpiexec(n: int, args: list[str], timeout: float = 90, module: str = "asgd.tr
 
 def split_launcher_notes(stderr: str) -> tuple[str, str]:
     """(the ranks' own stderr, the launcher's notices). Open MPI's mpiexec adds a boxed
-    notice (between lines of dashes) when a rank exits with a non-zero status; asgd's
-    own report is the rest. MPICH adds none."""
+    notice (between lines of dashes) when a rank exits with a non-zero status, and its
+    event library may warn of a socket the ending job closed under it ("[warn] Epoll MOD(4)
+    on fd 24 failed ... Bad file descriptor"); asgd's own report is the rest. MPICH adds
+    none."""
     own, notes, inside = [], [], False
     for line in stderr.splitlines(keepends=True):
         rule = len(line.strip()) >= 20 and set(line.strip()) == {"-"}
-        if rule or inside:
+        if rule or inside or line.startswith("[warn] Epoll "):
             notes.append(line)
             inside = inside != rule
         else:
