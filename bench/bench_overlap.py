@@ -127,7 +127,7 @@ def child(args) -> None:
                    waiter, clock)
         return per_step(clock.events())
 
-    def no_compute(w, X, y, lr, dw):
+    def no_compute(w, X, y, lr, dw, progress=None):
         return 0.0
 
     def batch_for(layout, seconds: float) -> int:

@@ -175,7 +175,7 @@ import sys
 import numpy as np
 from asgd.net import kernels, mlp
 mlp.compile_kernels()
-names = ["sgd_step", "evaluate", "add_into", "all_finite", "add_scaled"]
+names = ["step_begin", "step_rows", "step_end", "evaluate", "add_into", "all_finite", "add_scaled"]
 before = {n: len(getattr(kernels, n).signatures) for n in names}
 w, buf = np.zeros(1000), np.zeros(600 + 5)  # a shard of w; a push: [Delta-w | header]
 kernels.all_finite(buf[:600]); kernels.add_into(w[400:], buf[:600]); kernels.add_scaled(w[400:], buf[:600], 0.5)
@@ -186,3 +186,28 @@ assert before == after, (before, after)
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("d_in,d_h,d_out,batch", [(2, 10000, 2, 256), (2, 1000, 2, 37), (3, 300, 4, 50)])
+def test_a_step_split_by_progress_is_the_same_step(d_in, d_h, d_out, batch):
+    """mlp.make_step with progress (step_rows block by block) against one sgd_step call:
+    Delta-w bit for bit, the loss too; however many blocks progress lets run one by one."""
+    from asgd.net.mlp import make_step
+    layout = Layout(d_in, d_h, d_out)
+    w = init_params(layout, 5)
+    X, y = _data(layout, batch, seed=6)
+    step = make_step(layout, batch)
+    whole = np.full(layout.n_w, np.nan)
+    loss_whole = step(w, X, y, 0.05, whole)
+    blocks = -(-batch // K.step_block(K.make_scratch(batch, d_h, d_out)))
+    for answers in ([False] * blocks, [False, False, True], [True]):
+        calls = []
+
+        def progress():
+            calls.append(1)
+            return answers[min(len(calls), len(answers)) - 1]
+        split = np.full(layout.n_w, np.nan)
+        loss = step(w, X, y, 0.05, split, progress=progress)
+        np.testing.assert_array_equal(split, whole)
+        assert loss == loss_whole
+        assert len(calls) == min(len(answers), blocks)   # once before each block, until it says done

@@ -32,11 +32,14 @@ def test_calibrate_imports_what_a_rank_of_train_imports():
     assert "asgd.data.parse" not in train and "asgd.data.readers" not in train  # only a run with a file
 
 
+STEP = {"step_begin", "step_rows", "step_end"}  # the step (mlp.make_step), whole or split by progress
+
+
 @pytest.mark.parametrize("role, rank, reads_file, kernels", [
-    ("worker", 1, False, {"sgd_step", "_permuted"}),
+    ("worker", 1, False, STEP | {"_permuted"}),
     ("server", 0, False, {"evaluate", "add_into", "add_scaled", "all_finite"}),
     ("server", 1, False, {"add_into", "add_scaled", "all_finite"}),
-    ("worker", 2, True, {"sgd_step", "_permuted", "parse_text", "find_byte", "check_rows"}),
+    ("worker", 2, True, STEP | {"_permuted", "parse_text", "find_byte", "check_rows"}),
 ])
 def test_each_role_loads_only_its_kernels(role, rank, reads_file, kernels):
     uses = startup.loads(role, rank, reads_file)

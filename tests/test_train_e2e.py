@@ -72,6 +72,20 @@ def test_default_run_sixteen_ranks(tmp_path):
     assert r["config"]["oversubscribed"] is True
 
 
+def test_progress_during_the_step_changes_no_bit(tmp_path):
+    """One worker against one server is deterministic even asynchronously (step k+1 always
+    starts from the reply to k-1): the step split by --mpi-progress step gives the very
+    weights of the unsplit step."""
+    weights = []
+    for mode in ("step", "off"):
+        out = tmp_path / mode
+        p = mpiexec(2, ["--hidden", "2000", "--epochs", "1", "--mpi-progress", mode, "--out", str(out), "--quiet"])
+        assert p.returncode == 0, p.stderr
+        assert load_results(out)["config"]["mpi_progress"] == mode
+        weights.append(np.load(out / "weights.npy"))
+    np.testing.assert_array_equal(weights[0], weights[1])
+
+
 def test_trains_on_a_tsv_file_with_its_test_file(tmp_path):
     f = tmp_path / "d.tsv"
     assert data_cli.main(["generate", "--points", "3000", "--classes", "3", "--out", str(f)]) == 0

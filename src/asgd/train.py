@@ -262,10 +262,11 @@ def work(job: Job, m: Model) -> dict:
     lr = optimizers.worker_lr(cfg.optimizer, m.lr)  # sgd: Delta-w; the others: the negative gradient
     if S:
         job.tracker = None
-        st = run_worker(job.comm, shard_bounds(m.layout.n_w, S), m.w, m.train.X, m.train.y, step, lr,
+        shards = shard_bounds(m.layout.n_w, S)
+        st = run_worker(job.comm, shards, m.w, m.train.X, m.train.y, step, lr,
                         cfg.batch, cfg.epochs, [cfg.seed, job.rank - S], job.waiter, job.clock,
                         overlap=cfg.mode != "sync", steps_per_epoch=steps if cfg.mode == "sync" else None,
-                        first_epoch=m.first_epoch)
+                        first_epoch=m.first_epoch, progress=cfg.mpi_progress == "step")
         return st.record()
     job.tracker = tracker_of(job, m)
     opt, ckpt = optimizer_of(job, m)  # every rank applies the same updates; rank 0 checkpoints them

@@ -57,10 +57,10 @@ def run_job(servers=1, mode="async", K=None, epochs=2, batch=32, n=600, hidden=2
     else:
         step = mlp.make_step(layout, batch)
 
-        def counting_step(w_, X, y, lr, dw):
+        def counting_step(w_, X, y, lr, dw, progress=None):
             if comm.rank == slow_rank:
                 time.sleep(0.01)  # a straggler: ssp must hold the others back
-            loss = step(w_, X, y, lr, dw)
+            loss = step(w_, X, y, lr, dw, progress)
             sent[:] += dw
             return loss
         idx = np.arange(comm.rank - servers, n, W)
@@ -161,3 +161,4 @@ def test_each_server_applies_its_optimizer_to_every_push_in_arrival_order(optimi
             ds, scales = zip(*s["applied"])
             np.testing.assert_allclose(w[lo:hi], reference(optimizer, 0.01, w0[lo:hi], ds, scales), rtol=1e-12, atol=1e-14)
             np.testing.assert_allclose(sum(ds), total_sent[lo:hi], rtol=1e-9, atol=1e-12)
+

@@ -250,8 +250,9 @@ def _check_labels(y, d_out):
 
 
 @njit(**_FAST)
-def sgd_step(W1, b1, W2, b2, X, y, lr, dW1, db1, dW2, db2, scratch):
-    """Write Delta-w = -lr * grad(mean softmax cross-entropy) into dW1, db1, dW2, db2; return the mean loss (= mlp.reference_step)."""
+def step_begin(W1, b1, W2, b2, X, y, dW1, db1, dW2, db2, scratch):
+    """The first part of a step: check the batch against the layout, W2 transposed into
+    the scratch, the gradients zeroed. Then step_rows over the batch, then step_end."""
     W2T, dW2T, Hs, Xs, Zs, gb = scratch
     B = y.shape[0]
     d_in, H = W1.shape
@@ -266,11 +267,26 @@ def sgd_step(W1, b1, W2, b2, X, y, lr, dW1, db1, dW2, db2, scratch):
     dW1[:] = 0.0
     db1[:] = 0.0
     db2[:] = 0.0
+
+
+@njit(**_FAST)
+def step_rows(W1, b1, W2, b2, X, y, lr, r0, r1, dW1, db1, dW2, db2, scratch, loss):
+    """Samples r0..r1-1 of the batch X, y: their gradients (scaled by -lr / the whole
+    batch's size) added into the step's, their losses added to `loss`, which is returned.
+    r0 must be a multiple of step_block(scratch), so that any split of the batch into
+    calls runs the very blocks, in the very order, of one call over all of it: the same
+    Delta-w, bit for bit, and the same loss."""
+    W2T, dW2T, Hs, Xs, Zs, gb = scratch
+    B = y.shape[0]
+    d_in, H = W1.shape
+    d_out = W2.shape[1]
+    S = Hs.shape[0]
+    if r0 % S != 0 or r0 < 0 or r1 > B:
+        raise ValueError("step_rows: rows must start at a multiple of the block and lie in the batch")
     scale = -lr / B
-    loss = 0.0
     fused = d_in == 2 and d_out == 2
-    for b0 in range(0, B, S):
-        nb = min(S, B - b0)
+    for b0 in range(r0, r1, S):
+        nb = min(S, r1 - b0)
         nbp = _forward_block(W1, b1, W2T, b2, X, b0, nb, Xs, Zs, Hs)
         # softmax cross-entropy via log-sum-exp (finite for any finite logits); Zs becomes dz
         for b in range(nbp):
@@ -297,10 +313,34 @@ def sgd_step(W1, b1, W2, b2, X, y, lr, dW1, db1, dW2, db2, scratch):
                 _bwd22(W2T, Xs, Zs, Hs, dW1, db1, dW2T, nbp, j0, j1)
             else:
                 _bwd_any(W2T, X, b0, Zs, Hs, dW1, db1, dW2T, gb, nbp, j0, j1)
+    return loss
+
+
+@njit(**_FAST)
+def step_end(dW2, scratch):
+    """The last part of a step: the transposed gradient of W2 written into dW2."""
+    dW2T = scratch[1]
+    H, d_out = dW2.shape
     for j in range(H):
         for k in range(d_out):
             dW2[j, k] = dW2T[k, j]
-    return loss / B
+
+
+def step_block(scratch) -> int:
+    """The samples of one block of the step (a step_rows call must start at a multiple)."""
+    return scratch[2].shape[0]
+
+
+@njit(**_FAST)
+def sgd_step(W1, b1, W2, b2, X, y, lr, dW1, db1, dW2, db2, scratch):
+    """Write Delta-w = -lr * grad(mean softmax cross-entropy) into dW1, db1, dW2, db2; return the mean loss (= mlp.reference_step).
+    One call of step_begin, step_rows over the whole batch and step_end; the worker calls
+    those three itself (mlp.make_step), splitting the middle one while an exchange is in
+    flight."""
+    step_begin(W1, b1, W2, b2, X, y, dW1, db1, dW2, db2, scratch)
+    loss = step_rows(W1, b1, W2, b2, X, y, lr, 0, y.shape[0], dW1, db1, dW2, db2, scratch, 0.0)
+    step_end(dW2, scratch)
+    return loss / y.shape[0]
 
 
 @njit(**_FAST)
@@ -406,3 +446,4 @@ def adam_update(w, m, v, d, lr, b1, b2, eps, t):
         m[i] = mi
         v[i] = vi
         w[i] += lr * (mi * c1) / (math.sqrt(vi * c2) + eps)
+

@@ -10,6 +10,7 @@ Sigmoid hidden layer, softmax output, mean cross-entropy over the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from types import SimpleNamespace
 
 import numpy as np
@@ -33,10 +34,15 @@ class Layout:
         """Number of parameters: d_i*d_h + d_h*d_o (the paper's n_w) plus the biases."""
         return sum(self.sizes)
 
+    @cached_property
+    def _ends(self) -> tuple[int, int, int]:
+        o1, o2, o3, _ = (int(x) for x in np.cumsum(self.sizes))
+        return o1, o2, o3
+
     def views(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(W1, b1, W2, b2) as views into the flat vector w (or any slice-compatible copy)."""
         assert w.shape == (self.n_w,), (w.shape, self.n_w)
-        o1, o2, o3, _ = np.cumsum(self.sizes)
+        o1, o2, o3 = self._ends
         return (w[:o1].reshape(self.d_in, self.d_hidden), w[o1:o2],
                 w[o2:o3].reshape(self.d_hidden, self.d_out), w[o3:])
 
@@ -95,13 +101,31 @@ def reference_predict(layout: Layout, w: np.ndarray, X: np.ndarray) -> np.ndarra
 # -- the numba kernels behind the flat layout (the training hot path) --------------
 
 def make_step(layout: Layout, batch: int):
-    """step(w, X, y, lr, dw) -> loss: the numba training step with its scratch
-    allocated once; same contract as reference_step."""
+    """step(w, X, y, lr, dw, progress=None) -> loss: the numba training step with its
+    scratch allocated once; same contract as reference_step.
+
+    progress: a callable the step calls between its sample blocks (about a millisecond
+    of work each on the paper's models) while it returns False, e.g. to let MPI move a
+    message in flight (protocol.worker.PushPull.progress); once it returns True the rest
+    of the batch runs in one call. The blocks, their order and so Delta-w and the loss
+    are the same, bit for bit, with or without it: both run the same compiled kernels
+    (step_begin, step_rows, step_end; sgd_step inlines them, and its compiled copy may
+    contract other multiply-adds into FMAs), without progress each called once."""
     from . import kernels
     scratch = kernels.make_scratch(batch, layout.d_hidden, layout.d_out)
+    block = kernels.step_block(scratch)
 
-    def step(w, X, y, lr, dw):
-        return kernels.sgd_step(*layout.views(w), X, y, lr, *layout.views(dw), scratch)
+    def step(w, X, y, lr, dw, progress=None):
+        W, D = layout.views(w), layout.views(dw)
+        B = len(y)
+        kernels.step_begin(*W, X, y, *D, scratch)
+        loss, r = 0.0, 0
+        while r < B:
+            r1 = B if progress is None or progress() else min(r + block, B)
+            loss = kernels.step_rows(*W, X, y, lr, r, r1, *D, scratch, loss)
+            r = r1
+        kernels.step_end(D[2], scratch)
+        return loss / B
     return step
 
 
@@ -122,7 +146,7 @@ def compile_kernels(*uses: str) -> None:
     """Call the kernels of `uses` once on a tiny model with the run's argument types
     (C-contiguous float64 vectors, int64 labels), so numba compiles them, or loads them
     from its cache, before the timed loop; with no argument, all of them.
-      step       sgd_step (a worker)
+      step       step_begin, step_rows, step_end (a worker: make_step)
       evaluate   evaluate (the rank that evaluates: rank 0)
       aggregate  add_into, add_scaled, all_finite (a server; allreduce ranks)
       update:O   optimizer O's update (a server; allreduce ranks)"""
@@ -136,7 +160,9 @@ def compile_kernels(*uses: str) -> None:
     w, dw = init_params(tiny, 0), np.zeros(tiny.n_w)
     X, y = np.zeros((2, 2)), np.zeros(2, dtype=np.int64)
     if "step" in uses:
-        make_step(tiny, 2)(w, X, y, 0.1, dw)
+        step = make_step(tiny, 2)
+        step(w, X, y, 0.1, dw)
+        step(w, X, y, 0.1, dw, progress=iter((False, True)).__next__)  # split: the same kernels, once more
     if "evaluate" in uses:
         make_evaluate(tiny, w, SimpleNamespace(X=X, y=y))()
     if "aggregate" in uses:

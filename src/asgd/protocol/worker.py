@@ -10,6 +10,12 @@ server, and comm.shard_types picks each server's slice and header: no copies.
 With `overlap` (async and ssp) the loop computes batch k+1 while batch k's exchange is in
 flight; without it (sync) each step waits for its reply, so every step starts from the
 same w on every worker.
+
+Progress while computing: MPI moves a large (rendezvous-sized) message only inside MPI
+calls, and a numba step makes none. So the step calls `progress()` between its sample
+blocks (about a millisecond each; mlp.make_step), which tests the exchange in flight once
+(MPI_Testall: it returns at once, it never waits, spins or sleeps) until it is complete;
+then the rest of the batch runs in one call. Nothing in flight: the step is one call.
 """
 
 from __future__ import annotations
@@ -97,6 +103,11 @@ class PushPull:
         self.step += 1
         return self.step - 1
 
+    def progress(self) -> bool:
+        """Let MPI move the exchange in flight: one MPI_Testall, which returns at once.
+        True when nothing is in flight any more (then wait() returns at once)."""
+        return not self.pending or MPI.Request.Testall(self.pending)
+
     def wait(self, ticket: int) -> None:
         """Complete exchange `ticket` (the last one pushed); w' becomes `w`."""
         if not self.pending or ticket != self.step - 1:
@@ -131,14 +142,17 @@ def batches(n: int, batch: int, steps: int | None, rng: np.random.Generator):
 def run_worker(comm: MPI.Comm, shards: list[tuple[int, int]], w0: np.ndarray, X: np.ndarray,
                y: np.ndarray, step, lr: float, batch: int, epochs: int, seed,
                waiter: Waiter, clock: PhaseClock, overlap: bool = True,
-               steps_per_epoch: int | None = None, first_epoch: int = 0) -> WorkerStats:
+               steps_per_epoch: int | None = None, first_epoch: int = 0, progress: bool = True) -> WorkerStats:
     """Train on my share (X, y) against servers 0..len(shards)-1, from weights w0.
     step(w, X, y, lr, dw) -> loss writes Delta-w into dw (see mlp.make_step). seed ([run
     seed, worker index]) and the epoch seed my shuffles: a worker shuffles alike whatever
     its rank, and a resumed run (from first_epoch) repeats none. A stop request (signal)
     ends the loop at a step boundary: at once in async/ssp; in sync when the servers'
-    replies say so, after the same round on every worker."""
+    replies say so, after the same round on every worker. progress: the step lets MPI move
+    the exchange in flight between its sample blocks (step(..., progress=link.progress));
+    off, it is called as step(w, X, y, lr, dw)."""
     link = PushPull(comm, shards, w0, waiter, clock)
+    kw = {"progress": link.progress} if progress else {}
     Xb = np.empty((batch, X.shape[1]))
     yb = np.empty(batch, dtype=np.int64)
     ticket, stop = None, False
@@ -154,7 +168,7 @@ def run_worker(comm: MPI.Comm, shards: list[tuple[int, int]], w0: np.ndarray, X:
             if m:
                 np.take(X, idx, axis=0, out=Xb[:m])
                 np.take(y, idx, out=yb[:m])
-                loss = step(link.w, Xb[:m], yb[:m], lr, dw)
+                loss = step(link.w, Xb[:m], yb[:m], lr, dw, **kw)
             else:  # an empty last batch (sync): a zero-weight Delta-w keeps the workers in step
                 dw[:] = 0.0
                 loss = 0.0

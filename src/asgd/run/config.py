@@ -40,6 +40,7 @@ class Config:
     servers: int = 1             # ranks 0..servers-1 serve a shard of w each
     mode: str = "async"          # async | ssp | sync
     staleness: int = 3           # ssp: at most this many steps ahead of the slowest worker
+    mpi_progress: str = "step"   # step: the worker's step tests the exchange in flight between its sample blocks; off
     stall_timeout: float = 0.0   # seconds one wait may take; 0: no limit
     checkpoint_every: str | None = None  # "N" updates or "Ns" seconds
     resume: str | None = None    # run folder to continue from its last checkpoint
@@ -104,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "the servers apply the average of all workers' Delta-w once")
     p.add_argument("--staleness", type=int, default=d.staleness, metavar="K",
                    help="ssp's bound K >= 1 (default %(default)s)")
+    p.add_argument("--mpi-progress", choices=["step", "off"], default=d.mpi_progress,
+                   help="step (default): while an exchange is in flight the worker's step tests it "
+                        "between its sample blocks, so MPI moves large messages during the compute; "
+                        "off: only the waits move them")
     p.add_argument("--out", metavar="DIR", help="run folder for results.json (default: runs/<time>-n<ranks>)")
     p.add_argument("--timeout", type=float, default=d.timeout, metavar="SECONDS",
                    help="end the whole job with an error if it runs longer (default: no limit)")
