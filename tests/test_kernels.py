@@ -175,10 +175,17 @@ import sys
 import numpy as np
 from asgd.net import kernels, mlp
 mlp.compile_kernels()
-names = ["step_begin", "step_rows", "step_end", "evaluate", "add_into", "all_finite", "add_scaled"]
+names = ["step_begin", "step_rows", "step_end", "evaluate", "add_into", "all_finite", "add_scaled",
+         "quantize_1bit", "quantize_diff_1bit", "dequantize_1bit"]
 before = {n: len(getattr(kernels, n).signatures) for n in names}
 w, buf = np.zeros(1000), np.zeros(600 + 5)  # a shard of w; a push: [Delta-w | header]
 kernels.all_finite(buf[:600]); kernels.add_into(w[400:], buf[:600]); kernels.add_scaled(w[400:], buf[:600], 0.5)
+from asgd.protocol import onebit    # 1-bit messages: slices of w, the float64 and byte parts of a message
+layout = mlp.Layout(2, 100, 2); n = layout.n_w
+c = onebit.codecs(layout, [(0, 200), (200, n)], 5)[1]
+msg, v, r = c.buffer(), np.zeros(n), np.zeros(n)
+c.encode(v[200:], r[200:], msg); c.encode_diff(v[200:], r[200:], msg); c.decode(msg, v[200:], add=True)
+c.decode(msg, np.empty(n - 200)); c.finite(msg)
 after = {n: len(getattr(kernels, n).signatures) for n in names}
 print(before, after)
 assert all(before.values()), before

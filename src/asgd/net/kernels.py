@@ -447,3 +447,126 @@ def adam_update(w, m, v, d, lr, b1, b2, eps, t):
         v[i] = vi
         w[i] += lr * (mi * c1) / (math.sqrt(vi * c2) + eps)
 
+
+# -- 1-bit quantization with error feedback (Seide et al. 2014; --compress 1bit) ---------
+# A vector is quantized column by column; cols[c] = (start, count, stride) picks column c's
+# elements v[start + t * stride], t < count (net.mlp.Layout.columns: a layer's line along
+# the hidden dimension). Each element becomes one bit: x > 0 or not; a column's two
+# reconstruction values are the means of its positive and of its other elements (the least
+# squares choice for that split, Seide et al.'s). Each column's bits start a new byte
+# (column_bytes), its t-th element in bit t % 8 of its byte t // 8. The loops are
+# branch-free (selects) and go eight elements to a byte, so they run at about a
+# nanosecond a value; a column's sums may be added in any order (reassoc).
+
+_Q = dict(fastmath={"reassoc"}, boundscheck=False, cache=True)
+
+
+@njit(cache=True)
+def column_bytes(cols):
+    """Bytes of the bits of columns `cols` (each column from a byte boundary)."""
+    n = 0
+    for c in range(cols.shape[0]):
+        n += (cols[c, 1] + 7) // 8
+    return n
+
+
+@njit(**_Q)
+def _split_means(v, r, sign, start, count, stride):
+    """(mean of x > 0, mean of the rest) over x = v + sign * r along one column."""
+    sp = 0.0
+    sn = 0.0
+    npos = 0
+    for t in range(count):
+        i = start + t * stride
+        x = v[i] + sign * r[i]
+        p = x > 0.0
+        sp += x if p else 0.0
+        sn += 0.0 if p else x
+        npos += 1 if p else 0
+    ap = sp / npos if npos > 0 else 0.0
+    an = sn / (count - npos) if count > npos else 0.0
+    return ap, an
+
+
+@njit(**_Q)
+def quantize_1bit(v, residual, cols, scales, bits):
+    """Quantize x = v + residual into scales (2 per column: the mean of x > 0, the mean
+    of the rest) and bits; residual becomes x - its reconstruction (error feedback: the
+    part not sent is added to the next v). A NaN in x makes its column's scales NaN.
+    Returns the bytes of bits written."""
+    byte = 0
+    for c in range(cols.shape[0]):
+        start, count, stride = cols[c, 0], cols[c, 1], cols[c, 2]
+        ap, an = _split_means(v, residual, 1.0, start, count, stride)
+        scales[2 * c] = ap
+        scales[2 * c + 1] = an
+        for b in range((count + 7) // 8):
+            acc = 0
+            base = start + 8 * b * stride
+            if 8 * b + 8 <= count:   # a whole byte: a fixed trip count, unrolled
+                for k in range(8):
+                    i = base + k * stride
+                    x = v[i] + residual[i]
+                    p = np.int64(x > 0.0)
+                    acc |= p << k
+                    residual[i] = x - scales[2 * c + 1 - p]   # a load, not a branch on random signs
+            else:
+                for k in range(count - 8 * b):
+                    i = base + k * stride
+                    x = v[i] + residual[i]
+                    p = np.int64(x > 0.0)
+                    acc |= p << k
+                    residual[i] = x - scales[2 * c + 1 - p]   # a load, not a branch on random signs
+            bits[byte + b] = acc
+        byte += (count + 7) // 8
+    return byte
+
+
+@njit(**_Q)
+def quantize_diff_1bit(w, view, cols, scales, bits):
+    """The reply's quantization: x = w - view, quantized as quantize_1bit does; view
+    then moves by x's reconstruction (view += it), exactly as the receiver's
+    dequantize_1bit(..., add=True) moves its copy, so the two stay equal bit for bit,
+    and what was not sent stays in w - view for the next reply (error feedback)."""
+    byte = 0
+    for c in range(cols.shape[0]):
+        start, count, stride = cols[c, 0], cols[c, 1], cols[c, 2]
+        ap, an = _split_means(w, view, -1.0, start, count, stride)
+        scales[2 * c] = ap
+        scales[2 * c + 1] = an
+        for b in range((count + 7) // 8):
+            acc = 0
+            base = start + 8 * b * stride
+            if 8 * b + 8 <= count:
+                for k in range(8):
+                    i = base + k * stride
+                    p = np.int64(w[i] - view[i] > 0.0)
+                    acc |= p << k
+                    view[i] = view[i] + scales[2 * c + 1 - p]
+            else:
+                for k in range(count - 8 * b):
+                    i = base + k * stride
+                    p = np.int64(w[i] - view[i] > 0.0)
+                    acc |= p << k
+                    view[i] = view[i] + scales[2 * c + 1 - p]
+            bits[byte + b] = acc
+        byte += (count + 7) // 8
+    return byte
+
+
+@njit(**_Q)
+def dequantize_1bit(cols, scales, bits, out, add):
+    """out[i] = (add: out[i] +) the reconstruction of element i: its column's first scale
+    where its bit is set, the second where not. Returns the bytes of bits read."""
+    byte = 0
+    for c in range(cols.shape[0]):
+        start, count, stride = cols[c, 0], cols[c, 1], cols[c, 2]
+        for b in range((count + 7) // 8):
+            acc = bits[byte + b]
+            base = start + 8 * b * stride
+            for k in range(min(8, count - 8 * b)):
+                i = base + k * stride
+                a = scales[2 * c + 1 - ((acc >> k) & 1)]
+                out[i] = (out[i] + a) if add else a
+        byte += (count + 7) // 8
+    return byte

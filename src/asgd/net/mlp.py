@@ -46,6 +46,30 @@ class Layout:
         return (w[:o1].reshape(self.d_in, self.d_hidden), w[o1:o2],
                 w[o2:o3].reshape(self.d_hidden, self.d_out), w[o3:])
 
+    def columns(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """The columns of 1-bit quantization (net.kernels.quantize_1bit), within the flat
+        range [lo, hi) (a server's shard): an int64 array of (start - lo, count, stride),
+        one row per non-empty column, which together cover [lo, hi) once.
+
+        A column is one line of a layer along the hidden dimension, each with its own two
+        reconstruction values: W1's row per input (the d_hidden weights out of input i:
+        CNTK's column of its hidden x input matrix), b1, W2's column per output unit (the
+        d_hidden weights into output k, stride d_out in the flat vector), and b2. Lines
+        along the short dimensions (the d_in weights into one hidden unit) would spend two
+        float64 scales on every two or three values and send more bytes than float32."""
+        hi = self.n_w if hi is None else hi
+        o1, o2, o3 = self._ends
+        H = self.d_hidden
+        lines = ([(i * H, H, 1) for i in range(self.d_in)] + [(o1, H, 1)]
+                 + [(o2 + k, H, self.d_out) for k in range(self.d_out)] + [(o3, self.d_out, 1)])
+        out = []
+        for start, count, stride in lines:
+            first = max(0, -(-(lo - start) // stride))              # first t with start + t stride >= lo
+            last = min(count, -(-(hi - start) // stride))            # first t with start + t stride >= hi
+            if last > first:
+                out.append((start + first * stride - lo, last - first, stride))
+        return np.array(out, dtype=np.int64).reshape(-1, 3)
+
 
 def init_params(layout: Layout, seed: int) -> np.ndarray:
     """Same seed, same w. Each hidden unit is a steep sigmoid across a random
@@ -139,7 +163,7 @@ def make_evaluate(layout: Layout, w: np.ndarray, test):
     return evaluate
 
 
-KERNEL_USES = ("step", "evaluate", "aggregate", *(f"update:{o}" for o in OPTIMIZERS))  # see compile_kernels
+KERNEL_USES = ("step", "evaluate", "aggregate", *(f"update:{o}" for o in OPTIMIZERS), "onebit")  # see compile_kernels
 
 
 def compile_kernels(*uses: str) -> None:
@@ -149,7 +173,8 @@ def compile_kernels(*uses: str) -> None:
       step       step_begin, step_rows, step_end (a worker: make_step)
       evaluate   evaluate (the rank that evaluates: rank 0)
       aggregate  add_into, add_scaled, all_finite (a server; allreduce ranks)
-      update:O   optimizer O's update (a server; allreduce ranks)"""
+      update:O   optimizer O's update (a server; allreduce ranks)
+      onebit     quantize_1bit, quantize_diff_1bit, dequantize_1bit, all_finite (--compress 1bit)"""
     from . import kernels
     from .optimizers import Optimizer
     unknown = set(uses) - set(KERNEL_USES)
@@ -169,6 +194,13 @@ def compile_kernels(*uses: str) -> None:
         kernels.all_finite(dw)
         kernels.add_into(w, dw)
         kernels.add_scaled(w, dw, 0.5)
+    if "onebit" in uses:
+        cols = tiny.columns()
+        scales, bits = np.zeros(2 * len(cols)), np.zeros((tiny.n_w + 7) // 8, np.uint8)
+        kernels.quantize_1bit(dw, w.copy(), cols, scales, bits)
+        kernels.quantize_diff_1bit(w, w.copy(), cols, scales, bits)
+        kernels.dequantize_1bit(cols, scales, bits, dw, True)
+        kernels.all_finite(scales)
     for use in uses:
         if use.startswith("update:"):
             Optimizer(use.split(":", 1)[1], 0.1, tiny.n_w).step(w, dw.copy(), 0.5)
