@@ -197,8 +197,9 @@ assert before == after, (before, after)
 
 @pytest.mark.parametrize("d_in,d_h,d_out,batch", [(2, 10000, 2, 256), (2, 1000, 2, 37), (3, 300, 4, 50)])
 def test_a_step_split_by_progress_is_the_same_step(d_in, d_h, d_out, batch):
-    """mlp.make_step with progress (step_rows block by block) against one sgd_step call:
-    Delta-w bit for bit, the loss too; however many blocks progress lets run one by one."""
+    """mlp.make_step with progress (step_rows over a few samples at a time, as many calls
+    as progress says False) against the unsplit step: Delta-w and the loss bit for bit;
+    and step_rows over any split at multiples of 4 likewise."""
     from asgd.net.mlp import make_step
     layout = Layout(d_in, d_h, d_out)
     w = init_params(layout, 5)
@@ -206,8 +207,7 @@ def test_a_step_split_by_progress_is_the_same_step(d_in, d_h, d_out, batch):
     step = make_step(layout, batch)
     whole = np.full(layout.n_w, np.nan)
     loss_whole = step(w, X, y, 0.05, whole)
-    blocks = -(-batch // K.step_block(K.make_scratch(batch, d_h, d_out)))
-    for answers in ([False] * blocks, [False, False, True], [True]):
+    for answers in ([False] * 1000, [False, False, True], [True]):
         calls = []
 
         def progress():
@@ -217,4 +217,19 @@ def test_a_step_split_by_progress_is_the_same_step(d_in, d_h, d_out, batch):
         loss = step(w, X, y, 0.05, split, progress=progress)
         np.testing.assert_array_equal(split, whole)
         assert loss == loss_whole
-        assert len(calls) == min(len(answers), blocks)   # once before each block, until it says done
+        assert 1 <= len(calls) <= min(len(answers), -(-batch // 4))   # before each call, until it says done
+    scratch = K.make_scratch(batch, d_h, d_out)
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        cuts = np.unique(np.concatenate([[0, batch], 4 * rng.integers(0, -(-batch // 4), 5)]))
+        cuts = cuts[cuts <= batch]
+        V, D = layout.views(w), layout.views(np.full(layout.n_w, np.nan))
+        K.step_begin(*V, X, y, *D, scratch)
+        loss = 0.0
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            loss = K.step_rows(*V, X, y, 0.05, int(a), int(b), *D, scratch, loss)
+        K.step_end(D[2], scratch)
+        np.testing.assert_array_equal(np.concatenate([v.ravel() for v in D]), whole)
+        assert loss / batch == loss_whole
+    with pytest.raises(ValueError):
+        K.step_rows(*V, X, y, 0.05, 2, batch, *D, scratch, 0.0)

@@ -273,16 +273,17 @@ def step_begin(W1, b1, W2, b2, X, y, dW1, db1, dW2, db2, scratch):
 def step_rows(W1, b1, W2, b2, X, y, lr, r0, r1, dW1, db1, dW2, db2, scratch, loss):
     """Samples r0..r1-1 of the batch X, y: their gradients (scaled by -lr / the whole
     batch's size) added into the step's, their losses added to `loss`, which is returned.
-    r0 must be a multiple of step_block(scratch), so that any split of the batch into
-    calls runs the very blocks, in the very order, of one call over all of it: the same
-    Delta-w, bit for bit, and the same loss."""
+    r0 must be a multiple of 4: the fused loops take samples in fours (the generic ones
+    one by one) and every sum over samples runs in sample order, so any split of the
+    batch into calls gives the same Delta-w and loss, bit for bit, as one call over all
+    of it (blocks shorter than step_block(scratch) only reload more weights)."""
     W2T, dW2T, Hs, Xs, Zs, gb = scratch
     B = y.shape[0]
     d_in, H = W1.shape
     d_out = W2.shape[1]
     S = Hs.shape[0]
-    if r0 % S != 0 or r0 < 0 or r1 > B:
-        raise ValueError("step_rows: rows must start at a multiple of the block and lie in the batch")
+    if r0 % 4 != 0 or r0 < 0 or r1 > B:
+        raise ValueError("step_rows: rows must start at a multiple of 4 and lie in the batch")
     scale = -lr / B
     fused = d_in == 2 and d_out == 2
     for b0 in range(r0, r1, S):

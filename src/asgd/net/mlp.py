@@ -9,6 +9,7 @@ Sigmoid hidden layer, softmax output, mean cross-entropy over the batch.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from functools import cached_property
 from types import SimpleNamespace
@@ -124,17 +125,22 @@ def reference_predict(layout: Layout, w: np.ndarray, X: np.ndarray) -> np.ndarra
 
 # -- the numba kernels behind the flat layout (the training hot path) --------------
 
+PROGRESS_S = 0.5e-3   # the step's work between two progress() calls, while they say False
+
+
 def make_step(layout: Layout, batch: int):
     """step(w, X, y, lr, dw, progress=None) -> loss: the numba training step with its
     scratch allocated once; same contract as reference_step.
 
-    progress: a callable the step calls between its sample blocks (about a millisecond
-    of work each on the paper's models) while it returns False, e.g. to let MPI move a
-    message in flight (protocol.worker.PushPull.progress); once it returns True the rest
-    of the batch runs in one call. The blocks, their order and so Delta-w and the loss
-    are the same, bit for bit, with or without it: both run the same compiled kernels
-    (step_begin, step_rows, step_end; sgd_step inlines them, and its compiled copy may
-    contract other multiply-adds into FMAs), without progress each called once."""
+    progress: a callable the step calls about every PROGRESS_S of its work (between calls
+    of step_rows over a few samples, a multiple of 4, sized from the time the last call
+    took) while it returns False, e.g. to let MPI move a message in flight
+    (protocol.worker.PushPull.progress); once it returns True the rest of the batch runs
+    in one call. Every sum over samples runs in sample order however the batch is split,
+    so Delta-w and the loss are the same, bit for bit, with or without it (both run the
+    same compiled kernels, step_begin, step_rows, step_end: sgd_step inlines them, and its
+    compiled copy may contract other multiply-adds into FMAs); without it each is called
+    once."""
     from . import kernels
     scratch = kernels.make_scratch(batch, layout.d_hidden, layout.d_out)
     block = kernels.step_block(scratch)
@@ -143,10 +149,17 @@ def make_step(layout: Layout, batch: int):
         W, D = layout.views(w), layout.views(dw)
         B = len(y)
         kernels.step_begin(*W, X, y, *D, scratch)
-        loss, r = 0.0, 0
+        loss, r, rows = 0.0, 0, block
         while r < B:
-            r1 = B if progress is None or progress() else min(r + block, B)
+            if progress is None or progress():
+                progress, r1 = None, B
+            else:
+                r1 = min(r + rows, B)
+            t = time.perf_counter()
             loss = kernels.step_rows(*W, X, y, lr, r, r1, *D, scratch, loss)
+            if progress is not None:   # the next call's samples: about PROGRESS_S of work
+                per_row = (time.perf_counter() - t) / (r1 - r)
+                rows = max(4, min(block, int(PROGRESS_S / per_row) // 4 * 4)) if per_row > 0 else block
             r = r1
         kernels.step_end(D[2], scratch)
         return loss / B
