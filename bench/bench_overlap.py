@@ -7,25 +7,28 @@ Both ranks run asgd's real protocol through its public signatures: rank 0
 `protocol.server.Server(...).serve(Async())`, rank 1 `protocol.worker.run_worker(...)`
 with the real numba training step (`net.mlp.make_step`) on real data, exactly as
 asgd.train calls them; --progress on,off measures before and after in one run: with
-`on` the worker's step tests the exchange in flight between its sample blocks
-(run_worker(progress=True), asgd.train's default --mpi-progress step), with `off` only
-its waits move the messages (before issue #16 phase 2). The two alternate within every
-repetition, at the same batch sizes.
+`on` the worker's step tests the exchange in flight between its sample blocks (asgd.train's
+default --mpi-progress step), with `off` only its waits move the messages (before issue
+#16 phase 2). The modes cycle step by step within each run (`alone`: no compute, the
+exchange alone; `off`; `on`), so all three see the same load of a shared machine and the
+same batch.
 
 Definitions, per configuration (model size x transport), all per step on the worker:
   E           the exchange alone: the worker's time per step with a step that returns at
-              once (no compute): push, the server's work, the reply, the waits
+              once (no compute): push, the server's work, the reply, the waits; measured
+              in the same run as c (the `alone` steps), and once before, alone, to size
+              the batches
   c           the compute: the worker's `compute` phase per step with the real step at a
               batch size timed here to take about r x E, for r in --ratios
   exposed(c)  the exchange time the worker still sees with that compute: its `push` and
               `comm_wait` phases per step (posting the exchange, then waiting for the
               previous one to complete, after the step)
-  All per step, medians over the run's steps (from a TraceClock of the worker), so that a
-  loaded machine's occasional long preemptions do not decide the figure.
+  All per step, medians over the run's steps of each mode (from a TraceClock of the
+  worker), so that a loaded machine's occasional long preemptions do not decide the figure.
   hidden(c)   = (c0 + E - T) / min(E, c0), clipped to [0, 1]: the fraction of the
               exchange the step's period T does not show, of what could hide (with
               c >= E all of it can; with c < E at most c of it); c0 is the step's compute
-              with progress off (same batch, same repetition). 0: nothing moved while the
+              with progress off (same batch, same run). 0: nothing moved while the
               worker computed (MPI moves a rendezvous-sized message only inside MPI
               calls, and a step without progress makes none); 1: perfect overlap.
               With progress off T = c0 + exposed, so this is phase 1's measure
@@ -90,24 +93,45 @@ def parse_args(argv=None):
 
 # -- inside the MPI job: rank 0 serves, rank 1 works -----------------------------------------
 
-def per_step(events: dict) -> dict:
-    """Median per worker step of its compute, exposed (push + comm_wait) and total time,
-    from a TraceClock's intervals: a step is a `compute` interval and the `comm_wait` and
-    `push` intervals that follow it (run_worker's order). The first two steps (no exchange
-    to wait for yet, warm caches) are left out. Medians: a loaded machine's rare long
-    preemptions do not move them."""
+def per_step(events: dict, modes: list[str]) -> dict:
+    """Medians per worker step of its compute, exposed (push + comm_wait) and total time,
+    per mode, from a TraceClock's intervals: a step is a `compute` interval and the
+    `comm_wait` and `push` intervals that follow it (run_worker's order); step i ran in
+    modes[i % len(modes)] (see cycling). The first two cycles (no exchange to wait for
+    yet, warm caches) are left out. Medians: a loaded machine's rare long preemptions do
+    not move them."""
     names = events["phases"]
     steps = []
     for start, end, code in events["intervals"]:
         name = names[code]
         if name == "compute":
-            steps.append({"compute": 0.0, "exposed": 0.0})
+            steps.append({"mode": modes[len(steps) % len(modes)], "compute": 0.0, "exposed": 0.0})
         if steps and name in ("compute", "push", "comm_wait"):
             steps[-1]["compute" if name == "compute" else "exposed"] += (int(end) - int(start)) / 1e9
-    steps = steps[2:]
-    return {"compute": float(np.median([x["compute"] for x in steps])),
-            "exposed": float(np.median([x["exposed"] for x in steps])),
-            "T": float(np.median([x["compute"] + x["exposed"] for x in steps])), "steps": len(steps)}
+    steps = steps[2 * len(modes):]
+    out = {}
+    for m in modes:
+        xs = [x for x in steps if x["mode"] == m]
+        out[m] = {"compute": float(np.median([x["compute"] for x in xs])),
+                  "exposed": float(np.median([x["exposed"] for x in xs])),
+                  "T": float(np.median([x["compute"] + x["exposed"] for x in xs])), "steps": len(xs)}
+    return out
+
+
+def cycling(step, modes: list[str]):
+    """A step that runs as modes[k % len(modes)] on its k-th call: `alone` returns at once
+    (the exchange alone: E), `on` passes run_worker's progress on (the step tests the
+    exchange between its blocks), `off` does not. Cycling within one run puts every mode
+    under the same load of a shared machine, and every exchange is the previous step's."""
+    k = [0]
+
+    def wrapped(w, X, y, lr, dw, progress=None):
+        mode = modes[k[0] % len(modes)]
+        k[0] += 1
+        if mode == "alone":
+            return 0.0
+        return step(w, X, y, lr, dw, progress if mode == "on" else None)
+    return wrapped
 
 
 def child(args) -> None:
@@ -128,18 +152,19 @@ def child(args) -> None:
     mlp.compile_kernels()
     out = []
 
-    def exchange(layout, step, batch: int, updates: int, progress: bool = True) -> dict | None:
-        """One run of the real protocol: `updates` steps; the worker's medians per step."""
+    def exchange(layout, step, batch: int, updates: int, modes: list[str]) -> dict | None:
+        """One run of the real protocol, `updates` steps per mode, the modes cycling step
+        by step (cycling); the worker's medians per step and mode."""
         w = mlp.init_params(layout, 0)
         comm.Barrier()
         if comm.rank == 0:
             Server(comm, w, 1, waiter, PhaseClock("idle"), None).serve(Async())
             return None
-        data = problem.rings(batch * updates, 1)
+        data = problem.rings(batch * updates * len(modes), 1)
         clock = TraceClock("idle", steps=(0, 1 << 30))
-        run_worker(comm, shard_bounds(layout.n_w, 1), w, data.X, data.y, step, 1e-9, batch, 1, [0, 0],
-                   waiter, clock, progress=progress)
-        return per_step(clock.events())
+        run_worker(comm, shard_bounds(layout.n_w, 1), w, data.X, data.y, cycling(step, modes), 1e-9, batch, 1,
+                   [0, 0], waiter, clock, progress=True)
+        return per_step(clock.events(), modes)
 
     def no_compute(w, X, y, lr, dw, progress=None):
         return 0.0
@@ -164,25 +189,27 @@ def child(args) -> None:
 
     for hidden in args.hidden:
         layout = mlp.Layout(2, hidden, 2)
-        exchange(layout, no_compute, 1, 5)   # warm-up: connections, buffers
+        exchange(layout, no_compute, 1, 5, ["alone"])   # warm-up: connections, buffers
         for rep in range(args.repeat):
-            alone = exchange(layout, no_compute, 1, args.updates)
-            E = comm.bcast(alone["T"] if alone else None, root=1)
+            alone = exchange(layout, no_compute, 1, args.updates, ["alone"])   # sizes the batches
+            E0 = comm.bcast(alone["alone"]["T"] if alone else None, root=1)
             for r in args.ratios:
-                batch = comm.bcast(batch_for(layout, r * E) if comm.rank == 1 else None, root=1)
-                step = mlp.make_step(layout, batch)
-                for mode in (args.progress if rep % 2 == 0 else args.progress[::-1]):
-                    got = exchange(layout, step, batch, args.updates, progress=mode == "on")
-                    if not got:
-                        continue
-                    c, exposed = got["compute"], got["exposed"]
+                batch = comm.bcast(batch_for(layout, r * E0) if comm.rank == 1 else None, root=1)
+                modes = ["alone"] + (args.progress if rep % 2 == 0 else args.progress[::-1])
+                got = exchange(layout, mlp.make_step(layout, batch), batch, args.updates, modes)
+                if not got:
+                    continue
+                E = got["alone"]["T"]   # the exchange alone, in this very run
+                for mode in args.progress:
+                    g = got[mode]
+                    c, exposed = g["compute"], g["exposed"]
                     out.append({"hidden": hidden, "n_w": layout.n_w, "mbytes": 8 * layout.n_w / 1e6, "rep": rep,
                                 "progress": mode, "ratio": r, "batch": batch, "E_ms": 1e3 * E,
-                                "E_exposed_ms": 1e3 * alone["exposed"], "c_ms": 1e3 * c,
-                                "exposed_ms": 1e3 * exposed, "T_ms": 1e3 * got["T"],
+                                "E_exposed_ms": 1e3 * got["alone"]["exposed"], "c_ms": 1e3 * c,
+                                "exposed_ms": 1e3 * exposed, "T_ms": 1e3 * g["T"],
                                 "perfect_ms": 1e3 * max(c, E), "serial_ms": 1e3 * (c + E),
                                 "hidden_frac_exposed": float(np.clip((E - exposed) / min(E, c), 0, 1)) if c > 0 else None,
-                                "steps": got["steps"]})
+                                "steps": g["steps"]})
     if comm.rank == 1:
         print(json.dumps({"oversubscribed": crowded, "rows": out}), flush=True)
 
@@ -206,7 +233,7 @@ def parse_child(stdout: str) -> dict:
 def hidden_by_step_time(rows: list[dict]) -> None:
     """Each row's hidden_frac = (c0 + E - T) / min(E, c0): how much of the exchange the
     step's period does not show, where c0 is the pure compute, the step with progress off
-    at the same batch in the same repetition (progress moves MPI's own copying and
+    at the same batch in the same run (progress moves MPI's own copying and
     protocol work into the step, which the compute phase then counts: on shared memory
     the worker's core does the copy either way). Without an off row, the row's own c."""
     c0 = {(r["where"], r["hidden"], r["rep"], r["ratio"]): r["c_ms"] for r in rows if r["progress"] == "off"}
@@ -318,7 +345,7 @@ def main(argv=None):
                         "c_ms": "the worker's compute per step (real step, batch timed for ratio x E)",
                         "exposed_ms": "push + comm_wait per step with that compute",
                         "hidden_frac": "(c0 + E - T) / min(E, c0), clipped to [0, 1]; c0: the step's compute with "
-                                       "progress off (same batch, same repetition)",
+                                       "progress off (same batch, same run)",
                         "hidden_frac_exposed": "(E - exposed) / min(E, c), clipped (phase 1's measure; the same "
                                                "as hidden_frac with progress off)",
                         "T_ms": "worker ms per step", "perfect_ms": "max(c, E)", "serial_ms": "c + E"}}
