@@ -120,3 +120,11 @@ def test_model_bench(tmp_path, quick_params):
     assert meta["params_file"] == str(quick_params) and not meta["params_calibrated_here"]
     assert (out / "model.png").stat().st_size > 0
     assert "median APE" in p.stdout and "optimizer" in p.stdout
+
+
+@pytest.mark.parametrize("script", sorted(str(p.relative_to(BENCH.parent)) for p in
+                                          [*BENCH.glob("*.py"), *(BENCH.parent / "scripts").glob("*.py")]))
+def test_every_bench_and_script_compiles(script):
+    """Scripts no test runs in full still parse (a syntax error in one stays silent otherwise)."""
+    path = BENCH.parent / script
+    compile(path.read_text(), str(path), "exec")
