@@ -303,6 +303,7 @@ def main(argv=None):
     if args.mpi_child:
         child(args)
         return 0
+    common.exit_on_signals()   # timeout/kill -TERM: the testbed goes down, the temporary folder too
     args.out.mkdir(parents=True, exist_ok=True)
     load = common.LoadSampler(2.0)
     m = common.machine()

@@ -326,6 +326,7 @@ def main(argv=None):
     if args.mpi_child:
         child(args)
         return 0
+    common.exit_on_signals()   # timeout/kill -TERM: the testbed goes down, the temporary folder too
     from asgd.testbed import Testbed, TestbedError, missing_requirements, parse_rate
     from asgd.testbed import lifecycle
     from asgd.testbed.spec import format_rate
