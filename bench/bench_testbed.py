@@ -15,7 +15,8 @@ one exchange outstanding) at R / 810 KB. With --compress 1bit the messages are 6
 (62.6x fewer bytes), so 1-bit's link ceiling is 62x higher and the cores, not the link,
 cap it: this bench measures the cores' ceiling on shared memory for both (no links:
 `cores_ceiling`; uncompressed S = 4, W = 12, and 1-bit S = 1, W = 12), and on this
-machine, shared with other jobs, 1-bit's was 50-110 updates/s. So the rate must put:
+machine, shared with other jobs, 1-bit's was 50-210 updates/s (load 15 to 4). So the rate
+must put:
   * one uncompressed server's ceiling at most a tenth of 1-bit's cores' ceiling, with
     room for a loaded machine: R / 405 KB <= ~5/s (then 1-bit can show >= 10x);
   * 4 servers' ceiling (4x) well under the cores' ceiling too: <= ~20/s;
@@ -23,7 +24,8 @@ machine, shared with other jobs, 1-bit's was 50-110 updates/s. So the rate must 
     one worker's runs go at R / 810 KB.
 8 Mbit/s (1 MB/s) gives ceilings of 2.47 (S=1), 4.9 (S=2) and 9.9 (S=4) updates/s and
 1.23 per worker: the knees fall at about 2, 4 and 8 workers, W = 12 is past every knee;
-1-bit's link ceiling is 154/s, above the cores'. Phase 1's 32 Mbit/s (9.9/19.8/39.5)
+1-bit's link ceiling is 154/s (about 140 with the wire's headers), near the cores' when
+the machine is quiet: one 1-bit server then fills its link (measured: 133/s, 57x). Phase 1's 32 Mbit/s (9.9/19.8/39.5)
 left 1-bit no room under the cores (it would need >= 99/s). --bandwidth changes it
 (the table says where the ceilings then are).
 
@@ -54,7 +56,7 @@ wire, updates/s.
 Writes testbed.csv, testbed.json (rows, summary: ceilings, ratios, median APE; the probe,
 the testbed, the machine, the load), testbed.png under --out (bench/results/testbed).
 
-    python bench/bench_testbed.py                          # 30 runs + 2 accuracy runs, about 30 minutes
+    python bench/bench_testbed.py                          # 30 runs + 2 accuracy runs, 23-30 minutes
     python bench/bench_testbed.py --quick                  # workers 1,4; servers 1,2; 2 epochs; no accuracy runs
     python bench/bench_testbed.py --params params.json     # reuse a calibration
 """
