@@ -23,11 +23,12 @@ must put:
   * but not so low that the sweep takes hours: each run has 64 x epochs updates, and
     one worker's runs go at R / 810 KB.
 8 Mbit/s (1 MB/s) gives ceilings of 2.47 (S=1), 4.9 (S=2) and 9.9 (S=4) updates/s and
-1.23 per worker: the knees fall at about 2, 4 and 8 workers, W = 12 is past every knee;
-1-bit's link ceiling is 154/s (about 140 with the wire's headers), near the cores' when
-the machine is quiet: one 1-bit server then fills its link (measured: 133/s, 57x). Phase 1's 32 Mbit/s (9.9/19.8/39.5)
-left 1-bit no room under the cores (it would need >= 99/s). --bandwidth changes it
-(the table says where the ceilings then are).
+1.23 per worker: the knees fall at about 2, 4 and 8 workers on the links alone (measured:
+2 servers still rose at 12 workers, the workers' own links holding them back); 1-bit's
+link ceiling is 154/s (about 140 with the wire's headers), near the cores' when the
+machine is quiet: one 1-bit server then fills its link (measured: 133/s, 57x). Phase 1's
+32 Mbit/s (9.9/19.8/39.5) left 1-bit no room under the cores (it would need >= 99/s).
+--bandwidth changes it (the table says where the ceilings then are).
 
 Measured per run (`asgd.testbed run --check-bytes -- mpiexec -n W+S python -m asgd.train
 --servers S --epochs E --trace ...`):
