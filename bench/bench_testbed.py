@@ -7,21 +7,28 @@ single server's saturation could only be predicted. Here every rank gets a host 
 namespace) of its own and every host's link is shaped to --bandwidth each way (tc tbf),
 so a server's link fills long before the cores do.
 
-Choosing the bandwidth (default 32mbit). A 2-10K-2 update moves Delta-w (400,056 B) in
+Choosing the bandwidth (default 8mbit). A 2-10K-2 update moves Delta-w (400,056 B) in
 and w' (400,032 B) out of the server; on the wire about 1.5 % more (the byte proof).
 At R bytes/s per direction a server's link is full at R / 405 KB updates/s, S servers
 (each carrying 1/S of every message) at S times that, and one worker (push, then reply,
-one exchange outstanding) at R / 810 KB. The cores must stay out of the way at every
-ceiling to be measured: this bench also measures the cores' ceiling (S = 4, W = 12 on
-shared memory, no links: `cores_ceiling`); on this machine, shared with other jobs, it
-was about 90-180 updates/s. So:
-  * 4 servers' ceiling at most a third of the cores' ceiling: 4 R / 405 KB <= ~45/s;
-  * and room for phase 2's 1-bit compression (>= 10x a single server's ceiling, <= the
-    cores' ceiling): R / 405 KB <= ~12/s;
-  * but not so low that a sweep takes an hour: each run has 64 x epochs updates.
-32 Mbit/s (4 MB/s) gives ceilings of 9.9 (S=1), 19.8 (S=2) and 39.5 (S=4) updates/s and
-4.9 per worker: the knees should fall at about 2, 4 and 8 workers, and W = 12 is past
-every knee. --bandwidth changes it (the table says where the ceilings then are).
+one exchange outstanding) at R / 810 KB. With --compress 1bit the messages are 6.4 KB
+(62.6x fewer bytes), so 1-bit's link ceiling is 62x higher and the cores, not the link,
+cap it: this bench measures the cores' ceiling on shared memory for both (no links:
+`cores_ceiling`; uncompressed S = 4, W = 12, and 1-bit S = 1, W = 12), and on this
+machine, shared with other jobs, 1-bit's was 50-210 updates/s (load 15 to 4). So the rate
+must put:
+  * one uncompressed server's ceiling at most a tenth of 1-bit's cores' ceiling, with
+    room for a loaded machine: R / 405 KB <= ~5/s (then 1-bit can show >= 10x);
+  * 4 servers' ceiling (4x) well under the cores' ceiling too: <= ~20/s;
+  * but not so low that the sweep takes hours: each run has 64 x epochs updates, and
+    one worker's runs go at R / 810 KB.
+8 Mbit/s (1 MB/s) gives ceilings of 2.47 (S=1), 4.9 (S=2) and 9.9 (S=4) updates/s and
+1.23 per worker: the knees fall at about 2, 4 and 8 workers on the links alone (measured:
+2 servers still rose at 12 workers, the workers' own links holding them back); 1-bit's
+link ceiling is 154/s (about 140 with the wire's headers), near the cores' when the
+machine is quiet: one 1-bit server then fills its link (measured: 133/s, 57x). Phase 1's
+32 Mbit/s (9.9/19.8/39.5) left 1-bit no room under the cores (it would need >= 99/s).
+--bandwidth changes it (the table says where the ceilings then are).
 
 Measured per run (`asgd.testbed run --check-bytes -- mpiexec -n W+S python -m asgd.train
 --servers S --epochs E --trace ...`):
@@ -40,14 +47,18 @@ The model's network terms are derived, not fitted; a two-host probe (raw ping-po
 Delta-w and asgd's push/pull round trip) is measured first and printed beside the derived
 values, as a check.
 
---compress none,1bit is the axis for phase 2; for now only `none` runs (1bit: asgd.train
-has no --compress yet).
+--compress none,1bit runs every (workers, servers) point both ways, interleaved; the
+model is told the 1-bit messages' size (asgd.protocol.onebit.bytes_per_weight into
+testbed_params). --accuracy-epochs E (default 5: asgd.train's default) adds two runs of
+the default problem, one server and the most workers, none and 1bit: held-out accuracy
+after each epoch, time to accuracy >= 0.95 (from the start of training), bytes on the
+wire, updates/s.
 
 Writes testbed.csv, testbed.json (rows, summary: ceilings, ratios, median APE; the probe,
 the testbed, the machine, the load), testbed.png under --out (bench/results/testbed).
 
-    python bench/bench_testbed.py                          # 15 runs, about 15 minutes
-    python bench/bench_testbed.py --quick                  # workers 1,4; servers 1,2; 2 epochs
+    python bench/bench_testbed.py                          # 30 runs + 2 accuracy runs, 23-30 minutes
+    python bench/bench_testbed.py --quick                  # workers 1,4; servers 1,2; 2 epochs; no accuracy runs
     python bench/bench_testbed.py --params params.json     # reuse a calibration
 """
 
@@ -67,19 +78,21 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 COMPRESSIONS = ("none", "1bit")
-IMPLEMENTED = ("none",)
+TARGET_ACCURACY = 0.95
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 12], help="comma list (default 1,2,4,8,12)")
     p.add_argument("--servers", type=int_list, default=[1, 2, 4], help="comma list (default 1,2,4)")
-    p.add_argument("--compress", default="none", help="comma list of none,1bit (default none; 1bit: phase 2)")
-    p.add_argument("--bandwidth", default="32mbit", help="each link, each direction (default 32mbit; see above)")
+    p.add_argument("--compress", default="none,1bit", help="comma list of none,1bit (default both)")
+    p.add_argument("--bandwidth", default="8mbit", help="each link, each direction (default 8mbit; see above)")
     p.add_argument("--latency", type=float, default=0.0, help="one-way latency, us (netem; default 0)")
     p.add_argument("--hidden", type=int, default=10000, help="2-H-2 model (default 10000: 400 KB Delta-w)")
     p.add_argument("--batch", type=int, default=256, help="batch size (default 256)")
-    p.add_argument("--epochs", type=int, default=6, help="epochs per run: 64 x E updates (default 6)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs per sweep run: 64 x E updates (default 2)")
+    p.add_argument("--accuracy-epochs", type=int, default=5, help="epochs of the two accuracy runs (default 5; "
+                   "0: none)")
     p.add_argument("--repeat", type=int, default=1, help="runs per configuration, interleaved (default 1)")
     p.add_argument("--params", type=Path, help="params.json from asgd.perf calibrate (default: calibrate --quick now)")
     p.add_argument("--no-cores-check", action="store_true", help="skip the shared-memory run that measures "
@@ -92,15 +105,11 @@ def parse_args(argv=None):
     p.add_argument("--mpi-child", action="store_true", help=argparse.SUPPRESS)   # the two-host probe
     a = p.parse_args(argv)
     if a.quick:
-        a.workers, a.servers, a.epochs = [1, 4], [1, 2], 2
+        a.workers, a.servers, a.epochs, a.accuracy_epochs = [1, 4], [1, 2], 2, 0
     a.compress = [c.strip() for c in a.compress.split(",") if c.strip()]
     bad = [c for c in a.compress if c not in COMPRESSIONS]
     if bad:
         p.error(f"--compress: unknown {bad}; choose from {COMPRESSIONS}")
-    todo = [c for c in a.compress if c not in IMPLEMENTED]
-    if todo:
-        p.error(f"--compress {','.join(todo)}: not implemented yet (asgd.train has no --compress; phase 2 of "
-                "issue #16); use --compress none")
     return a
 
 
@@ -132,19 +141,28 @@ def steady_rate(trace_path: Path) -> tuple[float, int]:
     return (i1 - i0) / ((ts[i1] - ts[i0]) / 1e6), n
 
 
-def train_cmd(mpiexec: str, S: int, W: int, compress: str, args, out: Path) -> list[str]:
+def bytes_per_weight(compress: str, hidden: int, S: int) -> float:
+    """Payload bytes per weight of a push (8: float64)."""
+    if compress == "none":
+        return 8.0
+    from asgd.net.mlp import Layout
+    from asgd.protocol import onebit
+    return onebit.bytes_per_weight(Layout(2, hidden, 2), S)
+
+
+def train_cmd(mpiexec: str, S: int, W: int, compress: str, args, out: Path, epochs: int | None = None) -> list[str]:
     cmd = [mpiexec, "-n", str(W + S), sys.executable, "-m", "asgd.train", "--servers", str(S),
-           "--hidden", str(args.hidden), "--batch", str(args.batch), "--epochs", str(args.epochs), "--quiet",
+           "--hidden", str(args.hidden), "--batch", str(args.batch), "--epochs", str(epochs or args.epochs), "--quiet",
            "--trace", "--trace-steps", "0:1000000", "--timeout", str(int(args.timeout - 30)), "--out", str(out)]
     return cmd + (["--compress", compress] if compress != "none" else [])
 
 
-def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int) -> dict | None:
+def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | None = None) -> dict | None:
     from asgd.testbed import model, proof
     out = tmp / f"s{S}-w{W}-{compress}-{time.monotonic_ns()}"
     load0 = os.getloadavg()[0]
     try:
-        res = tb.run(train_cmd(common.launch.find(), S, W, compress, args, out), check_bytes=True,
+        res = tb.run(train_cmd(common.launch.find(), S, W, compress, args, out, epochs), check_bytes=True,
                      timeout=args.timeout, capture=True, say=lambda *a, **k: None)
     except Exception as e:  # noqa: BLE001  (a failed run is reported and skipped)
         print(f"  S={S} W={W} {compress}: failed: {str(e)[-400:]}", flush=True)
@@ -165,19 +183,27 @@ def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int) -> dict | None:
             "train_s": round(r["train_s"], 2), "init_s": round(r["init_s"], 2), "evaluate_s": round(ev, 2),
             "accuracy": r["metrics"]["accuracy"],
             "link_util": round(rate * per_update_server * max(p["ratio_sent"], p["ratio_recv"]) / (rate_bit / 8), 3),
-            "link_ceiling_updates_per_s": round(model.link_ceiling(rate_bit, n_w, S, max(p["ratio_sent"], p["ratio_recv"])), 2),
+            "link_ceiling_updates_per_s": round(model.link_ceiling(rate_bit, n_w, S, max(p["ratio_sent"], p["ratio_recv"]),
+                                                                   bytes_per_weight(compress, args.hidden, S)), 2),
+            "server_bytes_per_update": round(per_update_server, 1),
+            "wire_bytes_sent": sum(h["wire_sent"] for h in p["hosts"]),
+            "app_bytes_sent": sum(h["app_sent"] for h in p["hosts"]),
             "proof_ok": p["ok"], "wire_over_app_sent": round(p["ratio_sent"], 4),
             "wire_over_app_recv": round(p["ratio_recv"], 4),
             "qdisc_drops": sum(q["dropped"] for q in res.qdisc),
             "job_cpu_s": round(res.cpu_s, 1), "cpu_ms_per_update": round(1e3 * res.cpu_s / r["throughput"]["updates"], 2),
             "hosts": sorted(set(x["host"] for x in r["ranks"])).__len__(),
-            "load_1min": round((load0 + os.getloadavg()[0]) / 2, 2), "n_w": n_w}
+            "load_1min": round((load0 + os.getloadavg()[0]) / 2, 2), "n_w": n_w,
+            "history": [{"epoch": h["epoch"], "time_s": round(h["time_s"], 2), "test_accuracy": h.get("test_accuracy")}
+                        for h in r["metrics"]["history"]],
+            "time_to_accuracy_s": next((round(h["time_s"], 2) for h in r["metrics"]["history"]
+                                        if (h.get("test_accuracy") or 0) >= TARGET_ACCURACY), None)}
 
 
-def cores_ceiling(S: int, W: int, args, tmp: Path) -> dict | None:
+def cores_ceiling(S: int, W: int, args, tmp: Path, compress: str = "none") -> dict | None:
     """The same job on shared memory (plain mpiexec, no links): what the cores allow."""
-    out = tmp / "cores"
-    cmd = train_cmd(common.launch.find(), S, W, "none", args, out)
+    out = tmp / f"cores-{compress}"
+    cmd = train_cmd(common.launch.find(), S, W, compress, args, out)
     try:
         subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=True)
     except (subprocess.SubprocessError, OSError) as e:
@@ -185,7 +211,7 @@ def cores_ceiling(S: int, W: int, args, tmp: Path) -> dict | None:
         return None
     rate, n = steady_rate(out / "trace.json")
     r = json.loads((out / "results.json").read_text())
-    return {"servers": S, "workers": W, "updates_per_s": round(rate, 2),
+    return {"compress": compress, "servers": S, "workers": W, "updates_per_s": round(rate, 2),
             "updates_per_s_run": round(r["throughput"]["updates_per_s"], 2), "load_1min": round(os.getloadavg()[0], 2)}
 
 
@@ -208,7 +234,8 @@ def predict(base, rows, args, rate_bit, f) -> None:
     for r in rows:
         S, W = r["servers"], r["workers"]
         n_w = r["n_w"]
-        prm = testbed_params(base, rate_bit, args.latency * 1e-6, S, f, sizes=[-(-n_w // S), n_w])
+        prm = testbed_params(base, rate_bit, args.latency * 1e-6, S, f[r["compress"]],
+                             bytes_per_weight=bytes_per_weight(r["compress"], args.hidden, S), sizes=[-(-n_w // S), n_w])
         pred = model_predict(prm, Run(workers=W, servers=S, batch=args.batch, hidden=args.hidden,
                                       epochs=args.epochs))
         X = pred.detail["updates_per_s"]
@@ -239,15 +266,25 @@ def summarize(rows, args) -> dict:
                     "gain_from_2_to_max_workers": round(one[-1]["updates_per_s"] /
                                                         next(r for r in one if r["workers"] >= 2)["updates_per_s"], 3)}
         out[c] = {"ceilings": ceil, "one_server": flat}
+    if "none" in out and "1bit" in out:   # 1-bit against float64 messages, one server's ceilings
+        a, b = (out[c]["ceilings"].get(1, {}).get("ceiling_updates_per_s") for c in ("1bit", "none"))
+        out["onebit_vs_none_one_server"] = round(a / b, 2) if a and b else None
     apes = [r["ape_pct"] for r in rows if r.get("ape_pct") is not None]
     out["model_median_ape_pct"] = round(statistics.median(apes), 1) if apes else None
     out["model_max_ape_pct"] = max(apes) if apes else None
+    for c in args.compress:
+        ca = [r["ape_pct"] for r in rows if r.get("ape_pct") is not None and r["compress"] == c]
+        out[c]["model_median_ape_pct"] = round(statistics.median(ca), 1) if ca else None
     return out
 
 
 def plot(rows, info, path):
+    """Left: updates/s against workers, measured (solid: float64, dotted: 1-bit) and the
+    model's prediction (dashed), per server count; thin horizontal lines: the link
+    ceilings (per server count and compression) and the cores' ceilings on shared memory.
+    Log scale: the float64 lines sit 10-60x below 1-bit's. Right: the model's APE."""
     plt = common.pyplot()
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [2, 1]})
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [2, 1]})
     colors = {1: "tab:red", 2: "tab:blue", 4: "tab:green", 8: "tab:purple"}
     for c in dict.fromkeys(r["compress"] for r in rows):
         for S in sorted({r["servers"] for r in rows}):
@@ -255,33 +292,33 @@ def plot(rows, info, path):
             if not rs:
                 continue
             col = colors.get(S, "k")
-            ls = "-" if c == "none" else ":"
+            ls, mk = ("-", "o") if c == "none" else (":", "s")
             x = [r["workers"] for r in rs]
-            ax.plot(x, [r["updates_per_s"] for r in rs], ls, marker="o", color=col,
-                    label=f"{S} server{'s' * (S > 1)}, measured" + (f" ({c})" if c != "none" else ""))
+            name = f"{S} server{'s' * (S > 1)}, {'float64' if c == 'none' else c}"
+            ax.plot(x, [r["updates_per_s"] for r in rs], ls, marker=mk, color=col, label=f"{name}: measured")
             if "pred_updates_per_s" in rs[0]:
-                ax.plot(x, [r["pred_updates_per_s"] for r in rs], "--", color=col, alpha=0.7,
-                        label=f"{S} server{'s' * (S > 1)}, model")
-                ax2.plot(x, [r["ape_pct"] for r in rs], marker="o", color=col, label=f"S={S}")
-            ax.axhline(rs[0]["link_ceiling_updates_per_s"], color=col, lw=0.8, ls=":", alpha=0.6)
-    cc = info.get("cores_ceiling")
-    if cc:
-        ax.axhline(cc["updates_per_s"], color="0.4", lw=1, ls="-.",
-                   label=f"cores' ceiling (S={cc['servers']}, W={cc['workers']}, shared memory)")
+                ax.plot(x, [r["pred_updates_per_s"] for r in rs], "--", color=col, alpha=0.5, lw=1,
+                        label=f"{name}: model")
+                ax2.plot(x, [r["ape_pct"] for r in rs], ls, marker=mk, color=col, label=f"S={S} {c}")
+            ax.axhline(rs[0]["link_ceiling_updates_per_s"], color=col, lw=0.7, ls=(0, (1, 3)), alpha=0.6)
+    for cc in info.get("cores_ceilings") or []:
+        ax.axhline(cc["updates_per_s"], color="0.3", lw=1, ls="-." if cc["compress"] == "none" else (0, (5, 2, 1, 2)),
+                   label=f"cores' ceiling, {cc['compress']} (S={cc['servers']}, W={cc['workers']}, shared memory)")
     ax.set_xlabel("workers (each on a host of its own)")
-    ax.set_ylabel("updates/s (steady state)")
+    ax.set_ylabel("updates/s (steady state), log scale")
+    ax.set_yscale("log")
     tb = info["testbed"]
-    ax.set_title(f"2-{info['args']['hidden']}-2, batch {info['args']['batch']}: {tb['rate']} links; "
-                 f"dotted: link ceilings", fontsize=9)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(f"measured on the emulated cluster: 2-{info['args']['hidden']}-2, batch {info['args']['batch']}, "
+                 f"{tb['rate']} links; dashed: predicted by the analytical model; dotted lines: link ceilings",
+                 fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=6, loc="lower right", ncol=2)
     ax2.set_xlabel("workers")
     ax2.set_ylabel("model APE, %")
-    ax2.set_title(f"median APE {info['summary']['model_median_ape_pct']} %", fontsize=9)
+    ax2.set_title(f"model vs measured: median APE {info['summary']['model_median_ape_pct']} %", fontsize=9)
     ax2.axhline(15, color="0.5", ls=":", lw=0.8)
     ax2.grid(alpha=0.3)
-    ax2.legend(fontsize=7)
+    ax2.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -292,6 +329,7 @@ def main(argv=None):
     if args.mpi_child:
         child(args)
         return 0
+    common.exit_on_signals()   # timeout/kill -TERM: the testbed goes down, the temporary folder too
     from asgd.testbed import Testbed, TestbedError, missing_requirements, parse_rate
     from asgd.testbed import lifecycle
     from asgd.testbed.spec import format_rate
@@ -309,7 +347,7 @@ def main(argv=None):
     if lifecycle.exists(args.name):
         lifecycle.down(args.name, say=lambda *a, **k: None)
     tb = lifecycle.up(args.name, hosts, rate_bit, args.latency)
-    rows, probe = [], None
+    rows, accuracy, probe = [], [], None
     t_all = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(prefix="asgd-bench-testbed-") as tmp:
@@ -321,11 +359,15 @@ def main(argv=None):
             lines = [ln for ln in (res.stdout or "").splitlines() if ln.startswith("{")]
             probe = json.loads(lines[-1]) if res.rc == 0 and lines else {"error": (res.stderr or "")[-500:]}
             print(f"probe over two hosts: {probe}", flush=True)
-            cores = None if args.no_cores_check else cores_ceiling(max(args.servers), max(args.workers), args, tmp)
-            if cores:
-                print(f"cores' ceiling (shared memory, S={cores['servers']} W={cores['workers']}): "
-                      f"{cores['updates_per_s']} updates/s", flush=True)
-            configs = [(c, S, W) for c in args.compress for W in args.workers for S in args.servers]
+            cores = []   # float64: the most servers and workers; 1-bit: one server, the most workers
+            for c in ([] if args.no_cores_check else args.compress):
+                got = cores_ceiling(max(args.servers) if c == "none" else 1, max(args.workers), args, tmp, c)
+                if got:
+                    cores.append(got)
+                    print(f"cores' ceiling, {c} (shared memory, S={got['servers']} W={got['workers']}): "
+                          f"{got['updates_per_s']} updates/s, load {got['load_1min']}", flush=True)
+            # each (workers, servers) point with every compression in a row: they see the same load
+            configs = [(c, S, W) for W in args.workers for S in args.servers for c in args.compress]
             for rep in range(args.repeat):
                 for c, S, W in (configs if rep % 2 == 0 else configs[::-1]):
                     row = one_run(tb, S, W, c, args, tmp, rate_bit)
@@ -336,28 +378,42 @@ def main(argv=None):
                               f"({row['updates_per_s_run']:.2f} whole run), link {row['link_util']:.2f} full, "
                               f"proof {'ok' if row['proof_ok'] else 'FAILED'} ({row['wire_over_app_sent']:.3f}), "
                               f"acc {row['accuracy']:.3f}, load {row['load_1min']}", flush=True)
+            for c in (args.compress if args.accuracy_epochs else []):   # the default problem, to accuracy
+                row = one_run(tb, 1, max(args.workers), c, args, tmp, rate_bit, epochs=args.accuracy_epochs)
+                if row:
+                    accuracy.append(row)
+                    print(f"  accuracy run, {c}: S=1 W={max(args.workers)} {args.accuracy_epochs} epochs: acc "
+                          f"{row['accuracy']:.4f}, >= {TARGET_ACCURACY} after {row['time_to_accuracy_s']} s of "
+                          f"training, {row['updates_per_s']:.2f} updates/s, {row['wire_bytes_sent'] / 1e6:.1f} MB "
+                          f"on the wire, proof {'ok' if row['proof_ok'] else 'FAILED'}, load {row['load_1min']}",
+                          flush=True)
     except TestbedError as e:
         raise SystemExit(f"bench_testbed: {e}")
     finally:
         tb.down()
     if not rows:
         raise SystemExit("bench_testbed: no run succeeded")
-    f = statistics.median(max(r["wire_over_app_sent"], r["wire_over_app_recv"]) for r in rows)
+    # wire/app per compression (1-bit's small messages carry more headers and ACKs per byte)
+    f = {c: statistics.median(max(r["wire_over_app_sent"], r["wire_over_app_recv"]) for r in rows if r["compress"] == c)
+         for c in dict.fromkeys(r["compress"] for r in rows)}
     predict(base, rows, args, rate_bit, f)
+    f_plain = f.get("none", next(iter(f.values())))
     n_w = rows[0]["n_w"]
     from asgd.testbed.model import testbed_params, worker_ceiling
-    derived = testbed_params(base, rate_bit, args.latency * 1e-6, 1, f, sizes=[n_w])
+    derived = testbed_params(base, rate_bit, args.latency * 1e-6, 1, f_plain, sizes=[n_w])
     info = {"benchmark": "testbed", "machine": m, "load": load.summary(), "command": common.command_line(),
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "testbed": {"hosts": hosts, "rate_bit": rate_bit, "rate": format_rate(rate_bit),
                         "latency_us": args.latency, "netem": tb.info.get("netem"), "wire_overhead": f,
-                        "worker_ceiling_updates_per_s": round(worker_ceiling(rate_bit, n_w, f), 2)},
+                        "worker_ceiling_updates_per_s": {c: round(worker_ceiling(rate_bit, n_w, f[c], bytes_per_weight(
+                            c, args.hidden, 1)), 2) for c in f}},
             "params": params_src, "probe": probe,
             "probe_vs_derived": {"pingpong_s": [probe.get("pingpong_s"), derived.per_nw(
                                      {b // 8: v for b, v in derived.pingpong_s.items()}, n_w)],
                                  "round_trip_s": [probe.get("round_trip_s"), derived.per_nw(derived.round_trip_s, n_w)]}
             if probe and "error" not in probe else None,
-            "cores_ceiling": cores, "sweep_s": round(time.perf_counter() - t_all, 1),
+            "cores_ceilings": cores, "accuracy_runs": accuracy, "target_accuracy": TARGET_ACCURACY,
+            "sweep_s": round(time.perf_counter() - t_all, 1),
             "columns": {"updates_per_s": "steady state: server 0's receipts between the 10th and 90th percentile",
                         "updates_per_s_run": "results.json: updates / train_s",
                         "updates_per_s_run_no_eval": "updates / (train_s - rank 0's evaluate phase)",
@@ -365,7 +421,11 @@ def main(argv=None):
                         "link_ceiling_updates_per_s": "link bytes/s / server's wire bytes per update",
                         "pred_updates_per_s": "asgd.perf.analytic.predict with asgd.testbed.model.testbed_params",
                         "ape_pct": "|pred - meas| / meas, %",
-                        "cpu_ms_per_update": "CPU of every rank (init included) / updates"}}
+                        "cpu_ms_per_update": "CPU of every rank (init included) / updates",
+                        "server_bytes_per_update": "server 0's application bytes (sent or received, the larger) per update",
+                        "wire_bytes_sent": "bytes every host's link carried out (the veths), whole job",
+                        "time_to_accuracy_s": f"training time (from the server's start) to held-out accuracy >= "
+                                              f"{TARGET_ACCURACY} (one server only: it evaluates every epoch)"}}
     info["summary"] = summarize(rows, args)
     paths = common.write_outputs(args.out, "testbed", rows, info)
     if not args.no_plot:
@@ -374,7 +434,7 @@ def main(argv=None):
     print(common.describe(m, info["load"]))
     print(f"testbed: {hosts} hosts, {format_rate(rate_bit)} each way per link, latency "
           f"{'%g us' % args.latency if args.latency and tb.info.get('netem') else 'none added'}; "
-          f"wire/app {f:.4f}; calibration: {params_src}")
+          "wire/app " + ", ".join(f"{c} {v:.4f}" for c, v in f.items()) + f"; calibration: {params_src}")
     if info["probe_vs_derived"]:
         pv = info["probe_vs_derived"]
         print(f"two-host probe (measured vs derived): ping-pong one way {1e3 * pv['pingpong_s'][0]:.1f} vs "
@@ -391,10 +451,17 @@ def main(argv=None):
         for S, v in s[c]["ceilings"].items():
             print(f"{c}: {S} server(s): ceiling {v['ceiling_updates_per_s']:.2f} updates/s at {v['at_workers']} workers"
                   f" (link ceiling {v['link_ceiling_updates_per_s']:.1f}), {v['vs_one_server']}x one server's")
-    print(f"model: median APE {s['model_median_ape_pct']} %, max {s['model_max_ape_pct']} %")
-    if cores:
-        print(f"cores' ceiling: {cores['updates_per_s']} updates/s (S={cores['servers']}, W={cores['workers']}, "
-              f"shared memory)")
+    if s.get("onebit_vs_none_one_server"):
+        print(f"1bit against float64, one server's ceiling: {s['onebit_vs_none_one_server']}x")
+    print(f"model: median APE {s['model_median_ape_pct']} % ("
+          + ", ".join(f"{c} {s[c]['model_median_ape_pct']} %" for c in args.compress) + f"), max {s['model_max_ape_pct']} %")
+    for cc in cores:
+        print(f"cores' ceiling, {cc['compress']}: {cc['updates_per_s']} updates/s (S={cc['servers']}, "
+              f"W={cc['workers']}, shared memory, load {cc['load_1min']})")
+    for a in accuracy:
+        print(f"accuracy run {a['compress']}: {a['accuracy']:.4f} after {args.accuracy_epochs} epochs; per epoch "
+              + ", ".join(f"{h['test_accuracy']:.3f}@{h['time_s']:.0f}s" for h in a["history"])
+              + f"; {a['updates_per_s']:.2f} updates/s; wire {a['wire_bytes_sent'] / 1e6:.1f} MB")
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 

@@ -48,6 +48,17 @@ def int_list(s: str) -> list[int]:
     return [int(v) for v in str(s).split(",") if v]
 
 
+def exit_on_signals() -> None:
+    """SIGTERM and SIGHUP (`timeout`, a closed terminal, a scheduler) end the bench as
+    SystemExit, so its `finally` blocks run: a testbed bench takes its testbed down and
+    its temporary folder is removed. Python's default for SIGTERM ends the process without
+    them, which left a killed sweep's namespaces and /tmp/asgd-bench-testbed-* behind."""
+    def _exit(signum, _frame):
+        raise SystemExit(f"{Path(sys.argv[0]).name}: ended by signal {signal.Signals(signum).name}")
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit)
+
+
 # -- the machine -----------------------------------------------------------------------
 
 def _cpu_model() -> str:

@@ -31,6 +31,8 @@ def test_defaults_are_the_papers_setup():
     (["--servers", "2"], 2, "--servers 2 leaves no worker among 2 ranks"),
     (["--mode", "fast"], 3, "argument --mode: invalid choice: 'fast'"),
     (["--checkpoint-every", "soon"], 3, "--checkpoint-every must be N (updates) or Ns (seconds)"),
+    (["--arch", "allreduce", "--compress", "1bit"], 3, "--compress 1bit needs --arch ps"),
+    (["--compress", "2bit"], 3, "argument --compress: invalid choice: '2bit'"),
 ])
 def test_bad_options_give_one_clear_message(argv, world, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -175,10 +175,17 @@ import sys
 import numpy as np
 from asgd.net import kernels, mlp
 mlp.compile_kernels()
-names = ["sgd_step", "evaluate", "add_into", "all_finite", "add_scaled"]
+names = ["step_begin", "step_rows", "step_end", "evaluate", "add_into", "all_finite", "add_scaled",
+         "quantize_1bit", "quantize_diff_1bit", "dequantize_1bit"]
 before = {n: len(getattr(kernels, n).signatures) for n in names}
 w, buf = np.zeros(1000), np.zeros(600 + 5)  # a shard of w; a push: [Delta-w | header]
 kernels.all_finite(buf[:600]); kernels.add_into(w[400:], buf[:600]); kernels.add_scaled(w[400:], buf[:600], 0.5)
+from asgd.protocol import onebit    # 1-bit messages: slices of w, the float64 and byte parts of a message
+layout = mlp.Layout(2, 100, 2); n = layout.n_w
+c = onebit.codecs(layout, [(0, 200), (200, n)], 5)[1]
+msg, v, r = c.buffer(), np.zeros(n), np.zeros(n)
+c.encode(v[200:], r[200:], msg); c.encode_diff(v[200:], r[200:], msg); c.decode(msg, v[200:], add=True)
+c.decode(msg, np.empty(n - 200)); c.finite(msg)
 after = {n: len(getattr(kernels, n).signatures) for n in names}
 print(before, after)
 assert all(before.values()), before
@@ -186,3 +193,43 @@ assert before == after, (before, after)
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("d_in,d_h,d_out,batch", [(2, 10000, 2, 256), (2, 1000, 2, 37), (3, 300, 4, 50)])
+def test_a_step_split_by_progress_is_the_same_step(d_in, d_h, d_out, batch):
+    """mlp.make_step with progress (step_rows over a few samples at a time, as many calls
+    as progress says False) against the unsplit step: Delta-w and the loss bit for bit;
+    and step_rows over any split at multiples of 4 likewise."""
+    from asgd.net.mlp import make_step
+    layout = Layout(d_in, d_h, d_out)
+    w = init_params(layout, 5)
+    X, y = _data(layout, batch, seed=6)
+    step = make_step(layout, batch)
+    whole = np.full(layout.n_w, np.nan)
+    loss_whole = step(w, X, y, 0.05, whole)
+    for answers in ([False] * 1000, [False, False, True], [True]):
+        calls = []
+
+        def progress():
+            calls.append(1)
+            return answers[min(len(calls), len(answers)) - 1]
+        split = np.full(layout.n_w, np.nan)
+        loss = step(w, X, y, 0.05, split, progress=progress)
+        np.testing.assert_array_equal(split, whole)
+        assert loss == loss_whole
+        assert 1 <= len(calls) <= min(len(answers), -(-batch // 4))   # before each call, until it says done
+    scratch = K.make_scratch(batch, d_h, d_out)
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        cuts = np.unique(np.concatenate([[0, batch], 4 * rng.integers(0, -(-batch // 4), 5)]))
+        cuts = cuts[cuts <= batch]
+        V, D = layout.views(w), layout.views(np.full(layout.n_w, np.nan))
+        K.step_begin(*V, X, y, *D, scratch)
+        loss = 0.0
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            loss = K.step_rows(*V, X, y, 0.05, int(a), int(b), *D, scratch, loss)
+        K.step_end(D[2], scratch)
+        np.testing.assert_array_equal(np.concatenate([v.ravel() for v in D]), whole)
+        assert loss / batch == loss_whole
+    with pytest.raises(ValueError):
+        K.step_rows(*V, X, y, 0.05, 2, batch, *D, scratch, 0.0)

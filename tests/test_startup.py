@@ -32,14 +32,20 @@ def test_calibrate_imports_what_a_rank_of_train_imports():
     assert "asgd.data.parse" not in train and "asgd.data.readers" not in train  # only a run with a file
 
 
-@pytest.mark.parametrize("role, rank, reads_file, kernels", [
-    ("worker", 1, False, {"sgd_step", "_permuted"}),
-    ("server", 0, False, {"evaluate", "add_into", "add_scaled", "all_finite"}),
-    ("server", 1, False, {"add_into", "add_scaled", "all_finite"}),
-    ("worker", 2, True, {"sgd_step", "_permuted", "parse_text", "find_byte", "check_rows"}),
+STEP = {"step_begin", "step_rows", "step_end"}  # the step (mlp.make_step), whole or split by progress
+ONEBIT = {"quantize_1bit", "quantize_diff_1bit", "dequantize_1bit", "all_finite"}
+
+
+@pytest.mark.parametrize("role, rank, reads_file, compress, kernels", [
+    ("worker", 1, False, False, STEP | {"_permuted"}),
+    ("server", 0, False, False, {"evaluate", "add_into", "add_scaled", "all_finite"}),
+    ("server", 1, False, False, {"add_into", "add_scaled", "all_finite"}),
+    ("worker", 2, True, False, STEP | {"_permuted", "parse_text", "find_byte", "check_rows"}),
+    ("worker", 1, False, True, STEP | ONEBIT | {"_permuted"}),
+    ("server", 1, False, True, ONEBIT | {"add_into", "add_scaled"}),
 ])
-def test_each_role_loads_only_its_kernels(role, rank, reads_file, kernels):
-    uses = startup.loads(role, rank, reads_file)
+def test_each_role_loads_only_its_kernels(role, rank, reads_file, compress, kernels):
+    uses = startup.loads(role, rank, reads_file, compress=compress)
     got = _loaded(f"from asgd.run import startup\nstartup.load({uses!r})")["compiled"]
     public = {name.rsplit(".", 1)[1] for name in got} - {"_mix", "_sigmoid", "vexp", "_fwd22", "_bwd22", "_fwd_any",
                                                          "_bwd_any", "_forward_block", "_transpose_into",
@@ -50,6 +56,7 @@ def test_each_role_loads_only_its_kernels(role, rank, reads_file, kernels):
 
 def test_a_nodes_first_rank_loads_every_roles_kernels():
     for reads_file in (False, True):
-        union = set(startup.node_loads(reads_file))
-        for role, rank in (("server", 0), ("server", 1), ("worker", 1)):
-            assert set(startup.loads(role, rank, reads_file)) <= union
+        for compress in (False, True):
+            union = set(startup.node_loads(reads_file, compress=compress))
+            for role, rank in (("server", 0), ("server", 1), ("worker", 1)):
+                assert set(startup.loads(role, rank, reads_file, compress=compress)) <= union

@@ -180,10 +180,22 @@ def test_three_hosts_job_over_the_shaped_links(name, tmp_path, warm_jit):
             assert row[f"app_{d}"] > 2_000_000              # hidden 2000: 80 KB a message, 32+ each way
             assert 1.0 <= row[f"ratio_{d}"] < 1.08, row
     assert sum(q["dropped"] for q in res.qdisc) == 0
+    # --compress 1bit on the same hosts: its 1-bit messages are what crossed the links
+    out1 = tmp_path / "run-1bit"
+    res1 = tb.run([MPIEXEC, "-n", "3", sys.executable, "-m", "asgd.train", "--hidden", "2000", "--epochs", "1",
+                   "--compress", "1bit", "--quiet", "--timeout", "60", "--out", str(out1)],
+                  check_bytes=True, timeout=75, capture=True, say=lambda *a, **k: None)
+    assert res1.rc == 0, res1.stderr
+    r1 = json.loads((out1 / "results.json").read_text())
+    assert res1.proof["ok"], proof.table(res1.proof)
+    for x in r1["ranks"][1:]:     # 2-2000-2: 1,387 bytes a push, 1,363 a reply (8 x 10,005 in float64)
+        assert (x["bytes_sent"], x["bytes_recv"]) == (1387 * x["updates"], 1363 * x["updates"])
+    assert res1.wire[0]["recv"] < 0.1 * res.wire[0]["recv"]     # the server's link carried < 1/10 of the bytes
     tb.down()
     _nothing_left(name)
     print(f"3-host test: {time.perf_counter() - t0:.1f} s, wire/app {p['ratio_sent']:.3f} sent, "
-          f"{p['ratio_recv']:.3f} received; load {os.getloadavg()[0]:.2f}")
+          f"{p['ratio_recv']:.3f} received (1bit: {res1.proof['ratio_sent']:.3f}, {res1.proof['ratio_recv']:.3f}); "
+          f"load {os.getloadavg()[0]:.2f}")
 
 
 @needs_netns

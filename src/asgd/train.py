@@ -34,7 +34,9 @@ from .data.formats import DataError, Dataset  # noqa: E402
 from .data import standardize  # noqa: E402
 from .net import mlp, optimizers  # noqa: E402
 from .protocol.allreduce import run_allreduce  # noqa: E402
-from .protocol.comm import Waiter, agree, agree_on, clock_offsets, describe, oversubscribed, shard_bounds  # noqa: E402
+from .protocol import onebit  # noqa: E402
+from .protocol.comm import (PULL_HEADER, PUSH_HEADER, Waiter, agree, agree_on, clock_offsets, describe,  # noqa: E402
+                            oversubscribed, shard_bounds)
 from .protocol.server import Server, gather_shards, policy  # noqa: E402
 from .protocol.worker import run_worker  # noqa: E402
 from .run import checkpoint, config, results, signals, startup  # noqa: E402
@@ -147,8 +149,9 @@ def init(job: Job) -> Model:
     cfg, comm, waiter = job.cfg, job.comm, job.waiter
     allreduce = cfg.arch == "allreduce"
     reads_file = cfg.data is not None
-    mine = startup.loads(job.role, job.rank, reads_file, allreduce, cfg.optimizer)
-    error = startup.warm_up(comm, waiter, mine, startup.node_loads(reads_file, allreduce, cfg.optimizer))
+    compress = cfg.compress != "none"
+    mine = startup.loads(job.role, job.rank, reads_file, allreduce, cfg.optimizer, compress)
+    error = startup.warm_up(comm, waiter, mine, startup.node_loads(reads_file, allreduce, cfg.optimizer, compress))
     agree_on(comm, waiter, error, "the other ranks to load their kernels", Agreed)
 
     got = load_data(job)  # collective; a bad file raises the same DataError on every rank
@@ -246,8 +249,12 @@ def serve(job: Job, m: Model) -> dict:
     job.tracker = tracker_of(job, m)
     opt, ckpt = optimizer_of(job, m)
     lo, hi = ckpt.shard
+    codecs = None
+    if job.cfg.compress == "1bit":
+        cols = m.layout.columns(lo, hi)
+        codecs = (onebit.OneBit(cols, hi - lo, PUSH_HEADER), onebit.OneBit(cols, hi - lo, PULL_HEADER))
     st = Server(job.comm, m.w[lo:hi], job.servers, job.waiter, job.clock, job.tracker,
-                on_update=ckpt.maybe, optimizer=opt).serve(policy(job.cfg.mode, job.cfg.staleness))
+                on_update=ckpt.maybe, optimizer=opt, codecs=codecs).serve(policy(job.cfg.mode, job.cfg.staleness))
     if job.cfg.checkpoint_every or st.stopped:
         ckpt.save(st.rounds)
     gather_shards(job.comm, m.w, job.servers, job.waiter)
@@ -262,10 +269,14 @@ def work(job: Job, m: Model) -> dict:
     lr = optimizers.worker_lr(cfg.optimizer, m.lr)  # sgd: Delta-w; the others: the negative gradient
     if S:
         job.tracker = None
-        st = run_worker(job.comm, shard_bounds(m.layout.n_w, S), m.w, m.train.X, m.train.y, step, lr,
+        shards = shard_bounds(m.layout.n_w, S)
+        codecs = None
+        if cfg.compress == "1bit":
+            codecs = (onebit.codecs(m.layout, shards, PUSH_HEADER), onebit.codecs(m.layout, shards, PULL_HEADER))
+        st = run_worker(job.comm, shards, m.w, m.train.X, m.train.y, step, lr,
                         cfg.batch, cfg.epochs, [cfg.seed, job.rank - S], job.waiter, job.clock,
                         overlap=cfg.mode != "sync", steps_per_epoch=steps if cfg.mode == "sync" else None,
-                        first_epoch=m.first_epoch)
+                        first_epoch=m.first_epoch, progress=cfg.mpi_progress == "step", codecs=codecs)
         return st.record()
     job.tracker = tracker_of(job, m)
     opt, ckpt = optimizer_of(job, m)  # every rank applies the same updates; rank 0 checkpoints them

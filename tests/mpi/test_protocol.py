@@ -57,10 +57,10 @@ def run_job(servers=1, mode="async", K=None, epochs=2, batch=32, n=600, hidden=2
     else:
         step = mlp.make_step(layout, batch)
 
-        def counting_step(w_, X, y, lr, dw):
+        def counting_step(w_, X, y, lr, dw, progress=None):
             if comm.rank == slow_rank:
                 time.sleep(0.01)  # a straggler: ssp must hold the others back
-            loss = step(w_, X, y, lr, dw)
+            loss = step(w_, X, y, lr, dw, progress)
             sent[:] += dw
             return loss
         idx = np.arange(comm.rank - servers, n, W)
@@ -161,3 +161,57 @@ def test_each_server_applies_its_optimizer_to_every_push_in_arrival_order(optimi
             ds, scales = zip(*s["applied"])
             np.testing.assert_allclose(w[lo:hi], reference(optimizer, 0.01, w0[lo:hi], ds, scales), rtol=1e-12, atol=1e-14)
             np.testing.assert_allclose(sum(ds), total_sent[lo:hi], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_one_bit_exchanges_lose_nothing_and_keep_the_copies_equal(servers):
+    """--compress 1bit through the real Server and OneBitPushPull, async: each server's
+    shard ends at w0 plus every push it decoded, once; what a worker pushed plus its
+    residual is every Delta-w it computed (error feedback loses nothing); and each worker's
+    w is, bit for bit, the copy its servers keep of it."""
+    from asgd.protocol import onebit
+    from asgd.protocol.comm import PULL_HEADER, PUSH_HEADER
+    from asgd.protocol.server import Async
+    from asgd.protocol.worker import OneBitPushPull
+    comm = MPI.COMM_WORLD
+    layout = mlp.Layout(2, 30, 2)
+    w0 = mlp.init_params(layout, 0)
+    shards = shard_bounds(layout.n_w, servers)
+    pushes, pulls = onebit.codecs(layout, shards, PUSH_HEADER), onebit.codecs(layout, shards, PULL_HEADER)
+    waiter = Waiter(oversubscribed(comm), time.monotonic() + 60, f"rank {comm.rank}")
+    clock = PhaseClock("init")
+    if comm.rank < servers:
+        lo, hi = shards[comm.rank]
+        w = w0[lo:hi].copy()
+        srv = Server(comm, w, servers, waiter, clock, None, codecs=(pushes[comm.rank], pulls[comm.rank]))
+        srv.serve(Async())
+        mine = {"shard": (lo, hi), "w": w, "views": [v.copy() for v in srv.views]}
+    else:
+        rng = np.random.default_rng(comm.rank)
+        link = OneBitPushPull(comm, shards, w0, waiter, clock, pushes, pulls)
+        computed, pushed, out = np.zeros(layout.n_w), np.zeros(layout.n_w), np.empty(layout.n_w)
+        ticket = None
+        for k in range(12):
+            dw = link.delta()
+            dw[:] = rng.normal(size=layout.n_w) * 0.01 * (1 + k % 3)
+            computed += dw
+            if ticket is not None:
+                link.wait(ticket)
+            ticket = link.push_pull(dw, 1.0, 1)
+            for s, (lo, hi) in enumerate(shards):
+                pushes[s].decode(link.out[s], out[lo:hi])
+            pushed += out
+        link.wait(ticket)
+        link.close()
+        mine = {"computed": computed, "pushed": pushed, "residual": link.residual.copy(), "w": link.w.copy()}
+    got = comm.gather(mine, root=0)
+    if comm.rank == 0:
+        srvs, workers = got[:servers], got[servers:]
+        total = sum(x["pushed"] for x in workers)
+        for s in srvs:
+            lo, hi = s["shard"]
+            np.testing.assert_allclose(s["w"], w0[lo:hi] + total[lo:hi], rtol=0, atol=1e-12)
+            for j, x in enumerate(workers):
+                np.testing.assert_array_equal(x["w"][lo:hi], s["views"][j])
+        for x in workers:
+            np.testing.assert_allclose(x["pushed"] + x["residual"], x["computed"], rtol=0, atol=1e-12)

@@ -250,8 +250,9 @@ def _check_labels(y, d_out):
 
 
 @njit(**_FAST)
-def sgd_step(W1, b1, W2, b2, X, y, lr, dW1, db1, dW2, db2, scratch):
-    """Write Delta-w = -lr * grad(mean softmax cross-entropy) into dW1, db1, dW2, db2; return the mean loss (= mlp.reference_step)."""
+def step_begin(W1, b1, W2, b2, X, y, dW1, db1, dW2, db2, scratch):
+    """The first part of a step: check the batch against the layout, W2 transposed into
+    the scratch, the gradients zeroed. Then step_rows over the batch, then step_end."""
     W2T, dW2T, Hs, Xs, Zs, gb = scratch
     B = y.shape[0]
     d_in, H = W1.shape
@@ -266,11 +267,27 @@ def sgd_step(W1, b1, W2, b2, X, y, lr, dW1, db1, dW2, db2, scratch):
     dW1[:] = 0.0
     db1[:] = 0.0
     db2[:] = 0.0
+
+
+@njit(**_FAST)
+def step_rows(W1, b1, W2, b2, X, y, lr, r0, r1, dW1, db1, dW2, db2, scratch, loss):
+    """Samples r0..r1-1 of the batch X, y: their gradients (scaled by -lr / the whole
+    batch's size) added into the step's, their losses added to `loss`, which is returned.
+    r0 must be a multiple of 4: the fused loops take samples in fours (the generic ones
+    one by one) and every sum over samples runs in sample order, so any split of the
+    batch into calls gives the same Delta-w and loss, bit for bit, as one call over all
+    of it (blocks shorter than step_block(scratch) only reload more weights)."""
+    W2T, dW2T, Hs, Xs, Zs, gb = scratch
+    B = y.shape[0]
+    d_in, H = W1.shape
+    d_out = W2.shape[1]
+    S = Hs.shape[0]
+    if r0 % 4 != 0 or r0 < 0 or r1 > B:
+        raise ValueError("step_rows: rows must start at a multiple of 4 and lie in the batch")
     scale = -lr / B
-    loss = 0.0
     fused = d_in == 2 and d_out == 2
-    for b0 in range(0, B, S):
-        nb = min(S, B - b0)
+    for b0 in range(r0, r1, S):
+        nb = min(S, r1 - b0)
         nbp = _forward_block(W1, b1, W2T, b2, X, b0, nb, Xs, Zs, Hs)
         # softmax cross-entropy via log-sum-exp (finite for any finite logits); Zs becomes dz
         for b in range(nbp):
@@ -297,10 +314,34 @@ def sgd_step(W1, b1, W2, b2, X, y, lr, dW1, db1, dW2, db2, scratch):
                 _bwd22(W2T, Xs, Zs, Hs, dW1, db1, dW2T, nbp, j0, j1)
             else:
                 _bwd_any(W2T, X, b0, Zs, Hs, dW1, db1, dW2T, gb, nbp, j0, j1)
+    return loss
+
+
+@njit(**_FAST)
+def step_end(dW2, scratch):
+    """The last part of a step: the transposed gradient of W2 written into dW2."""
+    dW2T = scratch[1]
+    H, d_out = dW2.shape
     for j in range(H):
         for k in range(d_out):
             dW2[j, k] = dW2T[k, j]
-    return loss / B
+
+
+def step_block(scratch) -> int:
+    """The samples of one block of the step (a step_rows call must start at a multiple)."""
+    return scratch[2].shape[0]
+
+
+@njit(**_FAST)
+def sgd_step(W1, b1, W2, b2, X, y, lr, dW1, db1, dW2, db2, scratch):
+    """Write Delta-w = -lr * grad(mean softmax cross-entropy) into dW1, db1, dW2, db2; return the mean loss (= mlp.reference_step).
+    One call of step_begin, step_rows over the whole batch and step_end; the worker calls
+    those three itself (mlp.make_step), splitting the middle one while an exchange is in
+    flight."""
+    step_begin(W1, b1, W2, b2, X, y, dW1, db1, dW2, db2, scratch)
+    loss = step_rows(W1, b1, W2, b2, X, y, lr, 0, y.shape[0], dW1, db1, dW2, db2, scratch, 0.0)
+    step_end(dW2, scratch)
+    return loss / y.shape[0]
 
 
 @njit(**_FAST)
@@ -406,3 +447,127 @@ def adam_update(w, m, v, d, lr, b1, b2, eps, t):
         m[i] = mi
         v[i] = vi
         w[i] += lr * (mi * c1) / (math.sqrt(vi * c2) + eps)
+
+
+# -- 1-bit quantization with error feedback (Seide et al. 2014; --compress 1bit) ---------
+# A vector is quantized column by column; cols[c] = (start, count, stride) picks column c's
+# elements v[start + t * stride], t < count (net.mlp.Layout.columns: a layer's line along
+# the hidden dimension). Each element becomes one bit: x > 0 or not; a column's two
+# reconstruction values are the means of its positive and of its other elements (the least
+# squares choice for that split, Seide et al.'s). Each column's bits start a new byte
+# (column_bytes), its t-th element in bit t % 8 of its byte t // 8. The loops are
+# branch-free (selects) and go eight elements to a byte, so they run at about a
+# nanosecond a value; a column's sums may be added in any order (reassoc).
+
+_Q = dict(fastmath={"reassoc"}, boundscheck=False, cache=True)
+
+
+@njit(cache=True)
+def column_bytes(cols):
+    """Bytes of the bits of columns `cols` (each column from a byte boundary)."""
+    n = 0
+    for c in range(cols.shape[0]):
+        n += (cols[c, 1] + 7) // 8
+    return n
+
+
+@njit(**_Q)
+def _split_means(v, r, sign, start, count, stride):
+    """(mean of x > 0, mean of the rest) over x = v + sign * r along one column."""
+    sp = 0.0
+    sn = 0.0
+    npos = 0
+    for t in range(count):
+        i = start + t * stride
+        x = v[i] + sign * r[i]
+        p = x > 0.0
+        sp += x if p else 0.0
+        sn += 0.0 if p else x
+        npos += 1 if p else 0
+    ap = sp / npos if npos > 0 else 0.0
+    an = sn / (count - npos) if count > npos else 0.0
+    return ap, an
+
+
+@njit(**_Q)
+def quantize_1bit(v, residual, cols, scales, bits):
+    """Quantize x = v + residual into scales (2 per column: the mean of x > 0, the mean
+    of the rest) and bits; residual becomes x - its reconstruction (error feedback: the
+    part not sent is added to the next v). A NaN in x makes its column's scales NaN.
+    Returns the bytes of bits written."""
+    byte = 0
+    for c in range(cols.shape[0]):
+        start, count, stride = cols[c, 0], cols[c, 1], cols[c, 2]
+        ap, an = _split_means(v, residual, 1.0, start, count, stride)
+        scales[2 * c] = ap
+        scales[2 * c + 1] = an
+        for b in range((count + 7) // 8):
+            acc = 0
+            base = start + 8 * b * stride
+            if 8 * b + 8 <= count:   # a whole byte: a fixed trip count, unrolled
+                for k in range(8):
+                    i = base + k * stride
+                    x = v[i] + residual[i]
+                    p = np.int64(x > 0.0)
+                    acc |= p << k
+                    residual[i] = x - scales[2 * c + 1 - p]   # a load, not a branch on random signs
+            else:
+                for k in range(count - 8 * b):
+                    i = base + k * stride
+                    x = v[i] + residual[i]
+                    p = np.int64(x > 0.0)
+                    acc |= p << k
+                    residual[i] = x - scales[2 * c + 1 - p]   # a load, not a branch on random signs
+            bits[byte + b] = acc
+        byte += (count + 7) // 8
+    return byte
+
+
+@njit(**_Q)
+def quantize_diff_1bit(w, view, cols, scales, bits):
+    """The reply's quantization: x = w - view, quantized as quantize_1bit does; view
+    then moves by x's reconstruction (view += it), exactly as the receiver's
+    dequantize_1bit(..., add=True) moves its copy, so the two stay equal bit for bit,
+    and what was not sent stays in w - view for the next reply (error feedback)."""
+    byte = 0
+    for c in range(cols.shape[0]):
+        start, count, stride = cols[c, 0], cols[c, 1], cols[c, 2]
+        ap, an = _split_means(w, view, -1.0, start, count, stride)
+        scales[2 * c] = ap
+        scales[2 * c + 1] = an
+        for b in range((count + 7) // 8):
+            acc = 0
+            base = start + 8 * b * stride
+            if 8 * b + 8 <= count:
+                for k in range(8):
+                    i = base + k * stride
+                    p = np.int64(w[i] - view[i] > 0.0)
+                    acc |= p << k
+                    view[i] = view[i] + scales[2 * c + 1 - p]
+            else:
+                for k in range(count - 8 * b):
+                    i = base + k * stride
+                    p = np.int64(w[i] - view[i] > 0.0)
+                    acc |= p << k
+                    view[i] = view[i] + scales[2 * c + 1 - p]
+            bits[byte + b] = acc
+        byte += (count + 7) // 8
+    return byte
+
+
+@njit(**_Q)
+def dequantize_1bit(cols, scales, bits, out, add):
+    """out[i] = (add: out[i] +) the reconstruction of element i: its column's first scale
+    where its bit is set, the second where not. Returns the bytes of bits read."""
+    byte = 0
+    for c in range(cols.shape[0]):
+        start, count, stride = cols[c, 0], cols[c, 1], cols[c, 2]
+        for b in range((count + 7) // 8):
+            acc = bits[byte + b]
+            base = start + 8 * b * stride
+            for k in range(min(8, count - 8 * b)):
+                i = base + k * stride
+                a = scales[2 * c + 1 - ((acc >> k) & 1)]
+                out[i] = (out[i] + a) if add else a
+        byte += (count + 7) // 8
+    return byte

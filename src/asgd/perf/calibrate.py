@@ -188,11 +188,17 @@ def _exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
 
 
 def _spin_step(seconds: float):
-    """A stand-in training step that keeps the core busy for `seconds` (0: returns at once)."""
-    def step(w, X, y, lr, dw):
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            pass
+    """A stand-in training step that keeps the core busy for `seconds` (0: returns at once),
+    calling `progress` about every millisecond until it returns True, as the real step
+    calls it between its sample blocks (mlp.make_step)."""
+    def step(w, X, y, lr, dw, progress=None):
+        now = time.perf_counter()
+        end, tick = now + seconds, now + 1e-3
+        while now < end:
+            if progress is not None and now >= tick:
+                progress = None if progress() else progress
+                tick = now + 1e-3
+            now = time.perf_counter()
         return 0.0
     return step
 

@@ -15,6 +15,11 @@ adam move the shard along the pushed negative gradient, keeping their state per 
 One persistent receive stays posted per worker; it is re-armed when that worker is
 answered, so a held push's buffer stays untouched. Replies go out of the worker's own
 send buffer, since the shard keeps changing while a reply is in flight.
+
+With 1-bit codecs (--compress 1bit, protocol.onebit) a push is decoded into the worker's
+own float64 buffer (a held push stays there until the round is applied), and a reply is
+the quantized change of the shard since that worker's last reply: the server keeps the
+shard as each worker holds it (`views`, workers x shard of memory).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from ..run import signals
 from ..run.progress import EpochTracker
 from ..run.trace import RECV, SEND, PhaseClock, flow_id
 from .comm import PULL_HEADER, PUSH_HEADER, TAG_DONE, TAG_PULL, TAG_PUSH, TAG_SHARD, Waiter, shard_bounds
+from .onebit import OneBit
 
 DIVERGED_AFTER = 10  # refused Delta-w in a row that end the job
 
@@ -62,19 +68,33 @@ class ServerStats:
 class Server:
     def __init__(self, comm: MPI.Comm, w: np.ndarray, first_worker: int, waiter: Waiter,
                  clock: PhaseClock, tracker: EpochTracker | None, on_update=None,
-                 optimizer: Optimizer | None = None):
+                 optimizer: Optimizer | None = None, codecs: tuple[OneBit, OneBit] | None = None):
         """w: my shard (a live view); workers are ranks first_worker..; tracker (rank 0):
         epochs and progress; on_update(rounds): after each new version (checkpoints);
         optimizer: what an update does to w, with its state for my shard (default: sgd,
-        w += Delta-w)."""
+        w += Delta-w); codecs: the (push, pull) 1-bit codecs of my shard (None: float64
+        messages)."""
         self.comm, self.w, self.waiter, self.clock, self.tracker = comm, w, waiter, clock, tracker
         self.optimizer = optimizer or Optimizer("sgd", 1.0, len(w))
         self.on_update = on_update or (lambda rounds: None)
         self.stopping = False  # a stop request: replies tell the workers to stop
         self.first, self.W, n = first_worker, comm.size - first_worker, len(w)
-        self.recv = [np.empty(n + PUSH_HEADER) for _ in range(self.W)]
-        self.send = [np.empty(n + PULL_HEADER) for _ in range(self.W)]
-        self.pushes = [comm.Recv_init([self.recv[j], MPI.DOUBLE], first_worker + j, TAG_PUSH)
+        self.codecs = codecs
+        if codecs is None:
+            self.recv = [np.empty(n + PUSH_HEADER) for _ in range(self.W)]
+            self.send = [np.empty(n + PULL_HEADER) for _ in range(self.W)]
+            self.headers = [r[n:] for r in self.recv]
+            self.deltas = [r[:n] for r in self.recv]
+            kind = MPI.DOUBLE
+        else:
+            push, pull = codecs
+            self.recv = [push.buffer() for _ in range(self.W)]
+            self.send = [pull.buffer() for _ in range(self.W)]
+            self.headers = [push.head(r) for r in self.recv]
+            self.deltas = [np.empty(n) for _ in range(self.W)]   # the decoded pushes
+            self.views = [w.copy() for _ in range(self.W)]        # the shard as each worker holds it
+            kind = MPI.BYTE
+        self.pushes = [comm.Recv_init([self.recv[j], kind], first_worker + j, TAG_PUSH)
                        for j in range(self.W)]
         self._done = [np.empty(1) for _ in range(self.W)]
         self.dones = [comm.Irecv([self._done[j], MPI.DOUBLE], first_worker + j, TAG_DONE)
@@ -107,16 +127,18 @@ class Server:
 
     def handle(self, j: int, policy: Policy) -> None:
         """Worker j's push has arrived: account for it, then the policy applies or holds it."""
-        buf, n = self.recv[j], len(self.w)
-        version, loss_sum, m, step = buf[n], buf[n + 1], buf[n + 2], int(buf[n + 3])
-        self.stopping |= bool(buf[n + 4]) or signals.requested() is not None
+        buf, head = self.recv[j], self.headers[j]
+        version, loss_sum, m, step = head[0], head[1], head[2], int(head[3])
+        self.stopping |= bool(head[4]) or signals.requested() is not None
         self.clock.step = step  # the trace window counts worker steps
         self.clock.message(RECV, self.first + j, buf.nbytes, flow_id(self.first + j, self.comm.rank, step, False))
         self.st.staleness[j].append(self.st.rounds - int(version))
         self.st.updates += 1
         self.st.bytes_recv += buf.nbytes
         self.steps[j] += 1
-        dw = buf[:n]
+        dw = self.deltas[j]
+        if self.codecs:
+            self.codecs[0].decode(buf, dw)
         if not self.acceptable(j, dw, loss_sum):
             dw, loss_sum, m = None, 0.0, 0.0  # a refused update adds no samples to the progress
         policy.take(self, j, dw, loss_sum, m)
@@ -153,11 +175,17 @@ class Server:
         if self.replies[j] != MPI.REQUEST_NULL:  # the previous reply: done long ago in practice
             self.waiter.all([self.replies[j]], f"worker rank {self.first + j} to take its previous reply")
         out, n = self.send[j], len(self.w)
-        out[:n] = self.w
-        out[n] = self.st.rounds
-        out[n + 1] = self.stopping
-        self.replies[j] = self.comm.Isend([out, MPI.DOUBLE], self.first + j, TAG_PULL)
-        step = int(self.recv[j][n + 3])
+        if self.codecs is None:
+            out[:n] = self.w
+            out[n] = self.st.rounds
+            out[n + 1] = self.stopping
+            self.replies[j] = self.comm.Isend([out, MPI.DOUBLE], self.first + j, TAG_PULL)
+        else:
+            pull = self.codecs[1]
+            pull.encode_diff(self.w, self.views[j], out)
+            pull.head(out)[:] = (self.st.rounds, self.stopping)
+            self.replies[j] = self.comm.Isend([out, MPI.BYTE], self.first + j, TAG_PULL)
+        step = int(self.headers[j][3])
         self.clock.message(SEND, self.first + j, out.nbytes, flow_id(self.first + j, self.comm.rank, step, True))
         self.st.bytes_sent += out.nbytes
         self.pushes[j].Start()

@@ -40,6 +40,8 @@ class Config:
     servers: int = 1             # ranks 0..servers-1 serve a shard of w each
     mode: str = "async"          # async | ssp | sync
     staleness: int = 3           # ssp: at most this many steps ahead of the slowest worker
+    compress: str = "none"       # none | 1bit: 1-bit messages with error feedback (protocol.onebit)
+    mpi_progress: str = "step"   # step: the worker's step tests the exchange in flight between its sample blocks; off
     stall_timeout: float = 0.0   # seconds one wait may take; 0: no limit
     checkpoint_every: str | None = None  # "N" updates or "Ns" seconds
     resume: str | None = None    # run folder to continue from its last checkpoint
@@ -104,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "the servers apply the average of all workers' Delta-w once")
     p.add_argument("--staleness", type=int, default=d.staleness, metavar="K",
                    help="ssp's bound K >= 1 (default %(default)s)")
+    p.add_argument("--compress", choices=["none", "1bit"], default=d.compress,
+                   help="none (default): float64 messages; 1bit: Seide et al.'s 1-bit SGD with error "
+                        "feedback, both ways: a worker sends one bit per value of Delta-w plus two scales "
+                        "per column and keeps the rest for its next push; a server replies with the "
+                        "1-bit change of its shard since that worker's last reply (parameter servers only)")
+    p.add_argument("--mpi-progress", choices=["step", "off"], default=d.mpi_progress,
+                   help="step (default): while an exchange is in flight the worker's step tests it "
+                        "between its sample blocks, so MPI moves large messages during the compute; "
+                        "off: only the waits move them")
     p.add_argument("--out", metavar="DIR", help="run folder for results.json (default: runs/<time>-n<ranks>)")
     p.add_argument("--timeout", type=float, default=d.timeout, metavar="SECONDS",
                    help="end the whole job with an error if it runs longer (default: no limit)")
@@ -152,6 +163,7 @@ def validate(cfg: Config, world_size: int) -> None:
     else:
         need(cfg.servers == 1, "--servers does not apply to --arch allreduce (it has no servers)")
         need(cfg.mode in ("async", "sync"), "--arch allreduce is synchronous; --mode ssp does not apply")
+        need(cfg.compress == "none", "--compress 1bit needs --arch ps (allreduce sums float64 Delta-w in MPI)")
     need(cfg.hidden >= 1, f"--hidden must be >= 1, got {cfg.hidden}")
     need(cfg.batch >= 1, f"--batch must be >= 1, got {cfg.batch}")
     need(cfg.epochs >= 1, f"--epochs must be >= 1, got {cfg.epochs}")

@@ -166,7 +166,8 @@ def summary(results: dict, path: str) -> str:
     lines = [
         f"asgd: {c['world_size']} ranks ({c['servers']} server, {c['workers']} workers), "
         f"{c['features']}-{c['hidden']}-{c['classes']} MLP ({c['n_w']:,} parameters), "
-        f"batch {c['batch']}, lr {c['lr']:g}, {c['epochs']} epochs",
+        f"batch {c['batch']}, lr {c['lr']:g}, {c['epochs']} epochs"
+        + (f", {c['compress']} messages" if c.get("compress", "none") != "none" else ""),
         f"held-out loss {results['metrics']['loss']:.4f}  accuracy {results['metrics']['accuracy']:.4f}",
         f"wall {results['wall_s']:.2f} s (init {results['init_s']:.2f} s, train {results['train_s']:.2f} s)  "
         f"{t['samples_per_s']:,.0f} samples/s  {t['updates_per_s']:,.1f} updates/s",

@@ -4,9 +4,11 @@ mpi4py and numba and loading numba's cache, so each role loads only its own kern
 and one rank per node loads them first (a cold cache is compiled once, not N times).
 
     role            kernels (net.mlp.compile_kernels)             data
-    worker          step                                          parsers (file), shares (embedded)
-    server          aggregate, its optimizer; rank 0 evaluate     parsers (file)
+    worker          step (+ onebit)                               parsers (file), shares (embedded)
+    server          aggregate, its optimizer (+ onebit);          parsers (file)
+                    rank 0 evaluate
     allreduce rank  step, aggregate, its optimizer; rank 0 eval.  parsers (file), shares (embedded)
+    (+ onebit: with --compress 1bit)
 
 calibrate's start-up probes call the same functions, so the model measures what a run
 pays.
@@ -21,19 +23,21 @@ from ..protocol.comm import Waiter, once_per_node
 # what every rank of asgd.train imports (calibrate times it; a test keeps it true)
 RANK_MODULES = ("numpy", "mpi4py.MPI", "asgd.data.shares", "asgd.data.standardize", "asgd.net.mlp",
                 "asgd.net.optimizers", "asgd.protocol.allreduce",
-                "asgd.protocol.comm", "asgd.protocol.server", "asgd.protocol.worker", "asgd.run.checkpoint",
+                "asgd.protocol.comm", "asgd.protocol.onebit", "asgd.protocol.server", "asgd.protocol.worker", "asgd.run.checkpoint",
                 "asgd.run.config", "asgd.run.results", "asgd.run.signals", "asgd.run.startup",
                 "asgd.run.progress", "asgd.run.trace")
 
 
 def loads(role: str, rank: int, reads_file: bool, allreduce: bool = False,
-          optimizer: str = "sgd") -> tuple[str, ...]:
+          optimizer: str = "sgd", compress: bool = False) -> tuple[str, ...]:
     """The kernel uses of a rank (see the table above), plus 'parsers' or 'shares'."""
     update = f"update:{optimizer}"
     if allreduce:
         uses = ("step", "aggregate", update)
     else:
         uses = ("step",) if role == "worker" else ("aggregate", update)
+        if compress:
+            uses += ("onebit",)
     if rank == 0:
         uses += ("evaluate",)
     if reads_file:
@@ -43,10 +47,11 @@ def loads(role: str, rank: int, reads_file: bool, allreduce: bool = False,
     return uses
 
 
-def node_loads(reads_file: bool, allreduce: bool = False, optimizer: str = "sgd") -> tuple[str, ...]:
+def node_loads(reads_file: bool, allreduce: bool = False, optimizer: str = "sgd",
+               compress: bool = False) -> tuple[str, ...]:
     """Every rank's loads together: what a node's first rank compiles when the cache is cold."""
     return tuple(dict.fromkeys(u for role in ("server", "worker") for rank in (0, 1)
-                               for u in loads(role, rank, reads_file, allreduce, optimizer)))
+                               for u in loads(role, rank, reads_file, allreduce, optimizer, compress)))
 
 
 def load(uses: tuple[str, ...]) -> None:
