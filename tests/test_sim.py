@@ -211,6 +211,19 @@ def test_one_server_saturates_where_mva_says(params_file):
 
 
 @needs_simgrid
+def test_other_users_load_takes_its_share_of_the_cores(params_file):
+    """--background L: L other runnable processes on the node take their fair share of
+    its cores. One worker beside a server on 2 cores computes at full speed alone, at
+    2/3 of a core with 2 more runnable processes (3 computing on 2 cores)."""
+    pf = params_file()
+    run = dict(workers=1, points=256 * 50, test_points=16, epochs=1)
+    alone = simulate(pf, **run)["ranks"][1]["phases"]["compute"]
+    shared = simulate(pf, background=2.0, **run)["ranks"][1]["phases"]["compute"]
+    assert alone == pytest.approx(50 * STEP_256, rel=0.02)
+    assert shared == pytest.approx(1.5 * alone, rel=0.05)
+
+
+@needs_simgrid
 def test_compression_shrinks_messages(params_file):
     """1-bit compression: about n_w / 8 bytes per message plus two scales per column."""
     pf = params_file()

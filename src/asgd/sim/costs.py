@@ -85,6 +85,7 @@ class Spec:
                                    # round-robin, servers on node 0 (CNTK's layout in the paper)
     epoch_barrier: bool = False    # CNTK: every worker waits for all at the end of each epoch
     straggler: float = 1.0         # the last worker's steps take this many times longer (a what-if)
+    background: float = 0.0        # other processes runnable on each node (a shared machine's load)
 
     @property
     def servers(self) -> int:

@@ -54,6 +54,7 @@ def simulate(spec: Spec, costs: Costs, out: str | None = None, trace: bool = Fal
             body = actors.server if r < spec.servers else actors.worker
             role = "server" if r < spec.servers else "worker"
         sg.Actor.create(f"{role}{r}", plat.nodes[spec.node_of(r)], body, world, r)
+    _background(sg, plat.nodes, spec.background)
     e.run()
     sim_wall = time.perf_counter() - t_wall
     res = build_results(world, spec, costs, plat, sim_wall, out, data_path, params_path, sg)
@@ -67,6 +68,21 @@ def simulate(spec: Spec, costs: Costs, out: str | None = None, trace: bool = Fal
             res["simulated"]["trace"] = info
     del e
     return res
+
+
+def _background(sg, hosts: list, load: float) -> None:
+    """`load` other runnable processes on every node, as on a shared machine: each a
+    CPU-bound actor (Linux shares a core equally among runnable processes; the fraction
+    of one is an actor of that weight). Daemons: the simulation ends with the ranks."""
+    def hog(weight: float) -> None:
+        sg.Actor.self().daemonize()
+        sg.this_actor.execute(1e30, weight)
+    whole, frac = int(load), load - int(load)
+    for h in hosts:
+        for k in range(whole):
+            sg.Actor.create(f"background{k}", h, hog, 1.0)
+        if frac > 0.01:
+            sg.Actor.create(f"background{whole}", h, hog, frac)
 
 
 def simulate_isolated(*args, **kwargs) -> dict:
@@ -128,7 +144,7 @@ def build_results(world: actors.World, spec: Spec, costs: Costs, plat: Platform,
         "engine": f"SimGrid {version}", "sim_wall_s": sim_wall, "params": params_path,
         "platform": plat.describe(), "placement": spec.placement, "nodes": spec.nodes,
         "ranks_per_node": costs.ranks_on, "compression": spec.compression, "epoch_barrier": spec.epoch_barrier,
-        "seed": spec.seed, "straggler": spec.straggler, "step_spread": costs.spread_q is not None, "mean_step_over_best": costs.mean_spread(),
+        "seed": spec.seed, "straggler": spec.straggler, "background_load": spec.background, "step_spread": costs.spread_q is not None, "mean_step_over_best": costs.mean_spread(),
         "sleep_overhead_s": world.sleep_overhead,
         "data_bytes": {"train": r.file_bytes, "test": r.test_bytes, "binary": r.binary},
         "startup_check": {"calibrated_job_startup_s": costs.measured_job_startup(spec.ranks)
