@@ -116,6 +116,11 @@ class Costs:
         S = max(spec.servers, 1)
         self.shards = shards(self.n_w, S)
         self.spread_q = _spread_table((raw or {}).get("step_spread"), r.hidden, r.batch) if spread else None
+        # a step's CPU seconds (calibrate's step_cpu_s: what it costs its core, whatever else ran on
+        # the machine meanwhile; the simulator shares the cores itself), else its wall time step_s
+        cpu = (raw or {}).get("step_cpu_s")
+        self.step_table = ({int(h): {int(b): v for b, v in t.items()} for h, t in cpu.items()} if cpu
+                           else None)
         self.cores = spec.machine.cores_per_node
         # ranks per node, and whether a node's ranks outnumber its cores
         per_node = [0] * max(spec.nodes, 1)
@@ -130,6 +135,9 @@ class Costs:
         """Mean-free best step time for m points (0: an empty sync batch, zeroing Delta-w)."""
         if m <= 0:
             return self.p.memory_s_per_byte * DOUBLE * self.n_w
+        if self.step_table:
+            by_h = {h: interpolate_log(t, m) for h, t in self.step_table.items()}
+            return interpolate_log(by_h, self.run.hidden)
         return self.p.step(self.run.hidden, m)
 
     def spread_draw(self, rng: random.Random) -> float:
