@@ -80,9 +80,9 @@ def parse_args(argv=None):
     x.add_argument("--no-spread", action="store_true", help="every step takes the best measured time")
     x.add_argument("--straggler", type=float, default=1.0, metavar="FACTOR",
                    help="the last worker's steps take FACTOR times longer (default 1)")
-    x.add_argument("--background", type=float, default=0.0, metavar="LOAD",
-                   help="other processes runnable on each node during the run, as on a shared machine "
-                        "(e.g. the load average before it; default 0)")
+    x.add_argument("--background", type=float, default=0.0, metavar="CORES",
+                   help="cores' worth of CPU other processes take on each node meanwhile, as on a shared "
+                        "machine (default 0)")
     o = ap.add_argument_group("output")
     o.add_argument("--out", help="run folder for results.json (and trace.json); default: print only")
     o.add_argument("--trace", action="store_true", help="also write trace.json (Chrome Trace Event format)")

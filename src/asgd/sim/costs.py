@@ -85,7 +85,7 @@ class Spec:
                                    # round-robin, servers on node 0 (CNTK's layout in the paper)
     epoch_barrier: bool = False    # CNTK: every worker waits for all at the end of each epoch
     straggler: float = 1.0         # the last worker's steps take this many times longer (a what-if)
-    background: float = 0.0        # other processes runnable on each node (a shared machine's load)
+    background: float = 0.0        # cores' worth of CPU other processes take on each node (a shared machine)
 
     @property
     def servers(self) -> int:
@@ -167,8 +167,13 @@ class Costs:
         effective_cores; linear between measured counts, flat past the last)."""
         if busy <= 0:
             return 0.0
-        return max(min(self.p.cores_worth(busy, self.run.hidden), busy, self.cores), 1e-3) \
-            if self.spec.machine.name == "here" else float(min(busy, self.cores))
+        if self.spec.background > 0:
+            # other users took `background` cores' worth meanwhile: the rest, shared evenly
+            # (calibrate's cores' worth was itself measured under whatever load there was then)
+            return float(min(busy, max(self.cores - self.spec.background, 0.05 * self.cores)))
+        if self.spec.machine.name != "here":
+            return float(min(busy, self.cores))
+        return max(min(self.p.cores_worth(busy, self.run.hidden), busy, self.cores), 1e-3)
 
     def _msg_split(self, node: int, shard_nw: int) -> tuple[float, float]:
         """(worker's, server's) CPU per push/pull of one shard, crowded or not."""

@@ -51,7 +51,7 @@ class Platform:
     def _host(self, zone, name: str, speed: float):
         h = zone.create_host(name, speed)
         h.core_count = self.machine.cores_per_node
-        if self.machine.name == "here":  # the measured cores' worth of P busy ranks
+        if self.machine.name == "here" or self.costs.spec.background > 0:  # cores' worth of P busy ranks
             costs = self.costs
 
             def capacity(cap: float, n: int) -> float:

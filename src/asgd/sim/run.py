@@ -54,7 +54,6 @@ def simulate(spec: Spec, costs: Costs, out: str | None = None, trace: bool = Fal
             body = actors.server if r < spec.servers else actors.worker
             role = "server" if r < spec.servers else "worker"
         sg.Actor.create(f"{role}{r}", plat.nodes[spec.node_of(r)], body, world, r)
-    _background(sg, plat.nodes, spec.background)
     e.run()
     sim_wall = time.perf_counter() - t_wall
     res = build_results(world, spec, costs, plat, sim_wall, out, data_path, params_path, sg)
@@ -68,21 +67,6 @@ def simulate(spec: Spec, costs: Costs, out: str | None = None, trace: bool = Fal
             res["simulated"]["trace"] = info
     del e
     return res
-
-
-def _background(sg, hosts: list, load: float) -> None:
-    """`load` other runnable processes on every node, as on a shared machine: each a
-    CPU-bound actor (Linux shares a core equally among runnable processes; the fraction
-    of one is an actor of that weight). Daemons: the simulation ends with the ranks."""
-    def hog(weight: float) -> None:
-        sg.Actor.self().daemonize()
-        sg.this_actor.execute(1e30, weight)
-    whole, frac = int(load), load - int(load)
-    for h in hosts:
-        for k in range(whole):
-            sg.Actor.create(f"background{k}", h, hog, 1.0)
-        if frac > 0.01:
-            sg.Actor.create(f"background{whole}", h, hog, frac)
 
 
 def simulate_isolated(*args, **kwargs) -> dict:
