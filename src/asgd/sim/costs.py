@@ -162,12 +162,14 @@ class Costs:
         ps, vs = self.spread_q
         return sum((vs[i] + vs[i + 1]) / 2 * (ps[i + 1] - ps[i]) for i in range(len(ps) - 1))
 
-    def cores_worth(self, busy: int) -> float:
+    def cores_worth(self, busy: int, calibrated: bool = False) -> float:
         """Cores' worth of work `busy` computing ranks get done on one node (calibrated:
-        effective_cores; linear between measured counts, flat past the last)."""
+        effective_cores; linear between measured counts, flat past the last). With other
+        users' load given (--background), the cores left to the ranks; `calibrated`: as
+        the machine was when calibrate measured it, whatever the load now."""
         if busy <= 0:
             return 0.0
-        if self.spec.background > 0:
+        if self.spec.background > 0 and not calibrated:
             # other users took `background` cores' worth meanwhile: the rest, shared evenly
             # (calibrate's cores' worth was itself measured under whatever load there was then)
             return float(min(busy, max(self.cores - self.spec.background, 0.05 * self.cores)))
@@ -254,11 +256,12 @@ class Costs:
         if not table or self.spec.machine.name != "here":
             return wall, cpu
         P = node_ranks
+        worth = lambda n: self.cores_worth(n, calibrated=True)  # noqa: E731  (the table's conditions)
         for stage in ("parsers", "kernels"):
             w, c = self.startup()[stage]
-            caches += max(w, c) + (max(w, c * (P - 1) / self.cores_worth(P - 1)) if P > 1 else 0.0)
-        left = max(extrapolate_linear(table, P) - caches - self.embedded() * P / self.cores_worth(P), 0.0)
-        return min(wall, left), left * self.cores_worth(P) / P
+            caches += max(w, c) + (max(w, c * (P - 1) / worth(P - 1)) if P > 1 else 0.0)
+        left = max(extrapolate_linear(table, P) - caches - self.embedded() * P / worth(P), 0.0)
+        return min(wall, left), left * worth(P) / P
 
     def measured_job_startup(self, ranks: int) -> float | None:
         """The calibrated whole-job start-up at this rank count (for checking), or None."""
