@@ -17,7 +17,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (one machine description and mpiexec lookup for every bench)
+import common  # noqa: E402  (one machine description for every bench)
+from asgd import launch  # noqa: E402  (the mpiexec beside this Python, with its flags)
 
 CONFIGS = [("ps", 1, "async"), ("ps", 2, "async"), ("ps", 4, "async"),
            ("ps", 1, "sync"), ("ps", 2, "sync"), ("ps", 4, "sync"), ("allreduce", 0, "sync")]
@@ -29,13 +30,12 @@ def label(arch, servers, mode):
 
 def run(arch, servers, mode, workers, hidden, batch, epochs) -> dict | None:
     out = tempfile.mkdtemp(prefix="asgd-bench-arch-")
-    mpiexec = common.find_mpiexec()
     args = ["--hidden", str(hidden), "--batch", str(batch), "--epochs", str(epochs), "--quiet",
             "--out", out, "--timeout", "280", "--arch", arch, "--mode", mode]
     if arch == "ps":
         args += ["--servers", str(servers)]
     n = workers + servers
-    p = subprocess.run([mpiexec, "-n", str(n), sys.executable, "-m", "asgd.train", *args],
+    p = subprocess.run(launch.command(n, sys.executable, "-m", "asgd.train", *args),
                        capture_output=True, text=True, timeout=300)
     if p.returncode:
         print(f"  failed: {label(arch, servers, mode)} w={workers}: {p.stderr.strip()[-300:]}", flush=True)

@@ -3,11 +3,19 @@ parameter server (default options), asgd's allreduce (--arch allreduce) and PyTo
 DistributedDataParallel (gloo, CPU: bench/ddp_peer.py), each launched the same way
 (`mpiexec -n N python ...`), same data, model, init, batch 256 per rank and lr rule.
 
-Time to accuracy is the results.json history's `wall_s` (since rank 0's process started:
-imports, MPI/gloo start-up, data, JIT and evaluation all count) of the first epoch whose
-held-out accuracy reaches --target. samples/s is over the training phase (train_s). Runs
-are interleaved (implementations in rotating order within each repetition); medians.
-Writes e2e.csv (one row per run), e2e.json (with the per-configuration medians) and e2e.png.
+Two times to accuracy, side by side, for the first epoch whose held-out accuracy reaches
+--target (from each run's results.json history):
+  whole process  `wall_s`: since rank 0's process started (imports, MPI/gloo start-up,
+                 data, JIT, training and the per-epoch evaluations all count). The target
+                 (asgd reaches the accuracy before PyTorch DDP) is judged on this one: it
+                 is what a user waits for, as the paper's total time.
+  training only  `time_s`: since training started (after start-up and the data), the
+                 per-epoch evaluations included.
+Both sides are warmed the same way: one discarded run of every implementation first
+(numba's cache for asgd; the OS's file cache of torch's libraries for DDP). samples/s is
+over the training phase (train_s). Runs are interleaved (implementations in rotating order
+within each repetition); medians. Writes e2e.csv (one row per run), e2e.json (with the
+per-configuration medians) and e2e.png.
 
     python bench/bench_e2e.py                          # ranks 2,4,8, 3 repetitions
     python bench/bench_e2e.py --quick                  # 4 ranks, once
@@ -65,7 +73,9 @@ def run(impl: str, n: int, args) -> dict:
         shutil.rmtree(out, ignore_errors=True)
     hist = r["metrics"]["history"]
     tta = common.time_to_accuracy(hist, args.target)
+    train_tta = common.time_to_accuracy(hist, args.target, clock="time_s")
     return {"impl": impl, "ranks": n, "time_to_accuracy_s": round(tta, 3) if tta is not None else None,
+            "train_time_to_accuracy_s": round(train_tta, 3) if train_tta is not None else None,
             "epochs_to_accuracy": next((h["epoch"] for h in hist if (h["test_accuracy"] or 0) >= args.target), None),
             "samples_per_s": round(r["throughput"]["samples_per_s"], 1), "init_s": round(r["init_s"], 3),
             "train_s": round(r["train_s"], 3), "wall_s": round(r["wall_s"], 3), "job_wall_s": round(job["wall_s"], 3),
@@ -83,8 +93,10 @@ def summarize(rows, impls, ranks):
             if not rs:
                 continue
             ttas = [r["time_to_accuracy_s"] for r in rs if r["time_to_accuracy_s"] is not None]
+            train = [r["train_time_to_accuracy_s"] for r in rs if r["train_time_to_accuracy_s"] is not None]
             out.append({"ranks": n, "impl": impl, "runs": len(rs), "reached": len(ttas),
                         "time_to_accuracy_s": round(statistics.median(ttas), 3) if ttas else None,
+                        "train_time_to_accuracy_s": round(statistics.median(train), 3) if train else None,
                         "tta_min_s": min(ttas) if ttas else None, "tta_max_s": max(ttas) if ttas else None,
                         "epochs_to_accuracy": statistics.median([r["epochs_to_accuracy"] for r in rs
                                                                  if r["epochs_to_accuracy"]] or [0]) or None,
@@ -94,8 +106,8 @@ def summarize(rows, impls, ranks):
         ddp = next((s for s in out if s["ranks"] == n and s["impl"] == "pytorch ddp"), None)
         for s in out:
             if s["ranks"] == n:
-                s["tta_vs_ddp"] = (round(s["time_to_accuracy_s"] / ddp["time_to_accuracy_s"], 3)
-                                   if ddp and ddp["time_to_accuracy_s"] and s["time_to_accuracy_s"] else None)
+                for key, ratio in (("time_to_accuracy_s", "tta_vs_ddp"), ("train_time_to_accuracy_s", "train_tta_vs_ddp")):
+                    s[ratio] = round(s[key] / ddp[key], 3) if ddp and ddp[key] and s[key] else None
     return out
 
 
@@ -134,9 +146,8 @@ def main(argv=None):
     args.out.mkdir(parents=True, exist_ok=True)
     load = common.LoadSampler()
     m = common.machine()
-    common.mpiexec(2, ["-m", "asgd.train", "--epochs", "1", "--quiet", "--out", str(args.out / ".warm")],
-                   timeout=args.timeout)   # numba's cache warm, as for every later run
-    shutil.rmtree(args.out / ".warm", ignore_errors=True)
+    for impl in args.impls:   # every side warmed alike: one discarded run each
+        run(impl, min(args.ranks), args)
     rows = []
     for rep in range(args.repeat):
         for n in args.ranks:
@@ -157,8 +168,10 @@ def main(argv=None):
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "problem": "asgd.data.default_problem(): 16384 train / 4096 held-out rings; 2-10000-2, float64, "
                        "batch 256 per worker rank; asgd ps lr 3/H (async), allreduce and DDP lr 3/H x N",
+            "target_uses": "time_to_accuracy_s (whole process)",
             "columns": {"time_to_accuracy_s": "history wall_s (since rank 0's process start) of the first "
                                               "epoch with test_accuracy >= target",
+                        "train_time_to_accuracy_s": "history time_s (since training started) of that epoch",
                         "samples_per_s": "training samples / train_s", "job_wall_s": "mpiexec start to exit",
                         "tta_vs_ddp": "time_to_accuracy_s / DDP's at the same ranks"},
             "summary": summary}
@@ -168,11 +181,13 @@ def main(argv=None):
         paths.append(args.out / "e2e.png")
     print(common.describe(m, info["load"]))
     common.print_table(summary, [("ranks", "ranks", "d"), ("implementation", "impl", ""),
-                                 (f"time to {args.target} s", "time_to_accuracy_s", ".2f"),
-                                 ("min", "tta_min_s", ".2f"), ("max", "tta_max_s", ".2f"),
-                                 ("epochs", "epochs_to_accuracy", ".0f"), ("x DDP", "tta_vs_ddp", ".2f"),
+                                 (f"time to {args.target}: whole process s", "time_to_accuracy_s", ".2f"),
+                                 ("min", "tta_min_s", ".2f"), ("max", "tta_max_s", ".2f"), ("x DDP", "tta_vs_ddp", ".2f"),
+                                 ("training only s", "train_time_to_accuracy_s", ".2f"),
+                                 ("x DDP", "train_tta_vs_ddp", ".2f"), ("epochs", "epochs_to_accuracy", ".0f"),
                                  ("samples/s", "samples_per_s", ",.0f"), ("init s", "init_s", ".2f"),
                                  ("runs", "runs", "d"), ("reached", "reached", "d")])
+    print(f"the target (asgd before DDP) is judged on the whole-process time; the training-only time is beside it")
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 

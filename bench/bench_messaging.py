@@ -7,7 +7,7 @@ Variants, repetitions interleaved (the order rotates), per-exchange median on th
                       The hardware/MPI bound.
   pingpong+aggregate  the same, rank 0 doing the server's per-push work between receive and
                       send (add_into Delta-w, copy w into the reply): the protocol's floor.
-  asgd                asgd.server.Server.serve_async on rank 0 and asgd.worker.run_worker on
+  asgd                asgd.protocol.server.Server (async) on rank 0 and asgd.protocol.worker.run_worker on
                       rank 1 with a stub training step (no compute): every push, header,
                       finiteness check, aggregation, reply and comm.Waiter wait of a real run.
 The server's busy time per push (its `aggregate` phase) is recorded beside it.
@@ -60,7 +60,7 @@ def child(args) -> None:
     from asgd.net import kernels
     from asgd.protocol.comm import Waiter, oversubscribed, shard_bounds
     from asgd.net.mlp import Layout
-    from asgd.protocol.server import Server
+    from asgd.protocol.server import Async, Server
     from asgd.run.trace import PhaseClock
     from asgd.protocol.worker import run_worker
 
@@ -114,7 +114,7 @@ def child(args) -> None:
         clock = PhaseClock("init")
         if me == 0:
             server = Server(comm, w0, 1, waiter, clock, None)
-            st = server.serve_async()
+            st = server.serve(Async())
             return clock.seconds().get("aggregate", 0.0) / max(st.updates, 1)
         stamps = np.empty(iters + 1)
         k = [0]

@@ -3,20 +3,25 @@ its predictions against measured asgd.train runs on this machine.
 
 The model's parameters come from `python -m asgd.perf calibrate` alone (microbenchmarks
 of asgd's parts, run here BEFORE the sweep), or from --params FILE; nothing is fitted to
-the sweep's runs. Then:
+the sweep's runs. calibrate measures a job's start-up and the cores' worth of work at
+some rank counts (1, C, C+1, 2C+1, 4C+1, 8C+1 for C cores; --quick: 1, C, 2C+1): a run
+at one of those counts is IN-SAMPLE (the model interpolates nothing there), any other is
+OUT-OF-SAMPLE, and the pass/fail limits apply to the out-of-sample runs. Then:
 
   data      `python -m asgd.data generate --points P --test-points T --out OUT/data/d.tsv`, once
   warm-up   one run (numba's caches), discarded
-  sweep     hidden 10000: workers {1,2,4,8} x batch {16,64,256,1024} x reader {sequential,
-            parallel} (32 runs); hidden 100000: workers {1,2,4,8} x batch {64,1024}, reader
-            sequential at workers 1 and 4, parallel at 2 and 8 (8 runs). Each run is
+  sweep     hidden 10000: workers {1,2,3,4,6,8} x batch {16,64,256,1024} x reader
+            {sequential, parallel} (48 runs; with 2 cores, 3 and 6 workers are 4 and 7 ranks:
+            out of sample); hidden 100000: workers {1,2,3,4,6,8} x batch {64,1024}, the readers
+            alternating over the workers (12 runs); 3 epochs each. Each run is
             `mpiexec -n w+1 python -m asgd.train --data D --reader R --batch B --hidden H
             --epochs E --quiet --out OUT/runs/h{H}-w{W}-b{B}-{R}`, in an order shuffled with a
             fixed seed (--seed), with a time limit; a run that fails is reported and skipped.
   compare   asgd.perf.cli.compare over the runs: predicted and measured seconds and the
             absolute percentage error, APE = |pred - meas| / meas, per phase:
-              init, train, total  the phases the model validates (pass/fail):
-                                  median APE of total <= 15%, of init and of train <= 25%
+              init, train, total  the phases the model validates (pass/fail, on the
+                                  out-of-sample runs): median APE of total <= 15%, of
+                                  init and of train <= 25%; in-sample reported beside
               compute, comm       a worker's compute and its communication inside train:
                                   reported as detail (median, p90), NOT pass/fail
   optimizer per hidden size, asgd.perf.cli.optimize over exactly the grid measured at that
@@ -36,11 +41,11 @@ file, command line) and
 OUT/model.png (predicted against measured; APE of total by workers, batch and hidden).
 The exit status is 0 whether or not the model passes (the verdict is in the output).
 
-    python bench/bench_model.py                           # the sweep above: 40 runs, several minutes
+    python bench/bench_model.py                           # the sweep above: 60 runs, about 15 minutes
     python bench/bench_model.py --params params.json      # reuse a calibration (no calibrate step)
     python bench/bench_model.py --hidden 10000 --workers 1,2 --batches 64,256
     python bench/bench_model.py --quick                   # hidden 1000, workers 1,2, batch 64,256,
-                                                          # 20,000 points, calibrate --quick: ~40 s
+                                                          # 20,000 points, 1 epoch, calibrate --quick: ~40 s
 """
 
 from __future__ import annotations
@@ -74,10 +79,10 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--points", type=int, default=100_000, help="training points (default 100,000)")
     p.add_argument("--test-points", type=int, default=2000, help="held-out points (default 2000)")
-    p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8], help="comma list (default 1,2,4,8)")
+    p.add_argument("--workers", type=int_list, default=[1, 2, 3, 4, 6, 8], help="comma list (default 1,2,3,4,6,8)")
     p.add_argument("--batches", type=int_list, default=[16, 64, 256, 1024], help="comma list (default 16,64,256,1024)")
     p.add_argument("--hidden", type=int_list, default=[10000, 100000], help="comma list (default 10000,100000)")
-    p.add_argument("--epochs", type=int, default=1, help="epochs per run (default 1)")
+    p.add_argument("--epochs", type=int, default=3, help="epochs per run (default 3)")
     p.add_argument("--params", type=Path, default=None,
                    help="parameters from 'python -m asgd.perf calibrate' (default: calibrate now into OUT/params.json)")
     p.add_argument("--seed", type=int, default=0, help="seed of the run order's shuffle (default 0)")
@@ -90,6 +95,7 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.quick:
         a.points, a.workers, a.batches, a.hidden, a.timeout = 20_000, [1, 2], [64, 256], [1000], min(a.timeout, 60)
+        a.epochs = 1
     return a
 
 
@@ -102,8 +108,7 @@ def plan(a) -> list[dict]:
             runs += [(h, w, b, READERS[(i + j) % 2]) for i, w in enumerate(ws) for j, b in enumerate(bs)]
         elif h >= BIG_HIDDEN:   # the reduced grid: batches 64 and 1024, readers alternating over the workers
             big = [b for b in bs if b in BIG_BATCHES] or bs
-            runs += [(h, w, b, READERS[0 if w in (1, 4) else 1 if w in (2, 8) else i % 2])
-                     for i, w in enumerate(ws) for b in big]
+            runs += [(h, w, b, READERS[i % 2]) for i, w in enumerate(ws) for b in big]
         else:
             runs += [(h, w, b, r) for w in ws for b in bs for r in READERS]
     random.Random(a.seed).shuffle(runs)
@@ -181,9 +186,20 @@ def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: 
     return done
 
 
+def calibrated_ranks(params) -> set[int]:
+    """The rank counts calibrate measured a job at (start-up, cores' worth, crowded messaging)."""
+    keys = set(params.startup_by_ranks) | set(params.contended_update_s)
+    worth = params.effective_cores
+    for table in (worth.values() if worth and isinstance(next(iter(worth.values())), dict) else [worth]):
+        keys |= set(table)
+    return {int(k) for k in keys}
+
+
 def compared(done: list[dict], params) -> list[dict]:
-    """asgd.perf.cli.compare's rows for the runs, with the order, source and launcher wall."""
+    """asgd.perf.cli.compare's rows for the runs, with the order, source, launcher wall and
+    whether the run's rank count was calibrated (sample: in / out)."""
     import asgd.perf.cli
+    calibrated = calibrated_ranks(params)
     rows, skipped = asgd.perf.cli.compare([d["run_dir"] for d in done], params)
     for s in skipped:
         print(f"compare skipped {s}", flush=True)
@@ -191,7 +207,7 @@ def compared(done: list[dict], params) -> list[dict]:
     for r in rows:
         d = by_dir[r["run"]]
         r.update(label=label(d), source=d["source"], order=d["order"], launch_wall_s=d["launch_wall_s"],
-                 accuracy=d["accuracy"])
+                 accuracy=d["accuracy"], sample="in" if d["workers"] + 1 in calibrated else "out")
     return rows
 
 
@@ -245,12 +261,17 @@ def optimizer_check(rows: list[dict], params, data: Path, out: Path, a, failed: 
 # -- summaries -----------------------------------------------------------------------------
 
 def summarize(rows: list[dict]) -> dict:
+    """APE per phase over the out-of-sample runs (pass/fail), with the in-sample runs' and
+    all runs' beside it (`in_sample`, `all`, for information)."""
     import asgd.perf.cli
-    s = asgd.perf.cli.error_summary(rows, PHASES + DETAIL)
+    out = [r for r in rows if r["sample"] == "out"]
+    s = asgd.perf.cli.error_summary(out, PHASES + DETAIL)
+    ins = asgd.perf.cli.error_summary([r for r in rows if r["sample"] == "in"], PHASES + DETAIL)
+    every = asgd.perf.cli.error_summary(rows, PHASES + DETAIL)
     for k, e in s.items():
-        e["limit_median"] = LIMITS.get(k)
-        e["pass"] = e["median"] <= LIMITS[k] if k in LIMITS else None
-        e["role"] = "validated" if k in LIMITS else "detail (not pass/fail)"
+        e.update(runs=len(out), in_sample=ins.get(k), all=every.get(k), limit_median=LIMITS.get(k),
+                 **{"pass": e["median"] <= LIMITS[k] if k in LIMITS else None,
+                    "role": "validated (out of sample)" if k in LIMITS else "detail (not pass/fail)"})
     return s
 
 
@@ -271,19 +292,24 @@ def breakdown(rows: list[dict]) -> dict:
 
 def report(rows, summary, parts, checks, meta) -> None:
     print(f"\n{describe(meta['machine'], meta['load'])}")
-    cols = [("hidden", "hidden", "d"), ("w", "workers", "d"), ("batch", "batch", "d"), ("reader", "reader", "")]
+    cols = [("hidden", "hidden", "d"), ("w", "workers", "d"), ("batch", "batch", "d"), ("reader", "reader", ""),
+            ("sample", "sample", "")]
     for k in PHASES + DETAIL:
         cols += [(f"{k} pred", f"{k}_pred_s", ".3f"), (f"{k} meas", f"{k}_meas_s", ".3f"), ("APE%", f"{k}_ape", ".0f")]
     order = sorted(rows, key=lambda r: (r["hidden"], r["reader"], r["workers"], r["batch"]))
     print_table(order, cols, title=f"\npredicted / measured seconds and APE per run ({len(rows)} runs; "
                                    "compute, comm: a worker's, inside train)")
     srows = [{"phase": k, "median": e["median"], "p90": e["p90"],
+              "in_median": (e["in_sample"] or {}).get("median"), "in_p90": (e["in_sample"] or {}).get("p90"),
               "limit": f"<= {e['limit_median']:.0f}%" if e["limit_median"] else "-",
               "verdict": ("PASS" if e["pass"] else "FAIL") if e["pass"] is not None else "detail, not pass/fail"}
              for k, e in summary.items()]
-    print_table(srows, [("phase", "phase", ""), ("median APE%", "median", ".1f"), ("p90 APE%", "p90", ".1f"),
+    n_out = sum(r["sample"] == "out" for r in rows)
+    print_table(srows, [("phase", "phase", ""), ("out-of-sample median APE%", "median", ".1f"),
+                        ("p90", "p90", ".1f"), ("in-sample median APE%", "in_median", ".1f"), ("p90", "in_p90", ".1f"),
                         ("median limit", "limit", ""), ("verdict", "verdict", "")],
-                title=f"\nAPE over {len(rows)} runs (validated: init, train, total; compute and comm are detail)")
+                title=f"\nAPE over {n_out} out-of-sample runs (rank counts calibrate never measured) and "
+                      f"{len(rows) - n_out} in-sample runs (validated: init, train, total; compute and comm are detail)")
     print("\nmedian APE% (signed median error of total, + = predicted slower) by:")
     for dim, groups in parts.items():
         cells = "   ".join(f"{v}: init {g['init_median_ape']:.0f} train {g['train_median_ape']:.0f} "
@@ -307,7 +333,8 @@ def report(rows, summary, parts, checks, meta) -> None:
     print()
     for k in PHASES:
         e = summary[k]
-        print(f"{'PASS' if e['pass'] else 'FAIL'}: median APE of {k} {e['median']:.1f}% <= {LIMITS[k]:.0f}%")
+        print(f"{'PASS' if e['pass'] else 'FAIL'}: median APE of {k} {e['median']:.1f}% <= {LIMITS[k]:.0f}% "
+              f"(out of sample; in sample {e['in_sample']['median'] if e['in_sample'] else float('nan'):.1f}%)")
     for k in DETAIL:
         print(f"info: median APE of {k} {summary[k]['median']:.1f}% (detail, not pass/fail)")
     for c in checks:

@@ -42,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
 from common import JobFailed, LoadSampler, command_line, machine, mpiexec, print_table, results_dir, write_outputs  # noqa: E402
+from asgd import launch  # noqa: E402
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -174,8 +175,7 @@ def mpiexec_sampled(n: int, argv: list[str], timeout: float) -> dict:
     meanwhile (OthersCPU)."""
     import signal
     import subprocess
-    exe = common.find_mpiexec()
-    cmd = [exe, "-n", str(n), sys.executable, *argv]
+    cmd = launch.command(n, sys.executable, *argv)   # main's launcher and the flags its MPI needs
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                          cwd=common.ROOT)

@@ -15,13 +15,13 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (the mpiexec beside this Python, as every bench finds it)
+import common  # noqa: E402, F401  (one core per process, src on the path)
+from asgd import launch  # noqa: E402  (the mpiexec beside this Python, with its flags)
 
 
 def run(ranks: int, trace: bool, extra: list[str]) -> dict:
     out = tempfile.mkdtemp(prefix="asgd-bench-trace-")
-    cmd = [common.find_mpiexec(),
-           "-n", str(ranks), sys.executable, "-m", "asgd.train", "--quiet", "--out", out, *extra]
+    cmd = launch.command(ranks, sys.executable, "-m", "asgd.train", "--quiet", "--out", out, *extra)
     if trace:
         cmd.append("--trace")
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)

@@ -18,7 +18,6 @@ for _v in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_
 import csv  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import shutil  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -34,6 +33,8 @@ ROOT = BENCH.parent
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))   # run from a checkout without installing
 RESULTS = BENCH / "results"
+
+from asgd import launch  # noqa: E402  (the mpiexec beside this Python, with the flags its MPI needs)
 
 
 def results_dir(name: str, out: str | Path | None = None) -> Path:
@@ -87,7 +88,7 @@ def _mpi_library() -> dict:
         from mpi4py import MPI
         return {"mpi_library": " ".join(MPI.Get_library_version().split()),
                 "mpi_version": "%d.%d" % MPI.Get_version(), "mpi4py": mpi4py.__version__,
-                "mpiexec": find_mpiexec()}
+                "mpiexec": launch.find()}
     except Exception as e:  # noqa: BLE001  (a description, never a failure)
         return {"mpi_library": f"unavailable ({e})"}
 
@@ -203,11 +204,6 @@ def interleaved(fns: dict, repeat: int, min_time: float = 0.05, warmup: int = 1)
 
 # -- MPI jobs --------------------------------------------------------------------------
 
-def find_mpiexec() -> str | None:
-    """The mpiexec beside this Python (the venv's PyPI MPICH) first, then PATH."""
-    return shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-
-
 class JobFailed(RuntimeError):
     pass
 
@@ -215,10 +211,10 @@ class JobFailed(RuntimeError):
 def mpiexec(n: int, argv: list[str], timeout: float, env: dict | None = None, check: bool = True) -> dict:
     """Run `mpiexec -n n python <argv>` with a time limit; on timeout the whole process group
     (mpiexec and its ranks) is killed. Returns {rc, wall_s, stdout, stderr}; check: raise on rc != 0."""
-    exe = find_mpiexec()
-    if exe is None:
-        raise JobFailed("no mpiexec beside this Python or on PATH (pip install -e '.[mpich]')")
-    cmd = [exe, "-n", str(n), sys.executable, *argv]
+    try:
+        cmd = launch.command(n, sys.executable, *argv)
+    except FileNotFoundError as e:
+        raise JobFailed(str(e)) from None
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True, env={**os.environ, **(env or {})}, cwd=ROOT)
@@ -235,11 +231,12 @@ def mpiexec(n: int, argv: list[str], timeout: float, env: dict | None = None, ch
     return res
 
 
-def time_to_accuracy(history: list[dict], target: float) -> float | None:
-    """wall_s of the first epoch whose held-out accuracy reaches target (None: never)."""
+def time_to_accuracy(history: list[dict], target: float, clock: str = "wall_s") -> float | None:
+    """`clock` (wall_s: since the process started; time_s: since training started) of the
+    first epoch whose held-out accuracy reaches target (None: never)."""
     for h in history:
         if h.get("test_accuracy") is not None and h["test_accuracy"] >= target:
-            return h["wall_s"]
+            return h[clock]
     return None
 
 

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
 
     from asgd.net import mlp
     from asgd.data import problem
-    from asgd.data.readers import assign
+    from asgd.data.shares import assign
     from asgd.protocol.worker import batches
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
@@ -156,9 +156,8 @@ def main(argv=None) -> int:
                "metrics": {"loss": history[-1]["test_loss"], "accuracy": history[-1]["test_accuracy"],
                            "history": history},
                "throughput": {"samples": samples, "samples_per_s": samples / train_s}}
-        tmp = args.out / "results.json.tmp"
-        tmp.write_text(json.dumps(res, indent=1))
-        tmp.replace(args.out / "results.json")
+        from asgd.run.files import atomic_write
+        atomic_write(str(args.out / "results.json"), lambda f: json.dump(res, f, indent=1))
         print(f"results: {args.out / 'results.json'}", flush=True)
     dist.destroy_process_group()
     if rank == 0:

@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+from asgd import launch
+
 GOOD = [  # (ranks, options): expected to exit 0 with accuracy >= 0.95
     (2, []), (4, ["--mode", "ssp", "--staleness", "2"]), (16, []), (5, ["--servers", "2"]),
     (3, ["--mode", "sync"]), (4, ["--arch", "allreduce"]), (8, ["--reader", "sequential"]),
@@ -44,15 +46,14 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=5, help="per run (default %(default)s, as asgd.train)")
     p.add_argument("--log", default="soak.csv")
     a = p.parse_args(argv)
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     cases = itertools.cycle([("good", c) for c in GOOD] + [("bad", c) for c in BAD])
     rows, failures = [], 0
     for i in range(a.runs):
         kind, case = next(cases)
         n, opts = case[0], case[1]
         out = tempfile.mkdtemp(prefix="asgd-soak-")
-        cmd = [mpiexec, "-n", str(n), sys.executable, "-m", "asgd.train", *opts, "--seed", str(i),
-               "--epochs", str(a.epochs), "--quiet", "--out", out, "--timeout", str(a.timeout - 10)]
+        cmd = launch.command(n, sys.executable, "-m", "asgd.train", *opts, "--seed", str(i),
+                             "--epochs", str(a.epochs), "--quiet", "--out", out, "--timeout", str(a.timeout - 10))
         t = time.monotonic()
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)

@@ -2,26 +2,49 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+from asgd import launch
+
+MPIEXEC = launch.find()
+
+
+def mpi(n: int, *program: str) -> list[str]:
+    """`mpiexec -n n <the flags this MPI needs here> program...` (asgd.launch)."""
+    if MPIEXEC is None:
+        pytest.skip("no mpiexec on PATH (pip install -e '.[mpich]')")
+    return launch.command(n, *program)
 
 
 def mpiexec(n: int, args: list[str], timeout: float = 90, module: str = "asgd.train",
             cwd=None) -> subprocess.CompletedProcess:
     """`mpiexec -n n python -m module args`; a hang fails the test after `timeout` s."""
-    if MPIEXEC is None:
-        pytest.skip("no mpiexec on PATH (pip install -e '.[mpich]')")
-    cmd = [MPIEXEC, "-n", str(n), sys.executable, "-m", module, *args]
+    cmd = mpi(n, sys.executable, "-m", module, *args)
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        p.stderr, p.launcher_notes = split_launcher_notes(p.stderr)
+        return p
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s\n"
                     f"stdout:\n{e.stdout}\nstderr:\n{e.stderr}")
+
+
+def split_launcher_notes(stderr: str) -> tuple[str, str]:
+    """(the ranks' own stderr, the launcher's notices). Open MPI's mpiexec adds a boxed
+    notice (between lines of dashes) when a rank exits with a non-zero status; asgd's
+    own report is the rest. MPICH adds none."""
+    own, notes, inside = [], [], False
+    for line in stderr.splitlines(keepends=True):
+        rule = len(line.strip()) >= 20 and set(line.strip()) == {"-"}
+        if rule or inside:
+            notes.append(line)
+            inside = inside != rule
+        else:
+            own.append(line)
+    return "".join(own), "".join(notes)
 
 
 def load_results(out_dir) -> dict:

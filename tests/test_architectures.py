@@ -16,7 +16,7 @@ def test_sync_is_deterministic_across_servers_and_allreduce(tmp_path):
         out = tmp_path / name
         p = mpiexec(n, args + common + ["--out", str(out)], timeout=90)
         assert p.returncode == 0, p.stderr
-        w[name] = np.load(out / "model.npy")
+        w[name] = np.load(out / "weights.npy")
         r = load_results(out)
         assert r["config"]["workers"] == 4
     w0_moved = np.abs(w["s1"]).sum()
@@ -25,6 +25,7 @@ def test_sync_is_deterministic_across_servers_and_allreduce(tmp_path):
     np.testing.assert_allclose(w["ar"], w["s1"], rtol=1e-9, atol=1e-12)  # allreduce sums in its own order
 
 
+@pytest.mark.openmpi
 @pytest.mark.parametrize("n, args", [
     (5, ["--servers", "2"]),
     (5, ["--servers", "2", "--mode", "sync"]),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MPIEXEC
+from conftest import MPIEXEC, mpi
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -82,7 +82,7 @@ def test_messaging_bench(tmp_path):
 @pytest.mark.skipif(MPIEXEC is None or not HAS_TORCH, reason="needs mpiexec and torch (the bench extra)")
 def test_ddp_peer(tmp_path):
     """The DDP peer trains 2 ranks for one epoch and writes asgd's results.json keys."""
-    p = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(BENCH / "ddp_peer.py"), "--hidden", "50",
+    p = subprocess.run([*mpi(2, sys.executable, str(BENCH / "ddp_peer.py")), "--hidden", "50",
                         "--epochs", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
@@ -110,7 +110,9 @@ def test_model_bench(tmp_path, quick_params):
             assert math.isfinite(meas) and meas > 0, (r["label"], k, meas)
             assert math.isfinite(pred) and (pred > 0 if k != "comm" else pred >= 0), (r["label"], k, pred)
             assert math.isfinite(float(r[f"{k}_ape"])) and float(r[f"{k}_ape"]) >= 0
+    assert {r["sample"] for r in rows} == {"in", "out"}  # workers 1 and 2: 2 ranks calibrated, 3 not
     assert set(meta["summary"]) == set(phases)
+    assert meta["summary"]["total"]["runs"] == sum(r["sample"] == "out" for r in rows)  # judged out of sample
     assert all(meta["summary"][k]["median"] >= 0 and meta["summary"][k]["p90"] >= 0 for k in phases)
     assert [c["hidden"] for c in meta["optimizer"]] == [1000]
     chk = meta["optimizer"][0]
@@ -118,3 +120,11 @@ def test_model_bench(tmp_path, quick_params):
     assert meta["params_file"] == str(quick_params) and not meta["params_calibrated_here"]
     assert (out / "model.png").stat().st_size > 0
     assert "median APE" in p.stdout and "optimizer" in p.stdout
+
+
+@pytest.mark.parametrize("script", sorted(str(p.relative_to(BENCH.parent)) for p in
+                                          [*BENCH.glob("*.py"), *(BENCH.parent / "scripts").glob("*.py")]))
+def test_every_bench_and_script_compiles(script):
+    """Scripts no test runs in full still parse (a syntax error in one stays silent otherwise)."""
+    path = BENCH.parent / script
+    compile(path.read_text(), str(path), "exec")

@@ -1,4 +1,5 @@
 import math
+import re
 
 import pytest
 
@@ -26,9 +27,13 @@ def test_defaults_are_the_papers_setup():
     (["--no-such-option"], 4, "unrecognized arguments: --no-such-option"),
     (["--test", "t.tsv"], 4, "--test needs --data"),
     ([], 1, "need at least 2 MPI ranks"),
+    (["--servers", "4"], 3, "--servers 4 leaves no worker among 3 ranks"),
+    (["--servers", "2"], 2, "--servers 2 leaves no worker among 2 ranks"),
+    (["--mode", "fast"], 3, "argument --mode: invalid choice: 'fast'"),
+    (["--checkpoint-every", "soon"], 3, "--checkpoint-every must be N (updates) or Ns (seconds)"),
 ])
 def test_bad_options_give_one_clear_message(argv, world, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         config.parse(argv, world_size=world)
 
 

@@ -1,5 +1,8 @@
 """The numba kernels against the plain-numpy oracle in mlp.py and against finite differences."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -159,3 +162,27 @@ def test_vexp_against_numpy():
     K.exp_into(np.array([-1e4, 1e4, np.nan, -np.inf]), out)
     assert 0 < out[0] < 1e-300 and np.isfinite(out[1]) and out[1] > 1e307   # clamped, not 0/inf
     assert np.isnan(out[2]) and 0 < out[3] < 1e-300
+
+
+def test_the_warm_up_compiles_every_kernel_a_run_calls():
+    """After the warm-up train does before its timed loop, the kernels called with the
+    loop's own argument types (a shard view of w, a receive buffer's Delta-w part) have
+    nothing left to compile or load: the first timed update pays no JIT."""
+    code = """
+import subprocess
+import sys
+
+import numpy as np
+from asgd.net import kernels, mlp
+mlp.compile_kernels()
+names = ["sgd_step", "evaluate", "add_into", "all_finite", "add_scaled"]
+before = {n: len(getattr(kernels, n).signatures) for n in names}
+w, buf = np.zeros(1000), np.zeros(600 + 5)  # a shard of w; a push: [Delta-w | header]
+kernels.all_finite(buf[:600]); kernels.add_into(w[400:], buf[:600]); kernels.add_scaled(w[400:], buf[:600], 0.5)
+after = {n: len(getattr(kernels, n).signatures) for n in names}
+print(before, after)
+assert all(before.values()), before
+assert before == after, (before, after)
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr

@@ -5,14 +5,17 @@ import os
 import subprocess
 import sys
 
-from conftest import MPIEXEC
+import pytest
+
+from conftest import MPIEXEC, mpi
 
 HERE = os.path.dirname(__file__)
 
 
+@pytest.mark.openmpi
 def test_pytest_mpi_suite_on_four_ranks():
     assert MPIEXEC, "no mpiexec: install with pip install -e '.[mpich,test]'"
-    cmd = [MPIEXEC, "-n", "4", sys.executable, "-m", "pytest", "--with-mpi", "-q",
+    cmd = [*mpi(4, sys.executable, "-m", "pytest", "--with-mpi", "-q"),
            "-p", "no:cacheprovider", os.path.join(HERE, "mpi")]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]

@@ -106,3 +106,13 @@ def test_errors_are_one_clear_line(tmp_path):
     assert p.returncode == 2 and "positive integers" in p.stderr
     p = perf("optimize", "--cores-per-node", "2", "--epochs", "0")
     assert p.returncode == 2 and "positive integer" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_predict_counts_the_points_of_an_npy_file(quick_params, tmp_path):
+    """A 1,000-row .npy file without a held-out companion: 7/8 of its rows train."""
+    from asgd.data import formats, problem
+    formats.write(str(tmp_path / "d.npy"), problem.rings(1000, 0))
+    for cmd in (["predict", "--workers", "2"], ["optimize", "--cores-per-node", "2", "--workers", "1"]):
+        p = perf(*cmd, "--params", str(quick_params), "--data", str(tmp_path / "d.npy"))
+        assert p.returncode == 0, p.stderr
+        assert "875 training points" in p.stdout or "875 points" in p.stdout, p.stdout

@@ -22,12 +22,14 @@ def files(tmp_path_factory):
     return tsv, npy
 
 
-@pytest.mark.parametrize("launch, sizes", [(2, [2]), (9, range(2, 10))])
+@pytest.mark.parametrize("launch, sizes", [(2, [2]), pytest.param(9, range(2, 10), marks=pytest.mark.openmpi)])
 def test_exact_cover_for_1_to_8_workers(files, tmp_path, launch, sizes):
     """World sizes 2..9: the 9-rank launch checks each size on its first k ranks (a
-    sub-communicator; one launch instead of eight: ranks start slowly on 2 cores)."""
+    sub-communicator; one launch instead of eight: ranks start slowly on 2 cores). The
+    workers' --standardize statistics, computed together, are numpy's over the file's
+    training points."""
     tsv, npy = files
-    p = mpiexec(launch, ["check", str(tsv), str(npy), "--sizes", ",".join(map(str, sizes)),
+    p = mpiexec(launch, ["check", str(tsv), str(npy), "--sizes", ",".join(map(str, sizes)), "--standardize",
                          "--timeout", "60", "--out", str(tmp_path)], module="asgd.data", timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("exact cover ok") == 4 * len(sizes)
@@ -46,6 +48,9 @@ def test_exact_cover_for_1_to_8_workers(files, tmp_path, launch, sizes):
                     assert np.array_equal(z[f"y{r}"], A[lines[r], -1])
                 everything = np.concatenate(lines + ([z["test_lines"]] if held_from_file else []))
                 assert np.array_equal(np.sort(everything), np.arange(len(A)))  # all, once
+                training = A[np.sort(np.concatenate(lines)), :-1]  # the whole file, less its held-out part
+                np.testing.assert_allclose(z["mean"], training.mean(axis=0), rtol=1e-12, atol=1e-15)
+                np.testing.assert_allclose(z["std"], training.std(axis=0), rtol=1e-12)
                 sizes_ = [len(x) for x in lines[1:]]
                 assert max(sizes_) - min(sizes_) <= 1
                 shares[reader] = lines
@@ -75,6 +80,7 @@ def test_both_readers_train_the_same_model(files, tmp_path):
     assert [h["test_loss"] for h in seq] == [h["test_loss"] for h in par]
 
 
+@pytest.mark.openmpi
 def test_trains_on_npy(files, tmp_path):
     _, npy = files
     p = mpiexec(3, ["--data", str(npy), "--hidden", "200", "--epochs", "1", "--out", str(tmp_path),

@@ -11,14 +11,13 @@ import time
 import numpy as np
 import pytest
 
-from conftest import MPIEXEC, load_results, mpiexec
+from asgd import launch
+from conftest import MPIEXEC, load_results, mpi, mpiexec, split_launcher_notes
 
 
-def start(n, args):
+def start(n, args, program=("-m", "asgd.train")):
     """An asgd job in the background (its own process group, so nothing outlives it)."""
-    if MPIEXEC is None:
-        pytest.skip("no mpiexec")
-    return subprocess.Popen([MPIEXEC, "-n", str(n), sys.executable, "-m", "asgd.train", *args],
+    return subprocess.Popen(mpi(n, sys.executable, *program, *args),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -30,9 +29,13 @@ def wait_for(path, proc, limit=60):
         time.sleep(0.05)
 
 
-def finish(proc, limit):
+def finish(proc, limit, notes=False):
+    """(stdout, the ranks' stderr[, the launcher's notices]) of a started job, which must
+    end within `limit` s."""
     try:
-        return proc.communicate(timeout=limit)
+        out, err = proc.communicate(timeout=limit)
+        own, launcher = split_launcher_notes(err)
+        return (out, own, launcher) if notes else (out, own)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail(f"the job did not end within {limit} s")
@@ -68,10 +71,58 @@ def test_checkpoint_resume_and_a_damaged_checkpoint(tmp_path):
     assert p.returncode == 2 and "resume with the run's --hidden and --servers" in p.stderr
 
 
+@pytest.mark.openmpi
+def rank_pids(run) -> dict[int, int]:
+    """{MPI rank: pid} of the job writing to `run`, from each process's environment."""
+    pids = subprocess.run(["pgrep", "-f", "--", f"--out {run}( |$)"], capture_output=True, text=True).stdout.split()
+    ranks = {}
+    for pid in map(int, pids):
+        try:
+            env = dict(kv.split("=", 1) for kv in open(f"/proc/{pid}/environ").read().split("\0") if "=" in kv)
+        except OSError:
+            continue
+        rank = env.get("PMI_RANK", env.get("OMPI_COMM_WORLD_RANK"))
+        if rank is not None:
+            ranks[int(rank)] = pid
+    return ranks
+
+
+def request_stop(proc, run) -> None:
+    """SIGTERM, as a batch system's time limit delivers it: MPICH's mpiexec passes it to
+    every rank; Open MPI's mpiexec ends the job itself on SIGTERM, so there the ranks get
+    it directly (as Slurm signals every process of a job step)."""
+    if launch.flavour(MPIEXEC) == "openmpi":
+        for pid in rank_pids(run).values():
+            os.kill(pid, signal.SIGTERM)
+    else:
+        os.kill(proc.pid, signal.SIGTERM)
+
+
+@pytest.mark.parametrize("optimizer", ["adam"])
+def test_the_optimizers_state_survives_checkpoint_and_resume(tmp_path, optimizer):
+    """Sync mode is deterministic: 2 epochs, then a resume to 4, ends with the weights of
+    an uninterrupted 4-epoch run only if each server's optimizer state (Adam's moments and
+    step count, per shard) came back with its shard."""
+    common = ["--mode", "sync", "--servers", "2", "--optimizer", optimizer, "--hidden", "300", "--batch", "64",
+              "--quiet"]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    p = mpiexec(5, common + ["--epochs", "4", "--out", str(whole)])
+    assert p.returncode == 0, p.stderr
+    p = mpiexec(5, common + ["--epochs", "2", "--checkpoint-every", "1000000", "--out", str(part)])
+    assert p.returncode == 0, p.stderr
+    p = mpiexec(5, common + ["--epochs", "4", "--resume", str(part)])
+    assert p.returncode == 0, p.stderr
+    np.testing.assert_array_equal(np.load(part / "weights.npy"), np.load(whole / "weights.npy"))
+    r = load_results(part)
+    assert r["config"]["optimizer"] == optimizer and [h["epoch"] for h in r["metrics"]["history"]] == [1, 2, 3, 4]
+    p = mpiexec(5, [*common[:4], "--optimizer", "sgd", *common[6:], "--epochs", "5", "--resume", str(part)], timeout=30)
+    assert p.returncode == 2 and "resume with the run's --optimizer" in p.stderr
+
+
 def test_sigterm_checkpoints_and_exits_cleanly(tmp_path):
     proc = start(4, ["--epochs", "200", "--checkpoint-every", "20", "--out", str(tmp_path)])
     wait_for(tmp_path / "checkpoint" / "shard-0.npz", proc)
-    os.kill(proc.pid, signal.SIGTERM)  # mpiexec passes it to every rank, as Slurm's time limit does
+    request_stop(proc, tmp_path)
     out, err = finish(proc, 20)
     assert proc.returncode == 0, err
     assert "stopped early by SIGTERM" in out and f"--resume {tmp_path}" in out
@@ -85,16 +136,17 @@ def test_a_killed_worker_ends_the_job_and_resume_recovers(tmp_path):
     run = tmp_path / "run"
     proc = start(4, ["--epochs", "5", "--checkpoint-every", "20", "--out", str(run), "--quiet"])
     wait_for(run / "checkpoint" / "shard-0.npz", proc)
-    victim = subprocess.run(["pgrep", "-f", "--", f"--out {run} "], capture_output=True, text=True).stdout.split()
-    pids = [int(x) for x in victim if int(x) != proc.pid]
-    assert pids, "no rank found to kill"
+    ranks = rank_pids(run)
+    assert set(ranks) == {0, 1, 2, 3}, ranks
     killed_at = time.monotonic()
-    os.kill(max(pids), signal.SIGKILL)  # the last started: a worker
-    out, err = finish(proc, 30)
+    os.kill(ranks[3], signal.SIGKILL)  # a worker
+    out, err, launcher = finish(proc, 30, notes=True)
     assert time.monotonic() - killed_at < 10
-    # whoever notices first says so: the launcher (the killed rank) or a rank whose MPI call failed
+    # whoever notices first says so: the launcher (the killed rank: MPICH prints "Killed",
+    # Open MPI "signal 9 (Killed)") or a rank whose MPI call failed
     assert proc.returncode != 0
-    assert "Killed" in out + err or "MPI communication failed; another rank probably died" in err, out + err
+    assert ("Killed" in out + err + launcher or "MPI communication failed; another rank probably died" in err), \
+        out + err + launcher
     p = mpiexec(4, ["--epochs", "5", "--resume", str(run), "--quiet"])
     assert p.returncode == 0, p.stderr
     resumed = load_results(run)["metrics"]["accuracy"]
@@ -106,20 +158,17 @@ def test_a_killed_worker_ends_the_job_and_resume_recovers(tmp_path):
 BAD_FILES = {  # name: (content, the one error line's text after "asgd.train: error: <file>")
     "missing": (None, ": data file not found"),
     "directory": ("dir", ": cannot read data file: Is a directory"),
-    "empty": ("", ": empty data file"),
-    "fields": ("0.1\t0.2\t0\n0.3\t1\n", ":2: expected 3 fields like line 1, got 2"),
     "nonnumeric": ("0.1\t0.2\t0\n0.3\toops\t1\n", ":2: feature 'oops' is not a number"),
-    "nan": ("0.1\t0.2\t0\n0.3\tnan\t1\n", ":2: feature is NaN or infinite"),
-    "inf": ("0.1\t0.2\t0\n-inf\t0.4\t1\n", ":2: feature is NaN or infinite"),
-    "negative": ("0.1\t0.2\t0\n0.3\t0.4\t-1\n", ":2: negative label -1"),
-    "header": ("x\ty\tlabel\n0.1\t0.2\t0\n", ":1: feature 'x' is not a number"),
     "range": ("0.1\t0.2\t0\n0.3\t0.4\t2\n", ":2: label 2 out of range for --classes 2"),
 }
 
 
-@pytest.mark.parametrize("case", sorted(BAD_FILES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.openmpi) if c == "nonnumeric" else c
+                                  for c in sorted(BAD_FILES)])
 def test_bad_data_ends_every_rank_within_10_s(tmp_path, case):
-    """Through the whole job (tests/mpi/test_readers.py checks each reader's messages)."""
+    """Through the whole job: a file that cannot be opened, one that is not a file, a
+    bad line, a label beyond --classes. Every defect's message, for both readers, on
+    every rank: tests/mpi/test_readers.py; the parser's: tests/test_parse.py."""
     content, message = BAD_FILES[case]
     f = tmp_path / "data.tsv"
     if content == "dir":
@@ -144,18 +193,10 @@ def test_crlf_and_trailing_blanks_are_accepted(tmp_path):
     assert load_results(tmp_path / "o")["config"]["train_points"] == 350  # 1/8 held out
 
 
-@pytest.mark.parametrize("n, args, message", [
-    (3, ["--batch", "0"], "--batch must be >= 1, got 0"),
-    (3, ["--batch", "-5"], "--batch must be >= 1, got -5"),
-    (3, ["--hidden", "0"], "--hidden must be >= 1, got 0"),
-    (3, ["--lr", "0"], "--lr must be a positive finite number, got 0.0"),
-    (3, ["--lr", "nan"], "--lr must be a positive finite number, got nan"),
-    (3, ["--epochs", "0"], "--epochs must be >= 1, got 0"),
-    (3, ["--servers", "4"], "--servers 4 leaves no worker among 3 ranks"),
-    (2, ["--servers", "2"], "--servers 2 leaves no worker among 2 ranks"),
-    (3, ["--mode", "fast"], "argument --mode: invalid choice: 'fast'"),
-    (3, ["--checkpoint-every", "soon"], "--checkpoint-every must be N (updates) or Ns (seconds)"),
-    (3, ["--bogus"], "unrecognized arguments: --bogus"),
+@pytest.mark.parametrize("n, args, message", [  # each message: tests/test_config.py
+    pytest.param(3, ["--batch", "0"], "--batch must be >= 1, got 0", marks=pytest.mark.openmpi),  # our validation
+    (3, ["--bogus"], "unrecognized arguments: --bogus"),          # argparse's
+    (2, ["--servers", "2"], "--servers 2 leaves no worker among 2 ranks"),  # the job's size
     (1, [], "need at least 2 MPI ranks"),
 ])
 def test_bad_options_end_every_rank_within_10_s(tmp_path, n, args, message):
@@ -172,3 +213,64 @@ def test_unwritable_output_folder(tmp_path):
     blocker.write_text("")
     p = mpiexec(2, ["--out", str(blocker / "sub")], timeout=30)
     assert p.returncode == 2 and p.stderr.startswith("asgd.train: error: cannot write to output folder")
+
+
+@pytest.mark.parametrize("servers", [pytest.param(2, marks=pytest.mark.openmpi), 3])
+def test_sync_with_several_servers_stops_when_one_server_is_signalled(tmp_path, servers):
+    """The worst skew of a signal's arrival: only server rank 0 gets SIGTERM. It tells the
+    workers to stop; the other servers, which never got the signal, must stop with them
+    rather than wait forever for the next round's pushes."""
+    run = tmp_path / "run"
+    proc = start(servers + 3, ["--mode", "sync", "--servers", str(servers), "--epochs", "200",
+                               "--checkpoint-every", "20", "--out", str(run)])
+    wait_for(run / "checkpoint" / "shard-0.npz", proc)
+    os.kill(rank_pids(run)[0], signal.SIGTERM)
+    out, err = finish(proc, 20)
+    assert proc.returncode == 0, err
+    assert "stopped early by SIGTERM" in out
+    r = load_results(run)
+    rounds = {x["rounds"] for x in r["ranks"] if x["role"] == "server"}
+    assert len(rounds) == 1  # every shard stopped after the same round: one consistent model
+
+
+
+def held_out_metrics(w, hidden=10000, seed=0):
+    """(loss, accuracy) of weights w on the embedded problem's held-out set, with numpy."""
+    from asgd.data import problem
+    from asgd.net import mlp
+    test = problem.default_problem(seed)[1]
+    p = mlp.reference_predict(mlp.Layout(2, hidden, 2), w, test.X)
+    return float(-np.log(p[np.arange(len(test.y)), test.y]).mean()), float((p.argmax(1) == test.y).mean())
+
+
+def test_final_metrics_describe_the_saved_weights(tmp_path):
+    """A run stopped mid-epoch: results.json's final loss and accuracy are those of the
+    weights it saved, not of the last completed epoch's."""
+    proc = start(4, ["--epochs", "200", "--checkpoint-every", "20", "--out", str(tmp_path), "--quiet"])
+    wait_for(tmp_path / "checkpoint" / "shard-0.npz", proc)
+    time.sleep(0.5)  # well into an epoch
+    request_stop(proc, tmp_path)
+    out, err = finish(proc, 20)
+    assert proc.returncode == 0, err
+    r = load_results(tmp_path)
+    loss, accuracy = held_out_metrics(np.load(tmp_path / "weights.npy"))
+    assert r["metrics"]["accuracy"] == accuracy
+    assert r["metrics"]["loss"] == pytest.approx(loss, rel=1e-9)
+
+
+@pytest.mark.parametrize("where", [pytest.param("asgd.data.readers:_bulk_wait", marks=pytest.mark.openmpi),
+                                   "asgd.data.readers:_finish"])
+def test_a_rank_failing_inside_the_readers_collectives_ends_the_job(tmp_path, where):
+    """One rank fails (out of memory) after an agreement and before the next collective
+    completes: without --timeout the others must not wait for it forever; the job ends
+    with one line naming the rank and the cause."""
+    from asgd.data import formats, problem
+    f = tmp_path / "d.tsv"
+    formats.write(str(f), problem.rings(2000, 0))
+    t = time.monotonic()
+    proc = start(3, ["1", where, "--data", str(f), "--out", str(tmp_path / "o")],
+                 program=[os.path.join(os.path.dirname(__file__), "fault_injection.py")])
+    out, err = finish(proc, 30)
+    assert time.monotonic() - t < 20
+    assert proc.returncode != 0
+    assert "rank 1" in err and "MemoryError" in err, err

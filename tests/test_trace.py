@@ -9,16 +9,16 @@ from asgd.run import results
 from conftest import load_results, mpiexec
 
 
-def check_trace(path, world):
+def check_trace(path, world, servers=1):
     with open(path) as f:
         trace = json.load(f)
     ev = trace["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
-    assert names == {r: ("server 0" if r == 0 else f"worker {r}") for r in range(world)}
+    assert names == {r: (f"server {r}" if r < servers else f"worker {r}") for r in range(world)}
     slices = [e for e in ev if e["ph"] == "X"]
     assert {e["pid"] for e in slices} == set(range(world))  # every rank has a timeline
     assert all(e["dur"] > 0 and e["ts"] >= 0 for e in slices)  # time zero: the first rank's start
-    assert {"init", "compute", "comm_wait"} <= {e["name"] for e in slices if e["pid"] != 0}
+    assert {"init", "compute", "comm_wait"} <= {e["name"] for e in slices if e["pid"] >= servers}
     assert {"init", "aggregate", "idle"} <= {e["name"] for e in slices if e["pid"] == 0}
     starts = {e["id"]: e for e in ev if e["ph"] == "s"}
     ends = {e["id"]: e for e in ev if e["ph"] == "f"}
@@ -27,12 +27,13 @@ def check_trace(path, world):
         f = ends[fid]
         assert f["ts"] >= s["ts"]
         if s["name"] == "Δw":  # worker -> server
-            assert s["pid"] != 0 and f["pid"] == 0
+            assert s["pid"] >= servers and f["pid"] < servers
         else:                 # w' : server -> worker
-            assert s["name"] == "w'" and s["pid"] == 0 and f["pid"] != 0
+            assert s["name"] == "w'" and s["pid"] < servers and f["pid"] >= servers
     return trace, starts
 
 
+@pytest.mark.openmpi
 def test_trace_structure_and_window(tmp_path):
     p = mpiexec(4, ["--epochs", "1", "--hidden", "1000", "--trace", "--trace-steps", "2:7",
                     "--out", str(tmp_path)])
@@ -41,6 +42,17 @@ def test_trace_structure_and_window(tmp_path):
     # the window holds steps 2..6 of each of 3 workers: a push and a reply each
     assert len(arrows) == 3 * 5 * 2
     assert "trace:" in p.stdout and "message arrows" in p.stdout
+
+
+def test_trace_has_an_arrow_per_message_with_two_servers(tmp_path):
+    p = mpiexec(5, ["--epochs", "1", "--hidden", "1000", "--servers", "2", "--trace", "--trace-steps", "2:7",
+                    "--out", str(tmp_path)])
+    assert p.returncode == 0, p.stderr
+    _, arrows = check_trace(tmp_path / "trace.json", 5, servers=2)
+    # steps 2..6 of each of 3 workers: a push to and a reply from each of the 2 servers
+    assert len(arrows) == 3 * 5 * 2 * 2
+    for server in (0, 1):
+        assert sum(a["pid"] == server for a in arrows.values() if a["name"] == "w'") == 3 * 5
 
 
 def test_sixteen_ranks_trace_and_report(tmp_path):
@@ -81,3 +93,14 @@ def test_verdict(args, bound):
     assert worker["compute_pct"] == pytest.approx(10 * args[2])
     server = prof["ranks"][0]
     assert server["busy_pct"] == pytest.approx(100 * args[1] / (10 - args[0]))
+
+
+def test_staleness_of_a_worker_whose_push_was_never_applied():
+    """A worker stopped before its first push reached a server (SIGTERM) has an empty
+    histogram: its distribution is empty, not a crash of rank 0."""
+    records = [{"role": "server", "staleness_hist": [[], [1, 2]], "step_gap_hist": [[], [3]]},
+               {"role": "worker"}, {"role": "worker"}]
+    results._staleness(records, 1)
+    assert records[1]["staleness"] == {"mean": 0.0, "max": 0, "histogram": []}
+    assert records[2]["staleness"]["histogram"] == [1, 2] and records[2]["step_gap"]["histogram"] == [3]
+    assert records[0]["staleness"]["histogram"] == [1, 2]

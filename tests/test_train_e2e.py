@@ -41,6 +41,7 @@ def check_schema(r: dict, world: int) -> None:
     assert ranks[0]["bytes_recv"] == sum(x["bytes_sent"] for x in ranks[1:]) > t["updates"] * n_w8
 
 
+@pytest.mark.openmpi
 def test_two_ranks_small_model(tmp_path):
     p = mpiexec(2, ["--hidden", "500", "--epochs", "4", "--out", str(tmp_path), "--quiet"])
     assert p.returncode == 0, p.stderr
@@ -50,6 +51,7 @@ def test_two_ranks_small_model(tmp_path):
     assert "held-out loss" in p.stdout and "results:" in p.stdout
 
 
+@pytest.mark.openmpi
 def test_four_ranks_default_model_learns(tmp_path):
     p = mpiexec(4, ["--epochs", "3", "--out", str(tmp_path)])
     assert p.returncode == 0, p.stderr

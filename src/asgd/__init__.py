@@ -15,3 +15,8 @@ Importing asgd imports nothing else: each rank loads only what its role uses.
 """
 
 __version__ = "0.2.0"
+
+
+class BadInput(ValueError):
+    """A bad option, data file or checkpoint: the message is one line a user can act on
+    (it names the option, the file and, where it can, the line)."""

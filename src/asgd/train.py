@@ -1,7 +1,15 @@
 """mpiexec -n N python -m asgd.train [options]: the whole run, top to bottom.
 
-options -> data -> init (load, split, JIT) -> training loop (rank 0 serves, the others
-work) -> gather per-rank records -> results.json and summary on rank 0.
+    options -> init: each rank loads its role's kernels, then its share of the data and
+               the model; bad input is agreed on by every rank and reported once
+            -> the loop: servers serve their shards of w, workers push Delta-w and pull
+               w' (or, with --arch allreduce, every rank is a worker)
+            -> save: rank 0 gathers every rank's record and writes results.json,
+               weights.npy and the summary
+
+Past the options, a failure that is not agreed on (a bug, out of memory, a stall, a
+dead peer) ends the whole job (MPI_Abort) with one line naming the rank, its role and
+the cause: a rank that failed alone cannot be waited for.
 """
 
 from __future__ import annotations
@@ -12,241 +20,175 @@ T0_NS = time.perf_counter_ns()  # init starts when the process does: imports and
 
 import math  # noqa: E402
 import os  # noqa: E402
+import socket  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from .data import formats, readers  # noqa: E402
-from .net import mlp  # noqa: E402
+from . import BadInput  # noqa: E402
+from .data import shares  # noqa: E402
+from .data.formats import DataError, Dataset  # noqa: E402
+from .data import standardize  # noqa: E402
+from .net import mlp, optimizers  # noqa: E402
 from .protocol.allreduce import run_allreduce  # noqa: E402
-from .protocol.comm import TAG_SHARD, Waiter, clock_offsets, oversubscribed, shard_bounds  # noqa: E402
-from .protocol.server import Server  # noqa: E402
+from .protocol.comm import Waiter, agree, agree_on, clock_offsets, describe, oversubscribed, shard_bounds  # noqa: E402
+from .protocol.server import Server, gather_shards, policy  # noqa: E402
 from .protocol.worker import run_worker  # noqa: E402
-from .run import checkpoint, config, results, signals  # noqa: E402
-from .run.progress import EpochTracker  # noqa: E402
+from .run import checkpoint, config, results, signals, startup  # noqa: E402
+from .run.files import atomic_write  # noqa: E402
+from .run.progress import EpochTracker, convergence_notes  # noqa: E402
 from .run.trace import PhaseClock, TraceClock  # noqa: E402
 from .run.trace import export as export_trace  # noqa: E402
 
 
-def load(comm: MPI.Comm, cfg: config.Config, waiter: Waiter) -> readers.Loaded:
-    """This rank's share of the training points (servers: none) and, on rank 0, the
-    held-out set, read by cfg.reader. Collective: a bad file raises the same DataError
-    on every rank. The embedded problem has no file: each rank generates it, keeps its share."""
-    job = readers.Job(0 if cfg.arch == "allreduce" else cfg.servers, cfg.seed, cfg.classes)
-    if cfg.data is None:
-        return readers.embedded(comm, waiter, job)
-    return readers.load(comm, waiter, cfg.data, cfg.test, cfg.reader, job)
+class Agreed(BadInput):
+    """A failure every rank learned of at the same point: reported once, by rank 0."""
 
 
-def agree(comm: MPI.Comm, waiter: Waiter, error: str | None) -> str | None:
-    """Every rank learns whether any failed, and the lowest failing rank's message."""
-    waiter.barrier(comm, "the other ranks to finish start-up")
-    return next((e for e in comm.allgather(error) if e), None)
+@dataclass
+class Job:
+    """The run's shape, the same on every rank."""
+    cfg: config.Config
+    comm: MPI.Comm
+    servers: int      # ranks 0..servers-1 serve (0: allreduce, every rank a worker)
+    out: str          # the run folder
+    waiter: Waiter
+    clock: PhaseClock
+    crowded: bool     # more ranks than cores on this node
+    tracker: EpochTracker | None = None  # rank 0's epochs and progress, once the loop starts
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def role(self) -> str:
+        return "server" if self.rank < self.servers else "worker"
+
+    @property
+    def workers(self) -> int:
+        return self.comm.size - self.servers
+
+    def say(self, line: str) -> None:
+        """A progress line, from rank 0 only."""
+        if self.rank == 0 and not self.cfg.quiet:
+            print(line, flush=True)
+
+
+@dataclass
+class Model:
+    """What init made: this rank's data, the weights, and where training starts."""
+    train: Dataset           # this rank's share (servers: none)
+    test: Dataset | None     # the held-out set (rank 0)
+    n_train: int             # all workers' training points together
+    read_times: dict         # init's read / parse / shuffle seconds
+    layout: mlp.Layout
+    w: np.ndarray            # all of w (a server serves its shard, a view of it)
+    lr: float                # the optimizer's (sgd: the workers' step's)
+    resumed: dict            # the checkpoint's progress, or {}
+    saved_optimizer: list    # each shard's optimizer state from the checkpoint, or []
+    scaling: tuple | None    # --standardize: (mean, std) of every feature
+    init_end_ns: int = 0
+
+    @property
+    def first_epoch(self) -> int:
+        return self.resumed.get("epoch", 0)
 
 
 def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
-    rank = comm.rank
     try:
-        cfg = config.parse(argv, comm.size, quiet_help=rank != 0)
+        cfg = config.parse(argv, comm.size, quiet_help=comm.rank != 0)
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except config.ConfigError as e:
-        if rank == 0:
+        if comm.rank == 0:
             print(f"asgd.train: error: {e} (see --help)", file=sys.stderr)
         return 2
     signals.install()  # SIGTERM/SIGINT: stop at a step boundary, checkpoint, exit cleanly
+    servers = 0 if cfg.arch == "allreduce" else cfg.servers
+    role = "server" if comm.rank < servers else "worker"
     clock = (TraceClock("init", T0_NS, config.trace_window(cfg.trace_steps)) if cfg.trace
              else PhaseClock("init", T0_NS))
-    deadline = time.monotonic() + cfg.timeout if cfg.timeout else 0.0
     crowded = oversubscribed(comm)
-    role = "server" if cfg.arch == "ps" and rank < cfg.servers else "worker"
-    waiter = Waiter(crowded, deadline, f"rank {rank} ({role})", cfg.stall_timeout)
-    say = (lambda s: print(s, flush=True)) if rank == 0 and not cfg.quiet else (lambda s: None)
-
-    # -- init: data, model, output folder. Only local work here (no collective may
-    # follow a step that can fail on some ranks): failures are agreed on, reported once.
-    # load is collective, but agrees on a bad file itself (the same error on every rank).
-    out = cfg.out or cfg.resume or comm.bcast(config.default_out(comm.size) if rank == 0 else None)
-    error = None
+    waiter = Waiter(crowded, time.monotonic() + cfg.timeout if cfg.timeout else 0.0,
+                    f"rank {comm.rank} ({role})", cfg.stall_timeout)
+    out = cfg.out or cfg.resume or comm.bcast(config.default_out(comm.size) if comm.rank == 0 else None)
+    job = Job(cfg, comm, servers, out, waiter, clock, crowded)
     try:
-        got = load(comm, cfg, waiter)
-        train, test, n_train = got.train, got.test, got.train_points  # train: my share
-        layout = mlp.Layout(train.features, cfg.hidden, train.classes)
-        S = 0 if cfg.arch == "allreduce" else cfg.servers
-        workers = comm.size - S
-        averaged = workers if cfg.arch == "allreduce" or cfg.mode == "sync" else 1
-        lr = cfg.lr or mlp.default_lr(cfg.hidden, averaged)
-        w, resumed = mlp.init_params(layout, cfg.seed), {}
-        if cfg.resume:  # every rank reads every shard: workers need all of w too
-            w, resumed = checkpoint.load(cfg.resume, max(S, 1), layout.n_w)
-            if resumed.get("epoch", 0) >= cfg.epochs:
-                raise checkpoint.CheckpointError(f"{cfg.resume}: its checkpoint has {resumed['epoch']} "
-                                                 f"epochs done; ask for more with --epochs")
-        first_epoch = resumed.get("epoch", 0)
-        if rank == 0:
-            _check_writable(out)
-    except (formats.DataError, checkpoint.CheckpointError, OSError, MemoryError) as e:
-        error = str(e)
-    except Exception as e:  # a bug: say where
-        error = f"rank {rank} ({role}): {type(e).__name__}: {e}"
-    error = agree(comm, waiter, error)
-    if error:
-        if rank == 0:
-            print(f"asgd.train: error: {error}", file=sys.stderr)
-        return 2
-
-    # -- JIT and training: from here a failure anywhere aborts the whole job
-    try:
-        warm_up_jit(comm, waiter)
-        init_end_ns = time.perf_counter_ns()
-        steps = math.ceil(math.ceil(n_train / workers) / cfg.batch)  # per epoch of the largest share
-        tracker = None
-        if rank == 0:
-            say(f"asgd: {comm.size} ranks: {S} server(s), {workers} workers ({cfg.arch}, {cfg.mode}); "
-                f"{n_train:,} training and {len(test):,} held-out points; "
-                f"{layout.d_in}-{layout.d_hidden}-{layout.d_out} MLP, batch {cfg.batch}, lr {lr:g}, "
-                f"{cfg.epochs} epochs")
-            evaluate = mlp.make_evaluate(layout, w, test) if S <= 1 else None  # needs all of w
-            tracker = EpochTracker(n_train, cfg.epochs, evaluate, say, cfg.progress, clock,
-                                   history=list(resumed.get("history", [])), epoch=first_epoch,
-                                   samples=first_epoch * n_train)
-            if first_epoch:
-                say(f"resuming from {cfg.resume} after epoch {first_epoch}")
-        ckpt = None
-        if rank < max(S, 1):  # servers, or allreduce's rank 0: they can save a checkpoint
-            lo, hi = shard_bounds(layout.n_w, max(S, 1))[rank]
-            progress = (lambda: {"epoch": tracker.epoch, "samples": tracker.samples,
-                                 "history": tracker.history}) if tracker else dict
-            ckpt = checkpoint.Checkpointing(out, rank, max(S, 1), (lo, hi), layout.n_w, w[lo:hi],
-                                            checkpoint.parse_every(cfg.checkpoint_every), progress)
-        if rank < S:
-            record = serve(cfg, comm, w, S, (cfg.epochs - first_epoch) * steps, waiter, clock, tracker, ckpt)
-        else:
-            X, y, step = train.X, train.y, mlp.make_step(layout, cfg.batch)
-            if S:
-                st = run_worker(comm, shard_bounds(layout.n_w, S), w, X, y, step, lr, cfg.batch,
-                                cfg.epochs, [cfg.seed, rank - S], waiter, clock, overlap=cfg.mode != "sync",
-                                steps_per_epoch=steps if cfg.mode == "sync" else None, first_epoch=first_epoch)
-            else:
-                st = run_allreduce(comm, w, X, y, step, lr, cfg.batch, cfg.epochs, steps, [cfg.seed, rank],
-                                   waiter, clock, tracker, first_epoch, ckpt.maybe if ckpt else None)
-                if ckpt and (cfg.checkpoint_every or st.stopped):
-                    ckpt.save(st.updates)
-            record = {"role": "worker", "updates": st.updates, "bytes_sent": st.bytes_sent,
-                      "bytes_recv": st.bytes_recv, "stopped": st.stopped}
-        end_ns = clock.switch("idle")
-        waiter.barrier(comm, "the other ranks to finish")
-        record.update(rank=rank, phases={**clock.seconds(), **got.times},  # + init's read/parse/shuffle
-                      clock_ns=(T0_NS, init_end_ns, end_ns))
-        offsets = clock_offsets(comm, waiter)
-        records = comm.gather(record, root=0)
-        events = comm.gather(clock.events() if cfg.trace else None, root=0)
-        if rank == 0:
-            wall = clock.elapsed()
-            zero = min(r["clock_ns"][0] + off for r, off in zip(records, offsets))  # first rank's start
-            for r, off in zip(records, offsets):
-                r["timeline"] = {k: (t + off - zero) / 1e9
-                                 for k, t in zip(("start", "init_end", "end"), r.pop("clock_ns"))}
-            _staleness_per_worker(records, S)
-            if cfg.trace:
-                names = [f"{r['role']} {r['rank']}" for r in records]
-                info = export_trace(os.path.join(out, "trace.json"), events, names, offsets, zero)
-                say(f"trace: {os.path.join(out, 'trace.json')} ({info['events']:,} events, "
-                    f"{info['flows']:,} message arrows, {info['dropped']:,} dropped)")
-            final = tracker.history[-1] if tracker.history else {}
-            if final.get("test_accuracy") is None:  # sharded: w was assembled on rank 0 by serve()
-                final = dict(zip(("test_loss", "test_accuracy"), mlp.make_evaluate(layout, w, test)()))
-            updates = records[0]["rounds"] if S else records[0]["updates"]
-            stopped = any(r.get("stopped") for r in records)
-            res = results.build(
-                config={**cfg.to_dict(), "out": out, "lr": lr, "servers": S, "workers": workers,
-                        "features": layout.d_in, "classes": layout.d_out, "n_w": layout.n_w,
-                        "train_points": n_train, "test_points": len(test)},
-                ranks=records, wall_s=wall, meta=results.machine(comm, crowded),
-                server={"updates": updates, "samples": tracker.samples, "history": tracker.history,
-                        "loss": final["test_loss"], "accuracy": final["test_accuracy"]})
-            res["stopped"] = (signals.requested() or "a stop request") if stopped else None
-            np.save(os.path.join(out, "model.npy"), w)
-            path = os.path.join(out, "results.json")
-            results.write(path, res)
-            print(results.summary(res, path), flush=True)
-            if stopped:
-                print(f"asgd.train: stopped early by {res['stopped']} after epoch {tracker.epoch} "
-                      f"({tracker.samples:,} samples); checkpoint in {checkpoint.folder(out)}; "
-                      f"continue with --resume {out}", flush=True)
+        model = init(job)
+        record = serve(job, model) if job.role == "server" else work(job, model)
+        save(job, model, record)
         return 0
+    except (Agreed, DataError) as e:  # raised on every rank alike
+        if comm.rank == 0:
+            print(f"asgd.train: error: {e}", file=sys.stderr)
+        return 2
     except Exception as e:
-        why = f"{type(e).__name__}: {e}"
+        why = describe(e, f"rank {comm.rank} ({role})")
         if isinstance(e, MPI.Exception):  # e.g. a peer killed mid-exchange, seen here before the launcher
-            why = (f"MPI communication failed; another rank probably died or was killed "
-                   f"(MPI: {str(e).split(',')[0]})")
-        print(f"asgd.train: rank {rank} ({role}): {why}", file=sys.stderr, flush=True)
+            why = (f"rank {comm.rank} ({role}): MPI communication failed; another rank probably died or "
+                   f"was killed (MPI: {str(e).split(',')[0]})")
+        print(f"asgd.train: {why}", file=sys.stderr, flush=True)
         if os.environ.get("ASGD_DEBUG"):
             traceback.print_exc()
         comm.Abort(1)
         return 1
 
 
-def warm_up_jit(comm: MPI.Comm, waiter: Waiter) -> None:
-    """One rank per node compiles the kernels into numba's cache; the others then load
-    it, rather than every rank compiling at once on the node's few cores."""
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        if node.rank == 0:
-            mlp.compile_kernels()
-        waiter.barrier(node, "the node's first rank to compile the kernels")
-        if node.rank != 0:
-            mlp.compile_kernels()
-    finally:
-        node.Free()
+# -- init ----------------------------------------------------------------------------
+
+def init(job: Job) -> Model:
+    """Load this role's kernels, then the data, then the model. Bad input raises the same
+    DataError or Agreed on every rank; any other failure is this rank's alone."""
+    cfg, comm, waiter = job.cfg, job.comm, job.waiter
+    allreduce = cfg.arch == "allreduce"
+    reads_file = cfg.data is not None
+    mine = startup.loads(job.role, job.rank, reads_file, allreduce, cfg.optimizer)
+    error = startup.warm_up(comm, waiter, mine, startup.node_loads(reads_file, allreduce, cfg.optimizer))
+    agree_on(comm, waiter, error, "the other ranks to load their kernels", Agreed)
+
+    got = load_data(job)  # collective; a bad file raises the same DataError on every rank
+    scaling = None
+    if cfg.standardize:  # collective: the statistics of the workers' shares together
+        scaling = standardize.statistics(comm, waiter, got.train.X)
+        for data in (got.train, got.test):
+            if data is not None:
+                standardize.apply(data.X, *scaling)
+    made = {}
+
+    def local():  # no MPI in here: it may fail on some ranks only, and is agreed on
+        layout = mlp.Layout(got.train.features, cfg.hidden, got.train.classes)
+        averaged = job.workers if allreduce or cfg.mode == "sync" else 1
+        w, resumed, saved = mlp.init_params(layout, cfg.seed), {}, []
+        if cfg.resume:  # every rank reads every shard: workers need all of w too
+            w, resumed, saved = checkpoint.load(cfg.resume, max(job.servers, 1), layout.n_w, cfg.optimizer)
+            if resumed.get("epoch", 0) >= cfg.epochs:
+                raise checkpoint.CheckpointError(f"{cfg.resume}: its checkpoint has {resumed['epoch']} "
+                                                 f"epochs done; ask for more with --epochs")
+        if job.rank == 0:
+            _check_writable(job.out)
+        lr = cfg.lr or optimizers.default_lr(cfg.optimizer, cfg.hidden, averaged)
+        made["model"] = Model(got.train, got.test, got.train_points, got.times, layout, w, lr, resumed,
+                              saved, scaling)
+    agree(comm, waiter, local, "the other ranks to finish start-up", Agreed)
+    model = made["model"]
+    model.init_end_ns = time.perf_counter_ns()
+    return model
 
 
-def serve(cfg: config.Config, comm: MPI.Comm, w: np.ndarray, S: int, rounds: int, waiter: Waiter,
-          clock: PhaseClock, tracker: EpochTracker | None, ckpt: checkpoint.Checkpointing) -> dict:
-    """Serve my shard of w (a view: rank 0's w stays whole), checkpointing as asked and
-    at the end (always when stopped early); then the other servers send their shards to
-    rank 0, which evaluates the assembled w."""
-    shards = shard_bounds(len(w), S)
-    lo, hi = shards[comm.rank]
-    server = Server(comm, w[lo:hi], S, waiter, clock, tracker, on_update=ckpt.maybe)
-    if cfg.mode == "sync":
-        st = server.serve_sync(rounds)
-    else:
-        st = server.serve_async(cfg.staleness if cfg.mode == "ssp" else None)
-    stopped = server.stopping or signals.requested() is not None
-    if cfg.checkpoint_every or stopped:
-        ckpt.save(st.rounds)
-    if S > 1:
-        reqs = ([comm.Irecv(w[a:b], s, TAG_SHARD) for s, (a, b) in enumerate(shards) if s] if comm.rank == 0
-                else [comm.Isend(w[lo:hi], 0, TAG_SHARD)])
-        waiter.all(reqs, "the servers' final shards")
-    return {"role": "server", "stopped": stopped, "refused": st.refused,
-            "updates": st.updates, "rounds": st.rounds, "bytes_sent": st.bytes_sent,
-            "bytes_recv": st.bytes_recv, "shard": [lo, hi], "requests": st.updates,
-            "staleness_hist": [np.bincount(v).tolist() for v in st.staleness],
-            "step_gap_hist": [np.bincount(v).tolist() for v in st.step_gap]}
-
-
-def _staleness_per_worker(records: list[dict], S: int) -> None:
-    """Each worker's staleness and step-gap distributions, over every server that applied
-    its Delta-w; servers get the distribution over all workers."""
-    def dist(hists: list[list[int]]) -> dict:
-        h = np.zeros(max((len(x) for x in hists), default=1), np.int64)
-        for x in hists:
-            h[:len(x)] += x
-        n = h.sum()
-        return {"mean": float(h @ np.arange(len(h)) / n) if n else 0.0,
-                "max": int(np.flatnonzero(h).max(initial=0)), "histogram": h.tolist()}
-    servers = records[:S]
-    for j, r in enumerate(records[S:]):
-        r["staleness"] = dist([s["staleness_hist"][j] for s in servers])
-        r["step_gap"] = dist([s["step_gap_hist"][j] for s in servers])
-    for s in servers:
-        s["staleness"] = dist(s.pop("staleness_hist"))
-        s["step_gap"] = dist(s.pop("step_gap_hist"))
+def load_data(job: Job) -> shares.Loaded:
+    """This rank's share of the training points (servers: none) and, on rank 0, the
+    held-out set, read by --reader; the embedded problem is generated, not read."""
+    cfg = job.cfg
+    which = shares.Job(job.servers, cfg.seed, cfg.classes)
+    if cfg.data is None:
+        return shares.embedded(job.rank, job.comm.size, which)
+    from .data import readers  # the parsers: only a run with a file imports them
+    return readers.load(job.comm, job.waiter, cfg.data, cfg.test, cfg.reader, which)
 
 
 def _check_writable(out: str) -> None:
@@ -257,7 +199,135 @@ def _check_writable(out: str) -> None:
             pass
         os.remove(probe)
     except OSError as e:
-        raise OSError(f"cannot write to output folder {out}: {e.strerror}") from None
+        raise config.ConfigError(f"cannot write to output folder {out}: {e.strerror}") from None
+
+
+# -- the loop ------------------------------------------------------------------------
+
+def tracker_of(job: Job, m: Model) -> EpochTracker | None:
+    """Epochs and progress lines on rank 0, which sees every update (server 0, or
+    allreduce's rank 0); it evaluates after each epoch when it holds all of w."""
+    if job.rank != 0:
+        return None
+    cfg = job.cfg
+    job.say(f"asgd: {job.comm.size} ranks: {job.servers} server(s), {job.workers} workers ({cfg.arch}, "
+            f"{cfg.mode}); {m.n_train:,} training and {len(m.test):,} held-out points; "
+            f"{m.layout.d_in}-{m.layout.d_hidden}-{m.layout.d_out} MLP, batch {cfg.batch}, lr {m.lr:g}, "
+            f"{cfg.epochs} epochs")
+    if m.first_epoch:
+        job.say(f"resuming from {cfg.resume} after epoch {m.first_epoch}")
+    evaluate = mlp.make_evaluate(m.layout, m.w, m.test) if job.servers <= 1 else None  # needs all of w
+    return EpochTracker(m.n_train, cfg.epochs, evaluate, job.say, cfg.progress, job.clock,
+                        history=list(m.resumed.get("history", [])), epoch=m.first_epoch,
+                        samples=m.first_epoch * m.n_train)
+
+
+def optimizer_of(job: Job, m: Model) -> tuple[optimizers.Optimizer, checkpoint.Checkpointing]:
+    """A server's optimizer for its shard (allreduce's ranks: for all of w), restored from
+    the checkpoint when resuming, and its checkpoints: the shard, the optimizer's state
+    and, on rank 0, the progress."""
+    n = max(job.servers, 1)
+    lo, hi = shard_bounds(m.layout.n_w, n)[job.rank if job.servers else 0]
+    opt = optimizers.Optimizer(job.cfg.optimizer, m.lr, hi - lo)
+    if m.saved_optimizer:
+        opt.load(m.saved_optimizer[job.rank if job.servers else 0])
+    tracker = job.tracker
+    progress = (lambda: {"epoch": tracker.epoch, "samples": tracker.samples,
+                         "history": tracker.history}) if tracker else dict
+    ckpt = checkpoint.Checkpointing(job.out, job.rank, n, (lo, hi), m.layout.n_w, m.w[lo:hi],
+                                    config.checkpoint_every(job.cfg.checkpoint_every), progress,
+                                    state=opt.save, optimizer=opt.name)
+    return opt, ckpt
+
+
+def serve(job: Job, m: Model) -> dict:
+    """Serve my shard of w (a view: rank 0's w stays whole) until every worker is done;
+    checkpoint as asked (and always when stopped early); then rank 0 gathers all of w."""
+    job.tracker = tracker_of(job, m)
+    opt, ckpt = optimizer_of(job, m)
+    lo, hi = ckpt.shard
+    st = Server(job.comm, m.w[lo:hi], job.servers, job.waiter, job.clock, job.tracker,
+                on_update=ckpt.maybe, optimizer=opt).serve(policy(job.cfg.mode, job.cfg.staleness))
+    if job.cfg.checkpoint_every or st.stopped:
+        ckpt.save(st.rounds)
+    gather_shards(job.comm, m.w, job.servers, job.waiter)
+    return st.record((lo, hi))
+
+
+def work(job: Job, m: Model) -> dict:
+    """Train my share: against the servers, or (allreduce) with every other rank."""
+    cfg, S = job.cfg, job.servers
+    steps = math.ceil(math.ceil(m.n_train / job.workers) / cfg.batch)  # per epoch of the largest share
+    step = mlp.make_step(m.layout, cfg.batch)
+    lr = optimizers.worker_lr(cfg.optimizer, m.lr)  # sgd: Delta-w; the others: the negative gradient
+    if S:
+        job.tracker = None
+        st = run_worker(job.comm, shard_bounds(m.layout.n_w, S), m.w, m.train.X, m.train.y, step, lr,
+                        cfg.batch, cfg.epochs, [cfg.seed, job.rank - S], job.waiter, job.clock,
+                        overlap=cfg.mode != "sync", steps_per_epoch=steps if cfg.mode == "sync" else None,
+                        first_epoch=m.first_epoch)
+        return st.record()
+    job.tracker = tracker_of(job, m)
+    opt, ckpt = optimizer_of(job, m)  # every rank applies the same updates; rank 0 checkpoints them
+    st = run_allreduce(job.comm, m.w, m.train.X, m.train.y, step, lr, opt, cfg.batch, cfg.epochs, steps,
+                       [cfg.seed, job.rank], job.waiter, job.clock, job.tracker, m.first_epoch,
+                       ckpt.maybe if job.rank == 0 else None)
+    if job.rank == 0 and (cfg.checkpoint_every or st.stopped):
+        ckpt.save(st.updates)
+    return st.record()
+
+
+# -- save ------------------------------------------------------------------------------
+
+def save(job: Job, m: Model, record: dict) -> None:
+    """Every rank's record to rank 0, which writes the weights, results.json (its final
+    metrics are those of the weights saved), the trace and the summary."""
+    comm, clock, cfg = job.comm, job.clock, job.cfg
+    end_ns = clock.switch("idle")
+    job.waiter.barrier(comm, "the other ranks to finish")
+    record.update(rank=job.rank, host=socket.gethostname(),
+                  phases={**clock.seconds(), **m.read_times},  # + init's read/parse/shuffle
+                  clock_ns=(T0_NS, m.init_end_ns, end_ns))
+    offsets = clock_offsets(comm, job.waiter)
+    records = comm.gather(record, root=0)
+    events = comm.gather(clock.events() if cfg.trace else None, root=0)
+    if job.rank != 0:
+        return
+    wall = clock.elapsed()
+    zero = min(r["clock_ns"][0] + off for r, off in zip(records, offsets))  # the first rank's start
+    for r, off in zip(records, offsets):
+        r["timeline"] = {k: (t + off - zero) / 1e9 for k, t in zip(("start", "init_end", "end"), r.pop("clock_ns"))}
+    if cfg.trace:
+        path = os.path.join(job.out, "trace.json")
+        info = export_trace(path, events, [f"{r['role']} {r['rank']}" for r in records], offsets, zero)
+        job.say(f"trace: {path} ({info['events']:,} events, {info['flows']:,} message arrows, "
+                f"{info['dropped']:,} dropped)")
+    tracker = job.tracker
+    loss, accuracy = tracker.final_metrics(mlp.make_evaluate(m.layout, m.w, m.test))
+    stopped = any(r.get("stopped") for r in records)
+    res = results.build(
+        config={**cfg.to_dict(), "out": job.out, "lr": m.lr, "servers": job.servers, "workers": job.workers,
+                "worker_lr": optimizers.worker_lr(cfg.optimizer, m.lr),
+                "features": m.layout.d_in, "classes": m.layout.d_out, "n_w": m.layout.n_w,
+                "train_points": m.n_train, "test_points": len(m.test)},
+        ranks=records, wall_s=wall, meta=results.machine(comm, job.crowded),
+        server={"updates": records[0]["rounds"] if job.servers else records[0]["updates"],
+                "samples": tracker.samples, "history": tracker.history, "loss": loss, "accuracy": accuracy})
+    res["stopped"] = (signals.requested() or "a stop request") if stopped else None
+    if m.scaling:
+        res["standardize"] = {"mean": m.scaling[0].tolist(), "std": m.scaling[1].tolist()}
+        standardize.write(job.out, *m.scaling)
+    res["notes"] = convergence_notes(tracker.history, sum(r.get("refused", 0) for r in records))
+    atomic_write(os.path.join(job.out, "weights.npy"), lambda f: np.save(f, m.w), binary=True)
+    path = os.path.join(job.out, "results.json")
+    results.write(path, res)
+    print(results.summary(res, path), flush=True)
+    for note in res["notes"]:
+        print(f"asgd.train: note: {note}", flush=True)
+    if stopped:
+        print(f"asgd.train: stopped early by {res['stopped']} after epoch {tracker.epoch} "
+              f"({tracker.samples:,} samples); checkpoint in {checkpoint.folder(job.out)}; "
+              f"continue with --resume {job.out}", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,28 @@ from asgd.net import mlp
 from asgd.data import problem
 from asgd.protocol.comm import StallError, Waiter, oversubscribed, shard_bounds
 from asgd.run.progress import EpochTracker
-from asgd.protocol.server import Server
+from asgd.net.optimizers import Optimizer, reference, worker_lr
+from asgd.protocol.server import Server, policy
 from asgd.run.trace import PhaseClock
 from asgd.protocol.worker import run_worker
 
 pytestmark = pytest.mark.mpi(min_size=3)
 
 
-def run_job(servers=1, mode="async", K=None, epochs=2, batch=32, n=600, hidden=20, slow_rank=None):
+class Recording(Optimizer):
+    """An optimizer that also keeps every direction it applied, in order."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.applied = []
+
+    def step(self, w, d, scale=1.0):
+        self.applied.append((d.copy(), scale))
+        super().step(w, d, scale)
+
+
+def run_job(servers=1, mode="async", K=None, epochs=2, batch=32, n=600, hidden=20, slow_rank=None,
+            optimizer="sgd", lr=0.05):
     """A small job on COMM_WORLD; returns what rank 0 gathered (None elsewhere)."""
     comm = MPI.COMM_WORLD
     layout = mlp.Layout(2, hidden, 2)
@@ -34,11 +48,12 @@ def run_job(servers=1, mode="async", K=None, epochs=2, batch=32, n=600, hidden=2
     if comm.rank < servers:
         lo, hi = shards[comm.rank]
         tracker = EpochTracker(n, epochs, None, lambda s: None, 1e9, clock) if comm.rank == 0 else None
-        srv = Server(comm, w[lo:hi], servers, waiter, clock, tracker)
-        st = srv.serve_sync(epochs * -(-(-(-n // W)) // batch)) if mode == "sync" else srv.serve_async(K)
+        opt = Recording(optimizer, lr, hi - lo)
+        srv = Server(comm, w[lo:hi], servers, waiter, clock, tracker, optimizer=opt)
+        st = srv.serve(policy(mode, K))
         mine = {"updates": st.updates, "gap_max": max((max(g, default=0) for g in st.step_gap), default=0),
                 "stale_min": min((min(s, default=0) for s in st.staleness), default=0),
-                "samples": tracker.samples if tracker else None, "shard": (lo, hi)}
+                "samples": tracker.samples if tracker else None, "shard": (lo, hi), "applied": opt.applied}
     else:
         step = mlp.make_step(layout, batch)
 
@@ -49,7 +64,7 @@ def run_job(servers=1, mode="async", K=None, epochs=2, batch=32, n=600, hidden=2
             sent[:] += dw
             return loss
         idx = np.arange(comm.rank - servers, n, W)
-        st = run_worker(comm, shards, w, train.X[idx], train.y[idx], counting_step, 0.05, batch, epochs,
+        st = run_worker(comm, shards, w, train.X[idx], train.y[idx], counting_step, worker_lr(optimizer, lr), batch, epochs,
                         [0, comm.rank - servers], waiter, clock, overlap=mode != "sync",
                         steps_per_epoch=-(-(-(-n // W)) // batch) if mode == "sync" else None)
         mine = {"updates": st.updates, "samples": st.samples}
@@ -131,3 +146,18 @@ def test_a_stalled_wait_ends_with_who_waited_on_whom():
     assert str(e.value) == (f"rank {comm.rank} (worker) waited 0.3 s for rank {peer}'s message: "
                             "stalled (--stall-timeout)")
     assert 0.3 <= waited < 2
+
+
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_each_server_applies_its_optimizer_to_every_push_in_arrival_order(optimizer):
+    """Two servers, async: each shard ends where the optimizer's numpy reference, replayed
+    over the pushes that shard received in the order it applied them, ends; and those
+    pushes are every worker's negative gradient, each exactly once."""
+    got = run_job(servers=2, optimizer=optimizer, lr=0.01)
+    if got:
+        w0, w, total_sent, counts = got
+        for s in counts[:2]:
+            lo, hi = s["shard"]
+            ds, scales = zip(*s["applied"])
+            np.testing.assert_allclose(w[lo:hi], reference(optimizer, 0.01, w0[lo:hi], ds, scales), rtol=1e-12, atol=1e-14)
+            np.testing.assert_allclose(sum(ds), total_sent[lo:hi], rtol=1e-9, atol=1e-12)

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from asgd.data import readers
-from asgd.data import formats, problem
-from asgd.protocol.comm import Waiter, oversubscribed
+from asgd.data import formats, problem, readers, shares
 from asgd.data.formats import DataError
+from asgd.protocol.comm import Waiter, oversubscribed
 
 pytestmark = pytest.mark.mpi(min_size=2)
 comm = MPI.COMM_WORLD
@@ -33,7 +32,7 @@ def run(path, reader, servers=1, seed=0, classes=None):
     """Every rank's (lines, X, y, test lines, test X, test y, train_points, classes) or
     its error message, gathered on rank 0 (None elsewhere)."""
     try:
-        got = readers.load(comm, waiter(), path, None, reader, readers.Job(servers, seed, classes))
+        got = readers.load(comm, waiter(), path, None, reader, shares.Job(servers, seed, classes))
         mine = (got.lines, got.train.X, got.train.y, got.test_lines,
                 None if got.test is None else got.test.X, None if got.test is None else got.test.y,
                 got.train_points, got.train.classes)

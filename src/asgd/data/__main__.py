@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--sizes", help="comma list of world sizes to check on the job's first ranks "
                    "(one launch covers many; default: the job's size)")
     k.add_argument("--timeout", type=float, default=0.0, help="seconds before a wait is an error")
+    k.add_argument("--standardize", action="store_true",
+                   help="also compute the feature statistics as asgd.train --standardize does (into --out's files)")
     k.add_argument("--out", help="write DIR/<file stem>-<reader>-n<size>.npz: every rank's lines, X, y")
     try:
         a = p.parse_args(argv)
@@ -81,8 +83,9 @@ def check(a) -> int:
     """mpiexec ... check: both readers on every file and size; exit 1 if a cover fails."""
     from mpi4py import MPI
 
-    from ..protocol.comm import Waiter, oversubscribed
-    from . import readers
+    from ..protocol.comm import Waiter, agree_on, oversubscribed
+    from ..run import startup
+    from . import readers, shares, standardize
     world = MPI.COMM_WORLD
     try:
         sizes = [int(k) for k in a.sizes.split(",")] if a.sizes else [world.size]
@@ -96,28 +99,36 @@ def check(a) -> int:
         return 2
     waiter = Waiter(oversubscribed(world), time.monotonic() + a.timeout if a.timeout else 0.0,
                     f"rank {world.rank}")
+    error = startup.warm_up(world, waiter, ("parsers",), ("parsers",))  # once per node, then the others
+    try:
+        agree_on(world, waiter, error, "the other ranks to load the parsers")
+    except RuntimeError as e:
+        if world.rank == 0:
+            print(f"asgd.data check: error: {e}", file=sys.stderr)
+        return 1
     ok = True
     for k in sizes:
         comm = world.Split(0 if world.rank < k else MPI.UNDEFINED)  # the first k ranks
         for path in a.files if comm != MPI.COMM_NULL else []:
             for reader in names:
                 try:
-                    got = readers.load(comm, waiter, path, None, reader, readers.Job(a.servers, a.seed, a.classes))
+                    got = readers.load(comm, waiter, path, None, reader, shares.Job(a.servers, a.seed, a.classes))
                 except DataError as e:
                     if comm.rank == 0:
                         print(f"asgd.data check: error: {e}", file=sys.stderr)
                     return 2
+                scaling = standardize.statistics(comm, waiter, got.train.X) if a.standardize else None
                 waiter.barrier(comm, "the other ranks")
-                shares = comm.gather((got.lines, got.train.X, got.train.y, got.times), root=0)
+                gathered = comm.gather((got.lines, got.train.X, got.train.y, got.times), root=0)
                 if comm.rank == 0:
-                    ok &= _report(path, reader, got, shares, a.servers, a.out)
+                    ok &= _report(path, reader, got, gathered, a.servers, a.out, scaling)
         if comm != MPI.COMM_NULL:
             comm.Free()
         waiter.barrier(world, "the ranks of the last size")
     return 0 if ok else 1
 
 
-def _report(path, reader, got, shares, servers, out) -> bool:
+def _report(path, reader, got, shares, servers, out, scaling=None) -> bool:
     """Rank 0: do the workers' shares (and a held-out part of the file) cover the file
     exactly once, with servers holding nothing? Print a line; save the arrays."""
     import numpy as np
@@ -139,7 +150,8 @@ def _report(path, reader, got, shares, servers, out) -> bool:
         np.savez(os.path.join(out, f"{stem}-{reader}-n{len(shares)}.npz"), train_points=got.train_points,
                  world=len(shares), servers=servers, held_from_file=held_from_file,
                  test_lines=got.test_lines, test_X=got.test.X, test_y=got.test.y,
-                 classes=got.train.classes, **arrays)
+                 classes=got.train.classes, **arrays,
+                 **({"mean": scaling[0], "std": scaling[1]} if scaling else {}))
     return exact
 
 

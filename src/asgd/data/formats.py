@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import BadInput
 
-class DataError(ValueError):
+
+class DataError(BadInput):
     """Bad input data; the message names the file and, where it can, the line."""
 
 

@@ -17,7 +17,8 @@ parallel    every rank reads 1/P of the file's bytes (rows of a .npy) at once wi
 
 A failure must end the job on every rank, never hang it: each step that can fail on
 some ranks only (opening, parsing, packing) is local, and is followed by an agreement
-(`_stage`: every rank learns every rank's result or error) before the next collective.
+(`comm.agree`: every rank learns every rank's result or error) before the next collective.
+A failure outside such a step is not agreed on: it ends the whole job (train.py).
 All waits poll (no MPI_Wait, which busy-polls in MPICH): through comm.Waiter, or for the
 bulk transfer, yielding the core between polls (_bulk_wait).
 
@@ -33,87 +34,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
-from numba import njit
 
-from ..protocol.comm import StallError, Waiter
-from . import formats, parse, problem
-from . import READERS
+from ..protocol.comm import TAG_TURN, StallError, Waiter, agree, describe
+from . import READERS, formats, parse
 from .formats import DataError, Dataset
+from .shares import EVALUATOR, HELD_OUT, HOLDOUT, Job, Loaded, Times, assign
 
-TAG_TURN = 21       # the sequential reader's token (comm.py's tags are 11-14)
 MARGIN = 1 << 16    # bytes read past a range's end to finish its last line (more if needed)
-HOLDOUT = 8         # with no held-out file, 1/HOLDOUT of the data file is held out
-EVALUATOR = 0       # the rank that evaluates the model holds the held-out set
-HELD_OUT = -1       # assign's owner of a held-out point
-
-
-@dataclass
-class Loaded:
-    train: Dataset                 # this rank's training points (servers: none)
-    lines: np.ndarray              # the file line (row) of each, 0-based, increasing
-    test: Dataset | None           # the held-out set, on rank 0 only
-    test_lines: np.ndarray | None  # its lines (in the test file, or the data file if held out of it)
-    train_points: int              # all workers' training points together
-    times: dict                    # seconds of `read`, `parse`, `shuffle` (parts of init)
-
-
-def assign(n: int, seed: int, servers: int, workers: int, holdout: bool,
-           rows: np.ndarray | None = None) -> np.ndarray:
-    """Owner rank of points `rows` (default: all n): a seeded random 1/workers to each
-    worker rank servers..servers+workers-1 (sizes differ by at most one); with holdout,
-    a random 1/8 is HELD_OUT first (rank 0's test set). Point i goes by its place p(i)
-    in a seeded random permutation of 0..n-1, computed for just these rows (O(rows),
-    not O(n): the parallel reader only knows its own rows)."""
-    rows = np.arange(n) if rows is None else rows
-    key = np.random.default_rng([seed, HOLDOUT]).integers(0, 2**63, 4, dtype=np.uint64)
-    p = _permuted(rows.astype(np.int64), n, key)
-    cut = n // HOLDOUT if holdout else 0
-    return np.where(p < cut, HELD_OUT, servers + (p - cut) % workers).astype(np.int32)
-
-
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_S27, _S30, _S31 = np.uint64(27), np.uint64(30), np.uint64(31)
-
-
-@njit(cache=True)
-def _mix(x):
-    """splitmix64's finalizer: a well-mixed 64-bit hash."""
-    x = (x ^ (x >> _S30)) * _M1
-    x = (x ^ (x >> _S27)) * _M2
-    return x ^ (x >> _S31)
-
-
-@njit(cache=True)
-def _permuted(rows, n, key):
-    """p(i) for i in rows: a 4-round Feistel network (a keyed bijection) on the smallest
-    even number of bits that holds n, applied again while the result is >= n (cycle
-    walking), which keeps it a bijection of 0..n-1. About 15 ns a point."""
-    bits = 2
-    while (1 << bits) < n:
-        bits += 2
-    half = np.uint64(bits // 2)
-    mask = np.uint64((1 << (bits // 2)) - 1)
-    un = np.uint64(n)
-    out = np.empty(len(rows), np.int64)
-    for i in range(len(rows)):
-        x = np.uint64(rows[i])
-        while True:
-            left, right = x >> half, x & mask
-            for r in range(4):
-                left, right = right, left ^ (_mix(right ^ key[r]) & mask)
-            x = (left << half) | right
-            if x < un:
-                break
-        out[i] = np.int64(x)
-    return out
-
-
-@dataclass(frozen=True)
-class Job:
-    """What a reader needs to know about the run."""
-    servers: int          # ranks 0..servers-1 hold no training points (0: all are workers)
-    seed: int = 0
-    classes: int | None = None
 
 
 def load(comm: MPI.Comm, waiter: Waiter, path: str, test: str | None = None,
@@ -125,33 +52,13 @@ def load(comm: MPI.Comm, waiter: Waiter, path: str, test: str | None = None,
         raise ValueError(f"need at least one worker: {job.servers} servers of {comm.size} ranks")
     test_file = test or formats.test_path(path)
     has_test = test is not None or os.path.exists(test_file)  # every rank sees the same files
-    jit_error = _compile_once_per_node(comm, waiter)
     run = _sequential if reader == "sequential" else _parallel
-    return run(comm, waiter, path, test_file if has_test else None, job, _Times(), jit_error)
-
-
-def embedded(comm: MPI.Comm, waiter: Waiter, job: Job = Job(1)) -> Loaded:
-    """The default problem has no file: every rank generates it from the seed (a few ms)
-    and keeps the share `assign` gives it, as if a reader had read it."""
-    jit_error = _compile_once_per_node(comm, waiter)
-    if jit_error:
-        raise jit_error  # numba is broken here: train.py's agreement reports it
-    times = _Times()
-    times.enter("shuffle")
-    train, test = problem.default_problem(job.seed)
-    k = job.classes or max(train.classes, test.classes)
-    owner = assign(len(train), job.seed, job.servers, comm.size - job.servers, holdout=False)
-    mine = np.flatnonzero(owner == comm.rank)
-    evaluator = comm.rank == EVALUATOR
-    times.enter(None)
-    return Loaded(Dataset(train.X[mine], train.y[mine], k), mine,
-                  Dataset(test.X, test.y, k) if evaluator else None,
-                  np.arange(len(test)) if evaluator else None, len(train), times.seconds)
+    return run(comm, waiter, path, test_file if has_test else None, job, Times())
 
 
 # -- sequential: one rank after another, each reads everything ---------------------
 
-def _sequential(comm, waiter, path, test_file, job, times, jit_error) -> Loaded:
+def _sequential(comm, waiter, path, test_file, job, times) -> Loaded:
     rank, size = comm.rank, comm.size
     token = np.zeros(1, np.int64)  # 1: an earlier rank failed; skip the file
     times.enter("read")  # waiting for my turn counts as reading: the disk is busy
@@ -161,11 +68,9 @@ def _sequential(comm, waiter, path, test_file, job, times, jit_error) -> Loaded:
     err, got = None, None
     if not token[0]:
         try:
-            if jit_error:
-                raise jit_error
             got = _whole_share(comm, path, test_file is None, job, times)
         except Exception as e:
-            err, token[0] = _describe(e, rank), 1
+            err, token[0] = describe(e, f"rank {rank}"), 1
     if rank < size - 1:
         waiter.all([comm.Isend([token, MPI.INT64_T], rank + 1, TAG_TURN)], f"rank {rank + 1} to take its turn")
     if rank == EVALUATOR and test_file and err is None:  # after passing the token: overlaps rank 1's turn
@@ -174,10 +79,10 @@ def _sequential(comm, waiter, path, test_file, job, times, jit_error) -> Loaded:
             got["held"] = (X, y, np.arange(len(y)))
             got["meta"]["test_meta"] = (max_label, features)
         except Exception as e:
-            err = _describe(e, rank)
+            err = describe(e, f"rank {rank}")
     times.enter("read")  # the others' turns
     meta = got["meta"] if got else None  # None: skipped, an earlier rank failed (its error comes first)
-    metas = _stage(comm, waiter, lambda: _raise(err) or meta, f"the other ranks to read {path}")
+    metas = agree(comm, waiter, lambda: _raise(err) or meta, f"the other ranks to read {path}", DataError)
     times.enter("shuffle")
     out = _finish(rank, path, test_file, metas[EVALUATOR], job, got["mine"], got.get("held"), times)
     times.enter(None)
@@ -216,8 +121,8 @@ def _whole_share(comm, path, holdout, job, times) -> dict:
 
 # -- parallel: every rank reads its part at once, then one all-to-all ---------------
 
-def _parallel(comm, waiter, path, test_file, job, times, jit_error) -> Loaded:
-    train = _read_part(comm, waiter, path, job.classes, times, jit_error)
+def _parallel(comm, waiter, path, test_file, job, times) -> Loaded:
+    train = _read_part(comm, waiter, path, job.classes, times)
     test = _read_part(comm, waiter, test_file, job.classes, times) if test_file else None
     times.enter("shuffle")
     n = train["n"]
@@ -240,7 +145,7 @@ def _take(part, mask):
     return {"X": part["X"][mask], "y": part["y"][mask], "lines": part["lines"][mask]}
 
 
-def _read_part(comm, waiter, path, classes, times, jit_error=None) -> dict:
+def _read_part(comm, waiter, path, classes, times) -> dict:
     """This rank's rows of `path` (global lines attached) and the whole file's verdict."""
     rank, P = comm.rank, comm.size
     binary = formats.is_binary(path)
@@ -248,8 +153,6 @@ def _read_part(comm, waiter, path, classes, times, jit_error=None) -> dict:
     part = {}  # what this rank reads: stays here (the agreement carries only errors)
 
     def probe():  # local: is the file there, which part is mine, room for it
-        if jit_error:
-            raise jit_error
         if binary:
             offset, rows, cols = formats.npy_header(path)
             r0, r1 = rank * rows // P, (rank + 1) * rows // P
@@ -263,7 +166,7 @@ def _read_part(comm, waiter, path, classes, times, jit_error=None) -> dict:
         buf[0] = buf[-1] = 10
         part.update(at=s, s=s, e=e, size=size, buf=buf)
 
-    _stage(comm, waiter, probe, f"the other ranks to open {path}")
+    agree(comm, waiter, probe, f"the other ranks to open {path}", DataError)
     buf, err = part["buf"], None
     fh = MPI.File.Open(comm, path, MPI.MODE_RDONLY)  # collective; the probe said it opens
     try:
@@ -275,7 +178,7 @@ def _read_part(comm, waiter, path, classes, times, jit_error=None) -> dict:
             try:
                 buf, lo, hi = _own_lines(fh, buf, part)
             except Exception as e:  # local; reported at the next agreement
-                err = _describe(e, rank)
+                err = describe(e, f"rank {rank}")
     finally:
         fh.Close()
 
@@ -289,7 +192,7 @@ def _read_part(comm, waiter, path, classes, times, jit_error=None) -> dict:
         part["X"], part["y"] = X, y
         return parse.summarize(info, buf, classes=classes or 0)
 
-    chunks = _stage(comm, waiter, parse_mine, f"the other ranks to parse {path}")
+    chunks = agree(comm, waiter, parse_mine, f"the other ranks to parse {path}", DataError)
     offsets, n, features, max_label = parse.resolve(path, chunks)  # raises on every rank alike
     if binary:
         X, y = parse.split_rows(buf)
@@ -346,7 +249,7 @@ def _redistribute(comm, waiter, part, dest):
         part["send"] = rows
         return np.bincount(dest, minlength=P).astype(np.int32)
 
-    counts = np.array(_stage(comm, waiter, pack, "the other ranks to pack their rows"))  # [from, to]
+    counts = np.array(agree(comm, waiter, pack, "the other ranks to pack their rows", DataError))  # [from, to]
     send, send_n = part.pop("send"), np.ascontiguousarray(counts[comm.rank])
     recv_n = np.ascontiguousarray(counts[:, comm.rank])
     recv = np.empty((int(recv_n.sum()), f + 2))
@@ -403,67 +306,6 @@ def _finish(rank, path, test_file, meta, job, mine, held, times) -> Loaded:
                   train_points, times.seconds)
 
 
-def _stage(comm, waiter, step, waiting_for):
-    """Run the local `step` on every rank, then agree: every rank gets the list of all
-    ranks' results, or every rank raises the same DataError (the lowest failing rank's).
-    `step` must not call MPI, so a rank that fails cannot leave the others in a
-    collective it never joins."""
-    err, value = None, None
-    try:
-        value = step()
-    except Exception as e:
-        err = _describe(e, comm.rank)
-    waiter.barrier(comm, waiting_for)  # a sleeping wait; the allgather then finds everyone there
-    got = comm.allgather((err, value))
-    first = next((e for e, _ in got if e), None)
-    if first:
-        raise DataError(first)
-    return [v for _, v in got]
-
-
-def _compile_once_per_node(comm, waiter):
-    """One rank per node compiles the parsers (and assign's kernel) into numba's cache;
-    the others then load it. Returns the error, if any, for the first agreement to report."""
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    err = None
-    try:
-        for turn in (0, 1):
-            if (node.rank == 0) == (turn == 0) and err is None:
-                try:
-                    parse.compile_parsers()
-                    assign(3, 0, 1, 1, False)  # its kernel
-                except Exception as e:
-                    err = e
-            if turn == 0:
-                waiter.barrier(node, "the node's first rank to compile the parsers")
-    finally:
-        node.Free()
-    waiter.barrier(comm, "the other ranks to load the parsers")  # the readers' clocks start together
-    return err
-
-
-def _describe(e: Exception, rank: int) -> str:
-    if isinstance(e, DataError):
-        return str(e)
-    if isinstance(e, MemoryError):
-        return f"rank {rank}: out of memory reading the data"
-    return f"rank {rank}: {type(e).__name__}: {e}"
-
-
 def _raise(err):
     if err:
         raise DataError(err)
-
-
-class _Times:
-    """Seconds per sub-phase of init; one clock read per switch."""
-
-    def __init__(self):
-        self.seconds = {"read": 0.0, "parse": 0.0, "shuffle": 0.0}
-        self.phase, self.since = None, time.perf_counter()
-
-    def enter(self, phase):
-        now = time.perf_counter()
-        if self.phase:
-            self.seconds[self.phase] += now - self.since
-        self.phase, self.since = phase, now

@@ -363,3 +363,46 @@ def add_scaled(w, dw, a):
         raise ValueError("add_scaled: size mismatch")
     for i in range(w.size):
         w[i] += a * dw[i]
+
+
+# -- server-side optimizers: w moves along d = -gradient (for sgd, d = -lr * gradient) ----
+# One streaming pass each over w, d and the optimizer's state, in place.
+
+@njit(boundscheck=False, cache=True)
+def momentum_update(w, v, d, lr, mu):
+    """Heavy-ball momentum: v = mu v + lr d; w += v."""
+    if w.size != d.size or v.size != d.size:
+        raise ValueError("momentum_update: sizes differ")
+    for i in range(w.size):
+        vi = mu * v[i] + lr * d[i]
+        v[i] = vi
+        w[i] += vi
+
+
+@njit(fastmath={"contract"}, boundscheck=False, cache=True)
+def adagrad_update(w, g2, d, lr, eps):
+    """Adagrad (Duchi et al. 2011; DistBelief's Downpour SGD): g2 += d^2; w += lr d / (sqrt(g2) + eps)."""
+    if w.size != d.size or g2.size != d.size:
+        raise ValueError("adagrad_update: sizes differ")
+    for i in range(w.size):
+        di = d[i]
+        s = g2[i] + di * di
+        g2[i] = s
+        w[i] += lr * di / (math.sqrt(s) + eps)
+
+
+@njit(fastmath={"contract"}, boundscheck=False, cache=True)
+def adam_update(w, m, v, d, lr, b1, b2, eps, t):
+    """Adam (Kingma & Ba 2015), step t >= 1: m = b1 m + (1-b1) d; v = b2 v + (1-b2) d^2;
+    w += lr m^ / (sqrt(v^) + eps), with the bias corrections m^ = m/(1-b1^t), v^ = v/(1-b2^t)."""
+    if w.size != d.size or m.size != d.size or v.size != d.size:
+        raise ValueError("adam_update: sizes differ")
+    c1 = 1.0 / (1.0 - b1 ** t)
+    c2 = 1.0 / (1.0 - b2 ** t)
+    for i in range(w.size):
+        di = d[i]
+        mi = b1 * m[i] + (1.0 - b1) * di
+        vi = b2 * v[i] + (1.0 - b2) * di * di
+        m[i] = mi
+        v[i] = vi
+        w[i] += lr * (mi * c1) / (math.sqrt(vi * c2) + eps)

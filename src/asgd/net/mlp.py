@@ -14,6 +14,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from . import OPTIMIZERS
+
 
 
 @dataclass(frozen=True)
@@ -53,14 +55,6 @@ def init_params(layout: Layout, seed: int) -> np.ndarray:
     W2[:] = rng.normal(0.0, 1.0 / np.sqrt(layout.d_hidden), W2.shape)
     b2[:] = 0.0
     return w
-
-
-def default_lr(d_hidden: int, averaged_workers: int = 1) -> float:
-    """3/d_hidden: the output layer's curvature grows with the width, and this step
-    stays stable under the 15-30 updates of staleness of 15 asynchronous workers.
-    Where each update averages W workers' Delta-w (sync, allreduce), W times that: the
-    linear scaling rule (Goyal et al. 2017), so an epoch moves w as far as async does."""
-    return 3.0 / d_hidden * averaged_workers
 
 
 def reference_step(layout: Layout, w: np.ndarray, X: np.ndarray, y: np.ndarray,
@@ -121,18 +115,34 @@ def make_evaluate(layout: Layout, w: np.ndarray, test):
     return evaluate
 
 
-def add_into(w: np.ndarray, dw: np.ndarray) -> None:
-    """w += dw in place: the server's aggregation."""
+KERNEL_USES = ("step", "evaluate", "aggregate", *(f"update:{o}" for o in OPTIMIZERS))  # see compile_kernels
+
+
+def compile_kernels(*uses: str) -> None:
+    """Call the kernels of `uses` once on a tiny model with the run's argument types
+    (C-contiguous float64 vectors, int64 labels), so numba compiles them, or loads them
+    from its cache, before the timed loop; with no argument, all of them.
+      step       sgd_step (a worker)
+      evaluate   evaluate (the rank that evaluates: rank 0)
+      aggregate  add_into, add_scaled, all_finite (a server; allreduce ranks)
+      update:O   optimizer O's update (a server; allreduce ranks)"""
     from . import kernels
-    kernels.add_into(w, dw)
-
-
-def compile_kernels() -> None:
-    """Call every kernel once on a tiny model with the run's argument types, so numba
-    compiles them (or loads them from its cache) before the timed loop."""
+    from .optimizers import Optimizer
+    unknown = set(uses) - set(KERNEL_USES)
+    if unknown:
+        raise ValueError(f"unknown kernel uses {sorted(unknown)}; choose from {KERNEL_USES}")
+    uses = uses or KERNEL_USES
     tiny = Layout(2, 3, 2)
     w, dw = init_params(tiny, 0), np.zeros(tiny.n_w)
     X, y = np.zeros((2, 2)), np.zeros(2, dtype=np.int64)
-    make_step(tiny, 2)(w, X, y, 0.1, dw)
-    make_evaluate(tiny, w, SimpleNamespace(X=X, y=y))()
-    add_into(w, dw)
+    if "step" in uses:
+        make_step(tiny, 2)(w, X, y, 0.1, dw)
+    if "evaluate" in uses:
+        make_evaluate(tiny, w, SimpleNamespace(X=X, y=y))()
+    if "aggregate" in uses:
+        kernels.all_finite(dw)
+        kernels.add_into(w, dw)
+        kernels.add_scaled(w, dw, 0.5)
+    for use in uses:
+        if use.startswith("update:"):
+            Optimizer(use.split(":", 1)[1], 0.1, tiny.n_w).step(w, dw.copy(), 0.5)

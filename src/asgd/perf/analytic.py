@@ -352,7 +352,7 @@ def extrapolate_linear(table: dict[int, float], x: float) -> float:
 def predict_startup(st: dict[str, float], P: int, C: float) -> float:
     """A job's start (extension c): P ranks import at once, sharing C cores; then numba's
     cache loads, parsers then kernels, each by one rank of the node first (the others
-    wait) and then by the other P-1 at once (train.warm_up_jit, readers)."""
+    wait) and then by the other P-1 at once (run.startup.warm_up)."""
     t = max(st["imports_wall_s"], st["imports_cpu_s"] * P / C)
     for stage in ("parsers", "kernels"):
         wall, cpu = st[f"{stage}_wall_s"], st[f"{stage}_cpu_s"]

@@ -34,12 +34,13 @@ T0_NS = time.perf_counter_ns()  # the startup probe times from here, as asgd.tra
 import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
-import shlex  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+from .. import launch  # noqa: E402
 
 HIDDEN = (1000, 10000, 100000)
 BATCHES = (1, 4, 16, 64, 256, 1024, 4096)
@@ -54,26 +55,30 @@ class CalibrationError(RuntimeError):
 # -- probes that run under MPI -----------------------------------------------------------
 
 def probe_startup() -> dict:
-    """What every asgd.train rank does before its data, in its three stages: imports
-    (numpy, mpi4py with MPI_Init, numba, asgd), then numba cache loads of the readers'
-    parsers, then of the training kernels (train loads each once per node first, then
-    on the node's other ranks). Wall and CPU seconds of each, and the embedded problem's
-    generation."""
+    """What a worker rank of asgd.train does before its data, in three stages: imports
+    (numpy, mpi4py with MPI_Init, numba, the modules a rank runs: startup.RANK_MODULES),
+    then numba's cache loads of the readers' parsers, then of its training kernel (the
+    first load also pays numba's one-time set-up). Wall and CPU seconds of each, and the
+    embedded problem's generation."""
+    import importlib
     import resource
+
+    from ..run import startup
 
     def cpu():
         ru = resource.getrusage(resource.RUSAGE_SELF)
         return ru.ru_utime + ru.ru_stime
     out, t = {}, T0_NS / 1e9
-    from .. import train  # noqa: F401  (numpy, mpi4py, numba and every asgd module, as train)
-    from ..data import parse, problem, readers
-    from ..net import mlp
-    from ..protocol.comm import oversubscribed
+    for name in startup.RANK_MODULES:
+        importlib.import_module(name)
     from mpi4py import MPI
+
+    from ..data import problem
+    from ..protocol.comm import oversubscribed
     oversubscribed(MPI.COMM_WORLD)
     stages = (("imports", lambda: None),
-              ("parsers", lambda: (parse.compile_parsers(), readers.assign(3, 0, 1, 1, False))),
-              ("kernels", mlp.compile_kernels))
+              ("parsers", lambda: startup.load(("parsers",))),
+              ("kernels", lambda: startup.load(startup.loads("worker", 1, True))))
     for name, f in stages:
         c = cpu() if name != "imports" else 0.0
         f()
@@ -87,18 +92,24 @@ def probe_startup() -> dict:
 
 
 def probe_job_startup() -> dict | None:
-    """A whole job's start with this many ranks and no data: every rank's imports at once,
-    then asgd.train's own staged numba cache loads (readers' parsers, then the kernels:
-    the node's first rank, then the others). The slowest rank's seconds since its start,
-    as init_s counts them."""
-    from .. import train
-    from ..data import readers
-    from ..protocol.comm import Waiter, oversubscribed
+    """A whole job's start with this many ranks, as asgd.train's with a data file up to
+    its first read: every rank's imports at once, then the staged numba cache loads of
+    its role (startup.warm_up: the node's first rank, then the others). The slowest
+    rank's seconds since its start, as init_s counts them."""
+    import importlib
+
+    from ..run import startup
+    for name in startup.RANK_MODULES:
+        importlib.import_module(name)
     from mpi4py import MPI
+
+    from ..protocol.comm import Waiter, oversubscribed
     comm = MPI.COMM_WORLD
     waiter = Waiter(oversubscribed(comm), time.monotonic() + 300, f"calibrate rank {comm.rank}")
-    readers._compile_once_per_node(comm, waiter)
-    train.warm_up_jit(comm, waiter)
+    role = "server" if comm.rank == 0 else "worker"
+    error = startup.warm_up(comm, waiter, startup.loads(role, comm.rank, True), startup.node_loads(True))
+    if error:
+        raise error
     slowest = comm.reduce((time.perf_counter_ns() - T0_NS) / 1e9, op=MPI.MAX)
     return {"startup_s": slowest} if comm.rank == 0 else None
 
@@ -156,13 +167,13 @@ def probe_messaging(sizes: list[int], updates: int) -> dict | None:
 
 
 def _exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
-    """asgd's real protocol, after a barrier: rank 0 serves (Server.serve_async), every
+    """asgd's real protocol, after a barrier: rank 0 serves (Server.serve, async), every
     other rank is a worker pushing `updates` Delta-w of n_w weights, computing with
     `step`; waits sleep (crowded) or poll first, as comm.Waiter does."""
     import numpy as np
 
     from ..protocol.comm import Waiter, shard_bounds
-    from ..protocol.server import Server
+    from ..protocol.server import Async, Server
     from ..protocol.worker import run_worker
     from ..run.trace import PhaseClock
     w = np.zeros(n_w)
@@ -170,7 +181,7 @@ def _exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
     waiter = Waiter(crowded, time.monotonic() + 120, f"calibrate rank {comm.rank}")
     comm.Barrier()
     if comm.rank == 0:
-        Server(comm, w, 1, waiter, PhaseClock("idle"), None).serve_async()
+        Server(comm, w, 1, waiter, PhaseClock("idle"), None).serve(Async())
     else:
         run_worker(comm, shard_bounds(n_w, 1), w, X, y, step, 0.0, 1, 1, [0, comm.rank], waiter,
                    PhaseClock("compute"))
@@ -234,7 +245,7 @@ def probe_readers(files: list[str]) -> dict:
     and the keep (sequential) or shuffle (parallel) seconds per point."""
     from mpi4py import MPI
 
-    from ..data import readers
+    from ..data import readers, shares
     from ..protocol.comm import Waiter
     comm, out = MPI.COMM_WORLD, {"read_s_per_byte": {}, "select_s_per_point": {}, "bytes_per_point": {}}
     for path in files:
@@ -243,7 +254,7 @@ def probe_readers(files: list[str]) -> dict:
         for reader in ("sequential", "parallel"):
             best = None
             for _ in range(3):
-                got = readers.load(comm, Waiter(False, time.monotonic() + 120), path, None, reader, readers.Job(0))
+                got = readers.load(comm, Waiter(False, time.monotonic() + 120), path, None, reader, shares.Job(0))
                 t = got.times
                 n = got.train_points + len(got.test.y)
                 cost = (t.get("read", 0) + t.get("parse", 0), t.get("shuffle", 0))
@@ -350,7 +361,7 @@ def measure_step_spread(hidden: tuple, batches: tuple, best: dict, budget_s: flo
 
 def measure_sleep_overhead(reps: int = 200) -> float:
     """How much longer than asked time.sleep(10 us) takes (the Waiter's backoff sleeps;
-    NOTES-mpi.md: it does not go below about 60-100 us here): the median overshoot."""
+    on this machine it does not go below about 60-100 us): the median overshoot."""
     over = []
     for _ in range(reps):
         t = time.perf_counter()
@@ -399,12 +410,12 @@ def caches() -> dict[str, int]:
 
 # -- the orchestrator ------------------------------------------------------------------------
 
-def _launch(launcher: str, n: int, args: list[str], timeout: float) -> dict:
-    cmd = [*shlex.split(launcher), "-n", str(n), sys.executable, "-m", "asgd.perf.calibrate", *args]
+def _launch(launcher: str | None, n: int, args: list[str], timeout: float) -> dict:
     try:
+        cmd = launch.command(n, sys.executable, "-m", "asgd.perf.calibrate", *args, launcher=launcher)
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise CalibrationError(f"cannot run {cmd[0]!r}: is MPI installed? (or pass --launcher)") from None
+    except FileNotFoundError as e:
+        raise CalibrationError(f"cannot start MPI ({e}); is MPI installed? (or pass --launcher)") from None
     except subprocess.TimeoutExpired:
         raise CalibrationError(f"{' '.join(cmd)} took over {timeout:.0f} s") from None
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
@@ -413,19 +424,11 @@ def _launch(launcher: str, n: int, args: list[str], timeout: float) -> dict:
     return json.loads(lines[-1])
 
 
-def default_launcher() -> str:
-    """mpiexec beside this Python (a venv's MPICH wheel), else on PATH."""
-    import shutil
-    found = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    return found or "mpiexec"
-
-
 def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> dict:
     """Every parameter, with units and the machine description: params.json's content."""
     from ..data import formats, problem
     from ..protocol.comm import cores_available
     from .analytic import extrapolate_linear
-    launcher = launcher or default_launcher()
     t_all = time.perf_counter()
     hidden, batches = (QUICK_HIDDEN, QUICK_BATCHES) if quick else (HIDDEN, BATCHES)
     min_time = 0.05 if quick else 0.25

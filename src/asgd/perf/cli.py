@@ -20,6 +20,8 @@ import sys
 from dataclasses import asdict, replace
 
 from ..data import formats, problem
+from ..data.shares import HOLDOUT
+from ..run.files import atomic_write
 from . import analytic, report
 from .analytic import Params, Run
 
@@ -51,12 +53,12 @@ def data_of(path: str | None, points: int | None, fmt: str, p: Params) -> dict:
     if path:
         binary = formats.is_binary(path)
         size = os.path.getsize(path)
-        n = formats.npy_header(path)[0] if binary else _count_lines(path)
+        n = _points(path, binary)
         test = formats.test_path(path)
         if os.path.exists(test):
-            tn = formats.npy_header(test)[0] if binary else _count_lines(test)
+            tn = _points(test, binary)
             return dict(points=n, test_points=tn, file_bytes=size, test_bytes=os.path.getsize(test), binary=binary)
-        held = n // 8  # readers.HOLDOUT: 1/8 of the file is held out
+        held = n // HOLDOUT  # without a held-out file, the readers hold out 1/HOLDOUT of it
         return dict(points=n - held, test_points=held, file_bytes=size, test_bytes=0, binary=binary)
     if fmt == "embedded":
         return dict(points=points or problem.DEFAULT_POINTS,
@@ -65,6 +67,11 @@ def data_of(path: str | None, points: int | None, fmt: str, p: Params) -> dict:
     per = p.bytes_per_point[fmt]
     return dict(points=n, test_points=n // 4, file_bytes=int(n * per), test_bytes=int(n // 4 * per),
                 binary=fmt == "npy")
+
+
+def _points(path: str, binary: bool) -> int:
+    """Data points in a file: a .npy header's rows, or a TSV file's lines."""
+    return formats.npy_header(path)[1] if binary else _count_lines(path)
 
 
 def _count_lines(path: str) -> int:
@@ -286,10 +293,7 @@ def _calibrate(a) -> int:
         got = calibrate(a.launcher, a.quick)
     except CalibrationError as e:
         raise PerfError(str(e)) from None
-    tmp = a.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(got, f, indent=1)
-    os.replace(tmp, a.out)
+    atomic_write(a.out, lambda f: json.dump(got, f, indent=1))
     p = Params.from_dict(got["params"])
     t = p.table1(Run(workers=1, hidden=10000, batch=256))
     print(f"Table 1 on this machine (2-10K-2, batch 256), measured in {got['seconds']:.0f} s:")

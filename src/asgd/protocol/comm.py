@@ -1,4 +1,4 @@
-"""Roles, message layout, and waiting on MPI requests without spinning.
+"""Roles, message layout, waiting on MPI requests without spinning, and agreeing.
 
 Ranks 0..S-1 are servers, each owning a contiguous shard [lo, hi) of the flat
 parameter vector; ranks S..N-1 are workers. Messages (float64, no pickling on the hot
@@ -21,8 +21,11 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-SERVER = 0
+from .. import BadInput
+
+# every point-to-point tag of asgd, in one place so none is used twice
 TAG_PUSH, TAG_PULL, TAG_DONE, TAG_CLOCK, TAG_SHARD = 11, 12, 13, 14, 15
+TAG_TURN = 21  # the sequential reader's token
 PUSH_HEADER = 5  # version, loss_sum, samples, the worker's step (names it in traces), stop
 PULL_HEADER = 2  # version, stop
 
@@ -69,7 +72,8 @@ class Waiter:
     """Completes requests by polling Test*, never by MPI's blocking Wait.
 
     MPICH busy-polls inside Wait; with more ranks than cores that steals the cores of
-    the ranks doing work (NOTES-mpi.md: a Test loop with sleep backoff was 4-5x faster).
+    the ranks doing work (measured here: a Test loop with sleep backoff was 4-5x faster
+    on one rank working while 15 waited, at 1/8 of the CPU).
     So: spin briefly (only when every rank has a core), then sleep, doubling from
     10 us to max_sleep. Every wait also checks the job's deadline, so nothing hangs.
     """
@@ -113,6 +117,66 @@ class Waiter:
 
     def barrier(self, comm: MPI.Comm, waiting_for: str = "the other ranks") -> None:
         self.all([comm.Ibarrier()], waiting_for)
+
+
+def agree(comm: MPI.Comm, waiter: Waiter, local, waiting_for: str, error=RuntimeError) -> list:
+    """Run `local()` on every rank, then agree: every rank gets the list of all ranks'
+    results, or every rank raises error(msg) with the lowest failing rank's message.
+    `local` must make no MPI call, so a rank that fails cannot leave the others inside a
+    collective it never joins: the one safe way to let a step fail on some ranks only."""
+    err, value = None, None
+    try:
+        value = local()
+    except Exception as e:
+        err = describe(e, f"rank {comm.rank}")
+    waiter.barrier(comm, waiting_for)  # a sleeping wait; the allgather then finds everyone there
+    got = comm.allgather((err, value))
+    first = next((e for e, _ in got if e), None)
+    if first:
+        raise error(first)
+    return [v for _, v in got]
+
+
+def agree_on(comm: MPI.Comm, waiter: Waiter, failure: Exception | None, waiting_for: str,
+             error=RuntimeError) -> None:
+    """agree() on a failure this rank already had (None: none): every rank raises
+    error(msg) if any rank had one."""
+    def local():
+        if failure:
+            raise failure
+    agree(comm, waiter, local, waiting_for, error)
+
+
+def describe(e: Exception, who: str) -> str:
+    """One line for a failure: a bad input's own message (it names the file, the line,
+    the option); anything else with who failed ('rank 3 (worker)') and the exception."""
+    if isinstance(e, BadInput):
+        return str(e)
+    if isinstance(e, MemoryError):
+        return f"{who}: out of memory (MemoryError{': ' + str(e) if str(e) else ''})"
+    return f"{who}: {type(e).__name__}: {e}"
+
+
+def once_per_node(comm: MPI.Comm, waiter: Waiter, load, what: str) -> Exception | None:
+    """Run `load(first)` (compile numba kernels, or load them from numba's on-disk cache)
+    on one rank per node first (first=True), then on the node's other ranks, rather than
+    on all at once: 16 ranks compiling together on 2 cores take 15 s, one then 15 loading
+    about 7. Returns the exception `load` raised on this rank, if any, for the caller's
+    next agreement (every rank still passes the barrier, so none waits on a failed one)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    err = None
+    try:
+        for first in (True, False):
+            if (node.rank == 0) == first:
+                try:
+                    load(first)
+                except Exception as e:
+                    err = e
+            if first:
+                waiter.barrier(node, f"the node's first rank to {what}")
+    finally:
+        node.Free()
+    return err
 
 
 def clock_offsets(comm: MPI.Comm, waiter: Waiter, tries: int = 5) -> list[int] | None:

@@ -1,12 +1,20 @@
-"""The parameter server loop: apply workers' Delta-w to my shard, answer with w'.
+"""The parameter server: one request handler, and a reply policy that says when to answer.
 
-One persistent receive stays posted per worker. Replies go out of that worker's own
-send buffer, since the shard keeps changing while a reply is in flight.
-  async  apply each Delta-w as it arrives and answer at once (the paper's ASGD).
-  ssp    the same, but hold the answer while the worker's next push would put it more
+Every push goes through `Server.handle` (account for it, refuse a non-finite one, hand it
+to the policy); every end-of-work message retires its worker; the loop ends when every
+worker has retired, whatever the policy, so no server waits for pushes that will never
+come (a stop that reached the workers through another server's reply included).
+The policy decides what is applied and who is answered:
+  Async  apply each Delta-w as it arrives and answer at once (the paper's ASGD).
+  SSP    the same, but hold a worker's answer while its next push would put it more
          than K steps ahead of the slowest active worker (stale-synchronous parallel).
-  sync   rounds: wait for every worker's push, apply their sample-weighted mean once,
-         in worker order (deterministic), then answer everyone.
+  Sync   hold the pushes until every active worker has pushed, apply their
+         sample-weighted mean once, in worker order (deterministic), answer everyone.
+"Apply" is the shard's optimizer (net.optimizers: sgd adds Delta-w; momentum, adagrad and
+adam move the shard along the pushed negative gradient, keeping their state per shard).
+One persistent receive stays posted per worker; it is re-armed when that worker is
+answered, so a held push's buffer stays untouched. Replies go out of the worker's own
+send buffer, since the shard keeps changing while a reply is in flight.
 """
 
 from __future__ import annotations
@@ -18,22 +26,11 @@ import numpy as np
 from mpi4py import MPI
 
 from ..net import kernels
+from ..net.optimizers import Optimizer
 from ..run import signals
 from ..run.progress import EpochTracker
-from ..run.trace import RECV, SEND, PhaseClock
-from .comm import PULL_HEADER, PUSH_HEADER, TAG_DONE, TAG_PULL, TAG_PUSH, Waiter
-
-
-@dataclass
-class ServerStats:
-    updates: int = 0   # Delta-w received and applied (requests)
-    rounds: int = 0    # versions of the shard (= updates, except in sync)
-    bytes_sent: int = 0
-    bytes_recv: int = 0
-    staleness: list = field(default_factory=list)  # per worker: applied Delta-w's staleness
-    step_gap: list = field(default_factory=list)   # per worker: steps ahead of the slowest
-    refused: int = 0   # Delta-w with NaN or inf, not applied
-
+from ..run.trace import RECV, SEND, PhaseClock, flow_id
+from .comm import PULL_HEADER, PUSH_HEADER, TAG_DONE, TAG_PULL, TAG_PUSH, TAG_SHARD, Waiter, shard_bounds
 
 DIVERGED_AFTER = 10  # refused Delta-w in a row that end the job
 
@@ -42,11 +39,36 @@ class DivergenceError(RuntimeError):
     """Training produced NaN or inf again and again: the learning rate is too high."""
 
 
+@dataclass
+class ServerStats:
+    updates: int = 0   # Delta-w received (requests), applied or refused
+    rounds: int = 0    # versions of the shard (= updates in async and ssp; one per round in sync)
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    staleness: list = field(default_factory=list)  # per worker: its Delta-w's staleness when applied
+    step_gap: list = field(default_factory=list)   # per worker: steps ahead of the slowest
+    refused: int = 0   # Delta-w with NaN or inf, not applied
+    stopped: bool = False  # a stop request ended the run early
+
+    def record(self, shard: tuple[int, int]) -> dict:
+        """This server's entry of results.json's `ranks` (train.py adds the rest)."""
+        return {"role": "server", "stopped": self.stopped, "refused": self.refused,
+                "updates": self.updates, "rounds": self.rounds, "bytes_sent": self.bytes_sent,
+                "bytes_recv": self.bytes_recv, "shard": list(shard), "requests": self.updates,
+                "staleness_hist": [np.bincount(v).tolist() for v in self.staleness],
+                "step_gap_hist": [np.bincount(v).tolist() for v in self.step_gap]}
+
+
 class Server:
     def __init__(self, comm: MPI.Comm, w: np.ndarray, first_worker: int, waiter: Waiter,
-                 clock: PhaseClock, tracker: EpochTracker | None, on_update=None):
-        """on_update(rounds): called after each new version of the shard (checkpoints)."""
+                 clock: PhaseClock, tracker: EpochTracker | None, on_update=None,
+                 optimizer: Optimizer | None = None):
+        """w: my shard (a live view); workers are ranks first_worker..; tracker (rank 0):
+        epochs and progress; on_update(rounds): after each new version (checkpoints);
+        optimizer: what an update does to w, with its state for my shard (default: sgd,
+        w += Delta-w)."""
         self.comm, self.w, self.waiter, self.clock, self.tracker = comm, w, waiter, clock, tracker
+        self.optimizer = optimizer or Optimizer("sgd", 1.0, len(w))
         self.on_update = on_update or (lambda rounds: None)
         self.stopping = False  # a stop request: replies tell the workers to stop
         self.first, self.W, n = first_worker, comm.size - first_worker, len(w)
@@ -58,21 +80,58 @@ class Server:
         self.dones = [comm.Irecv([self._done[j], MPI.DOUBLE], first_worker + j, TAG_DONE)
                       for j in range(self.W)]
         self.replies = [MPI.REQUEST_NULL] * self.W
+        self.active = np.ones(self.W, bool)
+        self.steps = np.zeros(self.W, np.int64)  # pushes taken per worker
         self.st = ServerStats(staleness=[[] for _ in range(self.W)], step_gap=[[] for _ in range(self.W)])
         self.refused_in_a_row = 0
         MPI.Prequest.Startall(self.pushes)
 
-    def take(self, j: int) -> tuple[np.ndarray, float, float]:
-        """Account for worker j's completed push; returns (Delta-w, loss_sum, samples)."""
+    # -- the loop --------------------------------------------------------------------
+
+    def serve(self, policy: Policy) -> ServerStats:
+        """Answer pushes as `policy` says until every worker has sent its end-of-work message."""
+        requests = self.pushes + self.dones
+        while self.active.any():
+            self.clock.switch("idle")
+            i = self.waiter.any(requests, lambda: "a push from any of the worker ranks "
+                                f"{[self.first + j for j in np.flatnonzero(self.active)]}")
+            self.clock.switch("aggregate")
+            if i >= self.W:  # a done arrives only after its sender took the reply to its last push
+                self.active[i - self.W] = False
+            else:
+                self.handle(i, policy)
+            for j in policy.answerable(self):
+                self.reply(j)
+        self.st.stopped = self.stopping or signals.requested() is not None
+        return self.finish()
+
+    def handle(self, j: int, policy: Policy) -> None:
+        """Worker j's push has arrived: account for it, then the policy applies or holds it."""
         buf, n = self.recv[j], len(self.w)
         version, loss_sum, m, step = buf[n], buf[n + 1], buf[n + 2], int(buf[n + 3])
         self.stopping |= bool(buf[n + 4]) or signals.requested() is not None
         self.clock.step = step  # the trace window counts worker steps
-        self.clock.message(RECV, self.first + j, buf.nbytes, self.first + j, step, False)
+        self.clock.message(RECV, self.first + j, buf.nbytes, flow_id(self.first + j, self.comm.rank, step, False))
         self.st.staleness[j].append(self.st.rounds - int(version))
         self.st.updates += 1
         self.st.bytes_recv += buf.nbytes
-        return buf[:n], loss_sum, m
+        self.steps[j] += 1
+        dw = buf[:n]
+        if not self.acceptable(j, dw, loss_sum):
+            dw, loss_sum, m = None, 0.0, 0.0  # a refused update adds no samples to the progress
+        policy.take(self, j, dw, loss_sum, m)
+
+    def apply(self, d: np.ndarray | None) -> None:
+        """The optimizer moves my shard along d (None: a refused update, nothing moves)."""
+        if d is not None:
+            self.optimizer.step(self.w, d)
+
+    def new_version(self, loss_sum: float, samples: float) -> None:
+        """The shard has a new version; count it, report the samples it took in."""
+        self.st.rounds += 1
+        if self.tracker:
+            self.tracker.add(loss_sum, samples)
+        self.on_update(self.st.rounds)  # a checkpoint's progress then matches its weights
 
     def acceptable(self, j: int, dw: np.ndarray, loss_sum: float) -> bool:
         """False for a Delta-w or loss with NaN or inf: refused (not applied) and counted;
@@ -98,10 +157,14 @@ class Server:
         out[n] = self.st.rounds
         out[n + 1] = self.stopping
         self.replies[j] = self.comm.Isend([out, MPI.DOUBLE], self.first + j, TAG_PULL)
-        self.clock.message(SEND, self.first + j, out.nbytes, self.first + j,
-                           int(self.recv[j][n + 3]), True)
+        step = int(self.recv[j][n + 3])
+        self.clock.message(SEND, self.first + j, out.nbytes, flow_id(self.first + j, self.comm.rank, step, True))
         self.st.bytes_sent += out.nbytes
         self.pushes[j].Start()
+
+    def gap(self, j: int) -> int:
+        """How many steps worker j is ahead of the slowest active worker."""
+        return int(self.steps[j] - self.steps[self.active].min()) if self.active.any() else 0
 
     def finish(self) -> ServerStats:
         self.clock.switch("idle")
@@ -113,64 +176,97 @@ class Server:
         self.waiter.all(self.replies, "workers to take their last replies")
         return self.st
 
-    def serve_async(self, staleness_bound: int | None = None) -> ServerStats:
-        """async (no bound) or ssp (staleness_bound = K)."""
-        W, K = self.W, staleness_bound
-        requests = self.pushes + self.dones
-        active = np.ones(W, bool)
-        steps = np.zeros(W, np.int64)  # pushes applied per worker
-        held: set[int] = set()
 
-        def may_reply(j: int) -> bool:  # j's next push would be at most K ahead of the slowest
-            return K is None or steps[j] + 1 - steps[active].min() <= K
-        while active.any():
-            self.clock.switch("idle")
-            i = self.waiter.any(requests, lambda: "a push from any of the worker ranks "
-                                f"{[self.first + j for j in np.flatnonzero(active)]}")
-            self.clock.switch("aggregate")
-            if i >= W:  # a done arrives only after its sender got the reply to its last push
-                active[i - W] = False
-            else:
-                dw, loss_sum, m = self.take(i)
-                if self.acceptable(i, dw, loss_sum):
-                    kernels.add_into(self.w, dw)
-                else:
-                    loss_sum = m = 0  # a refused update adds no samples to the progress
-                self.st.rounds += 1
-                self.on_update(self.st.rounds)
-                steps[i] += 1
-                self.st.step_gap[i].append(int(steps[i] - steps[active].min()))
-                if may_reply(i):
-                    self.reply(i)
-                else:
-                    held.add(i)
-                if self.tracker:
-                    self.tracker.add(loss_sum, m)
-            for j in [j for j in held if not active.any() or may_reply(j)]:
-                held.discard(j)
-                self.reply(j)
-        return self.finish()
+# -- reply policies: what to apply, and whom to answer --------------------------------
 
-    def serve_sync(self, rounds: int) -> ServerStats:
-        """`rounds` rounds of: every worker's push, one averaged update, every reply."""
-        for r in range(rounds):
-            self.clock.switch("idle")
-            self.waiter.all(self.pushes, lambda: f"the pushes of round {r} from worker ranks "
-                            f"{[self.first + j for j, p in enumerate(self.pushes) if not p.Test()]}")
-            self.clock.switch("aggregate")
-            taken = [self.take(j) for j in range(self.W)]
-            taken = [t if self.acceptable(j, t[0], t[1]) else (t[0], 0.0, 0.0) for j, t in enumerate(taken)]
-            total = sum(m for _, _, m in taken)
-            for dw, _, m in taken:  # in worker order, whatever the arrival order: deterministic
-                if m:
-                    kernels.add_scaled(self.w, dw, m / total)
-            self.st.rounds += 1
-            for j in range(self.W):
-                self.st.step_gap[j].append(0)
-                self.reply(j)
-            if self.tracker:
-                self.tracker.add(sum(ls for _, ls, _ in taken), total)
-            self.on_update(self.st.rounds)
-            if self.stopping:  # every worker was told in this round's reply
-                break
-        return self.finish()
+class Policy:
+    def take(self, srv: Server, j: int, dw: np.ndarray | None, loss_sum: float, m: float) -> None:
+        """Worker j's accounted push (dw None: refused)."""
+        raise NotImplementedError
+
+    def answerable(self, srv: Server) -> list[int]:
+        """Workers to answer now (each has a push taken and not yet answered)."""
+        raise NotImplementedError
+
+
+class Async(Policy):
+    """Apply each Delta-w as it arrives; answer at once."""
+
+    def __init__(self):
+        self.ready: list[int] = []
+
+    def take(self, srv, j, dw, loss_sum, m):
+        srv.apply(dw)
+        srv.new_version(loss_sum, m)
+        srv.st.step_gap[j].append(srv.gap(j))
+        self.ready.append(j)
+
+    def answerable(self, srv):
+        ready, self.ready = self.ready, []
+        return ready
+
+
+class SSP(Async):
+    """Async, but a worker's answer waits while its next push would be more than K steps
+    ahead of the slowest active worker; a retiring worker can release the others."""
+
+    def __init__(self, K: int):
+        super().__init__()
+        self.K = K
+        self.held: list[int] = []
+
+    def answerable(self, srv):
+        self.held += super().answerable(srv)
+        slowest = srv.steps[srv.active].min() if srv.active.any() else 0
+        go = [j for j in self.held if not srv.active.any() or srv.steps[j] + 1 - slowest <= self.K]
+        self.held = [j for j in self.held if j not in go]
+        return go
+
+
+class Sync(Policy):
+    """Rounds: every active worker's push, their sample-weighted mean (summed in worker
+    order, whatever the arrival order: deterministic) applied once, every worker answered."""
+
+    def __init__(self):
+        self.pending: dict[int, tuple] = {}
+        self.mean: np.ndarray | None = None
+
+    def take(self, srv, j, dw, loss_sum, m):
+        self.pending[j] = (dw, loss_sum, m)
+
+    def answerable(self, srv):
+        if not self.pending or any(srv.active[j] and j not in self.pending for j in range(srv.W)):
+            return []
+        total = sum(m for _, _, m in self.pending.values())
+        if self.mean is None:
+            self.mean = np.empty_like(srv.w)
+        self.mean[:] = 0.0
+        for j in sorted(self.pending):
+            dw, _, m = self.pending[j]
+            if m:
+                kernels.add_scaled(self.mean, dw, m / total)
+            srv.st.step_gap[j].append(0)
+        if total:
+            srv.apply(self.mean)
+        srv.new_version(sum(ls for _, ls, _ in self.pending.values()), total)
+        ready, self.pending = sorted(self.pending), {}
+        return ready
+
+
+def policy(mode: str, staleness: int) -> Policy:
+    """The reply policy of asgd.train's --mode."""
+    return {"async": Async, "ssp": lambda: SSP(staleness), "sync": Sync}[mode]()
+
+
+def gather_shards(comm: MPI.Comm, w: np.ndarray, servers: int, waiter: Waiter) -> None:
+    """After serving: the other servers send their shards of w to rank 0, which then
+    holds all of w (to evaluate and save it)."""
+    if servers < 2:
+        return
+    shards = shard_bounds(len(w), servers)
+    if comm.rank == 0:
+        reqs = [comm.Irecv(w[a:b], s, TAG_SHARD) for s, (a, b) in enumerate(shards) if s]
+    else:
+        lo, hi = shards[comm.rank]
+        reqs = [comm.Isend(w[lo:hi], 0, TAG_SHARD)]
+    waiter.all(reqs, "the servers' final shards")

@@ -1,11 +1,15 @@
-"""The worker loop: train mini-batches on my share, push Delta-w, pull w'.
+"""The worker: its link to the servers (PushPull), and the training loop on top of it.
 
-With `overlap` (async and ssp), batch k+1 is computed while batch k's exchange is in
-flight, at most one exchange outstanding; without it (sync) each step waits for its
-reply, so every step starts from the same w on every worker. Buffers in flight are never
-written: Delta-w alternates between two push buffers, and w' arrives in a second w
-buffer that is swapped in (no copy) once the exchange completes. Each buffer is the flat
-vector followed by one header per server (comm.shard_types picks each server's part).
+PushPull is the worker's side of the protocol, in the spirit of ps-lite's KVWorker: write
+Delta-w into `delta()`, `push_pull(...)` sends it to every server and posts the receive of
+w' (a ticket), `wait(ticket)` completes the exchange and swaps w' in. It owns the buffers,
+so none in flight is ever written: Delta-w alternates between two push buffers, and w'
+arrives in a second w buffer. Each buffer is the flat vector followed by one header per
+server, and comm.shard_types picks each server's slice and header: no copies.
+
+With `overlap` (async and ssp) the loop computes batch k+1 while batch k's exchange is in
+flight; without it (sync) each step waits for its reply, so every step starts from the
+same w on every worker.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..run import signals
-from ..run.trace import RECV, SEND, PhaseClock
+from ..run.trace import RECV, SEND, PhaseClock, flow_id
 from .comm import PULL_HEADER, PUSH_HEADER, TAG_DONE, TAG_PULL, TAG_PUSH, Waiter, shard_types
 
 
@@ -27,6 +31,92 @@ class WorkerStats:
     bytes_sent: int = 0
     bytes_recv: int = 0
     stopped: bool = False  # ended early on a stop request
+    refused: int = 0       # allreduce: summed updates with NaN or inf, not applied
+
+    def record(self) -> dict:
+        """This worker's entry of results.json's `ranks` (train.py adds the rest)."""
+        return {"role": "worker", "updates": self.updates, "bytes_sent": self.bytes_sent,
+                "bytes_recv": self.bytes_recv, "stopped": self.stopped, "refused": self.refused}
+
+
+class PushPull:
+    """A worker's link to servers 0..S-1 that own `shards` of w: one exchange in flight
+    at most. Counts what it sends and receives in `stats`."""
+
+    def __init__(self, comm: MPI.Comm, shards: list[tuple[int, int]], w0: np.ndarray, waiter: Waiter,
+                 clock: PhaseClock):
+        S, n = len(shards), len(w0)
+        self.comm, self.waiter, self.clock, self.S, self.n = comm, waiter, clock, S, n
+        self.push_t, self.pull_t = shard_types(n, shards, PUSH_HEADER), shard_types(n, shards, PULL_HEADER)
+        self.push_bytes = [8 * (hi - lo + PUSH_HEADER) for lo, hi in shards]
+        self.pull_bytes = [8 * (hi - lo + PULL_HEADER) for lo, hi in shards]
+        self.pushes = [np.zeros(n + S * PUSH_HEADER) for _ in range(2)]
+        self.cur = np.zeros(n + S * PULL_HEADER)  # [w | (version, stop) per server]; version 0: initial w
+        self.cur[:n] = w0
+        self.nxt = np.empty_like(self.cur)
+        self.free = 0            # the push buffer not in flight
+        self.pending: list[MPI.Request] = []
+        self.step = 0            # the number of the next push (names it in traces)
+        self.stats = WorkerStats()
+
+    @property
+    def w(self) -> np.ndarray:
+        """The weights to compute the next Delta-w from (the last w' pulled)."""
+        return self.cur[:self.n]
+
+    @property
+    def told_to_stop(self) -> bool:
+        """A server's last reply carried a stop request."""
+        return bool(self.cur[self.n:].reshape(self.S, PULL_HEADER)[:, 1].any())
+
+    def delta(self) -> np.ndarray:
+        """The free push buffer's Delta-w part: write the Delta-w computed from `w` here.
+        Stamps the push with the versions of `w`, which staleness is counted from."""
+        buf = self.pushes[self.free]
+        buf[self.n:].reshape(self.S, PUSH_HEADER)[:, 0] = self.cur[self.n:].reshape(self.S, PULL_HEADER)[:, 0]
+        return buf[:self.n]
+
+    def push_pull(self, dw: np.ndarray, loss_sum: float, samples: int, stop: bool = False) -> int:
+        """Send dw (delta()'s buffer) to every server, each its slice, and post the receive
+        of w'; returns the ticket to wait on. The previous exchange must be complete."""
+        buf = self.pushes[self.free]
+        if self.pending or not np.shares_memory(dw, buf):
+            raise RuntimeError("push_pull: wait for the previous exchange, and push the buffer delta() gave")
+        buf[self.n:].reshape(self.S, PUSH_HEADER)[:, 1:] = (loss_sum, samples, self.step, stop)
+        me = self.comm.rank
+        for s in range(self.S):
+            self.pending.append(self.comm.Isend([buf, 1, self.push_t[s]], s, TAG_PUSH))
+            self.pending.append(self.comm.Irecv([self.nxt, 1, self.pull_t[s]], s, TAG_PULL))
+            self.clock.message(SEND, s, self.push_bytes[s], flow_id(me, s, self.step, False))
+        st = self.stats
+        st.updates += 1
+        st.samples += samples
+        st.bytes_sent += sum(self.push_bytes)
+        st.bytes_recv += sum(self.pull_bytes)
+        self.free ^= 1
+        self.step += 1
+        return self.step - 1
+
+    def wait(self, ticket: int) -> None:
+        """Complete exchange `ticket` (the last one pushed); w' becomes `w`."""
+        if not self.pending or ticket != self.step - 1:
+            raise RuntimeError(f"wait: exchange {ticket} is not the one in flight")
+        self.waiter.all(self.pending, lambda: f"server rank(s) {_ranks(self.S)} to answer push {ticket}")
+        for s in range(self.S):
+            self.clock.message(RECV, s, self.pull_bytes[s], flow_id(self.comm.rank, s, ticket, True))
+        self.pending = []
+        self.cur, self.nxt = self.nxt, self.cur
+
+    def close(self) -> WorkerStats:
+        """Tell every server this worker is done (after its last exchange completed)."""
+        if self.pending:
+            raise RuntimeError("close: an exchange is still in flight")
+        done = np.zeros(1)
+        self.waiter.all([self.comm.Isend([done, MPI.DOUBLE], s, TAG_DONE) for s in range(self.S)],
+                        lambda: f"server rank(s) {_ranks(self.S)} to take the end-of-work message")
+        for t in self.push_t + self.pull_t:
+            t.Free()
+        return self.stats
 
 
 def batches(n: int, batch: int, steps: int | None, rng: np.random.Generator):
@@ -42,84 +132,49 @@ def run_worker(comm: MPI.Comm, shards: list[tuple[int, int]], w0: np.ndarray, X:
                y: np.ndarray, step, lr: float, batch: int, epochs: int, seed,
                waiter: Waiter, clock: PhaseClock, overlap: bool = True,
                steps_per_epoch: int | None = None, first_epoch: int = 0) -> WorkerStats:
-    """step(w, X, y, lr, dw) -> loss writes Delta-w into dw (see mlp.make_step).
-    Servers are ranks 0..len(shards)-1; seed ([run seed, worker index]) and the epoch seed
-    my shuffles: a worker shuffles alike whatever its rank, and a resumed run (from
-    first_epoch) repeats none. A stop request (signal) ends the loop at a step boundary:
-    at once in async/ssp; in sync when the servers' replies say so, after the same
-    round on every worker."""
-    S, n_w, me = len(shards), len(w0), comm.rank
-    st = WorkerStats()
-    push_t, pull_t = shard_types(n_w, shards, PUSH_HEADER), shard_types(n_w, shards, PULL_HEADER)
-    push = [np.zeros(n_w + S * PUSH_HEADER) for _ in range(2)]
-    cur = np.zeros(n_w + S * PULL_HEADER)  # [w | (version, stop) per server]; version 0: initial w
-    cur[:n_w] = w0
-    nxt = np.empty_like(cur)
-    push_bytes = [8 * (hi - lo + PUSH_HEADER) for lo, hi in shards]
-    pull_bytes = [8 * (hi - lo + PULL_HEADER) for lo, hi in shards]
+    """Train on my share (X, y) against servers 0..len(shards)-1, from weights w0.
+    step(w, X, y, lr, dw) -> loss writes Delta-w into dw (see mlp.make_step). seed ([run
+    seed, worker index]) and the epoch seed my shuffles: a worker shuffles alike whatever
+    its rank, and a resumed run (from first_epoch) repeats none. A stop request (signal)
+    ends the loop at a step boundary: at once in async/ssp; in sync when the servers'
+    replies say so, after the same round on every worker."""
+    link = PushPull(comm, shards, w0, waiter, clock)
     Xb = np.empty((batch, X.shape[1]))
     yb = np.empty(batch, dtype=np.int64)
-    pending: list[MPI.Request] = []
-    told_to_stop = lambda: cur[n_w:].reshape(S, PULL_HEADER)[:, 1].any()  # noqa: E731
-    stop = False
-
-    def complete(pending):
-        clock.switch("comm_wait")
-        waiter.all(pending, lambda: f"server rank(s) {_ranks(S)} to answer push {st.updates - 1}")
-        for s in range(S):
-            clock.message(RECV, s, pull_bytes[s], me, st.updates - 1, True)
-
-    k = 0
+    ticket, stop = None, False
     for epoch in range(first_epoch, epochs):
         for idx in batches(len(y), batch, steps_per_epoch, np.random.default_rng([*seed, epoch])):
             stop = stop or (overlap and signals.requested() is not None)
             if stop:
                 break
-            clock.step = st.updates  # the trace window counts steps
+            clock.step = link.step  # the trace window counts steps
             clock.switch("compute")
             m = len(idx)
-            buf = push[k]
+            dw = link.delta()
             if m:
                 np.take(X, idx, axis=0, out=Xb[:m])
                 np.take(y, idx, out=yb[:m])
-                loss = step(cur[:n_w], Xb[:m], yb[:m], lr, buf[:n_w])
+                loss = step(link.w, Xb[:m], yb[:m], lr, dw)
             else:  # an empty last batch (sync): a zero-weight Delta-w keeps the workers in step
-                buf[:n_w] = 0.0
+                dw[:] = 0.0
                 loss = 0.0
-            hdr = buf[n_w:].reshape(S, PUSH_HEADER)
-            hdr[:, 0] = cur[n_w:].reshape(S, PULL_HEADER)[:, 0]
-            hdr[:, 1:] = (loss * m, m, st.updates, signals.requested() is not None)
-            if pending:
-                complete(pending)
-                cur, nxt = nxt, cur
+            if ticket is not None:
+                clock.switch("comm_wait")
+                link.wait(ticket)
             clock.switch("push")
-            pending = []
-            for s in range(S):
-                pending.append(comm.Isend([buf, 1, push_t[s]], s, TAG_PUSH))
-                pending.append(comm.Irecv([nxt, 1, pull_t[s]], s, TAG_PULL))
-                clock.message(SEND, s, push_bytes[s], me, st.updates, False)
-            st.updates += 1
-            st.samples += m
-            st.bytes_sent += sum(push_bytes)
-            st.bytes_recv += sum(pull_bytes)
-            k ^= 1
+            ticket = link.push_pull(dw, loss * m, m, stop=signals.requested() is not None)
             if not overlap:
-                complete(pending)
-                cur, nxt = nxt, cur
-                pending = []
-            stop = told_to_stop()
+                clock.switch("comm_wait")
+                link.wait(ticket)
+                ticket = None
+            stop = link.told_to_stop
         if stop:
             break
-    if pending:
-        complete(pending)
-        cur, nxt = nxt, cur
-    st.stopped = stop or told_to_stop()
-    done = np.zeros(1)
-    waiter.all([comm.Isend([done, MPI.DOUBLE], s, TAG_DONE) for s in range(S)],
-               lambda: f"server rank(s) {_ranks(S)} to take the end-of-work message")
-    for t in push_t + pull_t:
-        t.Free()
-    return st
+    if ticket is not None:
+        clock.switch("comm_wait")
+        link.wait(ticket)
+    link.stats.stopped = stop or link.told_to_stop
+    return link.close()
 
 
 def _ranks(n: int) -> str:

@@ -10,11 +10,12 @@ import os
 import time
 from dataclasses import dataclass
 
+from .. import BadInput
 from ..data import READERS  # how ranks read the data file
-from . import checkpoint
+from ..net import OPTIMIZERS
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInput):
     """A bad option; the message is one line a user can act on."""
 
 
@@ -26,7 +27,9 @@ class Config:
     reader: str = "parallel"     # READERS: how ranks read the data file
     hidden: int = 10000
     batch: int = 256
-    lr: float | None = None      # None: mlp.default_lr(hidden)
+    lr: float | None = None      # None: optimizers.default_lr(optimizer, hidden, averaged workers)
+    optimizer: str = "sgd"       # OPTIMIZERS: what a server does with an update (asgd.net.optimizers)
+    standardize: bool = False    # scale each feature to mean 0, variance 1 (statistics over the workers' shares)
     epochs: int = 5
     seed: int = 0
     out: str | None = None       # None: runs/<timestamp>-n<ranks>
@@ -75,7 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "CNTK did (init grows with the ranks)")
     p.add_argument("--hidden", type=int, default=d.hidden, help="hidden units (default %(default)s; the paper also uses 100000)")
     p.add_argument("--batch", type=int, default=d.batch, help="mini-batch size per worker step (default %(default)s)")
-    p.add_argument("--lr", type=float, help="learning rate of each worker's step (default 3/hidden)")
+    p.add_argument("--lr", type=float, help="learning rate (default, by --optimizer: sgd 3/hidden, momentum "
+                   "0.3/hidden, both x W workers in sync and allreduce, where each update averages W workers'; "
+                   "adagrad 0.01; adam 0.001)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer,
+                   help="what the servers (allreduce: every rank) do with an update, each keeping its state "
+                        "for its shard: sgd (default: w += Delta-w, the worker applies lr, the paper's ASGD), "
+                        "momentum, adagrad or adam (workers push the gradient, the server applies lr)")
+    p.add_argument("--standardize", action="store_true",
+                   help="scale each feature to mean 0 and variance 1 with statistics of the training "
+                        "points (computed by the workers together during init), for training and held-out "
+                        "data; written to OUT/standardize.json and results.json. Use it when features "
+                        "have different scales or are far from [-1, 1]")
     p.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data by all workers together (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the data split, shuffles and initial weights (default %(default)s)")
     p.add_argument("--arch", choices=["ps", "allreduce"], default=d.arch,
@@ -148,13 +162,23 @@ def validate(cfg: Config, world_size: int) -> None:
     need(math.isfinite(cfg.progress) and cfg.progress > 0, f"--progress must be > 0 seconds, got {cfg.progress}")
     need(math.isfinite(cfg.stall_timeout) and cfg.stall_timeout >= 0,
          f"--stall-timeout must be >= 0 seconds, got {cfg.stall_timeout}")
-    try:
-        checkpoint.parse_every(cfg.checkpoint_every)
-    except checkpoint.CheckpointError as e:
-        raise ConfigError(str(e)) from None
+    checkpoint_every(cfg.checkpoint_every)
     need(cfg.test is None or cfg.data is not None, "--test needs --data")
     need(cfg.reader in READERS, f"--reader must be one of {', '.join(READERS)}, got {cfg.reader!r}")
     trace_window(cfg.trace_steps)
+
+
+def checkpoint_every(spec: str | None) -> tuple[str, float] | None:
+    """--checkpoint-every: '500' (updates of the shard) or '30s' (seconds)."""
+    if not spec:
+        return None
+    try:
+        n = float(spec[:-1]) if spec.endswith("s") else int(spec)
+    except ValueError:
+        raise ConfigError(f"--checkpoint-every must be N (updates) or Ns (seconds), got {spec!r}") from None
+    if n <= 0:
+        raise ConfigError(f"--checkpoint-every must be positive, got {spec!r}")
+    return ("seconds" if spec.endswith("s") else "updates", n)
 
 
 def trace_window(spec: str) -> tuple[int, int]:

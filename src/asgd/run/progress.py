@@ -29,6 +29,15 @@ class EpochTracker:
 
     def __post_init__(self):
         self.first_samples = self.samples  # a resumed run starts past zero: rates count from here
+        self.evaluated_at = None  # samples when the last held-out evaluation was made
+
+    def final_metrics(self, evaluate: Callable[[], tuple[float, float]]) -> tuple[float, float]:
+        """Held-out (loss, accuracy) of the final weights: the last epoch's evaluation if no
+        update was applied since (every applied update brings samples), else evaluate()
+        now (a run stopped mid-epoch, sharded servers, updates refused at the end)."""
+        if self.evaluated_at == self.samples and self.history and self.history[-1]["test_loss"] is not None:
+            return self.history[-1]["test_loss"], self.history[-1]["test_accuracy"]
+        return evaluate()
 
     def add(self, loss_sum: float, m: float) -> None:
         """An applied update of m samples whose batch losses sum to loss_sum."""
@@ -52,6 +61,7 @@ class EpochTracker:
             prev = self.clock.phase
             self.clock.switch("evaluate")
             test_loss, test_acc = self.evaluate()
+            self.evaluated_at = self.samples
             self.clock.switch(prev)
         elapsed = now - self.t_start
         h = {"epoch": self.epoch, "samples": self.samples, "time_s": round(elapsed, 4),
@@ -66,3 +76,28 @@ class EpochTracker:
                     f"{elapsed:6.1f} s")
         self.loss_sum = self.loss_n = 0.0
         self.last_line = now
+
+
+FALLING_FAST = 0.05  # the loss still falling this much an epoch at the end (and by at least
+MATTERS = 0.01       # this many nats an epoch: a loss near 0 falling fast is done): not converged
+
+
+def convergence_notes(history: list[dict], refused: int) -> list[str]:
+    """One line each for what the end of a run says about its training: the loss still
+    falling fast in each of the last (up to two) epochs (the held-out loss, else the
+    training loss where the held-out one was not evaluated each epoch), and updates
+    refused as NaN or inf."""
+    notes = []
+    tail = history[-3:]
+    key = "test_loss" if tail and all(h.get("test_loss") is not None for h in tail) else "train_loss"
+    loss = [h[key] for h in tail]
+    falls = [(a - b, (a - b) / a) for a, b in zip(loss, loss[1:]) if a > 0]
+    if falls and all(rel > FALLING_FAST and nats > MATTERS for nats, rel in falls):
+        which = "held-out" if key == "test_loss" else "training"
+        notes.append(f"training had not converged: the {which} loss was still falling "
+                     f"{min(rel for _, rel in falls):.0%} or more an epoch over the last {len(falls)} epoch(s); "
+                     "try more --epochs or a larger --lr")
+    if refused:
+        notes.append(f"{refused:,} update(s) were refused for NaN or inf values: training was unstable; "
+                     "lower --lr")
+    return notes

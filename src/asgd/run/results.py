@@ -11,6 +11,8 @@ import sys
 
 import numpy as np
 
+from .files import atomic_write
+
 SCHEMA_VERSION = 1
 
 
@@ -52,8 +54,10 @@ def launcher() -> str:
 
 
 def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: dict) -> dict:
-    """ranks: one record per rank (rank, role, phases, bytes_sent, bytes_recv, updates,
-    staleness); server: updates, samples, history, final loss/accuracy."""
+    """ranks: one record per rank (rank, role, phases, bytes_sent, bytes_recv, updates;
+    servers: per-worker staleness and step-gap histograms); server: updates, samples,
+    history, final loss/accuracy."""
+    _staleness(ranks, config["servers"])
     init_s = max(r["phases"].get("init", 0.0) for r in ranks)
     train_s = max(wall_s - init_s, 1e-9)
     out = {
@@ -71,6 +75,25 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
     }
     out["profile"] = profile(out)
     return out
+
+
+def _staleness(records: list[dict], S: int) -> None:
+    """Each worker's staleness and step-gap distributions, over every server that applied
+    its Delta-w; servers get the distribution over all workers."""
+    def dist(hists: list[list[int]]) -> dict:
+        h = np.zeros(max((len(x) for x in hists), default=1), np.int64)
+        for x in hists:
+            h[:len(x)] += np.asarray(x, np.int64)  # an empty one is float64
+        n = h.sum()
+        return {"mean": float(h @ np.arange(len(h)) / n) if n else 0.0,
+                "max": int(np.flatnonzero(h).max(initial=0)), "histogram": h.tolist()}
+    servers = records[:S]
+    for j, r in enumerate(records[S:]):
+        r["staleness"] = dist([s["staleness_hist"][j] for s in servers])
+        r["step_gap"] = dist([s["step_gap_hist"][j] for s in servers])
+    for s in servers:
+        s["staleness"] = dist(s.pop("staleness_hist"))
+        s["step_gap"] = dist(s.pop("step_gap_hist"))
 
 
 def profile(results: dict) -> dict:
@@ -113,11 +136,7 @@ def verdict(results: dict, rows: list[dict]) -> dict:
 
 def write(path: str, results: dict) -> None:
     """Atomically: a reader never sees half a file."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=1, default=_plain)
-        f.write("\n")
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: f.write(json.dumps(results, indent=1, default=_plain) + "\n"))
 
 
 def _plain(x):

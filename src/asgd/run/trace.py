@@ -21,9 +21,11 @@ INIT_PHASES = ("init", "read", "parse", "shuffle")  # always recorded, whatever 
 SEND, RECV = 0, 1
 
 
-def flow_id(worker_rank: int, step: int, reply: bool) -> int:
-    """One id per message, the same on both ends: a push and the reply to it."""
-    return (worker_rank << 32) | (2 * step + int(reply))
+def flow_id(worker_rank: int, server_rank: int, step: int, reply: bool) -> int:
+    """One id per message, the same on both ends: a worker's push of `step` to a server,
+    or that server's reply to it. Exact in JSON (below 2^53) up to 2,047 worker ranks,
+    1,023 server ranks and 2^31 steps."""
+    return (worker_rank << 42) | (server_rank << 32) | (2 * step + int(reply))
 
 
 class PhaseClock:
@@ -41,9 +43,9 @@ class PhaseClock:
         self.phase, self.since_ns = phase, now
         return now
 
-    def message(self, kind: int, peer: int, nbytes: int, worker: int, step: int, reply: bool) -> None:
-        """A push (reply False) or pull (True) of `worker`'s `step`, sent or received
-        (tracing off: nothing)."""
+    def message(self, kind: int, peer: int, nbytes: int, flow: int) -> None:
+        """A message (SEND or RECV) with `peer`, `flow` = flow_id(...) of the current
+        step (tracing off: nothing)."""
 
     def seconds(self) -> dict[str, float]:
         """Phase -> seconds so far (the open phase included up to now)."""
@@ -78,11 +80,10 @@ class TraceClock(PhaseClock):
                 self.dropped += 1
         return now
 
-    def message(self, kind: int, peer: int, nbytes: int, worker: int, step: int, reply: bool) -> None:
-        if self.first <= step < self.last:  # the message's step: both ends agree on the window
+    def message(self, kind: int, peer: int, nbytes: int, flow: int) -> None:
+        if self.first <= (flow & 0xFFFFFFFF) >> 1 < self.last:  # the message's step: both ends agree on the window
             if self.n_msg < len(self.messages):
-                self.messages[self.n_msg] = (time.perf_counter_ns(), kind, peer, nbytes,
-                                             flow_id(worker, step, reply))
+                self.messages[self.n_msg] = (time.perf_counter_ns(), kind, peer, nbytes, flow)
                 self.n_msg += 1
             else:
                 self.dropped += 1

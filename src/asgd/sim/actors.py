@@ -46,7 +46,7 @@ import random
 
 import numpy as np
 
-from ..run.trace import RECV, SEND
+from ..run.trace import RECV, SEND, flow_id
 from .clock import SimClock
 from .costs import DOUBLE, Costs, Spec, worker_points
 from .platform import FLOPS
@@ -374,7 +374,7 @@ def worker(world: World, rank: int) -> None:
             versions[s] = version
         world.notice(rank, t)
         for s in range(S):
-            clock.message(RECV, s, c.pull_bytes(shard_nw[s]), rank, st["updates"] - 1, True)
+            clock.message(RECV, s, c.pull_bytes(shard_nw[s]), flow_id(rank, s, st["updates"] - 1, True))
         pending.clear()
 
     for epoch in range(run.epochs):
@@ -392,7 +392,7 @@ def worker(world: World, rank: int) -> None:
                 nb = c.push_bytes(shard_nw[s])  # the reply implies its arrival: no need to wait on it
                 world.post(f"s{s}", ("push", j, used[s], m, st["updates"]), nb)
                 pending.append(s)
-                clock.message(SEND, s, nb, rank, st["updates"], False)
+                clock.message(SEND, s, nb, flow_id(rank, s, st["updates"], False))
                 st["bytes_sent"] += nb
                 st["bytes_recv"] += c.pull_bytes(shard_nw[s])
             st["updates"] += 1
@@ -440,7 +440,7 @@ def server(world: World, rank: int) -> None:
 
     def reply(j: int) -> None:
         replies.append(world.send(f"w{S + j}", (rank, st["rounds"]), pull))
-        clock.message(SEND, S + j, pull, S + j, steps[j] - 1, True)
+        clock.message(SEND, S + j, pull, flow_id(S + j, rank, steps[j] - 1, True))
         st["bytes_sent"] += pull
 
     steps = np.zeros(W, np.int64)
@@ -462,7 +462,7 @@ def server(world: World, rank: int) -> None:
                 st["bytes_recv"] += push
                 steps[j] += 1
                 total += m
-                clock.message(RECV, S + j, push, S + j, step, False)
+                clock.message(RECV, S + j, push, flow_id(S + j, rank, step, False))
             st["rounds"] += 1
             for j in range(W):
                 reply(j)
@@ -488,7 +488,7 @@ def server(world: World, rank: int) -> None:
             else:
                 _, j, version, m, step = msg
                 clock.step = step
-                clock.message(RECV, S + j, push, S + j, step, False)
+                clock.message(RECV, S + j, push, flow_id(S + j, rank, step, False))
                 st["staleness"][j].append(st["rounds"] - version)
                 st["updates"] += 1
                 st["bytes_recv"] += push

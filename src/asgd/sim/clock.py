@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..run.trace import INIT_PHASES, PHASES, flow_id
+from ..run.trace import INIT_PHASES, PHASES
 
 
 class SimClock:
@@ -39,9 +39,10 @@ class SimClock:
         """A part of init (read, parse, shuffle): reported beside init, inside it."""
         self.sub[name] = self.sub.get(name, 0.0) + seconds
 
-    def message(self, kind: int, peer: int, nbytes: int, worker: int, step: int, reply: bool) -> None:
-        if self.trace and self.first <= step < self.last:
-            self.messages.append((_ns(self.now()), kind, peer, nbytes, flow_id(worker, step, reply)))
+    def message(self, kind: int, peer: int, nbytes: int, flow: int) -> None:
+        """As asgd.run.trace.TraceClock.message: flow = flow_id(worker, server, step, reply)."""
+        if self.trace and self.first <= (flow & 0xFFFFFFFF) >> 1 < self.last:
+            self.messages.append((_ns(self.now()), kind, peer, nbytes, flow))
 
     def seconds(self) -> dict[str, float]:
         self.switch(self.phase)

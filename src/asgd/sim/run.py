@@ -22,7 +22,7 @@ from . import actors, quiet_stderr, simgrid
 from .costs import Costs, Spec
 from .platform import Platform
 
-DEFAULT_SLEEP_OVERHEAD = 60e-6  # time.sleep's overshoot when calibrate did not measure it (NOTES-mpi.md)
+DEFAULT_SLEEP_OVERHEAD = 60e-6  # time.sleep's overshoot when calibrate did not measure it (about 60-100 us on a 2-core Debian 12 machine)
 
 
 def engine_config(costs: Costs) -> list[str]:
@@ -107,7 +107,6 @@ def build_results(world: actors.World, spec: Spec, costs: Costs, plat: Platform,
     records = [dict(x) for x in world.records]
     for k, rec in enumerate(records):
         rec["timeline"] = {"start": 0.0, "init_end": world.init_end[k], "end": world.end[k]}
-    _staleness(records, S)
     averaged = r.workers if spec.arch == "allreduce" or r.mode == "sync" else 1
     cfg = Config(data=data_path, reader=r.reader, hidden=r.hidden, batch=r.batch, epochs=r.epochs,
                  seed=spec.seed, out=out, arch=spec.arch, servers=max(S, 1), mode=r.mode,
@@ -136,25 +135,6 @@ def build_results(world: actors.World, spec: Spec, costs: Costs, plat: Platform,
         "note": "times are simulated; metrics (loss, accuracy) are not: no arithmetic is simulated",
     }
     return res
-
-
-def _staleness(records: list[dict], S: int) -> None:
-    """train._staleness_per_worker: each worker's distributions over every server, each
-    server's over all workers."""
-    def dist(hists):
-        h = np.zeros(max((len(x) for x in hists), default=1), np.int64)
-        for x in hists:
-            h[:len(x)] += x
-        n = h.sum()
-        return {"mean": float(h @ np.arange(len(h)) / n) if n else 0.0,
-                "max": int(np.flatnonzero(h).max(initial=0)), "histogram": h.tolist()}
-    servers = records[:S]
-    for j, rec in enumerate(records[S:]):
-        rec["staleness"] = dist([s["staleness_hist"][j] for s in servers])
-        rec["step_gap"] = dist([s["step_gap_hist"][j] for s in servers])
-    for s in servers:
-        s["staleness"] = dist(s.pop("staleness_hist"))
-        s["step_gap"] = dist(s.pop("step_gap_hist"))
 
 
 def summary(res: dict) -> str:

@@ -1,0 +1,303 @@
+"""How much of a worker's push/pull exchange hides behind its compute: for Delta-w of
+2-10K-2 (50,002 doubles, 400 KB) and 2-100K-2 (500,002 doubles, 4.0 MB), on shared memory
+(plain mpiexec, 2 ranks on this machine) and on the emulated cluster (asgd.testbed: server
+and worker on two hosts, TCP through links shaped to --bandwidth).
+
+Both ranks run asgd's real protocol through its public signatures: rank 0
+`protocol.server.Server(...).serve(Async())`, rank 1 `protocol.worker.run_worker(...)`
+with the real numba training step (`net.mlp.make_step`) on real data, exactly as
+asgd.train calls them; so the same script measures "after" once the worker gives large
+messages progress while it computes (a progress thread, tests between sample blocks).
+
+Definitions, per configuration (model size x transport), all per step on the worker:
+  E           the exchange alone: the worker's time per step with a step that returns at
+              once (no compute): push, the server's work, the reply, the waits
+  c           the compute: the worker's `compute` phase per step with the real step at a
+              batch size timed here to take about r x E, for r in --ratios
+  exposed(c)  the exchange time the worker still sees with that compute: its `push` and
+              `comm_wait` phases per step (posting the exchange, then waiting for the
+              previous one to complete, after the step)
+  All per step, medians over the run's steps (from a TraceClock of the worker), so that a
+  loaded machine's occasional long preemptions do not decide the figure.
+  hidden(c)   = (E - exposed(c)) / min(E, c), clipped to [0, 1]: the fraction of the
+              exchange that overlapped the compute, of what could have (with c >= E all
+              of it can hide; with c < E at most c of it). 0: nothing moved while the
+              worker computed (MPI moves a rendezvous-sized message only inside MPI
+              calls, and the worker makes none during its step); 1: perfect overlap.
+  headline    hidden at r = 2 (a compute twice the exchange: everything could hide)
+Also per row: T = the worker's time per step, and the two bounds max(c, E) (perfect
+overlap) and c + E (none).
+
+Writes overlap.csv, overlap.json (machine, load, testbed), overlap.png under --out.
+
+    python bench/bench_overlap.py                        # both sizes, shm and testbed (root)
+    python bench/bench_overlap.py --where shm --hidden 10000 --ratios 2 --updates 10   # seconds
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
+from common import int_list  # noqa: E402
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+
+def float_list(s: str) -> list[float]:
+    return [float(v) for v in str(s).split(",") if v]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int_list, default=[10000, 100000], help="2-H-2 sizes (default 10000,100000)")
+    p.add_argument("--where", default="shm,testbed", help="comma list of shm, testbed (default both; testbed: root)")
+    p.add_argument("--bandwidth", default="1gbit", help="the testbed's links, each way (default 1gbit)")
+    p.add_argument("--ratios", type=float_list, default=[0.5, 1.0, 2.0, 4.0],
+                   help="compute / exchange ratios r (default 0.5,1,2,4; the headline is r = 2)")
+    p.add_argument("--updates", type=int, default=40, help="updates per measurement (default 40)")
+    p.add_argument("--repeat", type=int, default=5, help="repetitions, medians (default 5)")
+    p.add_argument("--quick", action="store_true", help="ratios 2 only, 10 updates, 1 repetition")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per MPI job (default 900)")
+    p.add_argument("--out", type=Path, default=common.RESULTS / "overlap", help="default bench/results/overlap")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--mpi-child", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.quick:
+        a.ratios, a.updates, a.repeat = [2.0], 10, 1
+    a.where = [w.strip() for w in a.where.split(",") if w.strip()]
+    return a
+
+
+# -- inside the MPI job: rank 0 serves, rank 1 works -----------------------------------------
+
+def per_step(events: dict) -> dict:
+    """Median per worker step of its compute, exposed (push + comm_wait) and total time,
+    from a TraceClock's intervals: a step is a `compute` interval and the `comm_wait` and
+    `push` intervals that follow it (run_worker's order). The first two steps (no exchange
+    to wait for yet, warm caches) are left out. Medians: a loaded machine's rare long
+    preemptions do not move them."""
+    names = events["phases"]
+    steps = []
+    for start, end, code in events["intervals"]:
+        name = names[code]
+        if name == "compute":
+            steps.append({"compute": 0.0, "exposed": 0.0})
+        if steps and name in ("compute", "push", "comm_wait"):
+            steps[-1]["compute" if name == "compute" else "exposed"] += (int(end) - int(start)) / 1e9
+    steps = steps[2:]
+    return {"compute": float(np.median([x["compute"] for x in steps])),
+            "exposed": float(np.median([x["exposed"] for x in steps])),
+            "T": float(np.median([x["compute"] + x["exposed"] for x in steps])), "steps": len(steps)}
+
+
+def child(args) -> None:
+    from mpi4py import MPI
+
+    from asgd.data import problem
+    from asgd.net import mlp
+    from asgd.protocol.comm import Waiter, oversubscribed, shard_bounds
+    from asgd.protocol.server import Async, Server
+    from asgd.protocol.worker import run_worker
+    from asgd.run.trace import PhaseClock, TraceClock
+
+    comm = MPI.COMM_WORLD
+    if comm.size != 2:
+        raise SystemExit("bench_overlap's MPI job runs on exactly 2 ranks")
+    crowded = oversubscribed(comm)
+    waiter = Waiter(crowded, time.monotonic() + args.timeout, f"rank {comm.rank}")
+    mlp.compile_kernels()
+    out = []
+
+    def exchange(layout, step, batch: int, updates: int) -> dict | None:
+        """One run of the real protocol: `updates` steps; the worker's medians per step."""
+        w = mlp.init_params(layout, 0)
+        comm.Barrier()
+        if comm.rank == 0:
+            Server(comm, w, 1, waiter, PhaseClock("idle"), None).serve(Async())
+            return None
+        data = problem.rings(batch * updates, 1)
+        clock = TraceClock("idle", steps=(0, 1 << 30))
+        run_worker(comm, shard_bounds(layout.n_w, 1), w, data.X, data.y, step, 1e-9, batch, 1, [0, 0],
+                   waiter, clock)
+        return per_step(clock.events())
+
+    def no_compute(w, X, y, lr, dw):
+        return 0.0
+
+    def batch_for(layout, seconds: float) -> int:
+        """The batch size whose real training step takes about `seconds` here (two rounds
+        of timing and rescaling: the step is not quite linear in the batch)."""
+        ds = problem.rings(4096, 2)
+        w, dw = mlp.init_params(layout, 0), np.zeros(layout.n_w)
+        b = 64
+        for _ in range(3):
+            b = int(min(max(b, 1), 4096))
+            s = mlp.make_step(layout, b)
+            s(w, ds.X[:b], ds.y[:b], 1e-9, dw)
+            ts = []
+            for _ in range(3):
+                t = time.perf_counter()
+                s(w, ds.X[:b], ds.y[:b], 1e-9, dw)
+                ts.append(time.perf_counter() - t)
+            b = round(b * seconds / float(np.median(ts)))
+        return int(min(max(b, 1), 4096))
+
+    for hidden in args.hidden:
+        layout = mlp.Layout(2, hidden, 2)
+        exchange(layout, no_compute, 1, 5)   # warm-up: connections, buffers
+        for rep in range(args.repeat):
+            alone = exchange(layout, no_compute, 1, args.updates)
+            E = comm.bcast(alone["T"] if alone else None, root=1)
+            for r in args.ratios:
+                batch = comm.bcast(batch_for(layout, r * E) if comm.rank == 1 else None, root=1)
+                got = exchange(layout, mlp.make_step(layout, batch), batch, args.updates)
+                if got:
+                    c, exposed = got["compute"], got["exposed"]
+                    out.append({"hidden": hidden, "n_w": layout.n_w, "mbytes": 8 * layout.n_w / 1e6, "rep": rep,
+                                "ratio": r, "batch": batch, "E_ms": 1e3 * E,
+                                "E_exposed_ms": 1e3 * alone["exposed"], "c_ms": 1e3 * c,
+                                "exposed_ms": 1e3 * exposed, "T_ms": 1e3 * got["T"],
+                                "perfect_ms": 1e3 * max(c, E), "serial_ms": 1e3 * (c + E),
+                                "hidden_frac": float(np.clip((E - exposed) / min(E, c), 0, 1)) if c > 0 else None,
+                                "steps": got["steps"]})
+    if comm.rank == 1:
+        print(json.dumps({"oversubscribed": crowded, "rows": out}), flush=True)
+
+
+# -- the launcher -------------------------------------------------------------------------------
+
+def child_argv(args) -> list[str]:
+    return [str(Path(__file__).resolve()), "--mpi-child", "--hidden", ",".join(map(str, args.hidden)),
+            "--ratios", ",".join(map(str, args.ratios)), "--updates", str(args.updates),
+            "--repeat", str(args.repeat), "--timeout", str(args.timeout)]
+
+
+def parse_child(stdout: str) -> dict:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"no result from the MPI job:\n{stdout[-1500:]}")
+    return json.loads(lines[-1])
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Medians over repetitions, per where x hidden x ratio."""
+    keys = sorted({(r["where"], r["hidden"], r["ratio"]) for r in rows})
+    out = []
+    for where, hidden, ratio in keys:
+        rs = [r for r in rows if (r["where"], r["hidden"], r["ratio"]) == (where, hidden, ratio)]
+        med = {k: float(np.median([r[k] for r in rs])) for k in ("E_ms", "c_ms", "exposed_ms", "T_ms",
+                                                                   "perfect_ms", "serial_ms", "hidden_frac")}
+        med["c_over_E"] = float(np.median([r["c_ms"] / r["E_ms"] for r in rs]))
+        out.append({"where": where, "hidden": hidden, "mbytes": round(rs[0]["mbytes"], 3), "ratio": ratio,
+                    "batch": rs[0]["batch"], **{k: round(v, 3) for k, v in med.items()},
+                    "hidden_frac_min": round(min(r["hidden_frac"] for r in rs), 3),
+                    "hidden_frac_max": round(max(r["hidden_frac"] for r in rs), 3), "repeat": len(rs)})
+    return out
+
+
+def plot(summary, path, headline_ratio):
+    plt = common.pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    ax = axes[0]
+    for (where, hidden), col in zip(sorted({(s["where"], s["hidden"]) for s in summary}),
+                                    ["tab:blue", "tab:orange", "tab:green", "tab:red"]):
+        ss = sorted((s for s in summary if (s["where"], s["hidden"]) == (where, hidden)), key=lambda s: s["ratio"])
+        ax.plot([s["ratio"] for s in ss], [s["hidden_frac"] for s in ss], marker="o", color=col,
+                label=f"{where}, {ss[0]['mbytes']:.1f} MB")
+        ax.fill_between([s["ratio"] for s in ss], [s["hidden_frac_min"] for s in ss],
+                        [s["hidden_frac_max"] for s in ss], color=col, alpha=0.15)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("compute / exchange alone (c / E)")
+    ax.set_ylabel("fraction of the exchange hidden")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    hs = [s for s in summary if s["ratio"] == headline_ratio]
+    x = np.arange(len(hs))
+    ax.bar(x - 0.3, [s["serial_ms"] for s in hs], 0.2, color="0.7", label="c + E (no overlap)")
+    ax.bar(x - 0.1, [s["T_ms"] for s in hs], 0.2, color="tab:blue", label="measured T")
+    ax.bar(x + 0.1, [s["perfect_ms"] for s in hs], 0.2, color="tab:green", label="max(c, E) (perfect)")
+    ax.set_xticks(x, [f"{s['where']}\n{s['mbytes']:.1f} MB" for s in hs], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel(f"ms per step at c = {headline_ratio:g} E (medians)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.mpi_child:
+        child(args)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    load = common.LoadSampler(2.0)
+    m = common.machine()
+    rows, testbed = [], None
+    if "shm" in args.where:
+        print("shared memory: mpiexec -n 2 (one machine) ...", flush=True)
+        job = common.mpiexec(2, child_argv(args), timeout=args.timeout)
+        got = parse_child(job["stdout"])
+        rows += [{"where": "shm", **r} for r in got["rows"]]
+    if "testbed" in args.where:
+        from asgd.testbed import lifecycle, missing_requirements, parse_rate
+        from asgd.testbed.spec import format_rate
+        reason = missing_requirements()
+        if reason:
+            print(f"testbed skipped: {reason}", flush=True)
+        else:
+            rate = parse_rate(args.bandwidth)
+            name = "ov"
+            if lifecycle.exists(name):
+                lifecycle.down(name, say=lambda *a, **k: None)
+            tb = lifecycle.up(name, 2, rate, say=lambda *a, **k: None)
+            testbed = {"hosts": 2, "rate": format_rate(rate), "rate_bit": rate, "placement": "server h0, worker h1"}
+            try:
+                print(f"testbed: server and worker on two hosts, {format_rate(rate)} links ...", flush=True)
+                res = tb.run([common.launch.find(), "-n", "2", sys.executable, *child_argv(args)], servers=1,
+                             capture=True, timeout=args.timeout, say=lambda *a, **k: None)
+                if res.rc:
+                    raise RuntimeError(f"testbed job failed (exit {res.rc}): {(res.stderr or '')[-1500:]}")
+                got = parse_child(res.stdout)
+                testbed["wire_bytes"] = res.wire
+                rows += [{"where": f"testbed {format_rate(rate)}", **r} for r in got["rows"]]
+            finally:
+                tb.down()
+    summary = summarize(rows)
+    headline = 2.0 if 2.0 in args.ratios else args.ratios[-1]
+    info = {"benchmark": "overlap", "machine": m, "load": load.summary(), "command": common.command_line(),
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "testbed": testbed, "summary": summary, "headline_ratio": headline,
+            "columns": {"E_ms": "the exchange alone: worker ms per step with no compute (median over steps)",
+                        "c_ms": "the worker's compute per step (real step, batch timed for ratio x E)",
+                        "exposed_ms": "push + comm_wait per step with that compute",
+                        "hidden_frac": "(E - exposed) / min(E, c), clipped to [0, 1]",
+                        "T_ms": "worker ms per step", "perfect_ms": "max(c, E)", "serial_ms": "c + E"}}
+    paths = common.write_outputs(args.out, "overlap", rows, info)
+    if not args.no_plot:
+        plot(summary, args.out / "overlap.png", headline)
+        paths.append(args.out / "overlap.png")
+    print(common.describe(m, info["load"]))
+    common.print_table(summary, [("where", "where", ""), ("MB", "mbytes", ".1f"), ("c/E", "ratio", "g"),
+                                 ("batch", "batch", "d"), ("c/E got", "c_over_E", ".2f"), ("E ms", "E_ms", ".2f"), ("c ms", "c_ms", ".2f"),
+                                 ("exposed ms", "exposed_ms", ".2f"), ("T ms", "T_ms", ".2f"),
+                                 ("max(c,E)", "perfect_ms", ".2f"), ("c+E", "serial_ms", ".2f"),
+                                 ("hidden", "hidden_frac", ".2f"), ("min", "hidden_frac_min", ".2f"),
+                                 ("max", "hidden_frac_max", ".2f")])
+    print(f"headline (c = {headline:g} E): " + "; ".join(
+        f"{s['where']} {s['mbytes']:.1f} MB: {100 * s['hidden_frac']:.0f} % hidden"
+        for s in summary if s["ratio"] == headline))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

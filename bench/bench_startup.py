@@ -1,0 +1,135 @@
+"""Start-up, before and after: per-rank start-up CPU by role, and the default 16-rank
+run's wall time, of this tree and of a baseline commit, side by side in one run.
+
+    python bench/bench_startup.py [--baseline 7584051] [--repeat 5] [--ranks 16]
+
+The baseline is checked out into a git worktree (bench/results/startup/baseline-<rev>)
+and run from its own src/ (PYTHONPATH), so both trees run with the same Python, MPI and
+numba; each tree's numba cache is warmed first. Repetitions interleave the trees.
+
+  per-rank CPU  `mpiexec -n R python bench/cpu_of.py asgd.train --hidden 10 --epochs 1`:
+                each rank's process CPU (user + system) at exit. With a 2-10-2 MLP and one
+                epoch, training is a few ms: the rest is start-up (imports, MPI_Init,
+                numba's loads, the data) and the end (gathering the records, MPI_Finalize).
+  default run   `mpiexec -n R python -m asgd.train` with its defaults: wall time from the
+                launcher, and init_s / train_s from results.json.
+
+Writes startup.csv, startup.json and startup.png under bench/results/startup/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+BASELINE = "7584051"  # the last commit before the redesign (issue 15)
+
+
+def worktree(rev: str, out: Path) -> Path:
+    """A checkout of `rev` (made once, reused)."""
+    path = out / f"baseline-{rev}"
+    if not (path / "src" / "asgd").exists():
+        subprocess.run(["git", "-C", str(common.ROOT), "worktree", "add", "--force", "--detach", str(path), rev],
+                       check=True, capture_output=True, timeout=120)
+    return path
+
+
+def per_rank_cpu(tree: Path, ranks: int) -> list[dict]:
+    """Each rank's process CPU seconds, for a run whose training is negligible."""
+    with tempfile.TemporaryDirectory(prefix="asgd-bench-startup-") as tmp:
+        env = {"PYTHONPATH": str(tree / "src"), "ASGD_CPU_OUT": tmp}
+        common.mpiexec(ranks, [str(common.BENCH / "cpu_of.py"), "asgd.train", "--hidden", "10", "--epochs", "1",
+                               "--quiet", "--out", os.path.join(tmp, "run")], timeout=300, env=env)
+        got = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("cpu-*.json"))]
+        roles = {r["rank"]: r["role"] for r in json.loads((Path(tmp) / "run" / "results.json").read_text())["ranks"]}
+    return [{**g, "role": roles[g["rank"]]} for g in got]
+
+
+def default_run(tree: Path, ranks: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="asgd-bench-startup-") as tmp:
+        res = common.mpiexec(ranks, ["-m", "asgd.train", "--quiet", "--out", tmp], timeout=600,
+                             env={"PYTHONPATH": str(tree / "src")})
+        r = json.loads((Path(tmp) / "results.json").read_text())
+    return {"launcher_wall_s": res["wall_s"], "wall_s": r["wall_s"], "init_s": r["init_s"], "train_s": r["train_s"],
+            "accuracy": r["metrics"]["accuracy"]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--baseline", default=BASELINE, help="the commit to compare with (default %(default)s)")
+    p.add_argument("--repeat", type=int, default=5, help="interleaved repetitions (default %(default)s)")
+    p.add_argument("--ranks", type=int, default=16, help="ranks of both measurements (default %(default)s)")
+    p.add_argument("--out", help="results folder (default bench/results/startup)")
+    a = p.parse_args(argv)
+    out = common.results_dir("startup", a.out)
+    m = common.machine()
+    load = common.LoadSampler()
+    trees = {f"before ({a.baseline})": worktree(a.baseline, out), "after (this tree)": common.ROOT}
+    for tree in trees.values():  # numba's cache, both trees
+        default_run(tree, 2)
+    rows = []
+    for i in range(a.repeat):
+        for name in (list(trees) if i % 2 == 0 else list(reversed(trees))):
+            cpu = per_rank_cpu(trees[name], a.ranks)
+            rows += [{"tree": name, "rep": i, "measure": "rank_cpu", **c} for c in cpu]
+            run = default_run(trees[name], a.ranks)
+            rows.append({"tree": name, "rep": i, "measure": "default_run", **run})
+            print(f"  {i + 1}/{a.repeat} {name}: rank CPU median {statistics.median(c['cpu_s'] for c in cpu):.3f} s, "
+                  f"default run wall {run['wall_s']:.2f} s (init {run['init_s']:.2f} s)", flush=True)
+    summary = []
+    for name in trees:
+        cpu = [r for r in rows if r["tree"] == name and r["measure"] == "rank_cpu"]
+        runs = [r for r in rows if r["tree"] == name and r["measure"] == "default_run"]
+        med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
+        summary.append({"tree": name,
+                        "worker_cpu_s": med([r for r in cpu if r["role"] == "worker"], "cpu_s"),
+                        "server_cpu_s": med([r for r in cpu if r["role"] == "server"], "cpu_s"),
+                        "rank_cpu_s": med(cpu, "cpu_s"),
+                        "default_wall_s": med(runs, "wall_s"), "default_init_s": med(runs, "init_s"),
+                        "default_train_s": med(runs, "train_s"), "launcher_wall_s": med(runs, "launcher_wall_s"),
+                        "accuracy": med(runs, "accuracy")})
+    b, n = summary
+    change = {k: 100 * (n[k] / b[k] - 1) for k in b if k != "tree"}
+    meta = {"machine": m, "load": load.summary(), "command": common.command_line(), "args": vars(a),
+            "summary": summary, "change_pct": change,
+            "columns": {"cpu_s": "a rank's process CPU (user+system) for a 1-epoch 2-10-2 run: start-up and end",
+                        "wall_s": "results.json wall_s of the default run", "init_s": "results.json init_s",
+                        "launcher_wall_s": "mpiexec's wall time, launch to exit"}}
+    common.write_outputs(out, "startup", rows, meta)
+    print(common.describe(m, meta["load"]))
+    common.print_table(summary + [{"tree": "change %", **change}], [
+        ("tree", "tree", ""), ("worker CPU s", "worker_cpu_s", ".3f"), ("server CPU s", "server_cpu_s", ".3f"),
+        ("default run wall s", "default_wall_s", ".2f"), ("init s", "default_init_s", ".2f"),
+        ("train s", "default_train_s", ".2f"), ("mpiexec wall s", "launcher_wall_s", ".2f"),
+        ("accuracy", "accuracy", ".4f")],
+        title=f"per-rank start-up CPU ({a.ranks} ranks) and the default {a.ranks}-rank run, medians of {a.repeat}")
+    try:
+        plt = common.pyplot()
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        for ax, keys, title in ((axes[0], ("worker_cpu_s", "server_cpu_s"), "per-rank start-up CPU, s"),
+                                (axes[1], ("default_init_s", "default_train_s"), f"default {a.ranks}-rank run, s")):
+            for i, s in enumerate(summary):
+                ax.bar([j + 0.4 * i for j in range(len(keys))], [s[k] for k in keys], width=0.4, label=s["tree"])
+            ax.set_xticks([j + 0.2 for j in range(len(keys))], [k.rsplit("_", 1)[0].replace("default_", "") for k in keys])
+            ax.set_title(title)
+            ax.legend()
+        fig.suptitle("start-up before and after (measured here)")
+        fig.tight_layout()
+        fig.savefig(out / "startup.png", dpi=120)
+    except ImportError:
+        pass
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

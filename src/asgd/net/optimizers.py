@@ -1,0 +1,113 @@
+"""The optimizers a parameter server runs on its shard (and every allreduce rank on all
+of w): what to do with an update direction d, and the state kept between updates.
+
+    sgd       w += d                                  d = -lr * mean gradient (the worker applied lr)
+    momentum  v = mu v + lr d;  w += v                d = -mean gradient
+    adagrad   G += d^2;  w += lr d / (sqrt(G) + eps)
+    adam      m, v: moving averages of d and d^2;  w += lr m^ / (sqrt(v^) + eps)
+
+Workers send d: for sgd the Delta-w of their step (lr applied on the worker, the paper's
+ASGD), for the others the negative mean gradient (their step with lr 1), and the server
+applies lr. Keeping the state on the server, per shard, is how parameter servers in the
+field do it (DistBelief's Downpour SGD ran Adagrad there; MXNet's kvstore and ps-lite let
+the server own the optimizer): it sees every update, stale ones included.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import OPTIMIZERS, kernels
+MOMENTUM = 0.9
+BETAS = (0.9, 0.999)
+EPS = 1e-8
+
+
+class Optimizer:
+    """One optimizer's state for `size` parameters (a server's shard, or all of w)."""
+
+    def __init__(self, name: str, lr: float, size: int, momentum: float = MOMENTUM):
+        if name not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+        self.name, self.lr, self.mu = name, lr, momentum
+        self.t = 0  # updates applied (Adam's bias correction counts them)
+        shapes = {"sgd": (), "momentum": ("v",), "adagrad": ("g2",), "adam": ("m", "v")}[name]
+        self.state = {k: np.zeros(size) for k in shapes}
+
+
+    def step(self, w: np.ndarray, d: np.ndarray, scale: float = 1.0) -> None:
+        """Move w along scale * d. d may be overwritten when scale != 1."""
+        self.t += 1
+        if self.name == "sgd":
+            if scale == 1.0:
+                kernels.add_into(w, d)
+            else:
+                kernels.add_scaled(w, d, scale)
+            return
+        if scale != 1.0:
+            d *= scale
+        s = self.state
+        if self.name == "momentum":
+            kernels.momentum_update(w, s["v"], d, self.lr, self.mu)
+        elif self.name == "adagrad":
+            kernels.adagrad_update(w, s["g2"], d, self.lr, EPS)
+        else:
+            kernels.adam_update(w, s["m"], s["v"], d, self.lr, BETAS[0], BETAS[1], EPS, self.t)
+
+    def save(self) -> dict:
+        """The state as arrays, for a checkpoint (t as a 0-d array)."""
+        return {**{f"opt_{k}": v for k, v in self.state.items()}, "opt_t": np.array(self.t)}
+
+    def load(self, saved: dict) -> None:
+        """Restore what save() returned (a checkpoint's arrays; one written before 0.2 has
+        none: sgd, which keeps no state)."""
+        for k in self.state:
+            self.state[k][:] = saved[f"opt_{k}"]
+        self.t = int(saved.get("opt_t", 0))
+
+
+def worker_lr(name: str, lr: float) -> float:
+    """The learning rate of a worker's step: lr for sgd (it pushes Delta-w), else 1 (it
+    pushes the negative gradient and the server applies lr)."""
+    return lr if name == "sgd" else 1.0
+
+
+def default_lr(name: str, hidden: int, averaged_workers: int = 1) -> float:
+    """The learning rate when --lr is not given, per optimizer.
+      sgd       3/hidden: the output layer's curvature grows with the width, and this step
+                stays stable under the 15-30 updates of staleness of 15 asynchronous
+                workers; where each update averages W workers' (sync, allreduce), W times
+                that (the linear scaling rule, Goyal et al. 2017)
+      momentum  a tenth of sgd's: the velocity sums about 1/(1 - 0.9) = 10 updates
+      adagrad, adam  per-parameter steps of about lr, whatever the gradient's scale"""
+    if name == "sgd":
+        return 3.0 / hidden * averaged_workers
+    if name == "momentum":
+        return 0.3 / hidden * averaged_workers
+    return {"adagrad": 0.01, "adam": 0.001}[name]
+
+
+def reference(name: str, lr: float, w: np.ndarray, ds, scales) -> np.ndarray:
+    """The optimizer's textbook update in plain numpy, from w over a sequence of
+    directions d (-gradient; for sgd the Delta-w itself), each times its scale: the test
+    oracle of Optimizer.step."""
+    w = w.copy()
+    v = np.zeros_like(w)
+    m = np.zeros_like(w)
+    g2 = np.zeros_like(w)
+    for t, (d, c) in enumerate(zip(ds, scales), 1):
+        d = d * c
+        if name == "sgd":
+            w += d
+        elif name == "momentum":
+            v = MOMENTUM * v + lr * d
+            w += v
+        elif name == "adagrad":
+            g2 += d * d
+            w += lr * d / (np.sqrt(g2) + EPS)
+        else:
+            b1, b2 = BETAS
+            m = b1 * m + (1 - b1) * d
+            v = b2 * v + (1 - b2) * d * d
+            w += lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + EPS)
+    return w

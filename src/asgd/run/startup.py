@@ -1,0 +1,68 @@
+"""What a rank loads before its data: the numba kernels its role calls, and the parsers
+when it reads a file; nothing else. A rank spends most of its start-up importing numpy,
+mpi4py and numba and loading numba's cache, so each role loads only its own kernels,
+and one rank per node loads them first (a cold cache is compiled once, not N times).
+
+    role            kernels (net.mlp.compile_kernels)             data
+    worker          step                                          parsers (file), shares (embedded)
+    server          aggregate, its optimizer; rank 0 evaluate     parsers (file)
+    allreduce rank  step, aggregate, its optimizer; rank 0 eval.  parsers (file), shares (embedded)
+
+calibrate's start-up probes call the same functions, so the model measures what a run
+pays.
+"""
+
+from __future__ import annotations
+
+from mpi4py import MPI
+
+from ..protocol.comm import Waiter, once_per_node
+
+# what every rank of asgd.train imports (calibrate times it; a test keeps it true)
+RANK_MODULES = ("numpy", "mpi4py.MPI", "asgd.data.shares", "asgd.data.standardize", "asgd.net.mlp",
+                "asgd.net.optimizers", "asgd.protocol.allreduce",
+                "asgd.protocol.comm", "asgd.protocol.server", "asgd.protocol.worker", "asgd.run.checkpoint",
+                "asgd.run.config", "asgd.run.results", "asgd.run.signals", "asgd.run.startup",
+                "asgd.run.progress", "asgd.run.trace")
+
+
+def loads(role: str, rank: int, reads_file: bool, allreduce: bool = False,
+          optimizer: str = "sgd") -> tuple[str, ...]:
+    """The kernel uses of a rank (see the table above), plus 'parsers' or 'shares'."""
+    update = f"update:{optimizer}"
+    if allreduce:
+        uses = ("step", "aggregate", update)
+    else:
+        uses = ("step",) if role == "worker" else ("aggregate", update)
+    if rank == 0:
+        uses += ("evaluate",)
+    if reads_file:
+        uses += ("parsers",)
+    elif role == "worker":
+        uses += ("shares",)  # the embedded problem: assign's permutation kernel
+    return uses
+
+
+def node_loads(reads_file: bool, allreduce: bool = False, optimizer: str = "sgd") -> tuple[str, ...]:
+    """Every rank's loads together: what a node's first rank compiles when the cache is cold."""
+    return tuple(dict.fromkeys(u for role in ("server", "worker") for rank in (0, 1)
+                               for u in loads(role, rank, reads_file, allreduce, optimizer)))
+
+
+def load(uses: tuple[str, ...]) -> None:
+    """Compile or cache-load the kernels of `uses` (this rank only)."""
+    from ..net import mlp
+    mlp.compile_kernels(*(u for u in uses if u in mlp.KERNEL_USES))
+    if "parsers" in uses:
+        from ..data import parse
+        parse.compile_parsers()
+    if "parsers" in uses or "shares" in uses:
+        from ..data import shares
+        shares.assign(3, 0, 1, 1, False)
+
+
+def warm_up(comm: MPI.Comm, waiter: Waiter, uses: tuple[str, ...], node_uses: tuple[str, ...]) -> Exception | None:
+    """The node's first rank loads `node_uses` (every use of any rank on the node, so a
+    cold cache is compiled there, once), then the node's other ranks their own `uses`.
+    Returns this rank's exception, if any, for the caller's next agreement."""
+    return once_per_node(comm, waiter, lambda first: load(node_uses if first else uses), "load the numba kernels")

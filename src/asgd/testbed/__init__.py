@@ -1,0 +1,34 @@
+"""An emulated cluster on one machine: hosts as Linux namespaces, links shaped with tc.
+
+    python -m asgd.testbed up --hosts 4 --bandwidth 100mbit     # root
+    python -m asgd.testbed run --check-bytes -- mpiexec -n 4 python -m asgd.train --epochs 1
+    python -m asgd.testbed status
+    python -m asgd.testbed down
+
+Each host is a network namespace with its own UTS (hostname) and IPC namespaces, one
+veth into a bridge in the root namespace, and its link shaped with tc `tbf` on both ends
+(egress of the host's eth0: what it sends; egress of the root-side veth: what it
+receives); latency with `netem` where the kernel has it. The bridge has an address in
+the root namespace, so the MPI launcher's control connections reach the hosts. `run`
+places ranks on hosts through the launcher's own remote-start mechanism (an ssh stand-in
+that enters the host's namespaces), so traffic between hosts is TCP through the shaped
+links, which the byte counters on each veth prove.
+
+Modules, one job each:
+  spec       names, addresses and rates of a testbed (pure: no system calls)
+  sh         running ip/tc/nsenter with time limits; what this machine lacks
+  hostns     a host's persistent UTS and IPC namespaces (bind-mounted, no holder process)
+  links      bridge, namespaces and veth pairs
+  shaping    tc tbf (and netem where available) on both ends of a link
+  state      the state directory under /run that up writes and down/status/run read
+  procs      processes inside a testbed's namespaces, and ending them
+  placement  which rank runs on which host
+  launch     rewriting an mpiexec command (MPICH hydra, Open MPI) to run on the hosts
+  proof      veth byte counters against results.json's per-rank bytes
+  lifecycle  up, down, status
+  cli        python -m asgd.testbed
+"""
+
+from .lifecycle import Testbed, down, status, up  # noqa: F401
+from .sh import TestbedError, missing_requirements  # noqa: F401
+from .spec import Spec, parse_rate  # noqa: F401

@@ -1,0 +1,271 @@
+"""up, down and status of a testbed, and the Testbed handle bench/ and the tests use.
+
+up records its progress in state.json before each object it makes, and on any failure
+takes down what it made; a killed up leaves objects that down finds by their names.
+down is idempotent: it ends the launchers recorded by `run`, every process inside the
+testbed's namespaces, then removes namespaces, veths (their qdiscs go with them), the
+bridge, the namespace files and the state directory, and checks that nothing is left.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import zlib
+
+from . import hostns, links, procs, shaping, state
+from .sh import TestbedError, missing_requirements
+from .spec import PREFIX, Spec, check_name, format_rate, link_names, netns_names
+
+RSH = """#!/bin/sh
+# asgd testbed {name}: the MPI launcher's ssh stand-in. `rsh [-opts] HOST COMMAND...`
+# runs COMMAND with /bin/sh inside HOST's network, UTS and IPC namespaces, as ssh would
+# run it on a remote machine. Written by `python -m asgd.testbed up`, removed by down.
+while [ $# -gt 0 ] && [ "${{1#-}}" != "$1" ]; do shift; done   # ssh options (hydra: -x)
+host=$1; shift
+d={dir}
+if [ ! -e "/run/netns/$host" ] || [ ! -e "$d/$host.uts" ]; then
+  echo "asgd testbed {name}: no host '$host' (hosts: {first} .. {last})" >&2; exit 255
+fi
+exec nsenter --net="/run/netns/$host" --uts="$d/$host.uts" --ipc="$d/$host.ipc" -- /bin/sh -c "$*"
+"""
+
+STALL_ENV = "ASGD_TESTBED_TEST_STALL_AFTER_HOST"  # tests: up stops here, to be killed mid-way
+
+
+def _say_nothing(*_a, **_k):
+    pass
+
+
+def exists(name: str) -> bool:
+    return (state.state_file(name).parent.exists() or bool(netns_names(name, links.list_netns()))
+            or bool(link_names(name, links.list_links())))
+
+
+def pick_subnet(name: str) -> str:
+    """A free 10.231.X.0/24 for this testbed: X from its name, then the next free one."""
+    taken = {(state.read(n) or {}).get("subnet") for n in state.names()}
+    start = zlib.crc32(name.encode()) % 256
+    for i in range(256):
+        prefix = f"10.231.{(start + i) % 256}"
+        if prefix not in taken and not links.subnet_in_use(prefix):
+            return prefix
+    raise TestbedError("no free 10.231.X.0/24 subnet; pass --subnet")
+
+
+def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: str | None = None,
+       say=print) -> Testbed:
+    """Make the testbed; returns its handle. Raises TestbedError (nothing left behind)."""
+    check_name(name)
+    reason = missing_requirements()
+    if reason:
+        raise TestbedError(f"cannot make a testbed here: {reason}")
+    if exists(name):
+        raise TestbedError(f"testbed {name!r} already exists (or pieces of it): "
+                           f"python -m asgd.testbed down --name {name}")
+    spec = Spec(name, hosts, rate_bit, latency_us, subnet or pick_subnet(name))
+    state.write(spec, status="creating", pid=os.getpid(), start=procs.start_time(os.getpid()))
+    t0 = time.perf_counter()
+    try:
+        links.make_bridge(spec)
+        netem = shaping.netem_available(spec.bridge) if latency_us > 0 else None
+        if latency_us > 0 and not netem:
+            say(f"asgd.testbed: netem is not in this kernel (no sch_netem): no latency added; "
+                f"--latency {latency_us:g} us is NOT applied (links have only their own sub-ms latency)",
+                file=sys.stderr)
+        delay = latency_us / 2 if netem else 0.0  # each end of a host-to-host path adds half
+        for k in range(hosts):
+            links.make_netns(spec, k)
+            hostns.create({kind: spec.ns_file(k, kind) for kind in hostns.KINDS}, spec.host(k))
+            links.make_link(spec, k)
+            shaping.shape(spec.veth(k), rate_bit, delay)               # into host k
+            shaping.shape("eth0", rate_bit, delay, netns=spec.host(k))  # out of host k
+            if os.environ.get(STALL_ENV) == str(k):
+                print(f"asgd.testbed: stalling after host {k} ({STALL_ENV})", file=sys.stderr, flush=True)
+                time.sleep(600)
+        spec.rsh.write_text(RSH.format(name=name, dir=spec.dir, first=spec.host(0), last=spec.host(hosts - 1)))
+        spec.rsh.chmod(0o755)
+        state.write(spec, status="up", netem=netem, latency_applied_us=latency_us if netem else 0.0,
+                    seconds_to_up=round(time.perf_counter() - t0, 3))
+    except BaseException:
+        down(name, say=_say_nothing)
+        raise
+    say(f"asgd.testbed: {name} up: {hosts} hosts {spec.host(0)} .. {spec.host(hosts - 1)} "
+        f"({spec.host_ip(0)} .. {spec.host_ip(hosts - 1)}), bridge {spec.bridge} {spec.bridge_ip}, "
+        f"{format_rate(rate_bit)} each way per link (tbf), latency "
+        + (f"{latency_us:g} us (netem)" if latency_us and netem else "not added")
+        + f"; {time.perf_counter() - t0:.2f} s")
+    return Testbed(spec)
+
+
+def _namespace_inodes(name: str, namespaces: list[str]) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {"net": set(), "uts": set(), "ipc": set()}
+    for ns in namespaces:
+        try:
+            out["net"].add(os.stat(f"/run/netns/{ns}").st_ino)
+        except OSError:
+            pass
+    d = state.state_file(name).parent
+    for kind in hostns.KINDS:
+        for f in d.glob(f"*.{kind}") if d.is_dir() else []:
+            ino = hostns.inode(f)
+            if ino:
+                out[kind].add(ino)
+    return out
+
+
+def down(name: str, say=print) -> dict:
+    """Remove everything of testbed `name` (idempotent). Returns what was removed; raises
+    TestbedError if something could not be."""
+    check_name(name)
+    removed = {"launchers": [], "processes": [], "netns": [], "links": [], "files": []}
+    for r in state.recorded_runs(name):
+        if procs.kill_group(r["pid"], r.get("start")):
+            removed["launchers"].append(r["pid"])
+    info = state.read(name) or {}
+    if info.get("status") == "creating" and info.get("pid") and procs.alive(info["pid"], info.get("start")) \
+            and info["pid"] != os.getpid():
+        procs.kill([info["pid"]])   # an `up` still under way (or stalled)
+        removed["launchers"].append(info["pid"])
+    namespaces = netns_names(name, links.list_netns())
+    inside = procs.inside(_namespace_inodes(name, namespaces))
+    left = procs.kill(inside)
+    removed["processes"] = inside
+    # links before namespaces: a namespace's deletion takes its veth pair with it, but
+    # asynchronously, so a later look could still see (and count) the root-side end
+    devs = link_names(name, links.list_links())
+    for dev in sorted(devs, key=lambda d: d == f"{PREFIX}{name}"):   # veths first, the bridge last
+        links.delete_link(dev)
+        removed["links"].append(dev)
+    for ns in namespaces:
+        links.delete_netns(ns)
+        removed["netns"].append(ns)
+    d = state.state_file(name).parent
+    if d.is_dir():
+        for f in sorted(d.glob("*.uts")) + sorted(d.glob("*.ipc")):
+            hostns.remove(f)
+            removed["files"].append(f.name)
+        for f in sorted((d / "runs").glob("*")) if (d / "runs").is_dir() else []:
+            f.unlink(missing_ok=True)
+        for f in ("rsh", "state.json", "state.tmp"):
+            (d / f).unlink(missing_ok=True)
+        for sub in (d / "runs", d):
+            try:
+                sub.rmdir()
+            except FileNotFoundError:
+                pass
+    leftovers = leftovers_of(name) + [f"process {p}" for p in left]
+    if leftovers:
+        raise TestbedError(f"testbed {name}: could not remove {', '.join(leftovers)}")
+    if any(removed.values()):
+        say(f"asgd.testbed: {name} down: removed {len(removed['netns'])} namespaces, {len(removed['links'])} "
+            f"interfaces, {len(removed['processes'])} processes, {len(removed['launchers'])} launchers")
+    else:
+        say(f"asgd.testbed: {name}: nothing to remove")
+    return removed
+
+
+def leftovers_of(name: str) -> list[str]:
+    """Anything of testbed `name` still present: namespaces, interfaces, state files, mounts."""
+    out = [f"netns {n}" for n in netns_names(name, links.list_netns())]
+    out += [f"link {d}" for d in link_names(name, links.list_links())]
+    d = state.state_file(name).parent
+    if d.exists():
+        out.append(f"directory {d}")
+    with open("/proc/self/mountinfo") as f:
+        out += [f"mount {line.split()[4]}" for line in f if line.split()[4].startswith(str(d) + "/")]
+    return out
+
+
+def status(name: str | None = None) -> list[dict]:
+    """Per testbed: its spec, status, and per host the address, counters, qdiscs, processes
+    inside, and what is missing."""
+    out = []
+    present_ns, present_links = links.list_netns(), links.list_links()
+    for n in ([name] if name else sorted(set(state.names()) | _names_from_objects(present_ns, present_links))):
+        info = state.read(n)
+        namespaces = netns_names(n, present_ns)
+        devs = link_names(n, present_links)
+        entry = {"name": n, "status": (info or {}).get("status", "no state file (a killed up? run down)"),
+                 "state": info, "hosts": [], "problems": []}
+        if info:
+            spec = Spec.from_dict(info)
+            pids = procs.inside(_namespace_inodes(n, namespaces))
+            by_net = {}
+            for p in pids:
+                try:
+                    by_net.setdefault(os.stat(f"/proc/{p}/ns/net").st_ino, []).append(p)
+                except OSError:
+                    pass
+            for k in range(spec.hosts):
+                h = {"host": spec.host(k), "ip": spec.host_ip(k), "veth": spec.veth(k)}
+                if spec.host(k) not in namespaces:
+                    entry["problems"].append(f"netns {spec.host(k)} missing")
+                if spec.veth(k) in devs:
+                    tx, rx = links.counters(spec.veth(k))
+                    h.update(recv_bytes=tx, sent_bytes=rx, qdisc=shaping.qdisc_stats(spec.veth(k))["kinds"])
+                else:
+                    entry["problems"].append(f"veth {spec.veth(k)} missing")
+                try:
+                    h["processes"] = len(by_net.get(os.stat(f"/run/netns/{spec.host(k)}").st_ino, []))
+                except OSError:
+                    h["processes"] = 0
+                entry["hosts"].append(h)
+            if spec.bridge not in devs:
+                entry["problems"].append(f"bridge {spec.bridge} missing")
+        else:
+            entry["objects"] = namespaces + devs
+        out.append(entry)
+    return out
+
+
+def _names_from_objects(namespaces: list[str], devs: list[str]) -> set[str]:
+    """Testbed names whose objects exist without a state directory (after a crash)."""
+    import re
+    got = set()
+    for ns in namespaces:
+        m = re.fullmatch(re.escape(PREFIX) + r"([a-z0-9]{1,6})-h\d+", ns)
+        if m:
+            got.add(m.group(1))
+    for dev in devs:   # a bridge alone (up killed before its first host)
+        m = re.fullmatch(re.escape(PREFIX) + r"([a-z0-9]{1,6})", dev)
+        if m and os.path.isdir(f"/sys/class/net/{dev}/bridge"):
+            got.add(m.group(1))
+    return got
+
+
+class Testbed:
+    """A handle on a testbed that is up: its spec, running jobs on it, taking it down."""
+
+    def __init__(self, spec: Spec):
+        self.spec = spec
+
+    @classmethod
+    def open(cls, name: str) -> Testbed:
+        info = state.read(check_name(name))
+        if not info:
+            raise TestbedError(f"no testbed {name!r}: python -m asgd.testbed up --name {name} --hosts H "
+                               "--bandwidth RATE")
+        if info.get("status") != "up":
+            raise TestbedError(f"testbed {name!r} is {info.get('status')!r}, not up: "
+                               f"python -m asgd.testbed down --name {name}, then up again")
+        return cls(Spec.from_dict(info))
+
+    @property
+    def info(self) -> dict:
+        return state.read(self.spec.name) or {}
+
+    def run(self, cmd: list[str], **kw):
+        """launch.run on this testbed (see there)."""
+        from . import launch
+        return launch.run(self.spec, cmd, **kw)
+
+    def down(self, say=_say_nothing) -> dict:
+        return down(self.spec.name, say=say)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.down()

@@ -1,0 +1,138 @@
+"""What a testbed is made of, by name: namespaces, interfaces, addresses, files, rates.
+
+Every object carries the prefix `asgd-<name>`, so `down` can find what `up` made (even
+after a killed `up`) and never touches anything else:
+  bridge            asgd-<name>                (root namespace, address <subnet>.1/24)
+  host k            network namespace asgd-<name>-h<k>, hostname asgd-<name>-h<k>,
+                    address <subnet>.<10+k>/24 on its eth0
+  link of host k    veth asgd-<name>-<k> (root side, in the bridge) <-> eth0 (in the host)
+  state             /run/asgd-testbed/<name>/ (state.json, the ssh stand-in, namespace files)
+Interface names are at most 15 characters, hence a testbed name of at most 6.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PREFIX = "asgd-"
+NAME_RE = re.compile(r"^[a-z0-9]{1,6}$")
+MAX_HOSTS = 200                      # addresses .10 .. .209 of the /24
+FIRST_HOST_OCTET = 10
+STATE_ROOT = Path(os.environ.get("ASGD_TESTBED_STATE", "/run/asgd-testbed"))
+
+_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9,
+          "b/s": 8, "kb/s": 8e3, "mb/s": 8e6, "gb/s": 8e9}
+
+
+def parse_rate(text: str) -> int:
+    """Bits per second from '100mbit', '1gbit', '500kbit', '12.5MB/s' (bytes). tc's own
+    'mbps' means megabytes per second, a classic trap, so it is refused."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z/]+)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS:
+        raise ValueError(f"bad rate {text!r}: use a number and one of bit, kbit, mbit, gbit "
+                         "(bits/s) or B/s, KB/s, MB/s, GB/s (bytes/s), e.g. 100mbit")
+    bits = float(m.group(1)) * _UNITS[unit]
+    if bits < 8000:
+        raise ValueError(f"rate {text!r} is below 1 KB/s")
+    return int(bits)
+
+
+def format_rate(bits: float) -> str:
+    for unit, f in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bits >= f:
+            return f"{bits / f:g}{unit}"
+    return f"{bits:g}bit"
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise ValueError(f"bad testbed name {name!r}: 1-6 lowercase letters or digits "
+                         "(interface names are at most 15 characters)")
+    return name
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    hosts: int
+    rate_bit: int          # each link, each direction, bits/s
+    latency_us: float = 0.0  # one-way host-to-host latency asked for (netem), microseconds
+    subnet: str = "10.231.0"  # first three octets of the testbed's /24
+
+    def __post_init__(self):
+        check_name(self.name)
+        if not 1 <= self.hosts <= MAX_HOSTS:
+            raise ValueError(f"--hosts must be 1..{MAX_HOSTS}, not {self.hosts}")
+        if self.latency_us < 0:
+            raise ValueError("--latency must be >= 0")
+
+    # -- names -----------------------------------------------------------------------
+    @property
+    def bridge(self) -> str:
+        return f"{PREFIX}{self.name}"
+
+    def host(self, k: int) -> str:
+        """Host k's name: its network namespace and its hostname."""
+        return f"{PREFIX}{self.name}-h{k}"
+
+    def veth(self, k: int) -> str:
+        """The root-namespace end of host k's link (the host's end is its eth0)."""
+        return f"{PREFIX}{self.name}-{k}"
+
+    @property
+    def host_names(self) -> list[str]:
+        return [self.host(k) for k in range(self.hosts)]
+
+    def index(self, host: str) -> int:
+        m = re.fullmatch(re.escape(f"{PREFIX}{self.name}-h") + r"(\d+)", host)
+        if not m or int(m.group(1)) >= self.hosts:
+            raise KeyError(f"{host} is not a host of testbed {self.name}")
+        return int(m.group(1))
+
+    # -- addresses -----------------------------------------------------------------------
+    @property
+    def bridge_ip(self) -> str:
+        return f"{self.subnet}.1"
+
+    def host_ip(self, k: int) -> str:
+        return f"{self.subnet}.{FIRST_HOST_OCTET + k}"
+
+    @property
+    def cidr(self) -> str:
+        return f"{self.subnet}.0/24"
+
+    # -- files -------------------------------------------------------------------------
+    @property
+    def dir(self) -> Path:
+        return STATE_ROOT / self.name
+
+    def ns_file(self, k: int, kind: str) -> Path:
+        """Host k's persistent namespace of `kind` (uts, ipc): a bind-mounted nsfs file."""
+        return self.dir / f"{self.host(k)}.{kind}"
+
+    @property
+    def rsh(self) -> Path:
+        """The ssh stand-in: `rsh HOST COMMAND...` runs COMMAND inside HOST's namespaces."""
+        return self.dir / "rsh"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Spec:
+        return cls(**{k: d[k] for k in ("name", "hosts", "rate_bit", "latency_us", "subnet")})
+
+
+def link_names(name: str, links: list[str]) -> list[str]:
+    """The interfaces among `links` that belong to testbed `name` (bridge and root-side veths)."""
+    pat = re.compile(re.escape(f"{PREFIX}{name}") + r"(-\d+)?")
+    return [x for x in links if pat.fullmatch(x)]
+
+
+def netns_names(name: str, namespaces: list[str]) -> list[str]:
+    pat = re.compile(re.escape(f"{PREFIX}{name}-h") + r"\d+")
+    return [x for x in namespaces if pat.fullmatch(x)]

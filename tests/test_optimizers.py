@@ -1,0 +1,67 @@
+"""The server-side optimizers against plain-numpy references, step by step, and what the
+end of a run says about convergence."""
+
+import numpy as np
+import pytest
+
+from asgd.net import optimizers
+from asgd.net.optimizers import Optimizer, reference
+from asgd.run.progress import convergence_notes
+
+
+@pytest.mark.parametrize("name", optimizers.OPTIMIZERS)
+def test_each_update_matches_numpy(name):
+    rng = np.random.default_rng(1)
+    w0 = rng.normal(size=1001)
+    ds = [rng.normal(scale=10.0 ** rng.uniform(-4, 1), size=1001) for _ in range(25)]
+    scales = [1.0 if i % 3 else 1 / (i + 2) for i in range(25)]  # sync and allreduce pass a mean's scale
+    opt, w = Optimizer(name, 0.01, len(w0)), w0.copy()
+    for d, c in zip(ds, scales):
+        opt.step(w, d.copy(), c)
+    np.testing.assert_allclose(w, reference(name, 0.01, w0, ds, scales), rtol=1e-12, atol=1e-14)
+    assert opt.t == 25
+
+
+@pytest.mark.parametrize("name", optimizers.OPTIMIZERS)
+def test_the_state_saved_and_restored_continues_the_same(name):
+    rng = np.random.default_rng(2)
+    ds = [rng.normal(size=64) for _ in range(10)]
+    a, wa = Optimizer(name, 0.05, 64), np.zeros(64)
+    for d in ds:
+        a.step(wa, d.copy())
+    b, wb = Optimizer(name, 0.05, 64), np.zeros(64)
+    for d in ds[:6]:
+        b.step(wb, d.copy())
+    c = Optimizer(name, 0.05, 64)
+    c.load({k: v.copy() for k, v in b.save().items()})
+    for d in ds[6:]:
+        c.step(wb, d.copy())
+    np.testing.assert_array_equal(wa, wb)
+
+
+def test_workers_push_delta_w_for_sgd_and_the_gradient_otherwise():
+    assert optimizers.worker_lr("sgd", 0.3) == 0.3
+    assert all(optimizers.worker_lr(o, 0.3) == 1.0 for o in ("momentum", "adagrad", "adam"))
+
+
+def test_a_refused_shape_is_an_error():
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        Optimizer("rmsprop", 0.1, 4)
+
+
+def _history(losses, key="test_loss"):
+    return [{"epoch": i + 1, "train_loss": x, key: x} for i, x in enumerate(losses)]
+
+
+@pytest.mark.parametrize("losses, refused, expect", [
+    ([0.9, 0.8, 0.7], 0, ["still falling 11% or more an epoch"]),  # the issue's case: underfit, still learning
+    ([0.9, 0.31, 0.30], 0, []),                                  # flattened out
+    ([0.02, 0.003, 0.0003], 0, []),                              # falling fast, but near zero: done
+    ([0.5, 0.49], 3, ["3 update(s) were refused"]),
+    ([0.9], 0, []),                                              # one epoch: nothing to compare
+])
+def test_convergence_notes(losses, refused, expect):
+    notes = convergence_notes(_history(losses), refused)
+    assert len(notes) == len(expect)
+    for note, text in zip(notes, expect):
+        assert text in note

@@ -1,0 +1,55 @@
+"""What a rank loads before its data: only its role's modules and kernels, and the same
+as calibrate's start-up probes measure."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from asgd.run import startup
+
+
+def _loaded(code: str) -> set:
+    """asgd modules and numba dispatchers with a compiled signature after running `code`."""
+    probe = code + """
+import json, sys
+from numba.core.registry import CPUDispatcher
+compiled = sorted(f"{m.__name__}.{k}" for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("asgd")
+                  for k, v in vars(m).items() if isinstance(v, CPUDispatcher) and v.signatures)
+print(json.dumps({"modules": sorted(m for m in sys.modules if m.startswith("asgd")), "compiled": compiled}))
+"""
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.splitlines()[-1])
+
+
+def test_calibrate_imports_what_a_rank_of_train_imports():
+    train = _loaded("import asgd.train")["modules"]
+    probe = _loaded("import importlib\nfrom asgd.run import startup\n"
+                    "for m in startup.RANK_MODULES: importlib.import_module(m)")["modules"]
+    assert set(train) - {"asgd.train"} == set(probe)
+    assert "asgd.data.parse" not in train and "asgd.data.readers" not in train  # only a run with a file
+
+
+@pytest.mark.parametrize("role, rank, reads_file, kernels", [
+    ("worker", 1, False, {"sgd_step", "_permuted"}),
+    ("server", 0, False, {"evaluate", "add_into", "add_scaled", "all_finite"}),
+    ("server", 1, False, {"add_into", "add_scaled", "all_finite"}),
+    ("worker", 2, True, {"sgd_step", "_permuted", "parse_text", "find_byte", "check_rows"}),
+])
+def test_each_role_loads_only_its_kernels(role, rank, reads_file, kernels):
+    uses = startup.loads(role, rank, reads_file)
+    got = _loaded(f"from asgd.run import startup\nstartup.load({uses!r})")["compiled"]
+    public = {name.rsplit(".", 1)[1] for name in got} - {"_mix", "_sigmoid", "vexp", "_fwd22", "_bwd22", "_fwd_any",
+                                                         "_bwd_any", "_forward_block", "_transpose_into",
+                                                         "_check_labels", "_block_rows", "_space", "_digit",
+                                                         "_special", "_float_kind", "_fail"}  # callees
+    assert public == kernels
+
+
+def test_a_nodes_first_rank_loads_every_roles_kernels():
+    for reads_file in (False, True):
+        union = set(startup.node_loads(reads_file))
+        for role, rank in (("server", 0), ("server", 1), ("worker", 1)):
+            assert set(startup.loads(role, rank, reads_file)) <= union
