@@ -239,7 +239,9 @@ def compare_runs(done: list[dict], params: Path, out: Path) -> list[dict]:
     """Per run: measured, simulated and analytical-model seconds and APEs."""
     import asgd.perf.cli as pcli
     from asgd.perf import analytic
+    from bench_model import calibrated_ranks
     p = pcli.load_params(str(params))
+    calibrated = calibrated_ranks(p)   # rank counts calibrate started jobs at (start-up, cores' worth)
     rows = []
     for d in done:
         res = json.loads((Path(d["run_dir"]) / "results.json").read_text())
@@ -254,7 +256,8 @@ def compare_runs(done: list[dict], params: Path, out: Path) -> list[dict]:
                "arch": c["arch"], "mode": c["mode"], "reader": c["reader"] if c.get("data") else "embedded",
                "batch": c["batch"], "hidden": c["hidden"], "epochs": c["epochs"],
                "oversubscribed": c["oversubscribed"], "load_1min": d["load_1min"],
-               "others_cores": d.get("others_cores"), "sim_wall_s": sim_wall}
+               "others_cores": d.get("others_cores"), "sim_wall_s": sim_wall,
+               "sample": "in" if c["world_size"] in calibrated else "out"}
         meas = {"train": res["train_s"], "init": res["init_s"], "total": res["wall_s"],
                 "updates_per_s": res["throughput"]["updates_per_s"]}
         simv = {"train": sim["train_s"], "init": sim["init_s"], "total": sim["wall_s"],
@@ -306,6 +309,13 @@ def summarize(rows: list[dict]) -> dict:
     for who in ("sim", "simq"):
         e = [r[f"{who}_ape_train"] for r in rows]
         out[f"{who}_all_train"] = {"median": statistics.median(e), "p90": pct(e, 0.9)}
+    # the runs were never calibration runs; these also have a rank count calibrate never
+    # started a job at (bench_model's stricter sense of out of sample)
+    for who in ("sim", "model"):
+        for k in ("train", "init"):
+            e = [r[f"{who}_ape_{k}"] for r in ps if r["sample"] == "out"]
+            if e:
+                out[f"{who}_{k}_rank_count_out"] = {"median": statistics.median(e), "p90": pct(e, 0.9), "runs": len(e)}
     out["target"] = {"sim_train_median_ape_le_10": out["sim_all_train"]["median"] <= 10.0}
     return out
 
@@ -375,7 +385,7 @@ def validate(a, out: Path, params: Path, meta: dict) -> dict:
     rows = compare_runs(done, params, out)
     meta["simulate_s"] = time.perf_counter() - t1
     summary = summarize(rows)
-    cols = [("run", "label", ""), ("ranks", "ranks", "d"), ("S", "servers", "d"), ("mode", "mode", ""),
+    cols = [("run", "label", ""), ("ranks", "ranks", "d"), ("calib. P", "sample", ""), ("S", "servers", "d"), ("mode", "mode", ""),
             ("reader", "reader", "")]
     for k in ("train", "init"):
         cols += [(f"{k} meas", f"meas_{k}", ".2f"), ("sim", f"sim_{k}", ".2f"), ("APE%", f"sim_ape_{k}", ".0f"),
@@ -392,6 +402,12 @@ def validate(a, out: Path, params: Path, meta: dict) -> dict:
                         ("model p90", "model_p90", ".1f")],
                 title=f"\nout-of-sample APE over the {summary['runs_both']} parameter-server runs both predict "
                       f"(allreduce: {summary['allreduce_runs']} runs, the simulator only)")
+    for k in ("train", "init"):
+        so, mo = summary.get(f"sim_{k}_rank_count_out"), summary.get(f"model_{k}_rank_count_out")
+        if so and mo:
+            print(f"{k}, the {so['runs']} runs at rank counts calibrate never started: simulator median APE "
+                  f"{so['median']:.1f}% (p90 {so['p90']:.1f}%), analytical model {mo['median']:.1f}% "
+                  f"(p90 {mo['p90']:.1f}%)")
     if summary["allreduce_runs"]:
         e = summary["sim_allreduce_train"]
         print(f"allreduce, simulator only: train median APE {e['median']:.1f}%, p90 {e['p90']:.1f}%")
