@@ -461,6 +461,7 @@ def cntk_params(p_raw: dict, file_bytes: int) -> tuple[dict, dict]:
     f = A / step_now
     raw["step_s"] = {h: {b: v * f for b, v in t_.items()} for h, t_ in raw["step_s"].items()}
     raw["step_spread"] = {}
+    raw.pop("step_cpu_s", None)   # else asgd.sim times steps by this machine's CPU table, not by A
     raw["server_update_s"] = {str(n_w): B, "5002": B / 10}
     raw["worker_msg_s"] = {str(n_w): 0.0, "5002": 0.0}
     raw["contended_update_s"] = {}
@@ -552,7 +553,10 @@ def run_paper(a, out: Path, params: Path, meta: dict) -> dict:
                   f"{row['train_s']:7.2f}  total {row['total_s']:7.2f}  ({row['sim_wall_s']:.1f} s)", flush=True)
     verdicts = paper_verdicts(rows)
     for v in verdicts:
-        print(f"  [{v['costs']}] {v['claim']}: paper {v['paper']}; simulated {v['simulated']} -> {v['agrees']}")
+        print(f"  [{v['costs']}] {v['claim']}: paper {v['paper']}; simulated {v['simulated']} -> {v['agrees']}"
+              f" ({v['role']})")
+    print("  (cntk: init(64 nodes) = 45 s and training lowest at 16 nodes were inputs too; what is checked there "
+          "is the total at 64 nodes and whether training rises after 16)")
     meta.update(cntk_derivation=derivation, paper_stated=PAPER, verdicts=verdicts)
     write_outputs(out, "paper", rows, {**meta, "sources": SRC})
     plot_paper(rows, out / "paper.png", out / "paper-fixes.png")
@@ -584,8 +588,12 @@ def paper_verdicts(rows: list[dict]) -> list[dict]:
             {"costs": cost, "claim": "training lowest at", "paper": "16 nodes, rising after",
              "simulated": f"{train_min} nodes, {'rising' if rises else 'flat'} to 64",
              "agrees": train_min in (8, 16, 32) and rises}]
+    # the cntk costs were fitted to four of these numbers: agreeing there shows only that the
+    # fit took; the other claims are the checks
+    fitted = {"init share at 2 nodes", "total at 2 nodes"}
     for v in out:
         v["agrees"] = "agrees" if v["agrees"] else "differs"
+        v["role"] = "fitted (an input)" if v["costs"] == "cntk" and v["claim"] in fitted else "check"
     return out
 
 
