@@ -109,6 +109,9 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
         c = res["config"]
         like = {"arch": c.get("arch", "ps"), "staleness": c.get("staleness", 3), "ranks": c["world_size"]}
         data_path = c.get("data")
+        if c.get("optimizer", "sgd") != "sgd":  # the server's update is calibrated for plain SGD only
+            print(f"asgd.sim: --like {a.like}: the run used --optimizer {c['optimizer']}; its server's update "
+                  f"is simulated at plain SGD's calibrated cost", file=sys.stderr)
     if a.data or a.points or a.format:
         fmt = a.format or ("tsv" if a.points else "embedded")
         if a.data and not os.path.exists(a.data):
