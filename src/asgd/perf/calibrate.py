@@ -274,25 +274,31 @@ def probe_readers(files: list[str]) -> dict:
 
 # -- in-process microbenchmarks ------------------------------------------------------------
 
-def _best(f, min_time: float, max_reps: int = 1000) -> float:
-    """Least seconds per call of f, over repetitions totalling about min_time."""
+def _best(f, min_time: float, max_reps: int = 1000, cpu: dict | None = None) -> float:
+    """Least seconds per call of f, over repetitions totalling about min_time. With
+    `cpu` (a dict), also the least CPU seconds per call of this thread, in cpu["s"]:
+    what the call costs its core, whatever other processes took from it meanwhile."""
     f()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     f()
-    one = time.perf_counter() - t0
+    one, one_cpu = time.perf_counter() - t0, time.thread_time() - c0
     reps = max(3, min(max_reps, int(min_time / max(one, 1e-7))))
-    best = one
+    best, best_cpu = one, one_cpu
     for _ in range(3):
         k = max(1, reps // 3)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         for _ in range(k):
             f()
         best = min(best, (time.perf_counter() - t) / k)
+        best_cpu = min(best_cpu, (time.thread_time() - c) / k)
+    if cpu is not None:
+        cpu["s"] = best_cpu
     return best
 
 
-def measure_steps(hidden: tuple, batches: tuple, min_time: float) -> dict:
-    """Seconds per worker step (batch gather + numba step), as run_worker does it."""
+def measure_steps(hidden: tuple, batches: tuple, min_time: float, cpu_out: dict | None = None) -> dict:
+    """Seconds per worker step (batch gather + numba step), as run_worker does it; with
+    cpu_out, its least CPU seconds per step too (cpu_out[hidden][batch])."""
     import numpy as np
 
     from ..data import problem
@@ -313,8 +319,61 @@ def measure_steps(hidden: tuple, batches: tuple, min_time: float) -> dict:
                 np.take(ds.X, idx, axis=0, out=Xb)
                 np.take(ds.y, idx, out=yb)
                 step(w, Xb, yb, 1e-9, dw)
-            out[h][b] = _best(one, min_time * (1 if b * h < 2e7 else 0.3), 2000)
+            got: dict = {}
+            out[h][b] = _best(one, min_time * (1 if b * h < 2e7 else 0.3), 2000, got)
+            if cpu_out is not None:
+                cpu_out.setdefault(h, {})[b] = got["s"]
     return out
+
+
+SPREAD_P = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
+
+
+def measure_step_spread(hidden: tuple, batches: tuple, best: dict, budget_s: float) -> dict:
+    """How single steps spread around the best (step_s is the least time per step over
+    repetitions): [hidden][batch] -> {"p": probabilities, "ratio": quantiles of one step's
+    time over the least}, from individually timed steps (asgd.sim draws step times from
+    it). Each step's CPU time (the thread's clock), not its wall time: the spread of the
+    work itself, not of other processes taking the core (a simulator shares the cores
+    itself). Only where a step takes under 0.1 s; about budget_s per (hidden, batch)."""
+    import numpy as np
+
+    from ..data import problem
+    from ..net import mlp
+    ds = problem.rings(65536, 0)
+    out = {}
+    for h in hidden:
+        layout = mlp.Layout(2, h, 2)
+        w, dw = mlp.init_params(layout, 0), np.zeros(layout.n_w)
+        rng = np.random.default_rng(1)
+        for b in batches:
+            t_best = best[h][b]
+            if t_best >= 0.1:
+                continue
+            step = mlp.make_step(layout, b)
+            Xb, yb = np.empty((b, 2)), np.empty(b, np.int64)
+            times = []
+            for _ in range(max(10, min(300, int(budget_s / t_best)))):
+                idx = rng.integers(0, len(ds.y), b)
+                t = time.thread_time()
+                np.take(ds.X, idx, axis=0, out=Xb)
+                np.take(ds.y, idx, out=yb)
+                step(w, Xb, yb, 1e-9, dw)
+                times.append(time.thread_time() - t)
+            q = np.quantile(np.array(times) / max(min(times), 1e-9), SPREAD_P)
+            out.setdefault(h, {})[b] = {"p": list(SPREAD_P), "ratio": [round(float(x), 4) for x in q]}
+    return out
+
+
+def measure_sleep_overhead(reps: int = 200) -> float:
+    """How much longer than asked time.sleep(10 us) takes (the Waiter's backoff sleeps;
+    on this machine it does not go below about 60-100 us): the median overshoot."""
+    over = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        time.sleep(10e-6)
+        over.append(time.perf_counter() - t - 10e-6)
+    return statistics.median(over)
 
 
 def measure_evaluate(hidden: tuple, min_time: float) -> dict:
@@ -385,7 +444,10 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
     start = {k: statistics.median(s[k] for s in starts) for k in starts[0]}
     say("  " + ", ".join(f"{k[:-2]} {v:.3f} s" for k, v in start.items()))
     say(f"calibrate: training step, hidden {hidden} x batch {batches}")
-    steps = measure_steps(hidden, batches, min_time)
+    steps_cpu: dict = {}
+    steps = measure_steps(hidden, batches, min_time, steps_cpu)
+    say("calibrate: the spread of single steps around the best")
+    spread = measure_step_spread(hidden, batches, steps, 0.1 if quick else 0.4)
     say("calibrate: held-out evaluation")
     evaluate = measure_evaluate(hidden, min_time)
     nws = sorted({h * 3 + 2 * (h + 1) for h in hidden})  # Delta-w of each calibrated hidden size
@@ -437,6 +499,7 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
         "read_s_per_byte": rd["read_s_per_byte"], "select_s_per_point": rd["select_s_per_point"],
         "bytes_per_point": rd["bytes_per_point"],
         "memory_s_per_byte": measure_memory(32 if quick else 128), "caches": caches(),
+        "step_spread": spread, "step_cpu_s": steps_cpu, "sleep_overhead_s": measure_sleep_overhead(),
     }
     return {"schema": 1, "params": params, "units": UNITS, "machine": describe(),
             "quick": quick, "seconds": round(time.perf_counter() - t_all, 1)}
@@ -457,6 +520,9 @@ UNITS = {
     "read_s_per_byte": "r_d: s/byte read + parsed by one rank, [reader][format]",
     "select_s_per_point": "s per point of the file, [reader]", "bytes_per_point": "bytes/point, [format]",
     "memory_s_per_byte": "r_m: s/byte (copy)", "caches": "bytes",
+    "step_spread": "one step's CPU time over the least, quantiles p -> ratio, [hidden][batch] (asgd.sim)",
+    "step_cpu_s": "least CPU s per training step (the thread's clock), [hidden][batch] (asgd.sim)",
+    "sleep_overhead_s": "s time.sleep(10 us) overshoots, median (the Waiter's backoff; asgd.sim)",
 }
 
 

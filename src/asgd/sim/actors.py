@@ -1,0 +1,574 @@
+"""asgd's protocol as SimGrid actors: one actor per MPI rank, doing what train.py,
+protocol/ and data/readers.py do, with the calibrated costs (costs.py) in place of the
+work and SimGrid's mailboxes in place of MPI's messages.
+
+Every rank (train.main)
+  init     start-up: imports (CPU shared with the node's other ranks, a wall floor for
+           their I/O), numba's cache of the parsers loaded by the node's first rank and
+           then by the others (readers._compile_once_per_node); the data (reader below);
+           every rank agrees (a barrier); the kernels' cache, node's first rank first
+           (train.warm_up_jit). init ends there.
+  train    server, worker or allreduce loop (below)
+  end      idle until every rank is done (a barrier), then rank 0 takes the clock offsets
+           (5 ping-pongs per rank) and gathers the records: its wall time ends there.
+
+Readers (data/readers.py)
+  embedded    every rank generates the problem (embedded_s)
+  sequential  a token passed rank to rank; each reads and parses the whole file and keeps
+              its points; rank 0 reads the held-out file after passing the token
+  parallel    every rank reads and parses 1/P of the bytes at once, then one all-to-all
+  On a machine with a shared file system, bytes travel from its host over the network
+  (SimGrid shares its bandwidth among the readers); otherwise they are in memory.
+
+Worker (protocol/worker.py): per step, compute (the step's time, drawn from the measured
+spread), then in async and ssp wait for the previous exchange's replies (one outstanding:
+batch k+1 is computed while batch k's exchange is in flight), then push Delta-w's slices
+to the servers; in sync, wait for the replies at once. A `done` message to each server
+at the end.
+Server (protocol/server.py): a permanent receiver per server (the persistent Irecvs):
+  async  apply each Delta-w as it arrives (c_u), reply at once
+  ssp    hold the reply while the worker's next push would be more than K steps ahead of
+         the slowest active worker
+  sync   rounds: every worker's push, one averaged update, every reply
+Allreduce (protocol/allreduce.py): each step, a ring allreduce of [Delta-w | m, loss, stop].
+
+Waiting (protocol/comm.Waiter): a rank notices a completed message only when it polls:
+it spins 200 us and then sleeps 10 us doubling to 100 us when its node has a core per
+rank, and sleeps 10 us doubling to 1 ms from the start when ranks outnumber cores; every
+sleep also overshoots by the calibrated sleep overhead. The simulated rank wakes at that
+poll, not at the message's arrival.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+
+from ..run.trace import RECV, SEND, flow_id
+from .clock import SimClock
+from .costs import DOUBLE, Costs, Spec, worker_points
+from .platform import FLOPS
+
+SPIN_S, MAX_SLEEP_S, CROWDED_MAX_SLEEP_S, FIRST_SLEEP_S = 200e-6, 100e-6, 1e-3, 10e-6
+CLOCK_PINGS = 5  # comm.clock_offsets: round trips per rank
+
+
+class World:
+    """What the actors share: the platform, costs, clocks, records and the epoch tracker."""
+
+    def __init__(self, sg, spec: Spec, costs: Costs, hosts: list, fs_host, sleep_overhead: float,
+                 trace: bool = False, window: tuple[int, int] = (0, 200)):
+        self.sg, self.spec, self.costs = sg, spec, costs
+        self.run = spec.run
+        self.P, self.S, self.W = spec.ranks, spec.servers, spec.run.workers
+        self.hosts, self.fs_host = hosts, fs_host
+        self.sleep_overhead = sleep_overhead
+        now = lambda: sg.Engine.clock  # noqa: E731
+        self.now = now
+        self.clocks = [SimClock(now, "init", trace, window) for _ in range(self.P)]
+        self.records: list[dict | None] = [None] * self.P
+        self.init_end = [0.0] * self.P
+        self.end = [0.0] * self.P
+        self.node = [spec.node_of(r) for r in range(self.P)]
+        on_node: dict[int, list[int]] = {}
+        for r in range(self.P):
+            on_node.setdefault(self.node[r], []).append(r)
+        self.on_node = on_node
+        self.node_barriers = {n: sg.Barrier(len(rs)) for n, rs in on_node.items()}
+        self.barriers = {}  # name -> sg.Barrier over all ranks
+        self.mb = {}
+        self.history: list[dict] = []
+        self.samples = 0
+        self.epoch = 0
+        self.serve_start = None
+        self.wall = 0.0
+        self.rngs = [random.Random(hash((spec.seed, r, "steps")) & 0xFFFFFFFF) for r in range(self.P)]
+
+    # -- helpers the actors use ------------------------------------------------------------
+
+    def mailbox(self, name: str):
+        m = self.mb.get(name)
+        if m is None:
+            m = self.mb[name] = self.sg.Mailbox.by_name(name)
+        return m
+
+    def crowded(self, rank: int) -> bool:
+        return self.costs.crowded[self.node[rank]]
+
+    def execute(self, seconds: float, rank: int | None = None) -> None:
+        """CPU work of `seconds` reference seconds, shared with the node's other actors.
+        With `rank` (a short burst right after a wait: the server's update, a worker's
+        push/pull), the work has the weight of all the node's ranks: Linux's scheduler
+        runs a task that mostly sleeps ahead of the ones that compute, so a crowded
+        node's server is not slowed P-fold by the workers (it gets about a core)."""
+        if seconds > 0:
+            if rank is not None and self.crowded(rank):
+                self.sg.this_actor.execute(seconds * FLOPS, float(len(self.on_node[self.node[rank]])))
+            else:
+                self.sg.this_actor.execute(seconds * FLOPS)
+
+    def execute_with_floor(self, cpu: float, wall: float) -> None:
+        """CPU work that also lasts at least `wall` (its I/O): max(wall, the CPU's time)."""
+        start = self.now()
+        self.execute(cpu)
+        left = wall - (self.now() - start)
+        if left > 0:
+            self.sg.this_actor.sleep_for(left)
+
+    def notice(self, rank: int, started: float, extra: float = 0.0) -> None:
+        """Sleep until this rank's Waiter would next poll (it began waiting at `started`)
+        after what it waits for is done, `extra` seconds from now (one sleep for both)."""
+        done = self.now() + extra
+        if done <= started:
+            return  # done at once: the first Test saw it
+        t = started + _next_poll(done - started, self.crowded(rank), self.sleep_overhead)
+        if t > self.now():
+            self.sg.this_actor.sleep_for(t - self.now())
+
+    def barrier(self, rank: int, name: str) -> None:
+        """comm.Waiter.barrier over all ranks: an Ibarrier (log2 P message rounds), polled."""
+        b = self.barriers.get(name)
+        if b is None:
+            b = self.barriers[name] = self.sg.Barrier(self.P)
+        started = self.now()
+        b.wait()
+        self.notice(rank, started, math.ceil(math.log2(self.P)) * self._latency(rank) if self.P > 1 else 0.0)
+
+    def node_barrier(self, rank: int) -> None:
+        started = self.now()
+        self.node_barriers[self.node[rank]].wait()
+        self.notice(rank, started)
+
+    def _latency(self, rank: int) -> float:
+        m = self.spec.machine
+        return m.link_lat if m.multi_node and self.spec.nodes > 1 else self.costs.latency()
+
+    def first_on_node(self, rank: int) -> bool:
+        return self.on_node[self.node[rank]][0] == rank
+
+    def send(self, to: str, payload, nbytes: int):
+        return self.mailbox(to).put_async(payload, int(max(nbytes, 1)))
+
+    def post(self, to: str, payload, nbytes: int) -> None:
+        """A small message sent and forgotten (MPI sends it eagerly: the Isend completes at once)."""
+        self.mailbox(to).put_init(payload, int(max(nbytes, 1))).detach()
+
+    def receive_on(self, *names: str) -> None:
+        """This actor is the permanent receiver of these mailboxes: messages to them move as
+        soon as they are sent (MPI's receives posted in advance), not when it asks."""
+        me = self.sg.Actor.self()
+        for n in names:
+            self.mailbox(n).set_receiver(me)
+
+    def worker_barrier(self, rank: int, epoch: int) -> None:
+        """All workers meet (CNTK's end-of-epoch barrier), polled."""
+        key = ("workers", epoch)
+        b = self.barriers.get(key)
+        if b is None:
+            b = self.barriers[key] = self.sg.Barrier(self.W)
+        started = self.now()
+        b.wait()
+        self.notice(rank, started)
+
+    def recv(self, name: str):
+        return self.mailbox(name).get()
+
+    def fetch(self, rank: int, nbytes: float) -> None:
+        """Bring nbytes of a file to this rank: over the network from the file system's
+        host (a request's latency, then the bytes, sharing the links), or nothing (the
+        file is in this node's memory: reading it is part of the parse's r_d)."""
+        if self.fs_host is None or nbytes <= 0:
+            return
+        self.sg.this_actor.sleep_for(self.spec.machine.fs_lat)
+        self.sg.Comm.sendto_async(self.fs_host, self.hosts[self.node[rank]], int(nbytes)).wait()
+
+    def step_samples(self, steps: int) -> list[int]:
+        """Samples of all workers together at each step of an epoch (sync, allreduce)."""
+        W, b, n = self.W, self.run.batch, self.run.points
+        return [sum(max(0, min(b, worker_points(n, W, q) - k * b)) for q in range(W)) for k in range(steps)]
+
+    # -- the epoch tracker (run/progress.EpochTracker on rank 0) ----------------------------
+
+    def track(self, m: int, evaluate) -> None:
+        self.samples += m
+        n = self.run.points
+        while self.epoch < self.run.epochs and self.samples >= (self.epoch + 1) * n:
+            self.epoch += 1
+            if evaluate is not None:
+                evaluate()
+            t = self.now()
+            self.history.append({"epoch": self.epoch, "samples": self.samples,
+                                 "time_s": round(t - (self.serve_start or 0.0), 4), "wall_s": round(t, 4),
+                                 "train_loss": None, "test_loss": None, "test_accuracy": None})
+
+
+def _next_poll(elapsed: float, crowded: bool, overhead: float) -> float:
+    """The Waiter's first poll at or after `elapsed` seconds into a wait."""
+    spin = 0.0 if crowded else SPIN_S
+    if elapsed <= spin:
+        return elapsed
+    cap = CROWDED_MAX_SLEEP_S if crowded else MAX_SLEEP_S
+    t, s = spin, FIRST_SLEEP_S
+    while t < elapsed:
+        t += s + overhead
+        s = min(2 * s, cap)
+        if s == cap and t < elapsed:  # steady state: jump whole periods at once
+            period = s + overhead
+            t += math.floor((elapsed - t) / period) * period
+            if t < elapsed:
+                t += period
+            break
+    return t
+
+
+# -- init ----------------------------------------------------------------------------------
+
+def startup(world: World, rank: int) -> None:
+    """Imports with MPI_Init, then the parsers' cache (node's first rank first)."""
+    st = world.costs.startup()
+    wall, cpu = world.costs.imports(len(world.on_node[world.node[rank]]))
+    world.execute_with_floor(cpu, wall)
+    _load_cache(world, rank, *st["parsers"])
+
+
+def _load_cache(world: World, rank: int, wall: float, cpu: float) -> None:
+    """_compile_once_per_node / warm_up_jit: the node's first rank loads numba's cache,
+    the others wait for it (a node barrier), then load it themselves."""
+    if world.first_on_node(rank):
+        world.execute_with_floor(cpu, wall)
+    world.node_barrier(rank)
+    if not world.first_on_node(rank):
+        world.execute_with_floor(cpu, wall)
+
+
+def read_data(world: World, rank: int) -> None:
+    """The run's reader (data/readers.py); the sub-phases read/parse/shuffle are recorded."""
+    r, c, clock = world.run, world.costs, world.clocks[rank]
+    if not r.file_bytes:  # the embedded problem
+        t = world.now()
+        world.execute(c.embedded())
+        clock.add_sub("shuffle", world.now() - t)
+        return
+    if r.reader == "sequential":
+        _read_sequential(world, rank)
+    else:
+        _read_parallel(world, rank)
+
+
+def _read_sequential(world: World, rank: int) -> None:
+    r, c, clock, P = world.run, world.costs, world.clocks[rank], world.P
+    t = world.now()
+    if rank > 0:
+        world.recv(f"token{rank}")
+        world.notice(rank, t)
+    world.fetch(rank, r.file_bytes)
+    t1 = world.now()
+    world.execute(c.read_parse(r.file_bytes))
+    t2 = world.now()
+    world.execute(c.select(r.points))   # assign every line, keep mine
+    t3 = world.now()
+    if rank < P - 1:
+        world.post(f"token{rank + 1}", rank, DOUBLE)
+    read, parse, shuffle = t1 - t, t2 - t1, t3 - t2
+    if rank == 0 and r.test_bytes:  # after passing the token: overlaps rank 1's turn
+        t4 = world.now()
+        world.fetch(rank, r.test_bytes)
+        t5 = world.now()
+        world.execute(c.read_parse(r.test_bytes))
+        read, parse = read + t5 - t4, parse + world.now() - t5
+    t6 = world.now()
+    world.barrier(rank, "sequential-agree")  # _stage: every rank learns every rank's verdict
+    clock.add_sub("read", read + world.now() - t6)
+    clock.add_sub("parse", parse)
+    clock.add_sub("shuffle", shuffle)
+
+
+def _read_parallel(world: World, rank: int) -> None:
+    r, c, clock, P = world.run, world.costs, world.clocks[rank], world.P
+    t = world.now()
+    mine = (r.file_bytes + r.test_bytes) / P
+    world.fetch(rank, mine)
+    t1 = world.now()
+    world.execute(c.read_parse(mine))
+    t2 = world.now()
+    world.barrier(rank, "parallel-agree")  # the parse's verdict, agreed before the all-to-all
+    t3 = world.now()
+    points = (r.points + r.test_points) / P
+    world.execute(c.select(points))
+    _alltoall(world, rank, points * c.point_bytes())
+    clock.add_sub("read", t1 - t)
+    clock.add_sub("parse", t2 - t1 + t3 - t2)
+    clock.add_sub("shuffle", world.now() - t3)
+
+
+def _alltoall(world: World, rank: int, nbytes: float) -> None:
+    """One Ialltoallv of this rank's points to their owners: (P-1)/P of its bytes leave;
+    modelled as one message of that size to the next rank (its links and bandwidth) and
+    the P-2 further latencies, polled by the Waiter."""
+    P = world.P
+    if P == 1:
+        return
+    started = world.now()
+    out = world.send(f"a2a{(rank + 1) % P}", rank, nbytes * (P - 1) / P)
+    world.recv(f"a2a{rank}")
+    out.wait()
+    world.notice(rank, started, max(P - 2, 0) * world._latency(rank))
+
+
+def init(world: World, rank: int) -> None:
+    """Everything before the training loop; init_end is where train.py's ends."""
+    world.receive_on(f"token{rank}", f"a2a{rank}", f"w{rank}", f"s{rank}", f"ar{rank}")
+    if rank == 0:
+        world.receive_on("shards")
+    startup(world, rank)
+    read_data(world, rank)
+    world.barrier(rank, "agree")  # train.agree
+    _load_cache(world, rank, *world.costs.startup()["kernels"])
+    world.init_end[rank] = world.now()
+
+
+def finish(world: World, rank: int, record: dict) -> None:
+    """Idle until all are done; rank 0 then takes the clock offsets and gathers."""
+    clock = world.clocks[rank]
+    world.end[rank] = clock.switch("idle")
+    world.barrier(rank, "end")
+    if rank == 0 and world.P > 1:
+        world.sg.this_actor.sleep_for(CLOCK_PINGS * (world.P - 1) * 2 * world._latency(rank))
+    record.update(rank=rank, phases=clock.seconds())
+    world.records[rank] = record
+    if rank == 0:
+        world.wall = world.now()
+
+
+# -- the parameter-server protocol ---------------------------------------------------------
+
+def worker(world: World, rank: int) -> None:
+    spec, run, c = world.spec, world.run, world.costs
+    S, W, clock = world.S, world.W, world.clocks[rank]
+    j = rank - S
+    node = world.node[rank]
+    init(world, rank)
+    overlap = spec.run.mode != "sync"
+    mine = worker_points(run.points, W, j)
+    if overlap:
+        steps = math.ceil(mine / run.batch)
+        sizes = [min(run.batch, mine - k * run.batch) for k in range(steps)]
+    else:  # sync: every worker the same number of steps, the last ones short or empty
+        steps = math.ceil(math.ceil(run.points / W) / run.batch)
+        sizes = [max(0, min(run.batch, mine - k * run.batch)) for k in range(steps)]
+    shard_nw = [hi - lo for lo, hi in c.shards]
+    msg = sum(c.worker_message(node, n) for n in shard_nw)
+    slow = spec.straggler if j == W - 1 else 1.0
+    rng = world.rngs[rank]
+    me = f"w{rank}"
+    versions = [0] * S
+    pending: list = []
+    st = {"updates": 0, "bytes_sent": 0, "bytes_recv": 0}
+
+    def complete():
+        t = clock.switch("comm_wait")
+        for _ in range(S):
+            s, version = world.recv(me)
+            versions[s] = version
+        world.notice(rank, t)
+        for s in range(S):
+            clock.message(RECV, s, c.pull_bytes(shard_nw[s]), flow_id(rank, s, st["updates"] - 1, True))
+        pending.clear()
+
+    for epoch in range(run.epochs):
+        for k in range(steps):
+            m = sizes[k]
+            clock.step = st["updates"]
+            clock.switch("compute")
+            world.execute(c.step(m) * (c.spread_draw(rng) if m else 1.0) * slow)
+            used = list(versions)
+            if pending:
+                complete()
+            clock.switch("push")
+            world.execute(msg, rank)
+            for s in range(S):
+                nb = c.push_bytes(shard_nw[s])  # the reply implies its arrival: no need to wait on it
+                world.post(f"s{s}", ("push", j, used[s], m, st["updates"]), nb)
+                pending.append(s)
+                clock.message(SEND, s, nb, flow_id(rank, s, st["updates"], False))
+                st["bytes_sent"] += nb
+                st["bytes_recv"] += c.pull_bytes(shard_nw[s])
+            st["updates"] += 1
+            if not overlap:
+                complete()
+        if spec.epoch_barrier:  # CNTK: every worker waits for the others at each epoch's end
+            if pending:
+                complete()
+            clock.switch("comm_wait")
+            world.worker_barrier(rank, epoch)
+    if pending:
+        complete()
+    done = [world.send(f"s{s}", ("done", j), DOUBLE) for s in range(S)]
+    for d in done:
+        d.wait()
+    finish(world, rank, {"role": "worker", "updates": st["updates"], "bytes_sent": st["bytes_sent"],
+                         "bytes_recv": st["bytes_recv"], "stopped": False})
+
+
+def server(world: World, rank: int) -> None:
+    spec, run, c = world.spec, world.run, world.costs
+    S, W, clock = world.S, world.W, world.clocks[rank]
+    node = world.node[rank]
+    lo, hi = c.shards[rank]
+    n = hi - lo
+    init(world, rank)
+    name = f"s{rank}"
+    if rank == 0:
+        world.serve_start = world.now()
+    c_u = c.server_update(node, n)
+    pull = c.pull_bytes(n)
+    push = c.push_bytes(n)
+    tracks = rank == 0
+    evaluate = (lambda: _evaluate(world, clock)) if tracks and S == 1 else None
+    st = {"updates": 0, "rounds": 0, "bytes_sent": 0, "bytes_recv": 0,
+          "staleness": [[] for _ in range(W)], "step_gap": [[] for _ in range(W)]}
+    replies: list = []
+
+    def take():
+        t = clock.switch("idle")
+        msg = world.recv(name)
+        world.notice(rank, t)
+        clock.switch("aggregate")
+        return msg
+
+    def reply(j: int) -> None:
+        replies.append(world.send(f"w{S + j}", (rank, st["rounds"]), pull))
+        clock.message(SEND, S + j, pull, flow_id(S + j, rank, steps[j] - 1, True))
+        st["bytes_sent"] += pull
+
+    steps = np.zeros(W, np.int64)
+    if run.mode == "sync":
+        rounds = run.epochs * math.ceil(math.ceil(run.points / W) / run.batch)
+        for _ in range(rounds):
+            got = []
+            t = clock.switch("idle")
+            while len(got) < W:
+                got.append(world.recv(name))
+            world.notice(rank, t)
+            clock.switch("aggregate")
+            world.execute(W * c_u, rank)
+            total = 0
+            for _, j, version, m, step in got:
+                st["staleness"][j].append(st["rounds"] - version)
+                st["step_gap"][j].append(0)
+                st["updates"] += 1
+                st["bytes_recv"] += push
+                steps[j] += 1
+                total += m
+                clock.message(RECV, S + j, push, flow_id(S + j, rank, step, False))
+            st["rounds"] += 1
+            for j in range(W):
+                reply(j)
+            if tracks:
+                world.track(total, evaluate)
+        dones = 0
+        t = clock.switch("idle")
+        while dones < W:
+            if world.recv(name)[0] == "done":
+                dones += 1
+        world.notice(rank, t)
+    else:
+        K = spec.staleness if run.mode == "ssp" else None
+        active = np.ones(W, bool)
+        held: set[int] = set()
+
+        def may_reply(j: int) -> bool:
+            return K is None or steps[j] + 1 - steps[active].min() <= K
+        while active.any():
+            msg = take()
+            if msg[0] == "done":
+                active[msg[1]] = False
+            else:
+                _, j, version, m, step = msg
+                clock.step = step
+                clock.message(RECV, S + j, push, flow_id(S + j, rank, step, False))
+                st["staleness"][j].append(st["rounds"] - version)
+                st["updates"] += 1
+                st["bytes_recv"] += push
+                world.execute(c_u, rank)
+                st["rounds"] += 1
+                steps[j] += 1
+                st["step_gap"][j].append(int(steps[j] - steps[active].min()))
+                if may_reply(j):
+                    reply(j)
+                else:
+                    held.add(j)
+                if tracks:
+                    world.track(m, evaluate)
+            for j in [j for j in held if not active.any() or may_reply(j)]:
+                held.discard(j)
+                reply(j)
+    clock.switch("idle")
+    for r in replies:
+        r.wait()
+    if S > 1:  # train.serve: the shards go to rank 0
+        if rank == 0:
+            for _ in range(S - 1):
+                world.recv("shards")
+        else:
+            world.send("shards", rank, DOUBLE * n).wait()
+    finish(world, rank, {"role": "server", "stopped": False, "refused": 0, "updates": st["updates"],
+                         "rounds": st["rounds"], "bytes_sent": st["bytes_sent"], "bytes_recv": st["bytes_recv"],
+                         "shard": [lo, hi], "requests": st["updates"],
+                         "staleness_hist": [np.bincount(v).tolist() if v else [] for v in st["staleness"]],
+                         "step_gap_hist": [np.bincount(v).tolist() if v else [] for v in st["step_gap"]]})
+
+
+def _evaluate(world: World, clock: SimClock) -> None:
+    prev = clock.phase
+    clock.switch("evaluate")
+    world.execute(world.costs.evaluate())
+    clock.switch(prev)
+
+
+# -- allreduce -------------------------------------------------------------------------------
+
+def allreduce_rank(world: World, rank: int) -> None:
+    """protocol/allreduce.py: every rank a worker; each step a ring allreduce of
+    [m * Delta-w | m, loss, stop] (2(P-1) rounds of 1/P of it to the next rank), then the
+    averaged update applied to w."""
+    run, c, P, clock = world.run, world.costs, world.P, world.clocks[rank]
+    init(world, rank)
+    if rank == 0:
+        world.serve_start = world.now()
+    steps = math.ceil(math.ceil(run.points / P) / run.batch)
+    mine = worker_points(run.points, P, rank)
+    sizes = [max(0, min(run.batch, mine - k * run.batch)) for k in range(steps)]
+    values = c.n_w + 3
+    chunk = math.ceil(values / P)
+    rng = world.rngs[rank]
+    me = f"ar{rank}"
+    totals = world.step_samples(steps)
+    right = f"ar{(rank + 1) % P}"
+    updates = 0
+    sent = recv = 0
+    for epoch in range(run.epochs):
+        for k in range(steps):
+            m = sizes[k]
+            clock.step = updates
+            clock.switch("compute")
+            world.execute(c.step(m) * (c.spread_draw(rng) if m else 1.0))
+            t = clock.switch("comm_wait")
+            for rnd in range(2 * (P - 1)):
+                out = world.send(right, rnd, DOUBLE * chunk)
+                world.recv(me)
+                out.wait()
+                sent += DOUBLE * chunk
+                recv += DOUBLE * chunk
+                if rnd < P - 1:
+                    world.execute(c.allreduce_add(chunk))
+                world.notice(rank, t)  # the schedule moves on only when the rank polls
+            clock.switch("aggregate")
+            world.execute(c.apply_update())
+            updates += 1
+            if rank == 0:
+                world.track(totals[k], None)
+    finish(world, rank, {"role": "worker", "updates": updates, "bytes_sent": sent, "bytes_recv": recv,
+                         "stopped": False})

@@ -1,0 +1,190 @@
+"""python -m asgd.sim: simulate an asgd.train run on this machine or on a described
+cluster, with SimGrid, from a calibration (params.json), and write its results.json.
+
+  python -m asgd.sim -n 16 --epochs 5 --out runs/sim-n16           # this machine, like mpiexec -n 16
+  python -m asgd.sim -n 16 --servers 4 --mode ssp --data d.tsv --reader sequential
+  python -m asgd.sim --like runs/RUN --out runs/RUN-sim            # the configuration of a real run
+  python -m asgd.sim --machine bluewaters --nodes 64 -n 65 --placement spread --reader sequential \\
+                     --points 16384 --epochs 1 --out runs/bw-64
+  python -m asgd.sim --machine mustang --nodes 7 -n 1025 --servers 8 --compression 1bit
+
+The options of asgd.train keep their meaning (-n is the rank count: S servers + workers,
+or all workers with --arch allreduce). Times in results.json are simulated seconds;
+`python -m asgd.perf report` and `compare` read it as they read a real run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+from ..perf import cli as perf_cli
+from ..perf.analytic import Run
+from . import SimgridMissing
+from .costs import Costs, Spec, load_params
+from .machines import MACHINES, TOPOLOGIES, by_name
+
+
+class SimError(ValueError):
+    pass
+
+
+def positive(s: str) -> int:
+    return perf_cli.positive_int(s)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m asgd.sim", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_argument_group("the run (asgd.train's options)")
+    g.add_argument("-n", "--ranks", type=positive, default=None,
+                   help="MPI ranks, as mpiexec -n (default 16; with --like, the run's)")
+    g.add_argument("--servers", type=positive, default=None, help="parameter servers S (default 1)")
+    g.add_argument("--arch", choices=("ps", "allreduce"), default=None, help="default ps")
+    g.add_argument("--mode", choices=("async", "ssp", "sync"), default=None, help="default async")
+    g.add_argument("--staleness", type=positive, default=None, help="ssp's bound K (default 3)")
+    g.add_argument("--reader", choices=("sequential", "parallel"), default=None, help="default parallel")
+    g.add_argument("--hidden", type=positive, default=None, help="hidden units (default 10000)")
+    g.add_argument("--batch", type=positive, default=None, help="mini-batch (default 256)")
+    g.add_argument("--epochs", type=positive, default=None, help="passes over the data (default 5, as asgd.train)")
+    g.add_argument("--seed", type=int, default=0, help="seeds the step-time draws (default 0)")
+    g.add_argument("--like", metavar="RUN_DIR", help="take the configuration (and data) from a real run's "
+                   "results.json; the options above override it")
+    d = ap.add_argument_group("data (default: the embedded problem)")
+    d.add_argument("--data", help="a data file: its size, points and held-out companion")
+    d.add_argument("--points", type=positive, help="training points of a file that need not exist")
+    d.add_argument("--format", choices=("tsv", "npy", "embedded"), default=None,
+                   help="with --points: tsv (default), npy, or the embedded problem")
+    m = ap.add_argument_group("the platform")
+    m.add_argument("--params", default="params.json", help="calibration from python -m asgd.perf calibrate "
+                   "(default params.json)")
+    m.add_argument("--machine", choices=("here", *MACHINES), default="here",
+                   help="here: the calibrated machine; mustang, bluewaters: the paper's (Tables 2, 3)")
+    m.add_argument("--topology", choices=TOPOLOGIES, default=None, help="network shape (default: the machine's)")
+    m.add_argument("--nodes", type=positive, default=1, help="nodes (default 1)")
+    m.add_argument("--placement", choices=("block", "spread"), default="block",
+                   help="block: ranks fill node after node (mpiexec's default); spread: the servers on "
+                        "node 0 and workers one per node round-robin (CNTK in the paper)")
+    m.add_argument("--cores-per-node", type=positive, help="override the machine's cores per node")
+    m.add_argument("--core-speed", type=float, help="override one core's speed against the calibrated one")
+    m.add_argument("--link-gbps", type=float, help="override a node's link bandwidth, Gbit/s")
+    m.add_argument("--link-latency-us", type=float, help="override the per-hop latency, microseconds")
+    x = ap.add_argument_group("what-ifs")
+    x.add_argument("--compression", choices=("none", "1bit"), default="none",
+                   help="1bit: Delta-w and w' as one bit per value plus two scales per column")
+    x.add_argument("--epoch-barrier", action="store_true", help="workers wait for each other at every epoch's "
+                   "end (CNTK's barrier; asgd's async workers do not)")
+    x.add_argument("--no-spread", action="store_true", help="every step takes the best measured time")
+    x.add_argument("--straggler", type=float, default=1.0, metavar="FACTOR",
+                   help="the last worker's steps take FACTOR times longer (default 1)")
+    x.add_argument("--background", type=float, default=0.0, metavar="CORES",
+                   help="cores' worth of CPU other processes take on each node meanwhile, as on a shared "
+                        "machine (default 0)")
+    o = ap.add_argument_group("output")
+    o.add_argument("--out", help="run folder for results.json (and trace.json); default: print only")
+    o.add_argument("--trace", action="store_true", help="also write trace.json (Chrome Trace Event format)")
+    o.add_argument("--trace-steps", default="0:200", help="worker steps the trace records, A:B (default 0:200)")
+    o.add_argument("--json", action="store_true", help="print results.json's headline numbers as one JSON line")
+    o.add_argument("--quiet", action="store_true", help="no summary")
+    return ap.parse_args(argv)
+
+
+def spec_from_args(a, p) -> tuple[Spec, str | None]:
+    """The Spec to simulate and the data path recorded in results.json."""
+    base: dict = {}
+    data_path = None
+    like: dict = {}
+    if a.like:
+        f = a.like if a.like.endswith(".json") else os.path.join(a.like, "results.json")
+        try:
+            with open(f) as fh:
+                res = json.load(fh)
+        except (OSError, json.JSONDecodeError) as e:
+            raise SimError(f"--like {a.like}: cannot read {f} ({e})") from None
+        run = perf_cli.run_of(res, p)
+        base = dataclasses.asdict(run)
+        c = res["config"]
+        like = {"arch": c.get("arch", "ps"), "staleness": c.get("staleness", 3), "ranks": c["world_size"]}
+        data_path = c.get("data")
+        if c.get("optimizer", "sgd") != "sgd":  # the server's update is calibrated for plain SGD only
+            print(f"asgd.sim: --like {a.like}: the run used --optimizer {c['optimizer']}; its server's update "
+                  f"is simulated at plain SGD's calibrated cost", file=sys.stderr)
+    if a.data or a.points or a.format:
+        fmt = a.format or ("tsv" if a.points else "embedded")
+        if a.data and not os.path.exists(a.data):
+            raise SimError(f"--data {a.data}: no such file (use --points N for a file that need not exist)")
+        base.update(perf_cli.data_of(a.data, a.points, fmt, p))
+        data_path = a.data or (None if fmt == "embedded" else f"simulated-{a.points or 16384}.{fmt}")
+        if fmt == "embedded":
+            base.update(file_bytes=0, test_bytes=0)
+    arch = a.arch or like.get("arch", "ps")
+    ranks = a.ranks or like.get("ranks", 16)
+    servers = a.servers or base.get("servers", 1)
+    S = 0 if arch == "allreduce" else servers
+    workers = ranks - S
+    if workers < 1:
+        raise SimError(f"-n {ranks} leaves no worker beside {S} server(s): need -n > --servers")
+    fields = {k: v for k, v in base.items() if k in {f.name for f in dataclasses.fields(Run)}}
+    fields.update(workers=workers, servers=max(servers, 1))
+    for k in ("mode", "reader", "hidden", "batch", "epochs"):
+        v = getattr(a, k)
+        if v is not None:
+            fields[k] = v
+    fields.setdefault("epochs", 5)
+    run = Run(**fields)
+    machine = by_name(a.machine, p.cores, a.topology)
+    over = {}
+    if a.cores_per_node:
+        over["cores_per_node"] = a.cores_per_node
+    if a.core_speed:
+        over["core_speed"] = a.core_speed
+    if a.link_gbps:
+        over["link_bw"] = a.link_gbps * 1e9 / 8
+    if a.link_latency_us is not None:
+        over["link_lat"] = a.link_latency_us * 1e-6
+    if over:
+        machine = dataclasses.replace(machine, **over)
+    if a.nodes > 1 and machine.topology == "one-node":
+        machine = dataclasses.replace(machine, topology="star")
+    run = dataclasses.replace(run, cores=machine.cores_per_node)
+    try:
+        lo, hi = (int(x) for x in a.trace_steps.split(":"))
+    except ValueError:
+        raise SimError(f"--trace-steps {a.trace_steps!r}: expected A:B") from None
+    a.trace_window = (lo, hi)
+    spec = Spec(run=run, machine=machine, arch=arch, staleness=a.staleness or like.get("staleness", 3),
+                seed=a.seed, compression=a.compression, nodes=a.nodes, placement=a.placement,
+                epoch_barrier=a.epoch_barrier, straggler=a.straggler, background=a.background)
+    return spec, data_path
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    try:
+        try:
+            p, raw = load_params(a.params)
+        except FileNotFoundError:
+            raise SimError(f"{a.params}: no such file; measure this machine first: "
+                           f"python -m asgd.perf calibrate --out {a.params}") from None
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise SimError(f"{a.params}: not a parameters file from 'asgd.perf calibrate' ({e})") from None
+        spec, data_path = spec_from_args(a, p)
+        costs = Costs(p, spec, raw, spread=not a.no_spread)
+        from .run import simulate, summary
+        res = simulate(spec, costs, a.out, a.trace, a.trace_window, raw.get("sleep_overhead_s"),
+                       data_path, os.path.abspath(a.params))
+    except (SimError, SimgridMissing, ValueError, OSError) as e:
+        print(f"asgd.sim: error: {e}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps({"wall_s": res["wall_s"], "init_s": res["init_s"], "train_s": res["train_s"],
+                          "updates_per_s": res["throughput"]["updates_per_s"],
+                          "sim_wall_s": res["simulated"]["sim_wall_s"], "bound": res["profile"]["bound"]}))
+    elif not a.quiet:
+        print(summary(res))
+        if a.out:
+            print(f"results: {os.path.join(a.out, 'results.json')}")
+    return 0

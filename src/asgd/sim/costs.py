@@ -1,0 +1,299 @@
+"""What every simulated operation costs, from a calibration (params.json); no SimGrid.
+
+All CPU costs are in seconds of one core of the calibrated machine ("reference
+seconds"); the simulator executes them as work on a host whose cores run at
+machine.core_speed, sharing the cores among the actors that compute at once. Network
+costs are latencies and bandwidths the platform's links carry.
+
+Where each comes from (python -m asgd.perf calibrate, asgd.perf.analytic.Params):
+  step            step_s[hidden][batch] (the best of many steps), interpolated like the
+                  analytical model, times a draw from the measured spread of single
+                  steps (step_spread, quantiles of step / best; none measured: no spread)
+  server update   server_update_s[n_w] (c_u: the server's CPU per Delta-w: receive,
+                  check, add, copy into the reply), at the shard's size
+  worker message  worker_msg_s[n_w]: a worker's time per push/pull beyond its step
+  crowded         with more ranks than cores, contended_update_s[P][n_w] (CPU per push/pull
+                  of all ranks together, measured with P ranks sharing the cores) replaces
+                  the sum of the two above, split between them in the same proportion;
+                  effective_cores[hidden][P] is how many cores' worth P busy ranks get
+  messages        ping-pong: one-way time at 8 bytes is the latency, r_net's slope the
+                  bandwidth (shared memory here; a cluster's links come from the machine)
+  evaluation      eval_s_per_point[hidden] x held-out points, on rank 0, after each epoch
+  start-up        startup {imports,parsers,kernels}_{wall,cpu}_s: one rank's stages;
+                  startup_by_ranks[P] (a whole job's start, measured) is used to check them
+  reading         read_s_per_byte[reader][format] (r_d: read + parse on one rank),
+                  select_s_per_point[reader] (keep or shuffle per point), embedded_s
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import random
+from dataclasses import dataclass
+
+from ..perf.analytic import Params, Run, extrapolate_linear, interpolate_log
+from .machines import Machine
+
+PUSH_HEADER, PULL_HEADER = 5, 2  # doubles after a shard's slice (protocol/comm.py's message layout)
+DOUBLE = 8
+
+
+def load_params(path: str) -> tuple[Params, dict]:
+    """(Params, the raw params dict: it may hold tables Params does not know, e.g. step_spread)."""
+    with open(path) as f:
+        got = json.load(f)
+    raw = got["params"]
+    return Params.from_dict(raw), raw
+
+
+def shards(n_w: int, servers: int) -> list[tuple[int, int]]:
+    """protocol.comm.shard_bounds: contiguous [lo, hi), sizes within one of each other."""
+    edges = [n_w * s // servers for s in range(servers + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def worker_points(points: int, workers: int, j: int) -> int:
+    """Points of worker j: data.readers.assign deals a seeded permutation round-robin."""
+    return points // workers + (1 if j < points % workers else 0)
+
+
+def compressed_bytes(values: int, compression: str, rows: int = 1) -> int:
+    """Bytes on the wire for `values` float64 values: 'none' 8 each; '1bit' one bit each
+    (1-bit SGD: the sign, with the error fed back into the next Delta-w) plus two float
+    scales (mean of the positive and of the negative part) per column of the shard."""
+    if compression == "none":
+        return DOUBLE * values
+    if compression == "1bit":
+        return math.ceil(values / 8) + 2 * DOUBLE * max(rows, 1)
+    raise ValueError(f"unknown compression {compression!r} (none, 1bit)")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One simulated run: asgd.train's options (`run`, an analytical-model Run, and the
+    rest), the platform, and where the ranks go."""
+    run: Run
+    machine: Machine
+    arch: str = "ps"               # ps | allreduce (allreduce: every rank a worker)
+    staleness: int = 3             # ssp's K
+    seed: int = 0
+    compression: str = "none"      # none | 1bit: Delta-w and w' on the wire
+    nodes: int = 1
+    placement: str = "block"       # block: ranks fill node after node | spread: workers one per node
+                                   # round-robin, servers on node 0 (CNTK's layout in the paper)
+    epoch_barrier: bool = False    # CNTK: every worker waits for all at the end of each epoch
+    straggler: float = 1.0         # the last worker's steps take this many times longer (a what-if)
+    background: float = 0.0        # cores' worth of CPU other processes take on each node (a shared machine)
+
+    @property
+    def servers(self) -> int:
+        return 0 if self.arch == "allreduce" else self.run.servers
+
+    @property
+    def ranks(self) -> int:
+        return self.run.workers + self.servers
+
+    def node_of(self, rank: int) -> int:
+        """Which node a rank runs on."""
+        if self.nodes <= 1:
+            return 0
+        S = self.servers
+        if self.placement == "spread":
+            return 0 if rank < S else (rank - S) % self.nodes
+        per = math.ceil(self.ranks / self.nodes)
+        return min(rank // per, self.nodes - 1)
+
+
+class Costs:
+    """Seconds of each simulated operation for one Spec (see the module docstring)."""
+
+    def __init__(self, p: Params, spec: Spec, raw: dict | None = None, spread: bool = True):
+        self.p, self.spec, self.run = p, spec, spec.run
+        r = spec.run
+        self.n_w = r.n_w
+        S = max(spec.servers, 1)
+        self.shards = shards(self.n_w, S)
+        self.spread_q = _spread_table((raw or {}).get("step_spread"), r.hidden, r.batch) if spread else None
+        # a step's CPU seconds (calibrate's step_cpu_s: what it costs its core, whatever else ran on
+        # the machine meanwhile; the simulator shares the cores itself), else its wall time step_s
+        cpu = (raw or {}).get("step_cpu_s")
+        self.step_table = ({int(h): {int(b): v for b, v in t.items()} for h, t in cpu.items()} if cpu
+                           else None)
+        self.cores = spec.machine.cores_per_node
+        # ranks per node, and whether a node's ranks outnumber its cores
+        per_node = [0] * max(spec.nodes, 1)
+        for k in range(spec.ranks):
+            per_node[spec.node_of(k)] += 1
+        self.ranks_on = per_node
+        self.crowded = [n > self.cores for n in per_node]
+
+    # -- computation -------------------------------------------------------------------
+
+    def step(self, m: int) -> float:
+        """Mean-free best step time for m points (0: an empty sync batch, zeroing Delta-w)."""
+        if m <= 0:
+            return self.p.memory_s_per_byte * DOUBLE * self.n_w
+        if self.step_table:
+            by_h = {h: interpolate_log(t, m) for h, t in self.step_table.items()}
+            return interpolate_log(by_h, self.run.hidden)
+        return self.p.step(self.run.hidden, m)
+
+    def spread_draw(self, rng: random.Random) -> float:
+        """A step's time over the best step's, drawn from the measured quantiles (1.0
+        without a measured spread): inverse-CDF sampling, linear between quantiles."""
+        q = self.spread_q
+        if not q:
+            return 1.0
+        u = rng.random()
+        ps, vs = q
+        i = bisect.bisect_right(ps, u)
+        if i == 0:
+            return vs[0]
+        if i >= len(ps):
+            return vs[-1]
+        f = (u - ps[i - 1]) / (ps[i] - ps[i - 1])
+        return vs[i - 1] + f * (vs[i] - vs[i - 1])
+
+    def mean_spread(self) -> float:
+        if not self.spread_q:
+            return 1.0
+        ps, vs = self.spread_q
+        return sum((vs[i] + vs[i + 1]) / 2 * (ps[i + 1] - ps[i]) for i in range(len(ps) - 1))
+
+    def cores_worth(self, busy: int, calibrated: bool = False) -> float:
+        """Cores' worth of work `busy` computing ranks get done on one node (calibrated:
+        effective_cores; linear between measured counts, flat past the last). With other
+        users' load given (--background), the cores left to the ranks; `calibrated`: as
+        the machine was when calibrate measured it, whatever the load now."""
+        if busy <= 0:
+            return 0.0
+        if self.spec.background > 0 and not calibrated:
+            # other users took `background` cores' worth meanwhile: the rest, shared evenly
+            # (calibrate's cores' worth was itself measured under whatever load there was then)
+            return float(min(busy, max(self.cores - self.spec.background, 0.05 * self.cores)))
+        if self.spec.machine.name != "here":
+            return float(min(busy, self.cores))
+        return max(min(self.p.cores_worth(busy, self.run.hidden), busy, self.cores), 1e-3)
+
+    def _msg_split(self, node: int, shard_nw: int) -> tuple[float, float]:
+        """(worker's, server's) CPU per push/pull of one shard, crowded or not."""
+        c_u = self.p.per_nw(self.p.server_update_s, shard_nw)
+        wm = self.p.per_nw(self.p.worker_msg_s, shard_nw)
+        if self.crowded[node] and self.p.contended_update_s and self.spec.machine.name == "here":
+            total = self.p.contended(self.ranks_on[node], shard_nw)
+            f = total / max(c_u + wm, 1e-12)
+            return wm * f, c_u * f
+        return wm, c_u
+
+    def server_update(self, node: int, shard_nw: int) -> float:
+        """c_u: the server's CPU per Delta-w of a shard (1-bit: decode the signs too)."""
+        base = self._msg_split(node, shard_nw)[1]
+        if self.spec.compression == "1bit":  # unpack and scale: about one pass over the shard
+            base += self.p.memory_s_per_byte * 2 * DOUBLE * shard_nw
+        return base
+
+    def worker_message(self, node: int, shard_nw: int) -> float:
+        """A worker's time per push/pull of a shard beyond its step (1-bit: quantize Delta-w,
+        keep the error, decode w': about three passes over the shard)."""
+        base = self._msg_split(node, shard_nw)[0]
+        if self.spec.compression == "1bit":
+            base += self.p.memory_s_per_byte * 6 * DOUBLE * shard_nw
+        return base
+
+    def allreduce_add(self, values: int) -> float:
+        """Reducing `values` received float64 into the local sum (read two, write one)."""
+        return self.p.memory_s_per_byte * 3 * DOUBLE * values
+
+    def apply_update(self) -> float:
+        """allreduce: add the averaged update into w (kernels.add_scaled over n_w)."""
+        return self.p.memory_s_per_byte * 3 * DOUBLE * self.n_w
+
+    def evaluate(self) -> float:
+        """Rank 0's held-out evaluation after an epoch."""
+        return self.run.test_points * interpolate_log(self.p.eval_s_per_point, self.run.hidden)
+
+    # -- messages ------------------------------------------------------------------------
+
+    def push_bytes(self, shard_nw: int) -> int:
+        return compressed_bytes(shard_nw, self.spec.compression, self._rows(shard_nw)) + DOUBLE * PUSH_HEADER
+
+    def pull_bytes(self, shard_nw: int) -> int:
+        return compressed_bytes(shard_nw, self.spec.compression, self._rows(shard_nw)) + DOUBLE * PULL_HEADER
+
+    def _rows(self, shard_nw: int) -> int:
+        """Columns of the weights in a shard (1-bit's scales are per column): the flat
+        vector is [W1 | b1 | W2 | b2], each a few columns of `hidden` values (one per input
+        feature, the bias, one per class), so a shard holds about shard / hidden of them."""
+        return math.ceil(shard_nw / max(self.run.hidden, 1)) + 1
+
+    def latency(self) -> float:
+        """One-way latency of a small message between ranks of one node (ping-pong at 8 bytes)."""
+        pp = self.p.pingpong_s
+        return pp[min(pp)]
+
+    def bandwidth(self) -> float:
+        """Bytes/s of a large message between ranks of one node (1 / r_net)."""
+        r = self.p.r_net()
+        return 1.0 / r if r > 0 else 1e12
+
+    # -- init ------------------------------------------------------------------------------
+
+    def startup(self) -> dict[str, tuple[float, float]]:
+        """Per stage (imports, parsers, kernels): (wall floor, CPU) seconds of one rank."""
+        st = self.p.startup
+        return {k: (st[f"{k}_wall_s"], st[f"{k}_cpu_s"]) for k in ("imports", "parsers", "kernels")}
+
+    def imports(self, node_ranks: int) -> tuple[float, float]:
+        """(wall floor, CPU per rank) of the imports stage with `node_ranks` ranks starting
+        on one node. On the calibrated machine, the CPU is solved from the measured job
+        start-up (startup_by_ranks, interpolated in P) minus the cache loads, so that the
+        simulated stages, sharing the cores, take what a P-rank job took; elsewhere (or
+        with no such table) one rank's measured imports."""
+        (wall, cpu), caches = self.startup()["imports"], 0.0
+        table = self.p.startup_by_ranks
+        if not table or self.spec.machine.name != "here":
+            return wall, cpu
+        P = node_ranks
+        worth = lambda n: self.cores_worth(n, calibrated=True)  # noqa: E731  (the table's conditions)
+        for stage in ("parsers", "kernels"):
+            w, c = self.startup()[stage]
+            caches += max(w, c) + (max(w, c * (P - 1) / worth(P - 1)) if P > 1 else 0.0)
+        left = max(extrapolate_linear(table, P) - caches - self.embedded() * P / worth(P), 0.0)
+        return min(wall, left), left * worth(P) / P
+
+    def measured_job_startup(self, ranks: int) -> float | None:
+        """The calibrated whole-job start-up at this rank count (for checking), or None."""
+        t = self.p.startup_by_ranks
+        return extrapolate_linear(t, ranks) if t else None
+
+    def embedded(self) -> float:
+        return self.p.embedded_s
+
+    def read_parse(self, nbytes: float) -> float:
+        """CPU to read (from memory: the page cache) and parse nbytes of the data file,
+        with the run's reader's calibrated r_d."""
+        fmt = "npy" if self.run.binary else "tsv"
+        return self.p.r_d(self.run.reader, fmt) * nbytes
+
+    def select(self, points: float) -> float:
+        """Keeping (sequential) or shuffling (parallel) `points` points."""
+        return self.p.select_s_per_point[self.run.reader] * points
+
+    def point_bytes(self) -> int:
+        """A point as the parallel reader's all-to-all sends it: features, label, line."""
+        return DOUBLE * (self.run.features + 2)
+
+
+def _spread_table(table, hidden: int, batch: int):
+    """(probabilities, ratios) of the measured step spread at the hidden size and then
+    the batch nearest (in log) to the run's, or None where none was measured."""
+    if not table:
+        return None
+    near = lambda keys, x: min(keys, key=lambda k: abs(math.log(int(k) / x)))  # noqa: E731
+    by_batch = table[near(table, hidden)]
+    if not by_batch:
+        return None
+    row = by_batch[near(by_batch, batch)]
+    return [float(x) for x in row["p"]], [float(x) for x in row["ratio"]]

@@ -1,0 +1,248 @@
+"""asgd.sim: the SimGrid simulation of asgd's protocol.
+
+Most tests use a hand-written parameters file (round numbers, so what the simulation
+must give can be worked out here) and run each simulation in a forked child (SimGrid has
+one engine per process); one test reads a real `calibrate --quick` file. Every test but
+the first skips, saying why, where SimGrid's Python bindings are not installed
+(scripts/install_simgrid.sh).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from asgd.perf import analytic
+from asgd.sim import INSTALL_HINT, available
+from asgd.sim.costs import Costs, Spec, worker_points
+from asgd.sim.machines import Machine, by_name
+
+needs_simgrid = pytest.mark.skipif(not available(), reason=INSTALL_HINT)
+
+STEP_256 = 0.02     # s per step of 2-10K-2 at batch 256 (the synthetic machine)
+C_U = 0.001         # s of server CPU per Delta-w of 50,002 weights
+
+
+def synthetic_params(**over) -> dict:
+    """A params.json 'params' block with round numbers: steps scale linearly in batch
+    and hidden, no spread unless asked, a 2-core machine with perfect cores."""
+    p = {
+        "cores": 2, "effective_cores": {"10000": {"1": 1.0, "2": 2.0, "5": 2.0}},
+        "startup": {"imports_wall_s": 0.5, "imports_cpu_s": 0.4, "parsers_wall_s": 0.1, "parsers_cpu_s": 0.1,
+                    "kernels_wall_s": 0.05, "kernels_cpu_s": 0.05},
+        "embedded_s": 0.01, "startup_by_ranks": {},
+        "step_s": {"1000": {"16": STEP_256 / 160, "256": STEP_256 / 10, "1024": 4 * STEP_256 / 10},
+                   "10000": {"16": STEP_256 / 16, "256": STEP_256, "1024": 4 * STEP_256}},
+        "eval_s_per_point": {"1000": 1e-6, "10000": 1e-5},
+        "worker_msg_s": {"5002": 1e-5, "50002": 1e-4},
+        "server_update_s": {"5002": C_U / 10, "50002": C_U},
+        "round_trip_s": {"5002": 2e-4, "50002": 1.5e-3},
+        "pingpong_s": {"8": 5e-6, "65536": 5e-6 + 65536 * 5e-10, "1048576": 5e-6 + 1048576 * 5e-10},
+        "contended_update_s": {},
+        "read_s_per_byte": {"sequential": {"tsv": 2e-8, "npy": 5e-9}, "parallel": {"tsv": 2e-8, "npy": 5e-9}},
+        "select_s_per_point": {"sequential": 5e-8, "parallel": 2e-7},
+        "bytes_per_point": {"tsv": 40.0, "npy": 24.0},
+        "memory_s_per_byte": 1e-10, "caches": {"L2": 1 << 20, "L3": 32 << 20},
+        "sleep_overhead_s": 0.0,
+    }
+    p.update(over)
+    return p
+
+
+@pytest.fixture
+def params_file(tmp_path):
+    def write(**over) -> str:
+        path = tmp_path / f"params-{len(list(tmp_path.glob('params-*')))}.json"
+        path.write_text(json.dumps({"schema": 1, "params": synthetic_params(**over)}))
+        return str(path)
+    return write
+
+
+def simulate(params_path: str, out=None, trace=False, **spec_over) -> dict:
+    """One simulation in a forked child, from a Spec built like the command line's."""
+    from asgd.sim.costs import load_params
+    from asgd.sim.run import simulate_isolated
+    p, raw = load_params(params_path)
+    machine = spec_over.pop("machine", by_name("here", p.cores))
+    run_over = {k: spec_over.pop(k) for k in list(spec_over) if k in analytic.Run.__dataclass_fields__}
+    run = analytic.Run(**{"workers": 3, "epochs": 1, "cores": machine.cores_per_node, **run_over})
+    spec = Spec(run=run, machine=machine, **spec_over)
+    return simulate_isolated(spec, Costs(p, spec, raw), out, trace, params_path=params_path)
+
+
+def sim_cli(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "asgd.sim", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_without_simgrid_a_clear_error(params_file):
+    """asgd works without SimGrid: importing asgd.sim costs nothing, and a simulation
+    without the bindings ends with one line saying how to install them (status 2)."""
+    code = ("import sys; sys.modules['simgrid'] = None; from asgd.sim.cli import main; "
+            "sys.exit(main(['--params', sys.argv[1], '-n', '3']))")
+    p = subprocess.run([sys.executable, "-c", code, params_file()], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.startswith("asgd.sim: error:") and "install_simgrid.sh" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    done = subprocess.run([sys.executable, "-c", "import sys, asgd.sim, asgd.sim.cli, asgd.sim.costs; "
+                           "print('simgrid' in sys.modules)"], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False"
+
+
+@needs_simgrid
+def test_results_json_is_read_by_compare_and_report(params_file, tmp_path):
+    """A simulated run writes results.json (and trace.json) in asgd's schema, which
+    `asgd.perf compare` and `report` accept as they do a real run's."""
+    pf = params_file()
+    out = tmp_path / "sim-run"
+    p = sim_cli(["--params", pf, "-n", "4", "--epochs", "2", "--points", "4096", "--reader", "sequential",
+                 "--out", str(out), "--trace"])
+    assert p.returncode == 0, p.stderr
+    res = json.loads((out / "results.json").read_text())
+    for key in ("schema", "config", "wall_s", "init_s", "train_s", "metrics", "throughput", "ranks", "profile"):
+        assert key in res
+    assert res["config"]["world_size"] == 4 and res["config"]["workers"] == 3
+    assert res["train_s"] == pytest.approx(res["wall_s"] - res["init_s"])
+    for r in res["ranks"]:  # phases add up to the rank's wall time, as a real run's do
+        total = sum(v for k, v in r["phases"].items() if k not in ("read", "parse", "shuffle"))
+        assert total == pytest.approx(res["wall_s"], rel=0.02)
+        assert r["timeline"]["init_end"] <= r["timeline"]["end"] <= res["wall_s"]
+        assert set(r["staleness"]) == {"mean", "max", "histogram"}
+    assert [h["epoch"] for h in res["metrics"]["history"]] == [1, 2]
+    trace = json.loads((out / "trace.json").read_text())
+    assert any(e.get("name") == "Δw" for e in trace["traceEvents"])
+    from asgd.perf import cli
+    rows, skipped = cli.compare([str(out)], cli.load_params(pf))   # what `asgd.perf compare` does
+    assert not skipped and len(rows) == 1
+    assert rows[0]["train_meas_s"] == pytest.approx(res["train_s"]) and rows[0]["reader"] == "sequential"
+    assert cli.main(["report", str(out), "--out", str(tmp_path / "fig")]) == 0
+    assert (tmp_path / "fig" / "profile.png").exists() and (tmp_path / "fig" / "timeline.png").exists()
+
+
+@needs_simgrid
+def test_every_update_applied_once_async_and_sharded(params_file):
+    """async, 3 servers: each server applies every worker's every Delta-w slice once;
+    the counts are the protocol's: ceil(share / batch) steps per worker and epoch."""
+    pf = params_file()
+    res = simulate(pf, workers=5, servers=3, batch=100, epochs=2, points=2003, hidden=1000)
+    steps = [2 * math.ceil(worker_points(2003, 5, j) / 100) for j in range(5)]
+    workers = [r for r in res["ranks"] if r["role"] == "worker"]
+    servers = [r for r in res["ranks"] if r["role"] == "server"]
+    assert [w["updates"] for w in workers] == steps
+    assert [s["requests"] for s in servers] == [sum(steps)] * 3
+    assert res["throughput"]["samples"] == 2 * 2003
+    edges = [5002 * s // 3 for s in range(4)]   # protocol.comm.shard_bounds
+    assert [s["shard"] for s in servers] == [[a, b] for a, b in zip(edges, edges[1:])]
+    for w, n in zip(workers, steps):  # each server counted each of the worker's pushes
+        assert sum(w["staleness"]["histogram"]) == 3 * n
+
+
+@needs_simgrid
+def test_sync_rounds_and_ssp_bound(params_file):
+    """sync: every worker takes the same steps, each round applied once, no staleness.
+    ssp: with one worker 4x slower, no Delta-w is applied more than K steps ahead of the
+    slowest worker (async without the bound runs far ahead)."""
+    pf = params_file()
+    res = simulate(pf, workers=4, mode="sync", batch=64, epochs=2, points=1000, hidden=1000)
+    rounds = 2 * math.ceil(math.ceil(1000 / 4) / 64)
+    server = res["ranks"][0]
+    assert server["rounds"] == rounds and res["throughput"]["updates"] == rounds
+    assert all(r["updates"] == rounds for r in res["ranks"][1:])
+    assert server["staleness"]["max"] == 0 and server["step_gap"]["max"] == 0
+    K = 2
+    ssp = simulate(pf, workers=4, mode="ssp", staleness=K, straggler=4.0, batch=32, points=2000, hidden=1000)
+    free = simulate(pf, workers=4, mode="async", straggler=4.0, batch=32, points=2000, hidden=1000)
+    assert ssp["ranks"][0]["step_gap"]["max"] <= K
+    assert free["ranks"][0]["step_gap"]["max"] > 3 * K
+    wait = lambda r: sum(x["phases"]["comm_wait"] for x in r["ranks"][1:4])  # noqa: E731  (the fast workers)
+    assert wait(ssp) > 5 * wait(free)  # the bound holds the fast workers' replies back
+
+
+@needs_simgrid
+def test_sequential_init_grows_linearly_with_ranks(params_file):
+    """The sequential reader passes a token: every rank reads and parses the whole file
+    in turn, so init grows by one file's read per rank (eq. 12), while the parallel
+    reader's stays nearly flat. One rank per node (no cores shared)."""
+    pf = params_file()
+    node = Machine("cluster", cores_per_node=4, topology="star", link_bw=1.25e9, link_lat=20e-6)
+    points, per = 100_000, 40.0
+    inits = {}
+    for reader, ws in (("sequential", (2, 4, 8, 16)), ("parallel", (2, 16))):
+        for w in ws:
+            res = simulate(pf, machine=node, nodes=w + 1, placement="spread", workers=w, reader=reader,
+                           points=points, test_points=points // 4, file_bytes=int(points * per),
+                           test_bytes=int(points // 4 * per), hidden=1000)
+            inits[reader, w] = res["init_s"]
+    ws = np.array([2, 4, 8, 16])
+    seq = np.array([inits["sequential", w] for w in ws])
+    slope, icpt = np.polyfit(ws + 1, seq, 1)
+    fit = slope * (ws + 1) + icpt
+    r2 = 1 - ((seq - fit) ** 2).sum() / ((seq - seq.mean()) ** 2).sum()
+    assert r2 > 0.999
+    turn = 2e-8 * points * per + 5e-8 * points   # r_d x the file's bytes + keeping its points
+    assert slope == pytest.approx(turn, rel=0.1)
+    assert inits["parallel", 16] < inits["sequential", 16] - 10 * turn
+    assert inits["parallel", 16] - inits["parallel", 2] < 0.1 * (seq[-1] - seq[0])
+
+
+@needs_simgrid
+def test_one_server_saturates_where_mva_says(params_file):
+    """One worker per node, so workers never share a core: updates/s grows with the
+    workers while they are the bottleneck and flattens at the server's 1/c_u past the
+    knee MVA predicts ((Z + c_u) / c_u workers)."""
+    c_u = 0.004
+    pf = params_file(server_update_s={"5002": c_u / 10, "50002": c_u}, worker_msg_s={"5002": 0.0, "50002": 0.0})
+    node = Machine("cluster", cores_per_node=2, topology="star", link_bw=100e9, link_lat=1e-6)
+    knee = analytic.saturation_workers(STEP_256, c_u)   # 6 workers
+    rates = {}
+    for w in (2, 3, 12, 24):
+        res = simulate(pf, machine=node, nodes=w + 1, placement="spread", workers=w, points=256 * 25 * w,
+                       test_points=16)
+        rates[w] = res["throughput"]["updates_per_s"]
+    assert rates[2] == pytest.approx(2 / STEP_256, rel=0.15)   # below the knee: workers' rate
+    assert rates[3] == pytest.approx(3 / STEP_256, rel=0.15)
+    assert rates[12] == pytest.approx(1 / c_u, rel=0.1)        # past it: the server's
+    assert rates[24] == pytest.approx(1 / c_u, rel=0.1)
+    assert 2 < knee < 12
+
+
+@needs_simgrid
+def test_other_users_load_takes_its_share_of_the_cores(params_file):
+    """--background X: other processes take X cores' worth of the node meanwhile. Three
+    workers on 2 cores compute at 2/3 of a core each; with one core's worth taken by
+    others, at 1/3."""
+    pf = params_file()
+    run = dict(workers=3, points=3 * 256 * 50, test_points=16, epochs=1)
+    alone = simulate(pf, **run)["ranks"][1]["phases"]["compute"]
+    shared = simulate(pf, background=1.0, **run)["ranks"][1]["phases"]["compute"]
+    assert alone == pytest.approx(50 * STEP_256 * 1.5, rel=0.05)
+    assert shared == pytest.approx(2 * alone, rel=0.05)
+
+
+@needs_simgrid
+def test_compression_shrinks_messages(params_file):
+    """1-bit compression: about n_w / 8 bytes per message plus two scales per column."""
+    pf = params_file()
+    full = simulate(pf, workers=2, points=2048)
+    one = simulate(pf, workers=2, points=2048, compression="1bit")
+    sent = lambda r: sum(x["bytes_sent"] for x in r["ranks"] if x["role"] == "worker")  # noqa: E731
+    assert 1 / 70 < sent(one) / sent(full) < 1 / 8
+
+
+@needs_simgrid
+def test_a_real_calibration_drives_the_simulator(quick_params, tmp_path):
+    """A params.json straight from `calibrate --quick` (its step spread and sleep
+    overhead included) simulates a 5-rank run; the simulated start-up matches the
+    calibrated job start-up it was built from, within 10%."""
+    p = sim_cli(["--params", str(quick_params), "-n", "5", "--epochs", "1", "--out", str(tmp_path / "r"), "--json"])
+    assert p.returncode == 0, p.stderr
+    res = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert res["simulated"]["step_spread"] is True
+    got = json.loads(p.stdout)
+    assert got["train_s"] > 0 and got["init_s"] > 0
+    cal = res["simulated"]["startup_check"]["calibrated_job_startup_s"]
+    assert res["init_s"] == pytest.approx(cal, rel=0.1)
