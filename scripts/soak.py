@@ -13,6 +13,7 @@ import csv
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,7 +53,7 @@ def main(argv=None) -> int:
         n, opts = case[0], case[1]
         out = tempfile.mkdtemp(prefix="asgd-soak-")
         cmd = launch.command(n, sys.executable, "-m", "asgd.train", *opts, "--seed", str(i),
-               "--epochs", str(a.epochs), "--quiet", "--out", out, "--timeout", str(a.timeout - 10)]
+                             "--epochs", str(a.epochs), "--quiet", "--out", out, "--timeout", str(a.timeout - 10))
         t = time.monotonic()
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)

@@ -147,3 +147,11 @@ print("ok")
 """
     p = subprocess.run([sys.executable, "-c", code, str(BENCH)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("script", sorted(str(p.relative_to(BENCH.parent)) for p in
+                                          [*BENCH.glob("*.py"), *(BENCH.parent / "scripts").glob("*.py")]))
+def test_every_bench_and_script_compiles(script):
+    """Scripts no test runs in full still parse (a syntax error in one stays silent otherwise)."""
+    path = BENCH.parent / script
+    compile(path.read_text(), str(path), "exec")

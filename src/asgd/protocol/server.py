@@ -10,6 +10,8 @@ The policy decides what is applied and who is answered:
          than K steps ahead of the slowest active worker (stale-synchronous parallel).
   Sync   hold the pushes until every active worker has pushed, apply their
          sample-weighted mean once, in worker order (deterministic), answer everyone.
+"Apply" is the shard's optimizer (net.optimizers: sgd adds Delta-w; momentum, adagrad and
+adam move the shard along the pushed negative gradient, keeping their state per shard).
 One persistent receive stays posted per worker; it is re-armed when that worker is
 answered, so a held push's buffer stays untouched. Replies go out of the worker's own
 send buffer, since the shard keeps changing while a reply is in flight.
