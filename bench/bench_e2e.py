@@ -1,7 +1,10 @@
 """End to end: time to held-out accuracy >= 0.95 and samples/s at 2, 4 and 8 ranks, for asgd's
 parameter server (default options), asgd's allreduce (--arch allreduce) and PyTorch
 DistributedDataParallel (gloo, CPU: bench/ddp_peer.py), each launched the same way
-(`mpiexec -n N python ...`), same data, model, init, batch 256 per rank and lr rule.
+(`mpiexec -n N python ...`), same data, model, init, batch 256 per rank, optimizer and lr
+rule: the DDP peer runs asgd's default optimizer (--optimizer's default) as the torch.optim
+class with the same update and hyper-parameters, at asgd allreduce's default lr for N ranks
+(asgd.net.optimizers.default_lr; ddp_peer.py says how).
 
 Two times to accuracy, side by side, for the first epoch whose held-out accuracy reaches
 --target (from each run's results.json history):
@@ -163,11 +166,16 @@ def main(argv=None):
                       f"{common.fmt(r['time_to_accuracy_s'], '.2f')} s (epoch {r['epochs_to_accuracy']}), "
                       f"{r['samples_per_s']:,.0f} samples/s, acc by epoch {r['accuracy_by_epoch']}", flush=True)
     summary = summarize(rows, args.impls, args.ranks)
+    from asgd.net import optimizers
+    from asgd.run.config import Config
+    _opt = Config().optimizer
     info = {"benchmark": "e2e", "machine": m, "load": load.summary(), "target_accuracy": args.target,
             "command": common.command_line(),
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "problem": "asgd.data.default_problem(): 16384 train / 4096 held-out rings; 2-10000-2, float64, "
-                       "batch 256 per worker rank; asgd ps lr 3/H (async), allreduce and DDP lr 3/H x N",
+                       f"batch 256 per worker rank; optimizer {_opt} (asgd's default) everywhere, lr "
+                       f"{optimizers.default_lr(_opt, 10000):g} (asgd ps, async), allreduce and DDP at N ranks "
+                       f"{', '.join(f'{optimizers.default_lr(_opt, 10000, n):g} (N={n})' for n in args.ranks)}",
             "target_uses": "time_to_accuracy_s (whole process)",
             "columns": {"time_to_accuracy_s": "history wall_s (since rank 0's process start) of the first "
                                               "epoch with test_accuracy >= target",

@@ -15,6 +15,18 @@ reply buffers), as on a server with W workers. The bound: numpy copy (16n), add 
 and triad (two numpy passes, 40n) on arrays of the same n, rotating over W sets like the
 server's buffers (the same footprint, so the same cache level), and on 128 MiB arrays
 (memory); GB/s counts the bytes each kernel moves (no write-allocate).
+
+The optimizers a server runs (--optimizer; asgd.net.optimizers.Optimizer.step, the call
+the server makes, on a shard of n_w doubles, d from the next of W workers' buffers), each
+one streaming pass, in the same run:
+  sgd       w += d                                   reads w, d; writes w          3 x 8n bytes
+  momentum  v = mu v + lr d; w += v                  reads w, v, d; writes w, v    5 x 8n
+  adagrad   G += d^2; w += lr d / (sqrt(G) + eps)    reads w, G, d; writes w, G    5 x 8n
+  adam      m, v moving averages; w += lr m^/(sqrt(v^)+eps)  reads w, m, v, d;
+                                                     writes w, m, v                7 x 8n
+Each against the best of numpy copy/add/triad at its own footprint (w, its state and the
+W workers' d buffers: numpy's arrays of n doubles rotating over enough sets of three to
+hold as many bytes, so the same cache level).
 Writes server.csv, server.json, server.png under --out.
 
     python bench/bench_server.py                        # 2-10K-2 and 2-100K-2 Delta-w sizes
@@ -33,7 +45,8 @@ import argparse  # noqa: E402
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
-from asgd.net import kernels  # noqa: E402
+from asgd.net import OPTIMIZERS, kernels  # noqa: E402
+from asgd.net.optimizers import Optimizer  # noqa: E402
 from asgd.protocol.comm import PULL_HEADER, PUSH_HEADER  # noqa: E402
 from asgd.net.mlp import Layout  # noqa: E402
 
@@ -62,6 +75,8 @@ def add_to(w, dw, out):
 
 
 VARIANTS = {"add+copy": 5, "server path": 6, "fused": 5, "versioned": 3}   # bytes moved, in units of 8n
+UPDATES = {"sgd": (3, 0), "momentum": (5, 1), "adagrad": (5, 1), "adam": (7, 2)}   # (bytes in 8n, state arrays)
+STREAM_BYTES = {"stream copy": 2, "stream add": 3, "stream triad": 5}
 
 
 def parse_args(argv=None):
@@ -73,7 +88,13 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="workers 1 only, 5 repeats")
     p.add_argument("--out", type=Path, default=common.RESULTS / "server", help="output folder (default bench/results/server)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--optimizers", default=",".join(OPTIMIZERS),
+                   help=f"the optimizers' updates to measure, comma list of {', '.join(OPTIMIZERS)} (default all; "
+                        "'none' for none)")
     a = p.parse_args(argv)
+    a.optimizers = [o for o in a.optimizers.split(",") if o and o != "none"]
+    if set(a.optimizers) - set(OPTIMIZERS):
+        p.error(f"unknown --optimizers {sorted(set(a.optimizers) - set(OPTIMIZERS))}")
     if a.quick:
         a.workers, a.repeat, a.min_time = [1], 5, 0.03
     return a
@@ -139,9 +160,56 @@ def bench_size(n, workers, repeat, min_time):
     return interleaved(fns, repeat, min_time, warmup=2)
 
 
+def stream_fns(n, arrays):
+    """numpy copy/add/triad on arrays of n doubles, rotating over enough sets of three to
+    hold `arrays` arrays of n (the footprint of the kernel they bound)."""
+    sets = [[np.full(n, v) for v in (1.0, 2.0, 0.5)] for _ in range(max(1, -(-arrays // 3)))]
+    nxt = [0]
+
+    def abc():
+        j = nxt[0] = (nxt[0] + 1) % len(sets)
+        return sets[j]
+
+    def copy():
+        a, b, _ = abc()
+        np.copyto(b, a)
+
+    def add():
+        a, b, c = abc()
+        np.add(a, b, out=c)
+
+    def triad():
+        a, b, c = abc()
+        np.multiply(c, 3.0, out=a)
+        np.add(a, b, out=a)
+    return {"stream copy": copy, "stream add": add, "stream triad": triad}
+
+
+def bench_updates(n, workers, optimizers, repeat, min_time):
+    """Optimizer.step (what the server calls per push) for each optimizer, and the STREAM-like
+    bound at each one's footprint (w, its state, W workers' d), interleaved."""
+    rng = np.random.default_rng(1)
+    fns = {}
+    for name in optimizers:
+        w = rng.normal(size=n)
+        ds = [rng.normal(scale=1e-9, size=n) for _ in range(workers)]
+        opt = Optimizer(name, 1e-3, n)
+        nxt = [0]
+
+        def update(opt=opt, w=w, ds=ds, nxt=nxt):
+            j = nxt[0] = (nxt[0] + 1) % len(ds)
+            opt.step(w, ds[j])
+        fns[name] = update
+        footprint = 1 + UPDATES[name][1] + workers
+        fns.update({f"{k} @{name}": f for k, f in stream_fns(n, footprint).items()})
+    return interleaved(fns, repeat, min_time, warmup=2)
+
+
 def plot(rows, bound_mem, path):
     plt = common.pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5))
+    upd = [r for r in rows if r["kind"] == "update"]
+    fig, axes = plt.subplots(1, 2 if upd else 1, figsize=(15 if upd else 8, 5), squeeze=False)
+    ax = axes[0][0]
     groups = [(r["model"], r["workers"]) for r in rows if r["kind"] == "server" and r["variant"] == "add+copy"]
     x = np.arange(len(groups))
     names = list(VARIANTS) + ["stream copy", "stream add", "stream triad"]
@@ -161,6 +229,26 @@ def plot(rows, bound_mem, path):
     ax.set_title("Server per-push work vs STREAM-like bound at the same size, one core\n"
                  "(% over a bar: of the best copy/add/triad at the same footprint)", fontsize=10)
     ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    if upd:
+        ax = axes[0][1]
+        groups = list(dict.fromkeys((r["model"], r["workers"]) for r in upd))
+        names = list(dict.fromkeys(r["variant"] for r in upd))
+        x = np.arange(len(groups))
+        width = 0.8 / (2 * len(names))
+        for i, name in enumerate(names):
+            got = [next(r for r in upd if (r["model"], r["workers"]) == g and r["variant"] == name) for g in groups]
+            bars = ax.bar(x - 0.4 + width * (2 * i + 0.5), [r["gb_per_s"] for r in got], width,
+                          color=f"C{i}", label=f"{name} ({UPDATES[name][0]} x 8n bytes)")
+            ax.bar(x - 0.4 + width * (2 * i + 1.5), [r["bound_same_size_gb_per_s"] for r in got], width,
+                   color=f"C{i}", alpha=0.35, label=f"bound at {name}'s footprint")
+            for b, r in zip(bars, got):
+                ax.annotate(f"{r['pct_of_bound_same_size']:.0f}%", (b.get_x() + b.get_width() / 2, b.get_height()),
+                            ha="center", va="bottom", fontsize=6)
+        ax.set_xticks(x, [f"{m}\n{w} worker{'s' * (w > 1)}" for m, w in groups])
+        ax.set_ylabel("GB/s (bytes the update moves)")
+        ax.set_title("The server's optimizer updates (Optimizer.step) vs the STREAM-like bound\n"
+                     "at each one's footprint (light bars), one core, measured here", fontsize=10)
+        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -172,8 +260,8 @@ def main(argv=None):
     load = common.LoadSampler()
     m = common.machine()
     bound_mem = max(m["memory_bandwidth_gbs"][k] for k in ("copy", "add", "triad"))
-    stream_bytes = {"stream copy": 2, "stream add": 3, "stream triad": 5}
-    rows, table = [], []
+    stream_bytes = STREAM_BYTES
+    rows, table, utable = [], [], []
     for hid in args.hidden:
         n = Layout(2, hid, 2).n_w
         for W in args.workers:
@@ -200,14 +288,44 @@ def main(argv=None):
                               "pct_mem": got[v]["pct_of_memory_bound"]})
             print(f"  2-{hid}-2 W={W}: add+copy {got['add+copy']['gb_per_s']:.1f} GB/s, bound at this size "
                   f"{bound:.1f} GB/s", flush=True)
+            if not args.optimizers:
+                continue
+            res = bench_updates(n, W, args.optimizers, args.repeat, args.min_time)
+            for name in args.optimizers:
+                units, state = UPDATES[name]
+                r = res[name]
+                bounds = {k: STREAM_BYTES[k] * 8 * n / res[f"{k} @{name}"]["median_s"] / 1e9 for k in STREAM_BYTES}
+                bound_u = max(bounds.values())
+                row = {"model": f"2-{hid}-2", "n_w": n, "workers": W, "kind": "update", "variant": name,
+                       "bytes_per_op": units * 8 * n, "footprint_bytes": (1 + state + W) * 8 * n,
+                       "us_per_op": round(1e6 * r["median_s"], 3), "ops_per_s": round(1 / r["median_s"], 1),
+                       "gb_per_s": round(units * 8 * n / r["median_s"] / 1e9, 3),
+                       "gb_per_s_cpu": round(units * 8 * n / r["cpu_median_s"] / 1e9, 3),
+                       "gb_per_s_best": round(units * 8 * n / r["min_s"] / 1e9, 3),
+                       "bound_same_size_gb_per_s": round(bound_u, 3),
+                       "bound_kernel": max(bounds, key=bounds.get),
+                       "pct_of_bound_same_size": round(100 * units * 8 * n / r["median_s"] / 1e9 / bound_u, 1),
+                       "pct_of_memory_bound": round(100 * units * 8 * n / r["median_s"] / 1e9 / bound_mem, 1)}
+                rows.append(row)
+                utable.append({"model": row["model"], "W": W, "variant": name, "units": units,
+                               "mb": row["footprint_bytes"] / 1e6, "upd": row["ops_per_s"], "gbs": row["gb_per_s"],
+                               "bound": row["bound_same_size_gb_per_s"], "pct": row["pct_of_bound_same_size"],
+                               "pct_mem": row["pct_of_memory_bound"]})
+            print(f"  2-{hid}-2 W={W}: " + ", ".join(f"{u['variant']} {u['gbs']:.1f} GB/s ({u['pct']:.0f}%)"
+                                                     for u in utable if u["model"] == f"2-{hid}-2" and u["W"] == W),
+                  flush=True)
     info = {"benchmark": "server", "machine": m, "load": load.summary(),
             "command": common.command_line(),
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "memory_bound_gb_per_s": bound_mem,
-            "columns": {"bytes_per_op": "bytes the kernel moves per push (reads + writes, no write-allocate)",
+            "columns": {"kind": "server: the per-push work and its variants; update: an optimizer's "
+                                "Optimizer.step; bound: numpy's STREAM-like kernels",
+                        "bytes_per_op": "bytes the kernel moves per push (reads + writes, no write-allocate)",
+                        "footprint_bytes": "update: w, the optimizer's state and the W workers' d buffers",
                         "gb_per_s": "bytes_per_op / median time", "ops_per_s": "updates/s (server) or kernel calls/s",
                         "bound_same_size_gb_per_s": "best of numpy copy/add/triad on arrays of n_w doubles, "
-                                                    "rotating over W sets (the server's footprint)",
+                                                    "rotating over W sets (the server's footprint); update rows: "
+                                                    "over enough sets to hold footprint_bytes",
                         "pct_of_memory_bound": "vs the best of copy/add/triad on machine.memory_bandwidth_gbs.array_mib arrays"}}
     paths = common.write_outputs(args.out, "server", rows, info)
     if not args.no_plot:
@@ -218,6 +336,13 @@ def main(argv=None):
                                ("Δw KB", "kb", ",.0f"), ("updates/s", "upd", ",.0f"), ("GB/s", "gbs", ".1f"),
                                ("bound same size", "bound", ".1f"), ("%", "pct", ".0f"),
                                ("memory bound", "mem", ".1f"), ("% mem", "pct_mem", ".0f")])
+    if utable:
+        common.print_table(utable, [("model", "model", ""), ("workers", "W", "d"), ("optimizer", "variant", ""),
+                                    ("bytes/8n", "units", "d"), ("footprint MB", "mb", ".1f"),
+                                    ("updates/s", "upd", ",.0f"), ("GB/s", "gbs", ".1f"),
+                                    ("bound same footprint", "bound", ".1f"), ("%", "pct", ".0f"),
+                                    ("% mem", "pct_mem", ".0f")],
+                           title="the server's optimizer updates (Optimizer.step), one core")
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 

@@ -5,8 +5,13 @@
 Same data (asgd.problem.default_problem(): 16384 training / 4096 held-out rings, each rank
 the share asgd's allreduce gives it, shuffled with the same per-epoch seeds), same model
 (2-H-2, sigmoid hidden, softmax cross-entropy, float64, initialized by
-asgd.mlp.init_params), batch B per rank, plain SGD with the linear-scaling lr of asgd's
-allreduce (mlp.default_lr(H, N)). One thread per rank; rank and size come from the
+asgd.net.mlp.init_params), batch B per rank, and asgd's optimizer with asgd's default
+learning rate for --arch allreduce at N ranks (asgd.net.optimizers.default_lr(O, H, N)):
+--optimizer (default: asgd's default, asgd.run.config.Config.optimizer) picks the
+torch.optim class with the same update and hyper-parameters (torch_optimizer below: SGD;
+SGD with momentum 0.9, whose velocity is asgd's divided by lr; Adagrad with eps 1e-8 and
+no lr decay; Adam with betas 0.9, 0.999 and eps 1e-8), so bench_e2e compares like with
+like whatever the default. One thread per rank; rank and size come from the
 launcher's environment (PMI_RANK/PMI_SIZE, or Open MPI's, or mpi4py as a fallback); the
 process group meets through a file in --out. Rank 0 evaluates held-out accuracy at each
 epoch end and writes <out>/results.json in asgd's schema (the keys bench/ reads): config,
@@ -39,6 +44,22 @@ import mpi4py  # noqa: E402
 mpi4py.rc.initialize = mpi4py.rc.finalize = False   # asgd's modules import mpi4py.MPI; gloo talks, not MPI
 
 
+def torch_optimizer(name: str, params, lr: float):
+    """The torch.optim optimizer that makes asgd.net.optimizers' update `name` (same
+    hyper-parameters; torch's momentum keeps v/lr where asgd keeps v, the same steps)."""
+    import torch
+    from asgd.net import optimizers
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=optimizers.MOMENTUM)
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr, eps=optimizers.EPS)   # torch's default eps is 1e-10
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=optimizers.BETAS, eps=optimizers.EPS)
+    raise ValueError(f"optimizer must be one of {optimizers.OPTIMIZERS}, got {name!r}")
+
+
 def rank_and_size() -> tuple[int, int]:
     env = os.environ
     for r, s in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
@@ -56,7 +77,10 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=10000, help="hidden units (default 10000)")
     p.add_argument("--batch", type=int, default=256, help="mini-batch per rank (default 256)")
     p.add_argument("--epochs", type=int, default=5, help="epochs (default 5)")
-    p.add_argument("--lr", type=float, default=None, help="default: asgd.mlp.default_lr(hidden, N)")
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "adagrad", "adam"), default=None,
+                   help="default: asgd's (asgd.run.config.Config.optimizer)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="default: asgd.net.optimizers.default_lr(optimizer, hidden, N), asgd allreduce's")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop-at", type=float, default=None,
                    help="stop after the first epoch whose held-out accuracy reaches this")
@@ -75,7 +99,8 @@ def main(argv=None) -> int:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from asgd.net import mlp
+    from asgd.net import mlp, optimizers
+    from asgd.run.config import Config
     from asgd.data import problem
     from asgd.data.shares import assign
     from asgd.protocol.worker import batches
@@ -99,8 +124,9 @@ def main(argv=None) -> int:
         for p, v in zip(model.parameters(), (W1.T, b1, W2.T, b2)):
             p.copy_(torch.from_numpy(np.ascontiguousarray(v)))
     ddp = DDP(model)
-    lr = args.lr or mlp.default_lr(args.hidden, size)
-    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    optimizer = args.optimizer or Config().optimizer
+    lr = args.lr or optimizers.default_lr(optimizer, args.hidden, size)
+    opt = torch_optimizer(optimizer, ddp.parameters(), lr)
     loss_fn = nn.CrossEntropyLoss()
     steps = -(-(-(-len(train) // size)) // args.batch)   # per epoch, of the largest share: every rank the same
 
@@ -148,7 +174,8 @@ def main(argv=None) -> int:
         train_s = wall - init_s
         res = {"schema": 1, "peer": "pytorch-ddp-gloo",
                "config": {"world_size": size, "workers": size, "hidden": args.hidden, "batch": args.batch,
-                          "epochs": args.epochs, "epochs_run": len(history), "lr": lr, "seed": args.seed,
+                          "epochs": args.epochs, "epochs_run": len(history), "optimizer": optimizer, "lr": lr,
+                          "seed": args.seed,
                           "n_w": layout.n_w, "train_points": len(train), "test_points": len(test),
                           "torch": torch.__version__, "backend": "gloo", "threads": torch.get_num_threads(),
                           "python": platform.python_version(), "numpy": np.__version__},

@@ -122,6 +122,33 @@ def test_model_bench(tmp_path, quick_params):
     assert "median APE" in p.stdout and "optimizer" in p.stdout
 
 
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch (the bench extra)")
+def test_the_pytorch_peers_optimizers_make_asgds_updates():
+    """bench/ddp_peer.py's torch.optim optimizers (also bench_data.py's PyTorch loop) take
+    the same steps as asgd's Optimizer from the same gradients, so the peers compare like
+    with like whatever asgd's default optimizer is."""
+    code = """
+import sys, numpy as np, torch
+sys.path.insert(0, sys.argv[1])
+from ddp_peer import torch_optimizer
+from asgd.net import OPTIMIZERS
+from asgd.net.optimizers import Optimizer
+rng = np.random.default_rng(0)
+for name in OPTIMIZERS:
+    w0, grads = rng.normal(size=40), [rng.normal(size=40) for _ in range(6)]
+    p = torch.nn.Parameter(torch.from_numpy(w0.copy()))
+    opt, mine, w = torch_optimizer(name, [p], 0.05), Optimizer(name, 0.05, 40), w0.copy()
+    for g in grads:
+        p.grad = torch.from_numpy(g.copy())
+        opt.step()
+        mine.step(w, -0.05 * g if name == "sgd" else -g)   # sgd's worker applies lr; the others push -g
+    np.testing.assert_allclose(p.detach().numpy(), w, rtol=1e-12, atol=1e-14, err_msg=name)
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", code, str(BENCH)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-3000:]
+
+
 @pytest.mark.parametrize("script", sorted(str(p.relative_to(BENCH.parent)) for p in
                                           [*BENCH.glob("*.py"), *(BENCH.parent / "scripts").glob("*.py")]))
 def test_every_bench_and_script_compiles(script):

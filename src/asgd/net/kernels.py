@@ -407,9 +407,13 @@ def add_scaled(w, dw, a):
 
 
 # -- server-side optimizers: w moves along d = -gradient (for sgd, d = -lr * gradient) ----
-# One streaming pass each over w, d and the optimizer's state, in place.
+# One streaming pass each over w, d and the optimizer's state, in place. error_model="numpy":
+# with numba's default ("python") every division checks for a zero divisor, which keeps the
+# loop scalar; adagrad and adam then moved 9.6 and 13 GB/s, 4x less than with numpy's IEEE
+# division, which vectorizes (bench_server.py). The divisor is >= eps > 0, so nothing changes
+# but the speed: sqrt and division stay exact (no fastmath beyond contraction).
 
-@njit(boundscheck=False, cache=True)
+@njit(boundscheck=False, error_model="numpy", cache=True)
 def momentum_update(w, v, d, lr, mu):
     """Heavy-ball momentum: v = mu v + lr d; w += v."""
     if w.size != d.size or v.size != d.size:
@@ -420,7 +424,7 @@ def momentum_update(w, v, d, lr, mu):
         w[i] += vi
 
 
-@njit(fastmath={"contract"}, boundscheck=False, cache=True)
+@njit(fastmath={"contract"}, boundscheck=False, error_model="numpy", cache=True)
 def adagrad_update(w, g2, d, lr, eps):
     """Adagrad (Duchi et al. 2011; DistBelief's Downpour SGD): g2 += d^2; w += lr d / (sqrt(g2) + eps)."""
     if w.size != d.size or g2.size != d.size:
@@ -432,7 +436,7 @@ def adagrad_update(w, g2, d, lr, eps):
         w[i] += lr * di / (math.sqrt(s) + eps)
 
 
-@njit(fastmath={"contract"}, boundscheck=False, cache=True)
+@njit(fastmath={"contract"}, boundscheck=False, error_model="numpy", cache=True)
 def adam_update(w, m, v, d, lr, b1, b2, eps, t):
     """Adam (Kingma & Ba 2015), step t >= 1: m = b1 m + (1-b1) d; v = b2 v + (1-b2) d^2;
     w += lr m^ / (sqrt(v^) + eps), with the bias corrections m^ = m/(1-b1^t), v^ = v/(1-b2^t)."""

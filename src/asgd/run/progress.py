@@ -80,23 +80,44 @@ class EpochTracker:
 
 FALLING_FAST = 0.05  # the loss still falling this much an epoch at the end (and by at least
 MATTERS = 0.01       # this many nats an epoch: a loss near 0 falling fast is done): not converged
+DONE = 0.05          # a loss below this many nats is done, however fast it still falls
+STILL_AHEAD = 0.2    # as many epochs again, at the recent rate, would lower the loss by this share
+AHEAD_NATS = 0.05    # (and by this many nats): not converged, however slowly it falls an epoch
 
 
 def convergence_notes(history: list[dict], refused: int) -> list[str]:
-    """One line each for what the end of a run says about its training: the loss still
-    falling fast in each of the last (up to two) epochs (the held-out loss, else the
-    training loss where the held-out one was not evaluated each epoch), and updates
-    refused as NaN or inf."""
+    """One line each for what the end of a run says about its training (from the held-out
+    loss, else the training loss where the held-out one was not evaluated each epoch):
+      falling fast   the loss fell by FALLING_FAST (and MATTERS nats) or more in each of the
+                     last (up to two) epochs;
+      falling slowly or else, at the rate it fell over the last fifth of the epochs (at least
+                     two; or over their second half, if slower: a loss flattening out), as
+                     many epochs again would lower it by STILL_AHEAD of itself and
+                     AHEAD_NATS or more: a long run that underfits, 1-2 % an epoch (issue 14's
+                     case: digits at the old default lr, held-out loss 1.85 of a chance level of
+                     2.30 after 20 epochs, falling 0.02 an epoch, with no note);
+    neither when the loss ends below DONE nats; and updates refused as NaN or inf."""
     notes = []
-    tail = history[-3:]
-    key = "test_loss" if tail and all(h.get("test_loss") is not None for h in tail) else "train_loss"
-    loss = [h[key] for h in tail]
-    falls = [(a - b, (a - b) / a) for a, b in zip(loss, loss[1:]) if a > 0]
-    if falls and all(rel > FALLING_FAST and nats > MATTERS for nats, rel in falls):
-        which = "held-out" if key == "test_loss" else "training"
+    key = "test_loss" if history and all(h.get("test_loss") is not None for h in history[-3:]) else "train_loss"
+    which = "held-out" if key == "test_loss" else "training"
+    tail = [h[key] for h in history[-3:]]
+    falls = [(a - b, (a - b) / a) for a, b in zip(tail, tail[1:]) if a > 0]
+    last = tail[-1] if tail else 0.0
+    k = max(2, len(history) // 5)
+    if last < DONE:
+        pass
+    elif falls and all(rel > FALLING_FAST and nats > MATTERS for nats, rel in falls):
         notes.append(f"training had not converged: the {which} loss was still falling "
                      f"{min(rel for _, rel in falls):.0%} or more an epoch over the last {len(falls)} epoch(s); "
                      "try more --epochs or a larger --lr")
+    elif len(history) > k and all(h.get(key) is not None for h in history[-1 - k:]):
+        before, half = history[-1 - k][key], history[-1 - k // 2][key]
+        rate = min((before - last) / k, (half - last) / (k // 2))   # a loss flattening out: its recent rate
+        ahead = rate * len(history)   # as many epochs again, at that rate
+        if ahead >= STILL_AHEAD * last and ahead >= AHEAD_NATS:
+            notes.append(f"training had not converged: the {which} loss was still falling, from {before:.3g} to "
+                         f"{last:.3g} over the last {k} epochs; as many epochs again at that rate would lower it "
+                         f"by {min(ahead / last, 1):.0%}; try more --epochs or a larger --lr")
     if refused:
         notes.append(f"{refused:,} update(s) were refused for NaN or inf values: training was unstable; "
                      "lower --lr")

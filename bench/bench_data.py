@@ -1,0 +1,392 @@
+"""Real data with the defaults: held-out accuracy of asgd (no --lr, no --optimizer) on the
+small data sets scikit-learn ships and on the embedded problem, at 2, 4 and 16 ranks, next
+to scikit-learn's MLPClassifier and a single-process PyTorch loop, in one run.
+
+The protocol (the same for the three implementations, per data set):
+
+  data          iris (150 points, 4 features, 3 classes), wine (178, 13, 3), breast_cancer
+                (569, 30, 2) and digits (1,797, 64, 10; the pixels divided by 16, so in
+                [0, 1], as in issue 14) from sklearn.datasets (shipped with scikit-learn, no
+                download), and rings, asgd's embedded problem (16,384 training and 4,096
+                held-out points, 2 features, 2 classes).
+  split         sklearn's sets: a stratified 70/30 train/held-out split, seeded by the
+                seed (train_test_split(test_size=0.3, stratify=y, random_state=seed)),
+                written as <name>.tsv and <name>.test.tsv for asgd; rings: its own
+                held-out set, generated from the seed.
+  seeds         each seed is a new split and a new initialization (--seeds, default 0,1,2);
+                accuracies are averaged over the seeds before any comparison, since one
+                held-out point is 0.022 of iris's 45 and 0.019 of wine's 54.
+  model         one hidden layer of H units, E epochs, batch B: sklearn's sets H 256 (issue
+                14's example), E 200, B 256 (asgd's default batch); rings asgd's defaults,
+                H 10000, E 5, B 256. E 200 is where MLPClassifier has converged on all four
+                (measured: 100 epochs leave iris at 0.944 held-out accuracy, 200 reach 0.989;
+                wine, breast_cancer and digits stop on their own tolerance between 108 and
+                236 epochs), so the reference is sklearn at its best, not an underfit one.
+  preprocessing sklearn's sets: standardized for all three (asgd --standardize;
+                StandardScaler fitted on the training split for sklearn and PyTorch):
+                MLPClassifier needs it (measured, H 100, E 200, mean of 3 splits: wine 0.870
+                raw against 0.981 standardized, breast_cancer 0.924 against 0.963). rings:
+                none (its features already lie in [-1, 1]).
+  asgd          `mpiexec -n N python -m asgd.train --data <name>.tsv --hidden H --epochs E
+                --standardize --seed S` (rings: `mpiexec -n N python -m asgd.train --seed
+                S`), N = 2, 4, 16 (1 server, N-1 asynchronous workers): no --lr, no
+                --optimizer, no --batch.
+  sklearn       MLPClassifier(hidden_layer_sizes=(H,), max_iter=E, batch_size=B,
+                random_state=S): its default solver (Adam, lr 0.001), activation (ReLU),
+                L2 penalty (1e-4) and tolerance-based stop; batch_size B so that all three
+                take the same batches' sizes (its default, min(200, n), gives the same
+                steps per epoch on all but digits).
+  pytorch       one process, one thread, float64: asgd's model (sigmoid hidden layer,
+                softmax cross-entropy), asgd's initialization (asgd.net.mlp.init_params),
+                asgd's default optimizer and learning rate for H (torch.optim with the same
+                hyper-parameters: momentum 0.9; Adagrad eps 1e-8; Adam betas 0.9, 0.999,
+                eps 1e-8) and asgd's batches (asgd.protocol.worker.batches, seeded like a
+                worker): what asgd computes without asynchrony, so the gap between the two
+                is what the asynchrony costs.
+
+Pass: asgd's mean accuracy (over the seeds) within --tolerance (0.03) of sklearn's, for
+every data set and rank count. rings at 16 ranks also checks the README's default run:
+held-out accuracy >= 0.95 within 60 s (the job's wall time, mpiexec start to exit, at the
+first seed). Writes data.csv (one row per run), data.json (the summary, the protocol, the
+machine and the load) and data.png under --out.
+
+    python bench/bench_data.py                            # 5 data sets x 2,4,16 ranks x seeds 0,1,2
+    python bench/bench_data.py --quick                    # iris and rings, 2 and 4 ranks, seed 0
+    python bench/bench_data.py --datasets wine --ranks 16 --seeds 0
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402,I001
+from common import int_list  # noqa: E402
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from asgd.data import problem  # noqa: E402
+from asgd.data.formats import Dataset, write_tsv  # noqa: E402
+from asgd.net import mlp, optimizers  # noqa: E402
+from asgd.run import config  # noqa: E402
+
+SKLEARN_SETS = ("iris", "wine", "breast_cancer", "digits")
+DATASETS = (*SKLEARN_SETS, "rings")
+TEST_FRACTION = 0.3
+
+
+@dataclass(frozen=True)
+class Protocol:
+    hidden: int
+    epochs: int
+    batch: int
+    standardize: bool
+
+
+def protocol(name: str) -> Protocol:
+    """The model and preprocessing of a data set, the same for every implementation."""
+    if name == "rings":
+        d = config.Config()
+        return Protocol(d.hidden, d.epochs, d.batch, False)   # asgd's defaults
+    return Protocol(256, 200, config.Config().batch, True)
+
+
+def split(name: str, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(X_train, y_train, X_test, y_test), float64 and int64, seeded: the same for all three."""
+    if name == "rings":
+        train, test = problem.default_problem(seed)
+        return train.X, train.y, test.X, test.y
+    from sklearn import datasets
+    from sklearn.model_selection import train_test_split
+    X, y = getattr(datasets, f"load_{name}")(return_X_y=True)
+    if name == "digits":
+        X = X / 16.0   # pixels 0..16 -> [0, 1], as in issue 14
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=TEST_FRACTION, stratify=y, random_state=seed)
+    c = np.ascontiguousarray
+    return c(Xtr, dtype=np.float64), c(ytr, dtype=np.int64), c(Xte, dtype=np.float64), c(yte, dtype=np.int64)
+
+
+def write_split(name: str, seed: int, folder: Path) -> Path | None:
+    """<folder>/<name>-s<seed>.tsv and its .test.tsv for asgd (rings: None, it is embedded)."""
+    if name == "rings":
+        return None
+    Xtr, ytr, Xte, yte = split(name, seed)
+    k = int(max(ytr.max(), yte.max())) + 1
+    path = folder / f"{name}-s{seed}.tsv"
+    write_tsv(str(path), Dataset(Xtr, ytr, k))
+    write_tsv(str(folder / f"{name}-s{seed}.test.tsv"), Dataset(Xte, yte, k))
+    return path
+
+
+def asgd_argv(name: str, seed: int, data: Path | None, extra=()) -> list[str]:
+    """asgd.train's options for a data set: its protocol, and nothing else unless `extra`."""
+    if data is None:
+        return ["--seed", str(seed), *extra]
+    p = protocol(name)
+    return ["--data", str(data), "--hidden", str(p.hidden), "--epochs", str(p.epochs),
+            *(["--standardize"] if p.standardize else []), "--seed", str(seed), *extra]
+
+
+def run_asgd(name: str, seed: int, ranks: int, data: Path | None, timeout: float, extra=()) -> dict:
+    """One asgd run under mpiexec: accuracy, loss, lr, notes; a failed run (diverged, timed
+    out) is a row too, with its error, never an exception."""
+    out = Path(tempfile.mkdtemp(prefix="asgd-bench-data-"))
+    argv = ["-m", "asgd.train", *asgd_argv(name, seed, data, extra), "--out", str(out), "--quiet",
+            "--timeout", str(max(timeout - 15, 10))]
+    row = {"impl": "asgd", "dataset": name, "seed": seed, "ranks": ranks, "workers": ranks - 1,
+           "command": f"mpiexec -n {ranks} python {' '.join(argv).replace(str(out), 'DIR')}"}
+    try:
+        job = common.mpiexec(ranks, argv, timeout=timeout, check=False)
+        row["job_wall_s"] = round(job["wall_s"], 2)
+        if job["rc"] != 0 or not (out / "results.json").exists():
+            err = [ln for ln in job["stderr"].splitlines() if "asgd.train" in ln]
+            return {**row, "accuracy": None, "failed": (err[-1] if err else job["stderr"][-300:]).strip()}
+        r = json.loads((out / "results.json").read_text())
+    except common.JobFailed as e:
+        return {**row, "accuracy": None, "failed": str(e).splitlines()[0]}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    c, hist = r["config"], r["metrics"]["history"]
+    tta = common.time_to_accuracy(hist, 0.95)
+    return {**row, "accuracy": round(r["metrics"]["accuracy"], 4), "loss": round(r["metrics"]["loss"], 4),
+            "optimizer": c["optimizer"], "lr": c["lr"], "hidden": c["hidden"], "epochs": c["epochs"],
+            "batch": c["batch"], "standardize": c["standardize"], "train_points": c["train_points"],
+            "test_points": c["test_points"], "updates": r["throughput"]["updates"],
+            "refused": sum(x.get("refused", 0) for x in r["ranks"]), "notes": " | ".join(r.get("notes", [])),
+            "wall_s": round(r["wall_s"], 2), "init_s": round(r["init_s"], 2), "train_s": round(r["train_s"], 2),
+            "time_to_095_s": round(tta, 2) if tta is not None else None, "failed": None,
+            "test_loss_by_epoch": " ".join(f"{h['test_loss']:.4g}" for h in hist if h.get("test_loss") is not None),
+            "train_loss_by_epoch": " ".join(f"{h['train_loss']:.4g}" for h in hist if h.get("train_loss") is not None)}
+
+
+def _scaled(name: str, seed: int):
+    Xtr, ytr, Xte, yte = split(name, seed)
+    if protocol(name).standardize:
+        from sklearn.preprocessing import StandardScaler
+        s = StandardScaler().fit(Xtr)
+        Xtr, Xte = s.transform(Xtr), s.transform(Xte)
+    return Xtr, ytr, Xte, yte
+
+
+def run_sklearn(name: str, seed: int) -> dict:
+    """MLPClassifier with the protocol's H, E and B, its other defaults."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPClassifier
+    p = protocol(name)
+    Xtr, ytr, Xte, yte = _scaled(name, seed)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)   # E is the protocol's, reached or not
+        warnings.filterwarnings("ignore", "Got `batch_size` less than 1 or larger")   # clipped to n, as asgd's is
+        clf = MLPClassifier(hidden_layer_sizes=(p.hidden,), max_iter=p.epochs, batch_size=p.batch,
+                            random_state=seed).fit(Xtr, ytr)
+    return {"impl": "sklearn", "dataset": name, "seed": seed, "accuracy": round(float(clf.score(Xte, yte)), 4),
+            "epochs_run": clf.n_iter_, "hidden": p.hidden, "epochs": p.epochs, "batch": p.batch,
+            "standardize": p.standardize, "optimizer": "adam (sklearn)", "lr": clf.learning_rate_init,
+            "train_s": round(time.perf_counter() - t0, 2)}
+
+
+def run_torch(name: str, seed: int, optimizer: str | None = None, lr: float | None = None) -> dict:
+    """asgd's model, init, batches and (default) optimizer, in one PyTorch process."""
+    import torch
+    from torch import nn
+
+    from asgd.protocol.worker import batches
+    torch.set_num_threads(1)
+    p = protocol(name)
+    optimizer = optimizer or config.Config().optimizer
+    lr = lr or optimizers.default_lr(optimizer, p.hidden)
+    Xtr, ytr, Xte, yte = _scaled(name, seed)
+    k = int(max(ytr.max(), yte.max())) + 1
+    layout = mlp.Layout(Xtr.shape[1], p.hidden, k)
+    model = nn.Sequential(nn.Linear(layout.d_in, p.hidden), nn.Sigmoid(), nn.Linear(p.hidden, k)).double()
+    with torch.no_grad():
+        for param, v in zip(model.parameters(), (lambda W1, b1, W2, b2: (W1.T, b1, W2.T, b2))(
+                *layout.views(mlp.init_params(layout, seed)))):
+            param.copy_(torch.from_numpy(np.ascontiguousarray(v)))
+    from ddp_peer import torch_optimizer   # asgd's updates as torch.optim spells them
+    opt = torch_optimizer(optimizer, model.parameters(), lr)
+    X, y = torch.from_numpy(Xtr), torch.from_numpy(ytr)
+    t0 = time.perf_counter()
+    for epoch in range(p.epochs):
+        for idx in batches(len(y), p.batch, None, np.random.default_rng([seed, 0, epoch])):   # as worker 0
+            idx = torch.from_numpy(idx)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(X[idx]), y[idx]).backward()
+            opt.step()
+    with torch.no_grad():
+        z = model(torch.from_numpy(Xte))
+        acc = (z.argmax(1) == torch.from_numpy(yte)).double().mean().item()
+        loss = nn.functional.cross_entropy(z, torch.from_numpy(yte)).item()
+    return {"impl": "pytorch", "dataset": name, "seed": seed, "accuracy": round(acc, 4), "loss": round(loss, 4),
+            "hidden": p.hidden, "epochs": p.epochs, "batch": p.batch, "standardize": p.standardize,
+            "optimizer": optimizer, "lr": lr, "train_s": round(time.perf_counter() - t0, 2)}
+
+
+# -- the bench -------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", default=",".join(DATASETS), help=f"comma list of {', '.join(DATASETS)} (default all)")
+    p.add_argument("--ranks", type=int_list, default=[2, 4, 16], help="MPI ranks of asgd, comma list (default 2,4,16)")
+    p.add_argument("--seeds", type=int_list, default=[0, 1, 2], help="splits and initializations (default 0,1,2)")
+    p.add_argument("--tolerance", type=float, default=0.03, help="pass: asgd within this of sklearn (default 0.03)")
+    p.add_argument("--no-torch", action="store_true", help="leave the PyTorch loop out")
+    p.add_argument("--quick", action="store_true", help="iris and rings, ranks 2 and 4, seed 0")
+    p.add_argument("--timeout", type=float, default=300, help="seconds one asgd run may take (default 300)")
+    p.add_argument("--out", type=Path, default=common.RESULTS / "data", help="output folder (default bench/results/data)")
+    p.add_argument("--no-plot", action="store_true")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.datasets, a.ranks, a.seeds = "iris,rings", [2, 4], [0]
+    a.datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
+    unknown = set(a.datasets) - set(DATASETS)
+    if unknown:
+        p.error(f"unknown --datasets {sorted(unknown)}; choose from {', '.join(DATASETS)}")
+    if not a.no_torch and not common._version("torch"):
+        print("pytorch: skipped (torch is not installed: pip install torch==2.13.0)", flush=True)
+        a.no_torch = True
+    if not common._version("scikit-learn"):
+        p.error("needs scikit-learn (pip install scikit-learn): the data sets and the reference")
+    return a
+
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return round(statistics.fmean(xs), 4) if xs else None
+
+
+def summarize(rows: list[dict], datasets, ranks, tolerance: float) -> list[dict]:
+    """Per data set and rank count: the mean accuracies over the seeds, asgd's gap to
+    sklearn, pass/fail."""
+    out = []
+    for name in datasets:
+        sk = mean(r["accuracy"] for r in rows if r["impl"] == "sklearn" and r["dataset"] == name)
+        pt = mean(r["accuracy"] for r in rows if r["impl"] == "pytorch" and r["dataset"] == name)
+        for n in ranks:
+            rs = [r for r in rows if r["impl"] == "asgd" and r["dataset"] == name and r["ranks"] == n]
+            if not rs:
+                continue
+            failed = [r for r in rs if r["accuracy"] is None]
+            acc = mean(r["accuracy"] for r in rs) if not failed else None
+            gap = round(acc - sk, 4) if acc is not None and sk is not None else None
+            s = {"dataset": name, "ranks": n, "workers": n - 1, "seeds": len(rs), "asgd": acc,
+                 "asgd_min": min((r["accuracy"] for r in rs if r["accuracy"] is not None), default=None),
+                 "sklearn": sk, "pytorch": pt, "gap_to_sklearn": gap,
+                 "gap_pytorch_to_sklearn": round(pt - sk, 4) if pt is not None and sk is not None else None,
+                 "optimizer": rs[0].get("optimizer"), "lr": rs[0].get("lr"), "failed": len(failed),
+                 "not_converged_notes": sum(1 for r in rs if r.get("notes")),
+                 "pass": gap is not None and gap >= -tolerance}
+            if name == "rings" and n == 16:   # the README's default run
+                first = min(rs, key=lambda r: r["seed"])
+                s["default_run_s"] = first.get("job_wall_s")
+                s["default_run_accuracy"] = first.get("accuracy")
+                s["default_run_pass"] = bool(first.get("accuracy") and first["accuracy"] >= 0.95
+                                             and first.get("job_wall_s") is not None and first["job_wall_s"] < 60)
+                s["pass"] = s["pass"] and s["default_run_pass"]
+            out.append(s)
+    return out
+
+
+def plot(summary, tolerance, path):
+    plt = common.pyplot()
+    names = list(dict.fromkeys(s["dataset"] for s in summary))
+    ranks = sorted({s["ranks"] for s in summary})
+    fig, ax = plt.subplots(figsize=(max(7, 1.9 * len(names)), 4.5))
+    x = np.arange(len(names))
+    bars = [(f"asgd, {n} ranks", n) for n in ranks] + [("sklearn MLPClassifier", "sklearn"), ("PyTorch, 1 process", "pytorch")]
+    wd = 0.8 / len(bars)
+    blues = plt.cm.Blues(np.linspace(0.45, 0.9, len(ranks)))
+    for i, (label, key) in enumerate(bars):
+        ys = []
+        for name in names:
+            if isinstance(key, int):
+                s = next((s for s in summary if s["dataset"] == name and s["ranks"] == key), None)
+                ys.append((s or {}).get("asgd") or 0)
+            else:
+                s = next((s for s in summary if s["dataset"] == name), None)
+                ys.append((s or {}).get(key) or 0)
+        color = blues[i] if isinstance(key, int) else {"sklearn": "tab:orange", "pytorch": "tab:red"}[key]
+        b = ax.bar(x - 0.4 + wd * (i + 0.5), ys, wd, color=color, label=label)
+        for rect, yv in zip(b, ys):
+            ax.annotate(f"{yv:.3f}", (rect.get_x() + rect.get_width() / 2, yv), ha="center", va="bottom",
+                        fontsize=6, rotation=90)
+    lo = min([s["asgd"] for s in summary if s["asgd"]] + [s["sklearn"] for s in summary if s["sklearn"]] + [1.0])
+    ax.set_ylim(max(0.0, lo - 0.1), 1.06)
+    ax.set_xticks(x, names)
+    ax.set_ylabel("held-out accuracy (mean over seeds)")
+    ax.set_title(f"asgd with its defaults vs scikit-learn and PyTorch (measured here; pass: within {tolerance} "
+                 "of sklearn)", fontsize=9)
+    ax.legend(fontsize=7, ncol=3, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    load = common.LoadSampler()
+    m = common.machine()
+    folder = Path(tempfile.mkdtemp(prefix="asgd-bench-data-sets-"))
+    rows = []
+    try:
+        for seed in args.seeds:
+            for name in args.datasets:
+                data = write_split(name, seed, folder)
+                refs = [run_sklearn(name, seed)] + ([] if args.no_torch else [run_torch(name, seed)])
+                rows += refs
+                for n in args.ranks:
+                    r = run_asgd(name, seed, n, data, args.timeout)
+                    rows.append(r)
+                    print(f"  seed {seed} {name:<13} {n:>2} ranks: asgd {common.fmt(r['accuracy'], '.3f')}"
+                          f"{' FAILED ' + r['failed'] if r.get('failed') else ''}"
+                          f" ({r.get('optimizer')}, lr {common.fmt(r.get('lr'), '.3g')}, job {r.get('job_wall_s')} s)"
+                          + "".join(f", {x['impl']} {x['accuracy']:.3f}" for x in refs), flush=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    summary = summarize(rows, args.datasets, args.ranks, args.tolerance)
+    d = config.Config()
+    info = {"benchmark": "data", "machine": m, "load": load.summary(), "command": common.command_line(),
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "defaults": {"optimizer": d.optimizer,
+                         "lr": {name: optimizers.default_lr(d.optimizer, protocol(name).hidden) for name in args.datasets}},
+            "protocol": {name: {**vars(protocol(name)), "test_fraction": None if name == "rings" else TEST_FRACTION}
+                         for name in args.datasets},
+            "tolerance": args.tolerance, "passed": all(s["pass"] for s in summary),
+            "columns": {"accuracy": "held-out accuracy at the end (asgd: results.json metrics.accuracy)",
+                        "job_wall_s": "asgd: mpiexec start to exit", "gap_to_sklearn": "asgd - sklearn, means over the seeds",
+                        "pass": f"gap_to_sklearn >= -{args.tolerance} (rings at 16 ranks: also the default run's "
+                                "accuracy >= 0.95 within 60 s)"},
+            "summary": summary}
+    paths = common.write_outputs(args.out, "data", rows, info)
+    if not args.no_plot and summary:
+        plot(summary, args.tolerance, args.out / "data.png")
+        paths.append(args.out / "data.png")
+    print(common.describe(m, info["load"]))
+    common.print_table(summary, [("data set", "dataset", ""), ("ranks", "ranks", "d"), ("seeds", "seeds", "d"),
+                                 ("asgd", "asgd", ".3f"), ("min", "asgd_min", ".3f"), ("sklearn", "sklearn", ".3f"),
+                                 ("pytorch", "pytorch", ".3f"), ("gap", "gap_to_sklearn", "+.3f"),
+                                 ("pass", "pass", ""), ("optimizer", "optimizer", ""), ("lr", "lr", ".3g"),
+                                 ("notes", "not_converged_notes", "d"), ("failed", "failed", "d")],
+                       title=f"held-out accuracy, mean over seeds {args.seeds}; pass: gap >= -{args.tolerance}")
+    ring = next((s for s in summary if s["dataset"] == "rings" and s["ranks"] == 16), None)
+    if ring:
+        print(f"default run (rings, 16 ranks, seed {min(args.seeds)}): accuracy "
+              f"{common.fmt(ring['default_run_accuracy'], '.4f')} in {common.fmt(ring['default_run_s'], '.1f')} s "
+              f"(mpiexec start to exit): {'pass' if ring['default_run_pass'] else 'FAIL'} (>= 0.95 within 60 s)")
+    print(f"{'PASSED' if info['passed'] else 'FAILED'}: every data set and rank count within {args.tolerance} of sklearn")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

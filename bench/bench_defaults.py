@@ -1,0 +1,266 @@
+"""The study behind asgd's default optimizer and learning rate (issue 14): held-out
+accuracy of asgd across data sets x worker counts x optimizers x learning rates, each
+against scikit-learn's MLPClassifier on the same split, so the default can be chosen for
+robustness (the best worst case) rather than tuned to one problem.
+
+Every run is a real `mpiexec -n W+1 python -m asgd.train` (1 server, W asynchronous
+workers) with bench_data.py's protocol for the data set (its split, H, E, batch and
+--standardize; see its docstring), plus `--optimizer O --lr LR`. The learning rates are
+rules in H (hidden units) and W (workers), written as Python expressions:
+`--rules "sgd=3/H,30/H;adam=0.001,0.003"`; the defaults bracket each optimizer's default
+by about 3x each way. sklearn's accuracy is computed once per data set and seed.
+
+For each rule the summary gives, over every data set, worker count and seed: the worst
+and median gap to sklearn (asgd - sklearn, per seed), the runs more than --tolerance below
+it, the runs that diverged (a non-zero exit, refused updates, or a held-out accuracy no
+better than the majority class's) and the overconfident ones (a held-out loss above that
+of predicting the class frequencies, whatever the accuracy); the worst gap per data set
+and per worker count; and the same per hidden size. Rows are
+appended to defaults.csv as they finish, so an interrupted study continues where it
+stopped (--fresh starts over). Writes defaults.csv, defaults.json (summary) and
+defaults.png under --out.
+
+    python bench/bench_defaults.py                               # the whole grid, seed 0 (hours on 2 cores)
+    python bench/bench_defaults.py --seeds 1 --rules "adam=0.001,0.003;adagrad=0.01,0.03"
+    python bench/bench_defaults.py --summarize                   # the table from the rows already there
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402,I001
+from common import int_list  # noqa: E402
+
+import argparse  # noqa: E402
+import csv  # noqa: E402
+import functools  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+
+import bench_data  # noqa: E402
+
+RULES = ("sgd=3/H,10/H,30/H,100/H;momentum=0.3/H,1/H,3/H,10/H;"
+         "adagrad=0.003,0.01,0.03,0.1;adam=0.0003,0.001,0.003,0.01")
+
+
+def parse_rules(spec: str) -> list[tuple[str, str]]:
+    out = []
+    for part in spec.split(";"):
+        if part.strip():
+            opt, rules = part.split("=", 1)
+            out += [(opt.strip(), r.strip()) for r in rules.split(",") if r.strip()]
+    return out
+
+
+def lr_of(rule: str, hidden: int, workers: int) -> float:
+    return float(eval(rule, {"__builtins__": {}}, {"H": hidden, "W": workers, "sqrt": math.sqrt}))  # noqa: S307
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", default=",".join(bench_data.DATASETS),
+                   help=f"comma list of {', '.join(bench_data.DATASETS)} (default all)")
+    p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 15], help="asynchronous workers (default 1,2,4,8,15)")
+    p.add_argument("--seeds", type=int_list, default=[0], help="splits and initializations (default 0)")
+    p.add_argument("--rules", default=RULES, help=f"optimizer=lr rule,...;... in H and W (default {RULES!r})")
+    p.add_argument("--tolerance", type=float, default=0.03, help="a run fails more than this below sklearn (default 0.03)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds one run may take (default 300)")
+    p.add_argument("--summarize", action="store_true", help="run nothing: the summary of the rows in --out")
+    p.add_argument("--fresh", action="store_true", help="discard the rows already in --out")
+    p.add_argument("--out", type=Path, default=common.RESULTS / "defaults", help="output folder (default bench/results/defaults)")
+    p.add_argument("--no-plot", action="store_true")
+    a = p.parse_args(argv)
+    a.datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
+    a.rules = parse_rules(a.rules)
+    return a
+
+
+COLS = ["dataset", "seed", "workers", "ranks", "optimizer", "rule", "lr", "hidden", "epochs", "accuracy",
+        "loss", "sklearn", "gap", "chance_loss", "diverged", "refused", "notes", "updates", "job_wall_s",
+        "train_s", "failed", "loadavg_1min", "command", "test_loss_by_epoch", "train_loss_by_epoch"]
+
+
+def read_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k in ("seed", "workers", "ranks", "hidden", "epochs", "refused", "updates"):
+            r[k] = int(float(r[k])) if r.get(k) not in (None, "") else None
+        for k in ("lr", "accuracy", "loss", "sklearn", "gap", "chance_loss", "job_wall_s", "train_s", "loadavg_1min"):
+            r[k] = float(r[k]) if r.get(k) not in (None, "") else None
+        r["diverged"] = r["diverged"] == "True"
+    return rows
+
+
+def append_row(path: Path, row: dict) -> None:
+    new = not path.exists()
+    if not new:
+        with open(path, newline="") as f:
+            header = next(csv.reader(f), [])
+        if header != COLS:   # rows of an older version of this script: rewritten with today's columns
+            with open(path, newline="") as f:
+                old = list(csv.DictReader(f))
+            with open(path, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=COLS, extrasaction="ignore")
+                w.writeheader()
+                w.writerows(old)
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLS, extrasaction="ignore")
+        if new:
+            w.writeheader()
+        w.writerow(row)
+
+
+@functools.lru_cache(maxsize=None)
+def chance(name: str, seed: int) -> tuple[float, float]:
+    """(loss, accuracy) of predicting from the training split's class frequencies alone:
+    the cross-entropy of those frequencies on the held-out split, and the held-out share of
+    the training split's most frequent class. A run whose held-out accuracy ends at or
+    below the latter learned nothing (or collapsed)."""
+    import numpy as np
+    _, ytr, _, yte = bench_data.split(name, seed)
+    p = np.bincount(ytr, minlength=int(yte.max()) + 1) / len(ytr)
+    return float(-np.mean(np.log(np.maximum(p[yte], 1e-12)))), float(np.mean(yte == np.argmax(p)))
+
+
+def diverged(r: dict) -> bool:
+    """Failed (a non-zero exit: diverged, timed out), refused updates, or a held-out accuracy
+    no better than the majority class's (a held-out loss above chance with a good accuracy
+    is an overconfident model, not a diverged one: counted apart, as overconfident)."""
+    return bool(r.get("failed")) or bool(r.get("refused")) or r.get("accuracy") is None or (
+        r["accuracy"] <= chance(r["dataset"], r["seed"])[1] + 1e-9)
+
+
+def summarize(rows: list[dict], tolerance: float) -> dict:
+    def stats(rs):
+        gaps = [r["gap"] for r in rs if r["gap"] is not None]
+        worst = min(rs, key=lambda r: r["gap"] if r["gap"] is not None else -9)
+        return {"runs": len(rs), "diverged": sum(diverged(r) for r in rs),
+                "overconfident": sum(1 for r in rs if r["loss"] is not None and r["loss"] > r["chance_loss"]),
+                "worst_gap": round(min(gaps), 4) if len(gaps) == len(rs) else None,
+                "worst_at": f"{worst['dataset']} W={worst['workers']} s{worst['seed']}",
+                "median_gap": round(statistics.median(gaps), 4) if gaps else None,
+                "mean_gap": round(statistics.fmean(gaps), 4) if gaps else None,
+                "failing": sum(1 for r in rs if r["gap"] is None or r["gap"] < -tolerance)}
+    table = []
+    for opt, rule in dict.fromkeys((r["optimizer"], r["rule"]) for r in rows):
+        rs = [r for r in rows if r["optimizer"] == opt and r["rule"] == rule]
+        s = {"optimizer": opt, "rule": rule, **stats(rs)}
+        for name in dict.fromkeys(r["dataset"] for r in rs):
+            s[f"worst_{name}"] = stats([r for r in rs if r["dataset"] == name])["worst_gap"]
+        for w in sorted({r["workers"] for r in rs}):
+            s[f"worst_W{w}"] = stats([r for r in rs if r["workers"] == w])["worst_gap"]
+        table.append(s)
+    table.sort(key=lambda s: (s["diverged"], -(s["worst_gap"] if s["worst_gap"] is not None else -9)))
+    return {"by_rule": table}
+
+
+def plot(rows, path):
+    plt = common.pyplot()
+    opts = list(dict.fromkeys(r["optimizer"] for r in rows))
+    names = list(dict.fromkeys(r["dataset"] for r in rows))
+    fig, axes = plt.subplots(1, len(opts), figsize=(4.2 * len(opts), 4), sharey=True, squeeze=False)
+    for ax, opt in zip(axes[0], opts):
+        rules = list(dict.fromkeys(r["rule"] for r in rows if r["optimizer"] == opt))
+        for name in names:
+            ys = []
+            for rule in rules:
+                gaps = [r["gap"] if r["gap"] is not None else -1 for r in rows
+                        if r["optimizer"] == opt and r["rule"] == rule and r["dataset"] == name]
+                ys.append(min(gaps) if gaps else float("nan"))
+            ax.plot(range(len(rules)), ys, "o-", label=name)
+        ax.axhline(-0.03, color="k", ls="--", lw=1)
+        ax.set_xticks(range(len(rules)), rules, rotation=30, fontsize=8)
+        ax.set_title(opt)
+        ax.set_ylim(-0.6, 0.1)
+    axes[0][0].set_ylabel("worst gap to sklearn over workers and seeds")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle("asgd held-out accuracy minus sklearn's, async, 1 server (measured here)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "defaults.csv"
+    if args.fresh and path.exists():
+        path.unlink()
+    load = common.LoadSampler()
+    m = common.machine(bandwidth=False)
+    if not args.summarize:
+        done = {(r["dataset"], r["seed"], r["workers"], r["optimizer"], r["rule"]) for r in read_rows(path)}
+        folder = Path(tempfile.mkdtemp(prefix="asgd-bench-defaults-"))
+        try:
+            for seed in args.seeds:
+                for name in args.datasets:
+                    todo = [(w, o, r) for w in args.workers for o, r in args.rules
+                            if (name, seed, w, o, r) not in done]
+                    if not todo:
+                        continue
+                    data = bench_data.write_split(name, seed, folder)
+                    sk = bench_data.run_sklearn(name, seed)["accuracy"]
+                    chance_l = chance(name, seed)[0]
+                    p = bench_data.protocol(name)
+                    for w, opt, rule in todo:
+                        lr = lr_of(rule, p.hidden, w)
+                        extra = ["--optimizer", opt, "--lr", repr(lr)]
+                        if name == "rings":
+                            extra += ["--hidden", str(p.hidden), "--epochs", str(p.epochs)]
+                        r = bench_data.run_asgd(name, seed, w + 1, data, args.timeout, extra)
+                        acc = r.get("accuracy")
+                        row = {**r, "optimizer": opt, "rule": rule, "lr": lr, "hidden": p.hidden, "epochs": p.epochs,
+                               "sklearn": sk, "gap": round(acc - sk, 4) if acc is not None else None,
+                               "chance_loss": round(chance_l, 4), "diverged": diverged(r),
+                               "loadavg_1min": round(__import__("os").getloadavg()[0], 2)}
+                        append_row(path, row)
+                        print(f"  s{seed} {name:<13} W={w:<2} {opt:<8} {rule:<8} lr {lr:<9.3g} acc "
+                              f"{common.fmt(acc, '.3f')} (sklearn {sk:.3f}, gap {common.fmt(row['gap'], '+.3f')})"
+                              f"{' DIVERGED' if row['diverged'] else ''}{' note' if r.get('notes') else ''}"
+                              f"{' ' + r['failed'][:80] if r.get('failed') else ''} [{r.get('job_wall_s')} s]",
+                              flush=True)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    rows = [r for r in read_rows(path) if r["dataset"] in args.datasets]
+    summary = summarize(rows, args.tolerance)
+    by_h = {}
+    for h in sorted({r["hidden"] for r in rows}):
+        by_h[str(h)] = summarize([r for r in rows if r["hidden"] == h], args.tolerance)["by_rule"]
+    info = {"benchmark": "defaults", "machine": m, "load": load.summary(), "command": common.command_line(),
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "protocol": {n: vars(bench_data.protocol(n)) for n in args.datasets}, "tolerance": args.tolerance,
+            "columns": {"gap": "asgd accuracy - sklearn MLPClassifier's on the same split and seed",
+                        "diverged": "non-zero exit, refused updates, or held-out accuracy <= the majority class's share",
+                        "overconfident": "held-out loss above chance_loss (predicting the class frequencies)",
+                        "worst_gap": "min gap over data sets, workers and seeds", "failing": f"runs with gap < -{args.tolerance}"},
+            **summary, "by_hidden": by_h}
+    (args.out / "defaults.json").write_text(json.dumps(info, indent=1, default=str))
+    if not args.no_plot and rows:
+        plot(rows, args.out / "defaults.png")
+    names = list(dict.fromkeys(r["dataset"] for r in rows))
+    common.print_table(summary["by_rule"], [("optimizer", "optimizer", ""), ("lr", "rule", ""), ("runs", "runs", "d"),
+                                            ("diverged", "diverged", "d"), ("overconf.", "overconfident", "d"),
+                                            ("failing", "failing", "d"),
+                                            ("worst gap", "worst_gap", "+.3f"), ("at", "worst_at", ""),
+                                            ("median", "median_gap", "+.3f")]
+                       + [(n, f"worst_{n}", "+.3f") for n in names],
+                       title=f"gap to sklearn (asgd - sklearn), async, 1 server; failing: < -{args.tolerance}")
+    for h, table in by_h.items():
+        common.print_table(table, [("optimizer", "optimizer", ""), ("lr", "rule", ""), ("runs", "runs", "d"),
+                                   ("diverged", "diverged", "d"), ("worst gap", "worst_gap", "+.3f"),
+                                   ("at", "worst_at", ""), ("median", "median_gap", "+.3f")],
+                           title=f"hidden {h} only")
+    print(common.describe(m, info["load"]))
+    print(f"wrote {path}, {args.out / 'defaults.json'}" + ("" if args.no_plot else f", {args.out / 'defaults.png'}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
