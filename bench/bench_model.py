@@ -14,7 +14,7 @@ OUT-OF-SAMPLE, and the pass/fail limits apply to the out-of-sample runs. Then:
             {sequential, parallel} (48 runs; with 2 cores, 3 and 6 workers are 4 and 7 ranks:
             out of sample); hidden 100000: workers {1,2,3,4,6,8} x batch {64,1024}, the readers
             alternating over the workers (12 runs); 3 epochs each. Each run is
-            `mpiexec -n w+1 python -m asgd.train --data D --reader R --batch B --hidden H
+            `mpiexec -n w+1 python -m asgd.train --optimizer sgd --data D --reader R --batch B --hidden H
             --epochs E --quiet --out OUT/runs/h{H}-w{W}-b{B}-{R}`, in an order shuffled with a
             fixed seed (--seed), with a time limit; a run that fails is reported and skipped.
   compare   asgd.perf.cli.compare over the runs: predicted and measured seconds and the
@@ -158,7 +158,7 @@ def run_one(c: dict, data: Path, run_dir: Path, a) -> dict:
     """One asgd.train job; its results.json's walls, and the launcher's."""
     if run_dir.exists():
         shutil.rmtree(run_dir)   # never read a stale results.json
-    res = mpiexec(c["workers"] + 1, ["-m", "asgd.train", "--data", str(data), "--reader", c["reader"],
+    res = mpiexec(c["workers"] + 1, ["-m", "asgd.train", "--optimizer", "sgd", "--data", str(data), "--reader", c["reader"],
                                      "--batch", str(c["batch"]), "--hidden", str(c["hidden"]),
                                      "--epochs", str(a.epochs), "--quiet", "--out", str(run_dir),
                                      "--timeout", str(a.timeout)], timeout=a.timeout + 30)
@@ -415,7 +415,7 @@ def main(argv=None) -> int:
     meta = {"machine": machine(), "command": command_line(), "points": a.points, "test_points": a.test_points,
             "epochs": a.epochs, "quick": a.quick, "seed": a.seed, "timeout_s": a.timeout,
             "limits": {"median_ape_pct": LIMITS, "optimizer_ratio": OPTIMIZER_LIMIT},
-            "run_command": "mpiexec -n W+1 python -m asgd.train --data D --reader R --batch B --hidden H "
+            "run_command": "mpiexec -n W+1 python -m asgd.train --optimizer sgd --data D --reader R --batch B --hidden H "
                            f"--epochs {a.epochs} --quiet --out OUT/runs/hH-wW-bB-R"}
     configs = plan(a)
     if not configs:

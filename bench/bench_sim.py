@@ -201,7 +201,7 @@ def measure(runs: list[dict], data: Path, out: Path, a) -> list[dict]:
         d = (out / "runs" / r["label"]).resolve()
         if d.exists():
             shutil.rmtree(d)
-        argv = ["-m", "asgd.train", *r["opts"], "--quiet", "--out", str(d), "--timeout", str(a.timeout)]
+        argv = ["-m", "asgd.train", "--optimizer", "sgd", *r["opts"], "--quiet", "--out", str(d), "--timeout", str(a.timeout)]
         if r["data"]:
             argv += ["--data", str(data)]
         load = os.getloadavg()[0]

@@ -30,7 +30,7 @@ machine is quiet: one 1-bit server then fills its link (measured: 133/s, 57x). P
 32 Mbit/s (9.9/19.8/39.5) left 1-bit no room under the cores (it would need >= 99/s).
 --bandwidth changes it (the table says where the ceilings then are).
 
-Measured per run (`asgd.testbed run --check-bytes -- mpiexec -n W+S python -m asgd.train
+Measured per run (`asgd.testbed run --check-bytes -- mpiexec -n W+S python -m asgd.train --optimizer sgd
 --servers S --epochs E --trace ...`):
   updates_per_s   steady state: server 0 receives one message per update; its receipts
                   (from trace.json) between the 10th and the 90th percentile of the run,
@@ -151,7 +151,7 @@ def bytes_per_weight(compress: str, hidden: int, S: int) -> float:
 
 
 def train_cmd(mpiexec: str, S: int, W: int, compress: str, args, out: Path, epochs: int | None = None) -> list[str]:
-    cmd = [mpiexec, "-n", str(W + S), sys.executable, "-m", "asgd.train", "--servers", str(S),
+    cmd = [mpiexec, "-n", str(W + S), sys.executable, "-m", "asgd.train", "--optimizer", "sgd", "--servers", str(S),
            "--hidden", str(args.hidden), "--batch", str(args.batch), "--epochs", str(epochs or args.epochs), "--quiet",
            "--trace", "--trace-steps", "0:1000000", "--timeout", str(int(args.timeout - 30)), "--out", str(out)]
     return cmd + (["--compress", compress] if compress != "none" else [])

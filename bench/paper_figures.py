@@ -1,7 +1,7 @@
 """The paper's Figures 2, 3, 4 and 9 (Hashemi et al. 2016) measured on this machine with asgd.train.
 
-Every point is one `mpiexec -n N python -m asgd.train --epochs E` run (default problem,
-asgd's defaults otherwise); the numbers come from its results.json (wall_s, init_s, train_s).
+Every point is one `mpiexec -n N python -m asgd.train --optimizer sgd --epochs E` run (default
+problem; the paper's ASGD, whose server update calibrate measures; asgd's defaults otherwise); the numbers come from its results.json (wall_s, init_s, train_s).
   figure2.png  total time against ranks, 2-10K-2, several batch sizes
   figure3.png  total time against ranks, 2-10K-2 against 2-100K-2, batch 256
   figure4.png  training time per epoch against batch size, several rank counts; says whether
@@ -68,7 +68,7 @@ def plan(a) -> list[tuple[int, int, int]]:
 
 def run(n, hidden, batch, a) -> dict:
     out = Path(tempfile.mkdtemp(prefix="asgd-bench-paper-"))
-    argv = ["-m", "asgd.train", "--hidden", str(hidden), "--batch", str(batch), "--epochs", str(a.epochs),
+    argv = ["-m", "asgd.train", "--optimizer", "sgd", "--hidden", str(hidden), "--batch", str(batch), "--epochs", str(a.epochs),
             "--quiet", "--out", str(out), "--timeout", str(a.timeout - 10)]
     try:
         job = common.mpiexec(n, argv, timeout=a.timeout)

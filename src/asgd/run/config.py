@@ -28,7 +28,8 @@ class Config:
     hidden: int = 10000
     batch: int = 256
     lr: float | None = None      # None: optimizers.default_lr(optimizer, hidden, averaged workers)
-    optimizer: str = "sgd"       # OPTIMIZERS: what a server does with an update (asgd.net.optimizers)
+    optimizer: str = "adagrad"   # OPTIMIZERS: what a server does with an update (asgd.net.optimizers);
+                                 # adagrad: the most robust under asynchrony across data sets (bench_defaults)
     standardize: bool = False    # scale each feature to mean 0, variance 1 (statistics over the workers' shares)
     epochs: int = 5
     seed: int = 0
@@ -85,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "adagrad 0.01; adam 0.001)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer,
                    help="what the servers (allreduce: every rank) do with an update, each keeping its state "
-                        "for its shard: sgd (default: w += Delta-w, the worker applies lr, the paper's ASGD), "
-                        "momentum, adagrad or adam (workers push the gradient, the server applies lr)")
+                        "for its shard: adagrad (default: the most robust across data sets and worker counts), "
+                        "momentum or adam (workers push the gradient, the server applies lr), or sgd (w += "
+                        "Delta-w, the worker applies lr: the paper's ASGD)")
     p.add_argument("--standardize", action="store_true",
                    help="scale each feature to mean 0 and variance 1 with statistics of the training "
                         "points (computed by the workers together during init), for training and held-out "
