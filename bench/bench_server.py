@@ -135,28 +135,8 @@ def bench_size(n, workers, repeat, min_time):
         add_to(vers[cur[0]], dw, vers[nxt])
         cur[0] = nxt
 
-    sets = [[np.full(n, v) for v in (1.0, 2.0, 0.5)] for _ in range(workers)]   # the same footprint
-    snext = [0]
-
-    def abc():
-        j = snext[0] = (snext[0] + 1) % workers
-        return sets[j]
-
-    def copy():
-        a, b, _ = abc()
-        np.copyto(b, a)
-
-    def add():
-        a, b, c = abc()
-        np.add(a, b, out=c)
-
-    def triad():
-        a, b, c = abc()
-        np.multiply(c, 3.0, out=a)
-        np.add(a, b, out=a)
-
     fns = {"add+copy": add_copy, "server path": server_path, "fused": fused, "versioned": versioned,
-           "stream copy": copy, "stream add": add, "stream triad": triad}
+           **stream_fns(n, 3 * workers)}   # the same footprint as the workers' buffers
     return interleaved(fns, repeat, min_time, warmup=2)
 
 

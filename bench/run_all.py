@@ -3,7 +3,7 @@
     python bench/run_all.py            # the five benchmarks below (about 20 minutes on 2 cores)
     python bench/run_all.py --quick    # smaller sweeps (about 1.5 minutes on 2 cores), into bench/results/quick/
     python bench/run_all.py --only kernel,server
-    python bench/run_all.py --everything   # also bench_arch, bench_trace, bench_readers, bench_model, bench_startup
+    python bench/run_all.py --everything   # also bench_arch, bench_trace, bench_readers, bench_model, bench_startup, bench_data
 
 Each benchmark runs as its own process (`python bench/<script> ...`, with a time limit) and
 writes CSV, JSON (with the machine and the load average) and a PNG under
@@ -40,6 +40,7 @@ OTHERS = {
     "readers": ("bench_readers.py", [], ["--quick"]),
     "model": ("bench_model.py", [], ["--quick"]),
     "startup": ("bench_startup.py", [], ["--repeat", "1"]),
+    "data": ("bench_data.py", [], ["--quick"]),
 }
 
 

@@ -99,12 +99,16 @@ class PushPull:
             self.pending.append(self.comm.Isend([buf, 1, self.push_t[s]], s, TAG_PUSH))
             self.pending.append(self.comm.Irecv([self.nxt, 1, self.pull_t[s]], s, TAG_PULL))
             self.clock.message(SEND, s, self.push_bytes[s], flow_id(me, s, self.step, False))
+        self.free ^= 1
+        return self._sent(samples)
+
+    def _sent(self, samples: int) -> int:
+        """Count the exchange just started; its ticket."""
         st = self.stats
         st.updates += 1
         st.samples += samples
         st.bytes_sent += sum(self.push_bytes)
         st.bytes_recv += sum(self.pull_bytes)
-        self.free ^= 1
         self.step += 1
         return self.step - 1
 
@@ -185,13 +189,7 @@ class OneBitPushPull(PushPull):
             self.pending.append(self.comm.Isend([buf, MPI.BYTE], s, TAG_PUSH))
             self.pending.append(self.comm.Irecv([self.inbox[s], MPI.BYTE], s, TAG_PULL))
             self.clock.message(SEND, s, self.push_bytes[s], flow_id(me, s, self.step, False))
-        st = self.stats
-        st.updates += 1
-        st.samples += samples
-        st.bytes_sent += sum(self.push_bytes)
-        st.bytes_recv += sum(self.pull_bytes)
-        self.step += 1
-        return self.step - 1
+        return self._sent(samples)
 
     def wait(self, ticket: int) -> None:
         if not self.pending or ticket != self.step - 1:
