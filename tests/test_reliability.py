@@ -59,10 +59,12 @@ def test_checkpoint_resume_and_a_damaged_checkpoint(tmp_path):
     r = load_results(run)
     assert [h["epoch"] for h in r["metrics"]["history"]] == [1, 2, 3]  # continued, not restarted
     assert r["throughput"]["samples"] == 3 * r["config"]["train_points"]
-    # flip one byte of a shard: refused with a message naming the file
+    # flip one byte of a shard's w: refused with a message naming the file. A quarter in is
+    # inside w's data whatever optimizer state follows it (the middle of an adagrad shard is
+    # the size field of the next zip member's local header, which zipfile never reads back)
     f = run / "checkpoint" / "shard-1.npz"
     raw = bytearray(f.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
+    raw[len(raw) // 4] ^= 0xFF
     f.write_bytes(bytes(raw))
     p = mpiexec(5, ["--servers", "2", "--epochs", "4", "--resume", str(run)], timeout=30)
     assert p.returncode == 2
