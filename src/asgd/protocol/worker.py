@@ -129,14 +129,17 @@ class PushPull:
 
     def close(self) -> WorkerStats:
         """Tell every server this worker is done (after its last exchange completed)."""
+        self._say_done()
+        for t in self.push_t + self.pull_t:
+            t.Free()
+        return self.stats
+
+    def _say_done(self) -> None:
         if self.pending:
             raise RuntimeError("close: an exchange is still in flight")
         done = np.zeros(1)
         self.waiter.all([self.comm.Isend([done, MPI.DOUBLE], s, TAG_DONE) for s in range(self.S)],
                         lambda: f"server rank(s) {_ranks(self.S)} to take the end-of-work message")
-        for t in self.push_t + self.pull_t:
-            t.Free()
-        return self.stats
 
 
 class OneBitPushPull(PushPull):
@@ -203,11 +206,7 @@ class OneBitPushPull(PushPull):
             self.clock.message(RECV, s, self.pull_bytes[s], flow_id(self.comm.rank, s, ticket, True))
 
     def close(self) -> WorkerStats:
-        if self.pending:
-            raise RuntimeError("close: an exchange is still in flight")
-        done = np.zeros(1)
-        self.waiter.all([self.comm.Isend([done, MPI.DOUBLE], s, TAG_DONE) for s in range(self.S)],
-                        lambda: f"server rank(s) {_ranks(self.S)} to take the end-of-work message")
+        self._say_done()   # no derived datatypes to free: the messages are bytes
         return self.stats
 
 
