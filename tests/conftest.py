@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -32,16 +33,20 @@ def mpiexec(n: int, args: list[str], timeout: float = 90, module: str = "asgd.tr
                     f"stdout:\n{e.stdout}\nstderr:\n{e.stderr}")
 
 
+OPEN_MPI_RUNTIME = re.compile(r"\[[^\]\s]+:\d+\] PMIX ERROR: ")   # prterun's PMIx server, "[host:pid] ..."
+
+
 def split_launcher_notes(stderr: str) -> tuple[str, str]:
     """(the ranks' own stderr, the launcher's notices). Open MPI's mpiexec adds a boxed
-    notice (between lines of dashes) when a rank exits with a non-zero status, and its
-    event library may warn of a socket the ending job closed under it ("[warn] Epoll MOD(4)
-    on fd 24 failed ... Bad file descriptor"); asgd's own report is the rest. MPICH adds
-    none."""
+    notice (between lines of dashes) when a rank exits with a non-zero status, and while
+    the job ends its event library may warn of a socket closed under it ("[warn] Epoll
+    MOD(4) on fd 24 failed ... Bad file descriptor") and its PMIx server of a rank already
+    gone ("[vm:10679] PMIX ERROR: PMIX_ERR_UNREACH in file .../pmix_server.c"); asgd's own
+    report is the rest. MPICH adds none."""
     own, notes, inside = [], [], False
     for line in stderr.splitlines(keepends=True):
         rule = len(line.strip()) >= 20 and set(line.strip()) == {"-"}
-        if rule or inside or line.startswith("[warn] Epoll "):
+        if rule or inside or line.startswith("[warn] Epoll ") or OPEN_MPI_RUNTIME.match(line):
             notes.append(line)
             inside = inside != rule
         else:
