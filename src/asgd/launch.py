@@ -19,6 +19,20 @@ import subprocess
 import sys
 
 
+# Ranks that share cores they cannot see sharing: asgd.testbed's hosts each look like a
+# node of their own, but all run on this machine's cores. "1" (or "0") overrides what a
+# rank works out from its node (protocol.comm.oversubscribed).
+OVERSUBSCRIBED_ENV = "ASGD_OVERSUBSCRIBED"
+
+
+def cores_available() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def find() -> str | None:
     """mpiexec beside this Python (a venv's MPI from PyPI), else on PATH; None if neither."""
     here = os.path.dirname(sys.executable)

@@ -130,6 +130,25 @@ def test_async_without_bound_runs_ahead_of_a_straggler():
         assert counts[0]["gap_max"] > 1
 
 
+def test_oversubscribed_is_the_nodes_count_unless_the_environment_says(monkeypatch):
+    """asgd.testbed's hosts each look like a node of their own; ASGD_OVERSUBSCRIBED tells
+    their ranks that they share the machine's cores."""
+    from asgd.launch import cores_available
+    comm = MPI.COMM_WORLD
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    on_node = node.Get_size()
+    node.Free()
+    got = {}
+    for told in (None, "1", "0", "yes"):
+        if told is None:
+            monkeypatch.delenv("ASGD_OVERSUBSCRIBED", raising=False)
+        else:
+            monkeypatch.setenv("ASGD_OVERSUBSCRIBED", told)
+        got[told] = oversubscribed(comm)
+    crowded = on_node > cores_available()
+    assert got == {None: crowded, "1": True, "0": False, "yes": crowded}
+
+
 def test_a_stalled_wait_ends_with_who_waited_on_whom():
     comm = MPI.COMM_WORLD
     peer = (comm.rank + 1) % comm.size

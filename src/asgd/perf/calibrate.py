@@ -433,7 +433,7 @@ def _launch(launcher: str | None, n: int, args: list[str], timeout: float) -> di
 def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> dict:
     """Every parameter, with units and the machine description: params.json's content."""
     from ..data import formats, problem
-    from ..protocol.comm import cores_available
+    from ..launch import cores_available
     from .analytic import extrapolate_linear
     t_all = time.perf_counter()
     hidden, batches = (QUICK_HIDDEN, QUICK_BATCHES) if quick else (HIDDEN, BATCHES)

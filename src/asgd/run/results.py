@@ -22,7 +22,7 @@ def machine(comm, oversubscribed: bool) -> dict:
     import mpi4py
     import numba
 
-    from ..protocol.comm import cores_available
+    from ..launch import cores_available
     return {
         "world_size": comm.size,
         "host": socket.gethostname(),
