@@ -234,7 +234,7 @@ def predict(base, rows, args, rate_bit, f) -> None:
     for r in rows:
         S, W = r["servers"], r["workers"]
         n_w = r["n_w"]
-        prm = testbed_params(base, rate_bit, args.latency * 1e-6, S, f[r["compress"]],
+        prm = testbed_params(base, rate_bit, args.latency * 1e-6, f[r["compress"]],
                              bytes_per_weight=bytes_per_weight(r["compress"], args.hidden, S), sizes=[-(-n_w // S), n_w])
         pred = model_predict(prm, Run(workers=W, servers=S, batch=args.batch, hidden=args.hidden,
                                       epochs=args.epochs))
@@ -400,7 +400,7 @@ def main(argv=None):
     f_plain = f.get("none", next(iter(f.values())))
     n_w = rows[0]["n_w"]
     from asgd.testbed.model import testbed_params, worker_ceiling
-    derived = testbed_params(base, rate_bit, args.latency * 1e-6, 1, f_plain, sizes=[n_w])
+    derived = testbed_params(base, rate_bit, args.latency * 1e-6, f_plain, sizes=[n_w])
     info = {"benchmark": "testbed", "machine": m, "load": load.summary(), "command": common.command_line(),
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "testbed": {"hosts": hosts, "rate_bit": rate_bit, "rate": format_rate(rate_bit),
@@ -410,7 +410,8 @@ def main(argv=None):
             "params": params_src, "probe": probe,
             "probe_vs_derived": {"pingpong_s": [probe.get("pingpong_s"), derived.per_nw(
                                      {b // 8: v for b, v in derived.pingpong_s.items()}, n_w)],
-                                 "round_trip_s": [probe.get("round_trip_s"), derived.per_nw(derived.round_trip_s, n_w)]}
+                                 "round_trip_s": [probe.get("round_trip_s"), derived.per_nw(derived.round_trip_s, n_w)
+                                                  + 2 * derived.per_nw(derived.link_s, n_w)]}
             if probe and "error" not in probe else None,
             "cores_ceilings": cores, "accuracy_runs": accuracy, "target_accuracy": TARGET_ACCURACY,
             "sweep_s": round(time.perf_counter() - t_all, 1),

@@ -10,7 +10,9 @@ on the paper's own list of what its model misses:
      batch sizes (calibrate), not assumed linear, and the working set is compared
      with the caches;
   c. ranks sharing cores: with more ranks than cores, work is CPU-bound at the cores;
-  d. several servers, each owning a shard: one queue per server, each 1/S of the work.
+  d. several servers, each owning a shard: one queue per server, each 1/S of the work;
+  e. links that are the limit (asgd.testbed): the servers' links in and out as two more
+     stations, crossed by all S shards of an update at once.
 `predict(params, Run(...))` combines them into init, compute, communication and total
 seconds for one configuration. Units everywhere: seconds, bytes, data points.
 """
@@ -115,20 +117,23 @@ def T_total_new(t: Table1, T_computation_phase: float) -> float:
 
 # -- Part 2: past the paper -------------------------------------------------------------
 
-def mva(customers: int, think_s: float, service_s: list[float], overlap: bool = False) -> tuple[float, list[float]]:
+def mva(customers: int, think_s: float, service_s: list[float], overlap: bool = False,
+        delay_s: float = 0.0) -> tuple[float, list[float]]:
     """Exact mean-value analysis of a closed network (extension a): `customers` workers
     each compute for think_s, then visit every queueing station once (a server: service
-    s each, FIFO, one at a time). Returns (throughput in cycles/s, response time per
-    station at that population).
+    s each, FIFO, one at a time), plus delay_s of an exchange no queue holds (latency,
+    transfers). Returns (throughput in cycles/s, response time per station at that
+    population).
 
     overlap (asgd's async workers): the next batch is computed while the exchange is in
-    flight, so a cycle lasts max(think, response) rather than their sum."""
+    flight, so a cycle lasts max(think, exchange) rather than their sum."""
     queue = [0.0] * len(service_s)
     X, R = 0.0, [0.0] * len(service_s)
     cap = 1 / max(service_s) if service_s and max(service_s) > 0 else math.inf
     for n in range(1, customers + 1):
         R = [s * (1 + q) for s, q in zip(service_s, queue)]
-        cycle = max(think_s, sum(R)) if overlap else think_s + sum(R)
+        exchange = delay_s + sum(R)
+        cycle = max(think_s, exchange) if overlap else think_s + exchange
         # overlap is an approximation: keep it within the busiest station's capacity,
         # and never below the throughput of one worker fewer
         X = max(X, min(n / cycle if cycle > 0 else math.inf, cap))
@@ -244,6 +249,10 @@ class Params:
     # [ranks][n_w] push/pull CPU per update, all ranks together, ranks > cores (none: as 2 ranks)
     contended_update_s: dict[int, dict[int, float]] = field(default_factory=dict)
     caches: dict[str, int] = field(default_factory=dict)
+    # [n_w] s a message of n_w weights holds one link, one direction, where the links are
+    # the limit (asgd.testbed.model fills it); none: shared memory, whose copies are in
+    # round_trip_s and server_update_s
+    link_s: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict) -> Params:
@@ -252,7 +261,7 @@ class Params:
         names = {f.name for f in fields(cls)}
         p = {k: v for k, v in d.items() if k in names}
         for k in ("effective_cores", "startup_by_ranks", "contended_update_s", "step_s", "eval_s_per_point",
-                  "worker_msg_s", "server_update_s", "round_trip_s", "pingpong_s"):
+                  "worker_msg_s", "server_update_s", "round_trip_s", "pingpong_s", "link_s"):
             if k in p:  # a missing one is reported by the constructor, or takes its default
                 p[k] = keys_int(p[k])
         return cls(**p)
@@ -393,10 +402,18 @@ def predict_train(p: Params, run: Run) -> dict:
     Delta-w (c_u, split over S shards), and the held-out evaluation after every epoch.
 
     Throughput (updates/s) is the least of: MVA over the S server queues with w workers
-    (extension a, d); the round trip when it outlasts a step; and, when ranks outnumber
-    cores, the cores' capacity (extension c): their measured worth C over the CPU seconds
-    per update of all ranks together, a step plus the push/pull as measured with as many
-    ranks crowding the cores."""
+    (extension a, d) and, where links are the limit, the servers' links (extension e); the
+    round trip when it outlasts a step; and, when ranks outnumber cores, the cores'
+    capacity (extension c): their measured worth C over the CPU seconds per update of all
+    ranks together, a step plus the push/pull as measured with as many ranks crowding the
+    cores.
+
+    Extension e, links (p.link_s, t a shard's time on one link one way): every update
+    crosses each server's link twice, its shard in and its reply out, and crosses all S
+    servers' links at once (the shards travel in parallel), so the links add two stations
+    of demand t, not 2 S. The worker's own link carries all S shards each way, sharing
+    itself among them: its exchange takes 2 S t, of which those stations hold 2 t, so the
+    other 2 (S - 1) t join the exchange's latency."""
     S, w = run.servers, run.workers
     C = p.parallelism(run.ranks, run.cores, run.hidden)
     share = math.ceil(run.points / w)
@@ -406,11 +423,12 @@ def predict_train(p: Params, run: Run) -> dict:
     Z = step + S * p.per_nw(p.worker_msg_s, math.ceil(run.n_w / S))
     c_u = p.per_nw(p.server_update_s, math.ceil(run.n_w / S))
     rtt_free = p.per_nw(p.round_trip_s, math.ceil(run.n_w / S))   # transfer both ways, no queueing
-    latency = max(rtt_free - c_u, 0.0)
+    link = p.per_nw(p.link_s, math.ceil(run.n_w / S)) if p.link_s else 0.0
+    latency = max(rtt_free - c_u, 0.0) + 2 * (S - 1) * link
+    stations = [c_u] * S + ([link, link] if link else [])
     overlap = run.mode != "sync"
-    X_mva, R = mva(w, Z + (0.0 if overlap else latency), [c_u] * S, overlap=overlap)
-    if overlap:  # the round trip hides behind the next step unless it is longer
-        X_mva = min(X_mva, w / (latency + sum(R)))
+    # async: the round trip hides behind the next step unless it is longer
+    X_mva, R = mva(w, Z, stations, overlap=overlap, delay_s=latency)
     crowded = run.ranks > (run.cores or p.cores)
     # with ranks sharing cores, messaging costs what it measured under the same crowding
     msg = Z - step + S * c_u
@@ -430,7 +448,7 @@ def predict_train(p: Params, run: Run) -> dict:
     return {"train_s": train, "compute_s": min(compute, steps_s), "comm_s": max(steps_s - compute, 0.0),
             "evaluate_s": evaluate, "updates": updates, "updates_per_s": X,
             "bound": "cores" if X_cpu <= X_mva else ("server" if sum(R) >= Z else "workers"),
-            "think_s": Z, "c_u_s": c_u, "knee_workers": saturation_workers(Z + (S - 1) * c_u, c_u),
+            "think_s": Z, "c_u_s": c_u, "knee_workers": saturation_workers(Z + sum(stations) - max(stations), max(stations)),
             "working_set_bytes": (ws := working_set_bytes(run.batch, run.n_w, run.hidden, run.features)),
             "cache_level": cache_level(ws, p.caches)}
 

@@ -8,19 +8,15 @@ calibrated. With B = rate / 8 bytes/s per direction of every link, L the one-way
 and wire(k) = f x (8k + header) the bytes a message of k weights puts on a link (f: the
 byte proof's wire/app ratio, TCP/IP and Ethernet headers):
 
-  server_update_s[k]  c_u(k) + wire(k) / B
-      a server's service per update: its CPU, plus its link carrying the shard in and the
-      reply out (both directions at once, each wire(k)); summed, which overstates it by at
-      most the smaller of the two (c_u is well below a millisecond, the link 10-100 ms)
-  round_trip_s[k]     rtt(k) + (S + 1) x wire(k) / B + 2L
-      predict_train takes one worker's exchange as (round trip - c_u) plus the S shard
-      services in series; on the testbed the worker's own link carries all S shards
-      (S x wire(k)) each way, the shards' links in parallel: the (S + 1) makes the model's
-      single-worker cycle 2 x wire(S k) / B + 2L, what the worker's link allows
-  pingpong_s[b]       pingpong(b) + f b / B + L
-      one way (r_net, for the paper's equations)
+  link_s[k]        wire(k) / B: a shard of k weights on one link, one direction.
+      predict_train (its extension e) makes each server's link in and out two stations
+      of this demand, crossed by all S shards at once, and adds the worker's own link
+      (all S shards each way: 2 (S - 1) of them beyond those stations) to the exchange
+  round_trip_s[k]  rtt(k) + 2L: the calibrated round trip's CPU and copies, plus latency
+  pingpong_s[b]    pingpong(b) + f b / B + L: one way (r_net, for the paper's equations)
 
-The (S + 1) term makes these Params specific to a server count: build them per S.
+A lone worker's cycle is then its step plus 2 x wire(S k) / B + 2L whatever S, what its
+own link allows, and S servers saturate at S times one server's link ceiling.
 `probe` measures the two-host ping-pong and round trip directly, to check these.
 """
 
@@ -39,23 +35,20 @@ def wire_bytes(k: int, f: float, bytes_per_weight: float = 8.0) -> float:
     return f * (bytes_per_weight * k + 8 * PUSH_HEADER_DOUBLES)
 
 
-def testbed_params(base: Params, rate_bit: float, latency_s: float = 0.0, servers: int = 1,
-                   wire_overhead: float = 1.02, bytes_per_weight: float = 8.0,
-                   sizes: list[int] | None = None) -> Params:
-    """Params for runs with `servers` servers on a testbed of this link rate and latency.
+def testbed_params(base: Params, rate_bit: float, latency_s: float = 0.0, wire_overhead: float = 1.02,
+                   bytes_per_weight: float = 8.0, sizes: list[int] | None = None) -> Params:
+    """Params for runs on a testbed of this link rate and latency, any server count.
     sizes: the message sizes (weights) to tabulate, e.g. n_w / S for the runs predicted;
     by default the calibrated ones."""
     B = rate_bit / 8.0
-    S = servers
     ks = sorted(set(base.round_trip_s) | set(base.server_update_s) | set(sizes or []))
 
     def t(k):
         return wire_bytes(k, wire_overhead, bytes_per_weight) / B
 
-    server_update = {k: base.per_nw(base.server_update_s, k) + t(k) for k in ks}
-    round_trip = {k: base.per_nw(base.round_trip_s, k) + (S + 1) * t(k) + 2 * latency_s for k in ks}
+    round_trip = {k: base.per_nw(base.round_trip_s, k) + 2 * latency_s for k in ks}
     pingpong = {b: v + wire_overhead * b / B + latency_s for b, v in base.pingpong_s.items()}
-    return replace(base, server_update_s=server_update, round_trip_s=round_trip, pingpong_s=pingpong)
+    return replace(base, round_trip_s=round_trip, pingpong_s=pingpong, link_s={k: t(k) for k in ks})
 
 
 def link_ceiling(rate_bit: float, n_w: int, servers: int, wire_overhead: float = 1.02,
