@@ -24,9 +24,10 @@ must put:
     one worker's runs go at R / 810 KB.
 8 Mbit/s (1 MB/s) gives ceilings of 2.47 (S=1), 4.9 (S=2) and 9.9 (S=4) updates/s and
 1.23 per worker: the knees fall at about 2, 4 and 8 workers on the links alone (measured:
-2 servers still rose at 12 workers, the workers' own links holding them back); 1-bit's
-link ceiling is 154/s (about 140 with the wire's headers), near the cores' when the
-machine is quiet: one 1-bit server then fills its link (measured: 133/s, 57x). Phase 1's
+2 servers rose until 16 workers, 1.78x one server's, the workers' own links holding them
+back); 1-bit's link ceiling is 154/s (about 149 with the wire's headers), near the cores'
+when the machine is quiet: one 1-bit server then fills its link (measured: 135/s, 58x).
+The README has the measured sweep and where the model misses. Phase 1's
 32 Mbit/s (9.9/19.8/39.5) left 1-bit no room under the cores (it would need >= 99/s).
 --bandwidth changes it (the table says where the ceilings then are).
 
