@@ -38,13 +38,14 @@ Measured per run (`asgd.testbed run --check-bytes -- mpiexec -n W+S python -m as
                   over the time between them (no start-up ramp, no end-of-run tail)
   updates_per_s_run  results.json's updates / train_s (with ramp, tail and, for S = 1,
                   the held-out evaluation the server does after every epoch)
-  link_util       updates_per_s x the server's wire bytes per update / (R / 8): 1.0 is a
-                  full link
+  link_util       updates_per_s / link_ceiling_updates_per_s: 1.0 is a full link (the
+                  server's wire bytes per update from TCP/IP framing, asgd.testbed.model)
   proof           each host's veth bytes against results.json (asgd.testbed.proof)
   pred_updates_per_s, ape_pct   asgd.perf.analytic.predict with asgd.testbed.model's
-                  testbed_params (this machine's calibration + R + latency + the measured
-                  wire overhead), APE = |pred - meas| / meas
-The model's network terms are derived, not fitted; a two-host probe (raw ping-pong of one
+                  testbed_params (this machine's calibration + R, tbf's burst, latency and
+                  TCP/IP framing), APE = |pred - meas| / meas
+The model's network terms are derived, not fitted (the runs' own wire/app is reported, not
+used); a two-host probe (raw ping-pong of one
 Delta-w and asgd's push/pull round trip) is measured first and printed beside the derived
 values, as a check.
 
@@ -58,7 +59,7 @@ wire, updates/s.
 Writes testbed.csv, testbed.json (rows, summary: ceilings, ratios, median APE; the probe,
 the testbed, the machine, the load), testbed.png under --out (bench/results/testbed).
 
-    python bench/bench_testbed.py                          # 30 runs + 2 accuracy runs, 23-30 minutes
+    python bench/bench_testbed.py                          # 36 runs + 2 accuracy runs, about 40 minutes
     python bench/bench_testbed.py --quick                  # workers 1,4; servers 1,2; 2 epochs; no accuracy runs
     python bench/bench_testbed.py --params params.json     # reuse a calibration
 """
@@ -84,14 +85,15 @@ TARGET_ACCURACY = 0.95
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 12], help="comma list (default 1,2,4,8,12)")
+    p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 12, 16],
+                   help="comma list (default 1,2,4,8,12,16)")
     p.add_argument("--servers", type=int_list, default=[1, 2, 4], help="comma list (default 1,2,4)")
     p.add_argument("--compress", default="none,1bit", help="comma list of none,1bit (default both)")
     p.add_argument("--bandwidth", default="8mbit", help="each link, each direction (default 8mbit; see above)")
     p.add_argument("--latency", type=float, default=0.0, help="one-way latency, us (netem; default 0)")
     p.add_argument("--hidden", type=int, default=10000, help="2-H-2 model (default 10000: 400 KB Delta-w)")
     p.add_argument("--batch", type=int, default=256, help="batch size (default 256)")
-    p.add_argument("--epochs", type=int, default=2, help="epochs per sweep run: 64 x E updates (default 2)")
+    p.add_argument("--epochs", type=int, default=4, help="epochs per sweep run: 64 x E updates (default 4)")
     p.add_argument("--accuracy-epochs", type=int, default=5, help="epochs of the two accuracy runs (default 5; "
                    "0: none)")
     p.add_argument("--repeat", type=int, default=1, help="runs per configuration, interleaved (default 1)")
@@ -183,9 +185,9 @@ def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | No
             "updates_per_s_run_no_eval": round(r["throughput"]["updates"] / max(r["train_s"] - ev, 1e-9), 3),
             "train_s": round(r["train_s"], 2), "init_s": round(r["init_s"], 2), "evaluate_s": round(ev, 2),
             "accuracy": r["metrics"]["accuracy"],
-            "link_util": round(rate * per_update_server * max(p["ratio_sent"], p["ratio_recv"]) / (rate_bit / 8), 3),
-            "link_ceiling_updates_per_s": round(model.link_ceiling(rate_bit, n_w, S, max(p["ratio_sent"], p["ratio_recv"]),
-                                                                   bytes_per_weight(compress, args.hidden, S)), 2),
+            "link_util": round(rate / (ceiling := model.link_ceiling(rate_bit, n_w, S,
+                                                                      bytes_per_weight(compress, args.hidden, S))), 3),
+            "link_ceiling_updates_per_s": round(ceiling, 2),
             "server_bytes_per_update": round(per_update_server, 1),
             "wire_bytes_sent": sum(h["wire_sent"] for h in p["hosts"]),
             "app_bytes_sent": sum(h["app_sent"] for h in p["hosts"]),
@@ -228,14 +230,15 @@ def calibration(args, out: Path) -> tuple[Path, str]:
     return path, "python -m asgd.perf calibrate --quick (this run)"
 
 
-def predict(base, rows, args, rate_bit, f) -> None:
-    """pred_updates_per_s and ape_pct on every row (the model never sees the measurements)."""
+def predict(base, rows, args, rate_bit) -> None:
+    """pred_updates_per_s and ape_pct on every row (the model never sees the measurements:
+    the network terms are the link's rate and burst and TCP/IP framing, not the runs' bytes)."""
     from asgd.perf.analytic import Run, predict as model_predict
     from asgd.testbed.model import testbed_params
     for r in rows:
         S, W = r["servers"], r["workers"]
         n_w = r["n_w"]
-        prm = testbed_params(base, rate_bit, args.latency * 1e-6, f[r["compress"]],
+        prm = testbed_params(base, rate_bit, args.latency * 1e-6,
                              bytes_per_weight=bytes_per_weight(r["compress"], args.hidden, S), sizes=[-(-n_w // S), n_w])
         pred = model_predict(prm, Run(workers=W, servers=S, batch=args.batch, hidden=args.hidden,
                                       epochs=args.epochs))
@@ -394,33 +397,34 @@ def main(argv=None):
         tb.down()
     if not rows:
         raise SystemExit("bench_testbed: no run succeeded")
-    # wire/app per compression (1-bit's small messages carry more headers and ACKs per byte)
+    # measured wire/app per compression, whole runs (reported; the model derives its own)
     f = {c: statistics.median(max(r["wire_over_app_sent"], r["wire_over_app_recv"]) for r in rows if r["compress"] == c)
          for c in dict.fromkeys(r["compress"] for r in rows)}
-    predict(base, rows, args, rate_bit, f)
-    f_plain = f.get("none", next(iter(f.values())))
+    predict(base, rows, args, rate_bit)
     n_w = rows[0]["n_w"]
     from asgd.testbed.model import testbed_params, worker_ceiling
-    derived = testbed_params(base, rate_bit, args.latency * 1e-6, f_plain, sizes=[n_w])
+    derived = testbed_params(base, rate_bit, args.latency * 1e-6, sizes=[n_w])
     info = {"benchmark": "testbed", "machine": m, "load": load.summary(), "command": common.command_line(),
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "testbed": {"hosts": hosts, "rate_bit": rate_bit, "rate": format_rate(rate_bit),
                         "latency_us": args.latency, "netem": tb.info.get("netem"), "wire_overhead": f,
-                        "worker_ceiling_updates_per_s": {c: round(worker_ceiling(rate_bit, n_w, f[c], bytes_per_weight(
+                        "worker_ceiling_updates_per_s": {c: round(worker_ceiling(rate_bit, n_w, bytes_per_weight(
                             c, args.hidden, 1)), 2) for c in f}},
             "params": params_src, "probe": probe,
             "probe_vs_derived": {"pingpong_s": [probe.get("pingpong_s"), derived.per_nw(
                                      {b // 8: v for b, v in derived.pingpong_s.items()}, n_w)],
                                  "round_trip_s": [probe.get("round_trip_s"), derived.per_nw(derived.round_trip_s, n_w)
-                                                  + 2 * derived.per_nw(derived.link_s, n_w)]}
+                                                  + 2 * max(derived.per_nw(derived.link_s, n_w) - derived.link_burst_s,
+                                                            0.0)]}
             if probe and "error" not in probe else None,
             "cores_ceilings": cores, "accuracy_runs": accuracy, "target_accuracy": TARGET_ACCURACY,
             "sweep_s": round(time.perf_counter() - t_all, 1),
             "columns": {"updates_per_s": "steady state: server 0's receipts between the 10th and 90th percentile",
                         "updates_per_s_run": "results.json: updates / train_s",
                         "updates_per_s_run_no_eval": "updates / (train_s - rank 0's evaluate phase)",
-                        "link_util": "updates_per_s x server 0's wire bytes per update / link bytes/s",
-                        "link_ceiling_updates_per_s": "link bytes/s / server's wire bytes per update",
+                        "link_util": "updates_per_s / link_ceiling_updates_per_s",
+                        "link_ceiling_updates_per_s": "link bytes/s / a server's wire bytes per update (TCP/IP "
+                                                      "framing: asgd.testbed.model.wire_bytes)",
                         "pred_updates_per_s": "asgd.perf.analytic.predict with asgd.testbed.model.testbed_params",
                         "ape_pct": "|pred - meas| / meas, %",
                         "cpu_ms_per_update": "CPU of every rank (init included) / updates",

@@ -609,6 +609,31 @@ def test_predict_train_with_links_that_are_the_limit():
     assert Params.from_dict(json.loads(json.dumps(dataclasses.asdict(p)))) == p
 
 
+def test_mva_with_transit_below_service_and_caps():
+    """A station a customer crosses faster than it holds the station's capacity (a token
+    bucket's burst): no time at all while it is idle, yet at most 1 / s cycles/s; a cap
+    bounds the rate without a queue."""
+    X1, R1 = pm.mva(1, 0.010, [0.004], overlap=True, transit_s=[0.0])
+    assert X1 == approx(100.0) and R1 == [0.0]                 # think-bound, the link costs nothing
+    X, _ = pm.mva(8, 0.010, [0.004], overlap=True, transit_s=[0.0])
+    assert X == approx(250.0)                                  # 1 / 0.004: the station's capacity
+    assert pm.mva(8, 0.010, [0.004], overlap=True)[0] == approx(250.0)
+    assert pm.mva(1, 0.010, [0.004], transit_s=[0.001])[0] == approx(1 / 0.011)
+    assert pm.mva(1, 0.010, [0.004], overlap=True, cap_s=[0.02])[0] == approx(50.0)
+
+
+def test_predict_train_with_messages_that_fit_the_links_burst():
+    t = 0.05                                          # s per 251-weight shard on a link, one way
+    p = make_params(cores=128, effective_cores={1: 1.0, 128: 128.0}, link_s={251: t, 502: 2 * t}, link_burst_s=1.0)
+    one = pm.predict_train(p, Run(**{**TRAIN, "workers": 1, "servers": 2}))
+    # its own link carries both shards: 1 / (2 t), though the step and the round trip are far shorter
+    assert one["updates_per_s"] == approx(1 / (2 * t)) and one["bound"] == "links"
+    many = pm.predict_train(p, Run(**{**TRAIN, "workers": 64, "servers": 2}))
+    assert many["updates_per_s"] == approx(1 / t)     # the servers' links, full
+    no_burst = pm.predict_train(dataclasses.replace(p, link_burst_s=0.0), Run(**{**TRAIN, "workers": 1, "servers": 2}))
+    assert no_burst["updates_per_s"] < 0.6 * one["updates_per_s"]
+
+
 def test_predict_total_is_init_plus_train():
     p = make_params()
     pr = pm.predict(p, Run(cores=2, **TRAIN))

@@ -85,28 +85,73 @@ def test_the_proof_rule():
 
 
 
+def test_wire_bytes_are_tcp_framing():
+    """wire_bytes: the payload in 1448-byte segments, a 66-byte frame each, and half as
+    many 66-byte ACKs for the message the other way; the byte proof's bounds hold it."""
+    from asgd.testbed import proof
+    from asgd.testbed.model import wire_bytes
+    payload = 8 * 50002 + 40                        # 2-10K-2's Delta-w and its header
+    segments = -(-payload // 1448)                  # 277
+    assert wire_bytes(50002) == payload + 66 * segments + 66 * (-(-segments // 2))
+    assert 1.06 < wire_bytes(50002) / payload < 1 + proof.HEADERS + proof.ACK
+    assert wire_bytes(100) == 840 + 66 + 66         # one segment, one ACK
+    assert wire_bytes(50002, bytes_per_weight=1 / 8 + 1e-3) < wire_bytes(50002) / 50
+
+
 def test_the_model_on_a_testbed_link():
     """testbed_params: one worker is held to its own link (push, then reply) whatever S,
     one server to its link's ceiling, S servers to S times it (the shards cross their
-    servers' links at once: analytic.predict_train's extension e)."""
+    servers' links at once: analytic.predict_train's extension e); a message crosses a
+    paused link in its wire time less tbf's burst."""
     from asgd.perf.analytic import Run, predict
-    from asgd.testbed.model import link_ceiling, testbed_params, worker_ceiling
+    from asgd.testbed.model import link_ceiling, testbed_params, wire_bytes, worker_ceiling
+    from asgd.testbed.shaping import burst_bytes
     from test_analytic import make_params
     base = make_params(cores=128, effective_cores={1: 1.0, 128: 128.0})
-    n_w, rate, f = 2002, 2_000_000, 1.05          # hidden 400: a 16 KB message, ~65 ms a link
-    assert 1 / worker_ceiling(rate, n_w, f) == pytest.approx(2 * f * (8 * n_w + 40) / (rate / 8))
+    n_w, rate = 20002, 2_000_000                    # hidden 4000: a 160 KB message, ~0.65 s a link
+    B, burst = rate / 8, burst_bytes(rate)
+    assert burst == 16 * 1024
+    assert 1 / worker_ceiling(rate, n_w) == pytest.approx(2 * (wire_bytes(n_w) - burst) / B)
 
     def X(S, W):
-        p = testbed_params(base, rate, 0.0, f, sizes=[-(-n_w // S), n_w])
-        return predict(p, Run(workers=W, servers=S, batch=16, hidden=400)).detail["updates_per_s"]
+        p = testbed_params(base, rate, 0.0, sizes=[-(-n_w // S), n_w])
+        assert p.link_burst_s == pytest.approx(burst / B)
+        return predict(p, Run(workers=W, servers=S, batch=16, hidden=4000)).detail["updates_per_s"]
     rtt0 = base.per_nw(base.round_trip_s, n_w)
-    assert X(1, 1) == pytest.approx(1 / (1 / worker_ceiling(rate, n_w, f) + rtt0), rel=0.02)
+    assert X(1, 1) == pytest.approx(1 / (1 / worker_ceiling(rate, n_w) + rtt0), rel=0.02)
     for S in (2, 4):
         assert X(S, 1) == pytest.approx(X(1, 1), rel=0.05)   # a lone worker: its own link decides
-    one = link_ceiling(rate, n_w, 1, f)
+    one = link_ceiling(rate, n_w, 1)
+    assert one == pytest.approx(B / wire_bytes(n_w))
     assert 0.9 * one <= X(1, 64) <= 1.001 * one
     assert X(4, 64) == pytest.approx(4 * X(1, 64), rel=0.1)
     assert X(1, 64) == pytest.approx(X(1, 32), rel=0.02)     # saturated: flat in workers
+
+
+def test_the_model_on_a_testbed_link_with_messages_that_fit_the_burst():
+    """1-bit's messages (a few KB) fit tbf's 16 KiB bucket: below the link's rate they
+    cross at line speed, so a lone worker runs at its step's pace until its own link is
+    full (all S shards cross it), and S servers' links cap the rate at S times one's."""
+    from asgd.perf.analytic import Run, predict
+    from asgd.testbed.model import link_ceiling, testbed_params, wire_bytes
+    from test_analytic import make_params
+    base = make_params(cores=128, effective_cores={1: 1.0, 128: 128.0})
+    n_w, bpw = 20002, 1 / 8 + 16 / 4000            # hidden 4000, 1-bit: 2.5 KB a message
+    Z = predict(base, Run(workers=1, servers=1, batch=16, hidden=4000)).detail["think_s"]
+
+    def pred(rate, S, W):
+        p = testbed_params(base, rate, 0.0, bytes_per_weight=bpw, sizes=[-(-n_w // S), n_w])
+        return predict(p, Run(workers=W, servers=S, batch=16, hidden=4000)).detail
+    fast = pred(8_000_000, 1, 1)                    # the link could carry far more: the step decides
+    assert wire_bytes(n_w, bpw) < 16 * 1024 and fast["updates_per_s"] == pytest.approx(1 / Z, rel=0.05)
+    rate = int(0.5 * 8 * wire_bytes(n_w, bpw) / Z)  # a link that carries half the step's pace
+    lone = pred(rate, 1, 1)
+    assert lone["updates_per_s"] == pytest.approx(link_ceiling(rate, n_w, 1, bpw), rel=1e-6)
+    assert lone["bound"] == "links"
+    # a lone worker with 4 servers: its own link, full with 4 shards (each framed, so a little slower)
+    assert pred(rate, 4, 1)["updates_per_s"] == pytest.approx(rate / 8 / (4 * wire_bytes(-(-n_w // 4), bpw)), rel=1e-6)
+    assert pred(rate, 4, 64)["updates_per_s"] == pytest.approx(link_ceiling(rate, n_w, 4, bpw), rel=1e-6)
+
 
 # -- as root, with namespaces ----------------------------------------------------------
 

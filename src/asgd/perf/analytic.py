@@ -118,7 +118,8 @@ def T_total_new(t: Table1, T_computation_phase: float) -> float:
 # -- Part 2: past the paper -------------------------------------------------------------
 
 def mva(customers: int, think_s: float, service_s: list[float], overlap: bool = False,
-        delay_s: float = 0.0) -> tuple[float, list[float]]:
+        delay_s: float = 0.0, transit_s: list[float] | None = None,
+        cap_s: list[float] = ()) -> tuple[float, list[float]]:
     """Exact mean-value analysis of a closed network (extension a): `customers` workers
     each compute for think_s, then visit every queueing station once (a server: service
     s each, FIFO, one at a time), plus delay_s of an exchange no queue holds (latency,
@@ -126,12 +127,19 @@ def mva(customers: int, think_s: float, service_s: list[float], overlap: bool = 
     population).
 
     overlap (asgd's async workers): the next batch is computed while the exchange is in
-    flight, so a cycle lasts max(think, exchange) rather than their sum."""
+    flight, so a cycle lasts max(think, exchange) rather than their sum.
+    transit_s (links, extension e): a customer's own time through a station it finds idle,
+    where that is less than the service it takes of the station's capacity (a token
+    bucket passes its burst at line speed): response = transit + s x queue, no longer exact.
+    cap_s: demands per cycle that bound throughput (at most 1 / demand) but hold no queue
+    (a link each worker has to itself)."""
+    transit = service_s if transit_s is None else transit_s
     queue = [0.0] * len(service_s)
     X, R = 0.0, [0.0] * len(service_s)
-    cap = 1 / max(service_s) if service_s and max(service_s) > 0 else math.inf
+    demand = max([*service_s, *cap_s], default=0.0)
+    cap = 1 / demand if demand > 0 else math.inf
     for n in range(1, customers + 1):
-        R = [s * (1 + q) for s, q in zip(service_s, queue)]
+        R = [t + s * q for s, t, q in zip(service_s, transit, queue)]
         exchange = delay_s + sum(R)
         cycle = max(think_s, exchange) if overlap else think_s + exchange
         # overlap is an approximation: keep it within the busiest station's capacity,
@@ -253,6 +261,9 @@ class Params:
     # the limit (asgd.testbed.model fills it); none: shared memory, whose copies are in
     # round_trip_s and server_update_s
     link_s: dict[int, float] = field(default_factory=dict)
+    # s of line time a paused link passes at once (a token bucket's burst / rate): what of a
+    # message crosses without waiting for the link's rate; 0: none
+    link_burst_s: float = 0.0
 
     @classmethod
     def from_dict(cls, d: dict) -> Params:
@@ -412,8 +423,12 @@ def predict_train(p: Params, run: Run) -> dict:
     crosses each server's link twice, its shard in and its reply out, and crosses all S
     servers' links at once (the shards travel in parallel), so the links add two stations
     of demand t, not 2 S. The worker's own link carries all S shards each way, sharing
-    itself among them: its exchange takes 2 S t, of which those stations hold 2 t, so the
-    other 2 (S - 1) t join the exchange's latency."""
+    itself among them: it holds each worker to 1 / (S t) updates/s, and its exchange
+    takes 2 S t, of which those stations hold 2 t, so the other 2 (S - 1) t join the
+    exchange's latency. A link that paused passes p.link_burst_s of line time at once (a
+    token bucket's burst), so a message crosses an idle link in its time less that: the
+    stations' own transit, and the worker link's. Messages that fit the burst (1-bit's)
+    then cost no time below the links' rate, and the links only cap the rate."""
     S, w = run.servers, run.workers
     C = p.parallelism(run.ranks, run.cores, run.hidden)
     share = math.ceil(run.points / w)
@@ -424,11 +439,16 @@ def predict_train(p: Params, run: Run) -> dict:
     c_u = p.per_nw(p.server_update_s, math.ceil(run.n_w / S))
     rtt_free = p.per_nw(p.round_trip_s, math.ceil(run.n_w / S))   # transfer both ways, no queueing
     link = p.per_nw(p.link_s, math.ceil(run.n_w / S)) if p.link_s else 0.0
-    latency = max(rtt_free - c_u, 0.0) + 2 * (S - 1) * link
+
+    def transit(t):   # through a link that paused: the burst crosses at once
+        return max(t - p.link_burst_s, 0.0)
+    latency = max(rtt_free - c_u, 0.0) + 2 * (transit(S * link) - transit(link))
     stations = [c_u] * S + ([link, link] if link else [])
+    transits = [c_u] * S + ([transit(link)] * 2 if link else [])
     overlap = run.mode != "sync"
     # async: the round trip hides behind the next step unless it is longer
-    X_mva, R = mva(w, Z, stations, overlap=overlap, delay_s=latency)
+    X_mva, R = mva(w, Z, stations, overlap=overlap, delay_s=latency, transit_s=transits,
+                   cap_s=[S * link / w] if link else [])
     crowded = run.ranks > (run.cores or p.cores)
     # with ranks sharing cores, messaging costs what it measured under the same crowding
     msg = Z - step + S * c_u
@@ -447,7 +467,8 @@ def predict_train(p: Params, run: Run) -> dict:
     train = steps_s + evaluate
     return {"train_s": train, "compute_s": min(compute, steps_s), "comm_s": max(steps_s - compute, 0.0),
             "evaluate_s": evaluate, "updates": updates, "updates_per_s": X,
-            "bound": "cores" if X_cpu <= X_mva else ("server" if sum(R) >= Z else "workers"),
+            "bound": "cores" if X_cpu <= X_mva else "links" if link and X_mva * max(link, S * link / w) >= 0.9
+            else "server" if sum(R) >= Z else "workers",
             "think_s": Z, "c_u_s": c_u, "knee_workers": saturation_workers(Z + sum(stations) - max(stations), max(stations)),
             "working_set_bytes": (ws := working_set_bytes(run.batch, run.n_w, run.hidden, run.features)),
             "cache_level": cache_level(ws, p.caches)}

@@ -11,6 +11,11 @@ import re
 from .sh import run
 from .spec import Spec
 
+# TCP over the veths (MTU 1500, IPv4, timestamps on): a segment carries up to MSS bytes of
+# payload in a frame FRAME_HEADERS bytes longer (Ethernet 14, IP 20, TCP 20 + 12 of
+# options), as the veth counters and tbf count it.
+MSS, FRAME_HEADERS = 1448, 66
+
 
 def _no_ipv6(dev: str, netns: str | None = None) -> None:
     """/proc/sys/net is the writer's network namespace's (a kernel without IPv6: no file)."""

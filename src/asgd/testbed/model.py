@@ -1,67 +1,86 @@
 """The performance model on a testbed: a calibration of this machine (asgd.perf calibrate,
-shared memory between ranks) plus the testbed's link rate and latency give the Params
-that asgd.perf.analytic.predict needs for a run across the testbed's hosts.
+shared memory between ranks) plus the testbed's link rate, burst and latency give the
+Params that asgd.perf.analytic.predict needs for a run across the testbed's hosts.
 
 Only the network terms change; everything the cores do (steps, the server's CPU per
 update, the cores' worth of P ranks, the CPU cost of messaging under crowding) stays as
-calibrated. With B = rate / 8 bytes/s per direction of every link, L the one-way latency,
-and wire(k) = f x (8k + header) the bytes a message of k weights puts on a link (f: the
-byte proof's wire/app ratio, TCP/IP and Ethernet headers):
+calibrated, and nothing is fitted to a testbed run. With B = rate / 8 bytes/s per
+direction of every link and L the one-way latency:
 
-  link_s[k]        wire(k) / B: a shard of k weights on one link, one direction.
-      predict_train (its extension e) makes each server's link in and out two stations
-      of this demand, crossed by all S shards at once, and adds the worker's own link
-      (all S shards each way: 2 (S - 1) of them beyond those stations) to the exchange
+  wire(k)          the bytes a message of k weights puts on a link: its payload, a
+                   FRAME_HEADERS-byte frame per MSS-byte TCP segment, and the ACKs of the
+                   message going the other way on the same link (one per two segments,
+                   Linux's delayed ACK): TCP/IP framing, derived, not measured
+  link_s[k]        wire(k) / B: a shard of k weights on one link, one direction: what a
+      link can carry (predict_train's extension e: each server's link in and out are two
+      stations of this demand, crossed by all S shards at once; each worker's own link
+      carries all S shards)
+  link_burst_s     tbf's bucket / B: a link that has paused passes this much at line speed,
+      so a message that fits crosses it in no time until the link runs at its rate, and
+      a larger one in (its wire time - link_burst_s)
   round_trip_s[k]  rtt(k) + 2L: the calibrated round trip's CPU and copies, plus latency
-  pingpong_s[b]    pingpong(b) + f b / B + L: one way (r_net, for the paper's equations)
+  pingpong_s[b]    pingpong(b) + (b's frames - burst) / B + L: one way (r_net, for the
+                   paper's equations)
 
-A lone worker's cycle is then its step plus 2 x wire(S k) / B + 2L whatever S, what its
-own link allows, and S servers saturate at S times one server's link ceiling.
-`probe` measures the two-host ping-pong and round trip directly, to check these.
+A lone worker's cycle is then its step plus its message's wire time each way (less the
+burst), whatever S: its own link carries all of it; S servers saturate at S times one
+server's link ceiling. `probe` measures the two-host ping-pong and round trip directly, to
+check these.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ..perf.analytic import Params
+from .links import FRAME_HEADERS, MSS
+from .shaping import burst_bytes
 
 PUSH_HEADER_DOUBLES = 5   # protocol.comm.PUSH_HEADER (Delta-w and its header travel together)
 
 
-def wire_bytes(k: int, f: float, bytes_per_weight: float = 8.0) -> float:
-    """Bytes on a link for a message of k weights (bytes_per_weight: 8 for float64; less
-    with compression)."""
-    return f * (bytes_per_weight * k + 8 * PUSH_HEADER_DOUBLES)
+def frames_bytes(payload: float) -> float:
+    """A message's payload in TCP segments, as Ethernet frames."""
+    return payload + FRAME_HEADERS * math.ceil(payload / MSS)
 
 
-def testbed_params(base: Params, rate_bit: float, latency_s: float = 0.0, wire_overhead: float = 1.02,
-                   bytes_per_weight: float = 8.0, sizes: list[int] | None = None) -> Params:
+def wire_bytes(k: int, bytes_per_weight: float = 8.0) -> float:
+    """Bytes on one direction of a link per message of k weights (bytes_per_weight: 8 for
+    float64; less with compression): its frames, and the ACKs of the message of the same
+    size going the other way (a push's reply, a reply's next push)."""
+    payload = bytes_per_weight * k + 8 * PUSH_HEADER_DOUBLES
+    return frames_bytes(payload) + FRAME_HEADERS * math.ceil(math.ceil(payload / MSS) / 2)
+
+
+def testbed_params(base: Params, rate_bit: float, latency_s: float = 0.0, bytes_per_weight: float = 8.0,
+                   sizes: list[int] | None = None) -> Params:
     """Params for runs on a testbed of this link rate and latency, any server count.
     sizes: the message sizes (weights) to tabulate, e.g. n_w / S for the runs predicted;
     by default the calibrated ones."""
     B = rate_bit / 8.0
+    burst = burst_bytes(rate_bit)
     ks = sorted(set(base.round_trip_s) | set(base.server_update_s) | set(sizes or []))
-
-    def t(k):
-        return wire_bytes(k, wire_overhead, bytes_per_weight) / B
-
     round_trip = {k: base.per_nw(base.round_trip_s, k) + 2 * latency_s for k in ks}
-    pingpong = {b: v + wire_overhead * b / B + latency_s for b, v in base.pingpong_s.items()}
-    return replace(base, round_trip_s=round_trip, pingpong_s=pingpong, link_s={k: t(k) for k in ks})
+    pingpong = {b: v + max(frames_bytes(b) - burst, 0.0) / B + latency_s for b, v in base.pingpong_s.items()}
+    return replace(base, round_trip_s=round_trip, pingpong_s=pingpong,
+                   link_s={k: wire_bytes(k, bytes_per_weight) / B for k in ks}, link_burst_s=burst / B)
 
 
-def link_ceiling(rate_bit: float, n_w: int, servers: int, wire_overhead: float = 1.02,
-                 bytes_per_weight: float = 8.0) -> float:
+def link_ceiling(rate_bit: float, n_w: int, servers: int, bytes_per_weight: float = 8.0) -> float:
     """Updates/s at which S servers' links are full: each carries wire(n_w / S) per update
     each way, at rate_bit / 8 bytes/s."""
-    return rate_bit / 8.0 / wire_bytes(-(-n_w // servers), wire_overhead, bytes_per_weight)
+    return rate_bit / 8.0 / wire_bytes(-(-n_w // servers), bytes_per_weight)
 
 
-def worker_ceiling(rate_bit: float, n_w: int, wire_overhead: float = 1.02, bytes_per_weight: float = 8.0,
-                   latency_s: float = 0.0) -> float:
-    """Updates/s of one worker whose link is the limit: push then reply, one outstanding."""
-    return 1.0 / (2 * wire_bytes(n_w, wire_overhead, bytes_per_weight) / (rate_bit / 8.0) + 2 * latency_s)
+def worker_ceiling(rate_bit: float, n_w: int, bytes_per_weight: float = 8.0, latency_s: float = 0.0) -> float:
+    """Updates/s of one worker whose link is the limit: push then reply, one outstanding,
+    each crossing its link after the link paused (the bucket full); at least what the link
+    carries, when both fit the bucket."""
+    B = rate_bit / 8.0
+    wire = wire_bytes(n_w, bytes_per_weight)
+    cycle = 2 * max(wire - burst_bytes(rate_bit), 0.0) / B + 2 * latency_s
+    return min(B / wire, 1.0 / cycle) if cycle > 0 else B / wire
 
 
 def probe(comm, n_w: int, pings: int = 10, updates: int = 20, repeat: int = 3) -> dict | None:

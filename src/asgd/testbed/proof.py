@@ -23,8 +23,8 @@ from __future__ import annotations
 from . import links
 from .spec import Spec
 
-HEADERS = 66 / 1448
-ACK = 66 / 1448
+HEADERS = links.FRAME_HEADERS / links.MSS
+ACK = links.FRAME_HEADERS / links.MSS
 SLACK = 512 * 1024
 
 

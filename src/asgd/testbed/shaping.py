@@ -23,11 +23,14 @@ from .sh import run
 MIN_BURST, MIN_LIMIT = 16 * 1024, 8 * 1024 * 1024
 
 
+def burst_bytes(rate_bit: float) -> int:
+    """tbf's bucket at this rate: what a link passes at line speed after a pause."""
+    return int(max(MIN_BURST, rate_bit / 8 * 1e-3))
+
+
 def tbf_args(rate_bit: int) -> list[str]:
-    rate_bytes = rate_bit / 8
-    burst = int(max(MIN_BURST, rate_bytes * 1e-3))
-    limit = int(max(MIN_LIMIT, rate_bytes))
-    return ["tbf", "rate", f"{rate_bit}bit", "burst", str(burst), "limit", str(limit)]
+    limit = int(max(MIN_LIMIT, rate_bit / 8))
+    return ["tbf", "rate", f"{rate_bit}bit", "burst", str(burst_bytes(rate_bit)), "limit", str(limit)]
 
 
 def _tc(netns: str | None) -> list[str]:
