@@ -8,28 +8,30 @@ namespace) of its own and every host's link is shaped to --bandwidth each way (t
 so a server's link fills long before the cores do.
 
 Choosing the bandwidth (default 8mbit). A 2-10K-2 update moves Delta-w (400,056 B) in
-and w' (400,032 B) out of the server; on the wire about 1.5 % more (the byte proof).
-At R bytes/s per direction a server's link is full at R / 405 KB updates/s, S servers
+and w' (400,032 B) out of the server; on the wire 6.9 % more (TCP/IP frames and the ACKs
+of the other direction: asgd.testbed.model.wire_bytes, which the byte proof bounds).
+At R bytes/s per direction a server's link is full at R / 428 KB updates/s, S servers
 (each carrying 1/S of every message) at S times that, and one worker (push, then reply,
-one exchange outstanding) at R / 810 KB. With --compress 1bit the messages are 6.4 KB
-(62.6x fewer bytes), so 1-bit's link ceiling is 62x higher and the cores, not the link,
-cap it: this bench measures the cores' ceiling on shared memory for both (no links:
-`cores_ceiling`; uncompressed S = 4, W = 12, and 1-bit S = 1, W = 12), and on this
-machine, shared with other jobs, 1-bit's was 50-210 updates/s (load 15 to 4). So the rate
-must put:
+one exchange outstanding) at about R / 820 KB. With --compress 1bit the messages are
+6.4 KB (62.6x fewer bytes), so 1-bit's link ceiling is 62x higher and the cores, not
+the link, may cap it: this bench measures the cores' ceiling on shared memory for both
+(no links: `cores_ceiling`; uncompressed S = 4 and 1-bit S = 1, the most workers); on
+this machine it was 280-360 updates/s on a quiet machine, 50-210 shared with other jobs.
+So the rate must put:
   * one uncompressed server's ceiling at most a tenth of 1-bit's cores' ceiling, with
-    room for a loaded machine: R / 405 KB <= ~5/s (then 1-bit can show >= 10x);
+    room for a loaded machine: R / 428 KB <= ~5/s (then 1-bit can show >= 10x);
   * 4 servers' ceiling (4x) well under the cores' ceiling too: <= ~20/s;
   * but not so low that the sweep takes hours: each run has 64 x epochs updates, and
-    one worker's runs go at R / 810 KB.
-8 Mbit/s (1 MB/s) gives ceilings of 2.47 (S=1), 4.9 (S=2) and 9.9 (S=4) updates/s and
-1.23 per worker: the knees fall at about 2, 4 and 8 workers on the links alone (measured:
-2 servers rose until 16 workers, 1.78x one server's, the workers' own links holding them
-back); 1-bit's link ceiling is 154/s (about 149 with the wire's headers), near the cores'
-when the machine is quiet: one 1-bit server then fills its link (measured: 135/s, 58x).
-The README has the measured sweep and where the model misses. Phase 1's
-32 Mbit/s (9.9/19.8/39.5) left 1-bit no room under the cores (it would need >= 99/s).
---bandwidth changes it (the table says where the ceilings then are).
+    one worker's runs go at R / 820 KB.
+8 Mbit/s (1 MB/s) gives ceilings of 2.34 (S=1), 4.7 (S=2) and 9.4 (S=4) updates/s and
+1.22 per worker: the knees fall at about 2, 4 and 8 workers on the links alone; 1-bit's
+link ceiling is 145/s, near the cores' when the machine is loaded. Measured (README):
+one float64 server flat at 2.3/s from 8 workers, 2 and 4 servers still rising at 16
+workers (1.66-1.81x and 3.45-3.61x one server's over two runs: a worker waits for all
+its shards, so one server's link idles while workers wait on another's), one 1-bit
+server at its link (145/s, 61-63x). Phase 1's 32 Mbit/s (9.9/19.8/39.5) left 1-bit no
+room under the cores (it would need >= 99/s). --bandwidth changes it (the table says
+where the ceilings then are).
 
 Measured per run (`asgd.testbed run --check-bytes -- mpiexec -n W+S python -m asgd.train --optimizer sgd
 --servers S --epochs E --trace ...`):
