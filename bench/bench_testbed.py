@@ -28,8 +28,8 @@ So the rate must put:
 link ceiling is 145/s, near the cores' when the machine is loaded. Measured (README):
 one float64 server flat at 2.3/s from 8 workers, 2 and 4 servers still rising at 16
 workers (1.66-1.81x and 3.45-3.61x one server's over two runs: a worker waits for all
-its shards, so one server's link idles while workers wait on another's), one 1-bit
-server at its link (145/s, 61-63x). Phase 1's 32 Mbit/s (9.9/19.8/39.5) left 1-bit no
+its shards, so one server's link idles while workers wait on another's; 1.84x and 3.77x
+with --workers ...,24), one 1-bit server at its link (145/s, 61-63x). Phase 1's 32 Mbit/s (9.9/19.8/39.5) left 1-bit no
 room under the cores (it would need >= 99/s). --bandwidth changes it (the table says
 where the ceilings then are).
 
