@@ -75,8 +75,8 @@ def link_ceiling(rate_bit: float, n_w: int, servers: int, bytes_per_weight: floa
 
 def worker_ceiling(rate_bit: float, n_w: int, bytes_per_weight: float = 8.0, latency_s: float = 0.0) -> float:
     """Updates/s of one worker whose link is the limit: push then reply, one outstanding,
-    each crossing its link after the link paused (the bucket full); at least what the link
-    carries, when both fit the bucket."""
+    each crossing its link after the link paused (the bucket full); never more than the
+    link carries (messages that fit the bucket: the link's rate decides)."""
     B = rate_bit / 8.0
     wire = wire_bytes(n_w, bytes_per_weight)
     cycle = 2 * max(wire - burst_bytes(rate_bit), 0.0) / B + 2 * latency_s
