@@ -45,6 +45,8 @@ from .run.progress import EpochTracker, convergence_notes  # noqa: E402
 from .run.trace import PhaseClock, TraceClock  # noqa: E402
 from .run.trace import export as export_trace  # noqa: E402
 
+ABORT_GRACE_S = 0.5   # a failing rank's wait between its one line and MPI_Abort
+
 
 class Agreed(BadInput):
     """A failure every rank learned of at the same point: reported once, by rank 0."""
@@ -137,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asgd.train: {why}", file=sys.stderr, flush=True)
         if os.environ.get("ASGD_DEBUG"):
             traceback.print_exc()
+        # The line sits in the pipe to the launcher's proxy; an abort it sees first kills
+        # the job before forwarding it (Hydra lost it 1 run in 15): give it a moment.
+        time.sleep(ABORT_GRACE_S)
         comm.Abort(1)
         return 1
 
