@@ -29,9 +29,9 @@ link ceiling is 145/s, near the cores' when the machine is loaded. Measured (REA
 one float64 server flat at 2.3/s from 8 workers, 2 and 4 servers still rising at 16
 workers (1.66-1.81x and 3.45-3.61x one server's over two runs: a worker waits for all
 its shards, so one server's link idles while workers wait on another's; 1.84x and 3.77x
-with --workers ...,24), one 1-bit server at its link (145/s, 61-63x). Phase 1's 32 Mbit/s (9.9/19.8/39.5) left 1-bit no
-room under the cores (it would need >= 99/s). --bandwidth changes it (the table says
-where the ceilings then are).
+with --workers ...,24), one 1-bit server at its link (145/s, 61-63x). Phase 1's
+32 Mbit/s (9.9/19.8/39.5) left 1-bit no room under the cores (it would need >= 99/s).
+--bandwidth changes it (the table says where the ceilings then are).
 
 Measured per run (`asgd.testbed run --check-bytes -- mpiexec -n W+S python -m asgd.train --optimizer sgd
 --servers S --epochs E --trace ...`):
@@ -428,8 +428,7 @@ def main(argv=None):
             "probe_vs_derived": {"pingpong_s": [probe.get("pingpong_s"), derived.per_nw(
                                      {b // 8: v for b, v in derived.pingpong_s.items()}, n_w)],
                                  "round_trip_s": [probe.get("round_trip_s"), derived.per_nw(derived.round_trip_s, n_w)
-                                                  + 2 * max(derived.per_nw(derived.link_s, n_w) - derived.link_burst_s,
-                                                            0.0)]}
+                                                  + 2 * derived.link_transit(derived.per_nw(derived.link_s, n_w))]}
             if probe and "error" not in probe else None,
             "cores_ceilings": cores, "accuracy_runs": accuracy, "target_accuracy": TARGET_ACCURACY,
             "sweep_s": round(time.perf_counter() - t_all, 1),

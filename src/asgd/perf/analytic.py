@@ -301,6 +301,11 @@ class Params:
             return self.cores_worth(ranks, hidden)
         return min(ranks, cores) * self.cores_worth(self.cores, hidden) / self.cores
 
+    def link_transit(self, t: float) -> float:
+        """Seconds a transfer of t seconds of line time takes through a link that paused:
+        its token bucket's burst crosses at once."""
+        return max(t - self.link_burst_s, 0.0)
+
     def step(self, hidden: int, batch: int) -> float:
         """Seconds per training step: measured tables, interpolated in batch, then scaled
         with the hidden size between (or beyond) the measured ones."""
@@ -439,12 +444,9 @@ def predict_train(p: Params, run: Run) -> dict:
     c_u = p.per_nw(p.server_update_s, math.ceil(run.n_w / S))
     rtt_free = p.per_nw(p.round_trip_s, math.ceil(run.n_w / S))   # transfer both ways, no queueing
     link = p.per_nw(p.link_s, math.ceil(run.n_w / S)) if p.link_s else 0.0
-
-    def transit(t):   # through a link that paused: the burst crosses at once
-        return max(t - p.link_burst_s, 0.0)
-    latency = max(rtt_free - c_u, 0.0) + 2 * (transit(S * link) - transit(link))
+    latency = max(rtt_free - c_u, 0.0) + 2 * (p.link_transit(S * link) - p.link_transit(link))
     stations = [c_u] * S + ([link, link] if link else [])
-    transits = [c_u] * S + ([transit(link)] * 2 if link else [])
+    transits = [c_u] * S + ([p.link_transit(link)] * 2 if link else [])
     overlap = run.mode != "sync"
     # async: the round trip hides behind the next step unless it is longer
     X_mva, R = mva(w, Z, stations, overlap=overlap, delay_s=latency, transit_s=transits,
