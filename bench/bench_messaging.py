@@ -9,7 +9,7 @@ Variants, repetitions interleaved (the order rotates), per-exchange median on th
                       send (add_into Delta-w, copy w into the reply): the protocol's floor.
   asgd                asgd.protocol.server.Server (async) on rank 0 and asgd.protocol.worker.run_worker on
                       rank 1 with a stub training step (no compute): every push, header,
-                      finiteness check, aggregation, reply and comm.Waiter wait of a real run.
+                      finiteness check, aggregation, reply and mpiutil.Waiter wait of a real run.
 The server's busy time per push (its `aggregate` phase) is recorded beside it.
 Writes messaging.csv, messaging.json, messaging.png under --out.
 
@@ -58,11 +58,14 @@ def child(args) -> None:
     from mpi4py import MPI
 
     from asgd.net import kernels
-    from asgd.protocol.comm import Waiter, oversubscribed, shard_bounds
+    from asgd.mpiutil import Waiter, oversubscribed
+    from asgd.wire import shard_bounds
     from asgd.net.mlp import Layout
+    from asgd.protocol.context import Endpoint, Schedule
+    from asgd.protocol.messages import Float64Link
     from asgd.protocol.server import Async, Server
+    from asgd.protocol.worker import PushPull, run_worker
     from asgd.run.trace import PhaseClock
-    from asgd.protocol.worker import run_worker
 
     comm = MPI.COMM_WORLD
     if comm.size != 2:
@@ -113,7 +116,7 @@ def child(args) -> None:
         w0 = np.zeros(n_w)
         clock = PhaseClock("init")
         if me == 0:
-            server = Server(comm, w0, 1, waiter, clock, None)
+            server = Server(Endpoint(comm, waiter, clock), w0, 1)
             st = server.serve(Async())
             return clock.seconds().get("aggregate", 0.0) / max(st.updates, 1)
         stamps = np.empty(iters + 1)
@@ -123,8 +126,10 @@ def child(args) -> None:
             stamps[k[0]] = time.perf_counter()
             k[0] += 1
             return 0.0
-        run_worker(comm, shard_bounds(n_w, 1), w0, np.zeros((iters, 2)), np.zeros(iters, np.int64),
-                   stub_step, lr=0.0, batch=1, epochs=1, seed=[0, 0], waiter=waiter, clock=clock)
+        shards = shard_bounds(n_w, 1)
+        run_worker(PushPull(Endpoint(comm, waiter, clock), shards, Float64Link(shards, w0)),
+                   np.zeros((iters, 2)), np.zeros(iters, np.int64), stub_step,
+                   Schedule(batch=1, epochs=1, seed=(0, 0), lr=0.0))
         stamps[iters] = time.perf_counter()
         return np.diff(stamps[:k[0] + 1])
 

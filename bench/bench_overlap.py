@@ -139,9 +139,12 @@ def child(args) -> None:
 
     from asgd.data import problem
     from asgd.net import mlp
-    from asgd.protocol.comm import Waiter, oversubscribed, shard_bounds
+    from asgd.mpiutil import Waiter, oversubscribed
+    from asgd.wire import shard_bounds
+    from asgd.protocol.context import Endpoint, Schedule
+    from asgd.protocol.messages import Float64Link
     from asgd.protocol.server import Async, Server
-    from asgd.protocol.worker import run_worker
+    from asgd.protocol.worker import PushPull, run_worker
     from asgd.run.trace import PhaseClock, TraceClock
 
     comm = MPI.COMM_WORLD
@@ -158,12 +161,13 @@ def child(args) -> None:
         w = mlp.init_params(layout, 0)
         comm.Barrier()
         if comm.rank == 0:
-            Server(comm, w, 1, waiter, PhaseClock("idle"), None).serve(Async())
+            Server(Endpoint(comm, waiter, PhaseClock("idle")), w, 1).serve(Async())
             return None
         data = problem.rings(batch * updates * len(modes), 1)
         clock = TraceClock("idle", steps=(0, 1 << 30))
-        run_worker(comm, shard_bounds(layout.n_w, 1), w, data.X, data.y, cycling(step, modes), 1e-9, batch, 1,
-                   [0, 0], waiter, clock, progress=True)
+        shards = shard_bounds(layout.n_w, 1)
+        run_worker(PushPull(Endpoint(comm, waiter, clock), shards, Float64Link(shards, w)), data.X, data.y,
+                   cycling(step, modes), Schedule(batch=batch, epochs=1, seed=(0, 0), lr=1e-9))
         return per_step(clock.events(), modes)
 
     def no_compute(w, X, y, lr, dw, progress=None):

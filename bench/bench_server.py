@@ -3,8 +3,8 @@ against a STREAM-like bandwidth bound measured in the same run.
 
 Per push the server reads Delta-w, reads and writes w, and writes w into that worker's
 reply buffer. Measured, repetitions interleaved, medians (one core, float64):
-  add+copy     asgd.kernels.add_into(w, dw); reply[:n] = w           5 x 8n bytes
-  server path  + asgd.kernels.all_finite(dw) first, as Server does     6 x 8n bytes
+  add+copy     asgd.net.kernels.add_into(w, dw); reply[:n] = w           5 x 8n bytes
+  server path  + asgd.net.kernels.all_finite(dw) first, as Server does     6 x 8n bytes
   fused        the check, then w += dw and reply = w in one numba pass  5 x 8n bytes
                (this bench only: what fusing add and copy in src/asgd would give)
   versioned    reply = w + dw in one pass, and the reply buffer becomes  3 x 8n bytes
@@ -47,7 +47,7 @@ from numba import njit  # noqa: E402
 
 from asgd.net import OPTIMIZERS, kernels  # noqa: E402
 from asgd.net.optimizers import Optimizer  # noqa: E402
-from asgd.protocol.comm import PULL_HEADER, PUSH_HEADER  # noqa: E402
+from asgd.wire import PULL_HEADER, PUSH_HEADER  # noqa: E402
 from asgd.net.mlp import Layout  # noqa: E402
 
 

@@ -7,7 +7,7 @@ import pytest
 from asgd.net import kernels as K
 from asgd.net.mlp import Layout
 from asgd.protocol import onebit
-from asgd.protocol.comm import PULL_HEADER, PUSH_HEADER, shard_bounds
+from asgd.wire import PULL_HEADER, PUSH_HEADER, shard_bounds
 
 
 def _indices(cols):

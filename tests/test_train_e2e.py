@@ -89,6 +89,19 @@ def test_one_bit_compression_learns_and_sends_sixty_times_fewer_bytes(tmp_path):
     assert server["bytes_sent"] == sum(x["bytes_recv"] for x in workers)
 
 
+@pytest.mark.parametrize("compress", ["none", "1bit"])
+def test_staleness_is_counted_from_the_w_a_push_was_computed_from(tmp_path, compress):
+    """One async worker computes step k+1 while exchange k is in flight, so every push but
+    the first comes from the w one version behind the server's: staleness 1, whatever the
+    messages. (1-bit pushes were stamped after the wait that advanced w: staleness 0.)"""
+    p = mpiexec(2, ["--compress", compress, "--hidden", "50", "--epochs", "1", "--out", str(tmp_path), "--quiet"])
+    assert p.returncode == 0, p.stderr
+    r = load_results(tmp_path)
+    pushes = r["ranks"][1]["updates"]
+    assert pushes == 64
+    assert r["ranks"][1]["staleness"]["histogram"] == [1, pushes - 1]
+
+
 def test_progress_during_the_step_changes_no_bit(tmp_path):
     """One worker against one server is deterministic even asynchronously (step k+1 always
     starts from the reply to k-1): the step split by --mpi-progress step gives the very

@@ -21,7 +21,7 @@ import sys
 
 # Ranks that share cores they cannot see sharing: asgd.testbed's hosts each look like a
 # node of their own, but all run on this machine's cores. "1" (or "0") overrides what a
-# rank works out from its node (protocol.comm.oversubscribed).
+# rank works out from its node (mpiutil.oversubscribed).
 OVERSUBSCRIBED_ENV = "ASGD_OVERSUBSCRIBED"
 
 

@@ -32,18 +32,18 @@ from . import BadInput  # noqa: E402
 from .data import shares  # noqa: E402
 from .data.formats import DataError, Dataset  # noqa: E402
 from .data import standardize  # noqa: E402
+from .mpiutil import Waiter, agree, agree_on, clock_offsets, describe, oversubscribed  # noqa: E402
 from .net import mlp, optimizers  # noqa: E402
 from .protocol.allreduce import run_allreduce  # noqa: E402
-from .protocol import onebit  # noqa: E402
-from .protocol.comm import (PULL_HEADER, PUSH_HEADER, Waiter, agree, agree_on, clock_offsets, describe,  # noqa: E402
-                            oversubscribed, shard_bounds)
+from .protocol.context import Endpoint, Schedule  # noqa: E402
+from .protocol.messages import link_messages, shard_messages  # noqa: E402
 from .protocol.server import Server, gather_shards, policy  # noqa: E402
-from .protocol.worker import run_worker  # noqa: E402
-from .run import checkpoint, config, results, signals, startup  # noqa: E402
-from .run.files import atomic_write  # noqa: E402
+from .protocol.worker import PushPull, run_worker  # noqa: E402
+from .run import checkpoint, config, folder, results, signals, startup  # noqa: E402
 from .run.progress import EpochTracker, convergence_notes  # noqa: E402
 from .run.trace import PhaseClock, TraceClock  # noqa: E402
 from .run.trace import export as export_trace  # noqa: E402
+from .wire import shard_bounds  # noqa: E402
 
 ABORT_GRACE_S = 0.5   # a failing rank's wait between its one line and MPI_Abort
 
@@ -67,6 +67,11 @@ class Job:
     @property
     def rank(self) -> int:
         return self.comm.rank
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """What the protocol's loops need of this rank."""
+        return Endpoint(self.comm, self.waiter, self.clock, lambda: signals.requested() is not None)
 
     @property
     def role(self) -> str:
@@ -248,47 +253,61 @@ def optimizer_of(job: Job, m: Model) -> tuple[optimizers.Optimizer, checkpoint.C
     return opt, ckpt
 
 
+def on_version_of(job: Job, ckpt: checkpoint.Checkpointing | None):
+    """What a new version of w (or of a shard) does: rank 0's progress, then a checkpoint
+    if one is due (after the progress, so a checkpoint's progress matches its weights)."""
+    tracker = job.tracker
+
+    def on_version(rounds: int, loss_sum: float, samples: float) -> None:
+        if tracker:
+            tracker.add(loss_sum, samples)
+        if ckpt:
+            ckpt.maybe(rounds)
+    return on_version
+
+
+def schedule_of(job: Job, m: Model, worker_index: int) -> Schedule:
+    """The mini-batches of worker `worker_index`: sync and allreduce take the same number
+    of steps on every worker (the largest share's), async and ssp their own share's."""
+    cfg = job.cfg
+    lockstep = cfg.mode == "sync" or not job.servers
+    steps = math.ceil(math.ceil(m.n_train / job.workers) / cfg.batch)  # per epoch of the largest share
+    return Schedule(cfg.batch, cfg.epochs, (cfg.seed, worker_index), optimizers.worker_lr(cfg.optimizer, m.lr),
+                    first_epoch=m.first_epoch, steps_per_epoch=steps if lockstep else None,
+                    overlap=not lockstep, progress=cfg.mpi_progress == "step")
+
+
 def serve(job: Job, m: Model) -> dict:
     """Serve my shard of w (a view: rank 0's w stays whole) until every worker is done;
     checkpoint as asked (and always when stopped early); then rank 0 gathers all of w."""
     job.tracker = tracker_of(job, m)
     opt, ckpt = optimizer_of(job, m)
     lo, hi = ckpt.shard
-    codecs = None
-    if job.cfg.compress == "1bit":
-        cols = m.layout.columns(lo, hi)
-        codecs = (onebit.OneBit(cols, hi - lo, PUSH_HEADER), onebit.OneBit(cols, hi - lo, PULL_HEADER))
-    st = Server(job.comm, m.w[lo:hi], job.servers, job.waiter, job.clock, job.tracker,
-                on_update=ckpt.maybe, optimizer=opt, codecs=codecs).serve(policy(job.cfg.mode, job.cfg.staleness))
+    ep = job.endpoint
+    msgs = shard_messages(job.cfg.compress, m.layout, (lo, hi), m.w[lo:hi], job.workers)
+    st = Server(ep, m.w[lo:hi], job.servers, opt, msgs, on_version_of(job, ckpt)).serve(
+        policy(job.cfg.mode, job.cfg.staleness))
     if job.cfg.checkpoint_every or st.stopped:
         ckpt.save(st.rounds)
-    gather_shards(job.comm, m.w, job.servers, job.waiter)
+    gather_shards(ep, m.w, job.servers)
     return st.record((lo, hi))
 
 
 def work(job: Job, m: Model) -> dict:
     """Train my share: against the servers, or (allreduce) with every other rank."""
-    cfg, S = job.cfg, job.servers
-    steps = math.ceil(math.ceil(m.n_train / job.workers) / cfg.batch)  # per epoch of the largest share
-    step = mlp.make_step(m.layout, cfg.batch)
-    lr = optimizers.worker_lr(cfg.optimizer, m.lr)  # sgd: Delta-w; the others: the negative gradient
+    S = job.servers
+    step = mlp.make_step(m.layout, job.cfg.batch)
+    plan = schedule_of(job, m, job.rank - S)
     if S:
         job.tracker = None
         shards = shard_bounds(m.layout.n_w, S)
-        codecs = None
-        if cfg.compress == "1bit":
-            codecs = (onebit.codecs(m.layout, shards, PUSH_HEADER), onebit.codecs(m.layout, shards, PULL_HEADER))
-        st = run_worker(job.comm, shards, m.w, m.train.X, m.train.y, step, lr,
-                        cfg.batch, cfg.epochs, [cfg.seed, job.rank - S], job.waiter, job.clock,
-                        overlap=cfg.mode != "sync", steps_per_epoch=steps if cfg.mode == "sync" else None,
-                        first_epoch=m.first_epoch, progress=cfg.mpi_progress == "step", codecs=codecs)
-        return st.record()
+        link = PushPull(job.endpoint, shards, link_messages(job.cfg.compress, m.layout, shards, m.w))
+        return run_worker(link, m.train.X, m.train.y, step, plan).record()
     job.tracker = tracker_of(job, m)
     opt, ckpt = optimizer_of(job, m)  # every rank applies the same updates; rank 0 checkpoints them
-    st = run_allreduce(job.comm, m.w, m.train.X, m.train.y, step, lr, opt, cfg.batch, cfg.epochs, steps,
-                       [cfg.seed, job.rank], job.waiter, job.clock, job.tracker, m.first_epoch,
-                       ckpt.maybe if job.rank == 0 else None)
-    if job.rank == 0 and (cfg.checkpoint_every or st.stopped):
+    st = run_allreduce(job.endpoint, m.w, m.train.X, m.train.y, step, opt, plan,
+                       on_version_of(job, ckpt if job.rank == 0 else None))
+    if job.rank == 0 and (job.cfg.checkpoint_every or st.stopped):
         ckpt.save(st.updates)
     return st.record()
 
@@ -332,9 +351,9 @@ def save(job: Job, m: Model, record: dict) -> None:
     res["stopped"] = (signals.requested() or "a stop request") if stopped else None
     if m.scaling:
         res["standardize"] = {"mean": m.scaling[0].tolist(), "std": m.scaling[1].tolist()}
-        standardize.write(job.out, *m.scaling)
+        folder.write_scaling(job.out, *m.scaling)
     res["notes"] = convergence_notes(tracker.history, sum(r.get("refused", 0) for r in records))
-    atomic_write(os.path.join(job.out, "weights.npy"), lambda f: np.save(f, m.w), binary=True)
+    folder.write_weights(job.out, m.w)
     path = os.path.join(job.out, "results.json")
     results.write(path, res)
     print(results.summary(res, path), flush=True)

@@ -10,12 +10,15 @@ from mpi4py import MPI
 
 from asgd.net import mlp
 from asgd.data import problem
-from asgd.protocol.comm import StallError, Waiter, oversubscribed, shard_bounds
+from asgd.mpiutil import StallError, Waiter, oversubscribed
+from asgd.wire import shard_bounds
 from asgd.run.progress import EpochTracker
 from asgd.net.optimizers import Optimizer, reference, worker_lr
+from asgd.protocol.context import Endpoint, Schedule
+from asgd.protocol.messages import Float64Link, link_messages, shard_messages
 from asgd.protocol.server import Server, policy
 from asgd.run.trace import PhaseClock
-from asgd.protocol.worker import run_worker
+from asgd.protocol.worker import PushPull, run_worker
 
 pytestmark = pytest.mark.mpi(min_size=3)
 
@@ -49,7 +52,8 @@ def run_job(servers=1, mode="async", K=None, epochs=2, batch=32, n=600, hidden=2
         lo, hi = shards[comm.rank]
         tracker = EpochTracker(n, epochs, None, lambda s: None, 1e9, clock) if comm.rank == 0 else None
         opt = Recording(optimizer, lr, hi - lo)
-        srv = Server(comm, w[lo:hi], servers, waiter, clock, tracker, optimizer=opt)
+        on_version = (lambda rounds, loss_sum, m: tracker.add(loss_sum, m)) if tracker else None
+        srv = Server(Endpoint(comm, waiter, clock), w[lo:hi], servers, opt, on_version=on_version)
         st = srv.serve(policy(mode, K))
         mine = {"updates": st.updates, "gap_max": max((max(g, default=0) for g in st.step_gap), default=0),
                 "stale_min": min((min(s, default=0) for s in st.staleness), default=0),
@@ -64,9 +68,10 @@ def run_job(servers=1, mode="async", K=None, epochs=2, batch=32, n=600, hidden=2
             sent[:] += dw
             return loss
         idx = np.arange(comm.rank - servers, n, W)
-        st = run_worker(comm, shards, w, train.X[idx], train.y[idx], counting_step, worker_lr(optimizer, lr), batch, epochs,
-                        [0, comm.rank - servers], waiter, clock, overlap=mode != "sync",
+        link = PushPull(Endpoint(comm, waiter, clock), shards, Float64Link(shards, w))
+        plan = Schedule(batch, epochs, (0, comm.rank - servers), worker_lr(optimizer, lr), overlap=mode != "sync",
                         steps_per_epoch=-(-(-(-n // W)) // batch) if mode == "sync" else None)
+        st = run_worker(link, train.X[idx], train.y[idx], counting_step, plan)
         mine = {"updates": st.updates, "samples": st.samples}
     total_sent = np.zeros_like(sent)
     comm.Reduce(sent, total_sent, op=MPI.SUM, root=0)
@@ -188,26 +193,24 @@ def test_one_bit_exchanges_lose_nothing_and_keep_the_copies_equal(servers):
     shard ends at w0 plus every push it decoded, once; what a worker pushed plus its
     residual is every Delta-w it computed (error feedback loses nothing); and each worker's
     w is, bit for bit, the copy its servers keep of it."""
-    from asgd.protocol import onebit
-    from asgd.protocol.comm import PULL_HEADER, PUSH_HEADER
     from asgd.protocol.server import Async
-    from asgd.protocol.worker import OneBitPushPull
     comm = MPI.COMM_WORLD
     layout = mlp.Layout(2, 30, 2)
     w0 = mlp.init_params(layout, 0)
     shards = shard_bounds(layout.n_w, servers)
-    pushes, pulls = onebit.codecs(layout, shards, PUSH_HEADER), onebit.codecs(layout, shards, PULL_HEADER)
     waiter = Waiter(oversubscribed(comm), time.monotonic() + 60, f"rank {comm.rank}")
     clock = PhaseClock("init")
     if comm.rank < servers:
         lo, hi = shards[comm.rank]
         w = w0[lo:hi].copy()
-        srv = Server(comm, w, servers, waiter, clock, None, codecs=(pushes[comm.rank], pulls[comm.rank]))
+        msgs = shard_messages("1bit", layout, (lo, hi), w, comm.size - servers)
+        srv = Server(Endpoint(comm, waiter, clock), w, servers, messages=msgs)
         srv.serve(Async())
-        mine = {"shard": (lo, hi), "w": w, "views": [v.copy() for v in srv.views]}
+        mine = {"shard": (lo, hi), "w": w, "views": [v.copy() for v in msgs.views]}
     else:
         rng = np.random.default_rng(comm.rank)
-        link = OneBitPushPull(comm, shards, w0, waiter, clock, pushes, pulls)
+        msgs = link_messages("1bit", layout, shards, w0)
+        link = PushPull(Endpoint(comm, waiter, clock), shards, msgs)
         computed, pushed, out = np.zeros(layout.n_w), np.zeros(layout.n_w), np.empty(layout.n_w)
         ticket = None
         for k in range(12):
@@ -218,11 +221,11 @@ def test_one_bit_exchanges_lose_nothing_and_keep_the_copies_equal(servers):
                 link.wait(ticket)
             ticket = link.push_pull(dw, 1.0, 1)
             for s, (lo, hi) in enumerate(shards):
-                pushes[s].decode(link.out[s], out[lo:hi])
+                msgs.push_codec[s].decode(msgs.out[s], out[lo:hi])
             pushed += out
         link.wait(ticket)
         link.close()
-        mine = {"computed": computed, "pushed": pushed, "residual": link.residual.copy(), "w": link.w.copy()}
+        mine = {"computed": computed, "pushed": pushed, "residual": msgs.residual.copy(), "w": link.w.copy()}
     got = comm.gather(mine, root=0)
     if comm.rank == 0:
         srvs, workers = got[:servers], got[servers:]

@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from asgd.data import formats, problem, readers, shares
 from asgd.data.formats import DataError
-from asgd.protocol.comm import Waiter, oversubscribed
+from asgd.mpiutil import Waiter, oversubscribed
 
 pytestmark = pytest.mark.mpi(min_size=2)
 comm = MPI.COMM_WORLD

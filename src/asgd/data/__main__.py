@@ -83,9 +83,8 @@ def check(a) -> int:
     """mpiexec ... check: both readers on every file and size; exit 1 if a cover fails."""
     from mpi4py import MPI
 
-    from ..protocol.comm import Waiter, agree_on, oversubscribed
-    from ..run import startup
-    from . import readers, shares, standardize
+    from ..mpiutil import Waiter, agree_on, once_per_node, oversubscribed
+    from . import parse, readers, shares, standardize
     world = MPI.COMM_WORLD
     try:
         sizes = [int(k) for k in a.sizes.split(",")] if a.sizes else [world.size]
@@ -99,7 +98,10 @@ def check(a) -> int:
         return 2
     waiter = Waiter(oversubscribed(world), time.monotonic() + a.timeout if a.timeout else 0.0,
                     f"rank {world.rank}")
-    error = startup.warm_up(world, waiter, ("parsers",), ("parsers",))  # once per node, then the others
+    def load(first):   # the readers' numba kernels, one rank per node first (a cold cache compiles once)
+        parse.compile_parsers()
+        shares.assign(3, 0, 1, 1, False)
+    error = once_per_node(world, waiter, load, "load the parsers")
     try:
         agree_on(world, waiter, error, "the other ranks to load the parsers")
     except RuntimeError as e:

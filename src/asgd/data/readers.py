@@ -17,9 +17,9 @@ parallel    every rank reads 1/P of the file's bytes (rows of a .npy) at once wi
 
 A failure must end the job on every rank, never hang it: each step that can fail on
 some ranks only (opening, parsing, packing) is local, and is followed by an agreement
-(`comm.agree`: every rank learns every rank's result or error) before the next collective.
+(`mpiutil.agree`: every rank learns every rank's result or error) before the next collective.
 A failure outside such a step is not agreed on: it ends the whole job (train.py).
-All waits poll (no MPI_Wait, which busy-polls in MPICH): through comm.Waiter, or for the
+All waits poll (no MPI_Wait, which busy-polls in MPICH): through mpiutil.Waiter, or for the
 bulk transfer, yielding the core between polls (_bulk_wait).
 
 `mpiexec -n N python -m asgd.data check FILE...` runs both readers on files and checks
@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from ..protocol.comm import TAG_TURN, StallError, Waiter, agree, describe
+from ..mpiutil import StallError, Waiter, agree, describe
+from ..wire import TAG_TURN
 from . import READERS, formats, parse
 from .formats import DataError, Dataset
 from .shares import EVALUATOR, HELD_OUT, HOLDOUT, Job, Loaded, Times, assign

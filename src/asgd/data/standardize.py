@@ -2,18 +2,16 @@
 training points computed by the ranks together from their own shares during init (no
 rank reads the file again): each rank's count, mean and sum of squared deviations,
 combined in rank order (Chan, Golub and LeVeque's pairwise update), the same on every
-rank. The held-out set is scaled with the same statistics.
+rank. The held-out set is scaled with the same statistics (and the run folder keeps them:
+asgd.run.folder).
 """
 
 from __future__ import annotations
 
-import json
-import os
-
 import numpy as np
 from mpi4py import MPI
 
-from ..protocol.comm import Waiter
+from ..mpiutil import Waiter
 
 
 def statistics(comm: MPI.Comm, waiter: Waiter, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -45,13 +43,3 @@ def apply(X: np.ndarray, mean: np.ndarray, std: np.ndarray) -> None:
     """X = (X - mean) / std, in place."""
     X -= mean
     X /= std
-
-
-def write(out: str, mean: np.ndarray, std: np.ndarray) -> str:
-    """OUT/standardize.json, to scale new data as the model was trained:
-    x_scaled = (x - mean) / std."""
-    from ..run.files import atomic_write
-    path = os.path.join(out, "standardize.json")
-    atomic_write(path, lambda fh: json.dump({"mean": mean.tolist(), "std": std.tolist(),
-                                             "apply": "x_scaled = (x - mean) / std, per feature"}, fh, indent=1))
-    return path

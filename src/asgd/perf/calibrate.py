@@ -74,7 +74,7 @@ def probe_startup() -> dict:
     from mpi4py import MPI
 
     from ..data import problem
-    from ..protocol.comm import oversubscribed
+    from ..mpiutil import oversubscribed
     oversubscribed(MPI.COMM_WORLD)
     stages = (("imports", lambda: None),
               ("parsers", lambda: startup.load(("parsers",))),
@@ -103,7 +103,7 @@ def probe_job_startup() -> dict | None:
         importlib.import_module(name)
     from mpi4py import MPI
 
-    from ..protocol.comm import Waiter, oversubscribed
+    from ..mpiutil import Waiter, oversubscribed
     comm = MPI.COMM_WORLD
     waiter = Waiter(oversubscribed(comm), time.monotonic() + 300, f"calibrate rank {comm.rank}")
     role = "server" if comm.rank == 0 else "worker"
@@ -153,7 +153,7 @@ def probe_messaging(sizes: list[int], updates: int) -> dict | None:
         think = 0.0
         for phase in ("round trip", "server", "worker"):
             t, c = time.perf_counter(), time.process_time()
-            _exchange(comm, n_w, updates, phase == "server", _spin_step(think if phase == "worker" else 0.0))
+            exchange(comm, n_w, updates, phase == "server", spin_step(think if phase == "worker" else 0.0))
             wall, cpu = (time.perf_counter() - t) / updates, (time.process_time() - c) / updates
             got = comm.bcast(comm.gather((wall, cpu)))
             if phase == "round trip":
@@ -166,28 +166,33 @@ def probe_messaging(sizes: list[int], updates: int) -> dict | None:
     return out if me == 0 else None
 
 
-def _exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
+def exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
     """asgd's real protocol, after a barrier: rank 0 serves (Server.serve, async), every
     other rank is a worker pushing `updates` Delta-w of n_w weights, computing with
-    `step`; waits sleep (crowded) or poll first, as comm.Waiter does."""
+    `step`; waits sleep (crowded) or poll first, as mpiutil.Waiter does. (Also
+    asgd.testbed.model's probe.)"""
     import numpy as np
 
-    from ..protocol.comm import Waiter, shard_bounds
+    from ..mpiutil import Waiter
+    from ..protocol.context import Endpoint, Schedule
+    from ..protocol.messages import Float64Link
     from ..protocol.server import Async, Server
-    from ..protocol.worker import run_worker
+    from ..protocol.worker import PushPull, run_worker
     from ..run.trace import PhaseClock
+    from ..wire import shard_bounds
     w = np.zeros(n_w)
     X, y = np.zeros((updates, 2)), np.zeros(updates, np.int64)
     waiter = Waiter(crowded, time.monotonic() + 120, f"calibrate rank {comm.rank}")
     comm.Barrier()
     if comm.rank == 0:
-        Server(comm, w, 1, waiter, PhaseClock("idle"), None).serve(Async())
+        Server(Endpoint(comm, waiter, PhaseClock("idle")), w, 1).serve(Async())
     else:
-        run_worker(comm, shard_bounds(n_w, 1), w, X, y, step, 0.0, 1, 1, [0, comm.rank], waiter,
-                   PhaseClock("compute"))
+        shards = shard_bounds(n_w, 1)
+        link = PushPull(Endpoint(comm, waiter, PhaseClock("compute")), shards, Float64Link(shards, w))
+        run_worker(link, X, y, step, Schedule(batch=1, epochs=1, seed=(0, comm.rank), lr=0.0))
 
 
-def _spin_step(seconds: float):
+def spin_step(seconds: float):
     """A stand-in training step that keeps the core busy for `seconds` (0: returns at once),
     calling `progress` about every millisecond until it returns True, as the real step
     calls it between its sample blocks (mlp.make_step)."""
@@ -234,14 +239,14 @@ def probe_contention(sizes: list[int], updates: int) -> dict | None:
     from mpi4py import MPI
 
     from ..net import mlp
-    from ..protocol.comm import oversubscribed
+    from ..mpiutil import oversubscribed
     comm = MPI.COMM_WORLD
     mlp.compile_kernels()
     crowded = oversubscribed(comm)
     out = {}
     for n_w in sizes:
         t = time.perf_counter()
-        _exchange(comm, n_w, updates, crowded, _spin_step(0.0))
+        exchange(comm, n_w, updates, crowded, spin_step(0.0))
         out[n_w] = (comm.size - 1) * updates / (time.perf_counter() - t)
     return {"updates_per_s": out} if comm.rank == 0 else None
 
@@ -252,7 +257,7 @@ def probe_readers(files: list[str]) -> dict:
     from mpi4py import MPI
 
     from ..data import readers, shares
-    from ..protocol.comm import Waiter
+    from ..mpiutil import Waiter
     comm, out = MPI.COMM_WORLD, {"read_s_per_byte": {}, "select_s_per_point": {}, "bytes_per_point": {}}
     for path in files:
         fmt = "npy" if path.endswith(".npy") else "tsv"

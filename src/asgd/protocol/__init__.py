@@ -1,3 +1,5 @@
-"""Who talks to whom over MPI: the message layout and the non-spinning Waiter (comm), the
-parameter server and its reply policies (server), the worker's push/pull (worker), and
-the allreduce baseline (allreduce)."""
+"""Who talks to whom over MPI: what a loop is given (context: the rank's endpoint, the
+mini-batch schedule), how messages sit in memory (messages: float64, or 1-bit through
+onebit), the parameter server and its reply policies (server), the worker's push/pull
+link and loop (worker), and the allreduce baseline (allreduce). The message layout
+itself is asgd.wire's; nothing here reads options or writes files (asgd.run)."""

@@ -16,8 +16,8 @@ Columns (net.mlp.Layout.columns): each layer's lines along the hidden dimension,
 the shard's bounds, so every message is decoded with its shard's columns alone.
 
 A message is one contiguous byte buffer, sent as MPI.BYTE:
-    [ header (float64: the push's 5 or the pull's 2, as comm.py) | 2 float64 per column | bits ]
-(each column's bits from a byte boundary: net.kernels).
+    [ header (float64: a push's or a pull's, asgd.wire) | 2 float64 per column | bits ]
+(each column's bits from a byte boundary: its size is wire.onebit_bytes).
 For 2-10K-2 on one server: 6,387 bytes a push and 6,363 a reply, against 400,040 and
 400,016 in float64 (62.6x fewer).
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import wire
 from ..net import kernels
 
 
@@ -37,7 +38,7 @@ class OneBit:
         self.cols, self.k, self.header = cols, k, header
         self.ncol = len(cols)
         self.floats = header + 2 * self.ncol             # the float64 part: header, then the scales
-        self.nbytes = 8 * self.floats + int(kernels.column_bytes(cols))   # what goes on the wire
+        self.nbytes = wire.onebit_bytes(cols, header)   # what goes on the wire
 
     def buffer(self) -> np.ndarray:
         """A message buffer (bytes; its float64 part aligned: numpy aligns allocations)."""
@@ -78,6 +79,5 @@ def codecs(layout, shards: list[tuple[int, int]], header: int) -> list[OneBit]:
 def bytes_per_weight(layout, servers: int) -> float:
     """Payload bytes per weight of a 1-bit push (scales and bits, no header), the
     largest shard's: what asgd.testbed.model's wire_bytes takes for compressed messages."""
-    from .comm import PUSH_HEADER, shard_bounds
-    return max((c.nbytes - 8 * PUSH_HEADER) / c.k for c in codecs(layout, shard_bounds(layout.n_w, servers),
-                                                                  PUSH_HEADER))
+    return max((wire.onebit_bytes(layout.columns(lo, hi), wire.PUSH_HEADER) - wire.DOUBLE * wire.PUSH_HEADER)
+               / (hi - lo) for lo, hi in wire.shard_bounds(layout.n_w, servers))

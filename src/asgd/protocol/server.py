@@ -14,12 +14,9 @@ The policy decides what is applied and who is answered:
 adam move the shard along the pushed negative gradient, keeping their state per shard).
 One persistent receive stays posted per worker; it is re-armed when that worker is
 answered, so a held push's buffer stays untouched. Replies go out of the worker's own
-send buffer, since the shard keeps changing while a reply is in flight.
-
-With 1-bit codecs (--compress 1bit, protocol.onebit) a push is decoded into the worker's
-own float64 buffer (a held push stays there until the round is applied), and a reply is
-the quantized change of the shard since that worker's last reply: the server keeps the
-shard as each worker holds it (`views`, workers x shard of memory).
+send buffer, since the shard keeps changing while a reply is in flight. How the messages
+sit in memory (float64, or 1-bit with a copy of the shard per worker) is the message
+strategy's (protocol.messages).
 """
 
 from __future__ import annotations
@@ -32,11 +29,10 @@ from mpi4py import MPI
 
 from ..net import kernels
 from ..net.optimizers import Optimizer
-from ..run import signals
-from ..run.progress import EpochTracker
-from ..run.trace import RECV, SEND, PhaseClock, flow_id
-from .comm import PULL_HEADER, PUSH_HEADER, TAG_DONE, TAG_PULL, TAG_PUSH, TAG_SHARD, Waiter, shard_bounds
-from .onebit import OneBit
+from ..wire import (P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_STOP, R_VERSION, RECV, SEND, TAG_DONE,
+                    TAG_PULL, TAG_PUSH, TAG_SHARD, flow_id, shard_bounds)
+from .context import Endpoint
+from .messages import Float64Shard
 
 DIVERGED_AFTER = 10  # refused Delta-w in a row that end the job
 
@@ -66,35 +62,21 @@ class ServerStats:
 
 
 class Server:
-    def __init__(self, comm: MPI.Comm, w: np.ndarray, first_worker: int, waiter: Waiter,
-                 clock: PhaseClock, tracker: EpochTracker | None, on_update=None,
-                 optimizer: Optimizer | None = None, codecs: tuple[OneBit, OneBit] | None = None):
-        """w: my shard (a live view); workers are ranks first_worker..; tracker (rank 0):
-        epochs and progress; on_update(rounds): after each new version (checkpoints);
-        optimizer: what an update does to w, with its state for my shard (default: sgd,
-        w += Delta-w); codecs: the (push, pull) 1-bit codecs of my shard (None: float64
-        messages)."""
-        self.comm, self.w, self.waiter, self.clock, self.tracker = comm, w, waiter, clock, tracker
+    def __init__(self, ep: Endpoint, w: np.ndarray, first_worker: int, optimizer: Optimizer | None = None,
+                 messages=None, on_version=None):
+        """w: my shard (a live view); workers are ranks first_worker..; optimizer: what an
+        update does to w, with its state for my shard (default: sgd, w += Delta-w);
+        messages: my side's message strategy (default: float64, protocol.messages);
+        on_version(rounds, loss_sum, samples): after each new version of the shard
+        (progress, checkpoints)."""
+        comm = ep.comm
+        self.ep, self.comm, self.w, self.waiter, self.clock = ep, comm, w, ep.waiter, ep.clock
+        self.first, self.W = first_worker, comm.size - first_worker
         self.optimizer = optimizer or Optimizer("sgd", 1.0, len(w))
-        self.on_update = on_update or (lambda rounds: None)
+        self.msgs = messages or Float64Shard(w, self.W)
+        self.on_version = on_version or (lambda rounds, loss_sum, samples: None)
         self.stopping = False  # a stop request: replies tell the workers to stop
-        self.first, self.W, n = first_worker, comm.size - first_worker, len(w)
-        self.codecs = codecs
-        if codecs is None:
-            self.recv = [np.empty(n + PUSH_HEADER) for _ in range(self.W)]
-            self.send = [np.empty(n + PULL_HEADER) for _ in range(self.W)]
-            self.headers = [r[n:] for r in self.recv]
-            self.deltas = [r[:n] for r in self.recv]
-            kind = MPI.DOUBLE
-        else:
-            push, pull = codecs
-            self.recv = [push.buffer() for _ in range(self.W)]
-            self.send = [pull.buffer() for _ in range(self.W)]
-            self.headers = [push.head(r) for r in self.recv]
-            self.deltas = [np.empty(n) for _ in range(self.W)]   # the decoded pushes
-            self.views = [w.copy() for _ in range(self.W)]        # the shard as each worker holds it
-            kind = MPI.BYTE
-        self.pushes = [comm.Recv_init([self.recv[j], kind], first_worker + j, TAG_PUSH)
+        self.pushes = [comm.Recv_init([self.msgs.recv[j], self.msgs.kind], first_worker + j, TAG_PUSH)
                        for j in range(self.W)]
         self._done = [np.empty(1) for _ in range(self.W)]
         self.dones = [comm.Irecv([self._done[j], MPI.DOUBLE], first_worker + j, TAG_DONE)
@@ -122,23 +104,22 @@ class Server:
                 self.handle(i, policy)
             for j in policy.answerable(self):
                 self.reply(j)
-        self.st.stopped = self.stopping or signals.requested() is not None
+        self.st.stopped = self.stopping or self.ep.stop_requested()
         return self.finish()
 
     def handle(self, j: int, policy: Policy) -> None:
         """Worker j's push has arrived: account for it, then the policy applies or holds it."""
-        buf, head = self.recv[j], self.headers[j]
-        version, loss_sum, m, step = head[0], head[1], head[2], int(head[3])
-        self.stopping |= bool(head[4]) or signals.requested() is not None
+        head = self.msgs.header(j)
+        version, loss_sum, m, step = head[P_VERSION], head[P_LOSS], head[P_SAMPLES], int(head[P_STEP])
+        self.stopping |= bool(head[P_STOP]) or self.ep.stop_requested()
+        nbytes = self.msgs.push_nbytes
         self.clock.step = step  # the trace window counts worker steps
-        self.clock.message(RECV, self.first + j, buf.nbytes, flow_id(self.first + j, self.comm.rank, step, False))
+        self.clock.message(RECV, self.first + j, nbytes, flow_id(self.first + j, self.comm.rank, step, False))
         self.st.staleness[j].append(self.st.rounds - int(version))
         self.st.updates += 1
-        self.st.bytes_recv += buf.nbytes
+        self.st.bytes_recv += nbytes
         self.steps[j] += 1
-        dw = self.deltas[j]
-        if self.codecs:
-            self.codecs[0].decode(buf, dw)
+        dw = self.msgs.delta(j)
         if not self.acceptable(j, dw, loss_sum):
             dw, loss_sum, m = None, 0.0, 0.0  # a refused update adds no samples to the progress
         policy.take(self, j, dw, loss_sum, m)
@@ -151,9 +132,7 @@ class Server:
     def new_version(self, loss_sum: float, samples: float) -> None:
         """The shard has a new version; count it, report the samples it took in."""
         self.st.rounds += 1
-        if self.tracker:
-            self.tracker.add(loss_sum, samples)
-        self.on_update(self.st.rounds)  # a checkpoint's progress then matches its weights
+        self.on_version(self.st.rounds, loss_sum, samples)  # a checkpoint's progress then matches its weights
 
     def acceptable(self, j: int, dw: np.ndarray, loss_sum: float) -> bool:
         """False for a Delta-w or loss with NaN or inf: refused (not applied) and counted;
@@ -174,20 +153,13 @@ class Server:
         """Send worker j the current shard, then re-arm its receive."""
         if self.replies[j] != MPI.REQUEST_NULL:  # the previous reply: done long ago in practice
             self.waiter.all([self.replies[j]], f"worker rank {self.first + j} to take its previous reply")
-        out, n = self.send[j], len(self.w)
-        if self.codecs is None:
-            out[:n] = self.w
-            out[n] = self.st.rounds
-            out[n + 1] = self.stopping
-            self.replies[j] = self.comm.Isend([out, MPI.DOUBLE], self.first + j, TAG_PULL)
-        else:
-            pull = self.codecs[1]
-            pull.encode_diff(self.w, self.views[j], out)
-            pull.head(out)[:] = (self.st.rounds, self.stopping)
-            self.replies[j] = self.comm.Isend([out, MPI.BYTE], self.first + j, TAG_PULL)
-        step = int(self.headers[j][3])
-        self.clock.message(SEND, self.first + j, out.nbytes, flow_id(self.first + j, self.comm.rank, step, True))
-        self.st.bytes_sent += out.nbytes
+        out, head = self.msgs.reply(j, self.w)
+        head[R_VERSION], head[R_STOP] = self.st.rounds, self.stopping
+        self.replies[j] = self.comm.Isend([out, self.msgs.kind], self.first + j, TAG_PULL)
+        step = int(self.msgs.header(j)[P_STEP])
+        nbytes = self.msgs.pull_nbytes
+        self.clock.message(SEND, self.first + j, nbytes, flow_id(self.first + j, self.comm.rank, step, True))
+        self.st.bytes_sent += nbytes
         self.pushes[j].Start()
 
     def gap(self, j: int) -> int:
@@ -286,15 +258,16 @@ def policy(mode: str, staleness: int) -> Policy:
     return {"async": Async, "ssp": lambda: SSP(staleness), "sync": Sync}[mode]()
 
 
-def gather_shards(comm: MPI.Comm, w: np.ndarray, servers: int, waiter: Waiter) -> None:
+def gather_shards(ep: Endpoint, w: np.ndarray, servers: int) -> None:
     """After serving: the other servers send their shards of w to rank 0, which then
     holds all of w (to evaluate and save it)."""
     if servers < 2:
         return
+    comm = ep.comm
     shards = shard_bounds(len(w), servers)
     if comm.rank == 0:
         reqs = [comm.Irecv(w[a:b], s, TAG_SHARD) for s, (a, b) in enumerate(shards) if s]
     else:
         lo, hi = shards[comm.rank]
         reqs = [comm.Isend(w[lo:hi], 0, TAG_SHARD)]
-    waiter.all(reqs, "the servers' final shards")
+    ep.waiter.all(reqs, "the servers' final shards")

@@ -15,17 +15,11 @@ import time
 
 import numpy as np
 
+from ..wire import SEND, flow_is_reply, flow_step
+
 PHASES = ("init", "read", "parse", "shuffle", "compute", "push", "comm_wait", "aggregate",
           "evaluate", "idle")
 INIT_PHASES = ("init", "read", "parse", "shuffle")  # always recorded, whatever the window
-SEND, RECV = 0, 1
-
-
-def flow_id(worker_rank: int, server_rank: int, step: int, reply: bool) -> int:
-    """One id per message, the same on both ends: a worker's push of `step` to a server,
-    or that server's reply to it. Exact in JSON (below 2^53) up to 2,047 worker ranks,
-    1,023 server ranks and 2^31 steps."""
-    return (worker_rank << 42) | (server_rank << 32) | (2 * step + int(reply))
 
 
 class PhaseClock:
@@ -44,8 +38,8 @@ class PhaseClock:
         return now
 
     def message(self, kind: int, peer: int, nbytes: int, flow: int) -> None:
-        """A message (SEND or RECV) with `peer`, `flow` = flow_id(...) of the current
-        step (tracing off: nothing)."""
+        """A message (wire.SEND or RECV) with `peer`, `flow` = wire.flow_id(...) of the
+        current step (tracing off: nothing)."""
 
     def seconds(self) -> dict[str, float]:
         """Phase -> seconds so far (the open phase included up to now)."""
@@ -81,7 +75,7 @@ class TraceClock(PhaseClock):
         return now
 
     def message(self, kind: int, peer: int, nbytes: int, flow: int) -> None:
-        if self.first <= (flow & 0xFFFFFFFF) >> 1 < self.last:  # the message's step: both ends agree on the window
+        if self.first <= flow_step(flow) < self.last:  # the message's step: both ends agree on the window
             if self.n_msg < len(self.messages):
                 self.messages[self.n_msg] = (time.perf_counter_ns(), kind, peer, nbytes, flow)
                 self.n_msg += 1
@@ -119,7 +113,7 @@ def export(path: str, per_rank: list[dict], names: list[str], offsets_ns: list[i
     for fid, (src, ts) in sends.items():
         if fid in recvs:
             dst, tr = recvs[fid]
-            name = "w'" if fid & 1 else "Δw"
+            name = "w'" if flow_is_reply(fid) else "Δw"
             ev.append({"ph": "s", "id": fid, "name": name, "cat": "msg", "pid": src, "tid": 0, "ts": ts})
             ev.append({"ph": "f", "bp": "e", "id": fid, "name": name, "cat": "msg", "pid": dst, "tid": 0,
                        "ts": max(tr, ts)})

@@ -46,9 +46,10 @@ import random
 
 import numpy as np
 
-from ..run.trace import RECV, SEND, flow_id
+from ..wire import RECV, SEND, flow_id
 from .clock import SimClock
-from .costs import DOUBLE, Costs, Spec, worker_points
+from ..wire import DOUBLE
+from .costs import Costs, Spec, worker_points
 from .platform import FLOPS
 
 SPIN_S, MAX_SLEEP_S, CROWDED_MAX_SLEEP_S, FIRST_SLEEP_S = 200e-6, 100e-6, 1e-3, 10e-6
@@ -374,7 +375,7 @@ def worker(world: World, rank: int) -> None:
             versions[s] = version
         world.notice(rank, t)
         for s in range(S):
-            clock.message(RECV, s, c.pull_bytes(shard_nw[s]), flow_id(rank, s, st["updates"] - 1, True))
+            clock.message(RECV, s, c.pull_bytes(s), flow_id(rank, s, st["updates"] - 1, True))
         pending.clear()
 
     for epoch in range(run.epochs):
@@ -389,12 +390,12 @@ def worker(world: World, rank: int) -> None:
             clock.switch("push")
             world.execute(msg, rank)
             for s in range(S):
-                nb = c.push_bytes(shard_nw[s])  # the reply implies its arrival: no need to wait on it
+                nb = c.push_bytes(s)  # the reply implies its arrival: no need to wait on it
                 world.post(f"s{s}", ("push", j, used[s], m, st["updates"]), nb)
                 pending.append(s)
                 clock.message(SEND, s, nb, flow_id(rank, s, st["updates"], False))
                 st["bytes_sent"] += nb
-                st["bytes_recv"] += c.pull_bytes(shard_nw[s])
+                st["bytes_recv"] += c.pull_bytes(s)
             st["updates"] += 1
             if not overlap:
                 complete()
@@ -423,8 +424,8 @@ def server(world: World, rank: int) -> None:
     if rank == 0:
         world.serve_start = world.now()
     c_u = c.server_update(node, n)
-    pull = c.pull_bytes(n)
-    push = c.push_bytes(n)
+    pull = c.pull_bytes(rank)
+    push = c.push_bytes(rank)
     tracks = rank == 0
     evaluate = (lambda: _evaluate(world, clock)) if tracks and S == 1 else None
     st = {"updates": 0, "rounds": 0, "bytes_sent": 0, "bytes_recv": 0,

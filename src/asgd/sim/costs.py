@@ -33,11 +33,11 @@ import math
 import random
 from dataclasses import dataclass
 
+from .. import wire
+from ..net.mlp import Layout
 from ..perf.analytic import Params, Run, extrapolate_linear, interpolate_log
+from ..wire import DOUBLE, shard_bounds
 from .machines import Machine
-
-PUSH_HEADER, PULL_HEADER = 5, 2  # doubles after a shard's slice (protocol/comm.py's message layout)
-DOUBLE = 8
 
 
 def load_params(path: str) -> tuple[Params, dict]:
@@ -48,26 +48,9 @@ def load_params(path: str) -> tuple[Params, dict]:
     return Params.from_dict(raw), raw
 
 
-def shards(n_w: int, servers: int) -> list[tuple[int, int]]:
-    """protocol.comm.shard_bounds: contiguous [lo, hi), sizes within one of each other."""
-    edges = [n_w * s // servers for s in range(servers + 1)]
-    return list(zip(edges[:-1], edges[1:]))
-
-
 def worker_points(points: int, workers: int, j: int) -> int:
     """Points of worker j: data.readers.assign deals a seeded permutation round-robin."""
     return points // workers + (1 if j < points % workers else 0)
-
-
-def compressed_bytes(values: int, compression: str, rows: int = 1) -> int:
-    """Bytes on the wire for `values` float64 values: 'none' 8 each; '1bit' one bit each
-    (1-bit SGD: the sign, with the error fed back into the next Delta-w) plus two float
-    scales (mean of the positive and of the negative part) per column of the shard."""
-    if compression == "none":
-        return DOUBLE * values
-    if compression == "1bit":
-        return math.ceil(values / 8) + 2 * DOUBLE * max(rows, 1)
-    raise ValueError(f"unknown compression {compression!r} (none, 1bit)")
 
 
 @dataclass(frozen=True)
@@ -114,7 +97,12 @@ class Costs:
         r = spec.run
         self.n_w = r.n_w
         S = max(spec.servers, 1)
-        self.shards = shards(self.n_w, S)
+        self.shards = shard_bounds(self.n_w, S)
+        if spec.compression not in ("none", "1bit"):
+            raise ValueError(f"unknown compression {spec.compression!r} (none, 1bit)")
+        layout = Layout(r.features, r.hidden, r.classes)   # 1-bit's scales are per column of the shard
+        self.shard_cols = ([layout.columns(lo, hi) for lo, hi in self.shards] if spec.compression == "1bit"
+                           else [None] * S)
         self.spread_q = _spread_table((raw or {}).get("step_spread"), r.hidden, r.batch) if spread else None
         # a step's CPU seconds (calibrate's step_cpu_s: what it costs its core, whatever else ran on
         # the machine meanwhile; the simulator shares the cores itself), else its wall time step_s
@@ -216,17 +204,14 @@ class Costs:
 
     # -- messages ------------------------------------------------------------------------
 
-    def push_bytes(self, shard_nw: int) -> int:
-        return compressed_bytes(shard_nw, self.spec.compression, self._rows(shard_nw)) + DOUBLE * PUSH_HEADER
+    def push_bytes(self, s: int) -> int:
+        """A push to server s, as asgd.wire counts it."""
+        lo, hi = self.shards[s]
+        return wire.push_bytes(hi - lo, self.shard_cols[s])
 
-    def pull_bytes(self, shard_nw: int) -> int:
-        return compressed_bytes(shard_nw, self.spec.compression, self._rows(shard_nw)) + DOUBLE * PULL_HEADER
-
-    def _rows(self, shard_nw: int) -> int:
-        """Columns of the weights in a shard (1-bit's scales are per column): the flat
-        vector is [W1 | b1 | W2 | b2], each a few columns of `hidden` values (one per input
-        feature, the bias, one per class), so a shard holds about shard / hidden of them."""
-        return math.ceil(shard_nw / max(self.run.hidden, 1)) + 1
+    def pull_bytes(self, s: int) -> int:
+        lo, hi = self.shards[s]
+        return wire.pull_bytes(hi - lo, self.shard_cols[s])
 
     def latency(self) -> float:
         """One-way latency of a small message between ranks of one node (ping-pong at 8 bytes)."""

@@ -34,10 +34,9 @@ import math
 from dataclasses import replace
 
 from ..perf.analytic import Params
+from ..wire import DOUBLE, PUSH_HEADER, TAG_PROBE
 from .links import FRAME_HEADERS, MSS
 from .shaping import burst_bytes
-
-PUSH_HEADER_DOUBLES = 5   # protocol.comm.PUSH_HEADER (Delta-w and its header travel together)
 
 
 def frames_bytes(payload: float) -> float:
@@ -49,7 +48,7 @@ def wire_bytes(k: int, bytes_per_weight: float = 8.0) -> float:
     """Bytes on one direction of a link per message of k weights (bytes_per_weight: 8 for
     float64; less with compression): its frames, and the ACKs of the message of the same
     size going the other way (a push's reply, a reply's next push)."""
-    payload = bytes_per_weight * k + 8 * PUSH_HEADER_DOUBLES
+    payload = bytes_per_weight * k + DOUBLE * PUSH_HEADER
     return frames_bytes(payload) + FRAME_HEADERS * math.ceil(math.ceil(payload / MSS) / 2)
 
 
@@ -93,7 +92,7 @@ def probe(comm, n_w: int, pings: int = 10, updates: int = 20, repeat: int = 3) -
 
     import numpy as np
 
-    from ..perf.calibrate import _exchange, _spin_step
+    from ..perf.calibrate import exchange, spin_step
     buf = np.zeros(n_w)
     tries = []
     for _ in range(repeat):
@@ -102,14 +101,14 @@ def probe(comm, n_w: int, pings: int = 10, updates: int = 20, repeat: int = 3) -
             comm.Barrier()
             t = time.perf_counter()
             if comm.rank == 0:
-                comm.Send(buf, 1, 7)
-                comm.Recv(buf, 1, 7)
+                comm.Send(buf, 1, TAG_PROBE)
+                comm.Recv(buf, 1, TAG_PROBE)
             else:
-                comm.Recv(buf, 0, 7)
-                comm.Send(buf, 0, 7)
+                comm.Recv(buf, 0, TAG_PROBE)
+                comm.Send(buf, 0, TAG_PROBE)
             best.append((time.perf_counter() - t) / 2)
         t = time.perf_counter()
-        _exchange(comm, n_w, updates, False, _spin_step(0.0))
+        exchange(comm, n_w, updates, False, spin_step(0.0))
         rtt = comm.bcast((time.perf_counter() - t) / updates, root=1)
         tries.append({"pingpong_s": min(best), "round_trip_s": rtt})
     if comm.rank:

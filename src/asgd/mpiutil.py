@@ -1,16 +1,8 @@
-"""Roles, message layout, waiting on MPI requests without spinning, and agreeing.
-
-Ranks 0..S-1 are servers, each owning a contiguous shard [lo, hi) of the flat
-parameter vector; ranks S..N-1 are workers. Messages (float64, no pickling on the hot
-path), as the server sees them:
-    push  worker -> server s, TAG_PUSH: [ Delta-w[lo:hi] | version, loss_sum, samples, step, stop ]
-    pull  server s -> worker, TAG_PULL: [ w[lo:hi]       | version, stop ]
-    done  worker -> server s, TAG_DONE: [ 0 ]  after the worker's last exchange
-A worker keeps one flat buffer [ Delta-w (n_w) | S push headers ] (and likewise for w)
-and sends each server an indexed datatype picking its slice and its header: sharding
-costs no copies. `version` is the number of updates server s had applied to the shard a
-Delta-w was computed from (push) or that it sends (pull): staleness = server version at
-apply - push version. `stop` (1.0) carries a stop request (a signal) between them.
+"""MPI utilities every layer above uses: waiting on requests without spinning (Waiter),
+agreeing on a failure before the next collective (agree), loading something once per
+node first (once_per_node), telling whether ranks outnumber cores (oversubscribed), and
+putting every rank's clock on rank 0's (clock_offsets). Nothing here knows asgd's
+messages (asgd.wire) or roles (asgd.protocol).
 """
 
 from __future__ import annotations
@@ -21,27 +13,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .. import BadInput
-from ..launch import OVERSUBSCRIBED_ENV, cores_available
-
-# every point-to-point tag of asgd, in one place so none is used twice
-TAG_PUSH, TAG_PULL, TAG_DONE, TAG_CLOCK, TAG_SHARD = 11, 12, 13, 14, 15
-TAG_TURN = 21  # the sequential reader's token
-PUSH_HEADER = 5  # version, loss_sum, samples, the worker's step (names it in traces), stop
-PULL_HEADER = 2  # version, stop
-
-
-def shard_bounds(n_w: int, servers: int) -> list[tuple[int, int]]:
-    """Contiguous [lo, hi) per server, sizes within one element of each other."""
-    edges = [n_w * s // servers for s in range(servers + 1)]
-    return list(zip(edges[:-1], edges[1:]))
-
-
-def shard_types(n_w: int, shards: list[tuple[int, int]], header: int) -> list[MPI.Datatype]:
-    """Per server, the datatype that picks its slice of a flat [vector | S headers]
-    buffer and its own header; on the wire it is hi-lo+header contiguous doubles."""
-    return [MPI.DOUBLE.Create_indexed([hi - lo, header], [lo, n_w + s * header]).Commit()
-            for s, (lo, hi) in enumerate(shards)]
+from . import BadInput
+from .launch import OVERSUBSCRIBED_ENV, cores_available
+from .wire import TAG_CLOCK
 
 
 class StallError(RuntimeError):

@@ -1,0 +1,82 @@
+"""asgd's wire format, written once: the tags, the message headers, how w is cut into
+server shards, the byte count of every message, and the id that names a message on both
+of its ends. The protocol sends these; the simulator, the performance model and the
+testbed's byte proof count them; none spells them again.
+
+Messages (no pickling on the hot path), as a server s that owns w[lo:hi] sees them:
+    push  worker -> s, TAG_PUSH: [ Delta-w[lo:hi] | PUSH header ]
+    pull  s -> worker, TAG_PULL: [ w[lo:hi]       | PULL header ]
+    done  worker -> s, TAG_DONE: [ 0.0 ]  after the worker's last exchange
+A header is float64 values after the payload (a push's `version` is the version of the
+shard its Delta-w was computed from, a pull's the version it carries: staleness =
+version at apply - push version; `stop` 1.0 carries a stop request, a signal). With
+--compress 1bit a message is bytes: [ header | 2 float64 scales per column | bits, each
+column's from a byte boundary ] (protocol.onebit).
+
+Imports numpy only: every layer may use it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# every point-to-point tag asgd uses, in one place so none is used twice
+TAG_PUSH, TAG_PULL, TAG_DONE, TAG_CLOCK, TAG_SHARD = 11, 12, 13, 14, 15
+TAG_RECORD = 16     # the end-of-run records, each rank's to rank 0
+TAG_TURN = 21       # the sequential reader's token
+TAG_PROBE = 31      # asgd.testbed.model.probe's ping-pong
+
+DOUBLE = 8          # bytes of a float64: every value of w and of a header
+
+PUSH_FIELDS = ("version", "loss_sum", "samples", "step", "stop")   # step: the worker's, names it in traces
+PULL_FIELDS = ("version", "stop")
+PUSH_HEADER, PULL_HEADER = len(PUSH_FIELDS), len(PULL_FIELDS)
+P_VERSION, P_LOSS, P_SAMPLES, P_STEP, P_STOP = range(PUSH_HEADER)   # a push header's fields
+R_VERSION, R_STOP = range(PULL_HEADER)                              # a pull (reply) header's fields
+DONE_BYTES = DOUBLE
+
+
+def shard_bounds(n_w: int, servers: int) -> list[tuple[int, int]]:
+    """Contiguous [lo, hi) per server, sizes within one element of each other."""
+    edges = [n_w * s // servers for s in range(servers + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def column_bits_bytes(cols: np.ndarray) -> int:
+    """Bytes of a 1-bit message's bits: each column's (cols rows: start, count, stride;
+    net.mlp.Layout.columns) from a byte boundary."""
+    return int(((np.asarray(cols, np.int64).reshape(-1, 3)[:, 1] + 7) // 8).sum())
+
+
+def onebit_bytes(cols: np.ndarray, header: int) -> int:
+    """A 1-bit message: header, two float64 scales per column, the columns' bits."""
+    return DOUBLE * (header + 2 * len(cols)) + column_bits_bytes(cols)
+
+
+def push_bytes(k: int, cols: np.ndarray | None = None) -> int:
+    """A push of a k-value shard: float64, or (cols given) 1-bit over those columns."""
+    return DOUBLE * (k + PUSH_HEADER) if cols is None else onebit_bytes(cols, PUSH_HEADER)
+
+
+def pull_bytes(k: int, cols: np.ndarray | None = None) -> int:
+    """A reply carrying a k-value shard: float64, or (cols given) 1-bit."""
+    return DOUBLE * (k + PULL_HEADER) if cols is None else onebit_bytes(cols, PULL_HEADER)
+
+
+SEND, RECV = 0, 1   # the two ends of a message, in traces
+
+
+def flow_id(worker_rank: int, server_rank: int, step: int, reply: bool) -> int:
+    """One id per message, the same on both ends: a worker's push of `step` to a server,
+    or that server's reply to it. Exact in JSON (below 2^53) up to 2,047 worker ranks,
+    1,023 server ranks and 2^31 steps."""
+    return (worker_rank << 42) | (server_rank << 32) | (2 * step + int(reply))
+
+
+def flow_step(flow: int) -> int:
+    """The step a flow id names."""
+    return (flow & 0xFFFFFFFF) >> 1
+
+
+def flow_is_reply(flow: int) -> bool:
+    return bool(flow & 1)

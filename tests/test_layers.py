@@ -1,0 +1,122 @@
+"""The package is a layered graph (docs: the design's layer table): a module imports only
+from its own package or from layers below it, never a private name of another package,
+and the wire format is defined once."""
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
+
+# bottom to top; packages on one level must not import each other
+LAYERS = [
+    ["asgd", "asgd.launch"],          # the root: BadInput, the version; finding mpiexec
+    ["asgd.wire"],                    # tags, headers, shards, byte counts, message ids
+    ["asgd.net"],                     # the flat layout, numba kernels, optimizers
+    ["asgd.mpiutil"],                 # waiting without spinning, agreement, clocks
+    ["asgd.data"],                    # formats, parsers, readers, shares, scaling
+    ["asgd.protocol"],                # who talks to whom
+    ["asgd.run"],                     # options, results.json, progress, checkpoints, signals, trace
+    ["asgd.train"],                   # the run top to bottom
+    ["asgd.perf"],                    # the lab: analytical model, calibration, report
+    ["asgd.sim", "asgd.testbed"],     # the simulator; the emulated cluster
+]
+
+
+def unit_of(module: str) -> str:
+    """The layer unit a module belongs to: the longest LAYERS name it falls under."""
+    names = [n for level in LAYERS for n in level if module == n or module.startswith(n + ".")]
+    names = [n for n in names if n != "asgd" or module == "asgd"]
+    assert names, f"{module} is in no layer: add it to LAYERS"
+    return max(names, key=len)
+
+
+LEVEL = {n: i for i, level in enumerate(LAYERS) for n in level}
+
+
+def modules():
+    for path in sorted((SRC / "asgd").rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        if is_pkg:
+            parts = parts[:-1]
+        yield ".".join(parts), path, is_pkg
+
+
+MODULES = {m for m, _, _ in modules()}
+
+
+def imports(module: str, path: pathlib.Path, is_pkg: bool):
+    """(imported module, imported names) for every import in the file, function-level
+    ones included; relative imports resolved."""
+    package = module if is_pkg else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, []
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            names = [a.name for a in node.names]
+            if node.module is None:   # from . import x: x a module, or a name of the package
+                for n in names:
+                    yield (f"{target}.{n}", []) if f"{target}.{n}" in MODULES else (target, [n])
+            else:
+                yield target, names
+
+
+def edges():
+    for module, path, is_pkg in modules():
+        for target, names in imports(module, path, is_pkg):
+            if target == "asgd" or target.startswith("asgd."):
+                yield module, target, names
+
+
+@pytest.mark.parametrize("module", [m for m, _, _ in modules()])
+def test_no_module_imports_a_layer_above_it(module):
+    src = unit_of(module)
+    for m, target, _ in edges():
+        if m != module:
+            continue
+        dst = unit_of(target)
+        if dst == src:
+            continue
+        assert LEVEL[dst] < LEVEL[src], (f"{module} (layer {LEVEL[src]}, {src}) imports {target} "
+                                         f"(layer {LEVEL[dst]}, {dst}): imports run down the layers only")
+
+
+def test_no_module_takes_a_private_name_from_another_package():
+    bad = []
+    for m, target, names in edges():
+        if unit_of(m) != unit_of(target):
+            bad += [f"{m} imports {target}.{n}" for n in names if n.startswith("_") and not n.startswith("__")]
+    assert not bad, bad
+
+
+def test_the_layer_check_sees_what_it_must():
+    """The check itself: relative and function-level imports are resolved, so a hidden
+    upward import would be caught."""
+    got = {(m, t) for m, t, _ in edges()}
+    assert ("asgd.train", "asgd.protocol.worker") in got                  # from .protocol.worker import ...
+    assert ("asgd.run.startup", "asgd.net.mlp") in got or \
+        ("asgd.run.startup", "asgd.net") in got                           # a function-level import
+    assert LEVEL[unit_of("asgd.protocol.server")] < LEVEL[unit_of("asgd.run.trace")]
+
+
+def test_the_wire_format_is_written_once():
+    """Headers, tags and shard bounds are defined in asgd.wire only; protocol, the
+    simulator and the testbed model import it."""
+    defs = re.compile(r"^(?:PUSH_HEADER|PULL_HEADER|TAG_\w+)\s*[,=]|^def (?:shard_bounds|shards)\b|"
+                      r"^\s*edges = \[n_w \* s // ", re.M)
+    offenders = [str(p.relative_to(SRC)) for p in (SRC / "asgd").rglob("*.py")
+                 if p.name != "wire.py" and defs.search(p.read_text())]
+    assert not offenders, offenders
+    users = {m for m, t, _ in edges() if t == "asgd.wire" or t.startswith("asgd.wire.")}
+    for package in ("asgd.protocol", "asgd.sim", "asgd.testbed"):
+        assert any(u.startswith(package + ".") for u in users), f"{package} does not import asgd.wire"
