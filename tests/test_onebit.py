@@ -8,6 +8,7 @@ from asgd.net import kernels as K
 from asgd.net.mlp import Layout
 from asgd.protocol import onebit
 from asgd.wire import PULL_HEADER, PUSH_HEADER, shard_bounds
+from asgd.wire import column_bits_bytes as onebit_bits_bytes
 
 
 def _indices(cols):
@@ -60,7 +61,7 @@ def test_quantize_matches_numpy(shape, servers, s):
     v, r = rng.normal(size=hi - lo), rng.normal(size=hi - lo) * 0.1
     v[::17] = 0.0      # zeros go with the non-positive values
     ref_scales, ref_bits, rec = reference_quantize(v + r, cols)
-    scales, bits = np.empty(2 * len(cols)), np.empty(K.column_bytes(cols), np.uint8)
+    scales, bits = np.empty(2 * len(cols)), np.empty(onebit_bits_bytes(cols), np.uint8)
     residual = r.copy()
     assert K.quantize_1bit(v, residual, cols, scales, bits) == len(ref_bits) == len(bits)
     np.testing.assert_allclose(scales, ref_scales, rtol=1e-12)
@@ -140,3 +141,25 @@ def test_a_non_finite_push_has_non_finite_scales():
         assert not K.all_finite(out)      # the server's check refuses it
     codec.encode(np.ones(layout.n_w), np.zeros(layout.n_w), buf)
     assert codec.finite(buf)
+
+
+def test_the_one_bit_warm_up_stays_inside_its_buffers(tmp_path):
+    """compile_kernels('onebit') with numba's bounds checks forced on (and a cold cache, so
+    they are compiled in): every column's bits start a byte, so a bit buffer sized from the
+    weight count alone, (n_w + 7) // 8, is written past its end."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-c", "from asgd.net import mlp; mlp.compile_kernels('onebit')"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_every_bit_buffer_is_sized_from_its_columns():
+    layout = Layout(2, 3, 2)
+    cols = layout.columns()
+    assert len(cols) == 6 and onebit_bits_bytes(cols) == 6 > (layout.n_w + 7) // 8
+    for shard in shard_bounds(Layout(3, 37, 4).n_w, 3):
+        c = Layout(3, 37, 4).columns(*shard)
+        assert onebit_bits_bytes(c) == sum((count + 7) // 8 for _, count, _ in c)

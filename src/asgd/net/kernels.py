@@ -459,20 +459,11 @@ def adam_update(w, m, v, d, lr, b1, b2, eps, t):
 # the hidden dimension). Each element becomes one bit: x > 0 or not; a column's two
 # reconstruction values are the means of its positive and of its other elements (the least
 # squares choice for that split, Seide et al.'s). Each column's bits start a new byte
-# (column_bytes), its t-th element in bit t % 8 of its byte t // 8. The loops are
+# (asgd.wire.column_bits_bytes), its t-th element in bit t % 8 of its byte t // 8. The loops are
 # branch-free (selects) and go eight elements to a byte, so they run at about a
 # nanosecond a value; a column's sums may be added in any order (reassoc).
 
 _Q = dict(fastmath={"reassoc"}, boundscheck=False, cache=True)
-
-
-@njit(cache=True)
-def column_bytes(cols):
-    """Bytes of the bits of columns `cols` (each column from a byte boundary)."""
-    n = 0
-    for c in range(cols.shape[0]):
-        n += (cols[c, 1] + 7) // 8
-    return n
 
 
 @njit(**_Q)

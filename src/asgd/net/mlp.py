@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from ..wire import column_bits_bytes
 from . import OPTIMIZERS
 
 
@@ -218,7 +219,7 @@ def compile_kernels(*uses: str) -> None:
         kernels.add_scaled(w, dw, 0.5)
     if "onebit" in uses:
         cols = tiny.columns()
-        scales, bits = np.zeros(2 * len(cols)), np.zeros((tiny.n_w + 7) // 8, np.uint8)
+        scales, bits = np.zeros(2 * len(cols)), np.zeros(column_bits_bytes(cols), np.uint8)
         kernels.quantize_1bit(dw, w.copy(), cols, scales, bits)
         kernels.quantize_diff_1bit(w, w.copy(), cols, scales, bits)
         kernels.dequantize_1bit(cols, scales, bits, dw, True)
