@@ -40,7 +40,7 @@ The protocol (the same for the three implementations, per data set):
                 softmax cross-entropy), asgd's initialization (asgd.net.mlp.init_params),
                 asgd's default optimizer and learning rate for H (torch.optim with the same
                 hyper-parameters: momentum 0.9; Adagrad eps 1e-8; Adam betas 0.9, 0.999,
-                eps 1e-8) and asgd's batches (asgd.protocol.worker.batches, seeded like a
+                eps 1e-8) and asgd's batches (asgd.protocol.context.Schedule.batches, seeded like a
                 worker): what asgd computes without asynchrony, so the gap between the two
                 is what the asynchrony costs.
 

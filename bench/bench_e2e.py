@@ -172,7 +172,7 @@ def main(argv=None):
     info = {"benchmark": "e2e", "machine": m, "load": load.summary(), "target_accuracy": args.target,
             "command": common.command_line(),
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "problem": "asgd.data.default_problem(): 16384 train / 4096 held-out rings; 2-10000-2, float64, "
+            "problem": "asgd.data.problem.default_problem(): 16384 train / 4096 held-out rings; 2-10000-2, float64, "
                        f"batch 256 per worker rank; optimizer {_opt} (asgd's default) everywhere, lr "
                        f"{optimizers.default_lr(_opt, 10000):g} (asgd ps, async), allreduce and DDP at N ranks "
                        f"{', '.join(f'{optimizers.default_lr(_opt, 10000, n):g} (N={n})' for n in args.ranks)}",

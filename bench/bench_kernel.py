@@ -3,8 +3,8 @@
 Measures samples/s of one SGD step of the d_in-H-d_out MLP (sigmoid hidden layer, softmax
 cross-entropy, float64) for each hidden and batch size, all in one run, warmed up,
 repetitions interleaved, medians reported:
-  numba         asgd.mlp.make_step: the worker's kernel (writes Delta-w; the server applies it)
-  numpy         asgd.mlp.reference_step: plain numpy (matmul + exp)
+  numba         asgd.net.mlp.make_step: the worker's kernel (writes Delta-w; the server applies it)
+  numpy         asgd.net.mlp.reference_step: plain numpy (matmul + exp)
   torch         a typical PyTorch user's step: nn.Linear -> nn.Sigmoid -> nn.Linear,
                 nn.CrossEntropyLoss, autograd, optim.SGD.step() (1 thread, same init weights)
   torch_manual  PyTorch with hand-written forward/backward on preallocated tensors, w -= lr*grad

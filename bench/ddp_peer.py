@@ -2,7 +2,7 @@
 
     mpiexec -n N python bench/ddp_peer.py [--epochs 5] [--out DIR] [--stop-at 0.95]
 
-Same data (asgd.problem.default_problem(): 16384 training / 4096 held-out rings, each rank
+Same data (asgd.data.problem.default_problem(): 16384 training / 4096 held-out rings, each rank
 the share asgd's allreduce gives it, shuffled with the same per-epoch seeds), same model
 (2-H-2, sigmoid hidden, softmax cross-entropy, float64, initialized by
 asgd.net.mlp.init_params), batch B per rank, and asgd's optimizer with asgd's default

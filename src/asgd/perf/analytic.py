@@ -236,7 +236,7 @@ class Prediction:
 
 @dataclass
 class Params:
-    """Calibrated, machine-dependent parameters (asgd.calibrate writes them; see its
+    """Calibrated, machine-dependent parameters (asgd.perf.calibrate writes them; see its
     docstring for how each is measured). Tables are keyed by hidden size and batch size."""
     cores: int
     effective_cores: dict          # [hidden][ranks] cores' worth of steps P ranks do at once (or [ranks])

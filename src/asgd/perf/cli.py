@@ -1,7 +1,7 @@
 """python -m asgd.perf calibrate | predict | compare | optimize | report: the performance
 lab at the command line (the analytical model is asgd.perf.analytic).
 
-  calibrate   measure this machine's parameters (asgd.calibrate) into params.json
+  calibrate   measure this machine's parameters (asgd.perf.calibrate) into params.json
   predict     predicted init, compute, communication and total seconds per configuration
   compare     predicted against measured for asgd.train runs (their results.json)
   optimize    the configurations with the least predicted time, ranked (Yan et al. 2015)
