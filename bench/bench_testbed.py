@@ -7,8 +7,8 @@ single server's saturation could only be predicted. Here every rank gets a host 
 namespace) of its own and every host's link is shaped to --bandwidth each way (tc tbf),
 so a server's link fills long before the cores do.
 
-Choosing the bandwidth (default 8mbit). A 2-10K-2 update moves Delta-w (400,056 B) in
-and w' (400,032 B) out of the server; on the wire 6.9 % more (TCP/IP frames and the ACKs
+Choosing the bandwidth (default 8mbit). A 2-10K-2 update moves Delta-w (400,064 B) in
+and w' (400,040 B) out of the server; on the wire 6.9 % more (TCP/IP frames and the ACKs
 of the other direction: asgd.testbed.model.wire_bytes, which the byte proof bounds).
 At R bytes/s per direction a server's link is full at R / 428 KB updates/s, S servers
 (each carrying 1/S of every message) at S times that, and one worker (push, then reply,

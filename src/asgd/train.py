@@ -269,16 +269,18 @@ def optimizer_of(job: Job, m: Model) -> tuple[optimizers.Optimizer, checkpoint.C
     return opt, ckpt
 
 
-def on_version_of(job: Job, ckpt: checkpoint.Checkpointing | None):
-    """What a new version of w (or of a shard) does: rank 0's progress, then a checkpoint
-    if one is due (after the progress, so a checkpoint's progress matches its weights)."""
+def on_version_of(job: Job, ckpt: checkpoint.Checkpointing | None = None):
+    """What a new version of w (or of a shard) does: rank 0's progress; with `ckpt`
+    (allreduce's rank 0, whose w is all of it) a checkpoint when one is due, after the
+    progress, so a checkpoint's progress matches its weights. (Servers checkpoint at the
+    cuts they agree on: protocol.server.)"""
     tracker = job.tracker
 
     def on_version(rounds: int, loss_sum: float, samples: float) -> None:
         if tracker:
             tracker.add(loss_sum, samples)
-        if ckpt:
-            ckpt.maybe(rounds)
+        if ckpt and ckpt.due(rounds):
+            ckpt.save(rounds, cut=rounds)
     return on_version
 
 
@@ -301,10 +303,10 @@ def serve(job: Job, m: Model) -> dict:
     lo, hi = ckpt.shard
     ep = job.endpoint
     msgs = shard_messages(job.cfg.compress, m.layout, (lo, hi), m.w[lo:hi], job.workers)
-    st = Server(ep, m.w[lo:hi], job.servers, opt, msgs, on_version_of(job, ckpt)).serve(
+    st = Server(ep, m.w[lo:hi], job.servers, opt, msgs, on_version_of(job), ckpt).serve(
         policy(job.cfg.mode, job.cfg.staleness))
-    if job.cfg.checkpoint_every or st.stopped:
-        ckpt.save(st.rounds)
+    if job.cfg.checkpoint_every or st.stopped:   # every server has applied every push: one more cut
+        ckpt.save(st.rounds, cut=st.cuts + 1)
     job.count("finish", *gather_shards(ep, m.w, job.servers))
     return st.record((lo, hi))
 
@@ -324,7 +326,7 @@ def work(job: Job, m: Model) -> dict:
     st = run_allreduce(job.endpoint, m.w, m.train.X, m.train.y, step, opt, plan,
                        on_version_of(job, ckpt if job.rank == 0 else None), job.cfg.allreduce)
     if job.rank == 0 and (job.cfg.checkpoint_every or st.stopped):
-        ckpt.save(st.updates)
+        ckpt.save(st.updates, cut=st.updates + 1)
     return st.record()
 
 

@@ -9,7 +9,10 @@ Messages (no pickling on the hot path), as a server s that owns w[lo:hi] sees th
     done  worker -> s, TAG_DONE: [ 0.0 ]  after the worker's last exchange
 A header is float64 values after the payload (a push's `version` is the version of the
 shard its Delta-w was computed from, a pull's the version it carries: staleness =
-version at apply - push version; `stop` 1.0 carries a stop request, a signal). With
+version at apply - push version; `stop` 1.0 carries a stop request, a signal; `cut` is
+the number of the last checkpoint cut the worker had heard of from server 0 when it
+pushed (a push past cut c is not in cut c), and a reply's the last cut its server
+started: protocol.server's consistent checkpoints). With
 --compress 1bit a message is bytes: [ header | 2 float64 scales per column | bits, each
 column's from a byte boundary ] (protocol.onebit).
 
@@ -29,11 +32,11 @@ TAG_PROBE = 31      # asgd.testbed.model.probe's ping-pong
 
 DOUBLE = 8          # bytes of a float64: every value of w and of a header
 
-PUSH_FIELDS = ("version", "loss_sum", "samples", "step", "stop")   # step: the worker's, names it in traces
-PULL_FIELDS = ("version", "stop")
+PUSH_FIELDS = ("version", "loss_sum", "samples", "step", "stop", "cut")   # step: the worker's, names it in traces
+PULL_FIELDS = ("version", "stop", "cut")
 PUSH_HEADER, PULL_HEADER = len(PUSH_FIELDS), len(PULL_FIELDS)
-P_VERSION, P_LOSS, P_SAMPLES, P_STEP, P_STOP = range(PUSH_HEADER)   # a push header's fields
-R_VERSION, R_STOP = range(PULL_HEADER)                              # a pull (reply) header's fields
+P_VERSION, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_CUT = range(PUSH_HEADER)   # a push header's fields
+R_VERSION, R_STOP, R_CUT = range(PULL_HEADER)                              # a pull (reply) header's fields
 DONE_BYTES = DOUBLE
 
 

@@ -17,6 +17,17 @@ answered, so a held push's buffer stays untouched. Replies go out of the worker'
 send buffer, since the shard keeps changing while a reply is in flight. How the messages
 sit in memory (float64, or 1-bit with a copy of the shard per worker) is the message
 strategy's (protocol.messages).
+
+Checkpoints are consistent cuts (Chandy and Lamport's idea, carried by the workers):
+server 0 starts cut c when --checkpoint-every says so and stamps c on its replies; a
+worker stamps each push with the last cut it heard of, and sends the same push to every
+server, so every server splits the pushes alike: those stamped below c are in the cut,
+the rest are not. A server applies the ones in the cut and holds (received and counted,
+not applied nor answered) each worker's first one past it, until every active worker's
+has come (a retired worker's pushes all precede the cut); then it saves its shard as
+cut c and goes on with the held pushes. Every shard's file of cut c is then the same
+pushes applied: one model. A worker is held at most for one push; ssp's bound counts a
+held push as taken, so it never waits on a cut.
 """
 
 from __future__ import annotations
@@ -29,8 +40,8 @@ from mpi4py import MPI
 
 from ..net import kernels
 from ..net.optimizers import Optimizer
-from ..wire import (DONE_BYTES, DOUBLE, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_STOP, R_VERSION, RECV, SEND,
-                    TAG_DONE, TAG_PULL, TAG_PUSH, TAG_SHARD, flow_id, shard_bounds)
+from ..wire import (DONE_BYTES, DOUBLE, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_CUT, R_STOP,
+                    R_VERSION, RECV, SEND, TAG_DONE, TAG_PULL, TAG_PUSH, TAG_SHARD, flow_id, shard_bounds)
 from .context import Endpoint
 from .messages import Float64Shard
 
@@ -51,6 +62,7 @@ class ServerStats:
     step_gap: list = field(default_factory=list)   # per worker: steps ahead of the slowest
     refused: int = 0   # Delta-w with NaN or inf, not applied
     stopped: bool = False  # a stop request ended the run early
+    cuts: int = 0      # checkpoint cuts completed
 
     def record(self, shard: tuple[int, int]) -> dict:
         """This server's entry of results.json's `ranks` (train.py adds the rest)."""
@@ -63,12 +75,13 @@ class ServerStats:
 
 class Server:
     def __init__(self, ep: Endpoint, w: np.ndarray, first_worker: int, optimizer: Optimizer | None = None,
-                 messages=None, on_version=None):
+                 messages=None, on_version=None, checkpoints=None):
         """w: my shard (a live view); workers are ranks first_worker..; optimizer: what an
         update does to w, with its state for my shard (default: sgd, w += Delta-w);
         messages: my side's message strategy (default: float64, protocol.messages);
         on_version(rounds, loss_sum, samples): after each new version of the shard
-        (progress, checkpoints)."""
+        (progress); checkpoints: due(rounds) (asked on server 0, which leads the cuts) and
+        save(rounds, cut) (asgd.run.checkpoint.Checkpointing), or None."""
         comm = ep.comm
         self.ep, self.comm, self.w, self.waiter, self.clock = ep, comm, w, ep.waiter, ep.clock
         self.first, self.W = first_worker, comm.size - first_worker
@@ -86,6 +99,10 @@ class Server:
         self.steps = np.zeros(self.W, np.int64)  # pushes taken per worker
         self.st = ServerStats(staleness=[[] for _ in range(self.W)], step_gap=[[] for _ in range(self.W)])
         self.refused_in_a_row = 0
+        self.checkpoints = checkpoints
+        self.collecting = 0                  # the cut being collected (0: none)
+        self.past = np.zeros(self.W, bool)   # whose push past it has come
+        self.held: list[tuple] = []          # (j, dw, loss_sum, m) past it, not yet taken
         MPI.Prequest.Startall(self.pushes)
 
     # -- the loop --------------------------------------------------------------------
@@ -101,6 +118,7 @@ class Server:
             if i >= self.W:  # a done arrives only after its sender took the reply to its last push
                 self.active[i - self.W] = False
                 self.st.bytes_recv += DONE_BYTES
+                self.maybe_cut(policy)
             else:
                 self.handle(i, policy)
             for j in policy.answerable(self):
@@ -123,7 +141,39 @@ class Server:
         dw = self.msgs.delta(j)
         if not self.acceptable(j, dw, loss_sum):
             dw, loss_sum, m = None, 0.0, 0.0  # a refused update adds no samples to the progress
-        policy.take(self, j, dw, loss_sum, m)
+        self.route(policy, j, int(head[P_CUT]), dw, loss_sum, m)
+
+    # -- consistent checkpoint cuts (module docstring) --------------------------------
+
+    def route(self, policy: Policy, j: int, cut: int, dw, loss_sum: float, m: float) -> None:
+        """Worker j's accounted push, stamped `cut`: to the policy, or held past a cut."""
+        if not self.collecting and cut > self.st.cuts:   # a cut server 0 started: collect it too
+            self.start_cut()
+        if self.collecting and cut >= self.collecting:
+            self.past[j] = True
+            self.held.append((j, cut, dw, loss_sum, m))
+            self.maybe_cut(policy)
+        else:
+            policy.take(self, j, dw, loss_sum, m)
+
+    def start_cut(self) -> None:
+        self.collecting = self.st.cuts + 1
+        self.past[:] = False
+
+    def maybe_cut(self, policy: Policy) -> None:
+        """Every active worker's push past the cut has come: save my shard as the cut,
+        then go on with the held pushes (which may start the next cut)."""
+        if not self.collecting or not (self.past | ~self.active).all():
+            return
+        if self.past.any():
+            self.checkpoints.save(self.st.rounds, self.collecting)
+            self.st.cuts = self.collecting
+        # else every worker retired and none pushed past it: server 0's own cut, started
+        # at the end and never announced, which no other server saves; the final one will
+        self.collecting = 0
+        held, self.held = self.held, []
+        for j, cut, dw, loss_sum, m in held:
+            self.route(policy, j, cut, dw, loss_sum, m)
 
     def apply(self, d: np.ndarray | None) -> None:
         """The optimizer moves my shard along d (None: a refused update, nothing moves)."""
@@ -133,7 +183,10 @@ class Server:
     def new_version(self, loss_sum: float, samples: float) -> None:
         """The shard has a new version; count it, report the samples it took in."""
         self.st.rounds += 1
-        self.on_version(self.st.rounds, loss_sum, samples)  # a checkpoint's progress then matches its weights
+        self.on_version(self.st.rounds, loss_sum, samples)
+        if (self.comm.rank == 0 and self.checkpoints and not self.collecting
+                and self.checkpoints.due(self.st.rounds)):
+            self.start_cut()   # before this version's replies go out: they carry it
 
     def acceptable(self, j: int, dw: np.ndarray, loss_sum: float) -> bool:
         """False for a Delta-w or loss with NaN or inf: refused (not applied) and counted;
@@ -155,7 +208,7 @@ class Server:
         if self.replies[j] != MPI.REQUEST_NULL:  # the previous reply: done long ago in practice
             self.waiter.all([self.replies[j]], f"worker rank {self.first + j} to take its previous reply")
         out, head = self.msgs.reply(j, self.w)
-        head[R_VERSION], head[R_STOP] = self.st.rounds, self.stopping
+        head[R_VERSION], head[R_STOP], head[R_CUT] = self.st.rounds, self.stopping, self.collecting or self.st.cuts
         self.replies[j] = self.comm.Isend([out, self.msgs.kind], self.first + j, TAG_PULL)
         step = int(self.msgs.header(j)[P_STEP])
         nbytes = self.msgs.pull_nbytes

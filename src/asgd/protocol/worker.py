@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..wire import (DONE_BYTES, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_STOP, R_VERSION, RECV, SEND, TAG_DONE,
-                    TAG_PULL, TAG_PUSH, flow_id)
+from ..wire import (DONE_BYTES, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_CUT, R_STOP, R_VERSION, RECV,
+                    SEND, TAG_DONE, TAG_PULL, TAG_PUSH, flow_id)
 from .context import Endpoint, Schedule, WorkerStats
 
 
@@ -38,6 +38,7 @@ class PushPull:
         self.versions = np.zeros(self.S)   # each shard's version of `w` (0: the initial w)
         self.stamp = np.zeros(self.S)      # the versions of the w the Delta-w being written comes from
         self.stops = np.zeros(self.S, bool)
+        self.cut = 0             # the last checkpoint cut server 0 said it started (wire: a push's cut)
         self.pending: list[MPI.Request] = []
         self.step = 0            # the number of the next push (names it in traces)
         self.stats = WorkerStats()
@@ -67,8 +68,8 @@ class PushPull:
         comm, me = self.ep.comm, self.ep.rank
         for s in range(self.S):
             head = self.msgs.push_header(s)
-            head[P_VERSION], head[P_LOSS], head[P_SAMPLES], head[P_STEP], head[P_STOP] = (
-                self.stamp[s], loss_sum, samples, self.step, stop)
+            head[P_VERSION], head[P_LOSS], head[P_SAMPLES], head[P_STEP], head[P_STOP], head[P_CUT] = (
+                self.stamp[s], loss_sum, samples, self.step, stop, self.cut)
             self.pending.append(comm.Isend(self.msgs.push(s, dw), s, TAG_PUSH))
             self.pending.append(comm.Irecv(self.msgs.pull(s), s, TAG_PULL))
             self.ep.clock.message(SEND, s, self.msgs.push_bytes[s], flow_id(me, s, self.step, False))
@@ -95,6 +96,8 @@ class PushPull:
         for s in range(self.S):
             head = self.msgs.pulled(s)
             self.versions[s], self.stops[s] = head[R_VERSION], head[R_STOP]
+            if s == 0:   # server 0 leads the checkpoint cuts; the others learn of them from my pushes
+                self.cut = int(head[R_CUT])
             self.ep.clock.message(RECV, s, self.msgs.pull_bytes[s], flow_id(self.ep.rank, s, ticket, True))
         self.msgs.all_pulled()
 
