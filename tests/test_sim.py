@@ -246,3 +246,31 @@ def test_a_real_calibration_drives_the_simulator(quick_params, tmp_path):
     assert got["train_s"] > 0 and got["init_s"] > 0
     cal = res["simulated"]["startup_check"]["calibrated_job_startup_s"]
     assert res["init_s"] == pytest.approx(cal, rel=0.1)
+
+
+SPREAD = {"10000": {"256": {"p": [0.0, 0.5, 1.0], "ratio": [1.0, 1.2, 3.0]}}}   # steps up to 3x the best
+
+
+@needs_simgrid
+def test_same_seed_same_results_in_any_process(params_file, tmp_path):
+    """The step-time draws are seeded from (seed, rank, purpose) alone: the same simulation
+    in two processes whose string hashing is salted differently (PYTHONHASHSEED) writes the
+    same results.json, apart from simulated.sim_wall_s (the simulator's own wall time, not
+    the simulated run's); another --seed draws other steps."""
+    pf = params_file(step_spread=SPREAD)
+
+    def run(hash_seed: str, seed: int) -> dict:
+        cwd = tmp_path / f"h{hash_seed}-s{seed}"
+        cwd.mkdir()
+        p = subprocess.run([sys.executable, "-m", "asgd.sim", "--params", pf, "-n", "4", "--points", "4096",
+                            "--epochs", "1", "--seed", str(seed), "--out", "r", "--quiet"], cwd=cwd,
+                           env={**os.environ, "PYTHONHASHSEED": hash_seed}, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 0, p.stderr
+        res = json.loads((cwd / "r" / "results.json").read_text())
+        del res["simulated"]["sim_wall_s"]
+        return res
+    first = run("1", 0)
+    assert run("2", 0) == first
+    assert run("1", 1)["ranks"][1]["phases"]["compute"] != first["ranks"][1]["phases"]["compute"]
+

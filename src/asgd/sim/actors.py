@@ -56,6 +56,13 @@ SPIN_S, MAX_SLEEP_S, CROWDED_MAX_SLEEP_S, FIRST_SLEEP_S = 200e-6, 100e-6, 1e-3, 
 CLOCK_PINGS = 5  # comm.clock_offsets: round trips per rank
 
 
+def random_stream(seed: int, rank: int, purpose: str) -> random.Random:
+    """A random stream of its own per (seed, rank, purpose), the same in every process:
+    random.Random seeds from a str through SHA-512, never through Python's hash(), which
+    salts strings per process (PYTHONHASHSEED)."""
+    return random.Random(f"asgd.sim {purpose} seed={seed} rank={rank}")
+
+
 class World:
     """What the actors share: the platform, costs, clocks, records and the epoch tracker."""
 
@@ -85,7 +92,7 @@ class World:
         self.epoch = 0
         self.serve_start = None
         self.wall = 0.0
-        self.rngs = [random.Random(hash((spec.seed, r, "steps")) & 0xFFFFFFFF) for r in range(self.P)]
+        self.rngs = [random_stream(spec.seed, r, "steps") for r in range(self.P)]
 
     # -- helpers the actors use ------------------------------------------------------------
 
