@@ -49,7 +49,7 @@ def load_params(path: str) -> tuple[Params, dict]:
 
 
 def worker_points(points: int, workers: int, j: int) -> int:
-    """Points of worker j: data.readers.assign deals a seeded permutation round-robin."""
+    """Points of worker j: asgd.data.shares.assign deals a seeded permutation round-robin."""
     return points // workers + (1 if j < points % workers else 0)
 
 
@@ -202,7 +202,7 @@ class Costs:
         return self.p.memory_s_per_byte * 3 * DOUBLE * values
 
     def apply_update(self) -> float:
-        """allreduce: add the averaged update into w (kernels.add_scaled over n_w)."""
+        """allreduce: the averaged update applied to w (sgd: asgd.net.kernels.add_scaled over n_w)."""
         return self.p.memory_s_per_byte * 3 * DOUBLE * self.n_w
 
     def evaluate(self) -> float:
