@@ -11,9 +11,9 @@ cluster, with SimGrid, from a calibration (params.json), and write its results.j
 The options of asgd.train keep their meaning and spelling (-n is the rank count: S servers
 + workers, or all workers with --arch allreduce). Times in results.json are simulated
 seconds; `python -m asgd.perf report` and `compare` read it as they read a real run's. Its
-config is the run simulated: asgd.train's options as given here, else the --like run's,
-else asgd.train's defaults, but the optimizer: the server's update costs calibrate's sgd
-update, so the run is sgd with sgd's default lr (a --like run keeps its own, with a warning).
+config is the run simulated: asgd.train's options given here, else the --like run's, else
+asgd.train's defaults; the optimizer is sgd at sgd's default lr, since the server's update
+costs calibrate's sgd update (a --like run keeps its own, with a warning saying so).
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def parse_args(argv=None):
     g.add_argument("--batch", type=positive, default=None, help="mini-batch (default 256)")
     g.add_argument("--epochs", type=positive, default=None, help="passes over the data (default 5, as asgd.train)")
     g.add_argument("--compress", choices=("none", "1bit"), default=None,
-                   help="none (default): float64 messages; 1bit: Delta-w and w' as one bit per value plus two "
-                        "scales per column (parameter servers only)")
+                   help="none (default; with --like, the run's): float64 messages; 1bit: Delta-w and w' as one "
+                        "bit per value plus two scales per column (parameter servers only)")
     g.add_argument("--seed", type=int, default=None, help="seeds the step-time draws (default 0; with --like, "
                    "the run's)")
     g.add_argument("--like", metavar="RUN_DIR", help="simulate a real run: its results.json's options (its "
