@@ -520,7 +520,7 @@ def paper_specs(p, raw: dict, cost: str, a) -> list[tuple[str, object, dict]]:
         for name, reader, S, comp in fixes:
             ranks = W + S
             spec = Spec(run=dataclasses.replace(base, workers=W, servers=S, reader=reader), machine=bw,
-                        nodes=math.ceil(ranks / 16), placement="block", compression=comp,
+                        nodes=math.ceil(ranks / 16), placement="block", compress=comp,
                         epoch_barrier=cost == "cntk")
             out.append(("bluewaters-fixes", spec, {"workers": W, "fix": name}))
     return out
@@ -544,7 +544,7 @@ def run_paper(a, out: Path, params: Path, meta: dict) -> dict:
                                     f"paper-{PAPER_POINTS}.tsv", str(params))
             row = {"experiment": exp, "costs": cost, **what, "machine": spec.machine.name, "nodes_sim": spec.nodes,
                    "workers": spec.run.workers, "servers": spec.servers, "reader": spec.run.reader,
-                   "compression": spec.compression, "init_s": res["init_s"], "train_s": res["train_s"],
+                   "compression": spec.compress, "init_s": res["init_s"], "train_s": res["train_s"],
                    "total_s": res["wall_s"], "init_share": res["init_s"] / res["wall_s"],
                    "updates_per_s": res["throughput"]["updates_per_s"], "bound": res["profile"]["bound"],
                    "sim_wall_s": time.perf_counter() - t}
