@@ -237,16 +237,27 @@ def wire_sizes(servers: int, compress: str) -> list[tuple[int, int]]:
 
 
 @needs_simgrid
+def test_the_simulated_ring_moves_the_bytes_a_real_ring_counts(params_file):
+    """asgd's ring allreduce (the default --allreduce): each rank's simulated bytes are
+    asgd.wire.ring_bytes per update, as a real run counts them (test_architectures)."""
+    res = simulate(params_file(), workers=3, points=2048, arch="allreduce", servers=0)
+    n = res["config"]["n_w"] + 3
+    for x in res["ranks"]:
+        sent, recv = wire.ring_bytes(n, 3, x["rank"])
+        assert (x["bytes_sent"], x["bytes_recv"]) == (sent * x["updates"], recv * x["updates"]) != (0, 0)
+
+
+@needs_simgrid
 @pytest.mark.parametrize("servers", [1, 2, 3])
 @pytest.mark.parametrize("compress", ["none", "1bit"])
 def test_messages_are_the_bytes_a_real_run_counts(params_file, servers, compress):
     """Every push and reply has the size the protocol counts: on one server a 1-bit push of
-    2-10K-2 is 6,387 bytes and a reply 6,363 (what a real run counts: test_train_e2e's
-    1-bit test), float64 400,056 and 400,032 (50,002 values and 5 / 2 header values);
+    2-10K-2 is 6,395 bytes and a reply 6,371 (what a real run counts: test_train_e2e's
+    1-bit test), float64 400,064 and 400,040 (50,002 values and 6 / 3 header values);
     with 2 or 3 servers each shard's own size (asgd.wire over its columns)."""
     sizes = wire_sizes(servers, compress)
     if servers == 1:
-        assert sizes == [{"none": (400_056, 400_032), "1bit": (6387, 6363)}[compress]]
+        assert sizes == [{"none": (400_064, 400_040), "1bit": (6395, 6371)}[compress]]
     res = simulate(params_file(), workers=2, servers=servers, points=2048, compress=compress)
     srv, workers = res["ranks"][:servers], res["ranks"][servers:]
     updates = sum(w["updates"] for w in workers)

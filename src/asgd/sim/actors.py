@@ -48,13 +48,13 @@ import random
 
 import numpy as np
 
-from ..wire import DOUBLE, RECV, SEND, flow_id
+from ..mpiutil import CLOCK_PINGS
+from ..wire import DOUBLE, RECV, SEND, flow_id, shard_bounds
 from .clock import SimClock
 from .costs import Costs, Spec, worker_points
 from .platform import FLOPS
 
 SPIN_S, MAX_SLEEP_S, CROWDED_MAX_SLEEP_S, FIRST_SLEEP_S = 200e-6, 100e-6, 1e-3, 10e-6
-CLOCK_PINGS = 5  # asgd.mpiutil.clock_offsets: round trips per rank
 
 
 def random_stream(seed: int, rank: int, purpose: str) -> random.Random:
@@ -546,8 +546,10 @@ def _evaluate(world: World, clock: SimClock) -> None:
 
 def allreduce_rank(world: World, rank: int) -> None:
     """asgd.protocol.allreduce.run_allreduce: every rank a worker; each step one allreduce
-    of [m * Delta-w | m, loss, stop], simulated as a ring (2(P-1) rounds of 1/P of it to
-    the next rank), then the averaged update applied to w."""
+    of [m * Delta-w | m, loss, stop] by asgd's ring (asgd.protocol.allreduce.Ring: P - 1
+    rounds of reduce-scatter, each passing one chunk of asgd.wire.shard_bounds to the next
+    rank and adding the one received, then P - 1 rounds of allgather), then the averaged
+    update applied to w. Its bytes are asgd.wire.ring_bytes, as a real run counts them."""
     run, c, P, clock = world.run, world.costs, world.P, world.clocks[rank]
     init(world, rank)
     if rank == 0:
@@ -556,7 +558,7 @@ def allreduce_rank(world: World, rank: int) -> None:
     mine = worker_points(run.points, P, rank)
     sizes = [max(0, min(run.batch, mine - k * run.batch)) for k in range(steps)]
     values = c.n_w + 3
-    chunk = math.ceil(values / P)
+    chunk = [hi - lo for lo, hi in shard_bounds(values, P)]
     rng = world.rngs[rank]
     me = f"ar{rank}"
     totals = world.step_samples(steps)
@@ -570,14 +572,17 @@ def allreduce_rank(world: World, rank: int) -> None:
             clock.switch("compute")
             world.execute(c.step(m) * (c.spread_draw(rng) if m else 1.0))
             t = clock.switch("comm_wait")
-            for rnd in range(2 * (P - 1)):
-                out = world.send(right, rnd, DOUBLE * chunk)
+            for rnd in range(2 * (P - 1)):   # Ring.sum's chunks: sent, then received
+                k = rnd % (P - 1)
+                out_c, in_c = ((rank - k) % P, (rank - k - 1) % P) if rnd < P - 1 else \
+                    ((rank + 1 - k) % P, (rank - k) % P)
+                out = world.send(right, rnd, DOUBLE * chunk[out_c])
                 world.recv(me)
                 out.wait()
-                sent += DOUBLE * chunk
-                recv += DOUBLE * chunk
+                sent += DOUBLE * chunk[out_c]
+                recv += DOUBLE * chunk[in_c]
                 if rnd < P - 1:
-                    world.execute(c.allreduce_add(chunk))
+                    world.execute(c.allreduce_add(chunk[in_c]))
                 world.notice(rank, t)  # the schedule moves on only when the rank polls
             clock.switch("aggregate")
             world.execute(c.apply_update())
