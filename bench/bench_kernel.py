@@ -4,7 +4,7 @@ Measures samples/s of one SGD step of the d_in-H-d_out MLP (sigmoid hidden layer
 cross-entropy, float64) for each hidden and batch size, all in one run, warmed up,
 repetitions interleaved, medians reported:
   numba         asgd.net.mlp.make_step: the worker's kernel (writes Delta-w; the server applies it)
-  numpy         asgd.net.mlp.reference_step: plain numpy (matmul + exp)
+  numpy         asgd.net.reference.step: plain numpy (matmul + exp)
   torch         a typical PyTorch user's step: nn.Linear -> nn.Sigmoid -> nn.Linear,
                 nn.CrossEntropyLoss, autograd, optim.SGD.step() (1 thread, same init weights)
   torch_manual  PyTorch with hand-written forward/backward on preallocated tensors, w -= lr*grad
@@ -35,7 +35,8 @@ import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
 from asgd.net import kernels  # noqa: E402
-from asgd.net.mlp import Layout, init_params, make_step, reference_step  # noqa: E402
+from asgd.net.mlp import Layout, init_params, make_step  # noqa: E402
+from asgd.net.reference import step as reference_step  # noqa: E402
 
 IMPLS = ("numba", "numpy", "torch", "torch_manual", "exp_only")
 

@@ -274,7 +274,8 @@ def held_out_metrics(w, hidden=10000, seed=0):
     from asgd.data import problem
     from asgd.net import mlp
     test = problem.default_problem(seed)[1]
-    p = mlp.reference_predict(mlp.Layout(2, hidden, 2), w, test.X)
+    from asgd.net import reference
+    p = reference.predict(mlp.Layout(2, hidden, 2), w, test.X)
     return float(-np.log(p[np.arange(len(test.y)), test.y]).mean()), float((p.argmax(1) == test.y).mean())
 
 

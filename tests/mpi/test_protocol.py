@@ -13,12 +13,13 @@ from asgd.data import problem
 from asgd.mpiutil import StallError, Waiter, oversubscribed
 from asgd.wire import shard_bounds
 from asgd.run.progress import EpochTracker
-from asgd.net.optimizers import Optimizer, reference, worker_lr
+from asgd.net.optimizers import Optimizer, worker_lr
 from asgd.protocol.context import Endpoint, Schedule
 from asgd.protocol.messages import Float64Link, link_messages, shard_messages
 from asgd.protocol.server import Server, policy
 from asgd.run.trace import PhaseClock
 from asgd.protocol.worker import PushPull, run_worker
+from oracles import optimizer_steps as reference
 
 pytestmark = pytest.mark.mpi(min_size=3)
 
