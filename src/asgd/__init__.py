@@ -15,7 +15,9 @@
                command line (python -m asgd.perf), the report figures
     sim/       the simulator (SimGrid): python -m asgd.sim
     testbed/   an emulated cluster of namespaces and shaped links: python -m asgd.testbed
-Each layer imports only the ones listed below it (tests/test_layers.py).
+Layers, bottom up: launch, wire, net, mpiutil, data, protocol, run, train; then the lab,
+perf under sim and testbed. A module imports only from its own layer's package or from
+layers below it (tests/test_layers.py).
 
 Importing asgd imports nothing else: each rank loads only what its role uses.
 """
