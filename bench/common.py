@@ -172,8 +172,9 @@ def machine(bandwidth: bool = True) -> dict:
 
 
 class LoadSampler:
-    """Samples the 1-minute load average every `every_s` in a thread; .summary() at the end.
-    Other processes on the machine change the numbers: this says how busy it was."""
+    """Samples the 1-minute load average every `every_s` in a thread (and once at the start
+    and at the end); .summary() at the end. Other processes on the machine change the
+    numbers: this says how busy it was."""
 
     def __init__(self, every_s: float = 2.0):
         self.samples = [os.getloadavg()[0]]
@@ -191,7 +192,7 @@ class LoadSampler:
         s = self.samples
         return {"loadavg_1min_min": round(min(s), 2), "loadavg_1min_median": round(statistics.median(s), 2),
                 "loadavg_1min_max": round(max(s), 2), "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-                "cores": os.cpu_count()}
+                "cores": os.cpu_count(), "samples": len(s)}
 
 
 # -- timing ----------------------------------------------------------------------------
