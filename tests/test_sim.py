@@ -351,8 +351,8 @@ def test_compress_is_spelled_as_asgd_train(params_file):
         cli.parse_args(["--compression", "1bit"])
     p = sim_cli(["--params", params_file(), "-n", "3", "--arch", "allreduce", "--compress", "1bit"])
     assert p.returncode == 2
-    assert p.stderr.strip() == ("asgd.sim: error: --compress 1bit needs --arch ps "
-                                "(allreduce sums float64 Delta-w in MPI)")
+    assert p.stderr.strip() == ("asgd.sim: error: --compress 1bit needs --arch ps or p2p "
+                                "(allreduce sums float64 Delta-w)")
 
 
 def write_run(folder, **options) -> dict:

@@ -3,7 +3,8 @@
     options -> init: each rank loads its role's kernels, then its share of the data and
                the model; bad input is agreed on by every rank and reported once
             -> the loop: servers serve their shards of w, workers push Delta-w and pull
-               w' (or, with --arch allreduce, every rank is a worker)
+               w' (--arch p2p: every rank both, owning 1/N of w; --arch allreduce:
+               every rank a worker, summing with the others)
             -> save: rank 0 gathers every rank's record and writes results.json,
                weights.npy and the summary
 (--dry-run: init, then save without the loop: the options, the data and the output
@@ -39,6 +40,7 @@ from .mpiutil import (Waiter, agree, agree_on, clock_bytes, clock_offsets, descr
 from .net import mlp, optimizers  # noqa: E402
 from .protocol.allreduce import run_allreduce  # noqa: E402
 from .protocol.context import Endpoint, Schedule  # noqa: E402
+from .protocol.p2p import peer_link, run_peer  # noqa: E402
 from .protocol.messages import link_messages, shard_messages  # noqa: E402
 from .protocol.server import Server, gather_shards, policy  # noqa: E402
 from .protocol.worker import PushPull, run_worker  # noqa: E402
@@ -62,7 +64,7 @@ class Job:
     """The run's shape, the same on every rank."""
     cfg: config.Config
     comm: MPI.Comm
-    servers: int      # ranks 0..servers-1 serve (0: allreduce, every rank a worker)
+    servers: int      # ranks 0..servers-1 only serve (0: p2p and allreduce, every rank a worker)
     out: str          # the run folder
     waiter: Waiter
     clock: PhaseClock
@@ -86,7 +88,15 @@ class Job:
 
     @property
     def role(self) -> str:
+        if self.cfg.arch == "p2p":
+            return "peer"
         return "server" if self.rank < self.servers else "worker"
+
+    @property
+    def owners(self) -> int:
+        """Ranks 0..owners-1 each own a shard of w: the servers, every rank in p2p, none
+        in allreduce (every rank holds all of it)."""
+        return self.comm.size if self.cfg.arch == "p2p" else self.servers
 
     @property
     def workers(self) -> int:
@@ -129,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"asgd.train: error: {e} (see --help)", file=sys.stderr)
         return 2
     signals.install()  # SIGTERM/SIGINT: stop at a step boundary, checkpoint, exit cleanly
-    servers = 0 if cfg.arch == "allreduce" else cfg.servers
-    role = "server" if comm.rank < servers else "worker"
+    servers = cfg.servers if cfg.arch == "ps" else 0
+    role = "peer" if cfg.arch == "p2p" else "server" if comm.rank < servers else "worker"
     clock = (TraceClock("init", T0_NS, config.trace_window(cfg.trace_steps)) if cfg.trace
              else PhaseClock("init", T0_NS))
     crowded = oversubscribed(comm)
@@ -144,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.dry_run:
             record = dry_run(job, model)
         else:
-            record = serve(job, model) if job.role == "server" else work(job, model)
+            record = {"server": serve, "worker": work, "peer": peer}[job.role](job, model)
         save(job, model, record)
         return 0
     except (Agreed, DataError) as e:  # raised on every rank alike
@@ -194,7 +204,7 @@ def init(job: Job) -> Model:
         averaged = job.workers if allreduce or cfg.mode == "sync" else 1
         w, resumed, saved = mlp.init_params(layout, cfg.seed), {}, []
         if cfg.resume:  # every rank reads every shard: workers need all of w too
-            w, resumed, saved = checkpoint.load(cfg.resume, max(job.servers, 1), layout.n_w, cfg.optimizer)
+            w, resumed, saved = checkpoint.load(cfg.resume, max(job.owners, 1), layout.n_w, cfg.optimizer)
             if resumed.get("epoch", 0) >= cfg.epochs:
                 raise checkpoint.CheckpointError(f"{cfg.resume}: its checkpoint has {resumed['epoch']} "
                                                  f"epochs done; ask for more with --epochs")
@@ -233,33 +243,40 @@ def _check_writable(out: str) -> None:
 
 # -- the loop ------------------------------------------------------------------------
 
-def tracker_of(job: Job, m: Model) -> EpochTracker | None:
-    """Epochs and progress lines on rank 0, which sees every update (server 0, or
-    allreduce's rank 0); it evaluates after each epoch when it holds all of w."""
+def tracker_of(job: Job, m: Model, w=None) -> EpochTracker | None:
+    """Epochs and progress lines on rank 0, which sees every update (server 0, p2p's owner
+    of shard 0, or allreduce's rank 0); it evaluates after each epoch when it holds all of
+    w: one server, allreduce, or (w(): a p2p worker's w, at most one exchange old)."""
     if job.rank != 0:
         return None
     cfg = job.cfg
-    job.say(f"asgd: {job.comm.size} ranks: {job.servers} server(s), {job.workers} workers ({cfg.arch}, "
+    who = (f"every rank a worker owning 1/{job.comm.size} of w" if cfg.arch == "p2p"
+           else f"{job.servers} server(s), {job.workers} workers")
+    job.say(f"asgd: {job.comm.size} ranks: {who} ({cfg.arch}, "
             f"{cfg.mode}); {m.n_train:,} training and {len(m.test):,} held-out points; "
             f"{m.layout.d_in}-{m.layout.d_hidden}-{m.layout.d_out} MLP, batch {cfg.batch}, lr {m.lr:g}, "
             f"{cfg.epochs} epochs")
     if m.first_epoch:
         job.say(f"resuming from {cfg.resume} after epoch {m.first_epoch}")
-    evaluate = mlp.make_evaluate(m.layout, m.w, m.test) if job.servers <= 1 else None  # needs all of w
+    if w is not None:
+        evaluate = lambda: mlp.make_evaluate(m.layout, w(), m.test)()  # noqa: E731
+    else:
+        evaluate = mlp.make_evaluate(m.layout, m.w, m.test) if job.owners <= 1 else None  # needs all of w
+    lockstep = cfg.mode == "sync" or cfg.arch == "allreduce"
     return EpochTracker(m.n_train, cfg.epochs, evaluate, job.say, cfg.progress, job.clock,
                         history=list(m.resumed.get("history", [])), epoch=m.first_epoch,
-                        samples=m.first_epoch * m.n_train)
+                        samples=m.first_epoch * m.n_train, step_losses=[] if lockstep else None)
 
 
 def optimizer_of(job: Job, m: Model) -> tuple[optimizers.Optimizer, checkpoint.Checkpointing]:
     """A server's optimizer for its shard (allreduce's ranks: for all of w), restored from
     the checkpoint when resuming, and its checkpoints: the shard, the optimizer's state
     and, on rank 0, the progress."""
-    n = max(job.servers, 1)
-    lo, hi = shard_bounds(m.layout.n_w, n)[job.rank if job.servers else 0]
+    n = max(job.owners, 1)
+    lo, hi = shard_bounds(m.layout.n_w, n)[job.rank if job.owners else 0]
     opt = optimizers.Optimizer(job.cfg.optimizer, m.lr, hi - lo)
     if m.saved_optimizer:
-        opt.load(m.saved_optimizer[job.rank if job.servers else 0])
+        opt.load(m.saved_optimizer[job.rank if job.owners else 0])
     tracker = job.tracker
     progress = (lambda: {"epoch": tracker.epoch, "samples": tracker.samples,
                          "history": tracker.history}) if tracker else dict
@@ -288,7 +305,7 @@ def schedule_of(job: Job, m: Model, worker_index: int) -> Schedule:
     """The mini-batches of worker `worker_index`: sync and allreduce take the same number
     of steps on every worker (the largest share's), async and ssp their own share's."""
     cfg = job.cfg
-    lockstep = cfg.mode == "sync" or not job.servers
+    lockstep = cfg.mode == "sync" or cfg.arch == "allreduce"
     steps = math.ceil(math.ceil(m.n_train / job.workers) / cfg.batch)  # per epoch of the largest share
     return Schedule(cfg.batch, cfg.epochs, (cfg.seed, worker_index), optimizers.worker_lr(cfg.optimizer, m.lr),
                     first_epoch=m.first_epoch, steps_per_epoch=steps if lockstep else None,
@@ -309,6 +326,36 @@ def serve(job: Job, m: Model) -> dict:
         ckpt.save(st.rounds, cut=st.cuts + 1)
     job.count("finish", *gather_shards(ep, m.w, job.servers))
     return st.record((lo, hi))
+
+
+def peer(job: Job, m: Model) -> dict:
+    """--arch p2p: train my share against the N owners (myself among them) while serving
+    my own shard of w, then serve it until every rank is done; rank 0 gathers all of w."""
+    cfg, N = job.cfg, job.comm.size
+    job.tracker = tracker_of(job, m, w=lambda: link.w)   # evaluates my worker's w (link: below)
+    opt, ckpt = optimizer_of(job, m)
+    lo, hi = ckpt.shard
+    ep = job.endpoint
+    shards = shard_bounds(m.layout.n_w, N)
+    plan = schedule_of(job, m, job.rank)
+    rule = policy(cfg.mode, cfg.staleness)
+    owner = Server(ep, m.w[lo:hi], 0, opt, shard_messages(cfg.compress, m.layout, (lo, hi), m.w[lo:hi], N),
+                   on_version_of(job), ckpt)
+    link = peer_link(ep, shards, link_messages(cfg.compress, m.layout, shards, m.w), owner, rule)
+    worked, served = run_peer(link, owner, rule, m.train.X, m.train.y, mlp.make_step(m.layout, cfg.batch), plan)
+    if cfg.checkpoint_every or served.stopped:
+        ckpt.save(served.rounds, cut=served.cuts + 1)
+    job.count("finish", *gather_shards(ep, m.w, N))
+    return merge_records(worked.record(), served.record((lo, hi)))
+
+
+def merge_records(worked: dict, served: dict) -> dict:
+    """A p2p rank's results.json entry: its worker's counts and its owner's, bytes added."""
+    return {**served, **{k: v for k, v in worked.items() if k not in ("bytes_sent", "bytes_recv", "refused")},
+            "role": "peer", "updates": worked["updates"], "rounds": served["rounds"],
+            "bytes_sent": worked["bytes_sent"] + served["bytes_sent"],
+            "bytes_recv": worked["bytes_recv"] + served["bytes_recv"],
+            "stopped": worked["stopped"] or served["stopped"]}
 
 
 def work(job: Job, m: Model) -> dict:
@@ -332,13 +379,13 @@ def work(job: Job, m: Model) -> dict:
 
 def dry_run(job: Job, m: Model) -> dict:
     """--dry-run: what the loop would have returned had it trained nothing."""
-    if job.role == "server":
-        lo, hi = shard_bounds(m.layout.n_w, job.servers)[job.rank]
+    if job.owners == 0 or job.rank < job.owners:
         job.tracker = tracker_of(job, m)
-        return ServerStats(staleness=[[] for _ in range(job.workers)],
-                           step_gap=[[] for _ in range(job.workers)]).record((lo, hi))
-    if not job.servers:
-        job.tracker = tracker_of(job, m)
+    if job.rank < job.owners:
+        lo, hi = shard_bounds(m.layout.n_w, job.owners)[job.rank]
+        served = ServerStats(staleness=[[] for _ in range(job.workers)],
+                             step_gap=[[] for _ in range(job.workers)]).record((lo, hi))
+        return merge_records(WorkerStats().record(), served) if job.role == "peer" else served
     return WorkerStats().record()
 
 
@@ -380,15 +427,17 @@ def save(job: Job, m: Model, record: dict) -> None:
     loss, accuracy = (None, None) if cfg.dry_run else tracker.final_metrics(mlp.make_evaluate(m.layout, m.w, m.test))
     stopped = any(r.get("stopped") for r in records)
     res = results.build(
-        config={**cfg.to_dict(), "out": job.out, "lr": m.lr, "servers": job.servers, "workers": job.workers,
+        config={**cfg.to_dict(), "out": job.out, "lr": m.lr, "servers": job.owners, "workers": job.workers,
                 "worker_lr": optimizers.worker_lr(cfg.optimizer, m.lr),
                 "features": m.layout.d_in, "classes": m.layout.d_out, "n_w": m.layout.n_w,
                 "train_points": m.n_train, "test_points": len(m.test)},
         ranks=records, wall_s=wall, meta=results.machine(comm, job.crowded),
-        server={"updates": records[0]["rounds"] if job.servers else records[0]["updates"],
+        server={"updates": records[0]["rounds"] if job.owners else records[0]["updates"],
                 "samples": tracker.samples, "history": tracker.history, "loss": loss, "accuracy": accuracy})
     res["stopped"] = (signals.requested() or "a stop request") if stopped else None
     res["dry_run"] = cfg.dry_run
+    if tracker.step_losses is not None:   # lockstep runs: every version's mean batch loss
+        res["metrics"]["step_loss"] = tracker.step_losses
     if m.scaling:
         res["standardize"] = {"mean": m.scaling[0].tolist(), "std": m.scaling[1].tolist()}
     path = os.path.join(job.out, "results.json")

@@ -94,6 +94,7 @@ class Server:
         self._done = [np.empty(1) for _ in range(self.W)]
         self.dones = [comm.Irecv([self._done[j], MPI.DOUBLE], first_worker + j, TAG_DONE)
                       for j in range(self.W)]
+        self.requests = self.pushes + self.dones
         self.replies = [MPI.REQUEST_NULL] * self.W
         self.active = np.ones(self.W, bool)
         self.steps = np.zeros(self.W, np.int64)  # pushes taken per worker
@@ -109,22 +110,44 @@ class Server:
 
     def serve(self, policy: Policy) -> ServerStats:
         """Answer pushes as `policy` says until every worker has sent its end-of-work message."""
-        requests = self.pushes + self.dones
         while self.active.any():
             self.clock.switch("idle")
-            i = self.waiter.any(requests, lambda: "a push from any of the worker ranks "
+            i = self.waiter.any(self.requests, lambda: "a push from any of the worker ranks "
                                 f"{[self.first + j for j in np.flatnonzero(self.active)]}")
             self.clock.switch("aggregate")
-            if i >= self.W:  # a done arrives only after its sender took the reply to its last push
-                self.active[i - self.W] = False
-                self.st.bytes_recv += DONE_BYTES
-                self.maybe_cut(policy)
-            else:
-                self.handle(i, policy)
-            for j in policy.answerable(self):
-                self.reply(j)
+            self.event(i, policy)
         self.st.stopped = self.stopping or self.ep.stop_requested()
         return self.finish()
+
+    def poll(self, policy: Policy) -> bool:
+        """Serve what has arrived, without waiting (a p2p owner, between its own steps'
+        blocks and while it waits); True if anything was. The rank's phase and trace step
+        are its own again afterwards."""
+        did = False
+        while self.active.any():
+            i, flag = MPI.Request.Testany(self.requests)
+            if not flag or i == MPI.UNDEFINED:
+                break
+            if not did:
+                phase, step = self.clock.phase, self.clock.step
+                self.clock.switch("aggregate")
+            self.event(i, policy)
+            did = True
+        if did:
+            self.clock.switch(phase)
+            self.clock.step = step
+        return did
+
+    def event(self, i: int, policy: Policy) -> None:
+        """Request i has completed: a push (i < W) or worker i - W's end-of-work message."""
+        if i >= self.W:  # a done arrives only after its sender took the reply to its last push
+            self.active[i - self.W] = False
+            self.st.bytes_recv += DONE_BYTES if self.first + i - self.W != self.comm.rank else 0
+            self.maybe_cut(policy)
+        else:
+            self.handle(i, policy)
+        for j in policy.answerable(self):
+            self.reply(j)
 
     def handle(self, j: int, policy: Policy) -> None:
         """Worker j's push has arrived: account for it, then the policy applies or holds it."""
@@ -136,7 +159,7 @@ class Server:
         self.clock.message(RECV, self.first + j, nbytes, flow_id(self.first + j, self.comm.rank, step, False))
         self.st.staleness[j].append(self.st.rounds - int(version))
         self.st.updates += 1
-        self.st.bytes_recv += nbytes
+        self.st.bytes_recv += nbytes if self.first + j != self.comm.rank else 0   # a p2p owner's own: no wire
         self.steps[j] += 1
         dw = self.msgs.delta(j)
         if not self.acceptable(j, dw, loss_sum):
@@ -213,7 +236,7 @@ class Server:
         step = int(self.msgs.header(j)[P_STEP])
         nbytes = self.msgs.pull_nbytes
         self.clock.message(SEND, self.first + j, nbytes, flow_id(self.first + j, self.comm.rank, step, True))
-        self.st.bytes_sent += nbytes
+        self.st.bytes_sent += nbytes if self.first + j != self.comm.rank else 0
         self.pushes[j].Start()
 
     def gap(self, j: int) -> int:

@@ -33,8 +33,13 @@ class PushPull:
     `messages` (protocol.messages.Float64Link or OneBitLink): one exchange in flight at
     most. Counts what it sends and receives in `stats`."""
 
-    def __init__(self, ep: Endpoint, shards: list[tuple[int, int]], messages):
+    def __init__(self, ep: Endpoint, shards: list[tuple[int, int]], messages, background=None):
+        """background(): another duty of this rank, run while the step computes and while
+        the link waits (a p2p owner serving its shard: protocol.p2p); it returns whether it
+        did anything."""
         self.ep, self.S, self.msgs = ep, len(shards), messages
+        self.background = background
+        self.remote = [s != ep.rank for s in range(self.S)]   # a p2p rank's own shard needs no wire
         self.versions = np.zeros(self.S)   # each shard's version of `w` (0: the initial w)
         self.stamp = np.zeros(self.S)      # the versions of the w the Delta-w being written comes from
         self.stops = np.zeros(self.S, bool)
@@ -77,21 +82,27 @@ class PushPull:
         st = self.stats
         st.updates += 1
         st.samples += samples
-        st.bytes_sent += sum(self.msgs.push_bytes)
-        st.bytes_recv += sum(self.msgs.pull_bytes)
+        st.bytes_sent += sum(b for b, far in zip(self.msgs.push_bytes, self.remote) if far)
+        st.bytes_recv += sum(b for b, far in zip(self.msgs.pull_bytes, self.remote) if far)
         self.step += 1
         return self.step - 1
 
     def progress(self) -> bool:
         """Let MPI move the exchange in flight: one MPI_Testall, which returns at once.
-        True when nothing is in flight any more (then wait() returns at once)."""
-        return not self.pending or MPI.Request.Testall(self.pending)
+        True when nothing is in flight any more (then wait() returns at once). With a
+        background duty it runs it too, and says False: the step keeps calling."""
+        done = not self.pending or MPI.Request.Testall(self.pending)
+        if self.background is None:
+            return done
+        self.background()
+        return False
 
     def wait(self, ticket: int) -> None:
         """Complete exchange `ticket` (the last one pushed); w' becomes `w`."""
         if not self.pending or ticket != self.step - 1:
             raise RuntimeError(f"wait: exchange {ticket} is not the one in flight")
-        self.ep.waiter.all(self.pending, lambda: f"server rank(s) {_ranks(self.S)} to answer push {ticket}")
+        self.ep.waiter.all(self.pending, lambda: f"server rank(s) {_ranks(self.S)} to answer push {ticket}",
+                           self.background)
         self.pending = []
         for s in range(self.S):
             head = self.msgs.pulled(s)
@@ -107,8 +118,9 @@ class PushPull:
             raise RuntimeError("close: an exchange is still in flight")
         done = np.zeros(1)
         self.ep.waiter.all([self.ep.comm.Isend([done, MPI.DOUBLE], s, TAG_DONE) for s in range(self.S)],
-                           lambda: f"server rank(s) {_ranks(self.S)} to take the end-of-work message")
-        self.stats.bytes_sent += DONE_BYTES * self.S
+                           lambda: f"server rank(s) {_ranks(self.S)} to take the end-of-work message",
+                           self.background)
+        self.stats.bytes_sent += DONE_BYTES * sum(self.remote)
         self.msgs.close()
         return self.stats
 

@@ -37,7 +37,8 @@ class Config:
     timeout: float = 0.0         # seconds for the whole job; 0: none
     progress: float = 2.0        # seconds between progress lines at most
     trace: bool = False          # write trace.json (Chrome Trace Event format)
-    arch: str = "ps"             # ps: parameter servers; allreduce: every rank a worker
+    arch: str = "ps"             # ps: parameter servers; p2p: every rank a worker owning 1/N of w;
+                                 # allreduce: every rank a worker, summing with the others
     allreduce: str = "ring"      # allreduce's algorithm: ring (asgd's, point to point) | mpi (MPI_Iallreduce)
     servers: int = 1             # ranks 0..servers-1 serve a shard of w each
     mode: str = "async"          # async | ssp | sync
@@ -98,9 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "have different scales or are far from [-1, 1]")
     p.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data by all workers together (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the data split, shuffles and initial weights (default %(default)s)")
-    p.add_argument("--arch", choices=["ps", "allreduce"], default=d.arch,
-                   help="ps: parameter servers and workers (default); allreduce: no servers, every "
-                        "rank a worker averaging its Delta-w with MPI Allreduce each step")
+    p.add_argument("--arch", choices=["ps", "p2p", "allreduce"], default=d.arch,
+                   help="ps: parameter servers and workers (default); p2p: every rank a worker and the "
+                        "owner (server) of 1/N of w, each shard of Delta-w sent to its owner point to point; "
+                        "allreduce: no servers, every rank a worker summing its Delta-w with the others' "
+                        "each step")
     p.add_argument("--allreduce", choices=["ring", "mpi"], default=d.allreduce,
                    help="--arch allreduce's algorithm: ring (default): asgd's own ring allreduce, a "
                         "reduce-scatter then an allgather to the next rank, point to point, so every byte is "
@@ -173,9 +176,11 @@ def validate(cfg: Config, world_size: int) -> None:
         need(cfg.servers < world_size, f"--servers {cfg.servers} leaves no worker among {world_size} "
                                        f"ranks; need mpiexec -n N with N > {cfg.servers}")
     else:
-        need(cfg.servers == 1, "--servers does not apply to --arch allreduce (it has no servers)")
+        need(cfg.servers == 1, f"--servers does not apply to --arch {cfg.arch} ("
+                               + ("every rank owns 1/N of w)" if cfg.arch == "p2p" else "it has no servers)"))
+    if cfg.arch == "allreduce":
         need(cfg.mode in ("async", "sync"), "--arch allreduce is synchronous; --mode ssp does not apply")
-        need(cfg.compress == "none", "--compress 1bit needs --arch ps (allreduce sums float64 Delta-w in MPI)")
+        need(cfg.compress == "none", "--compress 1bit needs --arch ps or p2p (allreduce sums float64 Delta-w)")
     need(cfg.hidden >= 1, f"--hidden must be >= 1, got {cfg.hidden}")
     need(cfg.batch >= 1, f"--batch must be >= 1, got {cfg.batch}")
     need(cfg.epochs >= 1, f"--epochs must be >= 1, got {cfg.epochs}")

@@ -7,6 +7,7 @@ and one rank per node loads them first (a cold cache is compiled once, not N tim
     worker          step (+ onebit)                               parsers (file), shares (embedded)
     server          aggregate, its optimizer (+ onebit);          parsers (file)
                     rank 0 evaluate
+    peer (p2p)      a worker's and a server's; rank 0 evaluate    parsers (file), shares (embedded)
     allreduce rank  step, aggregate, its optimizer; rank 0 eval.  parsers (file), shares (embedded)
     (+ onebit: with --compress 1bit)
 
@@ -35,14 +36,14 @@ def loads(role: str, rank: int, reads_file: bool, allreduce: bool = False,
     if allreduce:
         uses = ("step", "aggregate", update)
     else:
-        uses = ("step",) if role == "worker" else ("aggregate", update)
+        uses = {"worker": ("step",), "server": ("aggregate", update), "peer": ("step", "aggregate", update)}[role]
         if compress:
             uses += ("onebit",)
     if rank == 0:
         uses += ("evaluate",)
     if reads_file:
         uses += ("parsers",)
-    elif role == "worker":
+    elif role in ("worker", "peer"):
         uses += ("shares",)  # the embedded problem: assign's permutation kernel
     return uses
 
