@@ -115,15 +115,22 @@ def description(p: argparse.ArgumentParser) -> list[str]:
     return [_cell(text), ""]
 
 
+def usage(p: argparse.ArgumentParser) -> str:
+    """The usage line as --help prints it, wrapped at a fixed width (--help's follows the
+    terminal's), so the page is the same wherever it is built."""
+    f = p.formatter_class(prog=p.prog, width=80)
+    f.add_usage(p.usage, p._actions, p._mutually_exclusive_groups)
+    return f.format_help().strip()
+
+
 def section(level: int, title: str, anchor: str, p: argparse.ArgumentParser) -> list[str]:
-    usage = " ".join(p.format_usage().split())
-    lines = [f"{'#' * level} `{title}` {{#{anchor}}}", "", "```text", usage, "```", ""]
+    lines = [f"{'#' * level} `{title}` {{#{anchor}}}", "", "```text", usage(p), "```", ""]
     lines += description(p) + table(p)
     for name, summary, sub in subcommands(p):
         lines += [f"{'#' * (level + 1)} `{title} {name}` {{#{anchor}-{name}}}", ""]
         if summary:
             lines += [_cell(summary[:1].upper() + summary[1:]) + ".", ""]
-        lines += ["```text", " ".join(sub.format_usage().split()), "```", ""] + table(sub)
+        lines += ["```text", usage(sub), "```", ""] + table(sub)
     return lines
 
 
