@@ -38,6 +38,22 @@ def test_no_page_states_another_header_size(doc):
     assert sizes <= {wire.PUSH_HEADER, wire.PULL_HEADER}, sizes
 
 
+def test_the_design_page_states_the_bytes_the_code_sends():
+    """The 1-bit and float64 message sizes the design page quotes are asgd.wire's (they
+    went stale when the headers grew a field)."""
+    from asgd import wire
+    from asgd.net.mlp import Layout
+    design = " ".join((ROOT / "docs" / "design.md").read_text().split())
+    got = re.search(r"([\d,]+) bytes a push and ([\d,]+) a reply for 2-10K-2 on one server, "
+                    r"against ([\d,]+) and ([\d,]+) in float64", design)
+    assert got, "docs/design.md no longer quotes the 2-10K-2 message sizes"
+    layout = Layout(2, 10000, 2)
+    cols = layout.columns()
+    want = (wire.push_bytes(layout.n_w, cols), wire.pull_bytes(layout.n_w, cols),
+            wire.push_bytes(layout.n_w), wire.pull_bytes(layout.n_w))
+    assert tuple(int(g.replace(",", "")) for g in got.groups()) == want, want
+
+
 def test_message_tags_are_distinct_and_defined_in_one_place():
     from asgd import wire
     tags = {k: v for k, v in vars(wire).items() if k.startswith("TAG_")}
@@ -192,7 +208,8 @@ def test_the_formats_page_describes_every_results_key():
     res = results.build(config={"servers": 1}, ranks=[server, worker], wall_s=1.0, meta={},
                         server={"updates": 1, "samples": 1, "history": [], "loss": 0.0, "accuracy": 1.0})
     keys = set(res) | set(res["metrics"]) | set(res["throughput"]) | set(res["profile"]) | set(server) | set(worker)
-    keys |= {k for row in res["profile"]["ranks"] for k in row} | {"stopped", "notes", "standardize"}
+    keys |= {k for row in res["profile"]["ranks"] for k in row}
+    keys |= {"stopped", "notes", "standardize", "dry_run", "bytes"}   # what train.py adds
     text = section("formats.md", "results.json")
     missing = sorted(k for k in keys if f"`{k}`" not in text)
     assert not missing, f"docs/formats.md's results.json section does not describe {missing}"
