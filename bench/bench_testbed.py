@@ -25,7 +25,7 @@ So the rate must put:
     one worker's runs go at R / 820 KB.
 8 Mbit/s (1 MB/s) gives ceilings of 2.34 (S=1), 4.7 (S=2) and 9.4 (S=4) updates/s and
 1.22 per worker: the knees fall at about 2, 4 and 8 workers on the links alone; 1-bit's
-link ceiling is 145/s, near the cores' when the machine is loaded. Measured (README):
+link ceiling is 145/s, near the cores' when the machine is loaded. Measured (docs/benchmarks.md):
 one float64 server flat at 2.3/s from 8 workers, 2 and 4 servers still rising at 16
 workers (1.66-1.81x and 3.45-3.61x one server's over two runs: a worker waits for all
 its shards, so one server's link idles while workers wait on another's; 1.84x and 3.77x

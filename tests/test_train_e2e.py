@@ -12,7 +12,7 @@ SERVER_PHASES = {"init", "aggregate", "idle"}
 
 
 def check_schema(r: dict, world: int) -> None:
-    """The results.json contract the README documents (other tools read only this)."""
+    """The results.json contract docs/formats.md documents (other tools read only this)."""
     c = r["config"]
     for key in ("hidden", "batch", "lr", "epochs", "seed", "world_size", "workers", "servers",
                 "mpi_library", "host", "cores", "n_w"):

@@ -221,7 +221,7 @@ def _data_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--epochs", type=positive_int, default=1, help="passes over the data (default 1)")
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m asgd.perf", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -266,7 +266,11 @@ def parse_args(argv):
 
     rp = sub.add_parser("report", help="the paper's profiling figures from runs' results.json")
     report.add_arguments(rp)
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv):
+    return build_parser().parse_args(argv)
 
 
 def _fmt_s(x: float) -> str:

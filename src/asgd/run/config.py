@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "parameters, ranks 1..N-1 train the d_in-hidden-d_out MLP on their share "
                     "of the data. With no options: the embedded 2-feature rings problem "
                     "(16384 points), a 2-10K-2 MLP, batch 256, 5 epochs.",
-        epilog="Writes OUT/results.json (schema in the README). Errors end the whole job "
+        epilog="Writes OUT/results.json (schema: docs/formats.md). Errors end the whole job "
                "with one line and exit status 2 (bad input) or 1 (failure during the run).")
     p.add_argument("--data", metavar="TSV", help="training data: features then an integer "
                    "label per line, tab separated (default: the embedded rings problem)")

@@ -1,4 +1,4 @@
-"""results.json (schema in the README) and the end-of-run summary, both built from the
+"""results.json (schema: docs/formats.md) and the end-of-run summary, both built from the
 per-rank records gathered on rank 0. bench/, plots and the model read only this file."""
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def positive(s: str) -> int:
     return perf_cli.positive_int(s)
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m asgd.sim", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     g = ap.add_argument_group("the run (asgd.train's options)")
@@ -101,7 +101,11 @@ def parse_args(argv=None):
     o.add_argument("--trace-steps", default="0:200", help="worker steps the trace records, A:B (default 0:200)")
     o.add_argument("--json", action="store_true", help="print results.json's headline numbers as one JSON line")
     o.add_argument("--quiet", action="store_true", help="no summary")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv=None):
+    return build_parser().parse_args(argv)
 
 
 def spec_from_args(a, p) -> tuple[Spec, str | None]:
