@@ -129,7 +129,7 @@ def paper_total(p: Params, run: Run) -> float:
 
 def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
     """One row per usable run: its configuration, predicted and measured seconds and the
-    APE per phase. Runs the model does not cover (allreduce, stopped early, resumed) are
+    APE per phase. Runs the model does not cover (p2p, allreduce, stopped early, resumed) are
     skipped, with the reason."""
     rows, skipped = [], []
     for path in paths:
@@ -141,7 +141,7 @@ def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
             skipped.append(f"{path}: unreadable ({e})")
             continue
         c = res.get("config", {})
-        why = ("allreduce (the model covers parameter servers)" if c.get("arch") == "allreduce" else
+        why = (f"{c['arch']} (the model covers parameter servers)" if c.get("arch", "ps") != "ps" else
                "stopped early" if res.get("stopped") else "resumed from a checkpoint" if c.get("resume") else None)
         if why:
             skipped.append(f"{path}: {why}")

@@ -136,10 +136,12 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
         if fmt == "embedded":
             base.update(file_bytes=0, test_bytes=0)
     arch = a.arch or like.get("arch", "ps")
+    if arch not in ("ps", "allreduce"):
+        raise SimError(f"--arch {arch}: the simulator has parameter servers and allreduce (not yet {arch})")
     ranks = a.ranks or like.get("world_size", 16)
     compress = a.compress or like.get("compress", "none")
     if arch == "allreduce" and compress != "none":
-        raise SimError(f"--compress {compress} needs --arch ps (allreduce sums float64 Delta-w in MPI)")
+        raise SimError(f"--compress {compress} needs --arch ps or p2p (allreduce sums float64 Delta-w)")
     servers = a.servers or base.get("servers", 1)
     S = 0 if arch == "allreduce" else servers
     workers = ranks - S

@@ -110,7 +110,7 @@ def parse(cmd: list[str]) -> dict:
         targs = cmd[train:]
         arch = _option(targs, ("--arch",))
         servers = _option(targs, ("--servers",))
-        info["servers"] = 0 if arch and arch[1] == "allreduce" else int(servers[1]) if servers else 1
+        info["servers"] = 0 if arch and arch[1] in ("allreduce", "p2p") else int(servers[1]) if servers else 1
         out = _option(targs, ("--out",))
         info["out"] = out[1] if out else None
     return info
