@@ -46,6 +46,28 @@ def shard_bounds(n_w: int, servers: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
+def slice_shards(slices: list[tuple[int, int]], servers: int) -> list[tuple[int, int]]:
+    """The shards of a vector cut into model-parallel slices (each a contiguous [a, b)),
+    so that a worker holding one slice talks only to its slice's servers: with at least
+    as many servers as slices, each slice split among servers of its own as evenly as
+    possible (one shard a server); with fewer, one shard a slice, which slice_hosts
+    gives to the servers a few slices each. No shard crosses a slice's bound. One
+    slice: shard_bounds."""
+    K = len(slices)
+    n = max(servers, K)
+    out = []
+    for k, (a, b) in enumerate(slices):
+        mine = n // K + (1 if k < n % K else 0)
+        out += [(a + lo, a + hi) for lo, hi in shard_bounds(b - a, mine)]
+    return out
+
+
+def slice_hosts(shards: int, servers: int) -> list[int]:
+    """The server (0..servers-1) each of slice_shards' shards lives on: its own, or with
+    fewer servers than shards, consecutive shards grouped as evenly as possible."""
+    return [v * servers // shards for v in range(shards)]
+
+
 def column_bits_bytes(cols: np.ndarray) -> int:
     """Bytes of a 1-bit message's bits: each column's (cols rows: start, count, stride;
     net.mlp.Layout.columns) from a byte boundary."""
