@@ -324,7 +324,7 @@ def serve(job: Job, m: Model) -> dict:
         policy(job.cfg.mode, job.cfg.staleness))
     if job.cfg.checkpoint_every or st.stopped:   # every server has applied every push: one more cut
         ckpt.save(st.rounds, cut=st.cuts + 1)
-    job.count("finish", *gather_shards(ep, m.w, job.servers))
+    job.count("finish", *gather_shards(ep, m.w, shard_bounds(m.layout.n_w, job.servers), list(range(job.servers))))
     return st.record((lo, hi))
 
 
@@ -345,7 +345,7 @@ def peer(job: Job, m: Model) -> dict:
     worked, served = run_peer(link, owner, rule, m.train.X, m.train.y, mlp.make_step(m.layout, cfg.batch), plan)
     if cfg.checkpoint_every or served.stopped:
         ckpt.save(served.rounds, cut=served.cuts + 1)
-    job.count("finish", *gather_shards(ep, m.w, N))
+    job.count("finish", *gather_shards(ep, m.w, shards, list(range(N))))
     return merge_records(worked.record(), served.record((lo, hi)))
 
 

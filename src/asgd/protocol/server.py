@@ -74,26 +74,29 @@ class ServerStats:
 
 
 class Server:
-    def __init__(self, ep: Endpoint, w: np.ndarray, first_worker: int, optimizer: Optimizer | None = None,
-                 messages=None, on_version=None, checkpoints=None):
-        """w: my shard (a live view); workers are ranks first_worker..; optimizer: what an
+    def __init__(self, ep: Endpoint, w: np.ndarray, workers, optimizer: Optimizer | None = None,
+                 messages=None, on_version=None, checkpoints=None, leader: bool | None = None):
+        """w: my shard (a live view); workers: the ranks that push to it (a list), or the
+        first of them (an int: that rank and every one after it); optimizer: what an
         update does to w, with its state for my shard (default: sgd, w += Delta-w);
         messages: my side's message strategy (default: float64, protocol.messages);
         on_version(rounds, loss_sum, samples): after each new version of the shard
-        (progress); checkpoints: due(rounds) (asked on server 0, which leads the cuts) and
-        save(rounds, cut) (asgd.run.checkpoint.Checkpointing), or None."""
+        (progress); checkpoints: due(rounds) (asked of the leader, which starts the cuts:
+        default the server on rank 0) and save(rounds, cut)
+        (asgd.run.checkpoint.Checkpointing), or None."""
         comm = ep.comm
         self.ep, self.comm, self.w, self.waiter, self.clock = ep, comm, w, ep.waiter, ep.clock
-        self.first, self.W = first_worker, comm.size - first_worker
+        self.ranks = list(range(workers, comm.size)) if isinstance(workers, int) else list(workers)
+        self.W = len(self.ranks)
+        self.leader = comm.rank == 0 if leader is None else leader
         self.optimizer = optimizer or Optimizer("sgd", 1.0, len(w))
         self.msgs = messages or Float64Shard(w, self.W)
         self.on_version = on_version or (lambda rounds, loss_sum, samples: None)
         self.stopping = False  # a stop request: replies tell the workers to stop
-        self.pushes = [comm.Recv_init([self.msgs.recv[j], self.msgs.kind], first_worker + j, TAG_PUSH)
-                       for j in range(self.W)]
+        self.pushes = [comm.Recv_init([self.msgs.recv[j], self.msgs.kind], r, TAG_PUSH)
+                       for j, r in enumerate(self.ranks)]
         self._done = [np.empty(1) for _ in range(self.W)]
-        self.dones = [comm.Irecv([self._done[j], MPI.DOUBLE], first_worker + j, TAG_DONE)
-                      for j in range(self.W)]
+        self.dones = [comm.Irecv([self._done[j], MPI.DOUBLE], r, TAG_DONE) for j, r in enumerate(self.ranks)]
         self.requests = self.pushes + self.dones
         self.replies = [MPI.REQUEST_NULL] * self.W
         self.active = np.ones(self.W, bool)
@@ -113,7 +116,7 @@ class Server:
         while self.active.any():
             self.clock.switch("idle")
             i = self.waiter.any(self.requests, lambda: "a push from any of the worker ranks "
-                                f"{[self.first + j for j in np.flatnonzero(self.active)]}")
+                                f"{[self.ranks[j] for j in np.flatnonzero(self.active)]}")
             self.clock.switch("aggregate")
             self.event(i, policy)
         self.st.stopped = self.stopping or self.ep.stop_requested()
@@ -142,7 +145,7 @@ class Server:
         """Request i has completed: a push (i < W) or worker i - W's end-of-work message."""
         if i >= self.W:  # a done arrives only after its sender took the reply to its last push
             self.active[i - self.W] = False
-            self.st.bytes_recv += DONE_BYTES if self.first + i - self.W != self.comm.rank else 0
+            self.st.bytes_recv += DONE_BYTES if self.ranks[i - self.W] != self.comm.rank else 0
             self.maybe_cut(policy)
         else:
             self.handle(i, policy)
@@ -156,10 +159,10 @@ class Server:
         self.stopping |= bool(head[P_STOP]) or self.ep.stop_requested()
         nbytes = self.msgs.push_nbytes
         self.clock.step = step  # the trace window counts worker steps
-        self.clock.message(RECV, self.first + j, nbytes, flow_id(self.first + j, self.comm.rank, step, False))
+        self.clock.message(RECV, self.ranks[j], nbytes, flow_id(self.ranks[j], self.comm.rank, step, False))
         self.st.staleness[j].append(self.st.rounds - int(version))
         self.st.updates += 1
-        self.st.bytes_recv += nbytes if self.first + j != self.comm.rank else 0   # a p2p owner's own: no wire
+        self.st.bytes_recv += nbytes if self.ranks[j] != self.comm.rank else 0   # a p2p owner's own: no wire
         self.steps[j] += 1
         dw = self.msgs.delta(j)
         if not self.acceptable(j, dw, loss_sum):
@@ -207,7 +210,7 @@ class Server:
         """The shard has a new version; count it, report the samples it took in."""
         self.st.rounds += 1
         self.on_version(self.st.rounds, loss_sum, samples)
-        if (self.comm.rank == 0 and self.checkpoints and not self.collecting
+        if (self.leader and self.checkpoints and not self.collecting
                 and self.checkpoints.due(self.st.rounds)):
             self.start_cut()   # before this version's replies go out: they carry it
 
@@ -222,21 +225,21 @@ class Server:
         if self.refused_in_a_row >= DIVERGED_AFTER:
             raise DivergenceError(
                 f"server rank {self.comm.rank} refused {self.refused_in_a_row} updates in a row with NaN "
-                f"or inf values (the last from worker rank {self.first + j}): training diverged; "
+                f"or inf values (the last from worker rank {self.ranks[j]}): training diverged; "
                 "lower --lr")
         return False
 
     def reply(self, j: int) -> None:
         """Send worker j the current shard, then re-arm its receive."""
         if self.replies[j] != MPI.REQUEST_NULL:  # the previous reply: done long ago in practice
-            self.waiter.all([self.replies[j]], f"worker rank {self.first + j} to take its previous reply")
+            self.waiter.all([self.replies[j]], f"worker rank {self.ranks[j]} to take its previous reply")
         out, head = self.msgs.reply(j, self.w)
         head[R_VERSION], head[R_STOP], head[R_CUT] = self.st.rounds, self.stopping, self.collecting or self.st.cuts
-        self.replies[j] = self.comm.Isend([out, self.msgs.kind], self.first + j, TAG_PULL)
+        self.replies[j] = self.comm.Isend([out, self.msgs.kind], self.ranks[j], TAG_PULL)
         step = int(self.msgs.header(j)[P_STEP])
         nbytes = self.msgs.pull_nbytes
-        self.clock.message(SEND, self.first + j, nbytes, flow_id(self.first + j, self.comm.rank, step, True))
-        self.st.bytes_sent += nbytes if self.first + j != self.comm.rank else 0
+        self.clock.message(SEND, self.ranks[j], nbytes, flow_id(self.ranks[j], self.comm.rank, step, True))
+        self.st.bytes_sent += nbytes if self.ranks[j] != self.comm.rank else 0
         self.pushes[j].Start()
 
     def gap(self, j: int) -> int:
@@ -335,19 +338,17 @@ def policy(mode: str, staleness: int) -> Policy:
     return {"async": Async, "ssp": lambda: SSP(staleness), "sync": Sync}[mode]()
 
 
-def gather_shards(ep: Endpoint, w: np.ndarray, servers: int) -> tuple[int, int]:
-    """After serving: the other servers send their shards of w to rank 0, which then
-    holds all of w (to evaluate and save it). Returns this rank's (sent, received) bytes."""
-    if servers < 2:
-        return 0, 0
-    comm = ep.comm
-    shards = shard_bounds(len(w), servers)
-    if comm.rank == 0:
-        reqs = [comm.Irecv(w[a:b], s, TAG_SHARD) for s, (a, b) in enumerate(shards) if s]
-        moved = (0, DOUBLE * sum(b - a for a, b in shards[1:]))
+def gather_shards(ep: Endpoint, w: np.ndarray, shards: list[tuple[int, int]], hosts: list[int]) -> tuple[int, int]:
+    """After training: each shard's host (hosts[v], a rank) sends its shard of w to rank 0,
+    which then holds all of w (to evaluate and save it); rank 0's own shards stay. Returns
+    this rank's (sent, received) bytes."""
+    comm, me = ep.comm, ep.rank
+    if me == 0:
+        reqs = [comm.Irecv(w[a:b], h, TAG_SHARD) for (a, b), h in zip(shards, hosts) if h != 0]
+        moved = (0, DOUBLE * sum(b - a for (a, b), h in zip(shards, hosts) if h != 0))
     else:
-        lo, hi = shards[comm.rank]
-        reqs = [comm.Isend(w[lo:hi], 0, TAG_SHARD)]
-        moved = (DOUBLE * (hi - lo), 0)
-    ep.waiter.all(reqs, "the servers' final shards")
+        mine = [(a, b) for (a, b), h in zip(shards, hosts) if h == me]
+        reqs = [comm.Isend(w[a:b], 0, TAG_SHARD) for a, b in mine]
+        moved = (DOUBLE * sum(b - a for a, b in mine), 0)
+    ep.waiter.all(reqs, "the final shards")
     return moved
