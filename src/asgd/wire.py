@@ -27,6 +27,8 @@ import numpy as np
 TAG_PUSH, TAG_PULL, TAG_DONE, TAG_CLOCK, TAG_SHARD = 11, 12, 13, 14, 15
 TAG_RECORD = 16     # the end-of-run records, each rank's to rank 0
 TAG_RING = 17       # --arch allreduce's ring: a chunk to the next rank
+TAG_REPLICA = 18    # --model-parallel: a replica's partial logits and their sum
+TAG_SHARE = 19      # --model-parallel: a replica's data share, its first rank's to the others
 TAG_TURN = 21       # the sequential reader's token
 TAG_PROBE = 31      # asgd.testbed.model.probe's ping-pong
 

@@ -54,6 +54,11 @@ class Optimizer:
         else:
             kernels.adam_update(w, s["m"], s["v"], d, self.lr, BETAS[0], BETAS[1], EPS, self.t)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its state."""
+        return sum(v.nbytes for v in self.state.values())
+
     def save(self) -> dict:
         """The state as arrays, for a checkpoint (t as a 0-d array)."""
         return {**{f"opt_{k}": v for k, v in self.state.items()}, "opt_t": np.array(self.t)}

@@ -33,6 +33,7 @@ def run_peer(link: PushPull, owner: Server, policy: Policy, X: np.ndarray, y: np
     return worked, owner.serve(policy)
 
 
-def peer_link(ep, shards, messages, owner: Server, policy: Policy) -> PushPull:
-    """A worker's link to the N owners whose background duty is serving my own shard."""
-    return PushPull(ep, shards, messages, background=lambda: owner.poll(policy))
+def peer_link(ep, shards, messages, owner: Server, policy: Policy, owners: list[int] | None = None) -> PushPull:
+    """A worker's link to the owners of `shards` (ranks `owners`, default 0..N-1) whose
+    background duty is serving my own shard."""
+    return PushPull(ep, shards, messages, background=lambda: owner.poll(policy), servers=owners)

@@ -64,13 +64,14 @@ class ServerStats:
     stopped: bool = False  # a stop request ended the run early
     cuts: int = 0      # checkpoint cuts completed
 
-    def record(self, shard: tuple[int, int]) -> dict:
-        """This server's entry of results.json's `ranks` (train.py adds the rest)."""
+    def record(self, shard: tuple[int, int], ranks: list[int]) -> dict:
+        """This server's entry of results.json's `ranks` (the run adds the rest); its
+        workers' staleness and step-gap histograms by their rank."""
         return {"role": "server", "stopped": self.stopped, "refused": self.refused,
                 "updates": self.updates, "rounds": self.rounds, "bytes_sent": self.bytes_sent,
-                "bytes_recv": self.bytes_recv, "shard": list(shard), "requests": self.updates,
-                "staleness_hist": [np.bincount(v).tolist() for v in self.staleness],
-                "step_gap_hist": [np.bincount(v).tolist() for v in self.step_gap]}
+                "bytes_recv": self.bytes_recv, "shard": list(shard), "requests": self.updates, "cuts": self.cuts,
+                "staleness_hist": {r: np.bincount(v).tolist() for r, v in zip(ranks, self.staleness)},
+                "step_gap_hist": {r: np.bincount(v).tolist() for r, v in zip(ranks, self.step_gap)}}
 
 
 class Server:
@@ -119,7 +120,6 @@ class Server:
                                 f"{[self.ranks[j] for j in np.flatnonzero(self.active)]}")
             self.clock.switch("aggregate")
             self.event(i, policy)
-        self.st.stopped = self.stopping or self.ep.stop_requested()
         return self.finish()
 
     def poll(self, policy: Policy) -> bool:
@@ -246,7 +246,15 @@ class Server:
         """How many steps worker j is ahead of the slowest active worker."""
         return int(self.steps[j] - self.steps[self.active].min()) if self.active.any() else 0
 
+    def record(self, shard: tuple[int, int]) -> dict:
+        """This server's entry of results.json's `ranks`, with the bytes of parameter-sized
+        arrays it held (its shard, the optimizer's state, its message buffers)."""
+        rec = self.st.record(shard, self.ranks)
+        rec["weight_bytes"] = self.w.nbytes + self.optimizer.nbytes + self.msgs.nbytes
+        return rec
+
     def finish(self) -> ServerStats:
+        self.st.stopped = self.stopping or self.ep.stop_requested()
         self.clock.switch("idle")
         self.waiter.all(self.dones, "every worker's end-of-work message")
         for p in self.pushes:  # every worker is done: withdraw the receives still posted
@@ -255,6 +263,24 @@ class Server:
             p.Free()
         self.waiter.all(self.replies, "workers to take their last replies")
         return self.st
+
+
+def serve_all(servers: list[Server], policies: list[Policy]) -> list[ServerStats]:
+    """Serve several shards on one rank (more model-parallel slices than servers: one
+    Server each, their workers apart) until all their workers are done, with one wait
+    over all their requests."""
+    if len(servers) == 1:
+        return [servers[0].serve(policies[0])]
+    first = servers[0]
+    where = [(k, i) for k, srv in enumerate(servers) for i in range(len(srv.requests))]
+    requests = [r for srv in servers for r in srv.requests]
+    while any(srv.active.any() for srv in servers):
+        first.clock.switch("idle")
+        i = first.waiter.any(requests, "a push to any of this rank's shards")
+        first.clock.switch("aggregate")
+        k, j = where[i]
+        servers[k].event(j, policies[k])
+    return [srv.finish() for srv in servers]
 
 
 # -- reply policies: what to apply, and whom to answer --------------------------------
@@ -338,17 +364,18 @@ def policy(mode: str, staleness: int) -> Policy:
     return {"async": Async, "ssp": lambda: SSP(staleness), "sync": Sync}[mode]()
 
 
-def gather_shards(ep: Endpoint, w: np.ndarray, shards: list[tuple[int, int]], hosts: list[int]) -> tuple[int, int]:
-    """After training: each shard's host (hosts[v], a rank) sends its shard of w to rank 0,
-    which then holds all of w (to evaluate and save it); rank 0's own shards stay. Returns
-    this rank's (sent, received) bytes."""
+def gather_shards(ep: Endpoint, w: np.ndarray | None, shards: list[tuple[int, int]], hosts: list[int],
+                  parts: dict | None = None) -> tuple[int, int]:
+    """After training: each shard's host (hosts[v], a rank) sends its part of w, parts[v],
+    to rank 0, which receives them into w (all of it, to evaluate and save); rank 0's own
+    shards stay. Returns this rank's (sent, received) bytes."""
     comm, me = ep.comm, ep.rank
     if me == 0:
         reqs = [comm.Irecv(w[a:b], h, TAG_SHARD) for (a, b), h in zip(shards, hosts) if h != 0]
         moved = (0, DOUBLE * sum(b - a for (a, b), h in zip(shards, hosts) if h != 0))
     else:
-        mine = [(a, b) for (a, b), h in zip(shards, hosts) if h == me]
-        reqs = [comm.Isend(w[a:b], 0, TAG_SHARD) for a, b in mine]
-        moved = (DOUBLE * sum(b - a for a, b in mine), 0)
+        mine = [np.ascontiguousarray(parts[v]) for v, h in enumerate(hosts) if h == me]
+        reqs = [comm.Isend(part, 0, TAG_SHARD) for part in mine]
+        moved = (sum(part.nbytes for part in mine), 0)
     ep.waiter.all(reqs, "the final shards")
     return moved

@@ -44,6 +44,7 @@ class PushPull:
         self.background = background
         self.remote = [r != ep.rank for r in self.servers]   # a p2p rank's own shard needs no wire
         self.cut_source = None   # model-parallel: the cut its replica agreed on this step (protocol.replica)
+        self.stop_source = None  # model-parallel: whether its replica agreed to stop
         self.versions = np.zeros(self.S)   # each shard's version of `w` (0: the initial w)
         self.stamp = np.zeros(self.S)      # the versions of the w the Delta-w being written comes from
         self.stops = np.zeros(self.S, bool)
@@ -58,9 +59,15 @@ class PushPull:
         return self.msgs.w
 
     @property
-    def told_to_stop(self) -> bool:
+    def heard_stop(self) -> bool:
         """A server's last reply carried a stop request."""
         return bool(self.stops.any())
+
+    @property
+    def told_to_stop(self) -> bool:
+        """Whether to stop after this exchange: a server said so, or (model-parallel) the
+        replica agreed to, so that its members stop after the same step."""
+        return self.heard_stop if self.stop_source is None else self.stop_source()
 
     def delta(self) -> np.ndarray:
         """The buffer to write the Delta-w computed from `w` into. Stamps the push with the

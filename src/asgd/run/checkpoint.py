@@ -64,7 +64,7 @@ def save(run_dir: str, server: int, arrays: dict[str, np.ndarray], meta: dict) -
     return path
 
 
-def _read(path: str, n_w: int, servers: int, optimizer: str) -> tuple[dict, dict]:
+def _read(path: str, n_w: int, servers: int, optimizer: str, model_parallel: int) -> tuple[dict, dict]:
     """(meta, arrays) of one checkpoint file, checked; raises CheckpointError."""
     try:
         with np.load(path) as z:
@@ -79,6 +79,9 @@ def _read(path: str, n_w: int, servers: int, optimizer: str) -> tuple[dict, dict
         raise CheckpointError(f"{path}: written for {meta.get('n_w')} parameters and "
                               f"{meta.get('servers')} server(s), not {n_w} and {servers}: "
                               "resume with the run's --hidden and --servers")
+    if meta.get("model_parallel", 1) != model_parallel:
+        raise CheckpointError(f"{path}: written with --model-parallel {meta.get('model_parallel', 1)}, not "
+                              f"{model_parallel}: resume with the run's --model-parallel")
     if meta.get("optimizer", "sgd") != optimizer:
         raise CheckpointError(f"{path}: written by optimizer {meta.get('optimizer', 'sgd')}, not {optimizer}: "
                               "resume with the run's --optimizer")
@@ -88,7 +91,8 @@ def _read(path: str, n_w: int, servers: int, optimizer: str) -> tuple[dict, dict
     return meta, arrays
 
 
-def load(run_dir: str, servers: int, n_w: int, optimizer: str = "sgd") -> tuple[np.ndarray, dict, list[dict]]:
+def load(run_dir: str, servers: int, n_w: int, optimizer: str = "sgd",
+         model_parallel: int = 1) -> tuple[np.ndarray, dict, list[dict]]:
     """The full parameter vector at the newest cut every server's files hold, server 0's
     meta of that cut (progress), and each shard's optimizer state (its arrays, by name).
     Any missing, damaged or mismatched file, or no cut common to all, raises CheckpointError."""
@@ -98,7 +102,7 @@ def load(run_dir: str, servers: int, n_w: int, optimizer: str = "sgd") -> tuple[
         for previous in (False, True):
             path = path_of(run_dir, s, previous)
             if os.path.exists(path):
-                meta, arrays = _read(path, n_w, servers, optimizer)
+                meta, arrays = _read(path, n_w, servers, optimizer, model_parallel)
                 found[meta.get("cut", 0)] = (meta, arrays)
         if not found:
             raise CheckpointError(f"{path_of(run_dir, s)}: no checkpoint (was the run started with "
@@ -126,10 +130,11 @@ class Checkpointing:
     history on rank 0, {} elsewhere)."""
 
     def __init__(self, run_dir: str, index: int, servers: int, shard: tuple[int, int], n_w: int,
-                 w: np.ndarray, every: tuple[str, float] | None, progress, state=dict, optimizer: str = "sgd"):
+                 w: np.ndarray, every: tuple[str, float] | None, progress, state=dict, optimizer: str = "sgd",
+                 model_parallel: int = 1):
         self.run_dir, self.index, self.servers, self.shard, self.n_w = run_dir, index, servers, shard, n_w
         self.w, self.every, self.progress, self.state = w, every, progress, state  # w: the shard, a live view
-        self.optimizer = optimizer
+        self.optimizer, self.model_parallel = optimizer, model_parallel
         self.last_rounds, self.last_time = 0, time.monotonic()
 
     def due(self, rounds: int) -> bool:
@@ -143,5 +148,5 @@ class Checkpointing:
         """Write this shard as it is now, as cut `cut`."""
         save(self.run_dir, self.index, {"w": self.w, **self.state()},
              {"n_w": self.n_w, "servers": self.servers, "shard": list(self.shard), "rounds": rounds, "cut": cut,
-              "optimizer": self.optimizer, **self.progress()})
+              "optimizer": self.optimizer, "model_parallel": self.model_parallel, **self.progress()})
         self.last_rounds, self.last_time = rounds, time.monotonic()

@@ -40,6 +40,7 @@ class Config:
     arch: str = "ps"             # ps: parameter servers; p2p: every rank a worker owning 1/N of w;
                                  # allreduce: every rank a worker, summing with the others
     allreduce: str = "ring"      # allreduce's algorithm: ring (asgd's, point to point) | mpi (MPI_Iallreduce)
+    model_parallel: int = 1      # K: replicas of K workers that split the hidden layer (run.topology)
     servers: int = 1             # ranks 0..servers-1 serve a shard of w each
     mode: str = "async"          # async | ssp | sync
     staleness: int = 3           # ssp: at most this many steps ahead of the slowest worker
@@ -108,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--arch allreduce's algorithm: ring (default): asgd's own ring allreduce, a "
                         "reduce-scatter then an allgather to the next rank, point to point, so every byte is "
                         "counted; mpi: MPI_Iallreduce, whose algorithm (and bytes) the MPI library chooses")
+    p.add_argument("--model-parallel", type=int, default=d.model_parallel, metavar="K",
+                   help="split the hidden layer K ways (model partitioning): workers form replicas of K "
+                        "consecutive ranks, each holding 1/K of the hidden units (its rows of W1 and b1, "
+                        "its columns of W2), summing their partial logits each step, and exchanging only "
+                        "its own slice of Delta-w; K must divide --hidden and the workers (default 1)")
     p.add_argument("--servers", type=int, default=d.servers, metavar="S",
                    help="ranks 0..S-1 are servers, each owning a contiguous shard of the "
                         "parameters (default %(default)s)")
@@ -182,6 +188,17 @@ def validate(cfg: Config, world_size: int) -> None:
         need(cfg.mode in ("async", "sync"), "--arch allreduce is synchronous; --mode ssp does not apply")
         need(cfg.compress == "none", "--compress 1bit needs --arch ps or p2p (allreduce sums float64 Delta-w)")
     need(cfg.hidden >= 1, f"--hidden must be >= 1, got {cfg.hidden}")
+    K = cfg.model_parallel
+    workers = world_size - (cfg.servers if cfg.arch == "ps" else 0)
+    need(K >= 1, f"--model-parallel must be >= 1, got {K}")
+    need(cfg.hidden % K == 0, f"--model-parallel {K} does not divide --hidden {cfg.hidden}: every slice of "
+                              "the hidden layer must be the same size")
+    need(K <= workers, f"--model-parallel {K} needs at least {K} workers, got {workers}")
+    need(workers % K == 0, f"--model-parallel {K} does not divide the {workers} workers into replicas: use a "
+                           f"worker count that is a multiple of {K}")
+    need(K == 1 or cfg.arch != "allreduce" or not (cfg.checkpoint_every or "").endswith("s"),
+         "--arch allreduce with --model-parallel checkpoints every N updates, not every N seconds "
+         "(its slices' ranks decide alone, by their count)")
     need(cfg.batch >= 1, f"--batch must be >= 1, got {cfg.batch}")
     need(cfg.epochs >= 1, f"--epochs must be >= 1, got {cfg.epochs}")
     need(cfg.lr is None or (math.isfinite(cfg.lr) and cfg.lr > 0),

@@ -87,15 +87,23 @@ def _staleness(records: list[dict]) -> None:
         n = h.sum()
         return {"mean": float(h @ np.arange(len(h)) / n) if n else 0.0,
                 "max": int(np.flatnonzero(h).max(initial=0)), "histogram": h.tolist()}
-    servers = [r for r in records if r["role"] in ("server", "peer")]   # p2p: every rank both,
-    workers = [r for r in records if r["role"] in ("worker", "peer")]   # worker j is rank j there
+    servers = [r for r in records if r["role"] in ("server", "peer")]   # p2p: every rank both
+    workers = [r for r in records if r["role"] in ("worker", "peer")]
+
+    def of(hists, j: int, rank: int) -> list[list[int]]:
+        """A server's histogram of one worker: by rank (a dict), or by its place among
+        the workers (a list: asgd.sim's); none if the worker never pushed to it."""
+        if isinstance(hists, dict):
+            got = hists.get(rank, hists.get(str(rank)))
+            return [got] if got is not None else []
+        return [hists[j]]
     worked = {}
     for j, r in enumerate(workers):
-        worked[r["rank"]] = (dist([s["staleness_hist"][j] for s in servers]),
-                             dist([s["step_gap_hist"][j] for s in servers]))
+        worked[r["rank"]] = (dist([h for s in servers for h in of(s["staleness_hist"], j, r["rank"])]),
+                             dist([h for s in servers for h in of(s["step_gap_hist"], j, r["rank"])]))
     for s in servers:
-        s["staleness_applied"] = dist(s.pop("staleness_hist"))
-        s["step_gap_applied"] = dist(s.pop("step_gap_hist"))
+        s["staleness_applied"] = dist(_hists(s.pop("staleness_hist")))
+        s["step_gap_applied"] = dist(_hists(s.pop("step_gap_hist")))
     for r in records:
         if r["rank"] in worked:   # a worker's: of its own pushes, on every server
             r["staleness"], r["step_gap"] = worked[r["rank"]]
@@ -104,6 +112,10 @@ def _staleness(records: list[dict]) -> None:
         if r["role"] != "peer":
             r.pop("staleness_applied", None)
             r.pop("step_gap_applied", None)
+
+
+def _hists(h) -> list:
+    return list(h.values()) if isinstance(h, dict) else h
 
 
 def profile(results: dict) -> dict:
