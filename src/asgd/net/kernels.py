@@ -279,42 +279,56 @@ def step_rows(W1, b1, W2, b2, X, y, lr, r0, r1, dW1, db1, dW2, db2, scratch, los
     of it (blocks shorter than step_block(scratch) only reload more weights)."""
     W2T, dW2T, Hs, Xs, Zs, gb = scratch
     B = y.shape[0]
-    d_in, H = W1.shape
-    d_out = W2.shape[1]
     S = Hs.shape[0]
     if r0 % 4 != 0 or r0 < 0 or r1 > B:
         raise ValueError("step_rows: rows must start at a multiple of 4 and lie in the batch")
     scale = -lr / B
-    fused = d_in == 2 and d_out == 2
     for b0 in range(r0, r1, S):
         nb = min(S, r1 - b0)
         nbp = _forward_block(W1, b1, W2T, b2, X, b0, nb, Xs, Zs, Hs)
-        # softmax cross-entropy via log-sum-exp (finite for any finite logits); Zs becomes dz
-        for b in range(nbp):
-            if b >= nb:
-                for k in range(d_out):
-                    Zs[b, k] = 0.0      # pad rows: dz = 0, so they add nothing to the gradients
-                continue
-            m = Zs[b, 0]
-            for k in range(1, d_out):
-                m = max(m, Zs[b, k])
-            s = 0.0
-            for k in range(d_out):
-                s += math.exp(Zs[b, k] - m)
-            yb = y[b0 + b]
-            loss += math.log(s) - (Zs[b, yb] - m)
-            for k in range(d_out):
-                Zs[b, k] = math.exp(Zs[b, k] - m) / s * scale
-            Zs[b, yb] -= scale
-            for k in range(d_out):
-                db2[k] += Zs[b, k]
-        for j0 in range(0, H, CH):
-            j1 = min(j0 + CH, H)
-            if fused:
-                _bwd22(W2T, Xs, Zs, Hs, dW1, db1, dW2T, nbp, j0, j1)
-            else:
-                _bwd_any(W2T, X, b0, Zs, Hs, dW1, db1, dW2T, gb, nbp, j0, j1)
+        loss = _xent_block(Zs, y, b0, nb, nbp, scale, db2, loss)
+        _backward_block(W2T, X, b0, Zs, Hs, Xs, dW1, db1, dW2T, gb, nbp)
     return loss
+
+
+@njit(**_FAST)
+def _xent_block(Zs, y, b0, nb, nbp, scale, db2, loss):
+    """Softmax cross-entropy of the block's logits Zs (samples b0..b0+nb of y) via
+    log-sum-exp (finite for any finite logits): their losses added to `loss`, which is
+    returned; Zs becomes dz (scaled by `scale`), pad rows up to nbp zero; dz added into db2."""
+    d_out = Zs.shape[1]
+    for b in range(nbp):
+        if b >= nb:
+            for k in range(d_out):
+                Zs[b, k] = 0.0      # pad rows: dz = 0, so they add nothing to the gradients
+            continue
+        m = Zs[b, 0]
+        for k in range(1, d_out):
+            m = max(m, Zs[b, k])
+        s = 0.0
+        for k in range(d_out):
+            s += math.exp(Zs[b, k] - m)
+        yb = y[b0 + b]
+        loss += math.log(s) - (Zs[b, yb] - m)
+        for k in range(d_out):
+            Zs[b, k] = math.exp(Zs[b, k] - m) / s * scale
+        Zs[b, yb] -= scale
+        for k in range(d_out):
+            db2[k] += Zs[b, k]
+    return loss
+
+
+@njit(**_FAST)
+def _backward_block(W2T, X, b0, Zs, Hs, Xs, dW1, db1, dW2T, gb, nbp):
+    """The block's dz (Zs) and stored h (Hs) into the gradients of W1, b1 and W2 (transposed), chunk by chunk."""
+    d_in, H = dW1.shape
+    fused = d_in == 2 and W2T.shape[0] == 2
+    for j0 in range(0, H, CH):
+        j1 = min(j0 + CH, H)
+        if fused:
+            _bwd22(W2T, Xs, Zs, Hs, dW1, db1, dW2T, nbp, j0, j1)
+        else:
+            _bwd_any(W2T, X, b0, Zs, Hs, dW1, db1, dW2T, gb, nbp, j0, j1)
 
 
 @njit(**_FAST)

@@ -122,23 +122,37 @@ def make_step(layout: Layout, batch: int):
 
     def step(w, X, y, lr, dw, progress=None):
         W, D = layout.views(w), layout.views(dw)
-        B = len(y)
         kernels.step_begin(*W, X, y, *D, scratch)
-        loss, r, rows = 0.0, 0, block
-        while r < B:
-            if progress is None or progress():
-                progress, r1 = None, B
-            else:
-                r1 = min(r + rows, B)
-            t = time.perf_counter()
-            loss = kernels.step_rows(*W, X, y, lr, r, r1, *D, scratch, loss)
-            if progress is not None:   # the next call's samples: about PROGRESS_S of work
-                per_row = (time.perf_counter() - t) / (r1 - r)
-                rows = max(4, min(block, int(PROGRESS_S / per_row) // 4 * 4)) if per_row > 0 else block
-            r = r1
+        loss = 0.0
+
+        def rows(r0, r1):
+            nonlocal loss
+            loss = kernels.step_rows(*W, X, y, lr, r0, r1, *D, scratch, loss)
+        in_pieces(rows, len(y), block, progress)
         kernels.step_end(D[2], scratch)
-        return loss / B
+        return loss / len(y)
     return step
+
+
+def in_pieces(run, B: int, block: int, progress=None):
+    """run(r0, r1) over the rows [0, B) of a batch: in one call without progress; with
+    it, progress() before each call while it returns False, each call over about
+    PROGRESS_S of work (a multiple of 4 rows, at most `block`, sized from the time the
+    last call took), and the rest in one call once it returns True. Returns progress, or
+    None once it has returned True (then the caller's next phase need not ask again)."""
+    r, rows = 0, block
+    while r < B:
+        if progress is None or progress():
+            progress, r1 = None, B
+        else:
+            r1 = min(r + rows, B)
+        t = time.perf_counter()
+        run(r, r1)
+        if progress is not None:   # the next call's samples: about PROGRESS_S of work
+            per_row = (time.perf_counter() - t) / (r1 - r)
+            rows = max(4, min(block, int(PROGRESS_S / per_row) // 4 * 4)) if per_row > 0 else block
+        r = r1
+    return progress
 
 
 def make_evaluate(layout: Layout, w: np.ndarray, test):
