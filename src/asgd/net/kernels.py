@@ -291,7 +291,13 @@ def step_rows(W1, b1, W2, b2, X, y, lr, r0, r1, dW1, db1, dW2, db2, scratch, los
     return loss
 
 
-@njit(**_FAST)
+# _xent_block and _backward_block are inlined by numba, not called: a call to a shared
+# helper may go at run time to another compiled copy of it than the caller's own (numba
+# links a helper into each caller as a weak symbol, and the first copy loaded wins),
+# optimized apart and different in the last bit; a rank that loaded step_rows from the
+# cache then computed other bits than the rank that compiled it
+# (test_a_step_has_the_same_bits_compiled_or_loaded_from_the_cache).
+@njit(inline="always", **_FAST)
 def _xent_block(Zs, y, b0, nb, nbp, scale, db2, loss):
     """Softmax cross-entropy of the block's logits Zs (samples b0..b0+nb of y) via
     log-sum-exp (finite for any finite logits): their losses added to `loss`, which is
@@ -318,7 +324,7 @@ def _xent_block(Zs, y, b0, nb, nbp, scale, db2, loss):
     return loss
 
 
-@njit(**_FAST)
+@njit(inline="always", **_FAST)
 def _backward_block(W2T, X, b0, Zs, Hs, Xs, dW1, db1, dW2T, gb, nbp):
     """The block's dz (Zs) and stored h (Hs) into the gradients of W1, b1 and W2 (transposed), chunk by chunk."""
     d_in, H = dW1.shape
