@@ -49,7 +49,7 @@ def test_each_role_loads_only_its_kernels(role, rank, reads_file, compress, kern
     got = _loaded(f"from asgd.run import startup\nstartup.load({uses!r})")["compiled"]
     public = {name.rsplit(".", 1)[1] for name in got} - {"_mix", "_sigmoid", "vexp", "_fwd22", "_bwd22", "_fwd_any",
                                                          "_bwd_any", "_forward_block", "_transpose_into",
-                                                         "_check_labels", "_block_rows", "_space", "_digit",
+                                                         "_check_labels", "_block_rows", "_split_means", "_space", "_digit",
                                                          "_special", "_float_kind", "_fail"}  # callees
     assert public == kernels
 

@@ -279,42 +279,63 @@ def step_rows(W1, b1, W2, b2, X, y, lr, r0, r1, dW1, db1, dW2, db2, scratch, los
     of it (blocks shorter than step_block(scratch) only reload more weights)."""
     W2T, dW2T, Hs, Xs, Zs, gb = scratch
     B = y.shape[0]
-    d_in, H = W1.shape
-    d_out = W2.shape[1]
     S = Hs.shape[0]
     if r0 % 4 != 0 or r0 < 0 or r1 > B:
         raise ValueError("step_rows: rows must start at a multiple of 4 and lie in the batch")
     scale = -lr / B
-    fused = d_in == 2 and d_out == 2
     for b0 in range(r0, r1, S):
         nb = min(S, r1 - b0)
         nbp = _forward_block(W1, b1, W2T, b2, X, b0, nb, Xs, Zs, Hs)
-        # softmax cross-entropy via log-sum-exp (finite for any finite logits); Zs becomes dz
-        for b in range(nbp):
-            if b >= nb:
-                for k in range(d_out):
-                    Zs[b, k] = 0.0      # pad rows: dz = 0, so they add nothing to the gradients
-                continue
-            m = Zs[b, 0]
-            for k in range(1, d_out):
-                m = max(m, Zs[b, k])
-            s = 0.0
-            for k in range(d_out):
-                s += math.exp(Zs[b, k] - m)
-            yb = y[b0 + b]
-            loss += math.log(s) - (Zs[b, yb] - m)
-            for k in range(d_out):
-                Zs[b, k] = math.exp(Zs[b, k] - m) / s * scale
-            Zs[b, yb] -= scale
-            for k in range(d_out):
-                db2[k] += Zs[b, k]
-        for j0 in range(0, H, CH):
-            j1 = min(j0 + CH, H)
-            if fused:
-                _bwd22(W2T, Xs, Zs, Hs, dW1, db1, dW2T, nbp, j0, j1)
-            else:
-                _bwd_any(W2T, X, b0, Zs, Hs, dW1, db1, dW2T, gb, nbp, j0, j1)
+        loss = _xent_block(Zs, y, b0, nb, nbp, scale, db2, loss)
+        _backward_block(W2T, X, b0, Zs, Hs, Xs, dW1, db1, dW2T, gb, nbp)
     return loss
+
+
+# _xent_block and _backward_block are inlined by numba, not called: a call to a shared
+# helper may go at run time to another compiled copy of it than the caller's own (numba
+# links a helper into each caller as a weak symbol, and the first copy loaded wins),
+# optimized apart and different in the last bit; a rank that loaded step_rows from the
+# cache then computed other bits than the rank that compiled it
+# (test_a_step_has_the_same_bits_compiled_or_loaded_from_the_cache), and the
+# model-parallel step other bits than make_step.
+@njit(inline="always", **_FAST)
+def _xent_block(Zs, y, b0, nb, nbp, scale, db2, loss):
+    """Softmax cross-entropy of the block's logits Zs (samples b0..b0+nb of y) via
+    log-sum-exp (finite for any finite logits): their losses added to `loss`, which is
+    returned; Zs becomes dz (scaled by `scale`), pad rows up to nbp zero; dz added into db2."""
+    d_out = Zs.shape[1]
+    for b in range(nbp):
+        if b >= nb:
+            for k in range(d_out):
+                Zs[b, k] = 0.0      # pad rows: dz = 0, so they add nothing to the gradients
+            continue
+        m = Zs[b, 0]
+        for k in range(1, d_out):
+            m = max(m, Zs[b, k])
+        s = 0.0
+        for k in range(d_out):
+            s += math.exp(Zs[b, k] - m)
+        yb = y[b0 + b]
+        loss += math.log(s) - (Zs[b, yb] - m)
+        for k in range(d_out):
+            Zs[b, k] = math.exp(Zs[b, k] - m) / s * scale
+        Zs[b, yb] -= scale
+        for k in range(d_out):
+            db2[k] += Zs[b, k]
+    return loss
+
+
+@njit(inline="always", **_FAST)
+def _backward_block(W2T, X, b0, Zs, Hs, Xs, dW1, db1, dW2T, gb, nbp):
+    """The block's dz (Zs) and stored h (Hs) into the gradients of W1, b1 and W2 (transposed), chunk by chunk."""
+    d_in, H = dW1.shape
+    fused = d_in == 2 and W2T.shape[0] == 2
+    for j0 in range(0, H, CH):
+        j1 = min(j0 + CH, H)
+        if fused:
+            _bwd22(W2T, Xs, Zs, Hs, dW1, db1, dW2T, nbp, j0, j1)
+        else:
+            _bwd_any(W2T, X, b0, Zs, Hs, dW1, db1, dW2T, gb, nbp, j0, j1)
 
 
 @njit(**_FAST)
@@ -342,6 +363,91 @@ def sgd_step(W1, b1, W2, b2, X, y, lr, dW1, db1, dW2, db2, scratch):
     loss = step_rows(W1, b1, W2, b2, X, y, lr, 0, y.shape[0], dW1, db1, dW2, db2, scratch, 0.0)
     step_end(dW2, scratch)
     return loss / y.shape[0]
+
+
+# -- one slice of a model-parallel replica (mlp.ModelParallelStep) ------------------
+# The step above cut where a replica sums its members' partial logits: the forward over
+# the whole batch first, keeping h for all of it (batch x the slice's units, so the
+# backward needs no second exp), then the caller's sum, then the softmax and the
+# backward. Same block kernels, same order of every sum over samples and units, so one
+# slice holding the whole model gives step_rows' bits, and any split of either half
+# into calls (rows starting at multiples of 4) gives the same bits as one call.
+
+def make_mp_scratch(batch: int, d_hidden: int, d_out: int):
+    """Work arrays of a model-parallel slice: (W2T, dW2T, Hb, Xb, Zb, gb) as make_scratch's,
+    but h (Hb), the padded X rows (Xb) and the logits/dz (Zb) for the whole batch, rows
+    rounded up to a multiple of 4 (the fused loops' pad rows)."""
+    rows = (batch + 3) // 4 * 4
+    return (np.empty((d_out, d_hidden)), np.empty((d_out, d_hidden)), np.empty((rows, d_hidden)),
+            np.empty((rows, 2)), np.empty((rows, d_out)), np.empty(CH))
+
+
+def mp_block(batch: int, d_hidden: int) -> int:
+    """Samples per block of the model-parallel kernels (the unit of a progress split): step_rows'."""
+    return int(_block_rows(batch, d_hidden))
+
+
+@njit(**_FAST)
+def mp_forward_begin(W1, W2, X, scratch):
+    """Check a batch against the slice and its scratch; W2 transposed into the scratch
+    (the backward uses this copy: w may change before it runs)."""
+    W2T, dW2T, Hb, Xb, Zb, gb = scratch
+    B = X.shape[0]
+    d_in, H = W1.shape
+    d_out = W2.shape[1]
+    rows = (B + 3) // 4 * 4
+    if (B == 0 or X.shape[1] != d_in or W2.shape[0] != H or W2T.shape[0] != d_out or W2T.shape[1] != H
+            or dW2T.shape[0] != d_out or dW2T.shape[1] != H or Hb.shape[1] != H or Zb.shape[1] != d_out
+            or Hb.shape[0] < rows or Xb.shape[0] < rows or Zb.shape[0] < rows or gb.shape[0] < CH):
+        raise ValueError("mp_forward: empty batch, or X/scratch do not match the slice (see make_mp_scratch)")
+    _transpose_into(W2, W2T)
+
+
+@njit(**_FAST)
+def mp_forward_rows(W1, b1, b2, X, r0, r1, S, scratch):
+    """Samples r0..r1-1 (r0 a multiple of 4), S at a time: their h into the scratch's Hb
+    and their logits over this slice's units, plus b2 (zeros on all slices but one),
+    into its Zb."""
+    W2T, dW2T, Hb, Xb, Zb, gb = scratch
+    if r0 % 4 != 0 or r0 < 0 or r1 > X.shape[0] or S <= 0 or S % 4 != 0:
+        raise ValueError("mp_forward_rows: rows must start at a multiple of 4 and lie in the batch")
+    for b0 in range(r0, r1, S):
+        _forward_block(W1, b1, W2T, b2, X, b0, min(S, r1 - b0), Xb[b0:], Zb[b0:], Hb[b0:])
+
+
+@njit(**_FAST)
+def mp_backward_begin(y, dW1, db1, db2, scratch):
+    """Check the labels against the scratch (the forward's batch); the gradients zeroed."""
+    W2T, dW2T, Hb, Xb, Zb, gb = scratch
+    d_out, H = W2T.shape
+    if (y.shape[0] == 0 or Zb.shape[0] < y.shape[0] or dW1.shape[1] != H or db1.shape[0] != H
+            or db2.shape[0] != d_out):
+        raise ValueError("mp_backward: empty batch, or the gradients do not match the slice")
+    _check_labels(y, d_out)
+    dW2T[:] = 0.0
+    dW1[:] = 0.0
+    db1[:] = 0.0
+    db2[:] = 0.0
+
+
+@njit(**_FAST)
+def mp_backward_rows(X, y, lr, r0, r1, S, dW1, db1, db2, scratch, loss):
+    """Samples r0..r1-1 (r0 a multiple of 4), S at a time, from their summed logits in the
+    scratch's Zb: their losses added to `loss`, which is returned, and their gradients
+    (scaled by -lr / the batch's size) added into the slice's (dW2's transposed, in the
+    scratch: step_end writes it out). X and y are the forward's batch."""
+    W2T, dW2T, Hb, Xb, Zb, gb = scratch
+    B = y.shape[0]
+    if r0 % 4 != 0 or r0 < 0 or r1 > B or S <= 0 or S % 4 != 0:
+        raise ValueError("mp_backward_rows: rows must start at a multiple of 4 and lie in the batch")
+    scale = -lr / B
+    fused = dW1.shape[0] == 2 and W2T.shape[0] == 2
+    for b0 in range(r0, r1, S):
+        nb = min(S, r1 - b0)
+        nbp = (nb + 3) // 4 * 4 if fused else nb   # the forward's pad rows (the batch's last block)
+        loss = _xent_block(Zb[b0:], y, b0, nb, nbp, scale, db2, loss)
+        _backward_block(W2T, X, b0, Zb[b0:], Hb[b0:], Xb[b0:], dW1, db1, dW2T, gb, nbp)
+    return loss
 
 
 @njit(**_FAST)
