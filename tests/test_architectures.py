@@ -90,9 +90,83 @@ def test_every_mode_learns_the_default_problem(tmp_path, n, args):
                 assert x["staleness"]["max"] == 0
 
 
+@pytest.mark.openmpi
 def test_options_that_do_not_fit(tmp_path):
+    """Each bad combination: one line from rank 0, exit status 2 from every rank."""
     for n, args, msg in [(3, ["--servers", "3"], "--servers 3 leaves no worker among 3 ranks"),
                          (2, ["--arch", "allreduce", "--servers", "2"], "--servers does not apply"),
-                         (2, ["--mode", "ssp", "--staleness", "0"], "--staleness must be >= 1")]:
+                         (3, ["--arch", "p2p", "--servers", "2"], "--servers does not apply to --arch p2p"),
+                         (2, ["--mode", "ssp", "--staleness", "0"], "--staleness must be >= 1"),
+                         (5, ["--model-parallel", "3"], "--model-parallel 3 does not divide --hidden 10000"),
+                         (3, ["--model-parallel", "4", "--hidden", "100"], "--model-parallel 4 needs at least 4 workers"),
+                         (4, ["--model-parallel", "2"], "--model-parallel 2 does not divide the 3 workers"),
+                         (4, ["--arch", "allreduce", "--model-parallel", "2", "--checkpoint-every", "5s"],
+                          "checkpoints every N updates, not every N seconds")]:
         p = mpiexec(n, args + ["--out", str(tmp_path)], timeout=30)
         assert p.returncode == 2 and msg in p.stderr, p.stderr
+        assert p.stderr.count("\n") == 1, p.stderr
+
+
+@pytest.mark.parametrize("n, args", [
+    (5, ["--model-parallel", "2"]),                                   # 1 server, 2 replicas of 2
+    (4, ["--arch", "allreduce", "--model-parallel", "2"]),
+    (4, ["--arch", "p2p", "--model-parallel", "2", "--compress", "1bit"]),
+])
+def test_model_parallel_learns(tmp_path, n, args):
+    p = mpiexec(n, args + ["--epochs", "3", "--out", str(tmp_path), "--quiet"], timeout=120)
+    assert p.returncode == 0, p.stderr
+    r = load_results(tmp_path)
+    assert r["metrics"]["accuracy"] >= 0.95
+    assert r["config"]["model_parallel"] == 2 and r["config"]["replicas"] == 2
+    trainers = [x for x in r["ranks"] if x["role"] != "server"]
+    for x in trainers:   # the replica's members sum their logits each step, counted
+        assert x["phases"]["replica_sum"] > 0 and x["bytes"]["train"]["sent"] > 0
+    weights = np.load(tmp_path / "weights.npy")
+    assert weights.shape == (r["config"]["n_w"],) and np.isfinite(weights).all()
+
+
+@pytest.mark.parametrize("arch", ["ps", "allreduce"])
+def test_model_parallel_sync_takes_the_same_steps(tmp_path, arch):
+    """Sync, the same seed: two replicas of 2 ranks take the steps two workers take,
+    their losses equal but for the order of sums (1e-6), their weights too."""
+    common = ["--mode", "sync", "--hidden", "300", "--epochs", "2", "--batch", "64", "--seed", "5", "--quiet"]
+    if arch != "ps":
+        common = ["--arch", arch] + common
+    S = 1 if arch == "ps" else 0
+    got = {}
+    for K in (1, 2):
+        p = mpiexec(S + 2 * K, common + ["--model-parallel", str(K), "--out", str(tmp_path / f"k{K}")])
+        assert p.returncode == 0, p.stderr
+        r = load_results(tmp_path / f"k{K}")
+        got[K] = (np.array(r["metrics"]["step_loss"]), np.load(tmp_path / f"k{K}" / "weights.npy"))
+    assert len(got[1][0]) == len(got[2][0]) > 0
+    np.testing.assert_allclose(got[2][0], got[1][0], rtol=1e-6, atol=0)
+    np.testing.assert_allclose(got[2][1], got[1][1], rtol=1e-6, atol=1e-9)
+
+
+def test_model_parallel_divides_each_ranks_weights(tmp_path):
+    """results.json's weight_bytes: a worker of a replica of 4 holds about a quarter of the
+    parameter-sized buffers a worker holds alone; a server its shard's."""
+    got = {}
+    for K in (1, 4):
+        p = mpiexec(1 + 4, ["--model-parallel", str(K), "--hidden", "4000", "--epochs", "1", "--quiet",
+                            "--out", str(tmp_path / f"k{K}")])
+        assert p.returncode == 0, p.stderr
+        r = load_results(tmp_path / f"k{K}")
+        got[K] = [x["weight_bytes"] for x in r["ranks"] if x["role"] == "worker"]
+    assert min(got[1]) > 0
+    assert all(0.2 < k4 / max(got[1]) < 0.3 for k4 in got[4]), got
+
+
+def test_model_parallel_checkpoints_and_resumes(tmp_path):
+    run = tmp_path / "run"
+    args = ["--model-parallel", "2", "--servers", "2", "--checkpoint-every", "0.3s", "--quiet"]
+    p = mpiexec(6, args + ["--epochs", "2", "--out", str(run)], timeout=120)
+    assert p.returncode == 0, p.stderr
+    p = mpiexec(6, args + ["--epochs", "3", "--resume", str(run)], timeout=120)
+    assert p.returncode == 0, p.stderr
+    r = load_results(run)
+    assert [h["epoch"] for h in r["metrics"]["history"]] == [1, 2, 3]
+    assert r["metrics"]["accuracy"] >= 0.95
+    p = mpiexec(6, ["--servers", "2", "--epochs", "4", "--resume", str(run)], timeout=60)
+    assert p.returncode == 2 and "resume with the run's --model-parallel" in p.stderr, p.stderr

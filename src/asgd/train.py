@@ -111,8 +111,9 @@ def init(job: Job) -> Model:
     allreduce = cfg.arch == "allreduce"
     reads_file = cfg.data is not None
     compress = cfg.compress != "none"
-    mine = startup.loads(job.role, job.rank, reads_file, allreduce, cfg.optimizer, compress)
-    error = startup.warm_up(comm, waiter, mine, startup.node_loads(reads_file, allreduce, cfg.optimizer, compress))
+    mp = cfg.model_parallel > 1
+    mine = startup.loads(job.role, job.rank, reads_file, allreduce, cfg.optimizer, compress, mp)
+    error = startup.warm_up(comm, waiter, mine, startup.node_loads(reads_file, allreduce, cfg.optimizer, compress, mp))
     agree_on(comm, waiter, error, "the other ranks to load their kernels", Agreed)
 
     got = load_data(job)  # collective; a bad file raises the same DataError on every rank

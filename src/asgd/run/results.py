@@ -12,6 +12,7 @@ import sys
 import numpy as np
 
 from .files import atomic_write
+from .trace import PHASES
 
 SCHEMA_VERSION = 1
 
@@ -129,6 +130,8 @@ def profile(results: dict) -> dict:
         row = {"rank": r["rank"], "role": r["role"], "init_pct": pct("init"), "barrier_pct": pct("idle")}
         if r["role"] in ("worker", "peer"):
             row.update(compute_pct=pct("compute"), comm_wait_pct=pct("comm_wait", "push"))
+            if "replica_sum" in p:   # model-parallel: the replica's members summing their logits
+                row["replica_pct"] = pct("replica_sum")
         if r["role"] in ("server", "peer"):
             training = total - p.get("init", 0.0)
             row.update(busy_pct=100.0 * (p.get("aggregate", 0.0) + p.get("evaluate", 0.0)) / max(training, 1e-9))
@@ -178,8 +181,7 @@ def role_split(results: dict) -> dict[str, dict[str, float]]:
     return out
 
 
-_PHASE_ORDER = ["init", "read", "parse", "shuffle", "compute", "push", "comm_wait", "aggregate",
-                "evaluate", "idle"]
+_PHASE_ORDER = list(PHASES)
 _INIT_PARTS = ("read", "parse", "shuffle")  # sub-phases inside init: not added to the total again
 
 
@@ -188,7 +190,9 @@ def summary(results: dict, path: str) -> str:
     lines = [
         f"asgd: {c['world_size']} ranks ("
         + (f"p2p: every rank a worker owning 1/{c['world_size']} of w" if c.get("arch") == "p2p"
-           else f"{c['servers']} server, {c['workers']} workers") + "), "
+           else f"{c['servers']} server, {c['workers']} workers")
+        + (f" in {c['replicas']} replicas of {c['model_parallel']}" if c.get("model_parallel", 1) > 1 else "")
+        + "), "
         f"{c['features']}-{c['hidden']}-{c['classes']} MLP ({c['n_w']:,} parameters), "
         f"batch {c['batch']}, lr {c['lr']:g}, {c['epochs']} epochs"
         + (f", {c['compress']} messages" if c.get("compress", "none") != "none" else ""),
@@ -199,16 +203,20 @@ def summary(results: dict, path: str) -> str:
     ]
     split = role_split(results)
     phases = [p for p in _PHASE_ORDER if any(p in s for s in split.values())]
-    lines.append("  " + f"{'role':8}" + "".join(f"{p:>11}" for p in phases))
+    lines.append("  " + f"{'role':8}" + "".join(f"{p:>12}" for p in phases))
     for role, s in split.items():
         lines.append("  " + f"{role:8}" + "".join(
-            f"{s[p]:>11.2f}" if p in s else f"{'-':>11}" for p in phases))
+            f"{s[p]:>12.2f}" if p in s else f"{'-':>12}" for p in phases))
     lines.append("per rank, % of wall time (IPM style; busy: % of the server's training time):")
-    lines.append(f"  {'rank':>4} {'role':7} {'init':>6} {'compute':>8} {'wait':>6} {'barrier':>8} {'busy':>6}")
+    rows = results["profile"]["ranks"]
+    replica = any("replica_pct" in row for row in rows)   # model-parallel: the replica's logit sums
+    lines.append(f"  {'rank':>4} {'role':7} {'init':>6} {'compute':>8} {'wait':>6} "
+                 + (f"{'replica':>8} " if replica else "") + f"{'barrier':>8} {'busy':>6}")
     f = lambda row, k: f"{row[k]:.1f}" if k in row else "-"  # noqa: E731
-    for row in results["profile"]["ranks"]:
+    for row in rows:
         lines.append(f"  {row['rank']:>4} {row['role']:7} {f(row, 'init_pct'):>6} {f(row, 'compute_pct'):>8} "
-                     f"{f(row, 'comm_wait_pct'):>6} {f(row, 'barrier_pct'):>8} {f(row, 'busy_pct'):>6}")
+                     f"{f(row, 'comm_wait_pct'):>6} " + (f"{f(row, 'replica_pct'):>8} " if replica else "")
+                     + f"{f(row, 'barrier_pct'):>8} {f(row, 'busy_pct'):>6}")
     pr = results["profile"]
     lines.append(f"verdict: {pr['bound']}-bound: {pr['why']}")
     lines.append(f"results: {path}")

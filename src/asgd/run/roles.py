@@ -170,8 +170,9 @@ def merge_shards(records: list[dict]) -> dict:
     if len(records) == 1:
         return records[0]
     out = dict(records[0])
-    for k in ("updates", "rounds", "requests", "bytes_sent", "bytes_recv", "refused", "weight_bytes"):
+    for k in ("updates", "requests", "bytes_sent", "bytes_recv", "refused", "weight_bytes"):
         out[k] = sum(r[k] for r in records)
+    # rounds stay the first shard's: every step of a replica makes one version of each
     for k in ("staleness_hist", "step_gap_hist"):
         out[k] = {rank: h for r in records for rank, h in r[k].items()}
     out["shard"] = [records[0]["shard"][0], records[-1]["shard"][1]]

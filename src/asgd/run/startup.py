@@ -8,6 +8,7 @@ and one rank per node loads them first (a cold cache is compiled once, not N tim
     server          aggregate, its optimizer (+ onebit);          parsers (file)
                     rank 0 evaluate
     peer (p2p)      a worker's and a server's; rank 0 evaluate    parsers (file), shares (embedded)
+    (--model-parallel: mp_step, a slice's step, in place of step)
     allreduce rank  step, aggregate, its optimizer; rank 0 eval.  parsers (file), shares (embedded)
     (+ onebit: with --compress 1bit)
 
@@ -31,13 +32,15 @@ RANK_MODULES = ("numpy", "mpi4py.MPI", "asgd.wire", "asgd.mpiutil", "asgd.data.s
 
 
 def loads(role: str, rank: int, reads_file: bool, allreduce: bool = False,
-          optimizer: str = "sgd", compress: bool = False) -> tuple[str, ...]:
-    """The kernel uses of a rank (see the table above), plus 'parsers' or 'shares'."""
+          optimizer: str = "sgd", compress: bool = False, model_parallel: bool = False) -> tuple[str, ...]:
+    """The kernel uses of a rank (see the table above), plus 'parsers' or 'shares'.
+    model_parallel: a worker's step is its slice's (mp_step)."""
     update = f"update:{optimizer}"
+    step = "mp_step" if model_parallel else "step"
     if allreduce:
-        uses = ("step", "aggregate", update)
+        uses = (step, "aggregate", update)
     else:
-        uses = {"worker": ("step",), "server": ("aggregate", update), "peer": ("step", "aggregate", update)}[role]
+        uses = {"worker": (step,), "server": ("aggregate", update), "peer": (step, "aggregate", update)}[role]
         if compress:
             uses += ("onebit",)
     if rank == 0:
@@ -50,10 +53,11 @@ def loads(role: str, rank: int, reads_file: bool, allreduce: bool = False,
 
 
 def node_loads(reads_file: bool, allreduce: bool = False, optimizer: str = "sgd",
-               compress: bool = False) -> tuple[str, ...]:
+               compress: bool = False, model_parallel: bool = False) -> tuple[str, ...]:
     """Every rank's loads together: what a node's first rank compiles when the cache is cold."""
     return tuple(dict.fromkeys(u for role in ("server", "worker") for rank in (0, 1)
-                               for u in loads(role, rank, reads_file, allreduce, optimizer, compress)))
+                               for u in loads(role, rank, reads_file, allreduce, optimizer, compress,
+                                              model_parallel)))
 
 
 def load(uses: tuple[str, ...]) -> None:

@@ -17,8 +17,8 @@ import numpy as np
 
 from ..wire import SEND, flow_is_reply, flow_step
 
-PHASES = ("init", "read", "parse", "shuffle", "compute", "push", "comm_wait", "aggregate",
-          "evaluate", "idle")
+PHASES = ("init", "read", "parse", "shuffle", "compute", "replica_sum", "push", "comm_wait", "aggregate",
+          "evaluate", "idle")   # replica_sum: a model-parallel replica's members summing their logits
 INIT_PHASES = ("init", "read", "parse", "shuffle")  # always recorded, whatever the window
 
 
