@@ -29,13 +29,32 @@ TESTBED = [sys.executable, "-m", "asgd.testbed"]
 
 # -- anywhere --------------------------------------------------------------------------
 
-def test_rates_and_names():
-    assert parse_rate("100mbit") == 100_000_000
-    assert parse_rate("1gbit") == 10**9
-    assert parse_rate("12.5MB/s") == 100_000_000
-    for bad in ("100mbps", "fast", "100", "1bit"):
-        with pytest.raises(ValueError):
-            parse_rate(bad)
+def test_rates_are_tcs_bit_rate_spellings():
+    """tc's bit-rate units, in any case as tc reads them (iproute2's get_rate: strcasecmp);
+    everything else refused, saying what it would mean and what to write: tc's byte
+    rates (12mbps: megabytes/s), 100Mb/s (megabits to most, read as megabytes before),
+    100MB/s, and a bare number (bits/s to tc, bytes/s in its older man page)."""
+    ok = {"100mbit": 10**8, "100Mbit": 10**8, "1GBIT": 10**9, "500kbit": 500_000, "2.5mbit": 2_500_000,
+          "1tbit": 10**12, "64000bit": 64_000, "10kibit": 10_240, "1Mibit": 2**20, "1gibit": 2**30,
+          "1tibit": 2**40}
+    assert {text: parse_rate(text) for text in ok} == ok
+    refused = {"100Mb/s": ["ambiguous", "100mbit", "800mbit"],
+               "100mb/s": ["ambiguous", "100mbit", "800mbit"],
+               "100MB/s": ["megabytes/s", "800mbit"],
+               "1MiB/s": ["mebibytes/s", "8mibit"],
+               "12mbps": ["megabytes/s to tc", "96mbit", "12mbit"],
+               "12Mbps": ["megabytes/s to tc", "96mbit", "12mbit"],
+               "100bps": ["bytes/s to tc", "800bit"],
+               "100Mbit/s": ["100mbit"],
+               "100000000": ["no unit", "bits/s", "100mbit"],
+               "fast": ["mbit", "kibit"], "1bit": ["below 8kbit"]}
+    for text, words in refused.items():
+        with pytest.raises(ValueError) as e:
+            parse_rate(text)
+        assert "\n" not in str(e.value) and all(w in str(e.value) for w in words), (text, str(e.value))
+
+
+def test_names():
     s = Spec("abcdef", 120, 10**8)
     assert max(len(n) for n in [s.bridge, s.veth(119)]) <= 15  # IFNAMSIZ - 1
     assert s.host(3) == "asgd-abcdef-h3" and s.index("asgd-abcdef-h3") == 3

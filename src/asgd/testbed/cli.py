@@ -48,7 +48,8 @@ def parser() -> argparse.ArgumentParser:
     u = sub.add_parser("up", help="make a testbed", description="Make H hosts joined by shaped links.")
     u.add_argument("--hosts", type=int, required=True, help="number of hosts (namespaces)")
     u.add_argument("--bandwidth", type=_rate, required=True, metavar="RATE",
-                   help="each link's rate, each direction: 100mbit, 1gbit, 500kbit, 12.5MB/s (bytes)")
+                   help="each link's rate, each direction, in tc's bit-rate units: 100mbit, 1gbit, 500kbit, "
+                        "10mibit (byte rates such as 12mbps, 100MB/s and bare numbers are refused)")
     u.add_argument("--latency", type=float, default=0.0, metavar="US",
                    help="one-way host-to-host latency in microseconds, by netem (half on each end of "
                         "a link); where netem is not in the kernel it is not applied and up says so")

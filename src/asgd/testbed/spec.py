@@ -23,21 +23,58 @@ MAX_HOSTS = 200                      # addresses .10 .. .209 of the /24
 FIRST_HOST_OCTET = 10
 STATE_ROOT = Path(os.environ.get("ASGD_TESTBED_STATE", "/run/asgd-testbed"))
 
-_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9,
-          "b/s": 8, "kb/s": 8e3, "mb/s": 8e6, "gb/s": 8e9}
+# tc's bit-rate suffixes, matched case-insensitively as tc does (iproute2's get_rate,
+# lib/utils_math.c; the same table in tc_util.c before 5.11). tc also takes byte rates
+# (bps, kbps, mbps, ..., kibps, ...: 12mbps is 12 MEGABYTES/s) and reads a bare number as
+# bits/s (its older man page said bytes/s): both are refused here, as is anything tc
+# itself would refuse, such as 100Mb/s (megabits to most people; this parser once read
+# it as megabytes).
+BIT_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
+             "kibit": 2.0**10, "mibit": 2.0**20, "gibit": 2.0**30, "tibit": 2.0**40}
+MIN_RATE_BIT = 8000
+_SPELLING = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z/]*)\s*")
+_NOT_TCS = re.compile(r"(?i:(k|m|g|t|ki|mi|gi|ti)?)((?i:bps)|B/s|b/s|(?i:bit/s))")
+_PREFIX_WORD = {"": "", "k": "kilo", "m": "mega", "g": "giga", "t": "tera",
+                "ki": "kibi", "mi": "mebi", "gi": "gibi", "ti": "tebi"}
+
+
+def _refusal(text: str, number: float, unit: str) -> str:
+    """Why `text` is not taken, what it would mean, and what to write instead."""
+    if unit == "":
+        return (f"rate {text!r} has no unit: tc reads a bare number as bits/s ({format_rate(number)}; its older "
+                f"man page said bytes/s, {format_rate(8 * number)}): write the unit, e.g. {format_rate(number)}")
+    m = _NOT_TCS.fullmatch(unit)
+    if m:
+        p = (m.group(1) or "").lower()
+        bits, bytes_ = f"{number:g}{p}bit", f"{8 * number:g}{p}bit"
+        word = f"{_PREFIX_WORD[p]}bytes/s"
+        if m.group(2).lower() == "bps":
+            return (f"rate {text!r} is {word} to tc ({bytes_}), {_PREFIX_WORD[p]}bits/s to many readers: write "
+                    f"{bytes_} for {word} or {bits} for {_PREFIX_WORD[p]}bits/s")
+        if m.group(2) == "B/s":
+            return f"rate {text!r} is {word}: write {bytes_} (tc's spelling, in bits/s)"
+        if m.group(2).lower() == "bit/s":
+            return f"rate {text!r}: write {bits} (tc's spelling, without /s)"
+        return (f"rate {text!r} is ambiguous ({_PREFIX_WORD[p]}bits/s to most people, {word} to some): write "
+                f"{bits} for {_PREFIX_WORD[p]}bits/s or {bytes_} for {word}")
+    return (f"bad rate {text!r}: a number and one of tc's bit-rate units {', '.join(BIT_UNITS)} "
+            "(any case), e.g. 100mbit")
 
 
 def parse_rate(text: str) -> int:
-    """Bits per second from '100mbit', '1gbit', '500kbit', '12.5MB/s' (bytes). tc's own
-    'mbps' means megabytes per second, a classic trap, so it is refused."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z/]+)\s*", text)
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _UNITS:
-        raise ValueError(f"bad rate {text!r}: use a number and one of bit, kbit, mbit, gbit "
-                         "(bits/s) or B/s, KB/s, MB/s, GB/s (bytes/s), e.g. 100mbit")
-    bits = float(m.group(1)) * _UNITS[unit]
-    if bits < 8000:
-        raise ValueError(f"rate {text!r} is below 1 KB/s")
+    """Bits per second from tc's bit-rate spellings: '100mbit', '1Gbit', '500kbit',
+    '10mibit'. Byte rates ('12mbps', '100MB/s'), '100Mb/s' and bare numbers raise
+    ValueError with one line saying what they would mean and what to write instead."""
+    m = _SPELLING.fullmatch(text)
+    if not m:
+        raise ValueError(_refusal(text, 0.0, "?"))
+    number, unit = float(m.group(1)), m.group(2)
+    scale = BIT_UNITS.get(unit.lower())
+    if scale is None:
+        raise ValueError(_refusal(text, number, unit))
+    bits = number * scale
+    if bits < MIN_RATE_BIT:
+        raise ValueError(f"rate {text!r} is below {format_rate(MIN_RATE_BIT)} (1 KB/s)")
     return int(bits)
 
 
