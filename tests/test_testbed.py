@@ -62,6 +62,24 @@ def test_names():
         Spec("toolong7", 2, 10**8)
 
 
+def test_the_testbeds_modules_form_a_layered_graph():
+    """No two testbed modules import each other, directly or round a loop (function-level
+    imports included, through test_layers' reading of every import): each module stands
+    above all it imports."""
+    from graphlib import CycleError, TopologicalSorter
+
+    from test_layers import edges
+    graph: dict[str, set[str]] = {}
+    for module, target, _ in edges():
+        if module.startswith("asgd.testbed.") and target.startswith("asgd.testbed.") and target != module:
+            graph.setdefault(module, set()).add(target)
+    assert ("asgd.testbed.cli", "asgd.testbed.lifecycle") in {(m, t) for m in graph for t in graph[m]}
+    try:
+        list(TopologicalSorter(graph).static_order())
+    except CycleError as e:
+        pytest.fail(f"testbed modules import each other in a loop: {' -> '.join(e.args[1])}")
+
+
 def test_placement():
     # servers each on a host of their own; workers round-robin on the others
     assert placement.plan(6, 2, 4) == [0, 1, 2, 3, 2, 3]
@@ -193,8 +211,7 @@ def warm_jit():
 
 
 def _inside(n: str) -> list[int]:
-    return procs.inside(lifecycle._namespace_inodes(n, [f"asgd-{n}-h{k}" for k in range(8)
-                                                          if os.path.exists(f"/run/netns/asgd-{n}-h{k}")]))
+    return procs.of_testbed(n)
 
 
 def _cmdline(pid: int) -> str:

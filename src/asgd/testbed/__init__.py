@@ -14,18 +14,19 @@ places ranks on hosts through the launcher's own remote-start mechanism (an ssh 
 that enters the host's namespaces), so traffic between hosts is TCP through the shaped
 links, which the byte counters on each veth prove.
 
-Modules, one job each:
+Modules, one job each, each importing only those listed above it:
   spec       names, addresses and rates of a testbed (pure: no system calls)
+  placement  which rank runs on which host (pure)
   sh         running ip/tc/nsenter with time limits; what this machine lacks
   hostns     a host's persistent UTS and IPC namespaces (bind-mounted, no holder process)
   links      bridge, namespaces and veth pairs
   shaping    tc tbf (and netem where available) on both ends of a link
   state      the state directory under /run that up writes and down/status/run read
-  procs      processes inside a testbed's namespaces, and ending them
-  placement  which rank runs on which host
-  launch     rewriting an mpiexec command (MPICH hydra, Open MPI) to run on the hosts
+  procs      processes inside a testbed's namespaces, and ending them (for run and down)
   proof      veth byte counters against results.json's per-rank bytes
-  lifecycle  up, down, status
+  model      the performance model's network terms on a testbed's links
+  launch     rewriting an mpiexec command (MPICH hydra, Open MPI) to run on the hosts
+  lifecycle  up, down, status, and the Testbed handle (whose run is launch's)
   cli        python -m asgd.testbed
 """
 

@@ -200,10 +200,7 @@ def run(spec: Spec, cmd: list[str], servers: int | None = None, ranks_per_host: 
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         procs.kill_group(p.pid, None)
-        from .lifecycle import _namespace_inodes
-        from .links import list_netns
-        from .spec import netns_names
-        procs.kill(procs.inside(_namespace_inodes(spec.name, netns_names(spec.name, list_netns()))))
+        procs.kill(procs.of_testbed(spec.name))
         out, err = p.communicate()
         raise TestbedError(f"the job took over {timeout:g} s and was killed: {shlex.join(full)}"
                            + (f"\n{err[-2000:]}" if err else "")) from None

@@ -14,7 +14,7 @@ import sys
 import time
 import zlib
 
-from . import hostns, links, procs, shaping, state
+from . import hostns, launch, links, procs, shaping, state
 from .sh import TestbedError, missing_requirements
 from .spec import PREFIX, Spec, check_name, format_rate, link_names, netns_names
 
@@ -99,22 +99,6 @@ def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: st
     return Testbed(spec)
 
 
-def _namespace_inodes(name: str, namespaces: list[str]) -> dict[str, set[int]]:
-    out: dict[str, set[int]] = {"net": set(), "uts": set(), "ipc": set()}
-    for ns in namespaces:
-        try:
-            out["net"].add(os.stat(f"/run/netns/{ns}").st_ino)
-        except OSError:
-            pass
-    d = state.state_file(name).parent
-    for kind in hostns.KINDS:
-        for f in d.glob(f"*.{kind}") if d.is_dir() else []:
-            ino = hostns.inode(f)
-            if ino:
-                out[kind].add(ino)
-    return out
-
-
 def down(name: str, say=print) -> dict:
     """Remove everything of testbed `name` (idempotent). Returns what was removed; raises
     TestbedError if something could not be."""
@@ -128,9 +112,9 @@ def down(name: str, say=print) -> dict:
             and info["pid"] != os.getpid():
         procs.kill([info["pid"]])   # an `up` still under way (or stalled)
         removed["launchers"].append(info["pid"])
-    namespaces = netns_names(name, links.list_netns())
-    inside = procs.inside(_namespace_inodes(name, namespaces))
+    inside = procs.of_testbed(name)
     left = procs.kill(inside)
+    namespaces = netns_names(name, links.list_netns())
     removed["processes"] = inside
     # links before namespaces: a namespace's deletion takes its veth pair with it, but
     # asynchronously, so a later look could still see (and count) the root-side end
@@ -191,7 +175,7 @@ def status(name: str | None = None) -> list[dict]:
                  "state": info, "hosts": [], "problems": []}
         if info:
             spec = Spec.from_dict(info)
-            pids = procs.inside(_namespace_inodes(n, namespaces))
+            pids = procs.of_testbed(n)
             by_net = {}
             for p in pids:
                 try:
@@ -256,9 +240,8 @@ class Testbed:
     def info(self) -> dict:
         return state.read(self.spec.name) or {}
 
-    def run(self, cmd: list[str], **kw):
+    def run(self, cmd: list[str], **kw) -> launch.RunResult:
         """launch.run on this testbed (see there)."""
-        from . import launch
         return launch.run(self.spec, cmd, **kw)
 
     def down(self, say=_say_nothing) -> dict:
