@@ -80,6 +80,20 @@ def test_the_testbeds_modules_form_a_layered_graph():
         pytest.fail(f"testbed modules import each other in a loop: {' -> '.join(e.args[1])}")
 
 
+def test_status_ends_quietly_when_its_reader_goes_away(tmp_path):
+    """`status | head`: a reader that is gone before status writes (a pipe with no read
+    end, deterministic) ends status without a traceback, with the shell's code for a
+    writer whose reader left (128 + SIGPIPE)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        p = subprocess.run([*TESTBED, "status"], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60,
+                           env={**os.environ, "ASGD_TESTBED_STATE": str(tmp_path)})
+    finally:
+        os.close(write_end)
+    assert p.stderr == "" and p.returncode == 128 + signal.SIGPIPE, (p.returncode, p.stderr)
+
+
 def test_placement():
     # servers each on a host of their own; workers round-robin on the others
     assert placement.plan(6, 2, 4) == [0, 1, 2, 3, 2, 3]

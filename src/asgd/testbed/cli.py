@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 
 from . import lifecycle
@@ -104,7 +106,18 @@ def _print_status(entries: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parser().parse_args(argv)
+    try:
+        code = _command(parser().parse_args(argv))
+        sys.stdout.flush()   # here, not at exit: a reader that left is seen inside the try
+        return code
+    except BrokenPipeError:
+        # the reader went away (`status | head`): end as quietly as a tool that SIGPIPE
+        # ended; stdout goes to /dev/null so that the exit's flush has nowhere to fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _command(a: argparse.Namespace) -> int:
     try:
         if a.command == "up":
             lifecycle.up(a.name, a.hosts, a.bandwidth, a.latency, a.subnet)
