@@ -342,12 +342,16 @@ def test_a_killed_run_leaves_nothing_down_cannot_remove(name, tmp_path, warm_jit
 def test_a_killed_up_is_removed_by_down(name):
     """up killed after its second host (of 4): down finds the pieces by name and removes
     them; down again has nothing to do."""
-    env = {**os.environ, lifecycle.STALL_ENV: "1"}
-    up = subprocess.Popen([*TESTBED, "up", "--name", name, "--hosts", "4", "--bandwidth", "100mbit"],
-                          stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    halt_after_host_1 = ("import sys, threading; from asgd.testbed import lifecycle\n"
+                         "def made(k):\n"
+                         "    if k == 1:\n"
+                         "        print('made host 1', flush=True); threading.Event().wait()\n"
+                         f"lifecycle.up({name!r}, 4, 10**8, made_host=made)\n")
+    up = subprocess.Popen([sys.executable, "-c", halt_after_host_1], stdout=subprocess.PIPE, text=True,
+                          start_new_session=True)
     try:
-        line = up.stderr.readline()
-        assert "stalling after host 1" in line, line
+        line = up.stdout.readline()
+        assert line == "made host 1\n", line
         os.killpg(up.pid, signal.SIGKILL)
         up.wait(timeout=10)
     finally:

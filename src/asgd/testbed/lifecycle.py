@@ -31,9 +31,6 @@ fi
 exec nsenter --net="/run/netns/$host" --uts="$d/$host.uts" --ipc="$d/$host.ipc" -- /bin/sh -c "$*"
 """
 
-STALL_ENV = "ASGD_TESTBED_TEST_STALL_AFTER_HOST"  # tests: up stops here, to be killed mid-way
-
-
 def _say_nothing(*_a, **_k):
     pass
 
@@ -55,8 +52,10 @@ def pick_subnet(name: str) -> str:
 
 
 def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: str | None = None,
-       say=print) -> Testbed:
-    """Make the testbed; returns its handle. Raises TestbedError (nothing left behind)."""
+       say=print, made_host=None) -> Testbed:
+    """Make the testbed; returns its handle. Raises TestbedError (nothing left behind).
+    made_host(k), if given, is called once host k is made and shaped (progress; the
+    tests kill an up half-way there)."""
     check_name(name)
     reason = missing_requirements()
     if reason:
@@ -81,9 +80,8 @@ def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: st
             links.make_link(spec, k)
             shaping.shape(spec.veth(k), rate_bit, delay)               # into host k
             shaping.shape("eth0", rate_bit, delay, netns=spec.host(k))  # out of host k
-            if os.environ.get(STALL_ENV) == str(k):
-                print(f"asgd.testbed: stalling after host {k} ({STALL_ENV})", file=sys.stderr, flush=True)
-                time.sleep(600)
+            if made_host:
+                made_host(k)
         spec.rsh.write_text(RSH.format(name=name, dir=spec.dir, first=spec.host(0), last=spec.host(hosts - 1)))
         spec.rsh.chmod(0o755)
         state.write(spec, status="up", netem=netem, latency_applied_us=latency_us if netem else 0.0,
