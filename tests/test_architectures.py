@@ -10,7 +10,7 @@ def test_sync_is_deterministic_across_servers_and_allreduce(tmp_path):
     """Four workers in each: 1 server (5 ranks), 3 servers (7 ranks), allreduce (4 ranks)."""
     common = ["--hidden", "300", "--epochs", "2", "--batch", "64", "--seed", "5", "--quiet"]
     runs = {"s1": (5, ["--mode", "sync"]), "s3": (7, ["--mode", "sync", "--servers", "3"]),
-            "ar": (4, ["--arch", "allreduce"])}
+            "ar": (4, ["--arch", "allreduce"]), "mpi": (4, ["--arch", "allreduce", "--allreduce", "mpi"])}
     w = {}
     for name, (n, args) in runs.items():
         out = tmp_path / name
@@ -23,7 +23,43 @@ def test_sync_is_deterministic_across_servers_and_allreduce(tmp_path):
     assert w0_moved > 0
     np.testing.assert_array_equal(w["s1"], w["s3"])  # same arithmetic, shard by shard
     np.testing.assert_allclose(w["ar"], w["s1"], rtol=1e-9, atol=1e-12)  # allreduce sums in its own order
+    np.testing.assert_allclose(w["mpi"], w["s1"], rtol=1e-9, atol=1e-12)
 
+
+def test_the_ring_allreduce_counts_every_byte_it_moves(tmp_path):
+    """asgd's ring: each rank passes on 2 (P - 1) chunks an update, counted exactly
+    (asgd.wire.ring_bytes); with MPI's allreduce the least any algorithm moves."""
+    from asgd.wire import ring_bytes
+    for algorithm in ("ring", "mpi"):
+        out = tmp_path / algorithm
+        p = mpiexec(3, ["--arch", "allreduce", "--allreduce", algorithm, "--hidden", "50", "--epochs", "1",
+                        "--out", str(out), "--quiet"])
+        assert p.returncode == 0, p.stderr
+        r = load_results(out)
+        n = r["config"]["n_w"] + 3   # [m * Delta-w | m, loss_sum, stop]
+        for x in r["ranks"]:
+            want = ring_bytes(n, 3, x["rank"]) if algorithm == "ring" else (int(8 * 2 * 2 * n / 3),) * 2
+            assert (x["bytes"]["train"]["sent"], x["bytes"]["train"]["recv"]) == \
+                (want[0] * x["updates"], want[1] * x["updates"])
+            assert x["updates"] == r["throughput"]["updates"] > 0
+
+
+def test_a_dry_run_starts_up_checks_and_trains_nothing(tmp_path):
+    """--dry-run: kernels, data, model and output folder as a run would, then results.json
+    with dry_run true, no update, no weights; the bytes of the end-of-run messages still
+    counted. A bad file still stops it with the one line."""
+    p = mpiexec(3, ["--dry-run", "--servers", "2", "--out", str(tmp_path)])
+    assert p.returncode == 0, p.stderr
+    assert "dry run: 3 ranks started" in p.stdout and "nothing trained" in p.stdout
+    r = load_results(tmp_path)
+    assert r["dry_run"] is True and r["throughput"]["updates"] == 0 and r["metrics"]["accuracy"] is None
+    assert all(x["bytes"]["train"] == {"sent": 0, "recv": 0} for x in r["ranks"])
+    assert r["ranks"][0]["bytes"]["finish"]["recv"] == sum(x["bytes"]["finish"]["sent"] for x in r["ranks"][1:]) > 0
+    assert not (tmp_path / "weights.npy").exists()
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("1.0\t2.0\t0\n1.0\toops\t1\n")
+    p = mpiexec(3, ["--dry-run", "--data", str(bad), "--out", str(tmp_path / "b")])
+    assert p.returncode == 2 and "bad.tsv:2" in p.stderr, p.stderr
 
 @pytest.mark.openmpi
 @pytest.mark.parametrize("n, args", [

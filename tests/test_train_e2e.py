@@ -31,14 +31,21 @@ def check_schema(r: dict, world: int) -> None:
     assert [x["role"] for x in ranks] == ["server"] + ["worker"] * (world - 1)
     assert SERVER_PHASES <= set(ranks[0]["phases"])
     for x in ranks:
-        assert x["bytes_sent"] > 0 and x["bytes_recv"] > 0
+        assert x["bytes_sent"] == sum(b["sent"] for b in x["bytes"].values()) > 0
+        assert x["bytes_recv"] == sum(b["recv"] for b in x["bytes"].values()) > 0
         assert x["staleness"]["max"] >= x["staleness"]["mean"] >= 0
     for x in ranks[1:]:
         assert WORKER_PHASES <= set(x["phases"])
     # every Delta-w a worker sent was applied by the server, once
     assert ranks[0]["updates"] == sum(x["updates"] for x in ranks[1:]) == t["updates"]
-    n_w8 = c["n_w"] * 8
-    assert ranks[0]["bytes_recv"] == sum(x["bytes_sent"] for x in ranks[1:]) > t["updates"] * n_w8
+    # every byte one side counted, the other counted too: training (pushes, replies, done),
+    # and the end of the run (records and clock pings to rank 0)
+    for part in ("train", "finish"):
+        assert ranks[0]["bytes"][part]["recv"] == sum(x["bytes"][part]["sent"] for x in ranks[1:]) > 0
+        assert ranks[0]["bytes"][part]["sent"] == sum(x["bytes"][part]["recv"] for x in ranks[1:]) > 0
+    push, pull = 8 * (c["n_w"] + 5), 8 * (c["n_w"] + 2)
+    for x in ranks[1:]:
+        assert x["bytes"]["train"] == {"sent": push * x["updates"] + 8, "recv": pull * x["updates"]}
 
 
 @pytest.mark.openmpi
@@ -83,8 +90,8 @@ def test_one_bit_compression_learns_and_sends_sixty_times_fewer_bytes(tmp_path):
     assert r["metrics"]["accuracy"] >= 0.95
     server, workers = r["ranks"][0], r["ranks"][1:]
     assert server["updates"] == sum(x["updates"] for x in workers) == r["throughput"]["updates"]
-    for x in workers:
-        assert x["bytes_sent"] == 6387 * x["updates"] and x["bytes_recv"] == 6363 * x["updates"]
+    for x in workers:   # pushes and replies, and the end-of-work message
+        assert x["bytes"]["train"] == {"sent": 6387 * x["updates"] + 8, "recv": 6363 * x["updates"]}
     assert server["bytes_recv"] == sum(x["bytes_sent"] for x in workers)
     assert server["bytes_sent"] == sum(x["bytes_recv"] for x in workers)
 

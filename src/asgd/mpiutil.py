@@ -8,6 +8,7 @@ messages (asgd.wire) or roles (asgd.protocol).
 from __future__ import annotations
 
 import os
+import pickle
 import time
 
 import numpy as np
@@ -16,6 +17,8 @@ from mpi4py import MPI
 from . import BadInput
 from .launch import OVERSUBSCRIBED_ENV, cores_available
 from .wire import TAG_CLOCK
+
+CLOCK_PINGS = 5   # clock_offsets: round trips per rank; the least delayed one wins
 
 
 class StallError(RuntimeError):
@@ -151,7 +154,7 @@ def once_per_node(comm: MPI.Comm, waiter: Waiter, load, what: str) -> Exception 
     return err
 
 
-def clock_offsets(comm: MPI.Comm, waiter: Waiter, tries: int = 5) -> list[int] | None:
+def clock_offsets(comm: MPI.Comm, waiter: Waiter, tries: int = CLOCK_PINGS) -> list[int] | None:
     """On rank 0: ns to add to each rank's perf_counter_ns to put it on rank 0's clock
     (Cristian's method: the round trip with the least delay wins). Collective; other
     ranks get None. Ranks on one node share CLOCK_MONOTONIC, so there it is ~0."""
@@ -174,3 +177,30 @@ def clock_offsets(comm: MPI.Comm, waiter: Waiter, tries: int = 5) -> list[int] |
         t[0] = time.perf_counter_ns()
         waiter.all([comm.Isend([t, MPI.INT64_T], 0, TAG_CLOCK)], "rank 0 to take my clock")
     return None
+
+
+def clock_bytes(rank: int, size: int, tries: int = CLOCK_PINGS) -> tuple[int, int]:
+    """(sent, received) bytes of clock_offsets on `rank`: an int64 each way per try, with
+    every other rank on rank 0."""
+    n = 8 * tries * ((size - 1) if rank == 0 else 1)
+    return n, n
+
+
+def gather_objects(comm: MPI.Comm, waiter: Waiter, obj, tag: int) -> tuple[list | None, list[int]]:
+    """Every rank's picklable `obj` on rank 0, in rank order, by two point-to-point
+    messages per rank (its pickle's size, then the pickle), so the bytes are known:
+    returns (the objects on rank 0, else None; the bytes each rank sent: on rank 0 for
+    every rank, 0 for itself; elsewhere [its own])."""
+    payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    size = np.array([len(payload)], np.int64)
+    if comm.rank:
+        waiter.all([comm.Isend([size, MPI.INT64_T], 0, tag), comm.Isend([payload, MPI.BYTE], 0, tag)],
+                   "rank 0 to take this rank's record")
+        return None, [size.nbytes + len(payload)]
+    sizes = [np.zeros(1, np.int64) for _ in range(comm.size)]
+    waiter.all([comm.Irecv([sizes[r], MPI.INT64_T], r, tag) for r in range(1, comm.size)],
+               "every rank's record size")
+    bufs = [np.empty(int(sizes[r][0]), np.uint8) for r in range(comm.size)]
+    waiter.all([comm.Irecv([bufs[r], MPI.BYTE], r, tag) for r in range(1, comm.size)], "every rank's record")
+    objs = [obj] + [pickle.loads(bufs[r].tobytes()) for r in range(1, comm.size)]
+    return objs, [0] + [8 + len(bufs[r]) for r in range(1, comm.size)]

@@ -6,6 +6,8 @@
                w' (or, with --arch allreduce, every rank is a worker)
             -> save: rank 0 gathers every rank's record and writes results.json,
                weights.npy and the summary
+(--dry-run: init, then save without the loop: the options, the data and the output
+folder checked, start-up's time and traffic measured, nothing trained.)
 
 Past the options, a failure that is not agreed on (a bug, out of memory, a stall, a
 dead peer) ends the whole job (MPI_Abort) with one line naming the rank, its role and
@@ -23,7 +25,7 @@ import os  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
@@ -32,7 +34,8 @@ from . import BadInput  # noqa: E402
 from .data import shares  # noqa: E402
 from .data.formats import DataError, Dataset  # noqa: E402
 from .data import standardize  # noqa: E402
-from .mpiutil import Waiter, agree, agree_on, clock_offsets, describe, oversubscribed  # noqa: E402
+from .mpiutil import (Waiter, agree, agree_on, clock_bytes, clock_offsets, describe, gather_objects,  # noqa: E402
+                      oversubscribed)
 from .net import mlp, optimizers  # noqa: E402
 from .protocol.allreduce import run_allreduce  # noqa: E402
 from .protocol.context import Endpoint, Schedule  # noqa: E402
@@ -43,7 +46,9 @@ from .run import checkpoint, config, folder, results, signals, startup  # noqa: 
 from .run.progress import EpochTracker, convergence_notes  # noqa: E402
 from .run.trace import PhaseClock, TraceClock  # noqa: E402
 from .run.trace import export as export_trace  # noqa: E402
-from .wire import shard_bounds  # noqa: E402
+from .protocol.context import WorkerStats  # noqa: E402
+from .protocol.server import ServerStats  # noqa: E402
+from .wire import TAG_RECORD, shard_bounds  # noqa: E402
 
 ABORT_GRACE_S = 0.5   # a failing rank's wait between its one line and MPI_Abort
 
@@ -63,6 +68,12 @@ class Job:
     clock: PhaseClock
     crowded: bool     # more ranks than cores on this node
     tracker: EpochTracker | None = None  # rank 0's epochs and progress, once the loop starts
+    traffic: dict = field(default_factory=lambda: {k: {"sent": 0, "recv": 0} for k in ("init", "train", "finish")})
+                      # bytes of asgd's own messages by part of the run (results.json's per-rank `bytes`)
+
+    def count(self, part: str, sent: int, recv: int) -> None:
+        self.traffic[part]["sent"] += int(sent)
+        self.traffic[part]["recv"] += int(recv)
 
     @property
     def rank(self) -> int:
@@ -125,11 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     crowded = oversubscribed(comm)
     waiter = Waiter(crowded, time.monotonic() + cfg.timeout if cfg.timeout else 0.0,
                     f"rank {comm.rank} ({role})", cfg.stall_timeout)
-    out = cfg.out or cfg.resume or comm.bcast(config.default_out(comm.size) if comm.rank == 0 else None)
+    resumed_in = None if cfg.dry_run else cfg.resume   # a dry run never writes into the run it checks
+    out = cfg.out or resumed_in or comm.bcast(config.default_out(comm.size) if comm.rank == 0 else None)
     job = Job(cfg, comm, servers, out, waiter, clock, crowded)
     try:
         model = init(job)
-        record = serve(job, model) if job.role == "server" else work(job, model)
+        if cfg.dry_run:
+            record = dry_run(job, model)
+        else:
+            record = serve(job, model) if job.role == "server" else work(job, model)
         save(job, model, record)
         return 0
     except (Agreed, DataError) as e:  # raised on every rank alike
@@ -165,6 +180,7 @@ def init(job: Job) -> Model:
     agree_on(comm, waiter, error, "the other ranks to load their kernels", Agreed)
 
     got = load_data(job)  # collective; a bad file raises the same DataError on every rank
+    job.count("init", got.traffic["sent"], got.traffic["recv"])
     scaling = None
     if cfg.standardize:  # collective: the statistics of the workers' shares together
         scaling = standardize.statistics(comm, waiter, got.train.X)
@@ -289,7 +305,7 @@ def serve(job: Job, m: Model) -> dict:
         policy(job.cfg.mode, job.cfg.staleness))
     if job.cfg.checkpoint_every or st.stopped:
         ckpt.save(st.rounds)
-    gather_shards(ep, m.w, job.servers)
+    job.count("finish", *gather_shards(ep, m.w, job.servers))
     return st.record((lo, hi))
 
 
@@ -306,28 +322,49 @@ def work(job: Job, m: Model) -> dict:
     job.tracker = tracker_of(job, m)
     opt, ckpt = optimizer_of(job, m)  # every rank applies the same updates; rank 0 checkpoints them
     st = run_allreduce(job.endpoint, m.w, m.train.X, m.train.y, step, opt, plan,
-                       on_version_of(job, ckpt if job.rank == 0 else None))
+                       on_version_of(job, ckpt if job.rank == 0 else None), job.cfg.allreduce)
     if job.rank == 0 and (job.cfg.checkpoint_every or st.stopped):
         ckpt.save(st.updates)
     return st.record()
+
+
+def dry_run(job: Job, m: Model) -> dict:
+    """--dry-run: what the loop would have returned had it trained nothing."""
+    if job.role == "server":
+        lo, hi = shard_bounds(m.layout.n_w, job.servers)[job.rank]
+        job.tracker = tracker_of(job, m)
+        return ServerStats(staleness=[[] for _ in range(job.workers)],
+                           step_gap=[[] for _ in range(job.workers)]).record((lo, hi))
+    if not job.servers:
+        job.tracker = tracker_of(job, m)
+    return WorkerStats().record()
 
 
 # -- save ------------------------------------------------------------------------------
 
 def save(job: Job, m: Model, record: dict) -> None:
     """Every rank's record to rank 0, which writes the weights, results.json (its final
-    metrics are those of the weights saved), the trace and the summary."""
+    metrics are those of the weights saved), the trace and the summary. Every byte of
+    asgd's own messages is in the records (`bytes`), the gather's own included."""
     comm, clock, cfg = job.comm, job.clock, job.cfg
     end_ns = clock.switch("idle")
     job.waiter.barrier(comm, "the other ranks to finish")
+    job.count("train", record.pop("bytes_sent"), record.pop("bytes_recv"))
+    job.count("finish", *clock_bytes(job.rank, comm.size))
     record.update(rank=job.rank, host=socket.gethostname(),
                   phases={**clock.seconds(), **m.read_times},  # + init's read/parse/shuffle
-                  clock_ns=(T0_NS, m.init_end_ns, end_ns))
+                  clock_ns=(T0_NS, m.init_end_ns, end_ns), bytes=job.traffic)
     offsets = clock_offsets(comm, job.waiter)
-    records = comm.gather(record, root=0)
-    events = comm.gather(clock.events() if cfg.trace else None, root=0)
+    gathered, sent = gather_objects(comm, job.waiter, (record, clock.events() if cfg.trace else None), TAG_RECORD)
     if job.rank != 0:
         return
+    records, events = [g[0] for g in gathered], [g[1] for g in gathered]
+    for r, nbytes in zip(records, sent):   # the gather's own bytes: each rank's pickle, rank 0's receipt
+        r["bytes"]["finish"]["sent"] += nbytes
+        records[0]["bytes"]["finish"]["recv"] += nbytes
+    for r in records:
+        r["bytes_sent"] = sum(b["sent"] for b in r["bytes"].values())
+        r["bytes_recv"] = sum(b["recv"] for b in r["bytes"].values())
     wall = clock.elapsed()
     zero = min(r["clock_ns"][0] + off for r, off in zip(records, offsets))  # the first rank's start
     for r, off in zip(records, offsets):
@@ -338,7 +375,7 @@ def save(job: Job, m: Model, record: dict) -> None:
         job.say(f"trace: {path} ({info['events']:,} events, {info['flows']:,} message arrows, "
                 f"{info['dropped']:,} dropped)")
     tracker = job.tracker
-    loss, accuracy = tracker.final_metrics(mlp.make_evaluate(m.layout, m.w, m.test))
+    loss, accuracy = (None, None) if cfg.dry_run else tracker.final_metrics(mlp.make_evaluate(m.layout, m.w, m.test))
     stopped = any(r.get("stopped") for r in records)
     res = results.build(
         config={**cfg.to_dict(), "out": job.out, "lr": m.lr, "servers": job.servers, "workers": job.workers,
@@ -349,12 +386,20 @@ def save(job: Job, m: Model, record: dict) -> None:
         server={"updates": records[0]["rounds"] if job.servers else records[0]["updates"],
                 "samples": tracker.samples, "history": tracker.history, "loss": loss, "accuracy": accuracy})
     res["stopped"] = (signals.requested() or "a stop request") if stopped else None
+    res["dry_run"] = cfg.dry_run
     if m.scaling:
         res["standardize"] = {"mean": m.scaling[0].tolist(), "std": m.scaling[1].tolist()}
+    path = os.path.join(job.out, "results.json")
+    if cfg.dry_run:
+        results.write(path, res)
+        print(f"asgd.train: dry run: {comm.size} ranks started, {m.n_train:,} training and {len(m.test):,} "
+              f"held-out points read, the {m.layout.d_in}-{m.layout.d_hidden}-{m.layout.d_out} MLP built in "
+              f"{res['init_s']:.2f} s; nothing trained. results: {path}", flush=True)
+        return
+    if m.scaling:
         folder.write_scaling(job.out, *m.scaling)
     res["notes"] = convergence_notes(tracker.history, sum(r.get("refused", 0) for r in records))
     folder.write_weights(job.out, m.w)
-    path = os.path.join(job.out, "results.json")
     results.write(path, res)
     print(results.summary(res, path), flush=True)
     for note in res["notes"]:

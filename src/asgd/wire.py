@@ -23,6 +23,7 @@ import numpy as np
 # every point-to-point tag asgd uses, in one place so none is used twice
 TAG_PUSH, TAG_PULL, TAG_DONE, TAG_CLOCK, TAG_SHARD = 11, 12, 13, 14, 15
 TAG_RECORD = 16     # the end-of-run records, each rank's to rank 0
+TAG_RING = 17       # --arch allreduce's ring: a chunk to the next rank
 TAG_TURN = 21       # the sequential reader's token
 TAG_PROBE = 31      # asgd.testbed.model.probe's ping-pong
 
@@ -61,6 +62,19 @@ def push_bytes(k: int, cols: np.ndarray | None = None) -> int:
 def pull_bytes(k: int, cols: np.ndarray | None = None) -> int:
     """A reply carrying a k-value shard: float64, or (cols given) 1-bit."""
     return DOUBLE * (k + PULL_HEADER) if cols is None else onebit_bytes(cols, PULL_HEADER)
+
+
+def ring_bytes(n: int, ranks: int, rank: int) -> tuple[int, int]:
+    """(sent, received) bytes of `rank` in one ring allreduce of n float64 values over the
+    chunks shard_bounds(n, ranks) (protocol.allreduce.Ring): the reduce-scatter passes on
+    every chunk but (rank+1)'s and takes every chunk but its own, the allgather passes on
+    every chunk but (rank+2)'s and takes every chunk but (rank+1)'s."""
+    if ranks < 2:
+        return 0, 0
+    size = [hi - lo for lo, hi in shard_bounds(n, ranks)]
+    r = rank
+    return (DOUBLE * (2 * n - size[(r + 1) % ranks] - size[(r + 2) % ranks]),
+            DOUBLE * (2 * n - size[r] - size[(r + 1) % ranks]))
 
 
 SEND, RECV = 0, 1   # the two ends of a message, in traces

@@ -62,10 +62,12 @@ def load(comm: MPI.Comm, waiter: Waiter, path: str, test: str | None = None,
 def _sequential(comm, waiter, path, test_file, job, times) -> Loaded:
     rank, size = comm.rank, comm.size
     token = np.zeros(1, np.int64)  # 1: an earlier rank failed; skip the file
+    traffic = {"sent": 0, "recv": 0}
     times.enter("read")  # waiting for my turn counts as reading: the disk is busy
     if rank > 0:
         waiter.all([comm.Irecv([token, MPI.INT64_T], rank - 1, TAG_TURN)],
                    f"rank {rank - 1} to finish reading {path}")
+        traffic["recv"] += token.nbytes
     err, got = None, None
     if not token[0]:
         try:
@@ -74,6 +76,7 @@ def _sequential(comm, waiter, path, test_file, job, times) -> Loaded:
             err, token[0] = describe(e, f"rank {rank}"), 1
     if rank < size - 1:
         waiter.all([comm.Isend([token, MPI.INT64_T], rank + 1, TAG_TURN)], f"rank {rank + 1} to take its turn")
+        traffic["sent"] += token.nbytes
     if rank == EVALUATOR and test_file and err is None:  # after passing the token: overlaps rank 1's turn
         try:
             X, y, max_label, features = _whole_file(test_file, job.classes, times)
@@ -86,6 +89,7 @@ def _sequential(comm, waiter, path, test_file, job, times) -> Loaded:
     metas = agree(comm, waiter, lambda: _raise(err) or meta, f"the other ranks to read {path}", DataError)
     times.enter("shuffle")
     out = _finish(rank, path, test_file, metas[EVALUATOR], job, got["mine"], got.get("held"), times)
+    out.traffic = traffic
     times.enter(None)
     return out
 
@@ -134,10 +138,12 @@ def _parallel(comm, waiter, path, test_file, job, times) -> Loaded:
     owner = assign(n, job.seed, job.servers, comm.size - job.servers, test is None, train["lines"])
     kept = owner != HELD_OUT
     held = test or _take(train, ~kept)
-    unpack = [_redistribute(comm, waiter, _take(train, kept), owner[kept]),
-              _redistribute(comm, waiter, held, np.full(len(held["y"]), EVALUATOR, np.int32))]
+    traffic = {"sent": 0, "recv": 0}
+    unpack = [_redistribute(comm, waiter, _take(train, kept), owner[kept], traffic),
+              _redistribute(comm, waiter, held, np.full(len(held["y"]), EVALUATOR, np.int32), traffic)]
     mine, held = [u() for u in unpack]  # only after the last collective: local work from here
     out = _finish(comm.rank, path, test_file, meta, job, mine, held, times)
+    out.traffic = traffic
     times.enter(None)
     return out
 
@@ -236,10 +242,12 @@ def _own_lines(fh, buf, part):
         buf, search, held = grown, held, held + more
 
 
-def _redistribute(comm, waiter, part, dest):
+def _redistribute(comm, waiter, part, dest, traffic):
     """Send each of my rows to rank dest[i] (one Ialltoallv of [features, label, line]
-    rows). Returns a function that unpacks what arrived: rows in line order, since
-    every rank sends its rows in order and rank k's lines precede rank k+1's."""
+    rows; an all-to-all sends each block straight to its rank, so the bytes to and from
+    the other ranks, added to `traffic`, are what crosses the network). Returns a
+    function that unpacks what arrived: rows in line order, since every rank sends its
+    rows in order and rank k's lines precede rank k+1's."""
     X, y, lines = part["X"], part["y"], part["lines"]
     f, P = X.shape[1], comm.size
 
@@ -254,6 +262,9 @@ def _redistribute(comm, waiter, part, dest):
     send, send_n = part.pop("send"), np.ascontiguousarray(counts[comm.rank])
     recv_n = np.ascontiguousarray(counts[:, comm.rank])
     recv = np.empty((int(recv_n.sum()), f + 2))
+    me, row_bytes = comm.rank, 8 * (f + 2)
+    traffic["sent"] += row_bytes * int(send_n.sum() - send_n[me])
+    traffic["recv"] += row_bytes * int(recv_n.sum() - recv_n[me])
     row = MPI.DOUBLE.Create_contiguous(f + 2).Commit()  # counts in rows, not doubles
     try:
         _bulk_wait(waiter, comm.Ialltoallv([send, (send_n, _starts(send_n)), row],

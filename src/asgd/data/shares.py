@@ -7,7 +7,7 @@ none; rank 0 (the evaluator) also holds the held-out set. And the embedded probl
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numba import njit
@@ -28,6 +28,8 @@ class Loaded:
     test_lines: np.ndarray | None  # its lines (in the test file, or the data file if held out of it)
     train_points: int              # all workers' training points together
     times: dict                    # seconds of `read`, `parse`, `shuffle` (parts of init)
+    traffic: dict = field(default_factory=lambda: {"sent": 0, "recv": 0})   # bytes of its point-to-point
+                                   # messages (the readers' token and row exchange) to and from other ranks
 
 
 def assign(n: int, seed: int, servers: int, workers: int, holdout: bool,

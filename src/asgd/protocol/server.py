@@ -29,8 +29,8 @@ from mpi4py import MPI
 
 from ..net import kernels
 from ..net.optimizers import Optimizer
-from ..wire import (P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_STOP, R_VERSION, RECV, SEND, TAG_DONE,
-                    TAG_PULL, TAG_PUSH, TAG_SHARD, flow_id, shard_bounds)
+from ..wire import (DONE_BYTES, DOUBLE, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_STOP, R_VERSION, RECV, SEND,
+                    TAG_DONE, TAG_PULL, TAG_PUSH, TAG_SHARD, flow_id, shard_bounds)
 from .context import Endpoint
 from .messages import Float64Shard
 
@@ -100,6 +100,7 @@ class Server:
             self.clock.switch("aggregate")
             if i >= self.W:  # a done arrives only after its sender took the reply to its last push
                 self.active[i - self.W] = False
+                self.st.bytes_recv += DONE_BYTES
             else:
                 self.handle(i, policy)
             for j in policy.answerable(self):
@@ -258,16 +259,19 @@ def policy(mode: str, staleness: int) -> Policy:
     return {"async": Async, "ssp": lambda: SSP(staleness), "sync": Sync}[mode]()
 
 
-def gather_shards(ep: Endpoint, w: np.ndarray, servers: int) -> None:
+def gather_shards(ep: Endpoint, w: np.ndarray, servers: int) -> tuple[int, int]:
     """After serving: the other servers send their shards of w to rank 0, which then
-    holds all of w (to evaluate and save it)."""
+    holds all of w (to evaluate and save it). Returns this rank's (sent, received) bytes."""
     if servers < 2:
-        return
+        return 0, 0
     comm = ep.comm
     shards = shard_bounds(len(w), servers)
     if comm.rank == 0:
         reqs = [comm.Irecv(w[a:b], s, TAG_SHARD) for s, (a, b) in enumerate(shards) if s]
+        moved = (0, DOUBLE * sum(b - a for a, b in shards[1:]))
     else:
         lo, hi = shards[comm.rank]
         reqs = [comm.Isend(w[lo:hi], 0, TAG_SHARD)]
+        moved = (DOUBLE * (hi - lo), 0)
     ep.waiter.all(reqs, "the servers' final shards")
+    return moved

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..wire import (P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_STOP, R_VERSION, RECV, SEND, TAG_DONE,
+from ..wire import (DONE_BYTES, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_STOP, R_VERSION, RECV, SEND, TAG_DONE,
                     TAG_PULL, TAG_PUSH, flow_id)
 from .context import Endpoint, Schedule, WorkerStats
 
@@ -105,6 +105,7 @@ class PushPull:
         done = np.zeros(1)
         self.ep.waiter.all([self.ep.comm.Isend([done, MPI.DOUBLE], s, TAG_DONE) for s in range(self.S)],
                            lambda: f"server rank(s) {_ranks(self.S)} to take the end-of-work message")
+        self.stats.bytes_sent += DONE_BYTES * self.S
         self.msgs.close()
         return self.stats
 

@@ -38,6 +38,7 @@ class Config:
     progress: float = 2.0        # seconds between progress lines at most
     trace: bool = False          # write trace.json (Chrome Trace Event format)
     arch: str = "ps"             # ps: parameter servers; allreduce: every rank a worker
+    allreduce: str = "ring"      # allreduce's algorithm: ring (asgd's, point to point) | mpi (MPI_Iallreduce)
     servers: int = 1             # ranks 0..servers-1 serve a shard of w each
     mode: str = "async"          # async | ssp | sync
     staleness: int = 3           # ssp: at most this many steps ahead of the slowest worker
@@ -48,6 +49,7 @@ class Config:
     resume: str | None = None    # run folder to continue from its last checkpoint
     trace_steps: str = "0:200"   # window of worker steps the trace records, A:B
     quiet: bool = False
+    dry_run: bool = False        # start up (kernels, data, model, output folder) and stop: nothing trained
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -99,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", choices=["ps", "allreduce"], default=d.arch,
                    help="ps: parameter servers and workers (default); allreduce: no servers, every "
                         "rank a worker averaging its Delta-w with MPI Allreduce each step")
+    p.add_argument("--allreduce", choices=["ring", "mpi"], default=d.allreduce,
+                   help="--arch allreduce's algorithm: ring (default): asgd's own ring allreduce, a "
+                        "reduce-scatter then an allgather to the next rank, point to point, so every byte is "
+                        "counted; mpi: MPI_Iallreduce, whose algorithm (and bytes) the MPI library chooses")
     p.add_argument("--servers", type=int, default=d.servers, metavar="S",
                    help="ranks 0..S-1 are servers, each owning a contiguous shard of the "
                         "parameters (default %(default)s)")
@@ -123,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", type=float, default=d.progress, metavar="SECONDS",
                    help="seconds between progress lines within an epoch (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
+    p.add_argument("--dry-run", action="store_true",
+                   help="start up as the run would (kernels, data and its exchange, model, checkpoint, output "
+                        "folder), write OUT/results.json with \"dry_run\": true and stop: checks the options and "
+                        "the data before a long job, and measures start-up traffic (asgd.testbed's byte proof)")
     p.add_argument("--stall-timeout", type=float, default=d.stall_timeout, metavar="SECONDS",
                    help="end the job, naming who waited on whom, if one wait takes longer "
                         "(default: no limit)")
