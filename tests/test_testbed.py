@@ -112,9 +112,10 @@ def test_command_parsing_and_rewriting(tmp_path):
     assert launch.parse(["mpiexec", "-n", "3", "python", "-m", "asgd.train"])["servers"] == 1
     with pytest.raises(Exception, match="-n N"):
         launch.parse(["mpiexec", "python", "x.py"])
-    s = Spec("x", 3, 10**8, subnet="10.231.9")
+    s = Spec("x", 3, 10**8, subnet="10.231.9", control="10.232.9")
     cmd = launch._hydra(s, ["mpiexec", "-n", "3", "python", "-c", "pass"], [0, 1, 2])
-    assert cmd[:9] == ["mpiexec", "-launcher", "ssh", "-launcher-exec", str(s.rsh), "-localhost", "10.231.9.1",
+    # hydra's proxies call the launcher back on the control network, not over the shaped links
+    assert cmd[:9] == ["mpiexec", "-launcher", "ssh", "-launcher-exec", str(s.rsh), "-localhost", "10.232.9.1",
                        "-hosts", "asgd-x-h0,asgd-x-h1,asgd-x-h2"]
     assert cmd[9:11] == ["-rankmap", "0,1,2"]
     with pytest.raises(Exception, match="places the ranks itself"):
@@ -239,7 +240,8 @@ def _cmdline(pid: int) -> str:
 def _nothing_left(n: str) -> None:
     assert lifecycle.leftovers_of(n) == []
     assert not [x for x in links.list_netns() if x.startswith(f"asgd-{n}-")]
-    assert not [x for x in links.list_links() if x == f"asgd-{n}" or x.startswith(f"asgd-{n}-")]
+    assert not [x for x in links.list_links() if x in (f"asgd-{n}", f"asgc-{n}")
+                or x.startswith((f"asgd-{n}-", f"asgc-{n}-"))]
     assert not (state.state_file(n).parent).exists()
 
 
@@ -366,7 +368,7 @@ def test_a_killed_up_is_removed_by_down(name):
         lifecycle.up(name, 2, 10**8, say=lambda *a, **k: None)
     p = subprocess.run([*TESTBED, "down", "--name", name], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert "removed 2 namespaces, 3 interfaces" in p.stdout   # h0, h1; veths 0, 1 and the bridge
+    assert "removed 2 namespaces, 6 interfaces" in p.stdout   # h0, h1; their data and control veths, 2 bridges
     _nothing_left(name)
     p = subprocess.run([*TESTBED, "down", "--name", name], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "nothing to remove" in p.stdout

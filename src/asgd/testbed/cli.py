@@ -1,8 +1,9 @@
 """python -m asgd.testbed up | down | status | run: an emulated cluster on one machine.
 
   up      make H hosts (network namespaces with their own hostname and IPC), each with a
-          veth into one bridge, every link shaped to RATE each way (tc tbf on both ends),
-          optional latency (netem, where the kernel has it)
+          veth into the data bridge, every such link shaped to RATE each way (tc tbf on
+          both ends), optional latency (netem, where the kernel has it), and a veth into
+          the control bridge (unshaped: the MPI launcher's traffic)
   run     run an MPI job across the hosts: `run [options] -- mpiexec -n N python -m
           asgd.train ...`; the ranks are placed by the launcher itself (MPICH hydra or
           Open MPI, through an ssh stand-in that enters a host's namespaces): servers on
@@ -96,7 +97,7 @@ def _print_status(entries: list[dict]) -> None:
         print(f"{e['name']}: {e['status']}, {st['hosts']} hosts, {format_rate(st['rate_bit'])} each way per link, "
               f"latency {f'{lat:g} us (netem)' if lat else 'none added'}"
               + (" (asked for, netem unavailable)" if st.get("latency_us") and not lat else "")
-              + f", subnet {st['subnet']}.0/24")
+              + f", subnet {st['subnet']}.0/24, control network {st.get('control', '?')}.0/24")
         for h in e["hosts"]:
             print(f"  {h['host']:<14} {h['ip']:<14} veth {h['veth']:<12} sent {h.get('sent_bytes', 0):>14,} B  "
                   f"received {h.get('recv_bytes', 0):>14,} B  qdisc {'+'.join(h.get('qdisc', [])) or '-'}  "

@@ -5,9 +5,10 @@
 rewrites the command so that the launcher starts its remote agent on each host through
 the testbed's ssh stand-in (state dir's `rsh`, which enters the host's namespaces):
 
-  MPICH (hydra)  mpiexec -launcher ssh -launcher-exec RSH -localhost BRIDGE_IP
+  MPICH (hydra)  mpiexec -launcher ssh -launcher-exec RSH -localhost LAUNCHER_IP
                          -hosts h0,h1,.. -rankmap i0,i1,.. <the rest as given>
-                 hydra's proxies connect back to BRIDGE_IP; each host is a node of its own
+                 hydra's proxies connect back to LAUNCHER_IP, on the control network
+                 (PMI and forwarded output stay off the shaped links); each host is a node of its own
                  (its own hostname), so MPICH uses its network module between hosts. Its
                  UCX module would still take shared memory (sysv, cma) across hosts, since
                  they share a kernel: UCX_TLS=self,tcp and UCX_NET_DEVICES=eth0 keep it to
@@ -39,6 +40,11 @@ from .sh import TestbedError
 from .spec import Spec
 
 TCP_ONLY_ENV = {"UCX_TLS": "self,tcp", "UCX_NET_DEVICES": "eth0", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0"}
+# UCX's TCP keepalive probes every idle connection about every 10 s (measured: 3 KB a
+# minute on each of 8 idle hosts, none with this): liveness checks of MPI's own, which
+# the launcher's end of a dead rank makes needless here, and which would add to the
+# links' counts in proportion to the job's length
+NO_KEEPALIVE_ENV = {"UCX_TCP_KEEPIDLE": "inf"}
 HYDRA_CONFLICTS = ("-hosts", "-host", "-f", "-machinefile", "-launcher", "-launcher-exec", "-rankmap",
                    "-ppn", "-localhost", "-bootstrap", "-bootstrap-exec", "-rmk")
 
@@ -124,15 +130,16 @@ def _hydra(spec: Spec, cmd: list[str], where: list[int]) -> list[str]:
         raise TestbedError(f"the testbed places the ranks itself; drop {', '.join(bad)} from the command")
     used = sorted(set(where))
     index = {h: i for i, h in enumerate(used)}
-    return [cmd[0], "-launcher", "ssh", "-launcher-exec", str(spec.rsh), "-localhost", spec.bridge_ip,
+    return [cmd[0], "-launcher", "ssh", "-launcher-exec", str(spec.rsh), "-localhost", spec.launcher_ip,
             "-hosts", ",".join(spec.host(h) for h in used),
             "-rankmap", ",".join(str(index[h]) for h in where), *cmd[1:]]
 
 
 def _openmpi(spec: Spec, cmd: list[str], where: list[int], rankfile: Path) -> list[str]:
     """Open MPI 5 (PRRTE): the rsh agent is the stand-in, a rankfile places each rank, the
-    daemons' out-of-band channel and the TCP BTL use the testbed's subnet only, and the
-    shared-memory BTL serves only ranks on one host (each host is a node of its own)."""
+    daemons' out-of-band channel uses the control network and the TCP BTL the data
+    network only, and the shared-memory BTL serves only ranks on one host (each host is a
+    node of its own)."""
     rankfile.write_text("".join(f"rank {r}={spec.host(h)} slot={sum(1 for x in where[:r] if x == h)}\n"
                                 for r, h in enumerate(where)))
     used = sorted(set(where))
@@ -140,7 +147,7 @@ def _openmpi(spec: Spec, cmd: list[str], where: list[int], rankfile: Path) -> li
     return [cmd[0], "--mca", "plm_rsh_agent", str(spec.rsh),
             "--host", ",".join(f"{spec.host(h)}:{slots[h]}" for h in used),
             "--map-by", f"rankfile:file={rankfile}", "--bind-to", "none",
-            "--mca", "oob_tcp_if_include", spec.cidr, "--mca", "btl_tcp_if_include", spec.cidr,
+            "--mca", "oob_tcp_if_include", spec.control_cidr, "--mca", "btl_tcp_if_include", spec.cidr,
             "--mca", "btl", "tcp,self,sm", "--mca", "pml", "ob1", *cmd[1:]]
 
 
@@ -178,7 +185,7 @@ def run(spec: Spec, cmd: list[str], servers: int | None = None, ranks_per_host: 
     else:
         rankfile.parent.mkdir(parents=True, exist_ok=True)
         full = _openmpi(spec, cmd, where, rankfile)
-    job_env = {**os.environ, **TCP_ONLY_ENV, **(env or {})}
+    job_env = {**os.environ, **TCP_ONLY_ENV, **NO_KEEPALIVE_ENV, **(env or {})}
     # every host looks like a node of its own, but all share this machine's cores: tell the
     # ranks, or each polls as if it had a core (measured: 14 ranks on 2 cores polling every
     # 100 us took both cores while they waited on the links)

@@ -16,7 +16,7 @@ import zlib
 
 from . import hostns, launch, links, procs, shaping, state
 from .sh import TestbedError, missing_requirements
-from .spec import PREFIX, Spec, check_name, format_rate, link_names, netns_names
+from .spec import CONTROL_PREFIX, PREFIX, Spec, check_name, format_rate, is_bridge_name, link_names, netns_names
 
 RSH = """#!/bin/sh
 # asgd testbed {name}: the MPI launcher's ssh stand-in. `rsh [-opts] HOST COMMAND...`
@@ -40,15 +40,16 @@ def exists(name: str) -> bool:
             or bool(link_names(name, links.list_links())))
 
 
-def pick_subnet(name: str) -> str:
-    """A free 10.231.X.0/24 for this testbed: X from its name, then the next free one."""
-    taken = {(state.read(n) or {}).get("subnet") for n in state.names()}
+def pick_subnet(name: str, base: str = "10.231", key: str = "subnet") -> str:
+    """A free <base>.X.0/24 for this testbed (its data network; base 10.232 and key
+    "control": its control network): X from its name, then the next free one."""
+    taken = {(state.read(n) or {}).get(key) for n in state.names()}
     start = zlib.crc32(name.encode()) % 256
     for i in range(256):
-        prefix = f"10.231.{(start + i) % 256}"
+        prefix = f"{base}.{(start + i) % 256}"
         if prefix not in taken and not links.subnet_in_use(prefix):
             return prefix
-    raise TestbedError("no free 10.231.X.0/24 subnet; pass --subnet")
+    raise TestbedError(f"no free {base}.X.0/24 subnet" + ("; pass --subnet" if key == "subnet" else ""))
 
 
 def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: str | None = None,
@@ -63,11 +64,12 @@ def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: st
     if exists(name):
         raise TestbedError(f"testbed {name!r} already exists (or pieces of it): "
                            f"python -m asgd.testbed down --name {name}")
-    spec = Spec(name, hosts, rate_bit, latency_us, subnet or pick_subnet(name))
+    spec = Spec(name, hosts, rate_bit, latency_us, subnet or pick_subnet(name),
+                pick_subnet(name, "10.232", "control"))
     state.write(spec, status="creating", pid=os.getpid(), start=procs.start_time(os.getpid()))
     t0 = time.perf_counter()
     try:
-        links.make_bridge(spec)
+        links.make_bridges(spec)
         netem = shaping.netem_available(spec.bridge) if latency_us > 0 else None
         if latency_us > 0 and not netem:
             say(f"asgd.testbed: netem is not in this kernel (no sch_netem): no latency added; "
@@ -77,7 +79,7 @@ def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: st
         for k in range(hosts):
             links.make_netns(spec, k)
             hostns.create({kind: spec.ns_file(k, kind) for kind in hostns.KINDS}, spec.host(k))
-            links.make_link(spec, k)
+            links.make_links(spec, k)
             shaping.shape(spec.veth(k), rate_bit, delay)               # into host k
             shaping.shape("eth0", rate_bit, delay, netns=spec.host(k))  # out of host k
             if made_host:
@@ -90,9 +92,10 @@ def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: st
         down(name, say=_say_nothing)
         raise
     say(f"asgd.testbed: {name} up: {hosts} hosts {spec.host(0)} .. {spec.host(hosts - 1)} "
-        f"({spec.host_ip(0)} .. {spec.host_ip(hosts - 1)}), bridge {spec.bridge} {spec.bridge_ip}, "
+        f"({spec.host_ip(0)} .. {spec.host_ip(hosts - 1)}) on bridge {spec.bridge}, "
         f"{format_rate(rate_bit)} each way per link (tbf), latency "
         + (f"{latency_us:g} us (netem)" if latency_us and netem else "not added")
+        + f"; the launcher's control network {spec.control_cidr} on bridge {spec.control_bridge} (unshaped)"
         + f"; {time.perf_counter() - t0:.2f} s")
     return Testbed(spec)
 
@@ -117,7 +120,7 @@ def down(name: str, say=print) -> dict:
     # links before namespaces: a namespace's deletion takes its veth pair with it, but
     # asynchronously, so a later look could still see (and count) the root-side end
     devs = link_names(name, links.list_links())
-    for dev in sorted(devs, key=lambda d: d == f"{PREFIX}{name}"):   # veths first, the bridge last
+    for dev in sorted(devs, key=lambda d: is_bridge_name(name, d)):   # veths first, the bridges last
         links.delete_link(dev)
         removed["links"].append(dev)
     for ns in namespaces:
@@ -185,17 +188,20 @@ def status(name: str | None = None) -> list[dict]:
                 if spec.host(k) not in namespaces:
                     entry["problems"].append(f"netns {spec.host(k)} missing")
                 if spec.veth(k) in devs:
-                    tx, rx = links.counters(spec.veth(k))
-                    h.update(recv_bytes=tx, sent_bytes=rx, qdisc=shaping.qdisc_stats(spec.veth(k))["kinds"])
+                    c = links.counters(spec.veth(k))
+                    h.update(recv_bytes=c["tx_bytes"], sent_bytes=c["rx_bytes"], qdisc=shaping.qdisc_stats(spec.veth(k))["kinds"])
                 else:
                     entry["problems"].append(f"veth {spec.veth(k)} missing")
+                if spec.control_veth(k) not in devs:
+                    entry["problems"].append(f"veth {spec.control_veth(k)} missing")
                 try:
                     h["processes"] = len(by_net.get(os.stat(f"/run/netns/{spec.host(k)}").st_ino, []))
                 except OSError:
                     h["processes"] = 0
                 entry["hosts"].append(h)
-            if spec.bridge not in devs:
-                entry["problems"].append(f"bridge {spec.bridge} missing")
+            for bridge in (spec.bridge, spec.control_bridge):
+                if bridge not in devs:
+                    entry["problems"].append(f"bridge {bridge} missing")
         else:
             entry["objects"] = namespaces + devs
         out.append(entry)
@@ -211,7 +217,7 @@ def _names_from_objects(namespaces: list[str], devs: list[str]) -> set[str]:
         if m:
             got.add(m.group(1))
     for dev in devs:   # a bridge alone (up killed before its first host)
-        m = re.fullmatch(re.escape(PREFIX) + r"([a-z0-9]{1,6})", dev)
+        m = re.fullmatch(f"(?:{re.escape(PREFIX)}|{re.escape(CONTROL_PREFIX)})" + r"([a-z0-9]{1,6})", dev)
         if m and os.path.isdir(f"/sys/class/net/{dev}/bridge"):
             got.add(m.group(1))
     return got

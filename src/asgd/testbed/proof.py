@@ -28,14 +28,16 @@ ACK = links.FRAME_HEADERS / links.MSS
 SLACK = 512 * 1024
 
 
-def snapshot(spec: Spec) -> list[tuple[int, int]]:
-    """(tx_bytes, rx_bytes) of each host's root-side veth."""
+def snapshot(spec: Spec) -> list[dict]:
+    """Per host, its root-side veth's counters: tx is what the host received, rx what it sent."""
     return [links.counters(spec.veth(k)) for k in range(spec.hosts)]
 
 
-def wire(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> list[dict]:
-    """Bytes each host sent (its veth's rx) and received (tx) between two snapshots."""
-    return [{"sent": a[1] - b[1], "recv": a[0] - b[0]} for b, a in zip(before, after)]
+def wire(before: list[dict], after: list[dict]) -> list[dict]:
+    """Bytes and frames each host sent and received between two snapshots."""
+    return [{"sent": a["rx_bytes"] - b["rx_bytes"], "recv": a["tx_bytes"] - b["tx_bytes"],
+             "frames_sent": a["rx_packets"] - b["rx_packets"], "frames_recv": a["tx_packets"] - b["tx_packets"]}
+            for b, a in zip(before, after)]
 
 
 def app(results: dict, spec: Spec, planned: list[int]) -> list[dict]:

@@ -1,11 +1,17 @@
 """What a testbed is made of, by name: namespaces, interfaces, addresses, files, rates.
 
-Every object carries the prefix `asgd-<name>`, so `down` can find what `up` made (even
-after a killed `up`) and never touches anything else:
-  bridge            asgd-<name>                (root namespace, address <subnet>.1/24)
+Every object carries the prefix `asgd-<name>` (`asgc-<name>` on the control network),
+so `down` can find what `up` made (even after a killed `up`) and never touches anything
+else. Two networks: the data network, whose shaped links carry only what the ranks send
+each other (the byte proof counts it), and the control network, unshaped, for the MPI
+launcher's traffic (starting the ranks, PMI, forwarded output), which is not the job's:
+  data bridge       asgd-<name>                (root namespace, no address)
+  control bridge    asgc-<name>                (root namespace, address <control>.1/24: the launcher's)
   host k            network namespace asgd-<name>-h<k>, hostname asgd-<name>-h<k>,
-                    address <subnet>.<10+k>/24 on its eth0
-  link of host k    veth asgd-<name>-<k> (root side, in the bridge) <-> eth0 (in the host)
+                    address <subnet>.<10+k>/24 on its eth0 (MAC host_mac(k)),
+                    <control>.<10+k>/24 on its ctl
+  links of host k   veth asgd-<name>-<k> (root side, in the data bridge) <-> eth0 (in the host)
+                    veth asgc-<name>-<k> (in the control bridge) <-> ctl (in the host)
   state             /run/asgd-testbed/<name>/ (state.json, the ssh stand-in, namespace files)
 Interface names are at most 15 characters, hence a testbed name of at most 6.
 """
@@ -18,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 PREFIX = "asgd-"
+CONTROL_PREFIX = "asgc-"
 NAME_RE = re.compile(r"^[a-z0-9]{1,6}$")
 MAX_HOSTS = 200                      # addresses .10 .. .209 of the /24
 FIRST_HOST_OCTET = 10
@@ -98,7 +105,8 @@ class Spec:
     hosts: int
     rate_bit: int          # each link, each direction, bits/s
     latency_us: float = 0.0  # one-way host-to-host latency asked for (netem), microseconds
-    subnet: str = "10.231.0"  # first three octets of the testbed's /24
+    subnet: str = "10.231.0"  # first three octets of the data network's /24
+    control: str = "10.232.0"  # first three octets of the control network's /24
 
     def __post_init__(self):
         check_name(self.name)
@@ -117,8 +125,16 @@ class Spec:
         return f"{PREFIX}{self.name}-h{k}"
 
     def veth(self, k: int) -> str:
-        """The root-namespace end of host k's link (the host's end is its eth0)."""
+        """The root-namespace end of host k's data link (the host's end is its eth0)."""
         return f"{PREFIX}{self.name}-{k}"
+
+    @property
+    def control_bridge(self) -> str:
+        return f"{CONTROL_PREFIX}{self.name}"
+
+    def control_veth(self, k: int) -> str:
+        """The root-namespace end of host k's control link (the host's end is its ctl)."""
+        return f"{CONTROL_PREFIX}{self.name}-{k}"
 
     @property
     def host_names(self) -> list[str]:
@@ -131,16 +147,31 @@ class Spec:
         return int(m.group(1))
 
     # -- addresses -----------------------------------------------------------------------
-    @property
-    def bridge_ip(self) -> str:
-        return f"{self.subnet}.1"
-
     def host_ip(self, k: int) -> str:
+        """Host k's address on the data network."""
         return f"{self.subnet}.{FIRST_HOST_OCTET + k}"
+
+    @staticmethod
+    def host_mac(k: int) -> str:
+        """Host k's eth0 (locally administered, fixed: every host's neighbour table lists
+        every other host's before any exists, so no ARP crosses the data links)."""
+        return f"02:61:73:67:{k >> 8:02x}:{k & 255:02x}"
 
     @property
     def cidr(self) -> str:
         return f"{self.subnet}.0/24"
+
+    @property
+    def launcher_ip(self) -> str:
+        """The root namespace's address on the control network: the MPI launcher's."""
+        return f"{self.control}.1"
+
+    def control_ip(self, k: int) -> str:
+        return f"{self.control}.{FIRST_HOST_OCTET + k}"
+
+    @property
+    def control_cidr(self) -> str:
+        return f"{self.control}.0/24"
 
     # -- files -------------------------------------------------------------------------
     @property
@@ -161,13 +192,18 @@ class Spec:
 
     @classmethod
     def from_dict(cls, d: dict) -> Spec:
-        return cls(**{k: d[k] for k in ("name", "hosts", "rate_bit", "latency_us", "subnet")})
+        return cls(**{k: d[k] for k in ("name", "hosts", "rate_bit", "latency_us", "subnet", "control") if k in d})
 
 
 def link_names(name: str, links: list[str]) -> list[str]:
-    """The interfaces among `links` that belong to testbed `name` (bridge and root-side veths)."""
-    pat = re.compile(re.escape(f"{PREFIX}{name}") + r"(-\d+)?")
+    """The interfaces among `links` that belong to testbed `name` (both bridges and the
+    root-side veths of both networks)."""
+    pat = re.compile(f"({re.escape(PREFIX)}|{re.escape(CONTROL_PREFIX)})" + re.escape(name) + r"(-\d+)?")
     return [x for x in links if pat.fullmatch(x)]
+
+
+def is_bridge_name(name: str, dev: str) -> bool:
+    return dev in (f"{PREFIX}{name}", f"{CONTROL_PREFIX}{name}")
 
 
 def netns_names(name: str, namespaces: list[str]) -> list[str]:
