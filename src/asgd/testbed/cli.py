@@ -78,8 +78,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--ranks-per-host", type=int, metavar="K",
                    help="workers in blocks of K per host (default: round-robin over the worker hosts)")
     r.add_argument("--check-bytes", action="store_true",
-                   help="after the job, compare each host's link counters with results.json's per-rank "
-                        "bytes; exit 3 if they do not match")
+                   help="the byte proof: first the same job with --dry-run (the baseline: start-up and "
+                        "end-of-run traffic), then the job; what the job added to each host's link must be "
+                        "what its ranks counted in results.json, in TCP (asgd.testbed.proof); exit 3 if not")
     r.add_argument("--timeout", type=float, default=900, help="seconds before the job is killed (default 900)")
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- mpiexec -n N ...")
     return p
