@@ -252,6 +252,27 @@ def test_the_proofs_messages_follow_the_protocol():
     assert all(not x["sent"] and not x["recv"] for x in proof.added_messages(_ps_run(spec, 2, 3, 10, 100, 90, dry=True)[0]))
 
 
+def test_the_proof_leaves_out_what_stays_in_a_host():
+    """Two ring ranks to a host (--ranks-per-host 2): a rank's chunks to a neighbour on its
+    own host, and rank 1's end-of-run record and clock pings to rank 0 beside it, never
+    cross a link: not in the host's app bytes, nor in its messages."""
+    spec = Spec("p", 2, 8 * 10**6)
+    ring, _ = _ps_run(spec, 0, 4, 10, 100, 100, arch="allreduce")
+    where = [0, 0, 1, 1]
+    for r, k in zip(ring["ranks"], where):
+        r["host"] = spec.host(k)
+        r["bytes"]["train"] = {"sent": 6 * 10 * 250, "recv": 6 * 10 * 250}
+        r["bytes_sent"] = sum(x["sent"] for x in r["bytes"].values())
+        r["bytes_recv"] = sum(x["recv"] for x in r["bytes"].values())
+    hosts = proof.app(ring, spec, where)
+    # each rank counts 15,000 B of chunks and 400 B sent, 40 B received at the end; on host 0
+    # rank 0's chunks to rank 1 and rank 1's 440 B with rank 0 stay; on host 1, rank 2's chunks
+    assert hosts[0]["sent"] == 2 * (15_000 + 400) - 15_000 - 440
+    assert hosts[1]["sent"] == 2 * (15_000 + 400) - 15_000
+    m = proof.added_messages(ring, where)
+    assert not m[0]["sent"] and m[1]["sent"] == {250: 60} and m[3]["sent"] == {250: 60} and not m[2]["sent"]
+
+
 def test_the_proof_refuses_what_it_cannot_check():
     """--allreduce mpi (MPI_Iallreduce's bytes are MPI's), a results.json without per-part
     bytes: one line each, before anything runs where the command says so."""

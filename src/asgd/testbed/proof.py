@@ -114,36 +114,54 @@ def _host_of(r: dict, spec: Spec, planned: list[int]) -> int:
 
 def app(results: dict, spec: Spec, planned: list[int]) -> list[dict]:
     """Per host: the bytes its ranks counted (results.json's bytes_sent, bytes_recv: every
-    message of asgd's own) and which ranks it ran."""
+    message of asgd's own) that cross its link, and which ranks it ran. Known to stay in
+    the host, so left out: the end-of-run records and clock pings between rank 0 and the
+    ranks that share its host, and the ring's chunks between neighbours on one host."""
+    hosts = [_host_of(r, spec, planned) for r in results["ranks"]]
     out = [{"sent": 0, "recv": 0, "ranks": []} for _ in range(spec.hosts)]
-    for r in results["ranks"]:
-        k = _host_of(r, spec, planned)
+    for r, k in zip(results["ranks"], hosts):
         out[k]["sent"] += r["bytes_sent"]
         out[k]["recv"] += r["bytes_recv"]
         out[k]["ranks"].append(r["rank"])
+    for r, k in zip(results["ranks"][1:], hosts[1:]):
+        if k == hosts[0]:   # everything rank r counts at the end is to or from rank 0
+            local = r["bytes"]["finish"]
+            out[k]["sent"] -= local["sent"] + local["recv"]
+            out[k]["recv"] -= local["sent"] + local["recv"]
+    if results["config"].get("arch") == "allreduce":
+        P = len(hosts)
+        for r in range(P):
+            if P > 1 and hosts[r] == hosts[(r + 1) % P]:   # r's chunks go to r + 1
+                sent = results["ranks"][r]["bytes"]["train"]["sent"]
+                out[hosts[r]]["sent"] -= sent
+                out[hosts[r]]["recv"] -= sent
     return out
 
 
-def added_messages(results: dict) -> list[dict[str, Counter]]:
-    """Per rank, the messages a job sends and receives that its dry run does not, as
-    {"sent": {size: count}, "recv": {size: count}}, by asgd.protocol's pattern and the
-    bytes results.json counts for training: with S servers, a worker pushes to every
-    server and takes every server's reply per update, then tells every server it is
-    done; a server takes and answers every worker's pushes; servers 1..S-1 send rank 0
-    their shard at the end; the ring passes 2 (P - 1) chunks each way per step (applied
-    or refused). A dry run: none."""
+def added_messages(results: dict, hosts: list[int] | None = None) -> list[dict[str, Counter]]:
+    """Per rank, the messages across a link that a job sends and receives and its dry run
+    does not, as {"sent": {size: count}, "recv": {size: count}}, by asgd.protocol's
+    pattern and the bytes results.json counts for training: with S servers, a worker
+    pushes to every server and takes every server's reply per update, then tells every
+    server it is done; a server takes and answers every worker's pushes; servers 1..S-1
+    send rank 0 their shard at the end; the ring passes 2 (P - 1) chunks each way per step
+    (applied or refused) to the next rank, when on another host (hosts: each rank's). A
+    dry run: none."""
     ranks = results["ranks"]
+    hosts = hosts or list(range(len(ranks)))
     out = [{"sent": Counter(), "recv": Counter()} for _ in ranks]
     if results.get("dry_run"):
         return out
     train = [r["bytes"]["train"] for r in ranks]
     if results["config"].get("arch") == "allreduce":
         P = len(ranks)
-        for r, t, m in zip(ranks, train, out):
-            n = 2 * (P - 1) * (r["updates"] + r.get("refused", 0))
-            for d in ("sent", "recv"):
-                if n:
-                    m[d][round(t[d] / n)] += n
+        for r, (rank, t) in enumerate(zip(ranks, train)):
+            n = 2 * (P - 1) * (rank["updates"] + rank.get("refused", 0))
+            nxt = (r + 1) % P
+            if n and hosts[r] != hosts[nxt]:
+                size = round(t["sent"] / n)
+                out[r]["sent"][size] += n
+                out[nxt]["recv"][size] += n
         return out
     S = results["config"]["servers"]
     for w in range(S, len(ranks)):
@@ -167,17 +185,23 @@ def added_messages(results: dict) -> list[dict[str, Counter]]:
 
 def traffic(results: dict, spec: Spec, planned: list[int], wire_bytes: list[dict]) -> list[dict]:
     """Per host, one run's bytes and frames on the wire, the TCP segments that crossed it
-    twice (`twice`: resent, received twice), the bytes its ranks counted and the
-    messages they added over a dry run (added_messages)."""
+    twice (`twice`: resent, received twice), the bytes its ranks counted across its link
+    (app), the messages they added over a dry run (added_messages), and the end-of-run
+    records that cross it (`records`: the job's are larger than its dry run's)."""
     hosts = app(results, spec, planned)
+    where = [_host_of(r, spec, planned) for r in results["ranks"]]
     for h, w in zip(hosts, wire_bytes):
         h.update(wire={"sent": w["sent"], "recv": w["recv"]}, frames={"sent": w["frames_sent"], "recv": w["frames_recv"]},
                  twice={"sent": w.get("resent", 0), "recv": w.get("received_twice", 0)},
-                 app={"sent": h.pop("sent"), "recv": h.pop("recv")}, msgs={"sent": Counter(), "recv": Counter()})
-    for r, m in zip(results["ranks"], added_messages(results)):
-        h = hosts[_host_of(r, spec, planned)]
+                 app={"sent": h.pop("sent"), "recv": h.pop("recv")}, msgs={"sent": Counter(), "recv": Counter()},
+                 records={"sent": 0, "recv": 0})
+    for k, m in zip(where, added_messages(results, where)):
         for d in ("sent", "recv"):
-            h["msgs"][d].update(m[d])
+            hosts[k]["msgs"][d].update(m[d])
+    for k in where[1:]:
+        if k != where[0]:
+            hosts[k]["records"]["sent"] += 1
+            hosts[where[0]]["records"]["recv"] += 1
     return hosts
 
 
@@ -198,6 +222,14 @@ def segments(msgs: Counter) -> int:
                for size, n in msgs.items())
 
 
+def grown(j: dict, b: dict, d_app: dict, d_msgs: dict, d: str) -> float:
+    """The most segments more that the messages both runs send take in the job (its
+    end-of-run records are larger): the bytes the job added beyond its added messages,
+    and a short segment per record."""
+    residual = d_app[d] - sum(size * n for size, n in d_msgs[d].items())
+    return max(residual, 0) / MSS + max(j["records"][d], b["records"][d])
+
+
 def check(job: list[dict], baseline: list[dict], host_name) -> dict:
     """Rows per host (what the job added over the baseline, on the wire and in
     results.json, the bounds, the verdicts) and ok for the whole job. job and baseline:
@@ -212,7 +244,8 @@ def check(job: list[dict], baseline: list[dict], host_name) -> dict:
             payload = d_wire - FRAME * d_frames
             env = envelopes(d_msgs[d], d_msgs[o], d_app[d], d_app[o])
             # the job's segments this way, and at most one ACK for each it received
-            frames_max = segments(d_msgs[d]) + segments(d_msgs[o]) + j["twice"][d] + EPSILON_FRAMES
+            frames_max = (segments(d_msgs[d]) + segments(d_msgs[o]) + grown(j, b, d_app, d_msgs, d)
+                          + grown(j, b, d_app, d_msgs, o) + j["twice"][d] + EPSILON_FRAMES)
             # a segment TCP sent twice crossed the link twice: in the job, more payload;
             # in the baseline, less of what the job added
             lo = d_app[d] - EPSILON - MSS * b["twice"][d]
