@@ -458,6 +458,9 @@ def test_three_hosts_job_over_the_shaped_links(name, tmp_path, warm_jit):
     res2, r2 = train("run-ring", "--arch", "allreduce")
     assert all(row[f"messages_{d}"] == 4 * x["updates"] for row, x in zip(res2.proof["hosts"], r2["ranks"])
                for d in ("sent", "recv"))
+    # a job whose baseline cannot start up is refused with the dry run's own error
+    with pytest.raises(lifecycle.TestbedError, match="dry run .* failed .*--hidden"):
+        train("bad", "--hidden", "-5")
     tb.down()
     _nothing_left(name)
     print(f"3-host test: {time.perf_counter() - t0:.1f} s, wire/app {p['ratio_sent']:.3f} sent, "

@@ -208,6 +208,17 @@ def _execute(spec: Spec, full: list[str], env: dict, timeout: float, capture: bo
                      _qdisc_delta(q_before, _qdiscs(spec)), _children_cpu() - cpu0)
 
 
+def _dry_run(spec: Spec, full: list[str], env: dict, timeout: float, out: str) -> tuple[Execution, dict]:
+    """The byte proof's baseline: `full` (the job with --dry-run --out OUT); its run and
+    its results.json, or TestbedError with its own error."""
+    dry = _execute(spec, full, env, timeout, capture=True)
+    results = _results(out) if dry.rc == 0 else None
+    if results is None or not results.get("dry_run"):
+        raise TestbedError(f"the dry run (the byte proof's baseline) failed (exit {dry.rc})"
+                           + (f": {dry.stderr.strip()[-1500:]}" if dry.stderr else ""))
+    return dry, results
+
+
 def _rewrite(spec: Spec, kind: str, cmd: list[str], where: list[int], rankfile: Path) -> list[str]:
     if kind == "mpich":
         return _hydra(spec, cmd, where)
@@ -263,12 +274,8 @@ def run(spec: Spec, cmd: list[str], servers: int | None = None, ranks_per_host: 
         if check_bytes:
             dry_out = os.path.join(info["out"], "dry-run")
             say(f"asgd.testbed: the byte proof's baseline: the same job with --dry-run (results in {dry_out})")
-            dry = _execute(spec, _rewrite(spec, kind, cmd + ["--dry-run", "--out", dry_out], where, rankfile),
-                           job_env, timeout, capture=True)
-            dry_results = _results(dry_out) if dry.rc == 0 else None
-            if dry_results is None or not dry_results.get("dry_run"):
-                raise TestbedError(f"the dry run (the byte proof's baseline) failed (exit {dry.rc})"
-                                   + (f": {dry.stderr.strip()[-1500:]}" if dry.stderr else ""))
+            dry, dry_results = _dry_run(spec, _rewrite(spec, kind, cmd + ["--dry-run", "--out", dry_out], where,
+                                                        rankfile), job_env, timeout, dry_out)
         full = _rewrite(spec, kind, cmd, where, rankfile)
         job = _execute(spec, full, job_env, timeout, capture)
     finally:
