@@ -7,8 +7,6 @@ Each configuration is one `mpiexec ... python -m asgd.train --epochs 1` run; upd
 and the time of the epoch (train_s) come from its results.json. Writes arch.csv,
 arch.json (with the machine) and arch.png, and prints the table."""
 
-import argparse
-import csv
 import json
 import os
 import shutil
@@ -28,7 +26,7 @@ def label(arch, servers, mode):
     return "allreduce" if arch == "allreduce" else f"{servers} server{'s' * (servers > 1)}, {mode}"
 
 
-def run(arch, servers, mode, workers, hidden, batch, epochs) -> dict | None:
+def run_once(arch, servers, mode, workers, hidden, batch, epochs) -> dict | None:
     out = tempfile.mkdtemp(prefix="asgd-bench-arch-")
     args = ["--hidden", str(hidden), "--batch", str(batch), "--epochs", str(epochs), "--quiet",
             "--out", out, "--timeout", "280", "--arch", arch, "--mode", mode]
@@ -52,9 +50,7 @@ def run(arch, servers, mode, workers, hidden, batch, epochs) -> dict | None:
 
 
 def plot(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
     hiddens = sorted({r["hidden"] for r in rows})
     fig, axes = plt.subplots(2, len(hiddens), figsize=(6 * len(hiddens), 8), squeeze=False)
     for col, h in enumerate(hiddens):
@@ -73,40 +69,33 @@ def plot(rows, path):
             ax.set_title(f"2-{h}-2, batch {rows[0]['batch']}", fontsize=10)
             ax.grid(alpha=0.3)
         axes[0][col].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    common.save_figure(fig, path, dpi=110)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workers", default="2,4,8,15", help="comma list (default %(default)s)")
-    p.add_argument("--hidden", default="10000,100000", help="comma list (default %(default)s)")
+    p = common.parser(__doc__, "arch", plot=False)
+    p.add_argument("--workers", type=common.int_list, default="2,4,8,15", help="comma list (default %(default)s)")
+    p.add_argument("--hidden", type=common.int_list, default="10000,100000", help="comma list (default %(default)s)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="workers 2,8 and hidden 10000 only")
-    p.add_argument("--out", default="bench/results/arch")
     a = p.parse_args(argv)
-    workers = [2, 8] if a.quick else [int(x) for x in a.workers.split(",")]
-    hiddens = [10000] if a.quick else [int(x) for x in a.hidden.split(",")]
-    os.makedirs(a.out, exist_ok=True)
+    workers = [2, 8] if a.quick else a.workers
+    hiddens = [10000] if a.quick else a.hidden
+    run = common.Run("arch", a, load_every_s=None)
     rows = []
     for h in hiddens:
         for w in workers:
             for arch, s, mode in CONFIGS:
-                r = run(arch, s, mode, w, h, a.batch, a.epochs)
+                r = run_once(arch, s, mode, w, h, a.batch, a.epochs)
                 if r:
                     rows.append(r)
                     print(f"  2-{h}-2 w={w:>2} {r['config']:<18} {r['updates_per_s']:>9,.0f} updates/s "
                           f"{r['epoch_s']:>7.2f} s/epoch  server busy {r['server_busy_pct']:5.1f}%  "
                           f"acc {r['accuracy']:.3f}", flush=True)
-    with open(os.path.join(a.out, "arch.csv"), "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-        wr.writeheader()
-        wr.writerows(rows)
-    with open(os.path.join(a.out, "arch.json"), "w") as f:
-        json.dump({"machine": common.machine(), "rows": rows}, f, indent=1)
-    plot(rows, os.path.join(a.out, "arch.png"))
-    print(f"wrote {a.out}/arch.csv, arch.json, arch.png")
+    run.write(rows, {"machine": run.machine})
+    run.plot(plot, rows)
+    run.wrote()
     return 0
 
 

@@ -62,7 +62,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001
 from common import int_list  # noqa: E402
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
@@ -234,20 +233,17 @@ def run_torch(name: str, seed: int, optimizer: str | None = None, lr: float | No
 # -- the bench -------------------------------------------------------------------------
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--datasets", default=",".join(DATASETS), help=f"comma list of {', '.join(DATASETS)} (default all)")
+    p = common.parser(__doc__, "data")
+    p.add_argument("--datasets", type=common.word_list, default=",".join(DATASETS), help=f"comma list of {', '.join(DATASETS)} (default all)")
     p.add_argument("--ranks", type=int_list, default=[2, 4, 16], help="MPI ranks of asgd, comma list (default 2,4,16)")
     p.add_argument("--seeds", type=int_list, default=[0, 1, 2], help="splits and initializations (default 0,1,2)")
     p.add_argument("--tolerance", type=float, default=0.03, help="pass: asgd within this of sklearn (default 0.03)")
     p.add_argument("--no-torch", action="store_true", help="leave the PyTorch loop out")
     p.add_argument("--quick", action="store_true", help="iris and rings, ranks 2 and 4, seed 0")
     p.add_argument("--timeout", type=float, default=300, help="seconds one asgd run may take (default 300)")
-    p.add_argument("--out", type=Path, default=common.RESULTS / "data", help="output folder (default bench/results/data)")
-    p.add_argument("--no-plot", action="store_true")
     a = p.parse_args(argv)
     if a.quick:
-        a.datasets, a.ranks, a.seeds = "iris,rings", [2, 4], [0]
-    a.datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
+        a.datasets, a.ranks, a.seeds = ["iris", "rings"], [2, 4], [0]
     unknown = set(a.datasets) - set(DATASETS)
     if unknown:
         p.error(f"unknown --datasets {sorted(unknown)}; choose from {', '.join(DATASETS)}")
@@ -326,16 +322,12 @@ def plot(summary, tolerance, path):
     ax.set_title(f"asgd with its defaults vs scikit-learn and PyTorch (measured here; pass: within {tolerance} "
                  "of sklearn)", fontsize=9)
     ax.legend(fontsize=7, ncol=3, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    load = common.LoadSampler()
-    m = common.machine()
+    run = common.Run("data", args)
     folder = Path(tempfile.mkdtemp(prefix="asgd-bench-data-sets-"))
     rows = []
     try:
@@ -355,23 +347,21 @@ def main(argv=None):
         shutil.rmtree(folder, ignore_errors=True)
     summary = summarize(rows, args.datasets, args.ranks, args.tolerance)
     d = config.Config()
-    info = {"benchmark": "data", "machine": m, "load": load.summary(), "command": common.command_line(),
-            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "defaults": {"optimizer": d.optimizer,
-                         "lr": {name: optimizers.default_lr(d.optimizer, protocol(name).hidden) for name in args.datasets}},
-            "protocol": {name: {**vars(protocol(name)), "test_fraction": None if name == "rings" else TEST_FRACTION}
-                         for name in args.datasets},
-            "tolerance": args.tolerance, "passed": all(s["pass"] for s in summary),
-            "columns": {"accuracy": "held-out accuracy at the end (asgd: results.json metrics.accuracy)",
-                        "job_wall_s": "asgd: mpiexec start to exit", "gap_to_sklearn": "asgd - sklearn, means over the seeds",
-                        "pass": f"gap_to_sklearn >= -{args.tolerance} (rings at 16 ranks: also the default run's "
-                                "accuracy >= 0.95 within 60 s)"},
-            "summary": summary}
-    paths = common.write_outputs(args.out, "data", rows, info)
-    if not args.no_plot and summary:
-        plot(summary, args.tolerance, args.out / "data.png")
-        paths.append(args.out / "data.png")
-    print(common.describe(m, info["load"]))
+    info = run.meta(
+        defaults={"optimizer": d.optimizer,
+                  "lr": {name: optimizers.default_lr(d.optimizer, protocol(name).hidden) for name in args.datasets}},
+        protocol={name: {**vars(protocol(name)), "test_fraction": None if name == "rings" else TEST_FRACTION}
+                  for name in args.datasets},
+        tolerance=args.tolerance, passed=all(s["pass"] for s in summary),
+        columns={"accuracy": "held-out accuracy at the end (asgd: results.json metrics.accuracy)",
+                 "job_wall_s": "asgd: mpiexec start to exit", "gap_to_sklearn": "asgd - sklearn, means over the seeds",
+                 "pass": f"gap_to_sklearn >= -{args.tolerance} (rings at 16 ranks: also the default run's "
+                         "accuracy >= 0.95 within 60 s)"},
+        summary=summary)
+    run.write(rows, info)
+    if summary:
+        run.plot(plot, summary, args.tolerance)
+    run.print_machine()
     common.print_table(summary, [("data set", "dataset", ""), ("ranks", "ranks", "d"), ("seeds", "seeds", "d"),
                                  ("asgd", "asgd", ".3f"), ("min", "asgd_min", ".3f"), ("sklearn", "sklearn", ".3f"),
                                  ("pytorch", "pytorch", ".3f"), ("gap", "gap_to_sklearn", "+.3f"),
@@ -384,7 +374,7 @@ def main(argv=None):
               f"{common.fmt(ring['default_run_accuracy'], '.4f')} in {common.fmt(ring['default_run_s'], '.1f')} s "
               f"(mpiexec start to exit): {'pass' if ring['default_run_pass'] else 'FAIL'} (>= 0.95 within 60 s)")
     print(f"{'PASSED' if info['passed'] else 'FAILED'}: every data set and rank count within {args.tolerance} of sklearn")
-    print("wrote " + ", ".join(str(p) for p in paths))
+    run.wrote()
     return 0
 
 

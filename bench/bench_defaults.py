@@ -32,10 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001
 from common import int_list  # noqa: E402
 
-import argparse  # noqa: E402
 import csv  # noqa: E402
 import functools  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
@@ -61,8 +59,8 @@ def lr_of(rule: str, hidden: int, workers: int) -> float:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--datasets", default=",".join(bench_data.DATASETS),
+    p = common.parser(__doc__, "defaults")
+    p.add_argument("--datasets", type=common.word_list, default=",".join(bench_data.DATASETS),
                    help=f"comma list of {', '.join(bench_data.DATASETS)} (default all)")
     p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 15], help="asynchronous workers (default 1,2,4,8,15)")
     p.add_argument("--seeds", type=int_list, default=[0], help="splits and initializations (default 0)")
@@ -71,10 +69,7 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=300, help="seconds one run may take (default 300)")
     p.add_argument("--summarize", action="store_true", help="run nothing: the summary of the rows in --out")
     p.add_argument("--fresh", action="store_true", help="discard the rows already in --out")
-    p.add_argument("--out", type=Path, default=common.RESULTS / "defaults", help="output folder (default bench/results/defaults)")
-    p.add_argument("--no-plot", action="store_true")
     a = p.parse_args(argv)
-    a.datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
     a.rules = parse_rules(a.rules)
     return a
 
@@ -182,19 +177,15 @@ def plot(rows, path):
     axes[0][0].set_ylabel("worst gap to sklearn over workers and seeds")
     axes[0][-1].legend(fontsize=7)
     fig.suptitle("asgd held-out accuracy minus sklearn's, async, 1 server (measured here)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path, dpi=110)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "defaults.csv"
+    run = common.Run("defaults", args, bandwidth=False)
+    path = run.out / "defaults.csv"   # one row per run, appended as each ends: an interrupted sweep resumes
     if args.fresh and path.exists():
         path.unlink()
-    load = common.LoadSampler()
-    m = common.machine(bandwidth=False)
     if not args.summarize:
         done = {(r["dataset"], r["seed"], r["workers"], r["optimizer"], r["rule"]) for r in read_rows(path)}
         folder = Path(tempfile.mkdtemp(prefix="asgd-bench-defaults-"))
@@ -233,17 +224,16 @@ def main(argv=None):
     by_h = {}
     for h in sorted({r["hidden"] for r in rows}):
         by_h[str(h)] = summarize([r for r in rows if r["hidden"] == h], args.tolerance)["by_rule"]
-    info = {"benchmark": "defaults", "machine": m, "load": load.summary(), "command": common.command_line(),
-            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "protocol": {n: vars(bench_data.protocol(n)) for n in args.datasets}, "tolerance": args.tolerance,
-            "columns": {"gap": "asgd accuracy - sklearn MLPClassifier's on the same split and seed",
-                        "diverged": "non-zero exit, refused updates, or held-out accuracy <= the majority class's share",
-                        "overconfident": "held-out loss above chance_loss (predicting the class frequencies)",
-                        "worst_gap": "min gap over data sets, workers and seeds", "failing": f"runs with gap < -{args.tolerance}"},
-            **summary, "by_hidden": by_h}
-    (args.out / "defaults.json").write_text(json.dumps(info, indent=1, default=str))
-    if not args.no_plot and rows:
-        plot(rows, args.out / "defaults.png")
+    info = run.meta(
+        protocol={n: vars(bench_data.protocol(n)) for n in args.datasets}, tolerance=args.tolerance,
+        columns={"gap": "asgd accuracy - sklearn MLPClassifier's on the same split and seed",
+                 "diverged": "non-zero exit, refused updates, or held-out accuracy <= the majority class's share",
+                 "overconfident": "held-out loss above chance_loss (predicting the class frequencies)",
+                 "worst_gap": "min gap over data sets, workers and seeds", "failing": f"runs with gap < -{args.tolerance}"},
+        **summary, by_hidden=by_h)
+    run.paths += [path, common.write_json(run.out / "defaults.json", info)]
+    if rows:
+        run.plot(plot, rows)
     names = list(dict.fromkeys(r["dataset"] for r in rows))
     common.print_table(summary["by_rule"], [("optimizer", "optimizer", ""), ("lr", "rule", ""), ("runs", "runs", "d"),
                                             ("diverged", "diverged", "d"), ("overconf.", "overconfident", "d"),
@@ -257,8 +247,8 @@ def main(argv=None):
                                    ("diverged", "diverged", "d"), ("worst gap", "worst_gap", "+.3f"),
                                    ("at", "worst_at", ""), ("median", "median_gap", "+.3f")],
                            title=f"hidden {h} only")
-    print(common.describe(m, info["load"]))
-    print(f"wrote {path}, {args.out / 'defaults.json'}" + ("" if args.no_plot else f", {args.out / 'defaults.png'}"))
+    run.print_machine()
+    run.wrote()
     return 0
 
 

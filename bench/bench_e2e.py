@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001
 from common import int_list  # noqa: E402
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
@@ -42,20 +41,17 @@ IMPLS = {"asgd ps": ["-m", "asgd.train"], "asgd allreduce": ["-m", "asgd.train",
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__, "e2e")
     p.add_argument("--ranks", type=int_list, default=[2, 4, 8], help="MPI ranks, comma list (default 2,4,8)")
     p.add_argument("--repeat", type=int, default=3, help="repetitions of each configuration (default 3)")
     p.add_argument("--epochs", type=int, default=4, help="epochs per run (default 4; DDP stops at --target)")
     p.add_argument("--target", type=float, default=0.95, help="held-out accuracy (default 0.95)")
-    p.add_argument("--impls", default=",".join(IMPLS), help=f"comma list of {', '.join(IMPLS)}")
+    p.add_argument("--impls", type=common.word_list, default=",".join(IMPLS), help=f"comma list of {', '.join(IMPLS)}")
     p.add_argument("--quick", action="store_true", help="4 ranks only, one repetition, 3 epochs")
     p.add_argument("--timeout", type=float, default=300, help="seconds one run may take (default 300)")
-    p.add_argument("--out", type=Path, default=common.RESULTS / "e2e", help="output folder (default bench/results/e2e)")
-    p.add_argument("--no-plot", action="store_true")
     a = p.parse_args(argv)
     if a.quick:
         a.ranks, a.repeat, a.epochs = [4], 1, 3
-    a.impls = [i.strip() for i in a.impls.split(",") if i.strip()]
     unknown = set(a.impls) - set(IMPLS)
     if unknown:
         p.error(f"unknown --impls {sorted(unknown)}")
@@ -65,7 +61,7 @@ def parse_args(argv=None):
     return a
 
 
-def run(impl: str, n: int, args) -> dict:
+def run_once(impl: str, n: int, args) -> dict:
     out = Path(tempfile.mkdtemp(prefix="asgd-bench-e2e-"))
     argv = [*IMPLS[impl], "--epochs", str(args.epochs), "--out", str(out)]
     argv += ["--stop-at", str(args.target)] if impl == "pytorch ddp" else ["--quiet", "--timeout", str(args.timeout - 10)]
@@ -139,25 +135,21 @@ def plot(summary, target, path):
         ax.legend(fontsize=8)
     axes[0].set_title("Time to accuracy, 2-10K-2, batch 256/rank", fontsize=10)
     axes[1].set_title("Throughput during training", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    load = common.LoadSampler()
-    m = common.machine()
+    run = common.Run("e2e", args)
     for impl in args.impls:   # every side warmed alike: one discarded run each
-        run(impl, min(args.ranks), args)
+        run_once(impl, min(args.ranks), args)
     rows = []
     for rep in range(args.repeat):
         for n in args.ranks:
             k = (rep + n) % len(args.impls)
             for impl in args.impls[k:] + args.impls[:k]:   # rotating order
                 try:
-                    r = run(impl, n, args)
+                    r = run_once(impl, n, args)
                 except common.JobFailed as e:
                     print(f"  {impl} n={n}: FAILED {str(e)[:400]}", flush=True)
                     continue
@@ -169,25 +161,23 @@ def main(argv=None):
     from asgd.net import optimizers
     from asgd.run.config import Config
     _opt = Config().optimizer
-    info = {"benchmark": "e2e", "machine": m, "load": load.summary(), "target_accuracy": args.target,
-            "command": common.command_line(),
-            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "problem": "asgd.data.problem.default_problem(): 16384 train / 4096 held-out rings; 2-10000-2, float64, "
-                       f"batch 256 per worker rank; optimizer {_opt} (asgd's default) everywhere, lr "
-                       f"{optimizers.default_lr(_opt, 10000):g} (asgd ps, async), allreduce and DDP at N ranks "
-                       f"{', '.join(f'{optimizers.default_lr(_opt, 10000, n):g} (N={n})' for n in args.ranks)}",
-            "target_uses": "time_to_accuracy_s (whole process)",
-            "columns": {"time_to_accuracy_s": "history wall_s (since rank 0's process start) of the first "
-                                              "epoch with test_accuracy >= target",
-                        "train_time_to_accuracy_s": "history time_s (since training started) of that epoch",
-                        "samples_per_s": "training samples / train_s", "job_wall_s": "mpiexec start to exit",
-                        "tta_vs_ddp": "time_to_accuracy_s / DDP's at the same ranks"},
-            "summary": summary}
-    paths = common.write_outputs(args.out, "e2e", rows, info)
-    if not args.no_plot and summary:
-        plot(summary, args.target, args.out / "e2e.png")
-        paths.append(args.out / "e2e.png")
-    print(common.describe(m, info["load"]))
+    info = run.meta(
+        target_accuracy=args.target,
+        problem="asgd.data.problem.default_problem(): 16384 train / 4096 held-out rings; 2-10000-2, float64, "
+                f"batch 256 per worker rank; optimizer {_opt} (asgd's default) everywhere, lr "
+                f"{optimizers.default_lr(_opt, 10000):g} (asgd ps, async), allreduce and DDP at N ranks "
+                f"{', '.join(f'{optimizers.default_lr(_opt, 10000, n):g} (N={n})' for n in args.ranks)}",
+        target_uses="time_to_accuracy_s (whole process)",
+        columns={"time_to_accuracy_s": "history wall_s (since rank 0's process start) of the first "
+                                       "epoch with test_accuracy >= target",
+                 "train_time_to_accuracy_s": "history time_s (since training started) of that epoch",
+                 "samples_per_s": "training samples / train_s", "job_wall_s": "mpiexec start to exit",
+                 "tta_vs_ddp": "time_to_accuracy_s / DDP's at the same ranks"},
+        summary=summary)
+    run.write(rows, info)
+    if summary:
+        run.plot(plot, summary, args.target)
+    run.print_machine()
     common.print_table(summary, [("ranks", "ranks", "d"), ("implementation", "impl", ""),
                                  (f"time to {args.target}: whole process s", "time_to_accuracy_s", ".2f"),
                                  ("min", "tta_min_s", ".2f"), ("max", "tta_max_s", ".2f"), ("x DDP", "tta_vs_ddp", ".2f"),
@@ -195,8 +185,8 @@ def main(argv=None):
                                  ("x DDP", "train_tta_vs_ddp", ".2f"), ("epochs", "epochs_to_accuracy", ".0f"),
                                  ("samples/s", "samples_per_s", ",.0f"), ("init s", "init_s", ".2f"),
                                  ("runs", "runs", "d"), ("reached", "reached", "d")])
-    print(f"the target (asgd before DDP) is judged on the whole-process time; the training-only time is beside it")
-    print("wrote " + ", ".join(str(p) for p in paths))
+    print("the target (asgd before DDP) is judged on the whole-process time; the training-only time is beside it")
+    run.wrote()
     return 0
 
 

@@ -4,7 +4,7 @@ Measures samples/s of one SGD step of the d_in-H-d_out MLP (sigmoid hidden layer
 cross-entropy, float64) for each hidden and batch size, all in one run, warmed up,
 repetitions interleaved, medians reported:
   numba         asgd.net.mlp.make_step: the worker's kernel (writes Delta-w; the server applies it)
-  numpy         asgd.net.mlp.reference_step: plain numpy (matmul + exp)
+  numpy         asgd.net.reference.step: plain numpy (matmul + exp)
   torch         a typical PyTorch user's step: nn.Linear -> nn.Sigmoid -> nn.Linear,
                 nn.CrossEntropyLoss, autograd, optim.SGD.step() (1 thread, same init weights)
   torch_manual  PyTorch with hand-written forward/backward on preallocated tensors, w -= lr*grad
@@ -20,7 +20,6 @@ Writes kernel.csv, kernel.json (with the machine) and kernel.png under --out.
     python bench/bench_kernel.py --quick              # batch 64,256, 2-10K-2, few repeats
 """
 
-import os
 import sys
 from pathlib import Path
 
@@ -28,16 +27,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001  (pins one thread per process before numpy loads)
 from common import int_list, interleaved  # noqa: E402
 
-import argparse  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
 from asgd.net import kernels  # noqa: E402
-from asgd.net.mlp import Layout, init_params, make_step, reference_step  # noqa: E402
+from asgd.net.mlp import Layout, init_params, make_step  # noqa: E402
+from asgd.net.reference import step as reference_step  # noqa: E402
 
 IMPLS = ("numba", "numpy", "torch", "torch_manual", "exp_only")
+COLUMNS = {"samples_per_s": "median over repetitions, wall clock (min/max beside it)",
+           "samples_per_s_cpu": "batch / median CPU time of the step (the thread's: "
+                                "blind to preemption by other processes)",
+           "flops_per_sample": "4*d_in*H + 6*H*d_out + 9*H (exp as 1 FLOP)",
+           "gflops": "samples_per_s * flops_per_sample",
+           "ceiling_samples_per_s": "DGEMM GFLOP/s (1 thread, best of 2 runs) / flops_per_sample",
+           "pct_of_ceiling": "samples_per_s / ceiling", "vs_torch": "samples_per_s / torch's",
+           "max_rel_diff_vs_numpy": "max |Delta-w - numpy's| / max |numpy's| after one step",
+           "exp_share_pct": "numba: the H exps of a sample alone (exp_only) / its whole step",
+           "gflops_without_exp": "numba: the step's FLOPs less the H exps, over its time less the "
+                                 "exps' (compare with dgemm_gflops_1thread)"}
 
 
 @njit(fastmath={"reassoc", "contract", "nsz", "arcp"}, error_model="numpy", boundscheck=False, cache=True)
@@ -51,7 +61,7 @@ def exp_rows(a, out, rows):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__, "kernel")
     p.add_argument("--hidden", type=int_list, default=[10000], help="hidden sizes, comma list (default 10000)")
     p.add_argument("--batch", type=int_list, default=[256], help="batch sizes, comma list (default 256)")
     p.add_argument("--d-in", type=int, default=2, help="input size (default 2)")
@@ -62,9 +72,6 @@ def parse_args(argv=None):
     p.add_argument("--dgemm-n", type=int, default=2048, help="size of the peak-measuring DGEMM (default 2048)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch peers (skipped anyway without torch)")
     p.add_argument("--quick", action="store_true", help="batch 64,256 at 2-10K-2, 5 repeats, 0.03 s each")
-    p.add_argument("--out", type=Path, default=common.RESULTS / "kernel",
-                   help="output folder (default bench/results/kernel)")
-    p.add_argument("--no-plot", action="store_true", help="skip kernel.png")
     a = p.parse_args(argv)
     if a.quick:
         a.hidden, a.batch, a.repeat, a.min_time = [10000], [64, 256], 5, 0.03
@@ -220,31 +227,14 @@ def plot(rows, path):
         ax.set_title(f"{sub[0]['d_in']}-{hid}-{sub[0]['d_out']} MLP, float64 training step", fontsize=10)
         ax.set_ylim(top=max(ceil, max(r["samples_per_s_max"] for r in sub)) * 4)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    load = common.LoadSampler()
+    run = common.Run("kernel", args)
     with_torch = not args.no_torch and torch_available()
-    info = {"benchmark": "kernel", "machine": common.machine(), "dgemm_gflops_1thread": dgemm_gflops(args.dgemm_n),
-            "torch": with_torch or "not measured (not installed, or --no-torch)",
-            "command": common.command_line(),
-            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "columns": {"samples_per_s": "median over repetitions, wall clock (min/max beside it)",
-                        "samples_per_s_cpu": "batch / median CPU time of the step (the thread's: "
-                                             "blind to preemption by other processes)",
-                        "flops_per_sample": "4*d_in*H + 6*H*d_out + 9*H (exp as 1 FLOP)",
-                        "gflops": "samples_per_s * flops_per_sample",
-                        "ceiling_samples_per_s": "DGEMM GFLOP/s (1 thread, best of 2 runs) / flops_per_sample",
-                        "pct_of_ceiling": "samples_per_s / ceiling", "vs_torch": "samples_per_s / torch's",
-                        "max_rel_diff_vs_numpy": "max |Delta-w - numpy's| / max |numpy's| after one step",
-                        "exp_share_pct": "numba: the H exps of a sample alone (exp_only) / its whole step",
-                        "gflops_without_exp": "numba: the step's FLOPs less the H exps, over its time less the "
-                                              "exps' (compare with dgemm_gflops_1thread)"}}
+    gflops = dgemm_gflops(args.dgemm_n)
     rows = []
     for hid in args.hidden:
         layout = Layout(args.d_in, hid, args.d_out)
@@ -265,19 +255,18 @@ def main(argv=None):
             nb["gflops_without_exp"] = round((flops - hid) / max(t_step - t_exp, 1e-12) / 1e9, 2) if t_step > t_exp else None
             print(f"  {args.d_in}-{hid}-{args.d_out} batch {batch}: "
                   + ", ".join(f"{i} {res[i]['samples_per_s']:,.0f}" for i in IMPLS if i in res), flush=True)
-    info["dgemm_gflops_1thread"] = max(info["dgemm_gflops_1thread"], dgemm_gflops(args.dgemm_n))  # again at the end: best of both
+    gflops = max(gflops, dgemm_gflops(args.dgemm_n))   # again at the end: best of both
     for r in rows:
-        r["ceiling_samples_per_s"] = round(info["dgemm_gflops_1thread"] * 1e9 / r["flops_per_sample"])
+        r["ceiling_samples_per_s"] = round(gflops * 1e9 / r["flops_per_sample"])
         r["pct_of_ceiling"] = round(100 * r["samples_per_s"] / r["ceiling_samples_per_s"], 2)
         r["dgemm_bound_samples_per_s"] = r["ceiling_samples_per_s"]   # the old column name
-    info["load"] = load.summary()
-    paths = common.write_outputs(args.out, "kernel", rows, info)
-    if not args.no_plot:
-        plot(rows, args.out / "kernel.png")
-        paths.append(args.out / "kernel.png")
+    info = run.meta(dgemm_gflops_1thread=gflops, torch=with_torch or "not measured (not installed, or --no-torch)",
+                    columns=COLUMNS)
+    run.write(rows, info)
+    run.plot(plot, rows)
 
-    print(common.describe(info["machine"], info["load"]))
-    print(f"DGEMM 1 thread {info['dgemm_gflops_1thread']:.1f} GFLOP/s; torch: {info['torch']}")
+    run.print_machine()
+    print(f"DGEMM 1 thread {gflops:.1f} GFLOP/s; torch: {info['torch']}")
     table = []
     for hid in args.hidden:
         for batch in args.batch:
@@ -297,7 +286,7 @@ def main(argv=None):
                                ("x torch (cpu time)", "x_torch_cpu", ".1f"), ("exp % of step", "exp_pct", ".0f"),
                                ("GFLOP/s w/o exp", "gf_noexp", ".1f")])
     print("s/s: samples/s, median wall clock; 'cpu time': the same ratio from the steps' CPU time (load-proof)")
-    print("wrote " + ", ".join(str(p) for p in paths))
+    run.wrote()
     return 0
 
 

@@ -24,17 +24,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001
 from common import int_list  # noqa: E402
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 VARIANTS = ("pingpong", "pingpong+aggregate", "pingpong+versioned", "pingpong+reply-first", "asgd")
+COLUMNS = {"rtt_us": "median over repetitions of each repetition's median exchange (µs)",
+           "vs_pingpong": "rtt_us / the raw ping-pong's, same size, same run",
+           "gb_per_s_both_ways": "16 n_w bytes / rtt",
+           "server_aggregate_us": "asgd only: the server's busy time per push (take, check, add_into, copy, Isend)"}
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__, "messaging", mpi_child=True)
     p.add_argument("--hidden", type=int_list, default=[10000, 100000],
                    help="2-H-2 models whose n_w sets the message size, comma list (default 10000,100000)")
     p.add_argument("--repeat", type=int, default=9, help="interleaved repetitions of each variant (default 9)")
@@ -42,10 +45,6 @@ def parse_args(argv=None):
                    help="exchanges per repetition (default 0: enough for about 0.15 s)")
     p.add_argument("--quick", action="store_true", help="3 repetitions of about 0.05 s")
     p.add_argument("--timeout", type=float, default=300, help="seconds before the MPI job is killed (default 300)")
-    p.add_argument("--out", type=Path, default=common.RESULTS / "messaging",
-                   help="output folder (default bench/results/messaging)")
-    p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--mpi-child", action="store_true", help=argparse.SUPPRESS)   # set when run under mpiexec
     a = p.parse_args(argv)
     if a.quick:
         a.repeat = min(a.repeat, 3)
@@ -192,24 +191,19 @@ def plot(rows, path):
     ax.set_ylabel("round trip, µs (bar: median; dash: fastest; log)")
     ax.set_title("Push/pull round trip vs raw MPI ping-pong, 2 ranks", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    if args.mpi_child:
-        child(args)
+    if common.as_mpi_child(args, child):
         return 0
-    load = common.LoadSampler(1.0)
-    m = common.machine()
-    raw_path = args.out / "messaging_raw.json"
+    run = common.Run("messaging", args, load_every_s=1.0)
+    raw_path = run.out / "messaging_raw.json"
     raw_path.unlink(missing_ok=True)
     argv_child = [str(Path(__file__).resolve()), "--mpi-child", "--hidden", ",".join(map(str, args.hidden)),
                   "--repeat", str(args.repeat), "--iters", str(args.iters), "--timeout", str(args.timeout),
-                  "--out", str(args.out.resolve())] + (["--quick"] if args.quick else [])
+                  "--out", str(run.out.resolve())] + (["--quick"] if args.quick else [])
     job = common.mpiexec(2, argv_child, timeout=args.timeout + 30)
     raw = json.loads(raw_path.read_text())
     rows = []
@@ -229,28 +223,18 @@ def main(argv=None):
         for r in rows:
             if r["model"] == f"2-{hid}-2":
                 r["vs_pingpong"] = round(r["rtt_us"] / pp, 3)
-    info = {"benchmark": "messaging", "machine": m, "load": load.summary(), "ranks": raw["ranks"],
-            "oversubscribed": raw["oversubscribed"], "mpiexec": job["cmd"], "job_wall_s": round(job["wall_s"], 2),
-            "command": common.command_line(),
-            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "columns": {"rtt_us": "median over repetitions of each repetition's median exchange (µs)",
-                        "vs_pingpong": "rtt_us / the raw ping-pong's, same size, same run",
-                        "gb_per_s_both_ways": "16 n_w bytes / rtt",
-                        "server_aggregate_us": "asgd only: the server's busy time per push (take, check, "
-                                               "add_into, copy, Isend)"},
-            "raw": raw["rows"]}
-    paths = common.write_outputs(args.out, "messaging", rows, info)
+    info = run.meta(ranks=raw["ranks"], oversubscribed=raw["oversubscribed"], mpiexec=job["cmd"],
+                    job_wall_s=round(job["wall_s"], 2), columns=COLUMNS, raw=raw["rows"])
+    run.write(rows, info)
     raw_path.unlink()
-    if not args.no_plot:
-        plot(rows, args.out / "messaging.png")
-        paths.append(args.out / "messaging.png")
-    print(common.describe(m, info["load"]))
+    run.plot(plot, rows)
+    run.print_machine()
     print(f"2 ranks ({'oversubscribed' if raw['oversubscribed'] else 'ranks <= cores'}), {job['cmd'].split()[0]}")
     common.print_table(rows, [("model", "model", ""), ("KB each way", "kb", ",.0f"), ("variant", "variant", ""),
                               ("round trip µs", "rtt_us", ",.1f"), ("min µs", "rtt_us_min", ",.1f"),
                               ("x ping-pong", "vs_pingpong", ".2f"), ("GB/s both ways", "gb_per_s_both_ways", ".2f"),
                               ("server busy µs/push", "server_aggregate_us", ",.1f")])
-    print("wrote " + ", ".join(str(p) for p in paths))
+    run.wrote()
     return 0
 
 

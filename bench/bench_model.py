@@ -50,7 +50,6 @@ The exit status is 0 whether or not the model passes (the verdict is in the outp
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -62,9 +61,8 @@ import sys
 import time
 from pathlib import Path
 
-import common  # noqa: F401  (first: pins threads, puts src/ on the path)
-from common import (JobFailed, LoadSampler, command_line, describe, int_list, machine, mpiexec, print_table,
-                    results_dir, write_outputs)
+import common  # first: pins threads, puts src/ on the path
+from common import JobFailed, command_line, describe, int_list, mpiexec, print_table
 
 PHASES = ("init", "train", "total")     # asgd.perf.cli.PHASES: validated, pass/fail
 DETAIL = ("compute", "comm")            # asgd.perf.cli.DETAIL: reported only
@@ -76,7 +74,7 @@ READERS = ("sequential", "parallel")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__, "model")
     p.add_argument("--points", type=int, default=100_000, help="training points (default 100,000)")
     p.add_argument("--test-points", type=int, default=2000, help="held-out points (default 2000)")
     p.add_argument("--workers", type=int_list, default=[1, 2, 3, 4, 6, 8], help="comma list (default 1,2,3,4,6,8)")
@@ -90,8 +88,6 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="hidden 1000, workers 1,2, batch 64,256 (one reader each, alternating), "
                         "20,000 points, calibrate --quick")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default bench/results/model)")
-    p.add_argument("--no-plot", action="store_true", help="skip model.png")
     a = p.parse_args(argv)
     if a.quick:
         a.points, a.workers, a.batches, a.hidden, a.timeout = 20_000, [1, 2], [64, 256], [1000], min(a.timeout, 60)
@@ -344,7 +340,7 @@ def report(rows, summary, parts, checks, meta) -> None:
 
 # -- the figure ------------------------------------------------------------------------------
 
-def plot(rows: list[dict], path: Path, title: str) -> None:
+def plot(rows: list[dict], title: str, path: Path) -> None:
     plt = common.pyplot()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(15, 5.8), gridspec_kw={"width_ratios": [1, 1.15]})
     colors = {"init": "tab:blue", "train": "tab:orange", "total": "tab:green"}
@@ -403,16 +399,15 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     ax2.set_title("where the error of the total sits", fontsize=10)
     ax2.grid(alpha=0.3)
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    common.save_figure(fig, path, bbox_inches="tight")
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
     t_start = time.perf_counter()
-    out = results_dir("model", a.out)
-    meta = {"machine": machine(), "command": command_line(), "points": a.points, "test_points": a.test_points,
+    run = common.Run("model", a, load_every_s=None)   # the load: sampled during the sweep only
+    out = run.out
+    meta = {"machine": run.machine, "command": command_line(), "points": a.points, "test_points": a.test_points,
             "epochs": a.epochs, "quick": a.quick, "seed": a.seed, "timeout_s": a.timeout,
             "limits": {"median_ape_pct": LIMITS, "optimizer_ratio": OPTIMIZER_LIMIT},
             "run_command": "mpiexec -n W+1 python -m asgd.train --optimizer sgd --data D --reader R --batch B --hidden H "
@@ -441,7 +436,7 @@ def main(argv=None) -> int:
     except (JobFailed, OSError, ValueError, KeyError) as e:
         print(f"warm-up failed (going on): {str(e).strip()[:300]}", flush=True)
 
-    load = LoadSampler()
+    run.sample_load()
     failed: list[dict] = []
     t_sweep = time.perf_counter()
     print(f"{len(configs)} runs, in an order shuffled with seed {a.seed}:", flush=True)
@@ -450,7 +445,7 @@ def main(argv=None) -> int:
         sys.exit("bench_model: no run finished")
     checks = optimizer_check(rows, params, data, out, a, failed)
     meta["sweep_s"] = time.perf_counter() - t_sweep
-    meta["load"] = load.summary()
+    meta["load"] = run.load
     summary = summarize(rows)
     parts = breakdown(rows)
     paper = asgd.perf.cli.error_summary(rows, ("paper_total",))["paper_total"]
@@ -466,13 +461,11 @@ def main(argv=None) -> int:
     if failed:
         print(f"\n{len(failed)} run(s) failed and were skipped: " + ", ".join(label(f) for f in failed))
     meta["wall_s"] = time.perf_counter() - t_start
-    paths = write_outputs(out, "model", rows, meta)
-    if not a.no_plot:
-        plot(rows, out / "model.png",
-             f"performance model vs {len(rows)} asgd.train runs, {a.points:,} points, {a.epochs} epoch(s); "
-             f"{meta['machine']['cores']} cores; parameters from calibrate only")
-        paths.append(out / "model.png")
-    print(f"\nsweep {meta['sweep_s']:.0f} s, all {meta['wall_s']:.0f} s; wrote " + ", ".join(str(p) for p in paths))
+    run.write(rows, meta)
+    run.plot(plot, rows, f"performance model vs {len(rows)} asgd.train runs, {a.points:,} points, {a.epochs} epoch(s); "
+                         f"{meta['machine']['cores']} cores; parameters from calibrate only")
+    print(f"\nsweep {meta['sweep_s']:.0f} s, all {meta['wall_s']:.0f} s")
+    run.wrote()
     return 0
 
 

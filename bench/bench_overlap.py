@@ -52,12 +52,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
 from common import int_list  # noqa: E402
 
-import argparse  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+
+COLUMNS = {"E_ms": "the exchange alone: worker ms per step with no compute (median over steps)",
+           "c_ms": "the worker's compute per step (real step, batch timed for ratio x E)",
+           "exposed_ms": "push + comm_wait per step with that compute",
+           "hidden_frac": "(c0 + E - T) / min(E, c0), clipped to [0, 1]; c0: the step's compute with "
+                          "progress off (same batch, same run)",
+           "hidden_frac_exposed": "(E - exposed) / min(E, c), clipped (phase 1's measure; the same "
+                                  "as hidden_frac with progress off)",
+           "T_ms": "worker ms per step", "perfect_ms": "max(c, E)", "serial_ms": "c + E"}
 
 
 def float_list(s: str) -> list[float]:
@@ -65,11 +73,11 @@ def float_list(s: str) -> list[float]:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__, "overlap", mpi_child=True)
     p.add_argument("--hidden", type=int_list, default=[10000, 100000], help="2-H-2 sizes (default 10000,100000)")
-    p.add_argument("--where", default="shm,testbed", help="comma list of shm, testbed (default both; testbed: root)")
+    p.add_argument("--where", type=common.word_list, default="shm,testbed", help="comma list of shm, testbed (default both; testbed: root)")
     p.add_argument("--bandwidth", default="1gbit", help="the testbed's links, each way (default 1gbit)")
-    p.add_argument("--progress", default="on,off", help="comma list of on, off: the worker's step tests the "
+    p.add_argument("--progress", type=common.word_list, default="on,off", help="comma list of on, off: the worker's step tests the "
                    "exchange between its sample blocks, or not (default both, alternating)")
     p.add_argument("--name", default="ov", help="testbed name (default ov)")
     p.add_argument("--ratios", type=float_list, default=[0.5, 1.0, 2.0, 4.0],
@@ -78,14 +86,9 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=5, help="repetitions, medians (default 5)")
     p.add_argument("--quick", action="store_true", help="ratios 2 only, 10 updates, 1 repetition")
     p.add_argument("--timeout", type=float, default=900, help="seconds per MPI job (default 900)")
-    p.add_argument("--out", type=Path, default=common.RESULTS / "overlap", help="default bench/results/overlap")
-    p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--mpi-child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.quick:
         a.ratios, a.updates, a.repeat = [2.0], 10, 1
-    a.where = [w.strip() for w in a.where.split(",") if w.strip()]
-    a.progress = [x.strip() for x in a.progress.split(",") if x.strip()]
     if not a.progress or set(a.progress) - {"on", "off"}:
         p.error(f"--progress: a comma list of on, off; got {a.progress}")
     return a
@@ -266,7 +269,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
-def plot(summary, path, headline_ratio):
+def plot(summary, headline_ratio, path):
     plt = common.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     ax = axes[0]
@@ -300,20 +303,14 @@ def plot(summary, path, headline_ratio):
     ax.legend(fontsize=8)
     fig.suptitle("The exchange hidden behind the worker's compute: shm measured here (shared memory, one "
                  "machine); testbed measured on the emulated cluster (two hosts, TCP over shaped links)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.mpi_child:
-        child(args)
+    if common.as_mpi_child(args, child):
         return 0
-    common.exit_on_signals()   # timeout/kill -TERM: the testbed goes down, the temporary folder too
-    args.out.mkdir(parents=True, exist_ok=True)
-    load = common.LoadSampler(2.0)
-    m = common.machine()
+    run = common.Run("overlap", args, end_on_signals=True)   # timeout/kill -TERM: the testbed goes down too
     rows, testbed = [], None
     if "shm" in args.where:
         print("shared memory: mpiexec -n 2 (one machine) ...", flush=True)
@@ -346,28 +343,16 @@ def main(argv=None):
                 tb.down()
     summary = summarize(rows)
     headline = 2.0 if 2.0 in args.ratios else args.ratios[-1]
-    info = {"benchmark": "overlap", "machine": m, "load": load.summary(), "command": common.command_line(),
-            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "testbed": testbed, "summary": summary, "headline_ratio": headline,
-            "columns": {"E_ms": "the exchange alone: worker ms per step with no compute (median over steps)",
-                        "c_ms": "the worker's compute per step (real step, batch timed for ratio x E)",
-                        "exposed_ms": "push + comm_wait per step with that compute",
-                        "hidden_frac": "(c0 + E - T) / min(E, c0), clipped to [0, 1]; c0: the step's compute with "
-                                       "progress off (same batch, same run)",
-                        "hidden_frac_exposed": "(E - exposed) / min(E, c), clipped (phase 1's measure; the same "
-                                               "as hidden_frac with progress off)",
-                        "T_ms": "worker ms per step", "perfect_ms": "max(c, E)", "serial_ms": "c + E"}}
+    info = run.meta(testbed=testbed, summary=summary, headline_ratio=headline, columns=COLUMNS)
     heads = {}   # per where x size at the headline ratio: progress off and on
     for s in summary:
         if s["ratio"] == headline:
             heads.setdefault((s["where"], s["mbytes"]), {})[s["progress"]] = s
     info["headline"] = {f"{where} {mb:.1f} MB": {p: {"hidden_frac": v["hidden_frac"], "c_ms": v["c_ms"], "T_ms": v["T_ms"]}
                                                  for p, v in h.items()} for (where, mb), h in heads.items()}
-    paths = common.write_outputs(args.out, "overlap", rows, info)
-    if not args.no_plot:
-        plot(summary, args.out / "overlap.png", headline)
-        paths.append(args.out / "overlap.png")
-    print(common.describe(m, info["load"]))
+    run.write(rows, info)
+    run.plot(plot, summary, headline)
+    run.print_machine()
     common.print_table(summary, [("where", "where", ""), ("MB", "mbytes", ".1f"), ("progress", "progress", ""),
                                  ("c/E", "ratio", "g"),
                                  ("batch", "batch", "d"), ("c/E got", "c_over_E", ".2f"), ("E ms", "E_ms", ".2f"), ("c ms", "c_ms", ".2f"),
@@ -379,7 +364,7 @@ def main(argv=None):
         f"{where} {mb:.1f} MB: " + " -> ".join(f"{100 * v['hidden_frac']:.0f} %" for _, v in sorted(h.items()))
         + " (" + " -> ".join(f"{v['T_ms']:.1f}" for _, v in sorted(h.items())) + ")"
         for (where, mb), h in heads.items()))
-    print("wrote " + ", ".join(str(p) for p in paths))
+    run.wrote()
     return 0
 
 

@@ -27,14 +27,13 @@ init vs workers, and the parallel/sequential ratio at 8 workers.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import common  # noqa: F401  (first: pins threads, puts src/ on the path)
-from common import LoadSampler, describe, int_list, machine, mpiexec, print_table, results_dir, write_outputs
+import common  # first: pins threads, puts src/ on the path
+from common import int_list, mpiexec, print_table
 
 import numpy as np  # noqa: E402
 
@@ -42,19 +41,16 @@ TEST_POINTS = 4096  # a small held-out file: the bench is about the training fil
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__, "readers")
     p.add_argument("--points", type=int, default=1_000_000, help="training points in the file (default 1,000,000)")
     p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 16], help="comma list (default 1,2,4,8,16)")
-    p.add_argument("--format", default="tsv", help="tsv, npy or tsv,npy (default tsv)")
+    p.add_argument("--format", type=common.word_list, default="tsv", help="tsv, npy or tsv,npy (default tsv)")
     p.add_argument("--repeat", type=int, default=1, help="runs per (format, reader, workers); the median counts")
     p.add_argument("--quick", action="store_true", help="100,000 points, workers 1,2,4,8")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default bench/results/readers)")
-    p.add_argument("--no-plot", action="store_true", help="skip readers.png")
     a = p.parse_args(argv)
     if a.quick:
         a.points, a.workers = 100_000, [1, 2, 4, 8]
-    a.format = [f for f in a.format.split(",") if f]
     if not set(a.format) <= {"tsv", "npy"}:
         p.error("--format takes tsv, npy or both")
     return a
@@ -134,7 +130,7 @@ def summarize(rows: list[dict], formats: list[str]) -> dict:
     return out
 
 
-def plot(rows, summary, path, points):
+def plot(rows, summary, points, path):
     plt = common.pyplot()
     formats = list(summary)
     fig, axes = plt.subplots(len(formats), 2, figsize=(11, 4.2 * len(formats)), squeeze=False)
@@ -163,22 +159,21 @@ def plot(rows, summary, path, points):
             ax.set_title(f"{title}, {points:,} points, {fmt}", fontsize=10)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    out = results_dir("readers", a.out)
+    run = common.Run("readers", a, load_every_s=None, bandwidth=False)   # the load: sampled after the warm-up
+    out = run.out
     files = {fmt: data_file(out, a.points, fmt) for fmt in a.format}
-    meta = {"machine": machine(bandwidth=False), "points": a.points, "test_points": TEST_POINTS,
+    meta = {"machine": run.machine, "points": a.points, "test_points": TEST_POINTS,
             "workers": a.workers, "formats": a.format, "repeat": a.repeat,
             "command": "mpiexec -n w+1 python -m asgd.train --data FILE --reader R --epochs 1 "
                        "--hidden 100 --batch 1024"}
     print("warming numba's caches (not timed) ...", flush=True)
     run_once(files[a.format[0]], "parallel", 1, out / "warmup", a.timeout)
-    load = LoadSampler()
+    run.sample_load()
     rows = []
     for w in a.workers:
         for fmt in a.format:
@@ -191,11 +186,12 @@ def main(argv=None) -> int:
                 r = rows[-1]
                 print(f"  {fmt} {reader:10} w={w:2}: init {r['init_s']:6.2f} s, reader {r['data_s']:6.2f} s",
                       flush=True)
-    meta["load"] = load.summary()
+    meta["load"] = run.load
     summary = summarize(rows, a.format)
     meta["summary"] = summary
-    paths = write_outputs(out, "readers", rows, meta)
-    print(f"\n{describe(meta['machine'], meta['load'])}")
+    run.write(rows, meta)
+    print()
+    run.print_machine()
     print_table(rows, [("format", "format", ""), ("reader", "reader", ""), ("workers", "workers", "d"),
                        ("init_s", "init_s", ".2f"), ("reader_s", "data_s", ".2f"), ("read", "read_s", ".2f"),
                        ("parse", "parse_s", ".2f"), ("shuffle", "shuffle_s", ".2f"), ("rest", "rest_s", ".2f"),
@@ -213,10 +209,8 @@ def main(argv=None) -> int:
         if "ratio_at_8_workers" in s:
             q = s["ratio_at_8_workers"]
             print(f"{fmt}: parallel / sequential at 8 workers: init {q['init']:.3f}, reader part {q['data']:.3f}")
-    if not a.no_plot:
-        plot(rows, summary, out / "readers.png", a.points)
-        paths.append(out / "readers.png")
-    print("wrote " + ", ".join(str(p) for p in paths))
+    run.plot(plot, rows, summary, a.points)
+    run.wrote()
     return 0
 
 

@@ -40,8 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001
 from common import int_list, interleaved  # noqa: E402
 
-import argparse  # noqa: E402
-
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
@@ -77,22 +75,29 @@ def add_to(w, dw, out):
 VARIANTS = {"add+copy": 5, "server path": 6, "fused": 5, "versioned": 3}   # bytes moved, in units of 8n
 UPDATES = {"sgd": (3, 0), "momentum": (5, 1), "adagrad": (5, 1), "adam": (7, 2)}   # (bytes in 8n, state arrays)
 STREAM_BYTES = {"stream copy": 2, "stream add": 3, "stream triad": 5}
+COLUMNS = {"kind": "server: the per-push work and its variants; update: an optimizer's "
+                   "Optimizer.step; bound: numpy's STREAM-like kernels",
+           "bytes_per_op": "bytes the kernel moves per push (reads + writes, no write-allocate)",
+           "footprint_bytes": "update: w, the optimizer's state and the W workers' d buffers",
+           "gb_per_s": "bytes_per_op / median time", "ops_per_s": "updates/s (server) or kernel calls/s",
+           "bound_same_size_gb_per_s": "best of numpy copy/add/triad on arrays of n_w doubles, "
+                                       "rotating over W sets (the server's footprint); update rows: "
+                                       "over enough sets to hold footprint_bytes",
+           "pct_of_memory_bound": "vs the best of copy/add/triad on machine.memory_bandwidth_gbs.array_mib arrays"}
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__, "server")
     p.add_argument("--hidden", type=int_list, default=[10000, 100000], help="2-H-2 models, comma list (default 10000,100000)")
     p.add_argument("--workers", type=int_list, default=[1, 8], help="workers the pushes rotate over (default 1,8)")
     p.add_argument("--repeat", type=int, default=15, help="interleaved repetitions (default 15)")
     p.add_argument("--min-time", type=float, default=0.05, help="seconds per repetition (default 0.05)")
     p.add_argument("--quick", action="store_true", help="workers 1 only, 5 repeats")
-    p.add_argument("--out", type=Path, default=common.RESULTS / "server", help="output folder (default bench/results/server)")
-    p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--optimizers", default=",".join(OPTIMIZERS),
+    p.add_argument("--optimizers", type=common.word_list, default=",".join(OPTIMIZERS),
                    help=f"the optimizers' updates to measure, comma list of {', '.join(OPTIMIZERS)} (default all; "
                         "'none' for none)")
     a = p.parse_args(argv)
-    a.optimizers = [o for o in a.optimizers.split(",") if o and o != "none"]
+    a.optimizers = [o for o in a.optimizers if o != "none"]
     if set(a.optimizers) - set(OPTIMIZERS):
         p.error(f"unknown --optimizers {sorted(set(a.optimizers) - set(OPTIMIZERS))}")
     if a.quick:
@@ -229,17 +234,13 @@ def plot(rows, bound_mem, path):
         ax.set_title("The server's optimizer updates (Optimizer.step) vs the STREAM-like bound\n"
                      "at each one's footprint (light bars), one core, measured here", fontsize=10)
         ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    load = common.LoadSampler()
-    m = common.machine()
-    bound_mem = max(m["memory_bandwidth_gbs"][k] for k in ("copy", "add", "triad"))
+    run = common.Run("server", args)
+    bound_mem = max(run.machine["memory_bandwidth_gbs"][k] for k in ("copy", "add", "triad"))
     stream_bytes = STREAM_BYTES
     rows, table, utable = [], [], []
     for hid in args.hidden:
@@ -294,24 +295,10 @@ def main(argv=None):
             print(f"  2-{hid}-2 W={W}: " + ", ".join(f"{u['variant']} {u['gbs']:.1f} GB/s ({u['pct']:.0f}%)"
                                                      for u in utable if u["model"] == f"2-{hid}-2" and u["W"] == W),
                   flush=True)
-    info = {"benchmark": "server", "machine": m, "load": load.summary(),
-            "command": common.command_line(),
-            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "memory_bound_gb_per_s": bound_mem,
-            "columns": {"kind": "server: the per-push work and its variants; update: an optimizer's "
-                                "Optimizer.step; bound: numpy's STREAM-like kernels",
-                        "bytes_per_op": "bytes the kernel moves per push (reads + writes, no write-allocate)",
-                        "footprint_bytes": "update: w, the optimizer's state and the W workers' d buffers",
-                        "gb_per_s": "bytes_per_op / median time", "ops_per_s": "updates/s (server) or kernel calls/s",
-                        "bound_same_size_gb_per_s": "best of numpy copy/add/triad on arrays of n_w doubles, "
-                                                    "rotating over W sets (the server's footprint); update rows: "
-                                                    "over enough sets to hold footprint_bytes",
-                        "pct_of_memory_bound": "vs the best of copy/add/triad on machine.memory_bandwidth_gbs.array_mib arrays"}}
-    paths = common.write_outputs(args.out, "server", rows, info)
-    if not args.no_plot:
-        plot(rows, bound_mem, args.out / "server.png")
-        paths.append(args.out / "server.png")
-    print(common.describe(m, info["load"]))
+    info = run.meta(memory_bound_gb_per_s=bound_mem, columns=COLUMNS)
+    run.write(rows, info)
+    run.plot(plot, rows, bound_mem)
+    run.print_machine()
     common.print_table(table, [("model", "model", ""), ("workers", "W", "d"), ("variant", "variant", ""),
                                ("Δw KB", "kb", ",.0f"), ("updates/s", "upd", ",.0f"), ("GB/s", "gbs", ".1f"),
                                ("bound same size", "bound", ".1f"), ("%", "pct", ".0f"),
@@ -323,7 +310,7 @@ def main(argv=None):
                                     ("bound same footprint", "bound", ".1f"), ("%", "pct", ".0f"),
                                     ("% mem", "pct_mem", ".0f")],
                            title="the server's optimizer updates (Optimizer.step), one core")
-    print("wrote " + ", ".join(str(p) for p in paths))
+    run.wrote()
     return 0
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
-from common import JobFailed, LoadSampler, command_line, machine, mpiexec, print_table, results_dir, write_outputs  # noqa: E402
+from common import JobFailed, LoadSampler, command_line, mpiexec, print_table, save_figure, write_outputs  # noqa: E402
 from asgd import launch  # noqa: E402
 
 import argparse  # noqa: E402
@@ -60,7 +60,7 @@ SRC = {"meas": "measured here", "sim": "simulated (asgd.sim, with the CPU other 
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__, "sim", plot=False)
     p.add_argument("part", nargs="?", choices=("all", "validate", "paper", "scale"), default="all")
     p.add_argument("--params", type=Path, help="calibration to use (default: calibrate into OUT/params.json first)")
     p.add_argument("--quick", action="store_true", help="validate: calibrate --quick and 8 short runs; "
@@ -69,7 +69,6 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=2, help="validate: epochs of the embedded-problem runs (default 2)")
     p.add_argument("--timeout", type=float, default=300, help="seconds one run may take (default 300)")
     p.add_argument("--seed", type=int, default=0, help="seed of the run order's shuffle (default 0)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default bench/results/sim)")
     return p.parse_args(argv)
 
 
@@ -360,9 +359,7 @@ def plot_validate(rows: list[dict], summary: dict, path: Path, title: str) -> No
     ax.legend(fontsize=7.5)
     ax.grid(alpha=0.3, axis="y")
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def validate(a, out: Path, params: Path, meta: dict) -> dict:
@@ -520,7 +517,7 @@ def paper_specs(p, raw: dict, cost: str, a) -> list[tuple[str, object, dict]]:
         for name, reader, S, comp in fixes:
             ranks = W + S
             spec = Spec(run=dataclasses.replace(base, workers=W, servers=S, reader=reader), machine=bw,
-                        nodes=math.ceil(ranks / 16), placement="block", compression=comp,
+                        nodes=math.ceil(ranks / 16), placement="block", compress=comp,
                         epoch_barrier=cost == "cntk")
             out.append(("bluewaters-fixes", spec, {"workers": W, "fix": name}))
     return out
@@ -544,7 +541,7 @@ def run_paper(a, out: Path, params: Path, meta: dict) -> dict:
                                     f"paper-{PAPER_POINTS}.tsv", str(params))
             row = {"experiment": exp, "costs": cost, **what, "machine": spec.machine.name, "nodes_sim": spec.nodes,
                    "workers": spec.run.workers, "servers": spec.servers, "reader": spec.run.reader,
-                   "compression": spec.compression, "init_s": res["init_s"], "train_s": res["train_s"],
+                   "compression": spec.compress, "init_s": res["init_s"], "train_s": res["train_s"],
                    "total_s": res["wall_s"], "init_share": res["init_s"] / res["wall_s"],
                    "updates_per_s": res["throughput"]["updates_per_s"], "bound": res["profile"]["bound"],
                    "sim_wall_s": time.perf_counter() - t}
@@ -650,9 +647,7 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
     ax.set_title("Mustang, batch 256 (paper: scales from 1 to 2 nodes, not beyond)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
     fixes = [r for r in rows if r["experiment"] == "bluewaters-fixes"]
     if not fixes:
@@ -673,9 +668,7 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
                      fontsize=10)
         ax.legend(fontsize=7.5)
         ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(path_fixes, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path_fixes)
 
 
 # -- scale -------------------------------------------------------------------------------------
@@ -707,8 +700,9 @@ def run_scale(a, out: Path, params: Path, meta: dict) -> dict:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    out = results_dir("sim", a.out)
-    meta = {"machine": machine(), "command": command_line(), "quick": a.quick}
+    run = common.Run("sim", a, load_every_s=None)   # validate samples the load during its runs
+    out = run.out
+    meta = {"machine": run.machine, "command": command_line(), "quick": a.quick}
     if a.params:
         params = a.params.resolve()
     else:

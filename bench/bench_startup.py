@@ -19,7 +19,6 @@ Writes startup.csv, startup.json and startup.png under bench/results/startup/.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -63,17 +62,28 @@ def default_run(tree: Path, ranks: int) -> dict:
             "accuracy": r["metrics"]["accuracy"]}
 
 
+def plot(summary: list[dict], ranks: int, path: Path) -> None:
+    plt = common.pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, keys, title in ((axes[0], ("worker_cpu_s", "server_cpu_s"), "per-rank start-up CPU, s"),
+                            (axes[1], ("default_init_s", "default_train_s"), f"default {ranks}-rank run, s")):
+        for i, s in enumerate(summary):
+            ax.bar([j + 0.4 * i for j in range(len(keys))], [s[k] for k in keys], width=0.4, label=s["tree"])
+        ax.set_xticks([j + 0.2 for j in range(len(keys))], [k.rsplit("_", 1)[0].replace("default_", "") for k in keys])
+        ax.set_title(title)
+        ax.legend()
+    fig.suptitle("start-up before and after (measured here)")
+    common.save_figure(fig, path)
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__, "startup", plot=False)
     p.add_argument("--baseline", default=BASELINE, help="the commit to compare with (default %(default)s)")
     p.add_argument("--repeat", type=int, default=5, help="interleaved repetitions (default %(default)s)")
     p.add_argument("--ranks", type=int, default=16, help="ranks of both measurements (default %(default)s)")
-    p.add_argument("--out", help="results folder (default bench/results/startup)")
     a = p.parse_args(argv)
-    out = common.results_dir("startup", a.out)
-    m = common.machine()
-    load = common.LoadSampler()
-    trees = {f"before ({a.baseline})": worktree(a.baseline, out), "after (this tree)": common.ROOT}
+    run = common.Run("startup", a)
+    trees = {f"before ({a.baseline})": worktree(a.baseline, run.out), "after (this tree)": common.ROOT}
     for tree in trees.values():  # numba's cache, both trees
         default_run(tree, 2)
     rows = []
@@ -81,10 +91,10 @@ def main(argv=None) -> int:
         for name in (list(trees) if i % 2 == 0 else list(reversed(trees))):
             cpu = per_rank_cpu(trees[name], a.ranks)
             rows += [{"tree": name, "rep": i, "measure": "rank_cpu", **c} for c in cpu]
-            run = default_run(trees[name], a.ranks)
-            rows.append({"tree": name, "rep": i, "measure": "default_run", **run})
+            job = default_run(trees[name], a.ranks)
+            rows.append({"tree": name, "rep": i, "measure": "default_run", **job})
             print(f"  {i + 1}/{a.repeat} {name}: rank CPU median {statistics.median(c['cpu_s'] for c in cpu):.3f} s, "
-                  f"default run wall {run['wall_s']:.2f} s (init {run['init_s']:.2f} s)", flush=True)
+                  f"default run wall {job['wall_s']:.2f} s (init {job['init_s']:.2f} s)", flush=True)
     summary = []
     for name in trees:
         cpu = [r for r in rows if r["tree"] == name and r["measure"] == "rank_cpu"]
@@ -99,13 +109,12 @@ def main(argv=None) -> int:
                         "accuracy": med(runs, "accuracy")})
     b, n = summary
     change = {k: 100 * (n[k] / b[k] - 1) for k in b if k != "tree"}
-    meta = {"machine": m, "load": load.summary(), "command": common.command_line(), "args": vars(a),
-            "summary": summary, "change_pct": change,
+    meta = {**run.head(), "summary": summary, "change_pct": change,
             "columns": {"cpu_s": "a rank's process CPU (user+system) for a 1-epoch 2-10-2 run: start-up and end",
                         "wall_s": "results.json wall_s of the default run", "init_s": "results.json init_s",
                         "launcher_wall_s": "mpiexec's wall time, launch to exit"}}
-    common.write_outputs(out, "startup", rows, meta)
-    print(common.describe(m, meta["load"]))
+    run.write(rows, meta)
+    run.print_machine()
     common.print_table(summary + [{"tree": "change %", **change}], [
         ("tree", "tree", ""), ("worker CPU s", "worker_cpu_s", ".3f"), ("server CPU s", "server_cpu_s", ".3f"),
         ("default run wall s", "default_wall_s", ".2f"), ("init s", "default_init_s", ".2f"),
@@ -113,21 +122,10 @@ def main(argv=None) -> int:
         ("accuracy", "accuracy", ".4f")],
         title=f"per-rank start-up CPU ({a.ranks} ranks) and the default {a.ranks}-rank run, medians of {a.repeat}")
     try:
-        plt = common.pyplot()
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for ax, keys, title in ((axes[0], ("worker_cpu_s", "server_cpu_s"), "per-rank start-up CPU, s"),
-                                (axes[1], ("default_init_s", "default_train_s"), f"default {a.ranks}-rank run, s")):
-            for i, s in enumerate(summary):
-                ax.bar([j + 0.4 * i for j in range(len(keys))], [s[k] for k in keys], width=0.4, label=s["tree"])
-            ax.set_xticks([j + 0.2 for j in range(len(keys))], [k.rsplit("_", 1)[0].replace("default_", "") for k in keys])
-            ax.set_title(title)
-            ax.legend()
-        fig.suptitle("start-up before and after (measured here)")
-        fig.tight_layout()
-        fig.savefig(out / "startup.png", dpi=120)
-    except ImportError:
+        run.plot(plot, summary, a.ranks)
+    except ImportError:   # no matplotlib: the CSV and JSON are the results
         pass
-    print(f"results: {out}")
+    run.wrote()
     return 0
 
 

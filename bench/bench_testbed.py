@@ -7,8 +7,8 @@ single server's saturation could only be predicted. Here every rank gets a host 
 namespace) of its own and every host's link is shaped to --bandwidth each way (tc tbf),
 so a server's link fills long before the cores do.
 
-Choosing the bandwidth (default 8mbit). A 2-10K-2 update moves Delta-w (400,056 B) in
-and w' (400,032 B) out of the server; on the wire 6.9 % more (TCP/IP frames and the ACKs
+Choosing the bandwidth (default 8mbit). A 2-10K-2 update moves Delta-w (400,064 B) in
+and w' (400,040 B) out of the server; on the wire 6.9 % more (TCP/IP frames and the ACKs
 of the other direction: asgd.testbed.model.wire_bytes, which the byte proof bounds).
 At R bytes/s per direction a server's link is full at R / 428 KB updates/s, S servers
 (each carrying 1/S of every message) at S times that, and one worker (push, then reply,
@@ -25,7 +25,7 @@ So the rate must put:
     one worker's runs go at R / 820 KB.
 8 Mbit/s (1 MB/s) gives ceilings of 2.34 (S=1), 4.7 (S=2) and 9.4 (S=4) updates/s and
 1.22 per worker: the knees fall at about 2, 4 and 8 workers on the links alone; 1-bit's
-link ceiling is 145/s, near the cores' when the machine is loaded. Measured (README):
+link ceiling is 145/s, near the cores' when the machine is loaded. Measured (docs/benchmarks.md):
 one float64 server flat at 2.3/s from 8 workers, 2 and 4 servers still rising at 16
 workers (1.66-1.81x and 3.45-3.61x one server's over two runs: a worker waits for all
 its shards, so one server's link idles while workers wait on another's; 1.84x and 3.77x
@@ -73,7 +73,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
 from common import int_list  # noqa: E402
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
@@ -83,14 +82,27 @@ import time  # noqa: E402
 
 COMPRESSIONS = ("none", "1bit")
 TARGET_ACCURACY = 0.95
+COLUMNS = {"updates_per_s": "steady state: server 0's receipts between the 10th and 90th percentile",
+           "updates_per_s_run": "results.json: updates / train_s",
+           "updates_per_s_run_no_eval": "updates / (train_s - rank 0's evaluate phase)",
+           "link_util": "updates_per_s / link_ceiling_updates_per_s",
+           "link_ceiling_updates_per_s": "link bytes/s / a server's wire bytes per update (TCP/IP "
+                                         "framing: asgd.testbed.model.wire_bytes)",
+           "pred_updates_per_s": "asgd.perf.analytic.predict with asgd.testbed.model.testbed_params",
+           "ape_pct": "|pred - meas| / meas, %",
+           "cpu_ms_per_update": "CPU of every rank (init included) / updates",
+           "server_bytes_per_update": "server 0's application bytes (sent or received, the larger) per update",
+           "wire_bytes_sent": "bytes every host's link carried out (the veths), whole job",
+           "time_to_accuracy_s": f"training time (from the server's start) to held-out accuracy >= "
+                                 f"{TARGET_ACCURACY} (one server only: it evaluates every epoch)"}
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__, "testbed", mpi_child=True)
     p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 12, 16],
                    help="comma list (default 1,2,4,8,12,16)")
     p.add_argument("--servers", type=int_list, default=[1, 2, 4], help="comma list (default 1,2,4)")
-    p.add_argument("--compress", default="none,1bit", help="comma list of none,1bit (default both)")
+    p.add_argument("--compress", type=common.word_list, default="none,1bit", help="comma list of none,1bit (default both)")
     p.add_argument("--bandwidth", default="8mbit", help="each link, each direction (default 8mbit; see above)")
     p.add_argument("--latency", type=float, default=0.0, help="one-way latency, us (netem; default 0)")
     p.add_argument("--hidden", type=int, default=10000, help="2-H-2 model (default 10000: 400 KB Delta-w)")
@@ -105,13 +117,9 @@ def parse_args(argv=None):
     p.add_argument("--name", default="bt", help="testbed name (default bt)")
     p.add_argument("--quick", action="store_true", help="workers 1,4; servers 1,2; 2 epochs")
     p.add_argument("--timeout", type=float, default=900, help="seconds one run may take (default 900)")
-    p.add_argument("--out", type=Path, default=common.RESULTS / "testbed", help="default bench/results/testbed")
-    p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--mpi-child", action="store_true", help=argparse.SUPPRESS)   # the two-host probe
     a = p.parse_args(argv)
     if a.quick:
         a.workers, a.servers, a.epochs, a.accuracy_epochs = [1, 4], [1, 2], 2, 0
-    a.compress = [c.strip() for c in a.compress.split(",") if c.strip()]
     bad = [c for c in a.compress if c not in COMPRESSIONS]
     if bad:
         p.error(f"--compress: unknown {bad}; choose from {COMPRESSIONS}")
@@ -337,29 +345,23 @@ def plot(rows, info, path):
     tb = info["testbed"]
     fig.suptitle(f"Measured on the emulated cluster (2-{info['args']['hidden']}-2, batch {info['args']['batch']}, "
                  f"{tb['rate']} links each way); dashed: predicted by the analytical model", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.mpi_child:
-        child(args)
+    if common.as_mpi_child(args, child):
         return 0
-    common.exit_on_signals()   # timeout/kill -TERM: the testbed goes down, the temporary folder too
-    from asgd.testbed import Testbed, TestbedError, missing_requirements, parse_rate
+    from asgd.testbed import TestbedError, missing_requirements, parse_rate
     from asgd.testbed import lifecycle
     from asgd.testbed.spec import format_rate
     from asgd.perf.cli import load_params
     reason = missing_requirements()
     if reason:
         raise SystemExit(f"bench_testbed: no testbed here: {reason}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    load = common.LoadSampler(2.0)
-    m = common.machine()
+    run = common.Run("testbed", args, end_on_signals=True)   # timeout/kill -TERM: the testbed goes down too
     rate_bit = parse_rate(args.bandwidth)
-    params_path, params_src = calibration(args, args.out)
+    params_path, params_src = calibration(args, run.out)
     base = load_params(str(params_path))
     hosts = max(args.servers) + max(args.workers)
     if lifecycle.exists(args.name):
@@ -418,39 +420,23 @@ def main(argv=None):
     n_w = rows[0]["n_w"]
     from asgd.testbed.model import testbed_params, worker_ceiling
     derived = testbed_params(base, rate_bit, args.latency * 1e-6, sizes=[n_w])
-    info = {"benchmark": "testbed", "machine": m, "load": load.summary(), "command": common.command_line(),
-            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "testbed": {"hosts": hosts, "rate_bit": rate_bit, "rate": format_rate(rate_bit),
-                        "latency_us": args.latency, "netem": tb.info.get("netem"), "wire_overhead": f,
-                        "worker_ceiling_updates_per_s": {c: round(worker_ceiling(rate_bit, n_w, bytes_per_weight(
-                            c, args.hidden, 1)), 2) for c in f}},
-            "params": params_src, "probe": probe,
-            "probe_vs_derived": {"pingpong_s": [probe.get("pingpong_s"), derived.per_nw(
-                                     {b // 8: v for b, v in derived.pingpong_s.items()}, n_w)],
-                                 "round_trip_s": [probe.get("round_trip_s"), derived.per_nw(derived.round_trip_s, n_w)
-                                                  + 2 * derived.link_transit(derived.per_nw(derived.link_s, n_w))]}
-            if probe and "error" not in probe else None,
-            "cores_ceilings": cores, "accuracy_runs": accuracy, "target_accuracy": TARGET_ACCURACY,
-            "sweep_s": round(time.perf_counter() - t_all, 1),
-            "columns": {"updates_per_s": "steady state: server 0's receipts between the 10th and 90th percentile",
-                        "updates_per_s_run": "results.json: updates / train_s",
-                        "updates_per_s_run_no_eval": "updates / (train_s - rank 0's evaluate phase)",
-                        "link_util": "updates_per_s / link_ceiling_updates_per_s",
-                        "link_ceiling_updates_per_s": "link bytes/s / a server's wire bytes per update (TCP/IP "
-                                                      "framing: asgd.testbed.model.wire_bytes)",
-                        "pred_updates_per_s": "asgd.perf.analytic.predict with asgd.testbed.model.testbed_params",
-                        "ape_pct": "|pred - meas| / meas, %",
-                        "cpu_ms_per_update": "CPU of every rank (init included) / updates",
-                        "server_bytes_per_update": "server 0's application bytes (sent or received, the larger) per update",
-                        "wire_bytes_sent": "bytes every host's link carried out (the veths), whole job",
-                        "time_to_accuracy_s": f"training time (from the server's start) to held-out accuracy >= "
-                                              f"{TARGET_ACCURACY} (one server only: it evaluates every epoch)"}}
+    info = run.meta(
+        testbed={"hosts": hosts, "rate_bit": rate_bit, "rate": format_rate(rate_bit),
+                 "latency_us": args.latency, "netem": tb.info.get("netem"), "wire_overhead": f,
+                 "worker_ceiling_updates_per_s": {c: round(worker_ceiling(rate_bit, n_w, bytes_per_weight(
+                     c, args.hidden, 1)), 2) for c in f}},
+        params=params_src, probe=probe,
+        probe_vs_derived={"pingpong_s": [probe.get("pingpong_s"), derived.per_nw(
+                              {b // 8: v for b, v in derived.pingpong_s.items()}, n_w)],
+                          "round_trip_s": [probe.get("round_trip_s"), derived.per_nw(derived.round_trip_s, n_w)
+                                           + 2 * derived.link_transit(derived.per_nw(derived.link_s, n_w))]}
+        if probe and "error" not in probe else None,
+        cores_ceilings=cores, accuracy_runs=accuracy, target_accuracy=TARGET_ACCURACY,
+        sweep_s=round(time.perf_counter() - t_all, 1), columns=COLUMNS)
     info["summary"] = summarize(rows, args)
-    paths = common.write_outputs(args.out, "testbed", rows, info)
-    if not args.no_plot:
-        plot(rows, info, args.out / "testbed.png")
-        paths.append(args.out / "testbed.png")
-    print(common.describe(m, info["load"]))
+    run.write(rows, info)
+    run.plot(plot, rows, info)
+    run.print_machine()
     print(f"testbed: {hosts} hosts, {format_rate(rate_bit)} each way per link, latency "
           f"{'%g us' % args.latency if args.latency and tb.info.get('netem') else 'none added'}; "
           "wire/app " + ", ".join(f"{c} {v:.4f}" for c, v in f.items()) + f"; calibration: {params_src}")
@@ -481,7 +467,7 @@ def main(argv=None):
         print(f"accuracy run {a['compress']}: {a['accuracy']:.4f} after {args.accuracy_epochs} epochs; per epoch "
               + ", ".join(f"{h['test_accuracy']:.3f}@{h['time_s']:.0f}s" for h in a["history"])
               + f"; {a['updates_per_s']:.2f} updates/s; wire {a['wire_bytes_sent'] / 1e6:.1f} MB")
-    print("wrote " + ", ".join(str(p) for p in paths))
+    run.wrote()
     return 0
 
 

@@ -4,8 +4,6 @@
 
 Writes trace.csv and trace.json and prints median wall and training time per mode."""
 
-import argparse
-import csv
 import json
 import os
 import shutil
@@ -15,7 +13,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402, F401  (one core per process, src on the path)
+import common  # noqa: E402  (first: one core per process, src on the path)
 from asgd import launch  # noqa: E402  (the mpiexec beside this Python, with its flags)
 
 
@@ -32,13 +30,12 @@ def run(ranks: int, trace: bool, extra: list[str]) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__, "trace", plot=False)
     p.add_argument("--ranks", type=int, default=16)
     p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--out", default="bench/results/trace")
     p.add_argument("train_args", nargs="*", help="extra asgd.train options (after --)")
     a = p.parse_args(argv)
-    os.makedirs(a.out, exist_ok=True)
+    out = common.results_dir("trace", a.out)
     rows = []
     run(a.ranks, False, a.train_args)  # warm numba's cache
     for i in range(a.repeat):
@@ -49,13 +46,10 @@ def main(argv=None) -> int:
     med = {m: {k: statistics.median(r[k] for r in rows if r["trace"] == m) for k in ("wall_s", "train_s")}
            for m in (False, True)}
     over = {k: 100 * (med[True][k] / med[False][k] - 1) for k in ("wall_s", "train_s")}
-    with open(os.path.join(a.out, "trace.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    with open(os.path.join(a.out, "trace.json"), "w") as f:
-        json.dump({"ranks": a.ranks, "repeat": a.repeat, "median": {str(k): v for k, v in med.items()},
-                   "overhead_pct": over, "runs": rows}, f, indent=1)
+    common.write_csv(out / "trace.csv", rows)
+    common.write_json(out / "trace.json", {"ranks": a.ranks, "repeat": a.repeat,
+                                           "median": {str(k): v for k, v in med.items()},
+                                           "overhead_pct": over, "runs": rows})
     print(f"{'tracing':8} {'median wall s':>14} {'median train s':>15}")
     for m in (False, True):
         print(f"{'on' if m else 'off':8} {med[m]['wall_s']:>14.2f} {med[m]['train_s']:>15.2f}")

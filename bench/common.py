@@ -1,8 +1,14 @@
 """Helpers every benchmark shares: one core per process, the machine's description,
-launching MPI jobs with a time limit, load sampling, interleaved timing, and the
-CSV/JSON/table outputs. Import it before numpy (it pins BLAS/numba to one thread).
+launching MPI jobs with a time limit, load sampling, interleaved timing, the command-line
+conventions, and the CSV/JSON/PNG/table outputs. Import it before numpy (it pins
+BLAS/numba to one thread). A bench's main() reads
 
-    from common import machine, mpiexec, write_outputs, results_dir
+    args = common.parser(__doc__, "kernel").parse_args(argv)   # --out, --no-plot
+    run = common.Run("kernel", args)        # its folder, the machine, the load while it runs
+    ...                                     # what the bench measures
+    run.write(rows, run.meta(columns=...))  # kernel.csv, kernel.json
+    run.plot(plot, rows)                    # kernel.png (unless --no-plot)
+    run.print_machine(); ...; run.wrote()
 
 ASGD_BENCH_STREAM_MIB (default 128) sizes the arrays of the memory-bandwidth measurement
 that every benchmark's machine description carries (the smoke test makes it small).
@@ -15,6 +21,7 @@ import os
 for _v in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")   # one core per process, like one MPI rank; must precede numpy
 
+import argparse  # noqa: E402
 import csv  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
@@ -46,6 +53,11 @@ def results_dir(name: str, out: str | Path | None = None) -> Path:
 
 def int_list(s: str) -> list[int]:
     return [int(v) for v in str(s).split(",") if v]
+
+
+def word_list(s: str) -> list[str]:
+    """A comma list of names ("iris, rings" -> ["iris", "rings"])."""
+    return [w.strip() for w in str(s).split(",") if w.strip()]
 
 
 def exit_on_signals() -> None:
@@ -160,8 +172,9 @@ def machine(bandwidth: bool = True) -> dict:
 
 
 class LoadSampler:
-    """Samples the 1-minute load average every `every_s` in a thread; .summary() at the end.
-    Other processes on the machine change the numbers: this says how busy it was."""
+    """Samples the 1-minute load average every `every_s` in a thread (and once at the start
+    and at the end); .summary() at the end. Other processes on the machine change the
+    numbers: this says how busy it was."""
 
     def __init__(self, every_s: float = 2.0):
         self.samples = [os.getloadavg()[0]]
@@ -179,7 +192,7 @@ class LoadSampler:
         s = self.samples
         return {"loadavg_1min_min": round(min(s), 2), "loadavg_1min_median": round(statistics.median(s), 2),
                 "loadavg_1min_max": round(max(s), 2), "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-                "cores": os.cpu_count()}
+                "cores": os.cpu_count(), "samples": len(s)}
 
 
 # -- timing ----------------------------------------------------------------------------
@@ -253,16 +266,24 @@ def time_to_accuracy(history: list[dict], target: float, clock: str = "wall_s") 
 
 # -- outputs ---------------------------------------------------------------------------
 
-def write_outputs(out: Path, name: str, rows: list[dict], meta: dict) -> list[Path]:
-    """<out>/<name>.csv (one row per measurement) and <out>/<name>.json ({**meta, rows})."""
-    paths = [out / f"{name}.csv", out / f"{name}.json"]
+def write_csv(path: Path, rows: list[dict]) -> Path:
+    """One row per measurement; the columns are every key of any row, in first-seen order."""
     cols = list(dict.fromkeys(k for r in rows for k in r))
-    with open(paths[0], "w", newline="") as f:
+    with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         w.writerows(rows)
-    paths[1].write_text(json.dumps({**meta, "rows": rows}, indent=1, default=str))
-    return paths
+    return path
+
+
+def write_json(path: Path, obj: dict) -> Path:
+    path.write_text(json.dumps(obj, indent=1, default=str))
+    return path
+
+
+def write_outputs(out: Path, name: str, rows: list[dict], meta: dict) -> list[Path]:
+    """<out>/<name>.csv (one row per measurement) and <out>/<name>.json ({**meta, rows})."""
+    return [write_csv(out / f"{name}.csv", rows), write_json(out / f"{name}.json", {**meta, "rows": rows})]
 
 
 def command_line() -> str:
@@ -310,3 +331,103 @@ def pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def save_figure(fig, path: Path, dpi: int = 120, rect: tuple | None = None, **savefig) -> None:
+    """Lay the figure out (inside `rect`, leaving room for text placed below it), write it
+    and close it: pyplot keeps every figure it made until closed."""
+    fig.tight_layout(**({"rect": rect} if rect else {}))
+    fig.savefig(path, dpi=dpi, **savefig)
+    pyplot().close(fig)
+
+
+# -- a bench's command line and run ------------------------------------------------------
+
+def parser(doc: str, name: str | None = None, plot: bool = True, mpi_child: bool = False) -> argparse.ArgumentParser:
+    """A bench's command line: its docstring as --help and, for a bench that writes results
+    named `name`, --out (default bench/results/<name>) and --no-plot (skip <name>.png);
+    mpi_child: the hidden --mpi-child of a bench that starts itself under mpiexec."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if name:
+        p.add_argument("--out", type=Path, default=RESULTS / name, help=f"output folder (default bench/results/{name})")
+        if plot:
+            p.add_argument("--no-plot", action="store_true", help=f"skip {name}.png")
+    if mpi_child:
+        p.add_argument("--mpi-child", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def as_mpi_child(args: argparse.Namespace, child) -> bool:
+    """Inside the MPI job a bench starts of itself (--mpi-child): run child(args) and say so."""
+    if args.mpi_child:
+        child(args)
+    return args.mpi_child
+
+
+def args_dict(args: argparse.Namespace) -> dict:
+    """The parsed options as JSON values (paths as strings)."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+
+
+class Run:
+    """What every bench run shares: its output folder (made), the machine it ran on, the
+    1-minute load average sampled while it measures, the head of its JSON, and the list of
+    files it wrote.
+
+    load_every_s: the load's sampling period; None to start sampling later (sample_load(),
+    e.g. after a warm-up). bandwidth: measure the memory bandwidth too (machine()).
+    measure=False: no machine and no load (a run that only redraws results measured
+    before). end_on_signals: SIGTERM and SIGHUP end it through its `finally` blocks
+    (exit_on_signals(); a bench that brings a testbed up takes it down)."""
+
+    def __init__(self, name: str, args: argparse.Namespace, *, load_every_s: float | None = 2.0,
+                 bandwidth: bool = True, measure: bool = True, end_on_signals: bool = False):
+        if end_on_signals:
+            exit_on_signals()
+        self.name, self.args = name, args
+        self.out = results_dir(name, args.out)
+        self.paths: list[Path] = []
+        self._sampler, self._load = None, None
+        if measure and load_every_s:
+            self.sample_load(load_every_s)
+        self.machine = machine(bandwidth) if measure else None
+
+    def sample_load(self, every_s: float = 2.0) -> None:
+        """Sample the load average from now on."""
+        self._sampler, self._load = LoadSampler(every_s), None
+
+    @property
+    def load(self) -> dict | None:
+        """The load average since sampling began (None: never sampled); sampling stops at the first call."""
+        if self._load is None and self._sampler is not None:
+            self._load = self._sampler.summary()
+        return self._load
+
+    def head(self) -> dict:
+        """Where and how the numbers were measured: machine, load, command line, options."""
+        return {"machine": self.machine, "load": self.load, "command": command_line(), "args": args_dict(self.args)}
+
+    def meta(self, **own) -> dict:
+        """The JSON beside the rows: the benchmark's name and head(), then the bench's own keys
+        (which may replace a head key's value)."""
+        return {"benchmark": self.name, **self.head(), **own}
+
+    def write(self, rows: list[dict], meta: dict, name: str | None = None) -> None:
+        """<out>/<name>.csv and <out>/<name>.json (name: the bench's)."""
+        self.paths += write_outputs(self.out, name or self.name, rows, meta)
+
+    def plot(self, draw, *data, name: str | None = None):
+        """draw(*data, path) into <out>/<name>.png (name: the bench's), unless --no-plot;
+        returns what draw returns."""
+        if getattr(self.args, "no_plot", False):
+            return None
+        path = self.out / f"{name or self.name}.png"
+        got = draw(*data, path)
+        self.paths.append(path)
+        return got
+
+    def print_machine(self) -> None:
+        print(describe(self.machine, self.load))
+
+    def wrote(self) -> None:
+        print("wrote " + ", ".join(str(p) for p in self.paths))

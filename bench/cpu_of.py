@@ -2,6 +2,7 @@
 exit, write this rank's process CPU seconds (user + system) to $ASGD_CPU_OUT/cpu-<rank>.json.
 Registered first, the handler runs last: MPI_Finalize's CPU is counted too."""
 
+import argparse
 import atexit
 import json
 import os
@@ -18,6 +19,10 @@ def _record():
 
 
 if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("module", help="the module to run, as python -m would")
+    p.add_argument("args", nargs="*", help="its arguments")
+    module = p.parse_args(sys.argv[1:2]).module   # the module's own arguments are its to parse
     atexit.register(_record)
-    module, sys.argv = sys.argv[1], sys.argv[1:]
+    sys.argv = sys.argv[1:]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

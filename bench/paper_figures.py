@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001
 from common import int_list  # noqa: E402
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import subprocess  # noqa: E402
 import random  # noqa: E402
@@ -35,7 +34,7 @@ import textwrap  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__, "paper", plot=False)
     p.add_argument("--ranks", type=int_list, default=[2, 4, 8, 16], help="MPI ranks (default 2,4,8,16)")
     p.add_argument("--batches", type=int_list, default=[16, 64, 256, 1024], help="Figure 2's batch sizes")
     p.add_argument("--fig4-batches", type=int_list, default=[8, 16, 32, 64, 128, 256, 512, 1024],
@@ -50,7 +49,6 @@ def parse_args(argv=None):
     p.add_argument("--params", type=Path, help="performance-model parameters for Figure 9 "
                    "(default: calibrate into <out>/params.json first)")
     p.add_argument("--replot", action="store_true", help="no runs: redraw the figures from <out>/paper.json")
-    p.add_argument("--out", type=Path, default=common.RESULTS / "paper", help="output folder (default bench/results/paper)")
     a = p.parse_args(argv)
     if a.quick:
         a.ranks, a.batches, a.fig4_batches, a.fig4_ranks, a.epochs = [2, 8], [64, 256, 1024], [64, 256, 1024], [2, 8], 1
@@ -66,7 +64,7 @@ def plan(a) -> list[tuple[int, int, int]]:
     return sorted(pts)
 
 
-def run(n, hidden, batch, a) -> dict:
+def run_once(n, hidden, batch, a) -> dict:
     out = Path(tempfile.mkdtemp(prefix="asgd-bench-paper-"))
     argv = ["-m", "asgd.train", "--optimizer", "sgd", "--hidden", str(hidden), "--batch", str(batch), "--epochs", str(a.epochs),
             "--quiet", "--out", str(out), "--timeout", str(a.timeout - 10)]
@@ -140,37 +138,43 @@ def log2_axis(ax, values, label):
 RANKS = "MPI ranks (1 server + N-1 workers)"
 
 
-def figure2(rows, batches, path, plt):
+def finish(fig, ax, xs, xlabel, ylabel, title, path, grid="major", note=None, width=110):
+    """What every figure ends with: a log-2 x axis, labels, grid and legend, a note in small
+    print under the plot if there is one, and the file."""
+    log2_axis(ax, xs, xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which=grid)
+    ax.legend(fontsize=8)
+    rect = None
+    if note:
+        text = textwrap.fill(note, width)
+        fig.text(0.01, 0.01, text, fontsize=7, va="bottom")
+        rect = (0, 0.025 * (text.count("\n") + 2), 1, 1)   # room for the note's lines
+    common.save_figure(fig, path, rect=rect)
+
+
+def figure2(rows, batches, path):
+    plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.3))
     for b in sorted(batches):
         rs = [r for r in pick(rows, hidden=10000, batch=b)]
         if len(rs) > 1 and len({r["ranks"] for r in rs}) > 1:
             ax.plot([r["ranks"] for r in rs], [r["wall_s"] for r in rs], marker="o", label=f"batch {b}")
-    log2_axis(ax, {r["ranks"] for r in rows}, RANKS)
-    ax.set_ylabel("total time, s (results.json wall_s)")
-    ax.set_title("Figure 2 on this machine: scalability by batch size, 2-10K-2", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    finish(fig, ax, {r["ranks"] for r in rows}, RANKS, "total time, s (results.json wall_s)",
+           "Figure 2 on this machine: scalability by batch size, 2-10K-2", path)
 
 
-def figure3(rows, path, plt):
+def figure3(rows, path):
+    plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.3))
     for h, mk in zip(sorted({r["hidden"] for r in rows}), "os^"):
         rs = pick(rows, hidden=h, batch=256)
         ax.plot([r["ranks"] for r in rs], [r["wall_s"] for r in rs], marker=mk, label=f"2-{h // 1000}K-2 total")
         ax.plot([r["ranks"] for r in rs], [r["train_s"] for r in rs], marker=mk, ls=":", alpha=0.7,
                 label=f"2-{h // 1000}K-2 training only")
-    log2_axis(ax, {r["ranks"] for r in rows}, RANKS)
-    ax.set_ylabel("time, s")
-    ax.set_title("Figure 3 on this machine: 10K vs 100K hidden units, batch 256", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    finish(fig, ax, {r["ranks"] for r in rows}, RANKS, "time, s",
+           "Figure 3 on this machine: 10K vs 100K hidden units, batch 256", path)
 
 
 def cache_jump(rows, fig4_ranks) -> tuple[list[str], bool]:
@@ -194,27 +198,22 @@ def cache_jump(rows, fig4_ranks) -> tuple[list[str], bool]:
     return lines or ["time per epoch never rises > 50% from one batch size to the next larger"], bool(jumps)
 
 
-def figure4(rows, fig4_ranks, verdict, path, plt):
+def figure4(rows, fig4_ranks, verdict, path):
+    plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.6))
     for n in fig4_ranks:
         rs = pick(rows, hidden=10000, ranks=n)
         ax.plot([r["batch"] for r in rs], [r["train_s_per_epoch"] for r in rs], marker="o", label=f"{n} ranks")
-    log2_axis(ax, {r["batch"] for r in rows if r["ranks"] in fig4_ranks}, "batch size")
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(plt.matplotlib.ticker.FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(plt.matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.set_ylabel("training time per epoch, s (log)")
-    ax.set_title("Figure 4 on this machine: effect of batch size, 2-10K-2", fontsize=10)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    text = textwrap.fill(verdict, 120)
-    fig.text(0.01, 0.01, text, fontsize=7, va="bottom")
-    fig.tight_layout(rect=(0, 0.025 * (text.count("\n") + 2), 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    finish(fig, ax, {r["batch"] for r in rows if r["ranks"] in fig4_ranks}, "batch size",
+           "training time per epoch, s (log)", "Figure 4 on this machine: effect of batch size, 2-10K-2", path,
+           grid="both", note=verdict, width=120)
 
 
-def figure9(rows, model, path, plt):
+def figure9(rows, model, path):
+    plt = common.pyplot()
     name, params = model  # (params file, Params), or (None, why there is no model)
     rs = pick(rows, hidden=10000, batch=256)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
@@ -230,17 +229,8 @@ def figure9(rows, model, path, plt):
             ax.plot(x, [p[key] for p in preds], ls="--", color=color, label=f"{label} (asgd.perf.analytic)")
     else:
         note = f"no model overlay: {params}"
-    log2_axis(ax, x, RANKS)
-    ax.set_ylabel("seconds")
-    ax.set_title("Figure 9 on this machine: phase by phase, 2-10K-2, batch 256", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    if note:
-        note_text = textwrap.fill(note, 110)
-        fig.text(0.01, 0.01, note_text, fontsize=7, va="bottom")
-    fig.tight_layout(rect=(0, 0.025 * (note_text.count("\n") + 2) if note else 0, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    finish(fig, ax, x, RANKS, "seconds", "Figure 9 on this machine: phase by phase, 2-10K-2, batch 256", path,
+           note=note)
     return note
 
 
@@ -253,7 +243,7 @@ def measure(a) -> list[dict]:
     raw = []
     for i, (n, h, b) in enumerate(points):
         try:
-            r = run(n, h, b, a)
+            r = run_once(n, h, b, a)
         except common.JobFailed as e:
             print(f"  n={n} 2-{h}-2 batch {b}: FAILED {str(e)[:300]}", flush=True)
             continue
@@ -266,50 +256,45 @@ def measure(a) -> list[dict]:
 
 def main(argv=None):
     a = parse_args(argv)
-    a.out.mkdir(parents=True, exist_ok=True)
-    if a.replot:
-        old = json.loads((a.out / "paper.json").read_text())
-        raw, m, load = old["runs"], old["machine"], None
+    run = common.Run("paper", a, measure=not a.replot)
+    if a.replot:   # the runs, machine, load and options of the run that measured them
+        old = json.loads((run.out / "paper.json").read_text())
+        raw = old["runs"]
         for k in ("epochs", "repeat", "batches"):
             setattr(a, k, old["args"][k])
         a.fig4_ranks = old["args"]["fig4_ranks"]
     else:
-        load, m = common.LoadSampler(), common.machine()
         raw = measure(a)
     rows = median_rows(raw)
-    plt = common.pyplot()
     jump_lines, jump = cache_jump(rows, a.fig4_ranks)
     verdict = ("Cache jump: " + ("yes. " if jump else "no. ") + "; ".join(jump_lines)
                + f" ({a.repeat} run(s) per point, {a.epochs} epoch(s) each; load average in paper.json)")
     model = perf_model(a)
-    figure2(rows, a.batches, a.out / "figure2.png", plt)
-    figure3(rows, a.out / "figure3.png", plt)
-    figure4(rows, a.fig4_ranks, verdict, a.out / "figure4.png", plt)
-    note9 = figure9(rows, model, a.out / "figure9.png", plt)
-    load = load.summary() if load else old["load"]
-    info = {"benchmark": "paper", "machine": m, "load": load,
-            "command": old["command"] if a.replot else common.command_line(),
-            "args": old["args"] if a.replot else {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
-            "figure4_cache_jump": {"jump": jump, "by_ranks": jump_lines,
-                                   "why": "" if jump else "asgd's kernel works in sample blocks of <= 32 rows whose hidden "
-                                          "activations stay in L2 whatever the batch, so the working set does "
-                                          "not grow with the batch size (the paper's CNTK step did)"},
-            "figure9_model": note9 or f"asgd.perf.analytic with parameters from {model[0]}",
-            "columns": {"wall_s": "results.json wall_s (rank 0, process start to end of training)",
-                        "init_s": "slowest rank's init phase", "train_s": "wall_s - init_s",
-                        "train_s_per_epoch": "train_s / epochs", "job_wall_s": "mpiexec start to exit",
-                        "runs": "runs whose median this row is"},
-            "runs": raw}
-    paths = common.write_outputs(a.out, "paper", rows, info)
-    paths += [a.out / f"figure{k}.png" for k in (2, 3, 4, 9)]
-    print(common.describe(m, load))
+    run.plot(figure2, rows, a.batches, name="figure2")
+    run.plot(figure3, rows, name="figure3")
+    run.plot(figure4, rows, a.fig4_ranks, verdict, name="figure4")
+    note9 = run.plot(figure9, rows, model, name="figure9")
+    info = run.meta(
+        **({k: old[k] for k in ("machine", "load", "command", "args")} if a.replot else {}),
+        figure4_cache_jump={"jump": jump, "by_ranks": jump_lines,
+                            "why": "" if jump else "asgd's kernel works in sample blocks of <= 32 rows whose hidden "
+                                   "activations stay in L2 whatever the batch, so the working set does "
+                                   "not grow with the batch size (the paper's CNTK step did)"},
+        figure9_model=note9 or f"asgd.perf.analytic with parameters from {model[0]}",
+        columns={"wall_s": "results.json wall_s (rank 0, process start to end of training)",
+                 "init_s": "slowest rank's init phase", "train_s": "wall_s - init_s",
+                 "train_s_per_epoch": "train_s / epochs", "job_wall_s": "mpiexec start to exit",
+                 "runs": "runs whose median this row is"},
+        runs=raw)
+    run.write(rows, info)
+    print(common.describe(info["machine"], info["load"]))
     common.print_table(rows, [("ranks", "ranks", "d"), ("hidden", "hidden", "d"), ("batch", "batch", "d"),
                               ("wall s", "wall_s", ".2f"), ("init s", "init_s", ".2f"), ("train s", "train_s", ".2f"),
                               ("samples/s", "samples_per_s", ",.0f"), ("server busy %", "server_busy_pct", ".0f"),
                               ("bound", "bound", "")])
     print(f"Figure 4: {verdict}")
     print(f"Figure 9: {note9 or 'asgd.perf.analytic overlaid, parameters from ' + model[0]}")
-    print("wrote " + ", ".join(str(p) for p in paths))
+    run.wrote()
     return 0
 
 

@@ -20,7 +20,11 @@ Measured here (load 14-17, 3 repetitions, T in ms, off / block / thread): shared
 often worse (its wake-ups compete for the two cores); block is deterministic and needs
 no thread level: asgd uses it (mlp.make_step, PushPull.progress).
 """
-import json, math, sys, threading, time
+import argparse, json, math, threading, time
+_p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+_p.add_argument("n", nargs="?", type=int, default=500_002, help="doubles per message (default 500002)")
+_p.add_argument("steps", nargs="?", type=int, default=30, help="steps per mode and repetition (default 30)")
+_a = _p.parse_args()   # before MPI starts: --help needs no MPI
 import numpy as np
 from mpi4py import MPI
 from numba import njit
@@ -33,8 +37,7 @@ def spin(n):
     return s
 
 comm = MPI.COMM_WORLD
-n = int(sys.argv[1]) if len(sys.argv) > 1 else 500_002
-steps = int(sys.argv[2]) if len(sys.argv) > 2 else 30
+n, steps = _a.n, _a.steps
 buf_a, buf_b = np.zeros(n), np.zeros(n)
 
 def poll(reqs, sleep=50e-6):

@@ -18,7 +18,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
@@ -45,9 +44,9 @@ OTHERS = {
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__)   # its own --out: the root of every benchmark's folder
     p.add_argument("--quick", action="store_true", help="each benchmark's --quick: smaller sweeps, fewer repetitions")
-    p.add_argument("--only", default=",".join(SUITE),
+    p.add_argument("--only", type=common.word_list, default=",".join(SUITE),
                    help=f"comma list of {', '.join(SUITE)} (default all of these) or {', '.join(OTHERS)}")
     p.add_argument("--everything", action="store_true", help=f"also {', '.join(OTHERS)} (bench/'s other scripts)")
     p.add_argument("--summarize", action="store_true",
@@ -58,7 +57,7 @@ def parse_args(argv=None):
                         "never overwrites the full suite's results)")
     a = p.parse_args(argv)
     a.out = a.out or (common.RESULTS / "quick" if a.quick else common.RESULTS)
-    a.only = [x.strip() for x in a.only.split(",") if x.strip()] + (list(OTHERS) if a.everything else [])
+    a.only += list(OTHERS) if a.everything else []
     bad = set(a.only) - set(SUITE) - set(OTHERS)
     if bad:
         p.error(f"unknown benchmark(s) {sorted(bad)}; choose from {', '.join([*SUITE, *OTHERS])}")
@@ -191,7 +190,7 @@ def main(argv=None):
     summary = {"suite": "quick" if a.quick else "full", "machine": common.machine(bandwidth=False),
                "load": load.summary(), "seconds": round(time.perf_counter() - t_start, 1), "benchmarks": ran,
                "targets": checks}
-    (a.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    common.write_json(a.out / "summary.json", summary)
     head = "rebuilt from the results there" if a.summarize else f"{summary['seconds']:.0f} s"
     lines = [f"# asgd benchmarks ({summary['suite']} suite, {head})", "",
              common.describe(summary["machine"], None if a.summarize else summary["load"]), "",

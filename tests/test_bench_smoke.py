@@ -5,7 +5,9 @@ run only where torch is installed (CI does not install it)."""
 import csv
 import importlib.util
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +16,8 @@ import pytest
 
 from conftest import MPIEXEC, mpi
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
@@ -30,13 +33,33 @@ def read_outputs(out: Path, name: str) -> tuple[list[dict], dict]:
         rows = list(csv.DictReader(f))
     meta = json.loads((out / f"{name}.json").read_text())
     assert rows and len(rows) == len(meta["rows"])
-    m = meta["machine"]
+    check_machine(meta["machine"])
+    check_load(meta["load"])
+    return rows, meta
+
+
+def check_machine(m: dict) -> None:
     for key in ("cpu", "cores", "memory_gib", "mpi_library", "loadavg_at_start"):
         assert m.get(key) not in (None, ""), key
     assert m["memory_bandwidth_gbs"]["copy"] > 0
-    assert "MPICH" in m["mpi_library"] or "Open MPI" in m["mpi_library"] or m["mpi_library"]
-    assert meta["load"]["loadavg_1min_max"] >= 0
-    return rows, meta
+    # this project runs on MPICH or Open MPI: anything else (e.g. "unavailable (...)") is a broken install
+    assert "MPICH" in m["mpi_library"] or "Open MPI" in m["mpi_library"], m["mpi_library"]
+
+
+def check_load(load: dict) -> None:
+    """The 1-minute load average sampled while the bench ran: at its start and end at least,
+    every value a finite number, min <= median <= max, on this machine's cores."""
+    spread = [load[f"loadavg_1min_{q}"] for q in ("min", "median", "max")]
+    assert all(math.isfinite(v) for v in spread) and spread == sorted(spread), load
+    assert load["samples"] >= 2, load
+    assert len(load["loadavg_at_end"]) == 3 and all(math.isfinite(v) for v in load["loadavg_at_end"]), load
+    assert load["cores"] == os.cpu_count(), load
+
+
+def check_ape(row: dict, phase: str) -> None:
+    """A row's APE is |predicted - measured| / measured, in % (asgd.perf.cli.ape), of its own values."""
+    pred, meas = float(row[f"{phase}_pred_s"]), float(row[f"{phase}_meas_s"])
+    assert float(row[f"{phase}_ape"]) == pytest.approx(abs(pred - meas) / meas * 100, rel=1e-9), (phase, row)
 
 
 def test_kernel_bench(tmp_path):
@@ -98,7 +121,6 @@ def test_model_bench(tmp_path, quick_params):
     calibration): every run has finite positive predicted and measured seconds for every
     phase; the summary and the optimizer check are written. No threshold is asserted (the
     verdict is the bench's)."""
-    import math
     out = tmp_path / "model"
     p = bench("bench_model.py", "--quick", "--params", str(quick_params), "--out", str(out), timeout=110)
     rows, meta = read_outputs(out, "model")
@@ -109,11 +131,14 @@ def test_model_bench(tmp_path, quick_params):
             pred, meas = float(r[f"{k}_pred_s"]), float(r[f"{k}_meas_s"])
             assert math.isfinite(meas) and meas > 0, (r["label"], k, meas)
             assert math.isfinite(pred) and (pred > 0 if k != "comm" else pred >= 0), (r["label"], k, pred)
-            assert math.isfinite(float(r[f"{k}_ape"])) and float(r[f"{k}_ape"]) >= 0
+            check_ape(r, k)
     assert {r["sample"] for r in rows} == {"in", "out"}  # workers 1 and 2: 2 ranks calibrated, 3 not
     assert set(meta["summary"]) == set(phases)
     assert meta["summary"]["total"]["runs"] == sum(r["sample"] == "out" for r in rows)  # judged out of sample
-    assert all(meta["summary"][k]["median"] >= 0 and meta["summary"][k]["p90"] >= 0 for k in phases)
+    for k in phases:   # the summary is over the out-of-sample runs' APEs
+        apes = [r[f"{k}_ape"] for r in meta["rows"] if r["sample"] == "out"]
+        assert meta["summary"][k]["median"] == pytest.approx(statistics.median(apes)), k
+        assert min(apes) <= meta["summary"][k]["median"] <= meta["summary"][k]["p90"] <= max(apes), k
     assert [c["hidden"] for c in meta["optimizer"]] == [1000]
     chk = meta["optimizer"][0]
     assert chk["ratio"] >= 1 and isinstance(chk["pass"], bool) and chk["top"]["total_meas_s"] > 0
@@ -149,9 +174,16 @@ print("ok")
     assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-3000:]
 
 
-@pytest.mark.parametrize("script", sorted(str(p.relative_to(BENCH.parent)) for p in
-                                          [*BENCH.glob("*.py"), *(BENCH.parent / "scripts").glob("*.py")]))
-def test_every_bench_and_script_compiles(script):
-    """Scripts no test runs in full still parse (a syntax error in one stays silent otherwise)."""
-    path = BENCH.parent / script
-    compile(path.read_text(), str(path), "exec")
+LIBRARY = BENCH / "common.py"   # no script: every bench imports it, so each --help below loads it
+SCRIPTS = sorted(str(p.relative_to(ROOT)) for p in [*BENCH.glob("*.py"), *(ROOT / "scripts").glob("*.py")]
+                 if p != LIBRARY)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_bench_and_script_answers_help(script):
+    """`python <script> --help` exits 0 and prints a usage line naming the script: an import
+    error, a broken parser, or a script that starts working (or MPI) on --help fails it,
+    in the scripts no test runs in full too."""
+    p = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0, f"{script} --help: exit {p.returncode}\n{p.stderr[-2000:]}"
+    assert p.stdout.startswith(f"usage: {Path(script).name} "), p.stdout[:500]

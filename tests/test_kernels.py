@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from asgd.net import kernels as K
-from asgd.net.mlp import Layout, init_params, reference_predict, reference_step
+from asgd.net.mlp import Layout, init_params
+from asgd.net.reference import predict as reference_predict, step as reference_step
 
 
 def _data(layout, n, seed):

@@ -121,10 +121,10 @@ def test_message_sizes():
     layout = Layout(2, 10000, 2)
     push = onebit.codecs(layout, shard_bounds(layout.n_w, 1), PUSH_HEADER)[0]
     pull = onebit.codecs(layout, shard_bounds(layout.n_w, 1), PULL_HEADER)[0]
-    assert push.nbytes == 8 * (5 + 12) + 6251 == 6387        # header, 6 columns x 2 scales, 50,002 bits
-    assert pull.nbytes == 8 * (2 + 12) + 6251
+    assert push.nbytes == 8 * (6 + 12) + 6251 == 6395        # header, 6 columns x 2 scales, 50,002 bits
+    assert pull.nbytes == 8 * (3 + 12) + 6251 == 6371
     assert 8 * (layout.n_w + PUSH_HEADER) / push.nbytes > 60
-    assert onebit.bytes_per_weight(layout, 1) == pytest.approx((6387 - 40) / 50002)
+    assert onebit.bytes_per_weight(layout, 1) == pytest.approx((6395 - 48) / 50002)
 
 
 def test_a_non_finite_push_has_non_finite_scales():

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from asgd.net import optimizers
-from asgd.net.optimizers import Optimizer, reference
+from asgd.net.optimizers import Optimizer
+from oracles import optimizer_steps as reference
 from asgd.run.progress import convergence_notes
 
 

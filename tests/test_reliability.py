@@ -157,6 +157,39 @@ def test_a_killed_worker_ends_the_job_and_resume_recovers(tmp_path):
     assert resumed >= 0.95 and whole >= 0.95 and abs(resumed - whole) <= 0.02
 
 
+def test_a_job_killed_with_several_async_servers_resumes_from_one_consistent_cut(tmp_path):
+    """Three servers checkpoint every 0.2 s while 3 workers train asynchronously; the whole
+    job is SIGKILLed. The newest cut every shard holds is the same pushes on every shard,
+    so (all of them finite) the same number of versions; --resume continues from it. Each
+    server saving on its own clock would leave shards of different versions."""
+    from asgd.net.mlp import Layout
+    from asgd.run import checkpoint
+    run = tmp_path / "run"
+    proc = start(6, ["--servers", "3", "--hidden", "1000", "--epochs", "500", "--checkpoint-every", "0.2s",
+                     "--out", str(run), "--quiet"])
+    try:
+        wait_for(run / "checkpoint" / "shard-2.prev.npz", proc)
+        time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    metas = {}
+    for s in range(3):
+        for f in (checkpoint.path_of(str(run), s), checkpoint.path_of(str(run), s, previous=True)):
+            if os.path.exists(f):
+                meta = json.loads(np.load(f)["header"].tobytes())["meta"]
+                metas.setdefault(meta["cut"], {})[s] = meta["rounds"]
+    common = [c for c, by_shard in metas.items() if len(by_shard) == 3]
+    assert common, metas
+    for c in common:
+        assert len(set(metas[c].values())) == 1, (c, metas[c])   # one cut: the same versions on every shard
+    w, meta, _ = checkpoint.load(str(run), 3, Layout(2, 1000, 2).n_w, "adagrad")
+    assert meta["cut"] == max(common)
+    p = mpiexec(6, ["--servers", "3", "--hidden", "1000", "--epochs", str(meta["epoch"] + 1), "--resume", str(run),
+                    "--quiet"])
+    assert p.returncode == 0, p.stderr
+
+
 BAD_FILES = {  # name: (content, the one error line's text after "asgd.train: error: <file>")
     "missing": (None, ": data file not found"),
     "directory": ("dir", ": cannot read data file: Is a directory"),
@@ -241,7 +274,8 @@ def held_out_metrics(w, hidden=10000, seed=0):
     from asgd.data import problem
     from asgd.net import mlp
     test = problem.default_problem(seed)[1]
-    p = mlp.reference_predict(mlp.Layout(2, hidden, 2), w, test.X)
+    from asgd.net import reference
+    p = reference.predict(mlp.Layout(2, hidden, 2), w, test.X)
     return float(-np.log(p[np.arange(len(test.y)), test.y]).mean()), float((p.argmax(1) == test.y).mean())
 
 

@@ -16,7 +16,11 @@ import sys
 import numpy as np
 import pytest
 
+from asgd import wire
+from asgd.net.mlp import Layout
+from asgd.net.optimizers import default_lr
 from asgd.perf import analytic
+from asgd.run.config import Config
 from asgd.sim import INSTALL_HINT, available
 from asgd.sim.costs import Costs, Spec, worker_points
 from asgd.sim.machines import Machine, by_name
@@ -135,7 +139,7 @@ def test_every_update_applied_once_async_and_sharded(params_file):
     assert [w["updates"] for w in workers] == steps
     assert [s["requests"] for s in servers] == [sum(steps)] * 3
     assert res["throughput"]["samples"] == 2 * 2003
-    edges = [5002 * s // 3 for s in range(4)]   # protocol.comm.shard_bounds
+    edges = [5002 * s // 3 for s in range(4)]   # asgd.wire.shard_bounds
     assert [s["shard"] for s in servers] == [[a, b] for a, b in zip(edges, edges[1:])]
     for w, n in zip(workers, steps):  # each server counted each of the worker's pushes
         assert sum(w["staleness"]["histogram"]) == 3 * n
@@ -223,14 +227,46 @@ def test_other_users_load_takes_its_share_of_the_cores(params_file):
     assert shared == pytest.approx(2 * alone, rel=0.05)
 
 
+def wire_sizes(servers: int, compress: str) -> list[tuple[int, int]]:
+    """(push, reply) bytes per server shard of 2-10K-2, as asgd.wire counts them (the
+    protocol's own count): float64, or 1-bit over the shard's columns."""
+    layout = Layout(2, 10000, 2)
+    return [(wire.push_bytes(hi - lo, layout.columns(lo, hi) if compress == "1bit" else None),
+             wire.pull_bytes(hi - lo, layout.columns(lo, hi) if compress == "1bit" else None))
+            for lo, hi in wire.shard_bounds(layout.n_w, servers)]
+
+
 @needs_simgrid
-def test_compression_shrinks_messages(params_file):
-    """1-bit compression: about n_w / 8 bytes per message plus two scales per column."""
-    pf = params_file()
-    full = simulate(pf, workers=2, points=2048)
-    one = simulate(pf, workers=2, points=2048, compression="1bit")
-    sent = lambda r: sum(x["bytes_sent"] for x in r["ranks"] if x["role"] == "worker")  # noqa: E731
-    assert 1 / 70 < sent(one) / sent(full) < 1 / 8
+def test_the_simulated_ring_moves_the_bytes_a_real_ring_counts(params_file):
+    """asgd's ring allreduce (the default --allreduce): each rank's simulated bytes are
+    asgd.wire.ring_bytes per update, as a real run counts them (test_architectures)."""
+    res = simulate(params_file(), workers=3, points=2048, arch="allreduce", servers=0)
+    n = res["config"]["n_w"] + 3
+    for x in res["ranks"]:
+        sent, recv = wire.ring_bytes(n, 3, x["rank"])
+        assert (x["bytes_sent"], x["bytes_recv"]) == (sent * x["updates"], recv * x["updates"]) != (0, 0)
+
+
+@needs_simgrid
+@pytest.mark.parametrize("servers", [1, 2, 3])
+@pytest.mark.parametrize("compress", ["none", "1bit"])
+def test_messages_are_the_bytes_a_real_run_counts(params_file, servers, compress):
+    """Every push and reply has the size the protocol counts: on one server a 1-bit push of
+    2-10K-2 is 6,395 bytes and a reply 6,371 (what a real run counts: test_train_e2e's
+    1-bit test), float64 400,064 and 400,040 (50,002 values and 6 / 3 header values);
+    with 2 or 3 servers each shard's own size (asgd.wire over its columns)."""
+    sizes = wire_sizes(servers, compress)
+    if servers == 1:
+        assert sizes == [{"none": (400_064, 400_040), "1bit": (6395, 6371)}[compress]]
+    res = simulate(params_file(), workers=2, servers=servers, points=2048, compress=compress)
+    srv, workers = res["ranks"][:servers], res["ranks"][servers:]
+    updates = sum(w["updates"] for w in workers)
+    assert updates == 2 * math.ceil(1024 / 256)
+    for w in workers:
+        assert w["bytes_sent"] == w["updates"] * sum(push for push, _ in sizes)
+        assert w["bytes_recv"] == w["updates"] * sum(pull for _, pull in sizes)
+    for s, (push, pull) in zip(srv, sizes):
+        assert (s["bytes_recv"], s["bytes_sent"]) == (updates * push, updates * pull)
 
 
 @needs_simgrid
@@ -246,3 +282,120 @@ def test_a_real_calibration_drives_the_simulator(quick_params, tmp_path):
     assert got["train_s"] > 0 and got["init_s"] > 0
     cal = res["simulated"]["startup_check"]["calibrated_job_startup_s"]
     assert res["init_s"] == pytest.approx(cal, rel=0.1)
+
+
+SPREAD = {"10000": {"256": {"p": [0.0, 0.5, 1.0], "ratio": [1.0, 1.2, 3.0]}}}   # steps up to 3x the best
+
+
+@needs_simgrid
+def test_same_seed_same_results_in_any_process(params_file, tmp_path):
+    """The step-time draws are seeded from (seed, rank, purpose) alone: the same simulation
+    in two processes whose string hashing is salted differently (PYTHONHASHSEED) writes the
+    same results.json, apart from simulated.sim_wall_s (the simulator's own wall time, not
+    the simulated run's); another --seed draws other steps."""
+    pf = params_file(step_spread=SPREAD)
+
+    def run(hash_seed: str, seed: int) -> dict:
+        cwd = tmp_path / f"h{hash_seed}-s{seed}"
+        cwd.mkdir()
+        p = subprocess.run([sys.executable, "-m", "asgd.sim", "--params", pf, "-n", "4", "--points", "4096",
+                            "--epochs", "1", "--seed", str(seed), "--out", "r", "--quiet"], cwd=cwd,
+                           env={**os.environ, "PYTHONHASHSEED": hash_seed}, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 0, p.stderr
+        res = json.loads((cwd / "r" / "results.json").read_text())
+        del res["simulated"]["sim_wall_s"]
+        return res
+    first = run("1", 0)
+    assert run("2", 0) == first
+    assert run("1", 1)["ranks"][1]["phases"]["compute"] != first["ranks"][1]["phases"]["compute"]
+
+
+def options_of(config: dict) -> dict:
+    """asgd.train's options in a results.json config."""
+    return {k: config[k] for k in Config.__dataclass_fields__}
+
+
+@needs_simgrid
+@pytest.mark.parametrize("mode, averaged", [("async", 1), ("sync", 3)])
+def test_config_is_what_was_simulated(params_file, tmp_path, mode, averaged):
+    """results.json's config describes the simulated run: its messages (--compress, as
+    asgd.train spells it), and the optimizer whose costs were charged (calibrate's sgd
+    update) with sgd's default lr for its workers and mode; every other option of
+    asgd.train at its default."""
+    out = tmp_path / "r"
+    p = sim_cli(["--params", params_file(), "-n", "4", "--mode", mode, "--compress", "1bit", "--hidden", "1000",
+                 "--points", "2048", "--epochs", "1", "--out", str(out), "--quiet"])
+    assert p.returncode == 0, p.stderr
+    res = json.loads((out / "results.json").read_text())
+    c = res["config"]
+    lr = default_lr("sgd", 1000, averaged)
+    assert (c["optimizer"], c["lr"], c["compress"]) == ("sgd", lr, "1bit")
+    assert c["worker_lr"] == lr
+    assert (c["mode"], c["hidden"], c["workers"], c["servers"]) == (mode, 1000, 3, 1)
+    worker = res["ranks"][1]
+    layout = Layout(2, 1000, 2)
+    push = wire.push_bytes(layout.n_w, layout.columns(0, layout.n_w))
+    assert worker["bytes_sent"] == worker["updates"] * push   # what config says is what was sent
+    told = {"mode": mode, "hidden": 1000, "epochs": 1, "compress": "1bit", "optimizer": "sgd", "lr": lr,
+            "classes": 2, "data": "simulated-2048.tsv", "out": str(out)}
+    assert options_of(c) == {**Config().to_dict(), **told}
+
+
+def test_compress_is_spelled_as_asgd_train(params_file):
+    """One spelling: --compress, as asgd.train; --compression is gone. 1-bit messages need
+    parameter servers, as in asgd.train."""
+    from asgd.sim import cli
+    assert cli.parse_args(["--compress", "1bit"]).compress == "1bit"
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--compression", "1bit"])
+    p = sim_cli(["--params", params_file(), "-n", "3", "--arch", "allreduce", "--compress", "1bit"])
+    assert p.returncode == 2
+    assert p.stderr.strip() == ("asgd.sim: error: --compress 1bit needs --arch ps or p2p "
+                                "(allreduce sums float64 Delta-w)")
+
+
+def write_run(folder, **options) -> dict:
+    """A run folder whose results.json config is what asgd.train writes for `options`
+    (Config's fields, then what the run resolved: lr, the rank counts, the data's sizes)."""
+    cfg = Config(**options)
+    servers = 0 if cfg.arch == "allreduce" else cfg.servers
+    config = {**cfg.to_dict(), "out": str(folder), "lr": cfg.lr, "servers": servers, "workers": 3,
+              "world_size": 3 + servers, "worker_lr": cfg.lr if cfg.optimizer == "sgd" else 1.0,
+              "features": 2, "classes": 2, "n_w": Layout(2, cfg.hidden, 2).n_w, "train_points": 2048,
+              "test_points": 512}
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"schema": 1, "config": config}))
+    return config
+
+
+@needs_simgrid
+def test_like_keeps_the_runs_options(params_file, tmp_path):
+    """--like RUN_DIR simulates that run: its messages (1-bit), optimizer and lr (with a
+    warning that its server's update is charged at sgd's cost), mode, servers, seed and
+    every other option are in the simulated config as the run had them, but for the
+    simulation's own outputs (out, trace); an option given overrides the run's."""
+    run = write_run(tmp_path / "run", optimizer="adagrad", lr=0.02, compress="1bit", mode="ssp", staleness=2,
+                    servers=2, seed=7, hidden=1000, batch=64, epochs=1, standardize=True, timeout=600.0,
+                    progress=5.0, mpi_progress="off", stall_timeout=30.0, checkpoint_every="30s",
+                    trace=True, trace_steps="0:50", quiet=False)
+    out = tmp_path / "sim"
+    p = sim_cli(["--params", params_file(), "--like", str(tmp_path / "run"), "--out", str(out), "--quiet"])
+    assert p.returncode == 0, p.stderr
+    assert "--optimizer adagrad" in p.stderr and "plain SGD's calibrated cost" in p.stderr
+    res = json.loads((out / "results.json").read_text())
+    c = res["config"]
+    simulated_outputs = {"out": str(out), "trace": False, "trace_steps": "0:200"}
+    assert options_of(c) == {**options_of(run), **simulated_outputs}
+    assert (c["worker_lr"], c["world_size"], c["workers"], c["servers"]) == (1.0, 5, 3, 2)
+    layout = Layout(2, 1000, 2)
+    sizes = [wire.push_bytes(hi - lo, layout.columns(lo, hi)) for lo, hi in wire.shard_bounds(layout.n_w, 2)]
+    worker = res["ranks"][2]
+    assert worker["bytes_sent"] == worker["updates"] * sum(sizes)   # 1-bit messages were simulated
+    over = tmp_path / "sim-over"
+    p = sim_cli(["--params", params_file(), "--like", str(tmp_path / "run"), "--compress", "none", "--seed", "3",
+                 "--mode", "async", "--out", str(over), "--quiet"])
+    assert p.returncode == 0, p.stderr
+    c = json.loads((over / "results.json").read_text())["config"]
+    assert options_of(c) == {**options_of(run), **simulated_outputs, "out": str(over), "compress": "none",
+                             "seed": 3, "mode": "async"}

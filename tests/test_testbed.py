@@ -21,6 +21,7 @@ from asgd.launch import cores_available
 from asgd.testbed import launch, lifecycle, links, placement, procs, proof, state
 from asgd.testbed.sh import missing_requirements
 from asgd.testbed.spec import Spec, parse_rate
+from asgd.wire import DONE_BYTES, DOUBLE, PULL_HEADER, PUSH_HEADER
 from conftest import MPIEXEC
 
 REASON = missing_requirements() if sys.platform.startswith("linux") else "not Linux"
@@ -274,8 +275,9 @@ def test_the_proof_leaves_out_what_stays_in_a_host():
 
 
 def test_the_proof_refuses_what_it_cannot_check():
-    """--allreduce mpi (MPI_Iallreduce's bytes are MPI's), a results.json without per-part
-    bytes: one line each, before anything runs where the command says so."""
+    """--allreduce mpi (MPI_Iallreduce's bytes are MPI's), --arch p2p (not modelled yet), a
+    results.json without per-part bytes: one line each, before anything runs where the
+    command says so."""
     spec = Spec("p", 4, 8 * 10**6)
     mpi, _ = _ps_run(spec, 0, 4, 10, 100, 100, arch="allreduce", allreduce="mpi")
     why = proof.refusal(mpi)
@@ -284,8 +286,10 @@ def test_the_proof_refuses_what_it_cannot_check():
     del old["ranks"][2]["bytes"]
     assert "per-part bytes" in proof.refusal(old)
     assert proof.refusal(_ps_run(spec, 1, 3, 10, 100, 100)[0]) is None
+    p2p, _ = _ps_run(spec, 0, 4, 10, 100, 100, arch="p2p")
+    assert "--arch p2p" in proof.refusal(p2p)
     for train_args, words in ((["--arch", "allreduce", "--allreduce", "mpi"], "--allreduce mpi"),
-                              (["--dry-run"], "nothing to prove")):
+                              (["--arch", "p2p"], "--arch p2p"), (["--dry-run"], "nothing to prove")):
         with pytest.raises(lifecycle.TestbedError, match=words):   # before the testbed is even looked at
             launch.run(spec, ["mpiexec", "-n", "4", "python", "-m", "asgd.train", *train_args], check_bytes=True)
 
@@ -296,11 +300,11 @@ def test_wire_bytes_are_tcp_framing():
     frame per segment each way) holds it."""
     from asgd.testbed import proof
     from asgd.testbed.model import wire_bytes
-    payload = 8 * 50002 + 40                        # 2-10K-2's Delta-w and its header
+    payload = 8 * 50002 + DOUBLE * PUSH_HEADER     # 2-10K-2's Delta-w and its header
     segments = -(-payload // 1448)                  # 277
     assert wire_bytes(50002) == payload + 66 * segments + 66 * (-(-segments // 2))
     assert 1.06 * payload < wire_bytes(50002) < payload + proof.FRAME * 2 * proof.segments(Counter({payload: 1}))
-    assert wire_bytes(100) == 840 + 66 + 66         # one segment, one ACK
+    assert wire_bytes(100) == 800 + DOUBLE * PUSH_HEADER + 66 + 66   # one segment, one ACK
     assert wire_bytes(50002, bytes_per_weight=1 / 8 + 1e-3) < wire_bytes(50002) / 50
 
 
@@ -450,9 +454,10 @@ def test_three_hosts_job_over_the_shaped_links(name, tmp_path, warm_jit):
     assert not bad["ok"] and not bad["hosts"][1]["ok_sent"]
     # --compress 1bit on the same hosts: its 1-bit messages are what crossed the links
     res1, r1 = train("run-1bit", "--compress", "1bit")
-    for x in r1["ranks"][1:]:     # 2-2000-2: 1,387 bytes a push, 1,363 a reply (8 x 10,005 in float64)
-        assert (x["bytes"]["train"]["sent"], x["bytes"]["train"]["recv"]) == (1387 * x["updates"] + 8,
-                                                                              1363 * x["updates"])
+    bits = 1347                   # 2-2000-2's 10,005 weights in 1-bit with its columns' scales (80,040 B in float64)
+    for x in r1["ranks"][1:]:     # a push and a reply each, with their headers; the end-of-work message
+        assert (x["bytes"]["train"]["sent"], x["bytes"]["train"]["recv"]) == (
+            (bits + DOUBLE * PUSH_HEADER) * x["updates"] + DONE_BYTES, (bits + DOUBLE * PULL_HEADER) * x["updates"])
     assert res1.wire[0]["recv"] < 0.1 * res.wire[0]["recv"]     # the server's link carried < 1/10 of the bytes
     # the ring allreduce: every rank sends its neighbour 2 (P - 1) chunks a step
     res2, r2 = train("run-ring", "--arch", "allreduce")

@@ -98,9 +98,21 @@ def test_verdict(args, bound):
 def test_staleness_of_a_worker_whose_push_was_never_applied():
     """A worker stopped before its first push reached a server (SIGTERM) has an empty
     histogram: its distribution is empty, not a crash of rank 0."""
-    records = [{"role": "server", "staleness_hist": [[], [1, 2]], "step_gap_hist": [[], [3]]},
-               {"role": "worker"}, {"role": "worker"}]
-    results._staleness(records, 1)
+    records = [{"rank": 0, "role": "server", "staleness_hist": [[], [1, 2]], "step_gap_hist": [[], [3]]},
+               {"rank": 1, "role": "worker"}, {"rank": 2, "role": "worker"}]
+    results._staleness(records)
     assert records[1]["staleness"] == {"mean": 0.0, "max": 0, "histogram": []}
     assert records[2]["staleness"]["histogram"] == [1, 2] and records[2]["step_gap"]["histogram"] == [3]
     assert records[0]["staleness"]["histogram"] == [1, 2]
+
+
+def test_staleness_of_p2p_peers_is_their_own_pushes_and_their_shards():
+    """A p2p rank is a worker and an owner: `staleness` is its own pushes' on every owner,
+    `staleness_applied` the pushes its shard took."""
+    records = [{"rank": 0, "role": "peer", "staleness_hist": [[0, 1], [2]], "step_gap_hist": [[1], [1]]},
+               {"rank": 1, "role": "peer", "staleness_hist": [[1], [0, 0, 3]], "step_gap_hist": [[1], [1]]}]
+    results._staleness(records)
+    assert records[0]["staleness"]["histogram"] == [1, 1]          # rank 0's pushes on owners 0 and 1
+    assert records[1]["staleness"]["histogram"] == [2, 0, 3]
+    assert records[0]["staleness_applied"]["histogram"] == [2, 1]  # what owner 0's shard took
+    assert records[1]["staleness_applied"]["histogram"] == [1, 0, 3]

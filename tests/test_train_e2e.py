@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from asgd.data import __main__ as data_cli
+from asgd.wire import PULL_HEADER, PUSH_HEADER
 from conftest import load_results, mpiexec
 
 WORKER_PHASES = {"init", "compute", "comm_wait"}
@@ -11,7 +12,7 @@ SERVER_PHASES = {"init", "aggregate", "idle"}
 
 
 def check_schema(r: dict, world: int) -> None:
-    """The results.json contract the README documents (other tools read only this)."""
+    """The results.json contract docs/formats.md documents (other tools read only this)."""
     c = r["config"]
     for key in ("hidden", "batch", "lr", "epochs", "seed", "world_size", "workers", "servers",
                 "mpi_library", "host", "cores", "n_w"):
@@ -43,7 +44,7 @@ def check_schema(r: dict, world: int) -> None:
     for part in ("train", "finish"):
         assert ranks[0]["bytes"][part]["recv"] == sum(x["bytes"][part]["sent"] for x in ranks[1:]) > 0
         assert ranks[0]["bytes"][part]["sent"] == sum(x["bytes"][part]["recv"] for x in ranks[1:]) > 0
-    push, pull = 8 * (c["n_w"] + 5), 8 * (c["n_w"] + 2)
+    push, pull = 8 * (c["n_w"] + PUSH_HEADER), 8 * (c["n_w"] + PULL_HEADER)
     for x in ranks[1:]:
         assert x["bytes"]["train"] == {"sent": push * x["updates"] + 8, "recv": pull * x["updates"]}
 
@@ -82,7 +83,7 @@ def test_default_run_sixteen_ranks(tmp_path):
 def test_one_bit_compression_learns_and_sends_sixty_times_fewer_bytes(tmp_path):
     """--compress 1bit on the default problem: the held-out accuracy, and the bytes each
     rank counted (what the testbed's byte proof checks against the wire) are the 1-bit
-    messages': 6,387 bytes a push and 6,363 a reply for 2-10K-2 on one server."""
+    messages': 6,395 bytes a push and 6,371 a reply for 2-10K-2 on one server."""
     p = mpiexec(4, ["--compress", "1bit", "--epochs", "4", "--out", str(tmp_path), "--quiet"])
     assert p.returncode == 0, p.stderr
     r = load_results(tmp_path)
@@ -91,7 +92,7 @@ def test_one_bit_compression_learns_and_sends_sixty_times_fewer_bytes(tmp_path):
     server, workers = r["ranks"][0], r["ranks"][1:]
     assert server["updates"] == sum(x["updates"] for x in workers) == r["throughput"]["updates"]
     for x in workers:   # pushes and replies, and the end-of-work message
-        assert x["bytes"]["train"] == {"sent": 6387 * x["updates"] + 8, "recv": 6363 * x["updates"]}
+        assert x["bytes"]["train"] == {"sent": 6395 * x["updates"] + 8, "recv": 6371 * x["updates"]}
     assert server["bytes_recv"] == sum(x["bytes_sent"] for x in workers)
     assert server["bytes_sent"] == sum(x["bytes_recv"] for x in workers)
 

@@ -61,24 +61,29 @@ class Waiter:
         self.stall_s = stall_s    # longest one wait may take, 0: no limit (--stall-timeout)
         self.what = what          # "rank 3 (worker)", for the messages
 
-    def _poll(self, test, waiting_for: str):
+    def _poll(self, test, waiting_for: str, work=None):
+        """test() until it returns something; between tries, work() (if given: other
+        duties of this rank, e.g. a p2p owner serving its shard), and when it did nothing,
+        sleep with the backoff."""
         start = time.perf_counter()
         sleep = 10e-6
         while True:
             done = test()
             if done is not None:
                 return done
+            busy = work is not None and work()
             now = time.perf_counter()
-            if now - start < self.spin_s:
-                continue
             if self.deadline and time.monotonic() > self.deadline:
                 raise StallError(f"{self.what}: the job reached its --timeout while waiting for "
                                  f"{_text(waiting_for)}")
             if self.stall_s and now - start > self.stall_s:
                 raise StallError(f"{self.what} waited {self.stall_s:g} s for {_text(waiting_for)}: "
                                  "stalled (--stall-timeout)")
-            time.sleep(sleep)
-            sleep = min(sleep * 2, self.max_sleep_s)
+            if busy:
+                sleep = 10e-6   # it found work: more may come soon
+            elif now - start >= self.spin_s:
+                time.sleep(sleep)
+                sleep = min(sleep * 2, self.max_sleep_s)
 
     def any(self, requests: list[MPI.Request], waiting_for: str = "a message") -> int:
         """Index of a completed request (as MPI_Waitany)."""
@@ -87,8 +92,9 @@ class Waiter:
             return index if flag and index != MPI.UNDEFINED else None
         return self._poll(test, waiting_for)
 
-    def all(self, requests: list[MPI.Request], waiting_for: str = "messages") -> None:
-        self._poll(lambda: True if MPI.Request.Testall(requests) else None, waiting_for)
+    def all(self, requests: list[MPI.Request], waiting_for: str = "messages", work=None) -> None:
+        """Complete every request; work(), if given, runs between tests (see _poll)."""
+        self._poll(lambda: True if MPI.Request.Testall(requests) else None, waiting_for, work)
 
     def barrier(self, comm: MPI.Comm, waiting_for: str = "the other ranks") -> None:
         self.all([comm.Ibarrier()], waiting_for)

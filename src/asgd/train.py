@@ -3,7 +3,8 @@
     options -> init: each rank loads its role's kernels, then its share of the data and
                the model; bad input is agreed on by every rank and reported once
             -> the loop: servers serve their shards of w, workers push Delta-w and pull
-               w' (or, with --arch allreduce, every rank is a worker)
+               w' (--arch p2p: every rank both, owning 1/N of w; --arch allreduce:
+               every rank a worker, summing with the others)
             -> save: rank 0 gathers every rank's record and writes results.json,
                weights.npy and the summary
 (--dry-run: init, then save without the loop: the options, the data and the output
@@ -37,85 +38,19 @@ from .data import standardize  # noqa: E402
 from .mpiutil import (Waiter, agree, agree_on, clock_bytes, clock_offsets, describe, gather_objects,  # noqa: E402
                       oversubscribed)
 from .net import mlp, optimizers  # noqa: E402
-from .protocol.allreduce import run_allreduce  # noqa: E402
-from .protocol.context import Endpoint, Schedule  # noqa: E402
-from .protocol.messages import link_messages, shard_messages  # noqa: E402
-from .protocol.server import Server, gather_shards, policy  # noqa: E402
-from .protocol.worker import PushPull, run_worker  # noqa: E402
-from .run import checkpoint, config, folder, results, signals, startup  # noqa: E402
-from .run.progress import EpochTracker, convergence_notes  # noqa: E402
+from .run import checkpoint, config, folder, results, roles, signals, startup  # noqa: E402
+from .run.job import Job, Model  # noqa: E402
+from .run.progress import convergence_notes  # noqa: E402
+from .run.topology import Topology  # noqa: E402
 from .run.trace import PhaseClock, TraceClock  # noqa: E402
 from .run.trace import export as export_trace  # noqa: E402
-from .protocol.context import WorkerStats  # noqa: E402
-from .protocol.server import ServerStats  # noqa: E402
-from .wire import TAG_RECORD, shard_bounds  # noqa: E402
+from .wire import DOUBLE, TAG_RECORD, TAG_SHARE  # noqa: E402
 
 ABORT_GRACE_S = 0.5   # a failing rank's wait between its one line and MPI_Abort
 
 
 class Agreed(BadInput):
     """A failure every rank learned of at the same point: reported once, by rank 0."""
-
-
-@dataclass
-class Job:
-    """The run's shape, the same on every rank."""
-    cfg: config.Config
-    comm: MPI.Comm
-    servers: int      # ranks 0..servers-1 serve (0: allreduce, every rank a worker)
-    out: str          # the run folder
-    waiter: Waiter
-    clock: PhaseClock
-    crowded: bool     # more ranks than cores on this node
-    tracker: EpochTracker | None = None  # rank 0's epochs and progress, once the loop starts
-    traffic: dict = field(default_factory=lambda: {k: {"sent": 0, "recv": 0} for k in ("init", "train", "finish")})
-                      # bytes of asgd's own messages by part of the run (results.json's per-rank `bytes`)
-
-    def count(self, part: str, sent: int, recv: int) -> None:
-        self.traffic[part]["sent"] += int(sent)
-        self.traffic[part]["recv"] += int(recv)
-
-    @property
-    def rank(self) -> int:
-        return self.comm.rank
-
-    @property
-    def endpoint(self) -> Endpoint:
-        """What the protocol's loops need of this rank."""
-        return Endpoint(self.comm, self.waiter, self.clock, lambda: signals.requested() is not None)
-
-    @property
-    def role(self) -> str:
-        return "server" if self.rank < self.servers else "worker"
-
-    @property
-    def workers(self) -> int:
-        return self.comm.size - self.servers
-
-    def say(self, line: str) -> None:
-        """A progress line, from rank 0 only."""
-        if self.rank == 0 and not self.cfg.quiet:
-            print(line, flush=True)
-
-
-@dataclass
-class Model:
-    """What init made: this rank's data, the weights, and where training starts."""
-    train: Dataset           # this rank's share (servers: none)
-    test: Dataset | None     # the held-out set (rank 0)
-    n_train: int             # all workers' training points together
-    read_times: dict         # init's read / parse / shuffle seconds
-    layout: mlp.Layout
-    w: np.ndarray            # all of w (a server serves its shard, a view of it)
-    lr: float                # the optimizer's (sgd: the workers' step's)
-    resumed: dict            # the checkpoint's progress, or {}
-    saved_optimizer: list    # each shard's optimizer state from the checkpoint, or []
-    scaling: tuple | None    # --standardize: (mean, std) of every feature
-    init_end_ns: int = 0
-
-    @property
-    def first_epoch(self) -> int:
-        return self.resumed.get("epoch", 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"asgd.train: error: {e} (see --help)", file=sys.stderr)
         return 2
     signals.install()  # SIGTERM/SIGINT: stop at a step boundary, checkpoint, exit cleanly
-    servers = 0 if cfg.arch == "allreduce" else cfg.servers
-    role = "server" if comm.rank < servers else "worker"
+    servers = cfg.servers if cfg.arch == "ps" else 0
+    role = "peer" if cfg.arch == "p2p" else "server" if comm.rank < servers else "worker"
     clock = (TraceClock("init", T0_NS, config.trace_window(cfg.trace_steps)) if cfg.trace
              else PhaseClock("init", T0_NS))
     crowded = oversubscribed(comm)
@@ -138,13 +73,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"rank {comm.rank} ({role})", cfg.stall_timeout)
     resumed_in = None if cfg.dry_run else cfg.resume   # a dry run never writes into the run it checks
     out = cfg.out or resumed_in or comm.bcast(config.default_out(comm.size) if comm.rank == 0 else None)
-    job = Job(cfg, comm, servers, out, waiter, clock, crowded)
+    job = Job(cfg, comm, None, servers, out, waiter, clock, crowded)
     try:
         model = init(job)
         if cfg.dry_run:
-            record = dry_run(job, model)
+            record = roles.dry_run(job, model)
         else:
-            record = serve(job, model) if job.role == "server" else work(job, model)
+            record = {"server": roles.serve, "worker": roles.work, "peer": roles.peer,
+                      "reducer": roles.reduce}[job.role if cfg.arch != "allreduce" else "reducer"](job, model)
         save(job, model, record)
         return 0
     except (Agreed, DataError) as e:  # raised on every rank alike
@@ -191,33 +127,79 @@ def init(job: Job) -> Model:
 
     def local():  # no MPI in here: it may fail on some ranks only, and is agreed on
         layout = mlp.Layout(got.train.features, cfg.hidden, got.train.classes)
-        averaged = job.workers if allreduce or cfg.mode == "sync" else 1
+        K = cfg.model_parallel
+        sliced = mlp.Sliced(layout, K) if K > 1 else None   # w in its slices' order
+        job.topo = Topology(cfg.arch, comm.size, job.servers, sliced.bounds if sliced else ((0, layout.n_w),))
         w, resumed, saved = mlp.init_params(layout, cfg.seed), {}, []
+        if sliced:
+            w = sliced.from_standard(w)
         if cfg.resume:  # every rank reads every shard: workers need all of w too
-            w, resumed, saved = checkpoint.load(cfg.resume, max(job.servers, 1), layout.n_w, cfg.optimizer)
+            w, resumed, saved = checkpoint.load(cfg.resume, max(len(job.topo.shards), 1), layout.n_w,
+                                                cfg.optimizer, K)
             if resumed.get("epoch", 0) >= cfg.epochs:
                 raise checkpoint.CheckpointError(f"{cfg.resume}: its checkpoint has {resumed['epoch']} "
                                                  f"epochs done; ask for more with --epochs")
         if job.rank == 0:
             _check_writable(job.out)
+        averaged = job.topo.replicas if allreduce or cfg.mode == "sync" else 1
         lr = cfg.lr or optimizers.default_lr(cfg.optimizer, cfg.hidden, averaged)
-        made["model"] = Model(got.train, got.test, got.train_points, got.times, layout, w, lr, resumed,
+        made["model"] = Model(got.train, got.test, got.train_points, got.times, layout, sliced, w, lr, resumed,
                               saved, scaling)
     agree(comm, waiter, local, "the other ranks to finish start-up", Agreed)
     model = made["model"]
+    split_replicas(job)
     model.init_end_ns = time.perf_counter_ns()
     return model
 
 
+def split_replicas(job: Job) -> None:
+    """--model-parallel: each replica's communicator (its members sum their logits on
+    it) and, for allreduce, each slice's (its ranks sum their updates on it). Collective."""
+    topo, comm = job.topo, job.comm
+    worker = comm.rank >= job.servers
+    job.replica_comm = comm.Split(topo.replica(comm.rank) if worker and topo.K > 1 else MPI.UNDEFINED, comm.rank)
+    job.slice_comm = (comm.Split(topo.member(comm.rank), comm.rank) if job.cfg.arch == "allreduce" and topo.K > 1
+                      else comm if job.cfg.arch == "allreduce" else None)
+
+
 def load_data(job: Job) -> shares.Loaded:
-    """This rank's share of the training points (servers: none) and, on rank 0, the
-    held-out set, read by --reader; the embedded problem is generated, not read."""
+    """This rank's share of the training points (servers: none; a model-parallel replica's
+    members: the same) and, on rank 0, the held-out set, read by --reader; the embedded
+    problem is generated, not read."""
     cfg = job.cfg
-    which = shares.Job(job.servers, cfg.seed, cfg.classes)
+    which = shares.Job(job.servers, cfg.seed, cfg.classes, cfg.model_parallel)
     if cfg.data is None:
         return shares.embedded(job.rank, job.comm.size, which)
     from .data import readers  # the parsers: only a run with a file imports them
-    return readers.load(job.comm, job.waiter, cfg.data, cfg.test, cfg.reader, which)
+    got = readers.load(job.comm, job.waiter, cfg.data, cfg.test, cfg.reader, which)
+    if cfg.model_parallel > 1:
+        share_with_replica(job, got)
+    return got
+
+
+def share_with_replica(job: Job, got: shares.Loaded) -> None:
+    """The readers give a replica's share to its first rank: it sends the points to the
+    replica's other members, point to point (counted), so all K train the same batches."""
+    comm, K, S = job.comm, job.cfg.model_parallel, job.servers
+    if comm.rank < S:
+        return
+    member = (comm.rank - S) % K
+    X, y, f = got.train.X, got.train.y, got.train.features
+    if member == 0:
+        rows = np.ascontiguousarray(np.column_stack([X, y.astype(np.float64)]))
+        size = np.array([len(rows)], np.int64)
+        reqs = [r for k in range(1, K) for r in (comm.Isend([size, MPI.INT64_T], comm.rank + k, TAG_SHARE),
+                                                  comm.Isend([rows, MPI.DOUBLE], comm.rank + k, TAG_SHARE))]
+        job.waiter.all(reqs, "the replica's members to take its points")
+        job.count("init", (K - 1) * (size.nbytes + rows.nbytes), 0)
+        return
+    size = np.zeros(1, np.int64)
+    first = comm.rank - member
+    job.waiter.all([comm.Irecv([size, MPI.INT64_T], first, TAG_SHARE)], f"rank {first}'s points")
+    rows = np.empty((int(size[0]), f + 1))
+    job.waiter.all([comm.Irecv([rows, MPI.DOUBLE], first, TAG_SHARE)], f"rank {first}'s points")
+    job.count("init", 0, size.nbytes + rows.nbytes)
+    got.train = Dataset(np.ascontiguousarray(rows[:, :f]), rows[:, f].astype(np.int64), got.train.classes)
 
 
 def _check_writable(out: str) -> None:
@@ -229,115 +211,6 @@ def _check_writable(out: str) -> None:
         os.remove(probe)
     except OSError as e:
         raise config.ConfigError(f"cannot write to output folder {out}: {e.strerror}") from None
-
-
-# -- the loop ------------------------------------------------------------------------
-
-def tracker_of(job: Job, m: Model) -> EpochTracker | None:
-    """Epochs and progress lines on rank 0, which sees every update (server 0, or
-    allreduce's rank 0); it evaluates after each epoch when it holds all of w."""
-    if job.rank != 0:
-        return None
-    cfg = job.cfg
-    job.say(f"asgd: {job.comm.size} ranks: {job.servers} server(s), {job.workers} workers ({cfg.arch}, "
-            f"{cfg.mode}); {m.n_train:,} training and {len(m.test):,} held-out points; "
-            f"{m.layout.d_in}-{m.layout.d_hidden}-{m.layout.d_out} MLP, batch {cfg.batch}, lr {m.lr:g}, "
-            f"{cfg.epochs} epochs")
-    if m.first_epoch:
-        job.say(f"resuming from {cfg.resume} after epoch {m.first_epoch}")
-    evaluate = mlp.make_evaluate(m.layout, m.w, m.test) if job.servers <= 1 else None  # needs all of w
-    return EpochTracker(m.n_train, cfg.epochs, evaluate, job.say, cfg.progress, job.clock,
-                        history=list(m.resumed.get("history", [])), epoch=m.first_epoch,
-                        samples=m.first_epoch * m.n_train)
-
-
-def optimizer_of(job: Job, m: Model) -> tuple[optimizers.Optimizer, checkpoint.Checkpointing]:
-    """A server's optimizer for its shard (allreduce's ranks: for all of w), restored from
-    the checkpoint when resuming, and its checkpoints: the shard, the optimizer's state
-    and, on rank 0, the progress."""
-    n = max(job.servers, 1)
-    lo, hi = shard_bounds(m.layout.n_w, n)[job.rank if job.servers else 0]
-    opt = optimizers.Optimizer(job.cfg.optimizer, m.lr, hi - lo)
-    if m.saved_optimizer:
-        opt.load(m.saved_optimizer[job.rank if job.servers else 0])
-    tracker = job.tracker
-    progress = (lambda: {"epoch": tracker.epoch, "samples": tracker.samples,
-                         "history": tracker.history}) if tracker else dict
-    ckpt = checkpoint.Checkpointing(job.out, job.rank, n, (lo, hi), m.layout.n_w, m.w[lo:hi],
-                                    config.checkpoint_every(job.cfg.checkpoint_every), progress,
-                                    state=opt.save, optimizer=opt.name)
-    return opt, ckpt
-
-
-def on_version_of(job: Job, ckpt: checkpoint.Checkpointing | None):
-    """What a new version of w (or of a shard) does: rank 0's progress, then a checkpoint
-    if one is due (after the progress, so a checkpoint's progress matches its weights)."""
-    tracker = job.tracker
-
-    def on_version(rounds: int, loss_sum: float, samples: float) -> None:
-        if tracker:
-            tracker.add(loss_sum, samples)
-        if ckpt:
-            ckpt.maybe(rounds)
-    return on_version
-
-
-def schedule_of(job: Job, m: Model, worker_index: int) -> Schedule:
-    """The mini-batches of worker `worker_index`: sync and allreduce take the same number
-    of steps on every worker (the largest share's), async and ssp their own share's."""
-    cfg = job.cfg
-    lockstep = cfg.mode == "sync" or not job.servers
-    steps = math.ceil(math.ceil(m.n_train / job.workers) / cfg.batch)  # per epoch of the largest share
-    return Schedule(cfg.batch, cfg.epochs, (cfg.seed, worker_index), optimizers.worker_lr(cfg.optimizer, m.lr),
-                    first_epoch=m.first_epoch, steps_per_epoch=steps if lockstep else None,
-                    overlap=not lockstep, progress=cfg.mpi_progress == "step")
-
-
-def serve(job: Job, m: Model) -> dict:
-    """Serve my shard of w (a view: rank 0's w stays whole) until every worker is done;
-    checkpoint as asked (and always when stopped early); then rank 0 gathers all of w."""
-    job.tracker = tracker_of(job, m)
-    opt, ckpt = optimizer_of(job, m)
-    lo, hi = ckpt.shard
-    ep = job.endpoint
-    msgs = shard_messages(job.cfg.compress, m.layout, (lo, hi), m.w[lo:hi], job.workers)
-    st = Server(ep, m.w[lo:hi], job.servers, opt, msgs, on_version_of(job, ckpt)).serve(
-        policy(job.cfg.mode, job.cfg.staleness))
-    if job.cfg.checkpoint_every or st.stopped:
-        ckpt.save(st.rounds)
-    job.count("finish", *gather_shards(ep, m.w, job.servers))
-    return st.record((lo, hi))
-
-
-def work(job: Job, m: Model) -> dict:
-    """Train my share: against the servers, or (allreduce) with every other rank."""
-    S = job.servers
-    step = mlp.make_step(m.layout, job.cfg.batch)
-    plan = schedule_of(job, m, job.rank - S)
-    if S:
-        job.tracker = None
-        shards = shard_bounds(m.layout.n_w, S)
-        link = PushPull(job.endpoint, shards, link_messages(job.cfg.compress, m.layout, shards, m.w))
-        return run_worker(link, m.train.X, m.train.y, step, plan).record()
-    job.tracker = tracker_of(job, m)
-    opt, ckpt = optimizer_of(job, m)  # every rank applies the same updates; rank 0 checkpoints them
-    st = run_allreduce(job.endpoint, m.w, m.train.X, m.train.y, step, opt, plan,
-                       on_version_of(job, ckpt if job.rank == 0 else None), job.cfg.allreduce)
-    if job.rank == 0 and (job.cfg.checkpoint_every or st.stopped):
-        ckpt.save(st.updates)
-    return st.record()
-
-
-def dry_run(job: Job, m: Model) -> dict:
-    """--dry-run: what the loop would have returned had it trained nothing."""
-    if job.role == "server":
-        lo, hi = shard_bounds(m.layout.n_w, job.servers)[job.rank]
-        job.tracker = tracker_of(job, m)
-        return ServerStats(staleness=[[] for _ in range(job.workers)],
-                           step_gap=[[] for _ in range(job.workers)]).record((lo, hi))
-    if not job.servers:
-        job.tracker = tracker_of(job, m)
-    return WorkerStats().record()
 
 
 # -- save ------------------------------------------------------------------------------
@@ -375,18 +248,22 @@ def save(job: Job, m: Model, record: dict) -> None:
         job.say(f"trace: {path} ({info['events']:,} events, {info['flows']:,} message arrows, "
                 f"{info['dropped']:,} dropped)")
     tracker = job.tracker
-    loss, accuracy = (None, None) if cfg.dry_run else tracker.final_metrics(mlp.make_evaluate(m.layout, m.w, m.test))
+    w = m.standard(m.w)   # all of w on rank 0, in the layout's order
+    loss, accuracy = (None, None) if cfg.dry_run else tracker.final_metrics(mlp.make_evaluate(m.layout, w, m.test))
     stopped = any(r.get("stopped") for r in records)
     res = results.build(
-        config={**cfg.to_dict(), "out": job.out, "lr": m.lr, "servers": job.servers, "workers": job.workers,
+        config={**cfg.to_dict(), "out": job.out, "lr": m.lr, "servers": job.topo.owners, "workers": job.workers,
+                "replicas": job.topo.replicas,
                 "worker_lr": optimizers.worker_lr(cfg.optimizer, m.lr),
                 "features": m.layout.d_in, "classes": m.layout.d_out, "n_w": m.layout.n_w,
                 "train_points": m.n_train, "test_points": len(m.test)},
         ranks=records, wall_s=wall, meta=results.machine(comm, job.crowded),
-        server={"updates": records[0]["rounds"] if job.servers else records[0]["updates"],
+        server={"updates": records[0]["rounds"] if job.topo.owners else records[0]["updates"],
                 "samples": tracker.samples, "history": tracker.history, "loss": loss, "accuracy": accuracy})
     res["stopped"] = (signals.requested() or "a stop request") if stopped else None
     res["dry_run"] = cfg.dry_run
+    if tracker.step_losses is not None:   # lockstep runs: every version's mean batch loss
+        res["metrics"]["step_loss"] = tracker.step_losses
     if m.scaling:
         res["standardize"] = {"mean": m.scaling[0].tolist(), "std": m.scaling[1].tolist()}
     path = os.path.join(job.out, "results.json")
@@ -399,7 +276,7 @@ def save(job: Job, m: Model, record: dict) -> None:
     if m.scaling:
         folder.write_scaling(job.out, *m.scaling)
     res["notes"] = convergence_notes(tracker.history, sum(r.get("refused", 0) for r in records))
-    folder.write_weights(job.out, m.w)
+    folder.write_weights(job.out, w)
     results.write(path, res)
     print(results.summary(res, path), flush=True)
     for note in res["notes"]:

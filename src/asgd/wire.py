@@ -9,7 +9,10 @@ Messages (no pickling on the hot path), as a server s that owns w[lo:hi] sees th
     done  worker -> s, TAG_DONE: [ 0.0 ]  after the worker's last exchange
 A header is float64 values after the payload (a push's `version` is the version of the
 shard its Delta-w was computed from, a pull's the version it carries: staleness =
-version at apply - push version; `stop` 1.0 carries a stop request, a signal). With
+version at apply - push version; `stop` 1.0 carries a stop request, a signal; `cut` is
+the number of the last checkpoint cut the worker had heard of from server 0 when it
+pushed (a push past cut c is not in cut c), and a reply's the last cut its server
+started: protocol.server's consistent checkpoints). With
 --compress 1bit a message is bytes: [ header | 2 float64 scales per column | bits, each
 column's from a byte boundary ] (protocol.onebit).
 
@@ -24,16 +27,18 @@ import numpy as np
 TAG_PUSH, TAG_PULL, TAG_DONE, TAG_CLOCK, TAG_SHARD = 11, 12, 13, 14, 15
 TAG_RECORD = 16     # the end-of-run records, each rank's to rank 0
 TAG_RING = 17       # --arch allreduce's ring: a chunk to the next rank
+TAG_REPLICA = 18    # --model-parallel: a replica's partial logits and their sum
+TAG_SHARE = 19      # --model-parallel: a replica's data share, its first rank's to the others
 TAG_TURN = 21       # the sequential reader's token
 TAG_PROBE = 31      # asgd.testbed.model.probe's ping-pong
 
 DOUBLE = 8          # bytes of a float64: every value of w and of a header
 
-PUSH_FIELDS = ("version", "loss_sum", "samples", "step", "stop")   # step: the worker's, names it in traces
-PULL_FIELDS = ("version", "stop")
+PUSH_FIELDS = ("version", "loss_sum", "samples", "step", "stop", "cut")   # step: the worker's, names it in traces
+PULL_FIELDS = ("version", "stop", "cut")
 PUSH_HEADER, PULL_HEADER = len(PUSH_FIELDS), len(PULL_FIELDS)
-P_VERSION, P_LOSS, P_SAMPLES, P_STEP, P_STOP = range(PUSH_HEADER)   # a push header's fields
-R_VERSION, R_STOP = range(PULL_HEADER)                              # a pull (reply) header's fields
+P_VERSION, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_CUT = range(PUSH_HEADER)   # a push header's fields
+R_VERSION, R_STOP, R_CUT = range(PULL_HEADER)                              # a pull (reply) header's fields
 DONE_BYTES = DOUBLE
 
 
@@ -41,6 +46,28 @@ def shard_bounds(n_w: int, servers: int) -> list[tuple[int, int]]:
     """Contiguous [lo, hi) per server, sizes within one element of each other."""
     edges = [n_w * s // servers for s in range(servers + 1)]
     return list(zip(edges[:-1], edges[1:]))
+
+
+def slice_shards(slices: list[tuple[int, int]], servers: int) -> list[tuple[int, int]]:
+    """The shards of a vector cut into model-parallel slices (each a contiguous [a, b)),
+    so that a worker holding one slice talks only to its slice's servers: with at least
+    as many servers as slices, each slice split among servers of its own as evenly as
+    possible (one shard a server); with fewer, one shard a slice, which slice_hosts
+    gives to the servers a few slices each. No shard crosses a slice's bound. One
+    slice: shard_bounds."""
+    K = len(slices)
+    n = max(servers, K)
+    out = []
+    for k, (a, b) in enumerate(slices):
+        mine = n // K + (1 if k < n % K else 0)
+        out += [(a + lo, a + hi) for lo, hi in shard_bounds(b - a, mine)]
+    return out
+
+
+def slice_hosts(shards: int, servers: int) -> list[int]:
+    """The server (0..servers-1) each of slice_shards' shards lives on: its own, or with
+    fewer servers than shards, consecutive shards grouped as evenly as possible."""
+    return [v * servers // shards for v in range(shards)]
 
 
 def column_bits_bytes(cols: np.ndarray) -> int:

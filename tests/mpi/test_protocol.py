@@ -13,12 +13,13 @@ from asgd.data import problem
 from asgd.mpiutil import StallError, Waiter, oversubscribed
 from asgd.wire import shard_bounds
 from asgd.run.progress import EpochTracker
-from asgd.net.optimizers import Optimizer, reference, worker_lr
+from asgd.net.optimizers import Optimizer, worker_lr
 from asgd.protocol.context import Endpoint, Schedule
 from asgd.protocol.messages import Float64Link, link_messages, shard_messages
 from asgd.protocol.server import Server, policy
 from asgd.run.trace import PhaseClock
 from asgd.protocol.worker import PushPull, run_worker
+from oracles import optimizer_steps as reference
 
 pytestmark = pytest.mark.mpi(min_size=3)
 
@@ -237,3 +238,69 @@ def test_one_bit_exchanges_lose_nothing_and_keep_the_copies_equal(servers):
                 np.testing.assert_array_equal(x["w"][lo:hi], s["views"][j])
         for x in workers:
             np.testing.assert_allclose(x["pushed"] + x["residual"], x["computed"], rtol=0, atol=1e-12)
+
+
+class CutRecorder:
+    """A server's checkpoints: a cut every `every` seconds (asked on server 0 only, as
+    --checkpoint-every Ns), and at each save the set of pushes this shard has applied
+    (their ids, from on_version). `slow`: seconds each update takes, so pushes queue up
+    and this server takes them in another order than a fast one."""
+
+    def __init__(self, every, slow=0.0):
+        self.every, self.slow, self.last, self.applied, self.saved = every, slow, time.monotonic(), [], {}
+
+    def on_version(self, rounds, loss_sum, samples):
+        self.applied.append(int(loss_sum))   # the test's step makes loss * m a push's id
+        time.sleep(self.slow)
+
+    def due(self, rounds):
+        return time.monotonic() - self.last >= self.every
+
+    def save(self, rounds, cut):
+        self.last = time.monotonic()
+        self.saved[cut] = (rounds, sorted(self.applied))
+
+
+@pytest.mark.parametrize("mode", ["async", "ssp"])
+def test_every_servers_checkpoint_of_a_cut_holds_the_same_pushes(mode):
+    """Two servers, one worker slowed: cut c's file on every shard is the same set of
+    pushes applied (one consistent model), whatever order they arrived in; ssp's bound
+    holds through the cuts, and no push is lost or applied twice."""
+    comm = MPI.COMM_WORLD
+    servers, K = 2, 1
+    layout = mlp.Layout(2, 20, 2)
+    w0 = mlp.init_params(layout, 0)
+    shards = shard_bounds(layout.n_w, servers)
+    waiter = Waiter(oversubscribed(comm), time.monotonic() + 60, f"rank {comm.rank}")
+    clock = PhaseClock("init")
+    if comm.rank < servers:
+        lo, hi = shards[comm.rank]
+        rec = CutRecorder(every=0.02, slow=0.003 * comm.rank)
+        srv = Server(Endpoint(comm, waiter, clock), w0[lo:hi].copy(), servers,
+                     on_version=rec.on_version, checkpoints=rec)
+        st = srv.serve(policy(mode, K))
+        mine = {"saved": rec.saved, "applied": sorted(rec.applied), "cuts": st.cuts,
+                "gap": max((max(g, default=0) for g in st.step_gap), default=0)}
+    else:
+        train = problem.rings(240, comm.rank)
+        pushes = [0]
+
+        def step(w, X, y, lr, dw, progress=None):
+            time.sleep(0.001 * (comm.rank - servers))   # workers of different speeds: pushes interleave
+            dw[:] = 1e-6
+            pushes[0] += 1
+            return float(comm.rank * 1000 + pushes[0]) / len(y)   # loss * m = this push's id
+        link = PushPull(Endpoint(comm, waiter, clock), shards, Float64Link(shards, w0))
+        run_worker(link, train.X, train.y, step, Schedule(8, 1, (0, comm.rank), 1.0))
+        mine = {"ids": [comm.rank * 1000 + k for k in range(1, pushes[0] + 1)]}
+    got = comm.gather(mine, root=0)
+    if comm.rank == 0:
+        srvs, workers = got[:servers], got[servers:]
+        every_push = sorted(i for x in workers for i in x["ids"])
+        assert srvs[0]["cuts"] >= 3 and srvs[0]["cuts"] == srvs[1]["cuts"]
+        for s in srvs:
+            assert s["applied"] == every_push
+        for cut in srvs[0]["saved"]:
+            assert srvs[0]["saved"][cut][1] == srvs[1]["saved"][cut][1], cut
+        if mode == "ssp":
+            assert max(s["gap"] for s in srvs) <= K

@@ -23,7 +23,7 @@ from .problem import DEFAULT_POINTS, rings
 from . import READERS
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m asgd.data", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--standardize", action="store_true",
                    help="also compute the feature statistics as asgd.train --standardize does (into --out's files)")
     k.add_argument("--out", help="write DIR/<file stem>-<reader>-n<size>.npz: every rank's lines, X, y")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     try:
         a = p.parse_args(argv)
     except SystemExit as e:

@@ -115,7 +115,8 @@ def _whole_share(comm, path, holdout, job, times) -> dict:
     times.enter("shuffle")
     n = len(y)
     _check_train(path, n, max_label, job.classes, holdout)
-    owner = assign(n, job.seed, job.servers, comm.size - job.servers, holdout)  # every line: CNTK's way
+    workers, stride = job.owners(comm.size)
+    owner = assign(n, job.seed, job.servers, workers, holdout, stride=stride)  # every line: CNTK's way
     got = {"meta": {"n": n, "features": features, "max_label": max_label}}
     for key, who in (("mine", comm.rank), ("held", HELD_OUT if comm.rank == EVALUATOR else None)):
         if who is not None:
@@ -135,7 +136,8 @@ def _parallel(comm, waiter, path, test_file, job, times) -> Loaded:
     if test:
         meta["test_meta"] = (test["max_label"], test["features"])
     _check_train(path, n, train["max_label"], job.classes, test is None)  # every rank alike
-    owner = assign(n, job.seed, job.servers, comm.size - job.servers, test is None, train["lines"])
+    workers, stride = job.owners(comm.size)
+    owner = assign(n, job.seed, job.servers, workers, test is None, train["lines"], stride)
     kept = owner != HELD_OUT
     held = test or _take(train, ~kept)
     traffic = {"sent": 0, "recv": 0}

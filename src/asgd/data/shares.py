@@ -33,17 +33,18 @@ class Loaded:
 
 
 def assign(n: int, seed: int, servers: int, workers: int, holdout: bool,
-           rows: np.ndarray | None = None) -> np.ndarray:
+           rows: np.ndarray | None = None, stride: int = 1) -> np.ndarray:
     """Owner rank of points `rows` (default: all n): a seeded random 1/workers to each
-    worker rank servers..servers+workers-1 (sizes differ by at most one); with holdout,
-    a random 1/8 is HELD_OUT first (rank 0's test set). Point i goes by its place p(i)
-    in a seeded random permutation of 0..n-1, computed for just these rows (O(rows),
+    worker rank servers + j * stride, j < workers (sizes differ by at most one; stride K:
+    model-parallel replicas of K ranks, the points to each replica's first); with
+    holdout, a random 1/8 is HELD_OUT first (rank 0's test set). Point i goes by its place
+    p(i) in a seeded random permutation of 0..n-1, computed for just these rows (O(rows),
     not O(n): the parallel reader only knows its own rows)."""
     rows = np.arange(n) if rows is None else rows
     key = np.random.default_rng([seed, HOLDOUT]).integers(0, 2**63, 4, dtype=np.uint64)
     p = _permuted(rows.astype(np.int64), n, key)
     cut = n // HOLDOUT if holdout else 0
-    return np.where(p < cut, HELD_OUT, servers + (p - cut) % workers).astype(np.int32)
+    return np.where(p < cut, HELD_OUT, servers + (p - cut) % workers * stride).astype(np.int32)
 
 
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -89,6 +90,11 @@ class Job:
     servers: int          # ranks 0..servers-1 hold no training points (0: all are workers)
     seed: int = 0
     classes: int | None = None
+    replica: int = 1      # --model-parallel K: workers come in replicas of K ranks that train the same points
+
+    def owners(self, size: int) -> tuple[int, int]:
+        """(workers, stride) for assign: one share per replica, to its first rank."""
+        return (size - self.servers) // self.replica, self.replica
 
 
 def embedded(rank: int, size: int, job: Job = Job(1)) -> Loaded:
@@ -99,7 +105,9 @@ def embedded(rank: int, size: int, job: Job = Job(1)) -> Loaded:
     train, test = problem.default_problem(job.seed)
     k = job.classes or max(train.classes, test.classes)
     if rank >= job.servers:
-        mine = np.flatnonzero(assign(len(train), job.seed, job.servers, size - job.servers, holdout=False) == rank)
+        first = rank - (rank - job.servers) % job.replica   # my replica's first rank: its share is mine too
+        workers, stride = job.owners(size)
+        mine = np.flatnonzero(assign(len(train), job.seed, job.servers, workers, False, stride=stride) == first)
     else:
         mine = np.empty(0, np.int64)  # a server holds no training points
     evaluator = rank == EVALUATOR

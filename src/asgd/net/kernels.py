@@ -334,7 +334,7 @@ def step_block(scratch) -> int:
 
 @njit(**_FAST)
 def sgd_step(W1, b1, W2, b2, X, y, lr, dW1, db1, dW2, db2, scratch):
-    """Write Delta-w = -lr * grad(mean softmax cross-entropy) into dW1, db1, dW2, db2; return the mean loss (= mlp.reference_step).
+    """Write Delta-w = -lr * grad(mean softmax cross-entropy) into dW1, db1, dW2, db2; return the mean loss (= net.reference.step).
     One call of step_begin, step_rows over the whole batch and step_end; the worker calls
     those three itself (mlp.make_step), splitting the middle one while an exchange is in
     flight."""

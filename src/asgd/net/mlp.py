@@ -98,41 +98,6 @@ def init_params(layout: Layout, seed: int) -> np.ndarray:
     return w
 
 
-def reference_step(layout: Layout, w: np.ndarray, X: np.ndarray, y: np.ndarray,
-                   lr: float, dw: np.ndarray) -> float:
-    """Plain numpy training step: writes Delta-w = -lr * grad(mean loss) into dw and
-    returns the batch's mean loss at w. The test oracle and the benchmark baseline."""
-    W1, b1, W2, b2 = layout.views(w)
-    dW1, db1, dW2, db2 = layout.views(dw)
-    B = len(y)
-    h = 1.0 / (1.0 + np.exp(-(X @ W1 + b1)))
-    z = h @ W2 + b2
-    z -= z.max(axis=1, keepdims=True)
-    p = np.exp(z)
-    s = p.sum(axis=1, keepdims=True)
-    loss = np.mean(np.log(s[:, 0]) - z[np.arange(B), y])  # log-sum-exp: finite when p -> 0
-    p /= s
-    dz = p
-    dz[np.arange(B), y] -= 1.0
-    dz *= -lr / B
-    dW2[:] = h.T @ dz
-    db2[:] = dz.sum(axis=0)
-    dh = (dz @ W2.T) * h * (1.0 - h)
-    dW1[:] = X.T @ dh
-    db1[:] = dh.sum(axis=0)
-    return float(loss)
-
-
-def reference_predict(layout: Layout, w: np.ndarray, X: np.ndarray) -> np.ndarray:
-    """Class probabilities (n, d_out) with numpy."""
-    W1, b1, W2, b2 = layout.views(w)
-    h = 1.0 / (1.0 + np.exp(-(X @ W1 + b1)))
-    z = h @ W2 + b2
-    z -= z.max(axis=1, keepdims=True)
-    p = np.exp(z)
-    return p / p.sum(axis=1, keepdims=True)
-
-
 # -- the numba kernels behind the flat layout (the training hot path) --------------
 
 PROGRESS_S = 0.5e-3   # the step's work between two progress() calls, while they say False
@@ -140,7 +105,7 @@ PROGRESS_S = 0.5e-3   # the step's work between two progress() calls, while they
 
 def make_step(layout: Layout, batch: int):
     """step(w, X, y, lr, dw, progress=None) -> loss: the numba training step with its
-    scratch allocated once; same contract as reference_step.
+    scratch allocated once; same contract as net.reference.step.
 
     progress: a callable the step calls about every PROGRESS_S of its work (between calls
     of step_rows over a few samples, a multiple of 4, sized from the time the last call

@@ -54,6 +54,11 @@ class Optimizer:
         else:
             kernels.adam_update(w, s["m"], s["v"], d, self.lr, BETAS[0], BETAS[1], EPS, self.t)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its state."""
+        return sum(v.nbytes for v in self.state.values())
+
     def save(self) -> dict:
         """The state as arrays, for a checkpoint (t as a 0-d array)."""
         return {**{f"opt_{k}": v for k, v in self.state.items()}, "opt_t": np.array(self.t)}
@@ -85,29 +90,3 @@ def default_lr(name: str, hidden: int, averaged_workers: int = 1) -> float:
     if name == "momentum":
         return 0.3 / hidden * averaged_workers
     return {"adagrad": 0.01, "adam": 0.001}[name]
-
-
-def reference(name: str, lr: float, w: np.ndarray, ds, scales) -> np.ndarray:
-    """The optimizer's textbook update in plain numpy, from w over a sequence of
-    directions d (-gradient; for sgd the Delta-w itself), each times its scale: the test
-    oracle of Optimizer.step."""
-    w = w.copy()
-    v = np.zeros_like(w)
-    m = np.zeros_like(w)
-    g2 = np.zeros_like(w)
-    for t, (d, c) in enumerate(zip(ds, scales), 1):
-        d = d * c
-        if name == "sgd":
-            w += d
-        elif name == "momentum":
-            v = MOMENTUM * v + lr * d
-            w += v
-        elif name == "adagrad":
-            g2 += d * d
-            w += lr * d / (np.sqrt(g2) + EPS)
-        else:
-            b1, b2 = BETAS
-            m = b1 * m + (1 - b1) * d
-            v = b2 * v + (1 - b2) * d * d
-            w += lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + EPS)
-    return w

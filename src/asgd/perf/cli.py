@@ -129,7 +129,7 @@ def paper_total(p: Params, run: Run) -> float:
 
 def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
     """One row per usable run: its configuration, predicted and measured seconds and the
-    APE per phase. Runs the model does not cover (allreduce, stopped early, resumed) are
+    APE per phase. Runs the model does not cover (p2p, allreduce, stopped early, resumed) are
     skipped, with the reason."""
     rows, skipped = [], []
     for path in paths:
@@ -141,7 +141,7 @@ def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
             skipped.append(f"{path}: unreadable ({e})")
             continue
         c = res.get("config", {})
-        why = ("allreduce (the model covers parameter servers)" if c.get("arch") == "allreduce" else
+        why = (f"{c['arch']} (the model covers parameter servers)" if c.get("arch", "ps") != "ps" else
                "stopped early" if res.get("stopped") else "resumed from a checkpoint" if c.get("resume") else None)
         if why:
             skipped.append(f"{path}: {why}")
@@ -221,7 +221,7 @@ def _data_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--epochs", type=positive_int, default=1, help="passes over the data (default 1)")
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m asgd.perf", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -266,7 +266,11 @@ def parse_args(argv):
 
     rp = sub.add_parser("report", help="the paper's profiling figures from runs' results.json")
     report.add_arguments(rp)
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv):
+    return build_parser().parse_args(argv)
 
 
 def _fmt_s(x: float) -> str:

@@ -81,6 +81,11 @@ class Float64Link:
         for t in self.push_types + self.pull_types:
             t.Free()
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of parameter-sized buffers it holds (results.json's weight_bytes)."""
+        return sum(a.nbytes for a in (*self.pushes, self.cur, self.nxt))
+
 
 class OneBitLink:
     def __init__(self, shards: list[tuple[int, int]], w0: np.ndarray, pushes: list[OneBit], pulls: list[OneBit]):
@@ -129,6 +134,10 @@ class OneBitLink:
     def close(self) -> None:
         pass
 
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self._w, self.dw, self.residual, *self.out, *self.inbox))
+
 
 # -- the server's side ------------------------------------------------------------------
 
@@ -158,6 +167,10 @@ class Float64Shard:
         out[:self.n] = w
         return out, out[self.n:]
 
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (*self.recv, *self.send))
+
 
 class OneBitShard:
     """A server's buffers for 1-bit messages: pushes decoded into a float64 buffer per
@@ -185,6 +198,10 @@ class OneBitShard:
         pull, out = self.codecs[1], self.send[j]
         pull.encode_diff(w, self.views[j], out)
         return out, pull.head(out)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (*self.recv, *self.send, *self.deltas, *self.views))
 
 
 # -- choosing them (asgd.train's --compress) ---------------------------------------------

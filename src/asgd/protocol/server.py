@@ -17,6 +17,17 @@ answered, so a held push's buffer stays untouched. Replies go out of the worker'
 send buffer, since the shard keeps changing while a reply is in flight. How the messages
 sit in memory (float64, or 1-bit with a copy of the shard per worker) is the message
 strategy's (protocol.messages).
+
+Checkpoints are consistent cuts (Chandy and Lamport's idea, carried by the workers):
+server 0 starts cut c when --checkpoint-every says so and stamps c on its replies; a
+worker stamps each push with the last cut it heard of, and sends the same push to every
+server, so every server splits the pushes alike: those stamped below c are in the cut,
+the rest are not. A server applies the ones in the cut and holds (received and counted,
+not applied nor answered) each worker's first one past it, until every active worker's
+has come (a retired worker's pushes all precede the cut); then it saves its shard as
+cut c and goes on with the held pushes. Every shard's file of cut c is then the same
+pushes applied: one model. A worker is held at most for one push; ssp's bound counts a
+held push as taken, so it never waits on a cut.
 """
 
 from __future__ import annotations
@@ -29,8 +40,8 @@ from mpi4py import MPI
 
 from ..net import kernels
 from ..net.optimizers import Optimizer
-from ..wire import (DONE_BYTES, DOUBLE, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_STOP, R_VERSION, RECV, SEND,
-                    TAG_DONE, TAG_PULL, TAG_PUSH, TAG_SHARD, flow_id, shard_bounds)
+from ..wire import (DONE_BYTES, DOUBLE, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_CUT, R_STOP,
+                    R_VERSION, RECV, SEND, TAG_DONE, TAG_PULL, TAG_PUSH, TAG_SHARD, flow_id, shard_bounds)
 from .context import Endpoint
 from .messages import Float64Shard
 
@@ -51,62 +62,95 @@ class ServerStats:
     step_gap: list = field(default_factory=list)   # per worker: steps ahead of the slowest
     refused: int = 0   # Delta-w with NaN or inf, not applied
     stopped: bool = False  # a stop request ended the run early
+    cuts: int = 0      # checkpoint cuts completed
 
-    def record(self, shard: tuple[int, int]) -> dict:
-        """This server's entry of results.json's `ranks` (train.py adds the rest)."""
+    def record(self, shard: tuple[int, int], ranks: list[int]) -> dict:
+        """This server's entry of results.json's `ranks` (the run adds the rest); its
+        workers' staleness and step-gap histograms by their rank."""
         return {"role": "server", "stopped": self.stopped, "refused": self.refused,
                 "updates": self.updates, "rounds": self.rounds, "bytes_sent": self.bytes_sent,
-                "bytes_recv": self.bytes_recv, "shard": list(shard), "requests": self.updates,
-                "staleness_hist": [np.bincount(v).tolist() for v in self.staleness],
-                "step_gap_hist": [np.bincount(v).tolist() for v in self.step_gap]}
+                "bytes_recv": self.bytes_recv, "shard": list(shard), "requests": self.updates, "cuts": self.cuts,
+                "staleness_hist": {r: np.bincount(v).tolist() for r, v in zip(ranks, self.staleness)},
+                "step_gap_hist": {r: np.bincount(v).tolist() for r, v in zip(ranks, self.step_gap)}}
 
 
 class Server:
-    def __init__(self, ep: Endpoint, w: np.ndarray, first_worker: int, optimizer: Optimizer | None = None,
-                 messages=None, on_version=None):
-        """w: my shard (a live view); workers are ranks first_worker..; optimizer: what an
+    def __init__(self, ep: Endpoint, w: np.ndarray, workers, optimizer: Optimizer | None = None,
+                 messages=None, on_version=None, checkpoints=None, leader: bool | None = None):
+        """w: my shard (a live view); workers: the ranks that push to it (a list), or the
+        first of them (an int: that rank and every one after it); optimizer: what an
         update does to w, with its state for my shard (default: sgd, w += Delta-w);
         messages: my side's message strategy (default: float64, protocol.messages);
         on_version(rounds, loss_sum, samples): after each new version of the shard
-        (progress, checkpoints)."""
+        (progress); checkpoints: due(rounds) (asked of the leader, which starts the cuts:
+        default the server on rank 0) and save(rounds, cut)
+        (asgd.run.checkpoint.Checkpointing), or None."""
         comm = ep.comm
         self.ep, self.comm, self.w, self.waiter, self.clock = ep, comm, w, ep.waiter, ep.clock
-        self.first, self.W = first_worker, comm.size - first_worker
+        self.ranks = list(range(workers, comm.size)) if isinstance(workers, int) else list(workers)
+        self.W = len(self.ranks)
+        self.leader = comm.rank == 0 if leader is None else leader
         self.optimizer = optimizer or Optimizer("sgd", 1.0, len(w))
         self.msgs = messages or Float64Shard(w, self.W)
         self.on_version = on_version or (lambda rounds, loss_sum, samples: None)
         self.stopping = False  # a stop request: replies tell the workers to stop
-        self.pushes = [comm.Recv_init([self.msgs.recv[j], self.msgs.kind], first_worker + j, TAG_PUSH)
-                       for j in range(self.W)]
+        self.pushes = [comm.Recv_init([self.msgs.recv[j], self.msgs.kind], r, TAG_PUSH)
+                       for j, r in enumerate(self.ranks)]
         self._done = [np.empty(1) for _ in range(self.W)]
-        self.dones = [comm.Irecv([self._done[j], MPI.DOUBLE], first_worker + j, TAG_DONE)
-                      for j in range(self.W)]
+        self.dones = [comm.Irecv([self._done[j], MPI.DOUBLE], r, TAG_DONE) for j, r in enumerate(self.ranks)]
+        self.requests = self.pushes + self.dones
         self.replies = [MPI.REQUEST_NULL] * self.W
         self.active = np.ones(self.W, bool)
         self.steps = np.zeros(self.W, np.int64)  # pushes taken per worker
         self.st = ServerStats(staleness=[[] for _ in range(self.W)], step_gap=[[] for _ in range(self.W)])
         self.refused_in_a_row = 0
+        self.checkpoints = checkpoints
+        self.collecting = 0                  # the cut being collected (0: none)
+        self.past = np.zeros(self.W, bool)   # whose push past it has come
+        self.held: list[tuple] = []          # (j, dw, loss_sum, m) past it, not yet taken
         MPI.Prequest.Startall(self.pushes)
 
     # -- the loop --------------------------------------------------------------------
 
     def serve(self, policy: Policy) -> ServerStats:
         """Answer pushes as `policy` says until every worker has sent its end-of-work message."""
-        requests = self.pushes + self.dones
         while self.active.any():
             self.clock.switch("idle")
-            i = self.waiter.any(requests, lambda: "a push from any of the worker ranks "
-                                f"{[self.first + j for j in np.flatnonzero(self.active)]}")
+            i = self.waiter.any(self.requests, lambda: "a push from any of the worker ranks "
+                                f"{[self.ranks[j] for j in np.flatnonzero(self.active)]}")
             self.clock.switch("aggregate")
-            if i >= self.W:  # a done arrives only after its sender took the reply to its last push
-                self.active[i - self.W] = False
-                self.st.bytes_recv += DONE_BYTES
-            else:
-                self.handle(i, policy)
-            for j in policy.answerable(self):
-                self.reply(j)
-        self.st.stopped = self.stopping or self.ep.stop_requested()
+            self.event(i, policy)
         return self.finish()
+
+    def poll(self, policy: Policy) -> bool:
+        """Serve what has arrived, without waiting (a p2p owner, between its own steps'
+        blocks and while it waits); True if anything was. The rank's phase and trace step
+        are its own again afterwards."""
+        did = False
+        while self.active.any():
+            i, flag = MPI.Request.Testany(self.requests)
+            if not flag or i == MPI.UNDEFINED:
+                break
+            if not did:
+                phase, step = self.clock.phase, self.clock.step
+                self.clock.switch("aggregate")
+            self.event(i, policy)
+            did = True
+        if did:
+            self.clock.switch(phase)
+            self.clock.step = step
+        return did
+
+    def event(self, i: int, policy: Policy) -> None:
+        """Request i has completed: a push (i < W) or worker i - W's end-of-work message."""
+        if i >= self.W:  # a done arrives only after its sender took the reply to its last push
+            self.active[i - self.W] = False
+            self.st.bytes_recv += DONE_BYTES if self.ranks[i - self.W] != self.comm.rank else 0
+            self.maybe_cut(policy)
+        else:
+            self.handle(i, policy)
+        for j in policy.answerable(self):
+            self.reply(j)
 
     def handle(self, j: int, policy: Policy) -> None:
         """Worker j's push has arrived: account for it, then the policy applies or holds it."""
@@ -115,15 +159,47 @@ class Server:
         self.stopping |= bool(head[P_STOP]) or self.ep.stop_requested()
         nbytes = self.msgs.push_nbytes
         self.clock.step = step  # the trace window counts worker steps
-        self.clock.message(RECV, self.first + j, nbytes, flow_id(self.first + j, self.comm.rank, step, False))
+        self.clock.message(RECV, self.ranks[j], nbytes, flow_id(self.ranks[j], self.comm.rank, step, False))
         self.st.staleness[j].append(self.st.rounds - int(version))
         self.st.updates += 1
-        self.st.bytes_recv += nbytes
+        self.st.bytes_recv += nbytes if self.ranks[j] != self.comm.rank else 0   # a p2p owner's own: no wire
         self.steps[j] += 1
         dw = self.msgs.delta(j)
         if not self.acceptable(j, dw, loss_sum):
             dw, loss_sum, m = None, 0.0, 0.0  # a refused update adds no samples to the progress
-        policy.take(self, j, dw, loss_sum, m)
+        self.route(policy, j, int(head[P_CUT]), dw, loss_sum, m)
+
+    # -- consistent checkpoint cuts (module docstring) --------------------------------
+
+    def route(self, policy: Policy, j: int, cut: int, dw, loss_sum: float, m: float) -> None:
+        """Worker j's accounted push, stamped `cut`: to the policy, or held past a cut."""
+        if not self.collecting and cut > self.st.cuts:   # a cut server 0 started: collect it too
+            self.start_cut()
+        if self.collecting and cut >= self.collecting:
+            self.past[j] = True
+            self.held.append((j, cut, dw, loss_sum, m))
+            self.maybe_cut(policy)
+        else:
+            policy.take(self, j, dw, loss_sum, m)
+
+    def start_cut(self) -> None:
+        self.collecting = self.st.cuts + 1
+        self.past[:] = False
+
+    def maybe_cut(self, policy: Policy) -> None:
+        """Every active worker's push past the cut has come: save my shard as the cut,
+        then go on with the held pushes (which may start the next cut)."""
+        if not self.collecting or not (self.past | ~self.active).all():
+            return
+        if self.past.any():
+            self.checkpoints.save(self.st.rounds, self.collecting)
+            self.st.cuts = self.collecting
+        # else every worker retired and none pushed past it: server 0's own cut, started
+        # at the end and never announced, which no other server saves; the final one will
+        self.collecting = 0
+        held, self.held = self.held, []
+        for j, cut, dw, loss_sum, m in held:
+            self.route(policy, j, cut, dw, loss_sum, m)
 
     def apply(self, d: np.ndarray | None) -> None:
         """The optimizer moves my shard along d (None: a refused update, nothing moves)."""
@@ -133,7 +209,10 @@ class Server:
     def new_version(self, loss_sum: float, samples: float) -> None:
         """The shard has a new version; count it, report the samples it took in."""
         self.st.rounds += 1
-        self.on_version(self.st.rounds, loss_sum, samples)  # a checkpoint's progress then matches its weights
+        self.on_version(self.st.rounds, loss_sum, samples)
+        if (self.leader and self.checkpoints and not self.collecting
+                and self.checkpoints.due(self.st.rounds)):
+            self.start_cut()   # before this version's replies go out: they carry it
 
     def acceptable(self, j: int, dw: np.ndarray, loss_sum: float) -> bool:
         """False for a Delta-w or loss with NaN or inf: refused (not applied) and counted;
@@ -146,28 +225,36 @@ class Server:
         if self.refused_in_a_row >= DIVERGED_AFTER:
             raise DivergenceError(
                 f"server rank {self.comm.rank} refused {self.refused_in_a_row} updates in a row with NaN "
-                f"or inf values (the last from worker rank {self.first + j}): training diverged; "
+                f"or inf values (the last from worker rank {self.ranks[j]}): training diverged; "
                 "lower --lr")
         return False
 
     def reply(self, j: int) -> None:
         """Send worker j the current shard, then re-arm its receive."""
         if self.replies[j] != MPI.REQUEST_NULL:  # the previous reply: done long ago in practice
-            self.waiter.all([self.replies[j]], f"worker rank {self.first + j} to take its previous reply")
+            self.waiter.all([self.replies[j]], f"worker rank {self.ranks[j]} to take its previous reply")
         out, head = self.msgs.reply(j, self.w)
-        head[R_VERSION], head[R_STOP] = self.st.rounds, self.stopping
-        self.replies[j] = self.comm.Isend([out, self.msgs.kind], self.first + j, TAG_PULL)
+        head[R_VERSION], head[R_STOP], head[R_CUT] = self.st.rounds, self.stopping, self.collecting or self.st.cuts
+        self.replies[j] = self.comm.Isend([out, self.msgs.kind], self.ranks[j], TAG_PULL)
         step = int(self.msgs.header(j)[P_STEP])
         nbytes = self.msgs.pull_nbytes
-        self.clock.message(SEND, self.first + j, nbytes, flow_id(self.first + j, self.comm.rank, step, True))
-        self.st.bytes_sent += nbytes
+        self.clock.message(SEND, self.ranks[j], nbytes, flow_id(self.ranks[j], self.comm.rank, step, True))
+        self.st.bytes_sent += nbytes if self.ranks[j] != self.comm.rank else 0
         self.pushes[j].Start()
 
     def gap(self, j: int) -> int:
         """How many steps worker j is ahead of the slowest active worker."""
         return int(self.steps[j] - self.steps[self.active].min()) if self.active.any() else 0
 
+    def record(self, shard: tuple[int, int]) -> dict:
+        """This server's entry of results.json's `ranks`, with the bytes of parameter-sized
+        arrays it held (its shard, the optimizer's state, its message buffers)."""
+        rec = self.st.record(shard, self.ranks)
+        rec["weight_bytes"] = self.w.nbytes + self.optimizer.nbytes + self.msgs.nbytes
+        return rec
+
     def finish(self) -> ServerStats:
+        self.st.stopped = self.stopping or self.ep.stop_requested()
         self.clock.switch("idle")
         self.waiter.all(self.dones, "every worker's end-of-work message")
         for p in self.pushes:  # every worker is done: withdraw the receives still posted
@@ -176,6 +263,24 @@ class Server:
             p.Free()
         self.waiter.all(self.replies, "workers to take their last replies")
         return self.st
+
+
+def serve_all(servers: list[Server], policies: list[Policy]) -> list[ServerStats]:
+    """Serve several shards on one rank (more model-parallel slices than servers: one
+    Server each, their workers apart) until all their workers are done, with one wait
+    over all their requests."""
+    if len(servers) == 1:
+        return [servers[0].serve(policies[0])]
+    first = servers[0]
+    where = [(k, i) for k, srv in enumerate(servers) for i in range(len(srv.requests))]
+    requests = [r for srv in servers for r in srv.requests]
+    while any(srv.active.any() for srv in servers):
+        first.clock.switch("idle")
+        i = first.waiter.any(requests, "a push to any of this rank's shards")
+        first.clock.switch("aggregate")
+        k, j = where[i]
+        servers[k].event(j, policies[k])
+    return [srv.finish() for srv in servers]
 
 
 # -- reply policies: what to apply, and whom to answer --------------------------------
@@ -259,19 +364,18 @@ def policy(mode: str, staleness: int) -> Policy:
     return {"async": Async, "ssp": lambda: SSP(staleness), "sync": Sync}[mode]()
 
 
-def gather_shards(ep: Endpoint, w: np.ndarray, servers: int) -> tuple[int, int]:
-    """After serving: the other servers send their shards of w to rank 0, which then
-    holds all of w (to evaluate and save it). Returns this rank's (sent, received) bytes."""
-    if servers < 2:
-        return 0, 0
-    comm = ep.comm
-    shards = shard_bounds(len(w), servers)
-    if comm.rank == 0:
-        reqs = [comm.Irecv(w[a:b], s, TAG_SHARD) for s, (a, b) in enumerate(shards) if s]
-        moved = (0, DOUBLE * sum(b - a for a, b in shards[1:]))
+def gather_shards(ep: Endpoint, w: np.ndarray | None, shards: list[tuple[int, int]], hosts: list[int],
+                  parts: dict | None = None) -> tuple[int, int]:
+    """After training: each shard's host (hosts[v], a rank) sends its part of w, parts[v],
+    to rank 0, which receives them into w (all of it, to evaluate and save); rank 0's own
+    shards stay. Returns this rank's (sent, received) bytes."""
+    comm, me = ep.comm, ep.rank
+    if me == 0:
+        reqs = [comm.Irecv(w[a:b], h, TAG_SHARD) for (a, b), h in zip(shards, hosts) if h != 0]
+        moved = (0, DOUBLE * sum(b - a for (a, b), h in zip(shards, hosts) if h != 0))
     else:
-        lo, hi = shards[comm.rank]
-        reqs = [comm.Isend(w[lo:hi], 0, TAG_SHARD)]
-        moved = (DOUBLE * (hi - lo), 0)
-    ep.waiter.all(reqs, "the servers' final shards")
+        mine = [np.ascontiguousarray(parts[v]) for v, h in enumerate(hosts) if h == me]
+        reqs = [comm.Isend(part, 0, TAG_SHARD) for part in mine]
+        moved = (sum(part.nbytes for part in mine), 0)
+    ep.waiter.all(reqs, "the final shards")
     return moved

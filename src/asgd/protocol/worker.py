@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..wire import (DONE_BYTES, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_STOP, R_VERSION, RECV, SEND, TAG_DONE,
-                    TAG_PULL, TAG_PUSH, flow_id)
+from ..wire import (DONE_BYTES, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_CUT, R_STOP, R_VERSION, RECV,
+                    SEND, TAG_DONE, TAG_PULL, TAG_PUSH, flow_id)
 from .context import Endpoint, Schedule, WorkerStats
 
 
@@ -33,11 +33,22 @@ class PushPull:
     `messages` (protocol.messages.Float64Link or OneBitLink): one exchange in flight at
     most. Counts what it sends and receives in `stats`."""
 
-    def __init__(self, ep: Endpoint, shards: list[tuple[int, int]], messages):
+    def __init__(self, ep: Endpoint, shards: list[tuple[int, int]], messages, background=None,
+                 servers: list[int] | None = None):
+        """shards: the parts of my w that servers[s] (default: rank s) own, in my w's
+        coordinates; background(): another duty of this rank, run while the step computes
+        and while the link waits (a p2p owner serving its shard: protocol.p2p); it returns
+        whether it did anything."""
         self.ep, self.S, self.msgs = ep, len(shards), messages
+        self.servers = list(range(self.S)) if servers is None else list(servers)
+        self.background = background
+        self.remote = [r != ep.rank for r in self.servers]   # a p2p rank's own shard needs no wire
+        self.cut_source = None   # model-parallel: the cut its replica agreed on this step (protocol.replica)
+        self.stop_source = None  # model-parallel: whether its replica agreed to stop
         self.versions = np.zeros(self.S)   # each shard's version of `w` (0: the initial w)
         self.stamp = np.zeros(self.S)      # the versions of the w the Delta-w being written comes from
         self.stops = np.zeros(self.S, bool)
+        self.cut = 0             # the last checkpoint cut server 0 said it started (wire: a push's cut)
         self.pending: list[MPI.Request] = []
         self.step = 0            # the number of the next push (names it in traces)
         self.stats = WorkerStats()
@@ -48,9 +59,15 @@ class PushPull:
         return self.msgs.w
 
     @property
-    def told_to_stop(self) -> bool:
+    def heard_stop(self) -> bool:
         """A server's last reply carried a stop request."""
         return bool(self.stops.any())
+
+    @property
+    def told_to_stop(self) -> bool:
+        """Whether to stop after this exchange: a server said so, or (model-parallel) the
+        replica agreed to, so that its members stop after the same step."""
+        return self.heard_stop if self.stop_source is None else self.stop_source()
 
     def delta(self) -> np.ndarray:
         """The buffer to write the Delta-w computed from `w` into. Stamps the push with the
@@ -65,37 +82,46 @@ class PushPull:
         if self.pending or not np.shares_memory(dw, self.msgs.delta()):
             raise RuntimeError("push_pull: wait for the previous exchange, and push the buffer delta() gave")
         comm, me = self.ep.comm, self.ep.rank
-        for s in range(self.S):
+        cut = self.cut if self.cut_source is None else self.cut_source()
+        for s, rank in enumerate(self.servers):
             head = self.msgs.push_header(s)
-            head[P_VERSION], head[P_LOSS], head[P_SAMPLES], head[P_STEP], head[P_STOP] = (
-                self.stamp[s], loss_sum, samples, self.step, stop)
-            self.pending.append(comm.Isend(self.msgs.push(s, dw), s, TAG_PUSH))
-            self.pending.append(comm.Irecv(self.msgs.pull(s), s, TAG_PULL))
-            self.ep.clock.message(SEND, s, self.msgs.push_bytes[s], flow_id(me, s, self.step, False))
+            head[P_VERSION], head[P_LOSS], head[P_SAMPLES], head[P_STEP], head[P_STOP], head[P_CUT] = (
+                self.stamp[s], loss_sum, samples, self.step, stop, cut)
+            self.pending.append(comm.Isend(self.msgs.push(s, dw), rank, TAG_PUSH))
+            self.pending.append(comm.Irecv(self.msgs.pull(s), rank, TAG_PULL))
+            self.ep.clock.message(SEND, rank, self.msgs.push_bytes[s], flow_id(me, rank, self.step, False))
         self.msgs.pushed()
         st = self.stats
         st.updates += 1
         st.samples += samples
-        st.bytes_sent += sum(self.msgs.push_bytes)
-        st.bytes_recv += sum(self.msgs.pull_bytes)
+        st.bytes_sent += sum(b for b, far in zip(self.msgs.push_bytes, self.remote) if far)
+        st.bytes_recv += sum(b for b, far in zip(self.msgs.pull_bytes, self.remote) if far)
         self.step += 1
         return self.step - 1
 
     def progress(self) -> bool:
         """Let MPI move the exchange in flight: one MPI_Testall, which returns at once.
-        True when nothing is in flight any more (then wait() returns at once)."""
-        return not self.pending or MPI.Request.Testall(self.pending)
+        True when nothing is in flight any more (then wait() returns at once). With a
+        background duty it runs it too, and says False: the step keeps calling."""
+        done = not self.pending or MPI.Request.Testall(self.pending)
+        if self.background is None:
+            return done
+        self.background()
+        return False
 
     def wait(self, ticket: int) -> None:
         """Complete exchange `ticket` (the last one pushed); w' becomes `w`."""
         if not self.pending or ticket != self.step - 1:
             raise RuntimeError(f"wait: exchange {ticket} is not the one in flight")
-        self.ep.waiter.all(self.pending, lambda: f"server rank(s) {_ranks(self.S)} to answer push {ticket}")
+        self.ep.waiter.all(self.pending, lambda: f"server rank(s) {_ranks(self.servers)} to answer push {ticket}",
+                           self.background)
         self.pending = []
-        for s in range(self.S):
+        for s, rank in enumerate(self.servers):
             head = self.msgs.pulled(s)
             self.versions[s], self.stops[s] = head[R_VERSION], head[R_STOP]
-            self.ep.clock.message(RECV, s, self.msgs.pull_bytes[s], flow_id(self.ep.rank, s, ticket, True))
+            if s == 0:   # the leader's shard comes first: the others learn of its cuts from my pushes
+                self.cut = int(head[R_CUT])
+            self.ep.clock.message(RECV, rank, self.msgs.pull_bytes[s], flow_id(self.ep.rank, rank, ticket, True))
         self.msgs.all_pulled()
 
     def close(self) -> WorkerStats:
@@ -103,9 +129,10 @@ class PushPull:
         if self.pending:
             raise RuntimeError("close: an exchange is still in flight")
         done = np.zeros(1)
-        self.ep.waiter.all([self.ep.comm.Isend([done, MPI.DOUBLE], s, TAG_DONE) for s in range(self.S)],
-                           lambda: f"server rank(s) {_ranks(self.S)} to take the end-of-work message")
-        self.stats.bytes_sent += DONE_BYTES * self.S
+        self.ep.waiter.all([self.ep.comm.Isend([done, MPI.DOUBLE], r, TAG_DONE) for r in self.servers],
+                           lambda: f"server rank(s) {_ranks(self.servers)} to take the end-of-work message",
+                           self.background)
+        self.stats.bytes_sent += DONE_BYTES * sum(self.remote)
         self.msgs.close()
         return self.stats
 
@@ -158,5 +185,7 @@ def run_worker(link: PushPull, X: np.ndarray, y: np.ndarray, step, plan: Schedul
     return link.close()
 
 
-def _ranks(n: int) -> str:
-    return "0" if n == 1 else f"0-{n - 1}"
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))

@@ -1,10 +1,19 @@
-"""Checkpoints: each server's shard and the training progress, written atomically.
+"""Checkpoints: each server's shard and the training progress, written atomically, every
+server's at the same consistent cut.
 
-One file per server, RUN_DIR/checkpoint/shard-<s>.npz, holding the shard, the
-optimizer's state for it (opt_* arrays) and a JSON header (progress, layout, the
-optimizer, a sha256 of it all). It is written to a temporary file, fsynced
-and renamed over the previous one, so a crash leaves the last complete checkpoint; a
-damaged or mismatched file is refused on --resume with a message that says which.
+One file per server and cut, RUN_DIR/checkpoint/shard-<s>.npz (the latest) and
+shard-<s>.prev.npz (the one before), each holding the shard, the optimizer's state for
+it (opt_* arrays) and a JSON header (the cut's number, progress, layout, the optimizer,
+a sha256 of it all). A file is written to a temporary file, fsynced and renamed over the
+previous one, so a crash leaves complete files only.
+
+A cut (protocol.server: the servers agree on it through the workers' pushes) is the
+same set of pushes applied on every shard, so every server's file of cut c describes
+one model. Servers write cut c at different moments, but a server completes cut c + 1
+only after every other has completed c (a worker's push past c + 1 follows the replies
+to its push past c, which no server sends before completing c); so keeping two files a
+server is enough, and --resume takes the newest cut every server has. A missing,
+damaged or mismatched file is refused with a message that says which.
 """
 
 from __future__ import annotations
@@ -28,6 +37,10 @@ def folder(run_dir: str) -> str:
     return os.path.join(run_dir, "checkpoint")
 
 
+def path_of(run_dir: str, server: int, previous: bool = False) -> str:
+    return os.path.join(folder(run_dir), f"shard-{server}{'.prev' if previous else ''}.npz")
+
+
 def _digest(arrays: dict[str, np.ndarray], meta: dict) -> str:
     h = hashlib.sha256()
     for k in sorted(arrays):
@@ -38,11 +51,12 @@ def _digest(arrays: dict[str, np.ndarray], meta: dict) -> str:
 
 
 def save(run_dir: str, server: int, arrays: dict[str, np.ndarray], meta: dict) -> str:
-    """Atomically replace server's checkpoint with `arrays` (its shard of w as "w", and
-    the optimizer's state) and `meta`."""
-    d = folder(run_dir)
-    os.makedirs(d, exist_ok=True)
-    path = os.path.join(d, f"shard-{server}.npz")
+    """Make server's latest checkpoint (`arrays`: its shard of w as "w" and the
+    optimizer's state; `meta` with its "cut") the one before, and write this one."""
+    os.makedirs(folder(run_dir), exist_ok=True)
+    path = path_of(run_dir, server)
+    if os.path.exists(path):
+        os.replace(path, path_of(run_dir, server, previous=True))
     meta = {**meta, "time": time.time()}
     header = json.dumps({"meta": meta, "sha256": _digest(arrays, meta)})
     atomic_write(path, lambda f: np.savez(f, header=np.frombuffer(header.encode(), dtype=np.uint8), **arrays),
@@ -50,40 +64,64 @@ def save(run_dir: str, server: int, arrays: dict[str, np.ndarray], meta: dict) -
     return path
 
 
-def load(run_dir: str, servers: int, n_w: int, optimizer: str = "sgd") -> tuple[np.ndarray, dict, list[dict]]:
-    """The full parameter vector from every server's shard, server 0's meta (progress),
-    and each shard's optimizer state (its arrays, by name). Any missing, damaged or
-    mismatched file raises CheckpointError."""
-    w = np.empty(n_w)
-    metas, states = [], []
+def _read(path: str, n_w: int, servers: int, optimizer: str, model_parallel: int) -> tuple[dict, dict]:
+    """(meta, arrays) of one checkpoint file, checked; raises CheckpointError."""
+    try:
+        with np.load(path) as z:
+            arrays = {k: z[k] for k in z.files if k != "header"}
+            header = json.loads(z["header"].tobytes().decode())
+    except Exception as e:  # a truncated or overwritten file: zip, JSON or npy errors
+        raise CheckpointError(f"{path}: damaged checkpoint ({type(e).__name__}: {e})") from None
+    meta = header.get("meta", {})
+    if header.get("sha256") != _digest(arrays, meta) or "w" not in arrays:
+        raise CheckpointError(f"{path}: damaged checkpoint (checksum mismatch)")
+    if meta.get("n_w") != n_w or meta.get("servers") != servers:
+        raise CheckpointError(f"{path}: written for {meta.get('n_w')} parameters and "
+                              f"{meta.get('servers')} server(s), not {n_w} and {servers}: "
+                              "resume with the run's --hidden and --servers")
+    if meta.get("model_parallel", 1) != model_parallel:
+        raise CheckpointError(f"{path}: written with --model-parallel {meta.get('model_parallel', 1)}, not "
+                              f"{model_parallel}: resume with the run's --model-parallel")
+    if meta.get("optimizer", "sgd") != optimizer:
+        raise CheckpointError(f"{path}: written by optimizer {meta.get('optimizer', 'sgd')}, not {optimizer}: "
+                              "resume with the run's --optimizer")
+    lo, hi = meta["shard"]
+    if hi - lo != len(arrays["w"]):
+        raise CheckpointError(f"{path}: damaged checkpoint (shard size)")
+    return meta, arrays
+
+
+def load(run_dir: str, servers: int, n_w: int, optimizer: str = "sgd",
+         model_parallel: int = 1) -> tuple[np.ndarray, dict, list[dict]]:
+    """The full parameter vector at the newest cut every server's files hold, server 0's
+    meta of that cut (progress), and each shard's optimizer state (its arrays, by name).
+    Any missing, damaged or mismatched file, or no cut common to all, raises CheckpointError."""
+    cuts = []   # per server: {cut: (meta, arrays)}
     for s in range(servers):
-        path = os.path.join(folder(run_dir), f"shard-{s}.npz")
-        try:
-            with np.load(path) as z:
-                arrays = {k: z[k] for k in z.files if k != "header"}
-                header = json.loads(z["header"].tobytes().decode())
-        except FileNotFoundError:
-            raise CheckpointError(f"{path}: no checkpoint (was the run started with "
-                                  "--checkpoint-every, and with the same --servers?)") from None
-        except Exception as e:  # a truncated or overwritten file: zip, JSON or npy errors
-            raise CheckpointError(f"{path}: damaged checkpoint ({type(e).__name__}: {e})") from None
-        meta = header.get("meta", {})
-        if header.get("sha256") != _digest(arrays, meta) or "w" not in arrays:
-            raise CheckpointError(f"{path}: damaged checkpoint (checksum mismatch)")
-        if meta.get("n_w") != n_w or meta.get("servers") != servers:
-            raise CheckpointError(f"{path}: written for {meta.get('n_w')} parameters and "
-                                  f"{meta.get('servers')} server(s), not {n_w} and {servers}: "
-                                  "resume with the run's --hidden and --servers")
-        if meta.get("optimizer", "sgd") != optimizer:
-            raise CheckpointError(f"{path}: written by optimizer {meta.get('optimizer', 'sgd')}, not {optimizer}: "
-                                  "resume with the run's --optimizer")
+        found = {}
+        for previous in (False, True):
+            path = path_of(run_dir, s, previous)
+            if os.path.exists(path):
+                meta, arrays = _read(path, n_w, servers, optimizer, model_parallel)
+                found[meta.get("cut", 0)] = (meta, arrays)
+        if not found:
+            raise CheckpointError(f"{path_of(run_dir, s)}: no checkpoint (was the run started with "
+                                  "--checkpoint-every, and with the same --servers?)")
+        cuts.append(found)
+    common = set.intersection(*(set(c) for c in cuts))
+    if not common:
+        raise CheckpointError(f"{folder(run_dir)}: the servers' checkpoints share no cut "
+                              f"({', '.join(f'shard {s}: {sorted(c)}' for s, c in enumerate(cuts))}): "
+                              "not one consistent model")
+    cut = max(common)
+    w = np.empty(n_w)
+    states = []
+    for s in range(servers):
+        meta, arrays = cuts[s][cut]
         lo, hi = meta["shard"]
-        if hi - lo != len(arrays["w"]):
-            raise CheckpointError(f"{path}: damaged checkpoint (shard size)")
         w[lo:hi] = arrays.pop("w")
-        metas.append(meta)
         states.append(arrays)
-    return w, metas[0], states
+    return w, cuts[0][cut][0], states
 
 
 class Checkpointing:
@@ -92,22 +130,23 @@ class Checkpointing:
     history on rank 0, {} elsewhere)."""
 
     def __init__(self, run_dir: str, index: int, servers: int, shard: tuple[int, int], n_w: int,
-                 w: np.ndarray, every: tuple[str, float] | None, progress, state=dict, optimizer: str = "sgd"):
+                 w: np.ndarray, every: tuple[str, float] | None, progress, state=dict, optimizer: str = "sgd",
+                 model_parallel: int = 1):
         self.run_dir, self.index, self.servers, self.shard, self.n_w = run_dir, index, servers, shard, n_w
         self.w, self.every, self.progress, self.state = w, every, progress, state  # w: the shard, a live view
-        self.optimizer = optimizer
+        self.optimizer, self.model_parallel = optimizer, model_parallel
         self.last_rounds, self.last_time = 0, time.monotonic()
 
-    def maybe(self, rounds: int) -> None:
-        """After each update: save when --checkpoint-every says it is time."""
+    def due(self, rounds: int) -> bool:
+        """--checkpoint-every says it is time for the next cut (the leader asks)."""
         if self.every is None:
-            return
+            return False
         kind, n = self.every
-        if (rounds - self.last_rounds >= n) if kind == "updates" else (time.monotonic() - self.last_time >= n):
-            self.save(rounds)
+        return (rounds - self.last_rounds >= n) if kind == "updates" else (time.monotonic() - self.last_time >= n)
 
-    def save(self, rounds: int) -> None:
+    def save(self, rounds: int, cut: int) -> None:
+        """Write this shard as it is now, as cut `cut`."""
         save(self.run_dir, self.index, {"w": self.w, **self.state()},
-             {"n_w": self.n_w, "servers": self.servers, "shard": list(self.shard), "rounds": rounds,
-              "optimizer": self.optimizer, **self.progress()})
+             {"n_w": self.n_w, "servers": self.servers, "shard": list(self.shard), "rounds": rounds, "cut": cut,
+              "optimizer": self.optimizer, "model_parallel": self.model_parallel, **self.progress()})
         self.last_rounds, self.last_time = rounds, time.monotonic()

@@ -37,8 +37,10 @@ class Config:
     timeout: float = 0.0         # seconds for the whole job; 0: none
     progress: float = 2.0        # seconds between progress lines at most
     trace: bool = False          # write trace.json (Chrome Trace Event format)
-    arch: str = "ps"             # ps: parameter servers; allreduce: every rank a worker
+    arch: str = "ps"             # ps: parameter servers; p2p: every rank a worker owning 1/N of w;
+                                 # allreduce: every rank a worker, summing with the others
     allreduce: str = "ring"      # allreduce's algorithm: ring (asgd's, point to point) | mpi (MPI_Iallreduce)
+    model_parallel: int = 1      # K: replicas of K workers that split the hidden layer (run.topology)
     servers: int = 1             # ranks 0..servers-1 serve a shard of w each
     mode: str = "async"          # async | ssp | sync
     staleness: int = 3           # ssp: at most this many steps ahead of the slowest worker
@@ -70,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "parameters, ranks 1..N-1 train the d_in-hidden-d_out MLP on their share "
                     "of the data. With no options: the embedded 2-feature rings problem "
                     "(16384 points), a 2-10K-2 MLP, batch 256, 5 epochs.",
-        epilog="Writes OUT/results.json (schema in the README). Errors end the whole job "
+        epilog="Writes OUT/results.json (schema: docs/formats.md). Errors end the whole job "
                "with one line and exit status 2 (bad input) or 1 (failure during the run).")
     p.add_argument("--data", metavar="TSV", help="training data: features then an integer "
                    "label per line, tab separated (default: the embedded rings problem)")
@@ -98,13 +100,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "have different scales or are far from [-1, 1]")
     p.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data by all workers together (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the data split, shuffles and initial weights (default %(default)s)")
-    p.add_argument("--arch", choices=["ps", "allreduce"], default=d.arch,
-                   help="ps: parameter servers and workers (default); allreduce: no servers, every "
-                        "rank a worker averaging its Delta-w with MPI Allreduce each step")
+    p.add_argument("--arch", choices=["ps", "p2p", "allreduce"], default=d.arch,
+                   help="ps: parameter servers and workers (default); p2p: every rank a worker and the "
+                        "owner (server) of 1/N of w, each shard of Delta-w sent to its owner point to point; "
+                        "allreduce: no servers, every rank a worker summing its Delta-w with the others' "
+                        "each step")
     p.add_argument("--allreduce", choices=["ring", "mpi"], default=d.allreduce,
                    help="--arch allreduce's algorithm: ring (default): asgd's own ring allreduce, a "
                         "reduce-scatter then an allgather to the next rank, point to point, so every byte is "
                         "counted; mpi: MPI_Iallreduce, whose algorithm (and bytes) the MPI library chooses")
+    p.add_argument("--model-parallel", type=int, default=d.model_parallel, metavar="K",
+                   help="split the hidden layer K ways (model partitioning): workers form replicas of K "
+                        "consecutive ranks, each holding 1/K of the hidden units (its rows of W1 and b1, "
+                        "its columns of W2), summing their partial logits each step, and exchanging only "
+                        "its own slice of Delta-w; K must divide --hidden and the workers (default 1)")
     p.add_argument("--servers", type=int, default=d.servers, metavar="S",
                    help="ranks 0..S-1 are servers, each owning a contiguous shard of the "
                         "parameters (default %(default)s)")
@@ -173,10 +182,23 @@ def validate(cfg: Config, world_size: int) -> None:
         need(cfg.servers < world_size, f"--servers {cfg.servers} leaves no worker among {world_size} "
                                        f"ranks; need mpiexec -n N with N > {cfg.servers}")
     else:
-        need(cfg.servers == 1, "--servers does not apply to --arch allreduce (it has no servers)")
+        need(cfg.servers == 1, f"--servers does not apply to --arch {cfg.arch} ("
+                               + ("every rank owns 1/N of w)" if cfg.arch == "p2p" else "it has no servers)"))
+    if cfg.arch == "allreduce":
         need(cfg.mode in ("async", "sync"), "--arch allreduce is synchronous; --mode ssp does not apply")
-        need(cfg.compress == "none", "--compress 1bit needs --arch ps (allreduce sums float64 Delta-w in MPI)")
+        need(cfg.compress == "none", "--compress 1bit needs --arch ps or p2p (allreduce sums float64 Delta-w)")
     need(cfg.hidden >= 1, f"--hidden must be >= 1, got {cfg.hidden}")
+    K = cfg.model_parallel
+    workers = world_size - (cfg.servers if cfg.arch == "ps" else 0)
+    need(K >= 1, f"--model-parallel must be >= 1, got {K}")
+    need(cfg.hidden % K == 0, f"--model-parallel {K} does not divide --hidden {cfg.hidden}: every slice of "
+                              "the hidden layer must be the same size")
+    need(K <= workers, f"--model-parallel {K} needs at least {K} workers, got {workers}")
+    need(workers % K == 0, f"--model-parallel {K} does not divide the {workers} workers into replicas: use a "
+                           f"worker count that is a multiple of {K}")
+    need(K == 1 or cfg.arch != "allreduce" or not (cfg.checkpoint_every or "").endswith("s"),
+         "--arch allreduce with --model-parallel checkpoints every N updates, not every N seconds "
+         "(its slices' ranks decide alone, by their count)")
     need(cfg.batch >= 1, f"--batch must be >= 1, got {cfg.batch}")
     need(cfg.epochs >= 1, f"--epochs must be >= 1, got {cfg.epochs}")
     need(cfg.lr is None or (math.isfinite(cfg.lr) and cfg.lr > 0),

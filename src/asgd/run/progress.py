@@ -26,6 +26,7 @@ class EpochTracker:
     loss_sum: float = 0.0
     loss_n: float = 0.0
     last_line: float = field(default_factory=time.perf_counter)
+    step_losses: list | None = None   # lockstep runs (sync, allreduce): each version's mean batch loss
 
     def __post_init__(self):
         self.first_samples = self.samples  # a resumed run starts past zero: rates count from here
@@ -41,6 +42,8 @@ class EpochTracker:
 
     def add(self, loss_sum: float, m: float) -> None:
         """An applied update of m samples whose batch losses sum to loss_sum."""
+        if self.step_losses is not None:
+            self.step_losses.append(loss_sum / m if m else None)
         self.samples += int(m)
         self.loss_sum += loss_sum
         self.loss_n += m

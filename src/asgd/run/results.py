@@ -1,4 +1,4 @@
-"""results.json (schema in the README) and the end-of-run summary, both built from the
+"""results.json (schema: docs/formats.md) and the end-of-run summary, both built from the
 per-rank records gathered on rank 0. bench/, plots and the model read only this file."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
     """ranks: one record per rank (rank, role, phases, bytes_sent, bytes_recv, updates;
     servers: per-worker staleness and step-gap histograms); server: updates, samples,
     history, final loss/accuracy."""
-    _staleness(ranks, config["servers"])
+    _staleness(ranks)
     init_s = max(r["phases"].get("init", 0.0) for r in ranks)
     train_s = max(wall_s - init_s, 1e-9)
     out = {
@@ -77,7 +77,7 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
     return out
 
 
-def _staleness(records: list[dict], S: int) -> None:
+def _staleness(records: list[dict]) -> None:
     """Each worker's staleness and step-gap distributions, over every server that applied
     its Delta-w; servers get the distribution over all workers."""
     def dist(hists: list[list[int]]) -> dict:
@@ -87,13 +87,35 @@ def _staleness(records: list[dict], S: int) -> None:
         n = h.sum()
         return {"mean": float(h @ np.arange(len(h)) / n) if n else 0.0,
                 "max": int(np.flatnonzero(h).max(initial=0)), "histogram": h.tolist()}
-    servers = records[:S]
-    for j, r in enumerate(records[S:]):
-        r["staleness"] = dist([s["staleness_hist"][j] for s in servers])
-        r["step_gap"] = dist([s["step_gap_hist"][j] for s in servers])
+    servers = [r for r in records if r["role"] in ("server", "peer")]   # p2p: every rank both
+    workers = [r for r in records if r["role"] in ("worker", "peer")]
+
+    def of(hists, j: int, rank: int) -> list[list[int]]:
+        """A server's histogram of one worker: by rank (a dict), or by its place among
+        the workers (a list: asgd.sim's); none if the worker never pushed to it."""
+        if isinstance(hists, dict):
+            got = hists.get(rank, hists.get(str(rank)))
+            return [got] if got is not None else []
+        return [hists[j]]
+    worked = {}
+    for j, r in enumerate(workers):
+        worked[r["rank"]] = (dist([h for s in servers for h in of(s["staleness_hist"], j, r["rank"])]),
+                             dist([h for s in servers for h in of(s["step_gap_hist"], j, r["rank"])]))
     for s in servers:
-        s["staleness"] = dist(s.pop("staleness_hist"))
-        s["step_gap"] = dist(s.pop("step_gap_hist"))
+        s["staleness_applied"] = dist(_hists(s.pop("staleness_hist")))
+        s["step_gap_applied"] = dist(_hists(s.pop("step_gap_hist")))
+    for r in records:
+        if r["rank"] in worked:   # a worker's: of its own pushes, on every server
+            r["staleness"], r["step_gap"] = worked[r["rank"]]
+        else:                     # a server's: of the pushes it applied
+            r["staleness"], r["step_gap"] = r["staleness_applied"], r["step_gap_applied"]
+        if r["role"] != "peer":
+            r.pop("staleness_applied", None)
+            r.pop("step_gap_applied", None)
+
+
+def _hists(h) -> list:
+    return list(h.values()) if isinstance(h, dict) else h
 
 
 def profile(results: dict) -> dict:
@@ -105,9 +127,9 @@ def profile(results: dict) -> dict:
         total = sum(v for k, v in p.items() if k not in _INIT_PARTS) or 1e-9
         pct = lambda *names: 100.0 * sum(p.get(n, 0.0) for n in names) / total  # noqa: E731
         row = {"rank": r["rank"], "role": r["role"], "init_pct": pct("init"), "barrier_pct": pct("idle")}
-        if r["role"] == "worker":
+        if r["role"] in ("worker", "peer"):
             row.update(compute_pct=pct("compute"), comm_wait_pct=pct("comm_wait", "push"))
-        else:
+        if r["role"] in ("server", "peer"):
             training = total - p.get("init", 0.0)
             row.update(busy_pct=100.0 * (p.get("aggregate", 0.0) + p.get("evaluate", 0.0)) / max(training, 1e-9))
         rows.append(row)
@@ -117,8 +139,8 @@ def profile(results: dict) -> dict:
 def verdict(results: dict, rows: list[dict]) -> dict:
     """Initialization-, server-, communication- or computation-bound, and why."""
     init = results["init_s"] / max(results["wall_s"], 1e-9)
-    busy = max((r["busy_pct"] for r in rows if r["role"] == "server"), default=0.0)
-    workers = [r for r in rows if r["role"] == "worker"]
+    busy = max((r["busy_pct"] for r in rows if "busy_pct" in r), default=0.0)
+    workers = [r for r in rows if "compute_pct" in r]
     compute = float(np.mean([r["compute_pct"] for r in workers]))
     wait = float(np.mean([r["comm_wait_pct"] for r in workers]))
     if init >= 0.5:
@@ -148,7 +170,7 @@ def _plain(x):
 def role_split(results: dict) -> dict[str, dict[str, float]]:
     """Mean seconds per phase over the ranks of each role."""
     out: dict[str, dict[str, float]] = {}
-    for role in ("server", "worker"):
+    for role in ("server", "worker", "peer"):
         rs = [r for r in results["ranks"] if r["role"] == role]
         if rs:
             names = sorted({p for r in rs for p in r["phases"]}, key=_PHASE_ORDER.index)
@@ -164,7 +186,9 @@ _INIT_PARTS = ("read", "parse", "shuffle")  # sub-phases inside init: not added 
 def summary(results: dict, path: str) -> str:
     c, t = results["config"], results["throughput"]
     lines = [
-        f"asgd: {c['world_size']} ranks ({c['servers']} server, {c['workers']} workers), "
+        f"asgd: {c['world_size']} ranks ("
+        + (f"p2p: every rank a worker owning 1/{c['world_size']} of w" if c.get("arch") == "p2p"
+           else f"{c['servers']} server, {c['workers']} workers") + "), "
         f"{c['features']}-{c['hidden']}-{c['classes']} MLP ({c['n_w']:,} parameters), "
         f"batch {c['batch']}, lr {c['lr']:g}, {c['epochs']} epochs"
         + (f", {c['compress']} messages" if c.get("compress", "none") != "none" else ""),

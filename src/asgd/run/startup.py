@@ -7,6 +7,7 @@ and one rank per node loads them first (a cold cache is compiled once, not N tim
     worker          step (+ onebit)                               parsers (file), shares (embedded)
     server          aggregate, its optimizer (+ onebit);          parsers (file)
                     rank 0 evaluate
+    peer (p2p)      a worker's and a server's; rank 0 evaluate    parsers (file), shares (embedded)
     allreduce rank  step, aggregate, its optimizer; rank 0 eval.  parsers (file), shares (embedded)
     (+ onebit: with --compress 1bit)
 
@@ -23,9 +24,10 @@ from ..mpiutil import Waiter, once_per_node
 # what every rank of asgd.train imports (calibrate times it; a test keeps it true)
 RANK_MODULES = ("numpy", "mpi4py.MPI", "asgd.wire", "asgd.mpiutil", "asgd.data.shares", "asgd.data.standardize",
                 "asgd.net.mlp", "asgd.net.optimizers", "asgd.protocol.allreduce", "asgd.protocol.context",
-                "asgd.protocol.messages", "asgd.protocol.onebit", "asgd.protocol.server", "asgd.protocol.worker",
-                "asgd.run.checkpoint", "asgd.run.config", "asgd.run.folder", "asgd.run.results", "asgd.run.signals",
-                "asgd.run.startup", "asgd.run.progress", "asgd.run.trace")
+                "asgd.protocol.messages", "asgd.protocol.onebit", "asgd.protocol.p2p", "asgd.protocol.replica",
+                "asgd.protocol.server", "asgd.protocol.worker", "asgd.run.checkpoint", "asgd.run.config",
+                "asgd.run.folder", "asgd.run.job", "asgd.run.results", "asgd.run.roles", "asgd.run.signals",
+                "asgd.run.startup", "asgd.run.progress", "asgd.run.topology", "asgd.run.trace")
 
 
 def loads(role: str, rank: int, reads_file: bool, allreduce: bool = False,
@@ -35,14 +37,14 @@ def loads(role: str, rank: int, reads_file: bool, allreduce: bool = False,
     if allreduce:
         uses = ("step", "aggregate", update)
     else:
-        uses = ("step",) if role == "worker" else ("aggregate", update)
+        uses = {"worker": ("step",), "server": ("aggregate", update), "peer": ("step", "aggregate", update)}[role]
         if compress:
             uses += ("onebit",)
     if rank == 0:
         uses += ("evaluate",)
     if reads_file:
         uses += ("parsers",)
-    elif role == "worker":
+    elif role in ("worker", "peer"):
         uses += ("shares",)  # the embedded problem: assign's permutation kernel
     return uses
 

@@ -1,18 +1,19 @@
-"""asgd's protocol as SimGrid actors: one actor per MPI rank, doing what train.py,
-protocol/ and data/readers.py do, with the calibrated costs (costs.py) in place of the
-work and SimGrid's mailboxes in place of MPI's messages.
+"""asgd's protocol as SimGrid actors: one actor per MPI rank, doing what asgd.train,
+asgd.protocol and asgd.data.readers do, with the calibrated costs (costs.py) in place of
+the work and SimGrid's mailboxes in place of MPI's messages (of asgd.wire's sizes).
 
-Every rank (train.main)
+Every rank (asgd.train.main)
   init     start-up: imports (CPU shared with the node's other ranks, a wall floor for
-           their I/O), numba's cache of the parsers loaded by the node's first rank and
-           then by the others (readers._compile_once_per_node); the data (reader below);
-           every rank agrees (a barrier); the kernels' cache, node's first rank first
-           (train.warm_up_jit). init ends there.
+           their I/O); numba's cache of the readers' parsers and of the kernels, loaded by
+           the node's first rank and then by the others (asgd.run.startup.warm_up); every
+           rank agrees (a barrier); the data (reader below); every rank agrees again.
+           init ends there.
   train    server, worker or allreduce loop (below)
   end      idle until every rank is done (a barrier), then rank 0 takes the clock offsets
-           (5 ping-pongs per rank) and gathers the records: its wall time ends there.
+           (asgd.mpiutil.clock_offsets: 5 ping-pongs per rank) and gathers the records:
+           its wall time ends there.
 
-Readers (data/readers.py)
+Readers (asgd.data.readers)
   embedded    every rank generates the problem (embedded_s)
   sequential  a token passed rank to rank; each reads and parses the whole file and keeps
               its points; rank 0 reads the held-out file after passing the token
@@ -20,25 +21,26 @@ Readers (data/readers.py)
   On a machine with a shared file system, bytes travel from its host over the network
   (SimGrid shares its bandwidth among the readers); otherwise they are in memory.
 
-Worker (protocol/worker.py): per step, compute (the step's time, drawn from the measured
-spread), then in async and ssp wait for the previous exchange's replies (one outstanding:
-batch k+1 is computed while batch k's exchange is in flight), then push Delta-w's slices
-to the servers; in sync, wait for the replies at once. A `done` message to each server
-at the end.
-Server (protocol/server.py): a permanent receiver per server (the persistent Irecvs):
+Worker (asgd.protocol.worker.run_worker): per step, compute (the step's time, drawn from
+the measured spread), then in async and ssp wait for the previous exchange's replies (one
+outstanding: batch k+1 is computed while batch k's exchange is in flight), then push
+Delta-w's slices to the servers; in sync, wait for the replies at once. A `done` message
+to each server at the end.
+Server (asgd.protocol.server): a permanent receiver per server (the persistent Irecvs):
   async  apply each Delta-w as it arrives (c_u), reply at once
   ssp    hold the reply while the worker's next push would be more than K steps ahead of
          the slowest active worker
   sync   rounds: every worker's push, one averaged update, every reply
-Allreduce (protocol/allreduce.py): each step, a ring allreduce of [Delta-w | m, loss, stop].
+Allreduce (asgd.protocol.allreduce): each step, one Iallreduce of [m * Delta-w | m, loss,
+stop], simulated as a ring.
+Not simulated: --standardize's statistics, checkpoints, stop requests.
 
-Waiting (protocol/comm.Waiter): a rank notices a completed message only when it polls:
+Waiting (asgd.mpiutil.Waiter): a rank notices a completed message only when it polls:
 it spins 200 us and then sleeps 10 us doubling to 100 us when its node has a core per
 rank, and sleeps 10 us doubling to 1 ms from the start when ranks outnumber cores; every
 sleep also overshoots by the calibrated sleep overhead. The simulated rank wakes at that
 poll, not at the message's arrival.
 """
-
 from __future__ import annotations
 
 import math
@@ -46,14 +48,20 @@ import random
 
 import numpy as np
 
-from ..wire import RECV, SEND, flow_id
+from ..mpiutil import CLOCK_PINGS
+from ..wire import DOUBLE, RECV, SEND, flow_id, shard_bounds
 from .clock import SimClock
-from ..wire import DOUBLE
 from .costs import Costs, Spec, worker_points
 from .platform import FLOPS
 
 SPIN_S, MAX_SLEEP_S, CROWDED_MAX_SLEEP_S, FIRST_SLEEP_S = 200e-6, 100e-6, 1e-3, 10e-6
-CLOCK_PINGS = 5  # comm.clock_offsets: round trips per rank
+
+
+def random_stream(seed: int, rank: int, purpose: str) -> random.Random:
+    """A random stream of its own per (seed, rank, purpose), the same in every process:
+    random.Random seeds from a str through SHA-512, never through Python's hash(), which
+    salts strings per process (PYTHONHASHSEED)."""
+    return random.Random(f"asgd.sim {purpose} seed={seed} rank={rank}")
 
 
 class World:
@@ -85,7 +93,7 @@ class World:
         self.epoch = 0
         self.serve_start = None
         self.wall = 0.0
-        self.rngs = [random.Random(hash((spec.seed, r, "steps")) & 0xFFFFFFFF) for r in range(self.P)]
+        self.rngs = [random_stream(spec.seed, r, "steps") for r in range(self.P)]
 
     # -- helpers the actors use ------------------------------------------------------------
 
@@ -129,7 +137,7 @@ class World:
             self.sg.this_actor.sleep_for(t - self.now())
 
     def barrier(self, rank: int, name: str) -> None:
-        """comm.Waiter.barrier over all ranks: an Ibarrier (log2 P message rounds), polled."""
+        """asgd.mpiutil.Waiter.barrier over all ranks: an Ibarrier (log2 P message rounds), polled."""
         b = self.barriers.get(name)
         if b is None:
             b = self.barriers[name] = self.sg.Barrier(self.P)
@@ -190,7 +198,7 @@ class World:
         W, b, n = self.W, self.run.batch, self.run.points
         return [sum(max(0, min(b, worker_points(n, W, q) - k * b)) for q in range(W)) for k in range(steps)]
 
-    # -- the epoch tracker (run/progress.EpochTracker on rank 0) ----------------------------
+    # -- the epoch tracker (asgd.run.progress.EpochTracker on rank 0) -----------------------
 
     def track(self, m: int, evaluate) -> None:
         self.samples += m
@@ -227,25 +235,31 @@ def _next_poll(elapsed: float, crowded: bool, overhead: float) -> float:
 # -- init ----------------------------------------------------------------------------------
 
 def startup(world: World, rank: int) -> None:
-    """Imports with MPI_Init, then the parsers' cache (node's first rank first)."""
-    st = world.costs.startup()
+    """Imports with MPI_Init, then numba's cache (asgd.run.startup.warm_up), then every
+    rank agrees on it (asgd.mpiutil.agree_on) before the data."""
     wall, cpu = world.costs.imports(len(world.on_node[world.node[rank]]))
     world.execute_with_floor(cpu, wall)
-    _load_cache(world, rank, *st["parsers"])
+    _warm_up(world, rank)
+    world.barrier(rank, "kernels-agree")
 
 
-def _load_cache(world: World, rank: int, wall: float, cpu: float) -> None:
-    """_compile_once_per_node / warm_up_jit: the node's first rank loads numba's cache,
-    the others wait for it (a node barrier), then load it themselves."""
-    if world.first_on_node(rank):
-        world.execute_with_floor(cpu, wall)
+def _warm_up(world: World, rank: int) -> None:
+    """asgd.run.startup.warm_up (asgd.mpiutil.once_per_node): the node's first rank loads
+    numba's cache of the parsers and the kernels, the others wait for it (a node barrier),
+    then load theirs."""
+    st = world.costs.startup()
+    first = world.first_on_node(rank)
+    if first:
+        for stage in ("parsers", "kernels"):
+            world.execute_with_floor(st[stage][1], st[stage][0])
     world.node_barrier(rank)
-    if not world.first_on_node(rank):
-        world.execute_with_floor(cpu, wall)
+    if not first:
+        for stage in ("parsers", "kernels"):
+            world.execute_with_floor(st[stage][1], st[stage][0])
 
 
 def read_data(world: World, rank: int) -> None:
-    """The run's reader (data/readers.py); the sub-phases read/parse/shuffle are recorded."""
+    """The run's reader (asgd.data.readers); the sub-phases read/parse/shuffle are recorded."""
     r, c, clock = world.run, world.costs, world.clocks[rank]
     if not r.file_bytes:  # the embedded problem
         t = world.now()
@@ -280,7 +294,7 @@ def _read_sequential(world: World, rank: int) -> None:
         world.execute(c.read_parse(r.test_bytes))
         read, parse = read + t5 - t4, parse + world.now() - t5
     t6 = world.now()
-    world.barrier(rank, "sequential-agree")  # _stage: every rank learns every rank's verdict
+    world.barrier(rank, "sequential-agree")  # asgd.mpiutil.agree: every rank learns every rank's verdict
     clock.add_sub("read", read + world.now() - t6)
     clock.add_sub("parse", parse)
     clock.add_sub("shuffle", shuffle)
@@ -319,14 +333,13 @@ def _alltoall(world: World, rank: int, nbytes: float) -> None:
 
 
 def init(world: World, rank: int) -> None:
-    """Everything before the training loop; init_end is where train.py's ends."""
+    """Everything before the training loop; init_end is where asgd.train.init's ends."""
     world.receive_on(f"token{rank}", f"a2a{rank}", f"w{rank}", f"s{rank}", f"ar{rank}")
     if rank == 0:
         world.receive_on("shards")
     startup(world, rank)
     read_data(world, rank)
-    world.barrier(rank, "agree")  # train.agree
-    _load_cache(world, rank, *world.costs.startup()["kernels"])
+    world.barrier(rank, "agree")  # asgd.train.init's last agreement (asgd.mpiutil.agree)
     world.init_end[rank] = world.now()
 
 
@@ -509,7 +522,7 @@ def server(world: World, rank: int) -> None:
     clock.switch("idle")
     for r in replies:
         r.wait()
-    if S > 1:  # train.serve: the shards go to rank 0
+    if S > 1:  # asgd.protocol.server.gather_shards: the shards go to rank 0
         if rank == 0:
             for _ in range(S - 1):
                 world.recv("shards")
@@ -532,9 +545,11 @@ def _evaluate(world: World, clock: SimClock) -> None:
 # -- allreduce -------------------------------------------------------------------------------
 
 def allreduce_rank(world: World, rank: int) -> None:
-    """protocol/allreduce.py: every rank a worker; each step a ring allreduce of
-    [m * Delta-w | m, loss, stop] (2(P-1) rounds of 1/P of it to the next rank), then the
-    averaged update applied to w."""
+    """asgd.protocol.allreduce.run_allreduce: every rank a worker; each step one allreduce
+    of [m * Delta-w | m, loss, stop] by asgd's ring (asgd.protocol.allreduce.Ring: P - 1
+    rounds of reduce-scatter, each passing one chunk of asgd.wire.shard_bounds to the next
+    rank and adding the one received, then P - 1 rounds of allgather), then the averaged
+    update applied to w. Its bytes are asgd.wire.ring_bytes, as a real run counts them."""
     run, c, P, clock = world.run, world.costs, world.P, world.clocks[rank]
     init(world, rank)
     if rank == 0:
@@ -543,7 +558,7 @@ def allreduce_rank(world: World, rank: int) -> None:
     mine = worker_points(run.points, P, rank)
     sizes = [max(0, min(run.batch, mine - k * run.batch)) for k in range(steps)]
     values = c.n_w + 3
-    chunk = math.ceil(values / P)
+    chunk = [hi - lo for lo, hi in shard_bounds(values, P)]
     rng = world.rngs[rank]
     me = f"ar{rank}"
     totals = world.step_samples(steps)
@@ -557,14 +572,17 @@ def allreduce_rank(world: World, rank: int) -> None:
             clock.switch("compute")
             world.execute(c.step(m) * (c.spread_draw(rng) if m else 1.0))
             t = clock.switch("comm_wait")
-            for rnd in range(2 * (P - 1)):
-                out = world.send(right, rnd, DOUBLE * chunk)
+            for rnd in range(2 * (P - 1)):   # Ring.sum's chunks: sent, then received
+                k = rnd % (P - 1)
+                out_c, in_c = ((rank - k) % P, (rank - k - 1) % P) if rnd < P - 1 else \
+                    ((rank + 1 - k) % P, (rank - k) % P)
+                out = world.send(right, rnd, DOUBLE * chunk[out_c])
                 world.recv(me)
                 out.wait()
-                sent += DOUBLE * chunk
-                recv += DOUBLE * chunk
+                sent += DOUBLE * chunk[out_c]
+                recv += DOUBLE * chunk[in_c]
                 if rnd < P - 1:
-                    world.execute(c.allreduce_add(chunk))
+                    world.execute(c.allreduce_add(chunk[in_c]))
                 world.notice(rank, t)  # the schedule moves on only when the rank polls
             clock.switch("aggregate")
             world.execute(c.apply_update())

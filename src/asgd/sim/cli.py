@@ -6,11 +6,14 @@ cluster, with SimGrid, from a calibration (params.json), and write its results.j
   python -m asgd.sim --like runs/RUN --out runs/RUN-sim            # the configuration of a real run
   python -m asgd.sim --machine bluewaters --nodes 64 -n 65 --placement spread --reader sequential \\
                      --points 16384 --epochs 1 --out runs/bw-64
-  python -m asgd.sim --machine mustang --nodes 7 -n 1025 --servers 8 --compression 1bit
+  python -m asgd.sim --machine mustang --nodes 7 -n 1025 --servers 8 --compress 1bit
 
-The options of asgd.train keep their meaning (-n is the rank count: S servers + workers,
-or all workers with --arch allreduce). Times in results.json are simulated seconds;
-`python -m asgd.perf report` and `compare` read it as they read a real run's.
+The options of asgd.train keep their meaning and spelling (-n is the rank count: S servers
++ workers, or all workers with --arch allreduce). Times in results.json are simulated
+seconds; `python -m asgd.perf report` and `compare` read it as they read a real run's. Its
+config is the run simulated: asgd.train's options given here, else the --like run's, else
+asgd.train's defaults; the optimizer is sgd at sgd's default lr, since the server's update
+costs calibrate's sgd update (a --like run keeps its own, with a warning saying so).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 
 from ..perf import cli as perf_cli
 from ..perf.analytic import Run
+from ..run.config import Config
 from . import SimgridMissing
 from .costs import Costs, Spec, load_params
 from .machines import MACHINES, TOPOLOGIES, by_name
@@ -32,11 +36,17 @@ class SimError(ValueError):
     pass
 
 
+# asgd.train's options the simulation sets itself (the Spec, the data, its own outputs); a --like
+# run's other options are recorded in results.json as the run had them (Spec.recorded)
+SIMULATED_OPTIONS = frozenset({"data", "classes", "reader", "hidden", "batch", "epochs", "seed", "arch", "servers",
+                               "mode", "staleness", "compress", "optimizer", "lr", "out", "trace", "trace_steps"})
+
+
 def positive(s: str) -> int:
     return perf_cli.positive_int(s)
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m asgd.sim", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     g = ap.add_argument_group("the run (asgd.train's options)")
@@ -50,9 +60,13 @@ def parse_args(argv=None):
     g.add_argument("--hidden", type=positive, default=None, help="hidden units (default 10000)")
     g.add_argument("--batch", type=positive, default=None, help="mini-batch (default 256)")
     g.add_argument("--epochs", type=positive, default=None, help="passes over the data (default 5, as asgd.train)")
-    g.add_argument("--seed", type=int, default=0, help="seeds the step-time draws (default 0)")
-    g.add_argument("--like", metavar="RUN_DIR", help="take the configuration (and data) from a real run's "
-                   "results.json; the options above override it")
+    g.add_argument("--compress", choices=("none", "1bit"), default=None,
+                   help="none (default; with --like, the run's): float64 messages; 1bit: Delta-w and w' as one "
+                        "bit per value plus two scales per column (parameter servers only)")
+    g.add_argument("--seed", type=int, default=None, help="seeds the step-time draws (default 0; with --like, "
+                   "the run's)")
+    g.add_argument("--like", metavar="RUN_DIR", help="simulate a real run: its results.json's options (its "
+                   "compression, optimizer and lr too) and data; the options above override them")
     d = ap.add_argument_group("data (default: the embedded problem)")
     d.add_argument("--data", help="a data file: its size, points and held-out companion")
     d.add_argument("--points", type=positive, help="training points of a file that need not exist")
@@ -73,8 +87,6 @@ def parse_args(argv=None):
     m.add_argument("--link-gbps", type=float, help="override a node's link bandwidth, Gbit/s")
     m.add_argument("--link-latency-us", type=float, help="override the per-hop latency, microseconds")
     x = ap.add_argument_group("what-ifs")
-    x.add_argument("--compression", choices=("none", "1bit"), default="none",
-                   help="1bit: Delta-w and w' as one bit per value plus two scales per column")
     x.add_argument("--epoch-barrier", action="store_true", help="workers wait for each other at every epoch's "
                    "end (CNTK's barrier; asgd's async workers do not)")
     x.add_argument("--no-spread", action="store_true", help="every step takes the best measured time")
@@ -89,14 +101,18 @@ def parse_args(argv=None):
     o.add_argument("--trace-steps", default="0:200", help="worker steps the trace records, A:B (default 0:200)")
     o.add_argument("--json", action="store_true", help="print results.json's headline numbers as one JSON line")
     o.add_argument("--quiet", action="store_true", help="no summary")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv=None):
+    return build_parser().parse_args(argv)
 
 
 def spec_from_args(a, p) -> tuple[Spec, str | None]:
     """The Spec to simulate and the data path recorded in results.json."""
     base: dict = {}
     data_path = None
-    like: dict = {}
+    like: dict = {}   # the --like run's config
     if a.like:
         f = a.like if a.like.endswith(".json") else os.path.join(a.like, "results.json")
         try:
@@ -106,11 +122,10 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
             raise SimError(f"--like {a.like}: cannot read {f} ({e})") from None
         run = perf_cli.run_of(res, p)
         base = dataclasses.asdict(run)
-        c = res["config"]
-        like = {"arch": c.get("arch", "ps"), "staleness": c.get("staleness", 3), "ranks": c["world_size"]}
-        data_path = c.get("data")
-        if c.get("optimizer", "sgd") != "sgd":  # the server's update is calibrated for plain SGD only
-            print(f"asgd.sim: --like {a.like}: the run used --optimizer {c['optimizer']}; its server's update "
+        like = res["config"]
+        data_path = like.get("data")
+        if like.get("optimizer", "sgd") != "sgd":  # the server's update is calibrated for plain SGD only
+            print(f"asgd.sim: --like {a.like}: the run used --optimizer {like['optimizer']}; its server's update "
                   f"is simulated at plain SGD's calibrated cost", file=sys.stderr)
     if a.data or a.points or a.format:
         fmt = a.format or ("tsv" if a.points else "embedded")
@@ -121,7 +136,12 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
         if fmt == "embedded":
             base.update(file_bytes=0, test_bytes=0)
     arch = a.arch or like.get("arch", "ps")
-    ranks = a.ranks or like.get("ranks", 16)
+    if arch not in ("ps", "allreduce"):
+        raise SimError(f"--arch {arch}: the simulator has parameter servers and allreduce (not yet {arch})")
+    ranks = a.ranks or like.get("world_size", 16)
+    compress = a.compress or like.get("compress", "none")
+    if arch == "allreduce" and compress != "none":
+        raise SimError(f"--compress {compress} needs --arch ps or p2p (allreduce sums float64 Delta-w)")
     servers = a.servers or base.get("servers", 1)
     S = 0 if arch == "allreduce" else servers
     workers = ranks - S
@@ -155,9 +175,14 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
     except ValueError:
         raise SimError(f"--trace-steps {a.trace_steps!r}: expected A:B") from None
     a.trace_window = (lo, hi)
+    recorded = {k: v for k, v in like.items() if k in Config.__dataclass_fields__ and k not in SIMULATED_OPTIONS}
+    if data_path != like.get("data"):
+        recorded.pop("test", None)   # the run's held-out file belongs to its own data
+    seed = a.seed if a.seed is not None else like.get("seed", 0)
     spec = Spec(run=run, machine=machine, arch=arch, staleness=a.staleness or like.get("staleness", 3),
-                seed=a.seed, compression=a.compression, nodes=a.nodes, placement=a.placement,
-                epoch_barrier=a.epoch_barrier, straggler=a.straggler, background=a.background)
+                seed=seed, compress=compress, optimizer=like.get("optimizer", "sgd"), lr=like.get("lr"),
+                recorded=recorded, nodes=a.nodes, placement=a.placement, epoch_barrier=a.epoch_barrier,
+                straggler=a.straggler, background=a.background)
     return spec, data_path
 
 

@@ -31,7 +31,7 @@ import bisect
 import json
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import wire
 from ..net.mlp import Layout
@@ -49,7 +49,7 @@ def load_params(path: str) -> tuple[Params, dict]:
 
 
 def worker_points(points: int, workers: int, j: int) -> int:
-    """Points of worker j: data.readers.assign deals a seeded permutation round-robin."""
+    """Points of worker j: asgd.data.shares.assign deals a seeded permutation round-robin."""
     return points // workers + (1 if j < points % workers else 0)
 
 
@@ -61,8 +61,15 @@ class Spec:
     machine: Machine
     arch: str = "ps"               # ps | allreduce (allreduce: every rank a worker)
     staleness: int = 3             # ssp's K
-    seed: int = 0
-    compression: str = "none"      # none | 1bit: Delta-w and w' on the wire
+    seed: int = 0                  # seeds the step-time draws
+    compress: str = "none"         # none | 1bit: Delta-w and w' on the wire (asgd.train --compress)
+    # the servers' optimizer and lr, recorded in results.json: the server's update is charged at
+    # calibrate's cost, which is sgd's whatever the optimizer (lr None: default_lr's for the run)
+    optimizer: str = "sgd"
+    lr: float | None = None
+    # asgd.train's other options of a run simulated with --like (test, standardize, timeout, ...):
+    # results.json's config records them as the run had them; nothing here simulates them
+    recorded: dict = field(default_factory=dict)
     nodes: int = 1
     placement: str = "block"       # block: ranks fill node after node | spread: workers one per node
                                    # round-robin, servers on node 0 (CNTK's layout in the paper)
@@ -98,10 +105,10 @@ class Costs:
         self.n_w = r.n_w
         S = max(spec.servers, 1)
         self.shards = shard_bounds(self.n_w, S)
-        if spec.compression not in ("none", "1bit"):
-            raise ValueError(f"unknown compression {spec.compression!r} (none, 1bit)")
+        if spec.compress not in ("none", "1bit"):
+            raise ValueError(f"unknown --compress {spec.compress!r} (none, 1bit)")
         layout = Layout(r.features, r.hidden, r.classes)   # 1-bit's scales are per column of the shard
-        self.shard_cols = ([layout.columns(lo, hi) for lo, hi in self.shards] if spec.compression == "1bit"
+        self.shard_cols = ([layout.columns(lo, hi) for lo, hi in self.shards] if spec.compress == "1bit"
                            else [None] * S)
         self.spread_q = _spread_table((raw or {}).get("step_spread"), r.hidden, r.batch) if spread else None
         # a step's CPU seconds (calibrate's step_cpu_s: what it costs its core, whatever else ran on
@@ -178,7 +185,7 @@ class Costs:
     def server_update(self, node: int, shard_nw: int) -> float:
         """c_u: the server's CPU per Delta-w of a shard (1-bit: decode the signs too)."""
         base = self._msg_split(node, shard_nw)[1]
-        if self.spec.compression == "1bit":  # unpack and scale: about one pass over the shard
+        if self.spec.compress == "1bit":  # unpack and scale: about one pass over the shard
             base += self.p.memory_s_per_byte * 2 * DOUBLE * shard_nw
         return base
 
@@ -186,7 +193,7 @@ class Costs:
         """A worker's time per push/pull of a shard beyond its step (1-bit: quantize Delta-w,
         keep the error, decode w': about three passes over the shard)."""
         base = self._msg_split(node, shard_nw)[0]
-        if self.spec.compression == "1bit":
+        if self.spec.compress == "1bit":
             base += self.p.memory_s_per_byte * 6 * DOUBLE * shard_nw
         return base
 
@@ -195,7 +202,7 @@ class Costs:
         return self.p.memory_s_per_byte * 3 * DOUBLE * values
 
     def apply_update(self) -> float:
-        """allreduce: add the averaged update into w (kernels.add_scaled over n_w)."""
+        """allreduce: the averaged update applied to w (sgd: asgd.net.kernels.add_scaled over n_w)."""
         return self.p.memory_s_per_byte * 3 * DOUBLE * self.n_w
 
     def evaluate(self) -> float:

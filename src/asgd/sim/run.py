@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from ..net.optimizers import default_lr, worker_lr
 from ..run import results as _results
 from ..run.config import Config
 from ..run.trace import export as export_trace
@@ -56,7 +57,8 @@ def simulate(spec: Spec, costs: Costs, out: str | None = None, trace: bool = Fal
         sg.Actor.create(f"{role}{r}", plat.nodes[spec.node_of(r)], body, world, r)
     e.run()
     sim_wall = time.perf_counter() - t_wall
-    res = build_results(world, spec, costs, plat, sim_wall, out, data_path, params_path, sg)
+    res = build_results(world, spec, costs, plat, sim_wall, out, data_path, params_path, sg,
+                        trace, trace_steps)
     if out:
         os.makedirs(out, exist_ok=True)
         _results.write(os.path.join(out, "results.json"), res)
@@ -100,19 +102,32 @@ def simulate_isolated(*args, **kwargs) -> dict:
     return got
 
 
+def config_of(spec: Spec, out: str | None, data_path: str | None, trace: bool = False,
+              trace_steps: tuple[int, int] = (0, 200)) -> dict:
+    """results.json's config: the run simulated, as asgd.train records its own (its options,
+    then what it resolved: lr, the rank counts, the network's and the data's sizes)."""
+    r = spec.run
+    averaged = r.workers if spec.arch == "allreduce" or r.mode == "sync" else 1
+    lr = spec.lr if spec.lr is not None else default_lr(spec.optimizer, r.hidden, averaged)
+    simulated = dict(data=data_path, classes=r.classes, reader=r.reader, hidden=r.hidden, batch=r.batch,
+                     epochs=r.epochs, seed=spec.seed, arch=spec.arch, servers=max(spec.servers, 1), mode=r.mode,
+                     staleness=spec.staleness, compress=spec.compress, optimizer=spec.optimizer, lr=lr, out=out,
+                     trace=trace, trace_steps=f"{trace_steps[0]}:{trace_steps[1]}")
+    cfg = Config(**{**spec.recorded, **simulated}).to_dict()
+    cfg.update(servers=spec.servers, workers=r.workers, world_size=spec.ranks, worker_lr=worker_lr(spec.optimizer, lr),
+               features=r.features, n_w=r.n_w, train_points=r.points, test_points=r.test_points)
+    return cfg
+
+
 def build_results(world: actors.World, spec: Spec, costs: Costs, plat: Platform, sim_wall: float,
-                  out: str | None, data_path: str | None, params_path: str | None, sg) -> dict:
+                  out: str | None, data_path: str | None, params_path: str | None, sg, trace: bool = False,
+                  trace_steps: tuple[int, int] = (0, 200)) -> dict:
     r = spec.run
     S = spec.servers
     records = [dict(x) for x in world.records]
     for k, rec in enumerate(records):
         rec["timeline"] = {"start": 0.0, "init_end": world.init_end[k], "end": world.end[k]}
-    averaged = r.workers if spec.arch == "allreduce" or r.mode == "sync" else 1
-    cfg = Config(data=data_path, reader=r.reader, hidden=r.hidden, batch=r.batch, epochs=r.epochs,
-                 seed=spec.seed, out=out, arch=spec.arch, servers=max(S, 1), mode=r.mode,
-                 staleness=spec.staleness, quiet=True).to_dict()
-    cfg.update(lr=3.0 / r.hidden * averaged, servers=S, workers=r.workers, world_size=spec.ranks,
-               features=r.features, classes=r.classes, n_w=r.n_w, train_points=r.points, test_points=r.test_points)
+    cfg = config_of(spec, out, data_path, trace, trace_steps)
     version = getattr(sg, "simgrid_version", "?")
     meta = {"world_size": spec.ranks, "host": f"simulated {spec.machine.name}", "cores": spec.machine.cores_per_node,
             "oversubscribed": any(costs.crowded), "mpi_library": f"SimGrid {version} (simulated)",
@@ -126,7 +141,7 @@ def build_results(world: actors.World, spec: Spec, costs: Costs, plat: Platform,
     res["simulated"] = {
         "engine": f"SimGrid {version}", "sim_wall_s": sim_wall, "params": params_path,
         "platform": plat.describe(), "placement": spec.placement, "nodes": spec.nodes,
-        "ranks_per_node": costs.ranks_on, "compression": spec.compression, "epoch_barrier": spec.epoch_barrier,
+        "ranks_per_node": costs.ranks_on, "epoch_barrier": spec.epoch_barrier,
         "seed": spec.seed, "straggler": spec.straggler, "background_load": spec.background, "step_spread": costs.spread_q is not None, "mean_step_over_best": costs.mean_spread(),
         "sleep_overhead_s": world.sleep_overhead,
         "data_bytes": {"train": r.file_bytes, "test": r.test_bytes, "binary": r.binary},

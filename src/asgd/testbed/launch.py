@@ -123,7 +123,7 @@ def parse(cmd: list[str]) -> dict:
         servers = _option(targs, ("--servers",))
         info["arch"] = arch[1] if arch else "ps"
         info["allreduce"] = allreduce[1] if allreduce else "ring"
-        info["servers"] = 0 if info["arch"] == "allreduce" else int(servers[1]) if servers else 1
+        info["servers"] = 0 if info["arch"] in ("allreduce", "p2p") else int(servers[1]) if servers else 1
         out = _option(targs, ("--out",))
         info["out"] = out[1] if out else None
         info["dry_run"] = "--dry-run" in targs

@@ -42,8 +42,8 @@ frames a host and direction apart (MPI's start-up messages vary by a few bytes, 
 ACKs by whether they ride on data or go alone). It does not grow with the hosts: before
 the control network and with TCP's loss probes on, it was 1.5 KB, 54 frames, at 28.
 The proof refuses what it cannot check, in one line:
---allreduce mpi (MPI_Iallreduce's bytes are the MPI library's), a results.json without
-per-part bytes.
+--allreduce mpi (MPI_Iallreduce's bytes are the MPI library's), --arch p2p (its pattern is
+not modelled here yet), a results.json without per-part bytes.
 """
 
 from __future__ import annotations
@@ -92,6 +92,9 @@ def unprovable(arch: str | None, allreduce: str | None) -> str | None:
     if arch == "allreduce" and allreduce == "mpi":
         return ("the byte proof cannot check --allreduce mpi: MPI_Iallreduce's bytes are the MPI library's "
                 "(results.json counts only the least any allreduce moves); use --allreduce ring (the default)")
+    if arch == "p2p":
+        return ("the byte proof does not know --arch p2p's messages yet (every rank pushes to every owner, "
+                "itself and its host's ranks among them, which no link carries); prove ps or allreduce")
     return None
 
 

@@ -1,0 +1,314 @@
+"""What each rank does once init has made the model, by its role in the job's topology
+(run.topology); each returns the rank's entry of results.json's `ranks`.
+
+    serve    a parameter server: its shards of w (one, or with more model-parallel slices
+             than servers a few), until every worker is done
+    work     a worker: its share against the servers of its slice
+    peer     --arch p2p: both at once, serving its own shard while it trains
+    reduce   --arch allreduce: its share, summed with its slice's other ranks
+    dry_run  --dry-run: what the loop would have returned having trained nothing
+
+With --model-parallel K a worker is member k of a replica: it holds slice k of w only,
+its step sums the partial logits with its replica's other members (protocol.replica),
+and it learns the checkpoint cut and whether to stop from that sum, so that a replica's
+K pushes are always one step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..net import mlp, optimizers
+from ..protocol.allreduce import run_allreduce
+from ..protocol.context import Endpoint, Schedule, WorkerStats
+from ..protocol.messages import link_messages, shard_messages
+from ..protocol.p2p import peer_link, run_peer
+from ..protocol.replica import Replica
+from ..protocol.server import Server, ServerStats, gather_shards, policy, serve_all
+from ..protocol.worker import PushPull, run_worker
+from . import checkpoint, config, signals
+from .job import Job, Model
+from .progress import EpochTracker
+
+
+# -- what the roles share ------------------------------------------------------------------
+
+def tracker_of(job: Job, m: Model, w=None) -> EpochTracker | None:
+    """Epochs and progress lines on rank 0, which sees every update (the server of shard
+    0, p2p's owner of it, or allreduce's rank 0); it evaluates after each epoch when it
+    holds all of w (one server, allreduce without slices) or is given w() (a p2p worker's,
+    at most one exchange old)."""
+    if job.rank != 0:
+        return None
+    cfg, topo = job.cfg, job.topo
+    who = (f"every rank a worker owning 1/{job.comm.size} of w" if cfg.arch == "p2p"
+           else f"{job.servers} server(s), {job.workers} workers")
+    if topo.K > 1:
+        who += f" in {topo.replicas} replicas of {topo.K} (model-parallel)"
+    job.say(f"asgd: {job.comm.size} ranks: {who} ({cfg.arch}, "
+            f"{cfg.mode}); {m.n_train:,} training and {len(m.test):,} held-out points; "
+            f"{m.layout.d_in}-{m.layout.d_hidden}-{m.layout.d_out} MLP, batch {cfg.batch}, lr {m.lr:g}, "
+            f"{cfg.epochs} epochs")
+    if m.first_epoch:
+        job.say(f"resuming from {cfg.resume} after epoch {m.first_epoch}")
+    whole = (cfg.arch == "allreduce" and topo.K == 1) or (cfg.arch == "ps" and set(topo.hosts) == {0})
+    evaluate = None
+    if w is not None and topo.K == 1:
+        evaluate = lambda: mlp.make_evaluate(m.layout, w(), m.test)()  # noqa: E731
+    elif whole:
+        evaluate = lambda: mlp.make_evaluate(m.layout, m.standard(m.w), m.test)()  # noqa: E731
+    lockstep = cfg.mode == "sync" or cfg.arch == "allreduce"
+    return EpochTracker(m.n_train, cfg.epochs, evaluate, job.say, cfg.progress, job.clock,
+                        history=list(m.resumed.get("history", [])), epoch=m.first_epoch,
+                        samples=m.first_epoch * m.n_train, step_losses=[] if lockstep else None)
+
+
+def state_of(job: Job, m: Model, index: int, count: int, lo: int, hi: int, w: np.ndarray):
+    """The optimizer for w[lo:hi] (a shard, or a slice, or all of w), restored when
+    resuming, and its checkpoints (file `index` of `count`; rank 0's with the progress)."""
+    opt = optimizers.Optimizer(job.cfg.optimizer, m.lr, hi - lo)
+    if m.saved_optimizer:
+        opt.load(m.saved_optimizer[index])
+    tracker = job.tracker
+    progress = ((lambda: {"epoch": tracker.epoch, "samples": tracker.samples, "history": tracker.history})
+                if tracker and index == 0 else dict)
+    ckpt = checkpoint.Checkpointing(job.out, index, count, (lo, hi), m.layout.n_w, w,
+                                    config.checkpoint_every(job.cfg.checkpoint_every), progress,
+                                    state=opt.save, optimizer=opt.name, model_parallel=job.topo.K)
+    return opt, ckpt
+
+
+def on_version_of(job: Job, ckpt: checkpoint.Checkpointing | None = None):
+    """What a new version of w (or of a shard) does: rank 0's progress; with `ckpt`
+    (allreduce's ranks, which checkpoint by their own count) a checkpoint when one is
+    due, after the progress, so a checkpoint's progress matches its weights. (Servers
+    checkpoint at the cuts they agree on: protocol.server.)"""
+    tracker = job.tracker
+
+    def on_version(rounds: int, loss_sum: float, samples: float) -> None:
+        if tracker:
+            tracker.add(loss_sum, samples)
+        if ckpt and ckpt.due(rounds):
+            ckpt.save(rounds, cut=rounds)
+    return on_version
+
+
+def schedule_of(job: Job, m: Model) -> Schedule:
+    """My mini-batches: my replica's (one worker's without slices); sync and allreduce
+    take the same number of steps on every worker (the largest share's), async and ssp
+    their own share's."""
+    cfg, topo = job.cfg, job.topo
+    lockstep = cfg.mode == "sync" or cfg.arch == "allreduce"
+    steps = math.ceil(math.ceil(m.n_train / topo.replicas) / cfg.batch)  # per epoch of the largest share
+    return Schedule(cfg.batch, cfg.epochs, (cfg.seed, topo.replica(job.rank)),
+                    optimizers.worker_lr(cfg.optimizer, m.lr), first_epoch=m.first_epoch,
+                    steps_per_epoch=steps if lockstep else None, overlap=not lockstep,
+                    progress=cfg.mpi_progress == "step")
+
+
+def my_w(job: Job, m: Model) -> np.ndarray:
+    """The part of w this worker trains: all of it, or (model-parallel) its slice, a copy."""
+    if job.topo.K == 1:
+        return m.w
+    a, b = job.topo.slices[job.topo.member(job.rank)]
+    return m.w[a:b].copy()
+
+
+def drop_w(job: Job, m: Model) -> None:
+    """Once a rank's role holds what it needs (its own copies), it lets all of w go:
+    only rank 0 keeps it, to evaluate and save. A server then holds its shards, a
+    model-parallel worker its slice (results.json's weight_bytes)."""
+    if job.rank != 0:
+        m.w = None
+
+
+def step_of(job: Job, m: Model, replica: Replica | None, cut=lambda: 0, heard_stop=lambda: False):
+    """My training step: the whole model's, or (a replica's member) my slice's, which sums
+    the partial logits with the replica, agreeing on the cut (member 0's: cut()) and on
+    stopping (any member's signal or heard_stop())."""
+    if replica is None:
+        return mlp.make_step(m.layout, job.cfg.batch)
+    clock = job.clock
+
+    def sum_logits(Z):
+        clock.switch("replica_sum")
+        replica.sum(Z, cut(), signals.requested() is not None or heard_stop())
+        clock.switch("compute")
+    return mlp.make_mp_step(m.sliced, job.topo.member(job.rank), job.cfg.batch, sum_logits)
+
+
+def member_endpoint(job: Job, replica: Replica | None, comm=None) -> Endpoint:
+    """The endpoint a worker's loop runs with (on `comm`, default the job's): a replica's
+    member stops when its replica agreed to, never alone."""
+    ep = job.endpoint
+    if comm is not None:
+        ep = Endpoint(comm, ep.waiter, ep.clock, ep.stop_requested)
+    if replica is not None:
+        ep = Endpoint(ep.comm, ep.waiter, ep.clock, lambda: replica.stop)
+    return ep
+
+
+def replica_of(job: Job, background=None) -> Replica | None:
+    return Replica(job.endpoint, job.replica_comm, background) if job.topo.K > 1 else None
+
+
+def merge_records(worked: dict, served: dict) -> dict:
+    """A p2p rank's results.json entry: its worker's counts and its owner's, bytes added."""
+    return {**served, **{k: v for k, v in worked.items() if k not in ("bytes_sent", "bytes_recv", "refused")},
+            "role": "peer", "updates": worked["updates"], "rounds": served["rounds"],
+            "bytes_sent": worked["bytes_sent"] + served["bytes_sent"],
+            "bytes_recv": worked["bytes_recv"] + served["bytes_recv"],
+            "weight_bytes": worked.get("weight_bytes", 0) + served.get("weight_bytes", 0),
+            "stopped": worked["stopped"] or served["stopped"]}
+
+
+def merge_shards(records: list[dict]) -> dict:
+    """One server's entry for the shards it served (with more slices than servers: a few,
+    consecutive): their counts added, their bounds joined."""
+    if len(records) == 1:
+        return records[0]
+    out = dict(records[0])
+    for k in ("updates", "rounds", "requests", "bytes_sent", "bytes_recv", "refused", "weight_bytes"):
+        out[k] = sum(r[k] for r in records)
+    for k in ("staleness_hist", "step_gap_hist"):
+        out[k] = {rank: h for r in records for rank, h in r[k].items()}
+    out["shard"] = [records[0]["shard"][0], records[-1]["shard"][1]]
+    out["stopped"] = any(r["stopped"] for r in records)
+    return out
+
+
+def servers_of(job: Job, m: Model, shards: list[int], on_version) -> tuple[list[Server], list]:
+    """A Server (and its checkpoints) for each of my shards; the one of shard 0 leads the
+    checkpoint cuts and reports the progress."""
+    topo, cfg = job.topo, job.cfg
+    made, ckpts = [], []
+    for v in shards:
+        lo, hi = topo.shards[v]
+        w = m.w[lo:hi] if job.rank == 0 else m.w[lo:hi].copy()   # rank 0's: views of all of w
+        opt, ckpt = state_of(job, m, v, len(topo.shards), lo, hi, w)
+        workers = topo.pushers(v)
+        msgs = shard_messages(cfg.compress, m.columns(), (lo, hi), w, len(workers))
+        made.append(Server(job.endpoint, w, workers, opt, msgs, on_version if v == 0 else None, ckpt,
+                           leader=v == 0))
+        ckpts.append(ckpt)
+    return made, ckpts
+
+
+def final_cuts(job: Job, servers: list[Server], stats: list[ServerStats], ckpts: list) -> None:
+    """After training every shard has taken every push: one more cut, as asked (and
+    always when stopped early)."""
+    for st, ckpt in zip(stats, ckpts):
+        if job.cfg.checkpoint_every or st.stopped:
+            ckpt.save(st.rounds, cut=st.cuts + 1)
+
+
+# -- the roles ----------------------------------------------------------------------------
+
+def serve(job: Job, m: Model) -> dict:
+    """Serve my shards of w (views: rank 0's w stays whole) until every worker is done;
+    then rank 0 gathers all of w."""
+    cfg, topo = job.cfg, job.topo
+    job.tracker = tracker_of(job, m)
+    mine = topo.shards_of(job.rank)
+    servers, ckpts = servers_of(job, m, mine, on_version_of(job))
+    drop_w(job, m)
+    stats = serve_all(servers, [policy(cfg.mode, cfg.staleness) for _ in servers])
+    final_cuts(job, servers, stats, ckpts)
+    job.count("finish", *gather_shards(job.endpoint, m.w, topo.shards, topo.hosts,
+                                       {v: srv.w for v, srv in zip(mine, servers)}))
+    return merge_shards([srv.record(topo.shards[v]) for v, srv in zip(mine, servers)])
+
+
+def work(job: Job, m: Model) -> dict:
+    """Train my share (my replica's, on my slice) against my slice's servers."""
+    cfg, topo = job.cfg, job.topo
+    w = my_w(job, m)
+    hosts, shards = topo.link(job.rank)
+    replica = replica_of(job)
+    link = PushPull(member_endpoint(job, replica), shards,
+                    link_messages(cfg.compress, m.columns(topo.member(job.rank) if topo.K > 1 else None), shards, w),
+                    servers=hosts)
+    if replica is not None:
+        link.cut_source, link.stop_source = (lambda: replica.cut), (lambda: replica.stop)
+    step = step_of(job, m, replica, cut=lambda: link.cut, heard_stop=lambda: link.heard_stop)
+    weights = link.msgs.nbytes
+    del w
+    drop_w(job, m)
+    rec = run_worker(link, m.train.X, m.train.y, step, schedule_of(job, m)).record()
+    if replica is not None:
+        job.count("train", *replica.bytes)
+    return {**rec, "weight_bytes": weights}
+
+
+def peer(job: Job, m: Model) -> dict:
+    """--arch p2p: train my share against the owners of my slice (myself, maybe, among
+    them) while serving my own shard of w, then serve it until every rank is done; rank 0
+    gathers all of w."""
+    cfg, topo = job.cfg, job.topo
+    job.tracker = tracker_of(job, m, w=lambda: link.w)   # evaluates my worker's w (link: below)
+    rule = policy(cfg.mode, cfg.staleness)
+    mine = topo.shards_of(job.rank)
+    (owner,), ckpts = servers_of(job, m, mine, on_version_of(job))
+    w = my_w(job, m) if topo.K > 1 else m.w
+    hosts, shards = topo.link(job.rank)
+    replica = replica_of(job, background=lambda: owner.poll(rule))
+    msgs = link_messages(cfg.compress, m.columns(topo.member(job.rank) if topo.K > 1 else None), shards, w)
+    link = peer_link(member_endpoint(job, replica), shards, msgs, owner, rule, hosts)
+    if replica is not None:
+        link.cut_source, link.stop_source = (lambda: replica.cut), (lambda: replica.stop)
+    step = step_of(job, m, replica, cut=lambda: link.cut, heard_stop=lambda: link.heard_stop)
+    weights = msgs.nbytes
+    del w
+    drop_w(job, m)
+    worked, served = run_peer(link, owner, rule, m.train.X, m.train.y, step, schedule_of(job, m))
+    final_cuts(job, [owner], [served], ckpts)
+    if replica is not None:
+        job.count("train", *replica.bytes)
+    job.count("finish", *gather_shards(job.endpoint, m.w, topo.shards, topo.hosts, {mine[0]: owner.w}))
+    return merge_records({**worked.record(), "weight_bytes": weights}, owner.record(topo.shards[mine[0]]))
+
+
+def reduce(job: Job, m: Model) -> dict:
+    """--arch allreduce: train my share, summing each step's update with every rank that
+    holds my slice (every rank, without slices); every rank applies the same update."""
+    cfg, topo = job.cfg, job.topo
+    job.tracker = tracker_of(job, m)
+    k = topo.member(job.rank)
+    w = my_w(job, m)
+    a, b = topo.slices[k]
+    if topo.K > 1:
+        drop_w(job, m)
+    replica = replica_of(job)
+    # every rank applies the same updates: each slice's first replica checkpoints it
+    opt, ckpt = state_of(job, m, k, topo.K, a, b, w)
+    keeper = topo.replica(job.rank) == 0
+    step = step_of(job, m, replica)
+    ep = member_endpoint(job, replica, job.slice_comm)
+    st = run_allreduce(ep, w, m.train.X, m.train.y, step, opt, schedule_of(job, m),
+                       on_version_of(job, ckpt if keeper else None), cfg.allreduce)
+    if keeper and (cfg.checkpoint_every or st.stopped):
+        ckpt.save(st.updates, cut=st.updates + 1)
+    if replica is not None:
+        job.count("train", *replica.bytes)
+        # rank 0 gathers the slices from its replica's members
+        if job.rank == 0:
+            m.w[a:b] = w
+        job.count("finish", *gather_shards(job.endpoint, m.w, list(topo.slices), list(range(topo.K)),
+                                           {k: w} if keeper else {}))
+    return {**st.record(), "weight_bytes": w.nbytes + opt.nbytes + 2 * (w.nbytes + 24)}
+
+
+def dry_run(job: Job, m: Model) -> dict:
+    """--dry-run: what the loop would have returned had it trained nothing."""
+    topo = job.topo
+    if job.rank == 0:
+        job.tracker = tracker_of(job, m)
+    mine = topo.shards_of(job.rank)
+    served = [{**ServerStats(staleness=[[] for _ in topo.pushers(v)], step_gap=[[] for _ in topo.pushers(v)])
+               .record(topo.shards[v], topo.pushers(v)), "weight_bytes": 0} for v in mine]
+    if job.role == "server":
+        return merge_shards(served)
+    worked = {**WorkerStats().record(), "weight_bytes": 0}
+    return merge_records(worked, served[0]) if job.role == "peer" else worked

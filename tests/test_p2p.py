@@ -1,0 +1,84 @@
+"""--arch p2p: every rank a worker and the owner of 1/N of w, end to end."""
+
+import json
+
+import numpy as np
+import pytest
+
+from asgd import wire
+from asgd.net.mlp import Layout
+from conftest import load_results, mpiexec
+
+
+@pytest.mark.openmpi
+def test_p2p_learns_and_every_owner_applies_every_push(tmp_path):
+    p = mpiexec(4, ["--arch", "p2p", "--epochs", "3", "--out", str(tmp_path), "--quiet"], timeout=120)
+    assert p.returncode == 0, p.stderr
+    r = load_results(tmp_path)
+    assert r["metrics"]["accuracy"] >= 0.95
+    ranks = r["ranks"]
+    assert [x["role"] for x in ranks] == ["peer"] * 4 and r["config"]["servers"] == 4
+    sizes = [hi - lo for lo, hi in (x["shard"] for x in ranks)]
+    assert sum(sizes) == r["config"]["n_w"] and max(sizes) - min(sizes) <= 1
+    pushes = sum(x["updates"] for x in ranks)
+    assert all(x["requests"] == pushes for x in ranks)   # every owner saw every worker's every push
+    # bytes: a worker's pushes to the 3 other owners (its own shard needs no wire), and so on
+    for x in ranks:
+        others = [hi - lo for k, (lo, hi) in enumerate(y["shard"] for y in ranks) if k != x["rank"]]
+        assert x["bytes"]["train"]["sent"] == (
+            x["updates"] * sum(wire.push_bytes(k) for k in others)                        # my pushes
+            + (pushes - x["updates"]) * wire.pull_bytes(x["shard"][1] - x["shard"][0])   # my replies to the others
+            + 3 * wire.DONE_BYTES)
+    assert sum(x["bytes_sent"] for x in ranks) == sum(x["bytes_recv"] for x in ranks)
+
+
+def test_p2p_sync_takes_the_same_steps_as_a_parameter_server(tmp_path):
+    """Three workers, sync, the same seed: the p2p owners' per-step losses and final
+    weights are those of one parameter server's (same data order, same sums in worker
+    order)."""
+    common = ["--mode", "sync", "--hidden", "300", "--epochs", "2", "--batch", "64", "--seed", "5", "--quiet"]
+    got = {}
+    for name, n, args in (("ps", 4, []), ("p2p", 3, ["--arch", "p2p"])):
+        p = mpiexec(n, args + common + ["--out", str(tmp_path / name)])
+        assert p.returncode == 0, p.stderr
+        r = load_results(tmp_path / name)
+        assert r["config"]["workers"] == 3
+        got[name] = (np.array(r["metrics"]["step_loss"]), np.load(tmp_path / name / "weights.npy"))
+    assert len(got["ps"][0]) == len(got["p2p"][0]) == 2 * np.ceil(np.ceil(16384 / 3) / 64)
+    np.testing.assert_allclose(got["p2p"][0], got["ps"][0], rtol=1e-9, atol=0)
+    np.testing.assert_allclose(got["p2p"][1], got["ps"][1], rtol=1e-9, atol=1e-12)
+
+
+def test_p2p_with_one_bit_ssp_checkpoints_and_resume(tmp_path):
+    """Everything that works with servers works with owners: 1-bit messages, ssp's bound,
+    consistent checkpoints and --resume."""
+    run = tmp_path / "run"
+    args = ["--arch", "p2p", "--compress", "1bit", "--mode", "ssp", "--staleness", "2", "--checkpoint-every", "20",
+            "--quiet"]
+    p = mpiexec(3, args + ["--epochs", "2", "--out", str(run)], timeout=120)
+    assert p.returncode == 0, p.stderr
+    r = load_results(run)
+    for x in r["ranks"]:
+        assert x["step_gap"]["max"] <= 2
+    lo, hi = r["ranks"][1]["shard"]
+    cols = Layout(2, 10000, 2).columns(lo, hi)
+    assert r["ranks"][0]["bytes"]["train"]["sent"] >= r["ranks"][0]["updates"] * wire.push_bytes(hi - lo, cols)
+    p = mpiexec(3, args + ["--epochs", "3", "--resume", str(run)], timeout=120)
+    assert p.returncode == 0, p.stderr
+    r = load_results(run)
+    assert [h["epoch"] for h in r["metrics"]["history"]] == [1, 2, 3]
+    assert r["metrics"]["accuracy"] >= 0.95
+
+
+def test_p2p_trace_has_an_arrow_per_shard(tmp_path):
+    p = mpiexec(3, ["--arch", "p2p", "--epochs", "1", "--hidden", "1000", "--trace", "--trace-steps", "2:7",
+                    "--out", str(tmp_path), "--quiet"])
+    assert p.returncode == 0, p.stderr
+    ev = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {r: f"peer {r}" for r in range(3)}
+    starts = [e for e in ev if e["ph"] == "s"]
+    # steps 2..6 of 3 workers, each a push to and a reply from each of the 3 owners
+    assert len(starts) == 3 * 5 * 3 * 2
+    for owner in range(3):
+        assert sum(e["pid"] == owner for e in starts if e["name"] == "w'") == 3 * 5
