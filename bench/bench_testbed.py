@@ -171,7 +171,7 @@ def train_cmd(mpiexec: str, S: int, W: int, compress: str, args, out: Path, epoc
 
 
 def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | None = None) -> dict | None:
-    from asgd.testbed import model, proof
+    from asgd.testbed import model
     out = tmp / f"s{S}-w{W}-{compress}-{time.monotonic_ns()}"
     load0 = os.getloadavg()[0]
     try:
@@ -187,7 +187,7 @@ def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | No
     rate, n = steady_rate(out / "trace.json")
     ev = r["ranks"][0]["phases"].get("evaluate", 0.0)
     n_w = r["config"]["n_w"]
-    per_update_server = max(proof.app(r, tb.spec, [])[0][d] for d in ("sent", "recv")) / r["throughput"]["updates"]
+    per_update_server = max(r["ranks"][0]["bytes"]["train"][d] for d in ("sent", "recv")) / r["throughput"]["updates"]
     p = res.proof
     return {"compress": compress, "servers": S, "workers": W, "ranks": W + S,
             "updates_per_s": round(rate, 3), "updates_steady": n,

@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,7 @@ from asgd.launch import cores_available
 from asgd.testbed import launch, lifecycle, links, placement, procs, proof, state
 from asgd.testbed.sh import missing_requirements
 from asgd.testbed.spec import Spec, parse_rate
+from asgd.wire import DONE_BYTES, DOUBLE, PULL_HEADER, PUSH_HEADER
 from conftest import MPIEXEC
 
 REASON = missing_requirements() if sys.platform.startswith("linux") else "not Linux"
@@ -29,18 +32,69 @@ TESTBED = [sys.executable, "-m", "asgd.testbed"]
 
 # -- anywhere --------------------------------------------------------------------------
 
-def test_rates_and_names():
-    assert parse_rate("100mbit") == 100_000_000
-    assert parse_rate("1gbit") == 10**9
-    assert parse_rate("12.5MB/s") == 100_000_000
-    for bad in ("100mbps", "fast", "100", "1bit"):
-        with pytest.raises(ValueError):
-            parse_rate(bad)
+def test_rates_are_tcs_bit_rate_spellings():
+    """tc's bit-rate units, in any case as tc reads them (iproute2's get_rate: strcasecmp);
+    everything else refused, saying what it would mean and what to write: tc's byte
+    rates (12mbps: megabytes/s), 100Mb/s (megabits to most, read as megabytes before),
+    100MB/s, and a bare number (bits/s to tc, bytes/s in its older man page)."""
+    ok = {"100mbit": 10**8, "100Mbit": 10**8, "1GBIT": 10**9, "500kbit": 500_000, "2.5mbit": 2_500_000,
+          "1tbit": 10**12, "64000bit": 64_000, "10kibit": 10_240, "1Mibit": 2**20, "1gibit": 2**30,
+          "1tibit": 2**40}
+    assert {text: parse_rate(text) for text in ok} == ok
+    refused = {"100Mb/s": ["ambiguous", "100mbit", "800mbit"],
+               "100mb/s": ["ambiguous", "100mbit", "800mbit"],
+               "100MB/s": ["megabytes/s", "800mbit"],
+               "1MiB/s": ["mebibytes/s", "8mibit"],
+               "12mbps": ["megabytes/s to tc", "96mbit", "12mbit"],
+               "12Mbps": ["megabytes/s to tc", "96mbit", "12mbit"],
+               "100bps": ["bytes/s to tc", "800bit"],
+               "100Mbit/s": ["100mbit"],
+               "100000000": ["no unit", "bits/s", "100mbit"],
+               "fast": ["mbit", "kibit"], "1bit": ["below 8kbit"]}
+    for text, words in refused.items():
+        with pytest.raises(ValueError) as e:
+            parse_rate(text)
+        assert "\n" not in str(e.value) and all(w in str(e.value) for w in words), (text, str(e.value))
+
+
+def test_names():
     s = Spec("abcdef", 120, 10**8)
     assert max(len(n) for n in [s.bridge, s.veth(119)]) <= 15  # IFNAMSIZ - 1
     assert s.host(3) == "asgd-abcdef-h3" and s.index("asgd-abcdef-h3") == 3
     with pytest.raises(ValueError):
         Spec("toolong7", 2, 10**8)
+
+
+def test_the_testbeds_modules_form_a_layered_graph():
+    """No two testbed modules import each other, directly or round a loop (function-level
+    imports included, through test_layers' reading of every import): each module stands
+    above all it imports."""
+    from graphlib import CycleError, TopologicalSorter
+
+    from test_layers import edges
+    graph: dict[str, set[str]] = {}
+    for module, target, _ in edges():
+        if module.startswith("asgd.testbed.") and target.startswith("asgd.testbed.") and target != module:
+            graph.setdefault(module, set()).add(target)
+    assert ("asgd.testbed.cli", "asgd.testbed.lifecycle") in {(m, t) for m in graph for t in graph[m]}
+    try:
+        list(TopologicalSorter(graph).static_order())
+    except CycleError as e:
+        pytest.fail(f"testbed modules import each other in a loop: {' -> '.join(e.args[1])}")
+
+
+def test_status_ends_quietly_when_its_reader_goes_away(tmp_path):
+    """`status | head`: a reader that is gone before status writes (a pipe with no read
+    end, deterministic) ends status without a traceback, with the shell's code for a
+    writer whose reader left (128 + SIGPIPE)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        p = subprocess.run([*TESTBED, "status"], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60,
+                           env={**os.environ, "ASGD_TESTBED_STATE": str(tmp_path)})
+    finally:
+        os.close(write_end)
+    assert p.stderr == "" and p.returncode == 128 + signal.SIGPIPE, (p.returncode, p.stderr)
 
 
 def test_placement():
@@ -61,40 +115,196 @@ def test_command_parsing_and_rewriting(tmp_path):
     assert launch.parse(["mpiexec", "-n", "3", "python", "-m", "asgd.train"])["servers"] == 1
     with pytest.raises(Exception, match="-n N"):
         launch.parse(["mpiexec", "python", "x.py"])
-    s = Spec("x", 3, 10**8, subnet="10.231.9")
+    s = Spec("x", 3, 10**8, subnet="10.231.9", control="10.232.9")
     cmd = launch._hydra(s, ["mpiexec", "-n", "3", "python", "-c", "pass"], [0, 1, 2])
-    assert cmd[:9] == ["mpiexec", "-launcher", "ssh", "-launcher-exec", str(s.rsh), "-localhost", "10.231.9.1",
+    # hydra's proxies call the launcher back on the control network, not over the shaped links
+    assert cmd[:9] == ["mpiexec", "-launcher", "ssh", "-launcher-exec", str(s.rsh), "-localhost", "10.232.9.1",
                        "-hosts", "asgd-x-h0,asgd-x-h1,asgd-x-h2"]
     assert cmd[9:11] == ["-rankmap", "0,1,2"]
     with pytest.raises(Exception, match="places the ranks itself"):
         launch._hydra(s, ["mpiexec", "-hosts", "a,b", "-n", "2", "python"], [0, 1])
 
 
-def test_the_proof_rule():
-    """The rule catches bytes that bypassed the link (shared memory) and extra traffic."""
-    app = [{"sent": 10_000_000, "recv": 10_000_000, "ranks": [0]}, {"sent": 0, "recv": 0, "ranks": []}]
-    name = "h{}".format
-    good = [{"sent": 10_150_000, "recv": 10_200_000}, {"sent": 1_000, "recv": 2_000}]
-    assert proof.check(good, app, name)["ok"]
-    bypassed = [{"sent": 200_000, "recv": 150_000}, {"sent": 0, "recv": 0}]   # shm: acks only
-    assert not proof.check(bypassed, app, name)["ok"]
-    extra = [{"sent": 13_000_000, "recv": 10_200_000}, {"sent": 0, "recv": 0}]
-    assert not proof.check(extra, app, name)["ok"]
-    idle_host_busy = [good[0], {"sent": 5_000_000, "recv": 0}]
-    assert not proof.check(idle_host_busy, app, name)["ok"]
+# -- the byte proof, on synthetic runs ---------------------------------------------------
 
+def _ps_run(spec, S, W, updates, push, reply, dry=False, arch="ps", allreduce="ring"):
+    """A results.json as asgd.train writes it: S servers on hosts 0..S-1, W workers on the
+    next hosts, each worker `updates` pushes of `push` bytes (a reply of `reply` from each
+    server); the end-of-run records gathered to rank 0 (400 B each)."""
+    where = placement.plan(S + W, S, spec.hosts)
+    ranks = []
+    for r in range(S + W):
+        u = 0 if dry else updates
+        if r < S:
+            train = {"sent": W * u * reply, "recv": W * (u * push + 8)}
+            finish = {"sent": 120 if r else 120, "recv": 400 * (S + W - 1) if r == 0 else 40}
+        else:
+            train = {"sent": S * (u * push + 8), "recv": S * u * reply}
+            finish = {"sent": 400, "recv": 40}
+        train = {"sent": 0, "recv": 0} if dry else train
+        b = {"init": {"sent": 0, "recv": 0}, "train": train, "finish": finish}
+        ranks.append({"rank": r, "host": spec.host(where[r]), "updates": u, "refused": 0, "bytes": b,
+                      "bytes_sent": sum(x["sent"] for x in b.values()), "bytes_recv": sum(x["recv"] for x in b.values())})
+        if r < S:
+            ranks[-1]["shard"] = [r * 1000, (r + 1) * 1000]
+    return {"config": {"arch": arch, "allreduce": allreduce, "servers": S, "workers": W}, "dry_run": dry,
+            "ranks": ranks}, where
+
+
+def _wire(spec, base_wire, job, base, envelope=14, acks=0.2, extra=None):
+    """The links' counters after the job, as TCP would fill them: each host's baseline,
+    plus what the job added: its app bytes, MPI's envelope per message, a frame per
+    segment and some ACKs. extra: {host: {"sent"/"recv": bytes}} that no one counted."""
+    out = []
+    for k, (w, j, b) in enumerate(zip(base_wire, job, base)):
+        row = dict(w)
+        for d, o in (("sent", "recv"), ("recv", "sent")):
+            app = j["app"][d] - b["app"][d]
+            n, n_o = (sum((j["msgs"][x] - b["msgs"][x]).values()) for x in (d, o))
+            payload = app + envelope * n
+            frames = max(n, -(-payload // proof.MSS)) + int(acks * n_o)
+            payload += (extra or {}).get(k, {}).get(d, 0)
+            row[d] += payload + proof.FRAME * frames
+            row[f"frames_{d}"] += frames
+        out.append(row)
+    return out
+
+
+def _prove(spec, job_results, base_results, where, job_wire, base_wire):
+    return proof.check(proof.traffic(job_results, spec, where, job_wire),
+                       proof.traffic(base_results, spec, where, base_wire), spec.host)
+
+
+# start-up traffic on the links (MPI connecting every pair of 28 ranks), not the job's
+STARTUP = {"sent": 390_000, "recv": 390_000, "frames_sent": 1_500, "frames_recv": 1_500}
+
+
+def test_the_proof_passes_every_byte_counted_and_fails_a_worker_counting_half():
+    """28 hosts, 1 server and 27 one-bit workers of 0.08 MB each (the 1387-byte pushes of
+    2-2000-2, 60 each): the proof passes the job whose links carried what results.json
+    counts plus MPI's envelopes, and fails the same job if one worker's results counted
+    half its bytes: the bound is tight at a 1-bit worker's size (the old fixed 512 KiB
+    slack let such a host carry 7 times its counted bytes)."""
+    spec = Spec("p", 28, 8 * 10**6)
+    job, where = _ps_run(spec, 1, 27, 60, 1387, 1363)
+    base, _ = _ps_run(spec, 1, 27, 60, 1387, 1363, dry=True)
+    base_wire = [dict(STARTUP) for _ in range(spec.hosts)]
+    job_t, base_t = proof.traffic(job, spec, where, base_wire), proof.traffic(base, spec, where, base_wire)
+    job_wire = _wire(spec, base_wire, job_t, base_t)
+    good = _prove(spec, job, base, where, job_wire, base_wire)
+    assert good["ok"], proof.table(good)
+    worker = good["hosts"][5]
+    assert 60 * 1387 < worker["app_sent"] < 0.1e6
+    assert 1.0 < worker["ratio_sent"] < 1.1
+    # tight where a 1-bit worker's bytes are: its payload within 7 % of them, its wire within 1/4
+    assert worker["payload_bound_sent"][1] < 1.07 * worker["app_sent"]
+    assert worker["bound_sent"][1] < 1.25 * worker["app_sent"]
+    halved = json.loads(json.dumps(job))
+    for k in ("bytes_sent", "bytes_recv"):
+        halved["ranks"][5][k] //= 2
+    bad = _prove(spec, halved, base, where, job_wire, base_wire)
+    assert not bad["ok"]
+    assert [r["host"] for r in bad["hosts"] if not (r["ok_sent"] and r["ok_recv"])] == [spec.host(5)]
+
+
+def test_the_proof_fails_uncounted_bytes_bypassed_links_and_busy_idle_hosts():
+    """What the rule is for: the end-of-run gather going uncounted to rank 0's host (the
+    0.72 MB of the 28-host run), a float64 worker's bytes taking shared memory instead of
+    its link (only ACKs on the wire), traffic on a host without ranks; and what it lets
+    pass: the baseline's own noise (a few hundred bytes, a few dozen frames)."""
+    spec = Spec("p", 5, 8 * 10**6)
+    job, where = _ps_run(spec, 1, 3, 64, 80_040, 80_024)
+    base, _ = _ps_run(spec, 1, 3, 64, 80_040, 80_024, dry=True)
+    base_wire = [dict(STARTUP) for _ in range(spec.hosts)]
+    job_t, base_t = proof.traffic(job, spec, where, base_wire), proof.traffic(base, spec, where, base_wire)
+
+    def verdict(**kw):
+        return _prove(spec, job, base, where, _wire(spec, base_wire, job_t, base_t, **kw), base_wire)
+    assert verdict()["ok"]
+    assert verdict(extra={0: {"recv": 900}, 2: {"sent": -900}})["ok"]              # noise within EPSILON
+    gathered = verdict(extra={0: {"recv": 720_000}})
+    assert not gathered["ok"] and not gathered["hosts"][0]["ok_recv"]
+    bypassed = verdict(extra={1: {"sent": -64 * 80_040}})                          # shm: the pushes missing
+    assert not bypassed["ok"] and not bypassed["hosts"][1]["ok_sent"]
+    busy_idle = verdict(extra={4: {"sent": 50_000}})                               # host 4 runs no rank
+    assert not busy_idle["ok"] and busy_idle["hosts"][4]["ranks"] == []
+    many_frames = _wire(spec, base_wire, job_t, base_t)
+    many_frames[2]["frames_sent"] += 3 * int(job_t[2]["app"]["sent"] / proof.MSS)  # tiny packets
+    assert not _prove(spec, job, base, where, many_frames, base_wire)["hosts"][2]["ok_sent"]
+
+
+def test_the_proofs_messages_follow_the_protocol():
+    """The messages a job adds over its dry run, by size: PS workers a push to every
+    server and every server's reply per update, and one end-of-work message to each
+    server; servers the mirror image, and servers 1..S-1 their shard to rank 0; the ring
+    2 (P - 1) chunks each way per step; a dry run none."""
+    spec = Spec("p", 5, 8 * 10**6)
+    ps, _ = _ps_run(spec, 2, 3, 10, 100, 90)
+    m = proof.added_messages(ps)
+    assert m[2] == {"sent": {100: 20, 8: 2}, "recv": {90: 20}}
+    assert m[0] == {"sent": {90: 30}, "recv": {100: 30, 8: 3, 8000: 1}}
+    assert m[1] == {"sent": {90: 30, 8000: 1}, "recv": {100: 30, 8: 3}}
+    ring, _ = _ps_run(spec, 0, 4, 10, 100, 100, arch="allreduce")
+    ring["ranks"][1]["refused"] = 1
+    for r in ring["ranks"]:
+        r["bytes"]["train"] = {"sent": 6 * (r["updates"] + r["refused"]) * 250, "recv": 6 * (r["updates"] + 1) * 250}
+    got = proof.added_messages(ring)
+    assert got[0]["sent"] == {250: 60} and got[1]["sent"] == {250: 66}
+    assert all(not x["sent"] and not x["recv"] for x in proof.added_messages(_ps_run(spec, 2, 3, 10, 100, 90, dry=True)[0]))
+
+
+def test_the_proof_leaves_out_what_stays_in_a_host():
+    """Two ring ranks to a host (--ranks-per-host 2): a rank's chunks to a neighbour on its
+    own host, and rank 1's end-of-run record and clock pings to rank 0 beside it, never
+    cross a link: not in the host's app bytes, nor in its messages."""
+    spec = Spec("p", 2, 8 * 10**6)
+    ring, _ = _ps_run(spec, 0, 4, 10, 100, 100, arch="allreduce")
+    where = [0, 0, 1, 1]
+    for r, k in zip(ring["ranks"], where):
+        r["host"] = spec.host(k)
+        r["bytes"]["train"] = {"sent": 6 * 10 * 250, "recv": 6 * 10 * 250}
+        r["bytes_sent"] = sum(x["sent"] for x in r["bytes"].values())
+        r["bytes_recv"] = sum(x["recv"] for x in r["bytes"].values())
+    hosts = proof.app(ring, spec, where)
+    # each rank counts 15,000 B of chunks and 400 B sent, 40 B received at the end; on host 0
+    # rank 0's chunks to rank 1 and rank 1's 440 B with rank 0 stay; on host 1, rank 2's chunks
+    assert hosts[0]["sent"] == 2 * (15_000 + 400) - 15_000 - 440
+    assert hosts[1]["sent"] == 2 * (15_000 + 400) - 15_000
+    m = proof.added_messages(ring, where)
+    assert not m[0]["sent"] and m[1]["sent"] == {250: 60} and m[3]["sent"] == {250: 60} and not m[2]["sent"]
+
+
+def test_the_proof_refuses_what_it_cannot_check():
+    """--allreduce mpi (MPI_Iallreduce's bytes are MPI's), --arch p2p (not modelled yet), a
+    results.json without per-part bytes: one line each, before anything runs where the
+    command says so."""
+    spec = Spec("p", 4, 8 * 10**6)
+    mpi, _ = _ps_run(spec, 0, 4, 10, 100, 100, arch="allreduce", allreduce="mpi")
+    why = proof.refusal(mpi)
+    assert "--allreduce mpi" in why and "\n" not in why
+    old, _ = _ps_run(spec, 1, 3, 10, 100, 100)
+    del old["ranks"][2]["bytes"]
+    assert "per-part bytes" in proof.refusal(old)
+    assert proof.refusal(_ps_run(spec, 1, 3, 10, 100, 100)[0]) is None
+    p2p, _ = _ps_run(spec, 0, 4, 10, 100, 100, arch="p2p")
+    assert "--arch p2p" in proof.refusal(p2p)
+    for train_args, words in ((["--arch", "allreduce", "--allreduce", "mpi"], "--allreduce mpi"),
+                              (["--arch", "p2p"], "--arch p2p"), (["--dry-run"], "nothing to prove")):
+        with pytest.raises(lifecycle.TestbedError, match=words):   # before the testbed is even looked at
+            launch.run(spec, ["mpiexec", "-n", "4", "python", "-m", "asgd.train", *train_args], check_bytes=True)
 
 
 def test_wire_bytes_are_tcp_framing():
     """wire_bytes: the payload in 1448-byte segments, a 66-byte frame each, and half as
-    many 66-byte ACKs for the message the other way; the byte proof's bounds hold it."""
+    many 66-byte ACKs for the message the other way; the byte proof's frame bound (a
+    frame per segment each way) holds it."""
     from asgd.testbed import proof
     from asgd.testbed.model import wire_bytes
-    payload = 8 * 50002 + 40                        # 2-10K-2's Delta-w and its header
+    payload = 8 * 50002 + DOUBLE * PUSH_HEADER     # 2-10K-2's Delta-w and its header
     segments = -(-payload // 1448)                  # 277
     assert wire_bytes(50002) == payload + 66 * segments + 66 * (-(-segments // 2))
-    assert 1.06 < wire_bytes(50002) / payload < 1 + proof.HEADERS + proof.ACK
-    assert wire_bytes(100) == 840 + 66 + 66         # one segment, one ACK
+    assert 1.06 * payload < wire_bytes(50002) < payload + proof.FRAME * 2 * proof.segments(Counter({payload: 1}))
+    assert wire_bytes(100) == 800 + DOUBLE * PUSH_HEADER + 66 + 66   # one segment, one ACK
     assert wire_bytes(50002, bytes_per_weight=1 / 8 + 1e-3) < wire_bytes(50002) / 50
 
 
@@ -174,8 +384,7 @@ def warm_jit():
 
 
 def _inside(n: str) -> list[int]:
-    return procs.inside(lifecycle._namespace_inodes(n, [f"asgd-{n}-h{k}" for k in range(8)
-                                                          if os.path.exists(f"/run/netns/asgd-{n}-h{k}")]))
+    return procs.of_testbed(n)
 
 
 def _cmdline(pid: int) -> str:
@@ -189,7 +398,8 @@ def _cmdline(pid: int) -> str:
 def _nothing_left(n: str) -> None:
     assert lifecycle.leftovers_of(n) == []
     assert not [x for x in links.list_netns() if x.startswith(f"asgd-{n}-")]
-    assert not [x for x in links.list_links() if x == f"asgd-{n}" or x.startswith(f"asgd-{n}-")]
+    assert not [x for x in links.list_links() if x in (f"asgd-{n}", f"asgc-{n}")
+                or x.startswith((f"asgd-{n}-", f"asgc-{n}-"))]
     assert not (state.state_file(n).parent).exists()
 
 
@@ -197,8 +407,10 @@ def _nothing_left(n: str) -> None:
 @needs_mpi
 @pytest.mark.timeout(90)
 def test_three_hosts_job_over_the_shaped_links(name, tmp_path, warm_jit):
-    """1 server and 2 workers on 3 hosts: each rank on its own host (per results.json),
-    every byte the ranks counted crossed its host's veth, and down leaves nothing."""
+    """1 server and 2 workers on 3 hosts: each rank on its own host (per results.json);
+    the byte proof (each job over its dry run) passes float64, 1-bit and the ring
+    allreduce, and fails the same run with a worker's bytes counted half; down leaves
+    nothing."""
     t0 = time.perf_counter()
     tb = lifecycle.up(name, 3, parse_rate("1gbit"), say=lambda *a, **k: None)
     assert tb.info["status"] == "up"
@@ -207,41 +419,58 @@ def test_three_hosts_job_over_the_shaped_links(name, tmp_path, warm_jit):
     hostnames = [subprocess.run([str(tb.spec.rsh), "-x", h, "hostname"], capture_output=True, text=True,
                                 timeout=10).stdout.strip() for h in tb.spec.host_names]
     assert hostnames == tb.spec.host_names                 # a UTS namespace per host
-    out = tmp_path / "run"
-    res = tb.run([MPIEXEC, "-n", "3", sys.executable, "-m", "asgd.train", "--hidden", "2000", "--epochs", "1",
-                  "--quiet", "--timeout", "60", "--out", str(out)],
-                 check_bytes=True, timeout=75, capture=True, say=lambda *a, **k: None)
-    assert res.rc == 0, res.stderr
-    r = json.loads((out / "results.json").read_text())
+
+    def train(tag, *args):
+        out = tmp_path / tag
+        res = tb.run([MPIEXEC, "-n", "3", sys.executable, "-m", "asgd.train", "--hidden", "2000", "--epochs", "1",
+                      "--quiet", "--timeout", "60", "--out", str(out), *args],
+                     check_bytes=True, timeout=75, capture=True, say=lambda *a, **k: None)
+        assert res.rc == 0, res.stderr
+        assert res.proof["ok"], proof.table(res.proof)
+        return res, json.loads((out / "results.json").read_text())
+    res, r = train("run")
     hosts = [x["host"] for x in r["ranks"]]
     assert hosts == [f"asgd-{name}-h0", f"asgd-{name}-h1", f"asgd-{name}-h2"]   # placement, by each rank
     # each host is a node of one rank, but the ranks share this machine's cores: the testbed says so
     assert r["config"]["host"] == hosts[0] and r["config"]["oversubscribed"] is (3 > cores_available())
     assert r["metrics"]["accuracy"] > 0.5
-    # the proof: each host's link carried its ranks' bytes (TCP), within header overhead
+    assert json.loads((Path(res.baseline["out"]) / "results.json").read_text())["dry_run"] is True
+    # the proof: what the job added to each host's link is what its ranks counted, in TCP
     p = res.proof
-    assert p["ok"], proof.table(p)
     for row in p["hosts"]:
         for d in ("sent", "recv"):
             assert row[f"app_{d}"] > 2_000_000              # hidden 2000: 80 KB a message, 32+ each way
             assert 1.0 <= row[f"ratio_{d}"] < 1.08, row
+            assert 0 <= row[f"payload_{d}"] - row[f"app_{d}"] < 0.002 * row[f"app_{d}"], row   # MPI's envelopes
     assert sum(q["dropped"] for q in res.qdisc) == 0
+    # the same run, had a worker's results.json counted half its bytes, fails
+    where = [tb.spec.index(h) for h in hosts]
+    halved = json.loads(json.dumps(r))
+    for k in ("bytes_sent", "bytes_recv"):
+        halved["ranks"][1][k] //= 2
+    base = json.loads((Path(res.baseline["out"]) / "results.json").read_text())
+    bad = proof.check(proof.traffic(halved, tb.spec, where, res.wire),
+                      proof.traffic(base, tb.spec, where, res.baseline["wire"]), tb.spec.host)
+    assert not bad["ok"] and not bad["hosts"][1]["ok_sent"]
     # --compress 1bit on the same hosts: its 1-bit messages are what crossed the links
-    out1 = tmp_path / "run-1bit"
-    res1 = tb.run([MPIEXEC, "-n", "3", sys.executable, "-m", "asgd.train", "--hidden", "2000", "--epochs", "1",
-                   "--compress", "1bit", "--quiet", "--timeout", "60", "--out", str(out1)],
-                  check_bytes=True, timeout=75, capture=True, say=lambda *a, **k: None)
-    assert res1.rc == 0, res1.stderr
-    r1 = json.loads((out1 / "results.json").read_text())
-    assert res1.proof["ok"], proof.table(res1.proof)
-    for x in r1["ranks"][1:]:     # 2-2000-2: 1,387 bytes a push, 1,363 a reply (8 x 10,005 in float64)
-        assert (x["bytes_sent"], x["bytes_recv"]) == (1387 * x["updates"], 1363 * x["updates"])
+    res1, r1 = train("run-1bit", "--compress", "1bit")
+    bits = 1347                   # 2-2000-2's 10,005 weights in 1-bit with its columns' scales (80,040 B in float64)
+    for x in r1["ranks"][1:]:     # a push and a reply each, with their headers; the end-of-work message
+        assert (x["bytes"]["train"]["sent"], x["bytes"]["train"]["recv"]) == (
+            (bits + DOUBLE * PUSH_HEADER) * x["updates"] + DONE_BYTES, (bits + DOUBLE * PULL_HEADER) * x["updates"])
     assert res1.wire[0]["recv"] < 0.1 * res.wire[0]["recv"]     # the server's link carried < 1/10 of the bytes
+    # the ring allreduce: every rank sends its neighbour 2 (P - 1) chunks a step
+    res2, r2 = train("run-ring", "--arch", "allreduce")
+    assert all(row[f"messages_{d}"] == 4 * x["updates"] for row, x in zip(res2.proof["hosts"], r2["ranks"])
+               for d in ("sent", "recv"))
+    # a job whose baseline cannot start up is refused with the dry run's own error
+    with pytest.raises(lifecycle.TestbedError, match="dry run .* failed .*--hidden"):
+        train("bad", "--hidden", "-5")
     tb.down()
     _nothing_left(name)
     print(f"3-host test: {time.perf_counter() - t0:.1f} s, wire/app {p['ratio_sent']:.3f} sent, "
-          f"{p['ratio_recv']:.3f} received (1bit: {res1.proof['ratio_sent']:.3f}, {res1.proof['ratio_recv']:.3f}); "
-          f"load {os.getloadavg()[0]:.2f}")
+          f"{p['ratio_recv']:.3f} received (1bit: {res1.proof['ratio_sent']:.3f}, {res1.proof['ratio_recv']:.3f}; "
+          f"ring: {res2.proof['ratio_sent']:.3f}, {res2.proof['ratio_recv']:.3f}); load {os.getloadavg()[0]:.2f}")
 
 
 @needs_netns
@@ -292,12 +521,16 @@ def test_a_killed_run_leaves_nothing_down_cannot_remove(name, tmp_path, warm_jit
 def test_a_killed_up_is_removed_by_down(name):
     """up killed after its second host (of 4): down finds the pieces by name and removes
     them; down again has nothing to do."""
-    env = {**os.environ, lifecycle.STALL_ENV: "1"}
-    up = subprocess.Popen([*TESTBED, "up", "--name", name, "--hosts", "4", "--bandwidth", "100mbit"],
-                          stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    halt_after_host_1 = ("import sys, threading; from asgd.testbed import lifecycle\n"
+                         "def made(k):\n"
+                         "    if k == 1:\n"
+                         "        print('made host 1', flush=True); threading.Event().wait()\n"
+                         f"lifecycle.up({name!r}, 4, 10**8, made_host=made)\n")
+    up = subprocess.Popen([sys.executable, "-c", halt_after_host_1], stdout=subprocess.PIPE, text=True,
+                          start_new_session=True)
     try:
-        line = up.stderr.readline()
-        assert "stalling after host 1" in line, line
+        line = up.stdout.readline()
+        assert line == "made host 1\n", line
         os.killpg(up.pid, signal.SIGKILL)
         up.wait(timeout=10)
     finally:
@@ -312,7 +545,7 @@ def test_a_killed_up_is_removed_by_down(name):
         lifecycle.up(name, 2, 10**8, say=lambda *a, **k: None)
     p = subprocess.run([*TESTBED, "down", "--name", name], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert "removed 2 namespaces, 3 interfaces" in p.stdout   # h0, h1; veths 0, 1 and the bridge
+    assert "removed 2 namespaces, 6 interfaces" in p.stdout   # h0, h1; their data and control veths, 2 bridges
     _nothing_left(name)
     p = subprocess.run([*TESTBED, "down", "--name", name], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "nothing to remove" in p.stdout

@@ -1,8 +1,9 @@
 """python -m asgd.testbed up | down | status | run: an emulated cluster on one machine.
 
   up      make H hosts (network namespaces with their own hostname and IPC), each with a
-          veth into one bridge, every link shaped to RATE each way (tc tbf on both ends),
-          optional latency (netem, where the kernel has it)
+          veth into the data bridge, every such link shaped to RATE each way (tc tbf on
+          both ends), optional latency (netem, where the kernel has it), and a veth into
+          the control bridge (unshaped: the MPI launcher's traffic)
   run     run an MPI job across the hosts: `run [options] -- mpiexec -n N python -m
           asgd.train ...`; the ranks are placed by the launcher itself (MPICH hydra or
           Open MPI, through an ssh stand-in that enters a host's namespaces): servers on
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 
 from . import lifecycle
@@ -48,7 +51,8 @@ def parser() -> argparse.ArgumentParser:
     u = sub.add_parser("up", help="make a testbed", description="Make H hosts joined by shaped links.")
     u.add_argument("--hosts", type=int, required=True, help="number of hosts (namespaces)")
     u.add_argument("--bandwidth", type=_rate, required=True, metavar="RATE",
-                   help="each link's rate, each direction: 100mbit, 1gbit, 500kbit, 12.5MB/s (bytes)")
+                   help="each link's rate, each direction, in tc's bit-rate units: 100mbit, 1gbit, 500kbit, "
+                        "10mibit (byte rates such as 12mbps, 100MB/s and bare numbers are refused)")
     u.add_argument("--latency", type=float, default=0.0, metavar="US",
                    help="one-way host-to-host latency in microseconds, by netem (half on each end of "
                         "a link); where netem is not in the kernel it is not applied and up says so")
@@ -74,8 +78,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--ranks-per-host", type=int, metavar="K",
                    help="workers in blocks of K per host (default: round-robin over the worker hosts)")
     r.add_argument("--check-bytes", action="store_true",
-                   help="after the job, compare each host's link counters with results.json's per-rank "
-                        "bytes; exit 3 if they do not match")
+                   help="the byte proof: first the same job with --dry-run (the baseline: start-up and "
+                        "end-of-run traffic), then the job; what the job added to each host's link must be "
+                        "what its ranks counted in results.json, in TCP (asgd.testbed.proof); exit 3 if not")
     r.add_argument("--timeout", type=float, default=900, help="seconds before the job is killed (default 900)")
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- mpiexec -n N ...")
     return p
@@ -93,7 +98,7 @@ def _print_status(entries: list[dict]) -> None:
         print(f"{e['name']}: {e['status']}, {st['hosts']} hosts, {format_rate(st['rate_bit'])} each way per link, "
               f"latency {f'{lat:g} us (netem)' if lat else 'none added'}"
               + (" (asked for, netem unavailable)" if st.get("latency_us") and not lat else "")
-              + f", subnet {st['subnet']}.0/24")
+              + f", subnet {st['subnet']}.0/24, control network {st.get('control', '?')}.0/24")
         for h in e["hosts"]:
             print(f"  {h['host']:<14} {h['ip']:<14} veth {h['veth']:<12} sent {h.get('sent_bytes', 0):>14,} B  "
                   f"received {h.get('recv_bytes', 0):>14,} B  qdisc {'+'.join(h.get('qdisc', [])) or '-'}  "
@@ -103,7 +108,18 @@ def _print_status(entries: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parser().parse_args(argv)
+    try:
+        code = _command(parser().parse_args(argv))
+        sys.stdout.flush()   # here, not at exit: a reader that left is seen inside the try
+        return code
+    except BrokenPipeError:
+        # the reader went away (`status | head`): end as quietly as a tool that SIGPIPE
+        # ended; stdout goes to /dev/null so that the exit's flush has nowhere to fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _command(a: argparse.Namespace) -> int:
     try:
         if a.command == "up":
             lifecycle.up(a.name, a.hosts, a.bandwidth, a.latency, a.subnet)

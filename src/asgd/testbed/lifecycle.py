@@ -14,9 +14,9 @@ import sys
 import time
 import zlib
 
-from . import hostns, links, procs, shaping, state
+from . import hostns, launch, links, procs, shaping, state
 from .sh import TestbedError, missing_requirements
-from .spec import PREFIX, Spec, check_name, format_rate, link_names, netns_names
+from .spec import CONTROL_PREFIX, PREFIX, Spec, check_name, format_rate, is_bridge_name, link_names, netns_names
 
 RSH = """#!/bin/sh
 # asgd testbed {name}: the MPI launcher's ssh stand-in. `rsh [-opts] HOST COMMAND...`
@@ -31,9 +31,6 @@ fi
 exec nsenter --net="/run/netns/$host" --uts="$d/$host.uts" --ipc="$d/$host.ipc" -- /bin/sh -c "$*"
 """
 
-STALL_ENV = "ASGD_TESTBED_TEST_STALL_AFTER_HOST"  # tests: up stops here, to be killed mid-way
-
-
 def _say_nothing(*_a, **_k):
     pass
 
@@ -43,20 +40,23 @@ def exists(name: str) -> bool:
             or bool(link_names(name, links.list_links())))
 
 
-def pick_subnet(name: str) -> str:
-    """A free 10.231.X.0/24 for this testbed: X from its name, then the next free one."""
-    taken = {(state.read(n) or {}).get("subnet") for n in state.names()}
+def pick_subnet(name: str, base: str = "10.231", key: str = "subnet") -> str:
+    """A free <base>.X.0/24 for this testbed (its data network; base 10.232 and key
+    "control": its control network): X from its name, then the next free one."""
+    taken = {(state.read(n) or {}).get(key) for n in state.names()}
     start = zlib.crc32(name.encode()) % 256
     for i in range(256):
-        prefix = f"10.231.{(start + i) % 256}"
+        prefix = f"{base}.{(start + i) % 256}"
         if prefix not in taken and not links.subnet_in_use(prefix):
             return prefix
-    raise TestbedError("no free 10.231.X.0/24 subnet; pass --subnet")
+    raise TestbedError(f"no free {base}.X.0/24 subnet" + ("; pass --subnet" if key == "subnet" else ""))
 
 
 def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: str | None = None,
-       say=print) -> Testbed:
-    """Make the testbed; returns its handle. Raises TestbedError (nothing left behind)."""
+       say=print, made_host=None) -> Testbed:
+    """Make the testbed; returns its handle. Raises TestbedError (nothing left behind).
+    made_host(k), if given, is called once host k is made and shaped (progress; the
+    tests kill an up half-way there)."""
     check_name(name)
     reason = missing_requirements()
     if reason:
@@ -64,11 +64,12 @@ def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: st
     if exists(name):
         raise TestbedError(f"testbed {name!r} already exists (or pieces of it): "
                            f"python -m asgd.testbed down --name {name}")
-    spec = Spec(name, hosts, rate_bit, latency_us, subnet or pick_subnet(name))
+    spec = Spec(name, hosts, rate_bit, latency_us, subnet or pick_subnet(name),
+                pick_subnet(name, "10.232", "control"))
     state.write(spec, status="creating", pid=os.getpid(), start=procs.start_time(os.getpid()))
     t0 = time.perf_counter()
     try:
-        links.make_bridge(spec)
+        links.make_bridges(spec)
         netem = shaping.netem_available(spec.bridge) if latency_us > 0 else None
         if latency_us > 0 and not netem:
             say(f"asgd.testbed: netem is not in this kernel (no sch_netem): no latency added; "
@@ -78,12 +79,11 @@ def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: st
         for k in range(hosts):
             links.make_netns(spec, k)
             hostns.create({kind: spec.ns_file(k, kind) for kind in hostns.KINDS}, spec.host(k))
-            links.make_link(spec, k)
+            links.make_links(spec, k)
             shaping.shape(spec.veth(k), rate_bit, delay)               # into host k
             shaping.shape("eth0", rate_bit, delay, netns=spec.host(k))  # out of host k
-            if os.environ.get(STALL_ENV) == str(k):
-                print(f"asgd.testbed: stalling after host {k} ({STALL_ENV})", file=sys.stderr, flush=True)
-                time.sleep(600)
+            if made_host:
+                made_host(k)
         spec.rsh.write_text(RSH.format(name=name, dir=spec.dir, first=spec.host(0), last=spec.host(hosts - 1)))
         spec.rsh.chmod(0o755)
         state.write(spec, status="up", netem=netem, latency_applied_us=latency_us if netem else 0.0,
@@ -92,27 +92,12 @@ def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: st
         down(name, say=_say_nothing)
         raise
     say(f"asgd.testbed: {name} up: {hosts} hosts {spec.host(0)} .. {spec.host(hosts - 1)} "
-        f"({spec.host_ip(0)} .. {spec.host_ip(hosts - 1)}), bridge {spec.bridge} {spec.bridge_ip}, "
+        f"({spec.host_ip(0)} .. {spec.host_ip(hosts - 1)}) on bridge {spec.bridge}, "
         f"{format_rate(rate_bit)} each way per link (tbf), latency "
         + (f"{latency_us:g} us (netem)" if latency_us and netem else "not added")
+        + f"; the launcher's control network {spec.control_cidr} on bridge {spec.control_bridge} (unshaped)"
         + f"; {time.perf_counter() - t0:.2f} s")
     return Testbed(spec)
-
-
-def _namespace_inodes(name: str, namespaces: list[str]) -> dict[str, set[int]]:
-    out: dict[str, set[int]] = {"net": set(), "uts": set(), "ipc": set()}
-    for ns in namespaces:
-        try:
-            out["net"].add(os.stat(f"/run/netns/{ns}").st_ino)
-        except OSError:
-            pass
-    d = state.state_file(name).parent
-    for kind in hostns.KINDS:
-        for f in d.glob(f"*.{kind}") if d.is_dir() else []:
-            ino = hostns.inode(f)
-            if ino:
-                out[kind].add(ino)
-    return out
 
 
 def down(name: str, say=print) -> dict:
@@ -128,14 +113,14 @@ def down(name: str, say=print) -> dict:
             and info["pid"] != os.getpid():
         procs.kill([info["pid"]])   # an `up` still under way (or stalled)
         removed["launchers"].append(info["pid"])
-    namespaces = netns_names(name, links.list_netns())
-    inside = procs.inside(_namespace_inodes(name, namespaces))
+    inside = procs.of_testbed(name)
     left = procs.kill(inside)
+    namespaces = netns_names(name, links.list_netns())
     removed["processes"] = inside
     # links before namespaces: a namespace's deletion takes its veth pair with it, but
     # asynchronously, so a later look could still see (and count) the root-side end
     devs = link_names(name, links.list_links())
-    for dev in sorted(devs, key=lambda d: d == f"{PREFIX}{name}"):   # veths first, the bridge last
+    for dev in sorted(devs, key=lambda d: is_bridge_name(name, d)):   # veths first, the bridges last
         links.delete_link(dev)
         removed["links"].append(dev)
     for ns in namespaces:
@@ -191,7 +176,7 @@ def status(name: str | None = None) -> list[dict]:
                  "state": info, "hosts": [], "problems": []}
         if info:
             spec = Spec.from_dict(info)
-            pids = procs.inside(_namespace_inodes(n, namespaces))
+            pids = procs.of_testbed(n)
             by_net = {}
             for p in pids:
                 try:
@@ -203,17 +188,20 @@ def status(name: str | None = None) -> list[dict]:
                 if spec.host(k) not in namespaces:
                     entry["problems"].append(f"netns {spec.host(k)} missing")
                 if spec.veth(k) in devs:
-                    tx, rx = links.counters(spec.veth(k))
-                    h.update(recv_bytes=tx, sent_bytes=rx, qdisc=shaping.qdisc_stats(spec.veth(k))["kinds"])
+                    c = links.counters(spec.veth(k))
+                    h.update(recv_bytes=c["tx_bytes"], sent_bytes=c["rx_bytes"], qdisc=shaping.qdisc_stats(spec.veth(k))["kinds"])
                 else:
                     entry["problems"].append(f"veth {spec.veth(k)} missing")
+                if spec.control_veth(k) not in devs:
+                    entry["problems"].append(f"veth {spec.control_veth(k)} missing")
                 try:
                     h["processes"] = len(by_net.get(os.stat(f"/run/netns/{spec.host(k)}").st_ino, []))
                 except OSError:
                     h["processes"] = 0
                 entry["hosts"].append(h)
-            if spec.bridge not in devs:
-                entry["problems"].append(f"bridge {spec.bridge} missing")
+            for bridge in (spec.bridge, spec.control_bridge):
+                if bridge not in devs:
+                    entry["problems"].append(f"bridge {bridge} missing")
         else:
             entry["objects"] = namespaces + devs
         out.append(entry)
@@ -229,7 +217,7 @@ def _names_from_objects(namespaces: list[str], devs: list[str]) -> set[str]:
         if m:
             got.add(m.group(1))
     for dev in devs:   # a bridge alone (up killed before its first host)
-        m = re.fullmatch(re.escape(PREFIX) + r"([a-z0-9]{1,6})", dev)
+        m = re.fullmatch(f"(?:{re.escape(PREFIX)}|{re.escape(CONTROL_PREFIX)})" + r"([a-z0-9]{1,6})", dev)
         if m and os.path.isdir(f"/sys/class/net/{dev}/bridge"):
             got.add(m.group(1))
     return got
@@ -256,9 +244,8 @@ class Testbed:
     def info(self) -> dict:
         return state.read(self.spec.name) or {}
 
-    def run(self, cmd: list[str], **kw):
+    def run(self, cmd: list[str], **kw) -> launch.RunResult:
         """launch.run on this testbed (see there)."""
-        from . import launch
         return launch.run(self.spec, cmd, **kw)
 
     def down(self, say=_say_nothing) -> dict:

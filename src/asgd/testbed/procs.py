@@ -1,12 +1,16 @@
 """Processes of a testbed: those inside its hosts' namespaces (ranks, launcher proxies),
 found by namespace inode in /proc, and ending them. Only processes in namespaces the
-testbed made, or launchers it recorded itself (pid and start time), are ever signalled."""
+testbed made, or launchers it recorded itself (pid and start time), are ever signalled.
+Both `run` (a job past its time) and `down` end them through here."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+
+from . import hostns, links, state
+from .spec import netns_names
 
 
 def start_time(pid: int) -> int | None:
@@ -56,6 +60,30 @@ def inside(inodes: dict[str, set[int]]) -> list[int]:
         if any(_ns_inode(pid, kind) in nodes for kind, nodes in inodes.items() if nodes) and alive(pid):
             out.append(pid)
     return sorted(out)
+
+
+def namespaces_of(name: str) -> dict[str, set[int]]:
+    """The inodes of testbed `name`'s namespaces, by kind: its hosts' network namespaces
+    (/run/netns) and the UTS and IPC namespaces bind-mounted in its state directory
+    (also those of a host whose network namespace is already gone)."""
+    out: dict[str, set[int]] = {"net": set(), "uts": set(), "ipc": set()}
+    for ns in netns_names(name, links.list_netns()):
+        try:
+            out["net"].add(os.stat(f"/run/netns/{ns}").st_ino)
+        except OSError:
+            pass
+    d = state.state_file(name).parent
+    for kind in hostns.KINDS:
+        for f in d.glob(f"*.{kind}") if d.is_dir() else []:
+            ino = hostns.inode(f)
+            if ino:
+                out[kind].add(ino)
+    return out
+
+
+def of_testbed(name: str) -> list[int]:
+    """PIDs inside any of testbed `name`'s namespaces."""
+    return inside(namespaces_of(name))
 
 
 def kill(pids: list[int], wait_s: float = 5.0) -> list[int]:

@@ -8,17 +8,17 @@ import shutil
 import subprocess
 import sys
 
-TOOLS = ("ip", "tc", "nsenter", "unshare", "umount")
+TOOLS = ("ip", "tc", "bridge", "nsenter", "unshare", "umount")
 
 
 class TestbedError(RuntimeError):
     """A testbed operation failed; the message says which command and why."""
 
 
-def run(args: list[str], timeout: float = 20, check: bool = True) -> subprocess.CompletedProcess:
-    """Run a command; on failure (check) raise TestbedError with its stderr."""
+def run(args: list[str], timeout: float = 20, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    """Run a command (stdin: `input`); on failure (check) raise TestbedError with its stderr."""
     try:
-        p = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=input)
     except FileNotFoundError:
         raise TestbedError(f"{args[0]}: not found (install iproute2 / util-linux)") from None
     except subprocess.TimeoutExpired:
