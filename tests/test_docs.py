@@ -203,13 +203,15 @@ def test_the_formats_page_describes_every_results_key():
     from asgd.protocol.server import ServerStats
     from asgd.run import results
     base = {"phases": {"init": 0.5, "compute": 0.3, "comm_wait": 0.2}, "host": "h", "timeline": {}}
-    server = {**ServerStats(staleness=[[0]], step_gap=[[0]]).record((0, 4)), "rank": 0, **base}
+    server = {**ServerStats(staleness=[[0]], step_gap=[[0]]).record((0, 4), [1]), "rank": 0, "weight_bytes": 0,
+              **base}
     worker = {**WorkerStats().record(), "rank": 1, **base}
     res = results.build(config={"servers": 1}, ranks=[server, worker], wall_s=1.0, meta={},
                         server={"updates": 1, "samples": 1, "history": [], "loss": 0.0, "accuracy": 1.0})
     keys = set(res) | set(res["metrics"]) | set(res["throughput"]) | set(res["profile"]) | set(server) | set(worker)
     keys |= {k for row in res["profile"]["ranks"] for k in row}
-    keys |= {"stopped", "notes", "standardize", "dry_run", "bytes"}   # what train.py adds
+    keys |= {"stopped", "notes", "standardize", "dry_run", "bytes", "step_loss", "replicas",
+             "staleness_applied", "step_gap_applied", "replica_pct"}   # what train.py and its roles add
     text = section("formats.md", "results.json")
     missing = sorted(k for k in keys if f"`{k}`" not in text)
     assert not missing, f"docs/formats.md's results.json section does not describe {missing}"

@@ -288,8 +288,12 @@ def test_the_proof_refuses_what_it_cannot_check():
     assert proof.refusal(_ps_run(spec, 1, 3, 10, 100, 100)[0]) is None
     p2p, _ = _ps_run(spec, 0, 4, 10, 100, 100, arch="p2p")
     assert "--arch p2p" in proof.refusal(p2p)
+    mp, _ = _ps_run(spec, 1, 3, 10, 100, 100)
+    mp["config"]["model_parallel"] = 2
+    assert "--model-parallel" in proof.refusal(mp)
     for train_args, words in ((["--arch", "allreduce", "--allreduce", "mpi"], "--allreduce mpi"),
-                              (["--arch", "p2p"], "--arch p2p"), (["--dry-run"], "nothing to prove")):
+                              (["--arch", "p2p"], "--arch p2p"), (["--dry-run"], "nothing to prove"),
+                              (["--model-parallel", "2"], "--model-parallel")):
         with pytest.raises(lifecycle.TestbedError, match=words):   # before the testbed is even looked at
             launch.run(spec, ["mpiexec", "-n", "4", "python", "-m", "asgd.train", *train_args], check_bytes=True)
 

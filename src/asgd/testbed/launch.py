@@ -115,11 +115,13 @@ def parse(cmd: list[str]) -> dict:
             train = i + 2
             break
     info = {"ranks": int(n[1]), "train_at": train, "servers": None, "out": None, "arch": None,
-            "allreduce": None, "dry_run": False}
+            "allreduce": None, "model_parallel": 1, "dry_run": False}
     if train is not None:
         targs = cmd[train:]
         arch = _option(targs, ("--arch",))
         allreduce = _option(targs, ("--allreduce",))
+        mp = _option(targs, ("--model-parallel",))
+        info["model_parallel"] = int(mp[1]) if mp else 1
         servers = _option(targs, ("--servers",))
         info["arch"] = arch[1] if arch else "ps"
         info["allreduce"] = allreduce[1] if allreduce else "ring"
@@ -246,7 +248,7 @@ def run(spec: Spec, cmd: list[str], servers: int | None = None, ranks_per_host: 
         if info["dry_run"]:
             raise TestbedError("--check-bytes of a --dry-run job: it trains nothing, so there is nothing to prove "
                                "(the proof runs the dry run itself, as its baseline)")
-        reason = proof.unprovable(info["arch"], info["allreduce"])
+        reason = proof.unprovable(info["arch"], info["allreduce"], info["model_parallel"])
         if reason:
             raise TestbedError(reason)
     if (state.read(spec.name) or {}).get("status") != "up":

@@ -87,8 +87,11 @@ def wire(before: list[dict], after: list[dict]) -> list[dict]:
 
 # -- reading results.json ----------------------------------------------------------------
 
-def unprovable(arch: str | None, allreduce: str | None) -> str | None:
+def unprovable(arch: str | None, allreduce: str | None, model_parallel: int = 1) -> str | None:
     """Why a job of this architecture cannot be proved, or None."""
+    if model_parallel > 1:
+        return ("the byte proof does not know --model-parallel's messages yet (a replica's logit sums and "
+                "its data share, between ranks that may share a host); prove a run without it")
     if arch == "allreduce" and allreduce == "mpi":
         return ("the byte proof cannot check --allreduce mpi: MPI_Iallreduce's bytes are the MPI library's "
                 "(results.json counts only the least any allreduce moves); use --allreduce ring (the default)")
@@ -101,7 +104,7 @@ def unprovable(arch: str | None, allreduce: str | None) -> str | None:
 def refusal(results: dict) -> str | None:
     """Why this results.json cannot be proved, or None."""
     cfg = results.get("config", {})
-    reason = unprovable(cfg.get("arch"), cfg.get("allreduce"))
+    reason = unprovable(cfg.get("arch"), cfg.get("allreduce"), cfg.get("model_parallel", 1))
     if reason:
         return reason
     if any("bytes" not in r for r in results.get("ranks", [])):
