@@ -52,6 +52,7 @@ def test_fault_tolerant_is_refused_where_mpi_cannot_survive_a_lost_rank(tmp_path
 
 @pytest.mark.openmpi
 @needs_ulfm
+@pytest.mark.timeout(400)   # its own limits come first: 180 s to the first checkpoint, 150 s after the kills
 @pytest.mark.parametrize("mode, extra, victims", [
     ("async", [], [2]),
     ("ssp", ["--staleness", "2"], [2, 4]),

@@ -34,8 +34,8 @@ from . import BadInput  # noqa: E402
 from .data import shares  # noqa: E402
 from .data.formats import DataError, Dataset  # noqa: E402
 from .data import standardize  # noqa: E402
-from .mpiutil import (Waiter, agree, agree_on, clock_bytes, clock_offsets, describe, gather_objects,  # noqa: E402
-                      oversubscribed, ulfm_missing)
+from .mpiutil import (Waiter, agree, agree_on, clock_bytes, clock_offsets, describe, failed_ranks,  # noqa: E402
+                      gather_objects, leave_without_finalize, oversubscribed, ulfm_missing)
 from .net import mlp, optimizers  # noqa: E402
 from .run import checkpoint, config, folder, results, roles, signals, startup  # noqa: E402
 from .run.job import Job, Model  # noqa: E402
@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             record = {"server": roles.serve, "worker": roles.work, "peer": roles.peer,
                       "reducer": roles.reduce}[job.role if cfg.arch != "allreduce" else "reducer"](job, model)
         save(job, model, record)
+        if cfg.fault_tolerant and failed_ranks(comm):
+            leave_without_finalize(0)
         return 0
     except (Agreed, DataError) as e:  # raised on every rank alike
         if comm.rank == 0:
