@@ -30,7 +30,7 @@ import os
 import signal
 import sys
 
-from . import lifecycle
+from . import batch, lifecycle, slurm
 from .sh import TestbedError
 from .spec import format_rate, parse_rate
 
@@ -58,6 +58,14 @@ def parser() -> argparse.ArgumentParser:
                         "a link); where netem is not in the kernel it is not applied and up says so")
     u.add_argument("--subnet", help="first three octets of the /24 to use (default: a free 10.231.X)")
     u.add_argument("--name", default="tb", help=name_help)
+    u.add_argument("--slurm", action="store_true",
+                   help="also start a Slurm: slurmctld here, a slurmd on each host (NodeName = its hostname), "
+                        "a private munged, one partition of all hosts; its traffic on the control network "
+                        "(asgd.testbed.slurm). Clients: export SLURM_CONF=<state dir>/slurm/slurm.conf "
+                        "(`python -m asgd.testbed env` prints it)")
+    u.add_argument("--slurm-cpus", type=int, default=None, metavar="N",
+                   help="CPUs each Slurm node claims (default 4, with --slurm; more than the machine has is "
+                        "allowed: the hosts share its cores)")
 
     d = sub.add_parser("down", help="remove a testbed (idempotent)",
                        description="Remove everything of a testbed, also after a killed up or run.")
@@ -122,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
 def _command(a: argparse.Namespace) -> int:
     try:
         if a.command == "up":
-            lifecycle.up(a.name, a.hosts, a.bandwidth, a.latency, a.subnet)
+            if a.slurm_cpus is not None and not a.slurm:
+                raise ValueError("--slurm-cpus needs --slurm")
+            lifecycle.up(a.name, a.hosts, a.bandwidth, a.latency, a.subnet,
+                         slurm_cpus=(a.slurm_cpus or slurm.DEFAULT_CPUS) if a.slurm else None)
         elif a.command == "down":
             from . import state
             names = sorted(set(state.names()) | {e["name"] for e in lifecycle.status()}) if a.all else [a.name]
@@ -137,6 +148,17 @@ def _command(a: argparse.Namespace) -> int:
         else:
             cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
             tb = lifecycle.Testbed.open(a.name)
+            if slurm.submit_kind(cmd):
+                if a.servers is not None or a.ranks_per_host is not None:
+                    raise ValueError("Slurm places a batch job's ranks (sbatch -N, -n, --ntasks-per-node): "
+                                     "drop --servers and --ranks-per-host")
+                job = batch.run(tb.spec, cmd, check_bytes=a.check_bytes, timeout=a.timeout)
+                if job.rc:
+                    return job.rc
+                if job.proof is not None and not job.proof["ok"]:
+                    print("asgd.testbed: the bytes on the links do not match results.json (see above)", file=sys.stderr)
+                    return 3
+                return 0
             res = tb.run(cmd, servers=a.servers, ranks_per_host=a.ranks_per_host, check_bytes=a.check_bytes,
                          timeout=a.timeout)
             if res.rc:
