@@ -10,7 +10,8 @@ srun, the PMI plugins) runs on the control network (asgd.testbed.slurm), so the 
 links carry only what the ranks send each other.
 
 The byte proof (check_bytes), as `run --check-bytes` does for mpiexec: first the same
-submission with `--dry-run` appended to the script's arguments and ASGD_OUT=OUT/dry-run
+submission with `--dry-run` after the script's arguments (qsub: in ASGD_ARGS) and
+ASGD_OUT=OUT/dry-run
 (the baseline: every run of the job started up and stopped, on the same nodes, since
 Slurm places a job of the same shape alike on idle nodes), then the job; what the job
 added to each host's link over its baseline must be what its ranks counted, summed over
@@ -140,12 +141,17 @@ def submit_and_wait(spec: Spec, cmd: list[str], env: dict, timeout: float, say=p
     return end
 
 
-def dry_run_command(cmd: list[str]) -> list[str]:
-    """The submission with --dry-run after the script's arguments; qsub (a Perl wrapper
-    that would read it as its own option) gets it after `--`."""
-    if slurm.submit_kind(cmd) == "qsub" and "--" not in cmd:
-        return [*cmd, "--", "--dry-run"]
-    return [*cmd, "--dry-run"]
+def dry_run(cmd: list[str], env: dict) -> tuple[list[str], dict]:
+    """The submission and environment of the job's dry run: sbatch with --dry-run after
+    the script's arguments; qsub (whose wrapper would read --dry-run as its own option,
+    and passes a `--` on to the script) with it at the end of ASGD_ARGS, the PBS
+    scripts' asgd.train options, from the environment."""
+    if slurm.submit_kind(cmd) == "sbatch":
+        return [*cmd, "--dry-run"], env
+    if any(a.startswith("-v") for a in cmd[1:]) and "-V" not in cmd[1:]:
+        raise TestbedError("qsub -v passes only the variables it names (and not the testbed's ASGD_OUT): "
+                           "add -V, or export the variables instead")
+    return cmd, {**env, "ASGD_ARGS": f"{env.get('ASGD_ARGS', '')} --dry-run".strip()}
 
 
 def run_folders(out: str) -> list[str]:
@@ -185,7 +191,7 @@ def run(spec: Spec, cmd: list[str], check_bytes: bool = False, timeout: float = 
     if check_bytes:
         dry_out = os.path.join(out, "dry-run")
         say(f"asgd.testbed: the byte proof's baseline: the same job with --dry-run (results in {dry_out})")
-        baseline = submit_and_wait(spec, dry_run_command(cmd), {**job_env, "ASGD_OUT": dry_out}, timeout, say)
+        baseline = submit_and_wait(spec, *dry_run(cmd, {**job_env, "ASGD_OUT": dry_out}), timeout, say)
         dry_folders = run_folders(dry_out)
         if baseline.rc or not dry_folders:
             raise TestbedError(f"the dry run (the byte proof's baseline) failed: job {baseline.id} {baseline.state} "

@@ -15,7 +15,9 @@ Everything lives in the testbed's state directory, SLURM_DIR = <state>/slurm:
   slurm.conf, plugstack.conf (empty), task-prolog
   munge/      key, socket, pid and seed files of the private munged
   state/      slurmctld's StateSaveLocation     spool/<host>/  each slurmd's spool
-  tmp/        TmpFS (where the pmix plugin puts its per-step directories)
+  tmp/<host>/ each node's TmpFS: the pmix plugin makes its client directory there,
+              named by job and step only, so nodes that shared one would collide
+              ("Cannot create directory ...: File exists", and srun --mpi=pmix fails)
   log/        every daemon's log
 Daemons are found by their command line, which names SLURM_DIR (munged --socket=...,
 slurmctld and slurmd -f .../slurm.conf): `down` ends them even after a killed `up`.
@@ -46,11 +48,12 @@ DEFAULT_CPUS = 4            # CPUs each node claims (config_overrides: more than
 # The testbed's MPI settings for every task (see launch.TCP_ONLY_ENV): UCX and libfabric
 # on TCP over eth0 (UCX would find shared memory between hosts that share a kernel),
 # UCX's keepalives off, Open MPI's TCP BTL on the data network and its daemons' channel
-# on the control network, and hydra (mpiexec inside an allocation) calling its proxies
-# back on the control network.
+# on the control network, hydra (mpiexec inside an allocation) calling its proxies back
+# on the control network, and Open MPI's mpiexec not binding ranks to cores (each node
+# claims more CPUs than the machine has: binding to them fails).
 TASK_ENV = {"UCX_TLS": "self,tcp", "UCX_NET_DEVICES": "eth0", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0",
             "UCX_TCP_KEEPIDLE": "inf", "OMPI_MCA_btl": "tcp,self,sm", "OMPI_MCA_pml": "ob1",
-            "HYDRA_IFACE": "ctl"}
+            "HYDRA_IFACE": "ctl", "PRTE_MCA_hwloc_default_binding_policy": "none"}
 
 
 def missing_requirements() -> str | None:
@@ -106,7 +109,7 @@ SlurmctldLogFile={d}/log/slurmctld.log
 SlurmdLogFile={d}/log/slurmd-%n.log
 PlugStackConfig={d}/plugstack.conf
 TaskProlog={d}/task-prolog
-TmpFS={d}/tmp
+TmpFS={d}/tmp/%n
 MailProg=/bin/true
 ProctrackType=proctrack/pgid
 TaskPlugin=task/none
@@ -166,7 +169,7 @@ def start(spec: Spec, cpus: int = DEFAULT_CPUS, timeout: float = 60, say=print) 
     if cpus < 1:
         raise ValueError(f"--slurm-cpus must be >= 1, not {cpus}")
     d = directory(spec)
-    for sub in ("munge", "state", "tmp", "log", *(f"spool/{h}" for h in spec.host_names)):
+    for sub in ("munge", "state", "log", *(f"{kind}/{h}" for kind in ("spool", "tmp") for h in spec.host_names)):
         (d / sub).mkdir(parents=True, exist_ok=True)
     os.chmod(d / "munge", 0o755)   # munged checks its socket directory's mode
     key = d / "munge" / "key"
