@@ -29,7 +29,7 @@ def start_ft(n, args, out):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def until_training(proc, out, limit=90):
+def until_training(proc, out, limit=180):
     """Wait for the job's first checkpoint: it is training."""
     wait_for(out / "checkpoint" / "shard-0.npz", proc, limit)
 

@@ -135,6 +135,13 @@ def newest(run_dir: str) -> dict | None:
     return found[0][cut][0]
 
 
+def versions(run_dir: str) -> tuple[int, list[int]]:
+    """(the newest cut every shard holds, each shard's versions in it): a consistency check
+    (with every push applied on every shard, they are all equal). Raises CheckpointError."""
+    found, cut = _cuts(run_dir, _header)
+    return cut, [here[cut][0]["rounds"] for here in found]
+
+
 def load(run_dir: str, n_w: int, optimizer: str = "sgd",
          model_parallel: int = 1) -> tuple[np.ndarray, dict, dict]:
     """The full parameter vector at the newest cut every shard's files hold, shard 0's
