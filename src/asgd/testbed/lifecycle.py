@@ -53,11 +53,12 @@ def pick_subnet(name: str, base: str = "10.231", key: str = "subnet") -> str:
 
 
 def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: str | None = None,
-       say=print, made_host=None, slurm_cpus: int | None = None) -> Testbed:
+       say=print, made_host=None, slurm_cpus: int | None = None, slurm_started=None) -> Testbed:
     """Make the testbed; returns its handle. Raises TestbedError (nothing left behind).
-    made_host(k), if given, is called once host k is made and shaped (progress; the
-    tests kill an up half-way there). slurm_cpus: also start a Slurm whose nodes are the
-    hosts, each claiming that many CPUs (asgd.testbed.slurm)."""
+    made_host(k), if given, is called once host k is made and shaped, slurm_started()
+    once the Slurm daemons are started (progress; the tests kill an up there).
+    slurm_cpus: also start a Slurm whose nodes are the hosts, each claiming that many
+    CPUs (asgd.testbed.slurm)."""
     check_name(name)
     reason = missing_requirements() or (slurm_cpus is not None and slurm.missing_requirements())
     if reason:
@@ -87,7 +88,7 @@ def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: st
                 made_host(k)
         spec.rsh.write_text(RSH.format(name=name, dir=spec.dir, first=spec.host(0), last=spec.host(hosts - 1)))
         spec.rsh.chmod(0o755)
-        cluster = slurm.start(spec, slurm_cpus) if slurm_cpus is not None else None
+        cluster = slurm.start(spec, slurm_cpus, started=slurm_started) if slurm_cpus is not None else None
         state.write(spec, status="up", netem=netem, latency_applied_us=latency_us if netem else 0.0,
                     slurm=cluster, seconds_to_up=round(time.perf_counter() - t0, 3))
     except BaseException:

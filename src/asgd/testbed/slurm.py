@@ -159,10 +159,11 @@ def _spawn(args: list[str], log: Path) -> int:
     return p.pid
 
 
-def start(spec: Spec, cpus: int = DEFAULT_CPUS, timeout: float = 60, say=print) -> dict:
+def start(spec: Spec, cpus: int = DEFAULT_CPUS, timeout: float = 60, started=None) -> dict:
     """Write the configuration, start munged, slurmctld and a slurmd per host, and wait
-    until every node is idle. Returns what status shows; TestbedError if a daemon fails
-    (with the end of its log)."""
+    until every node is idle. Returns what state.json records; TestbedError if a daemon
+    fails (with the end of its log). started(), if given, is called once every daemon
+    is started (the tests kill an up there)."""
     reason = missing_requirements()
     if reason:
         raise TestbedError(f"cannot start Slurm: {reason}")
@@ -188,13 +189,20 @@ def start(spec: Spec, cpus: int = DEFAULT_CPUS, timeout: float = 60, say=print) 
     conf = str(conf_path(spec))
     _spawn(["slurmctld", "-D", "-f", conf], d / "log" / "slurmctld.out")
     for k in range(spec.hosts):
-        h = spec.host(k)
-        _spawn(["nsenter", f"--net=/run/netns/{h}", f"--uts={spec.ns_file(k, 'uts')}",
-                f"--ipc={spec.ns_file(k, 'ipc')}", "--", "slurmd", "-D", "-N", h, "-f", conf],
-               d / "log" / f"slurmd-{h}.out")
+        start_slurmd(spec, k)
+    if started:
+        started()
     _wait(lambda: set(node_states(spec).values()) == {"idle"}, timeout,
           f"the nodes were not idle within {timeout:g} s", d, lambda: node_states(spec))
     return {"conf": conf, "port": port, "cpus": cpus, "partition": partition(spec)}
+
+
+def start_slurmd(spec: Spec, k: int) -> None:
+    """Host k's slurmd, inside its network, UTS and IPC namespaces (nsenter, not `ip netns
+    exec`, which remounts /sys and hides the cgroup tree slurmd reads)."""
+    h = spec.host(k)
+    _spawn(["nsenter", f"--net=/run/netns/{h}", f"--uts={spec.ns_file(k, 'uts')}", f"--ipc={spec.ns_file(k, 'ipc')}",
+            "--", "slurmd", "-D", "-N", h, "-f", str(conf_path(spec))], directory(spec) / "log" / f"slurmd-{h}.out")
 
 
 def _wait(ok, timeout: float, what: str, d: Path, detail=None) -> None:
