@@ -315,3 +315,28 @@ def test_placement_of_a_block_of_four_matches_srun():
     helpers, not of Slurm): 4 ranks on 2 hosts in blocks of 2."""
     assert placement.plan(4, 0, 2, ranks_per_host=2) == [0, 0, 1, 1]
 
+
+@needs_mpi
+@pytest.mark.timeout(90)
+def test_a_requeued_job_resumes_from_its_checkpoint(tmp_path):
+    """slurm/train.sbatch run again by Slurm (a requeue after a node failure: the same job
+    id, so the same run folder, and SLURM_RESTART_COUNT > 0) resumes from the folder's
+    checkpoint instead of starting over. The script runs here as Slurm's batch step would,
+    with the allocation's variables and ASGD_LAUNCHER=mpiexec."""
+    script = REPO / "slurm" / "train.sbatch"
+    out = tmp_path / "slurm-7"
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+           "SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "here", "ASGD_LAUNCHER": "mpiexec",
+           "ASGD_SRUN_MPI": "pmi2", "ASGD_TIMEOUT": "60", "ASGD_OUT": str(out)}
+    train = ["--hidden", "20", "--checkpoint-every", "5"]
+    first = subprocess.run(["bash", str(script), "--epochs", "1", *train], capture_output=True, text=True,
+                           timeout=80, env=env, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert (out / "checkpoint").is_dir()
+    again = subprocess.run(["bash", str(script), "--epochs", "2", *train], capture_output=True, text=True,
+                           timeout=80, env={**env, "SLURM_RESTART_COUNT": "1"}, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"job 7 was requeued (1 times): resuming from {out}/checkpoint" in again.stdout
+    assert f"resuming from {out} after epoch 1" in again.stdout   # asgd.train's own word for it
+    history = json.loads((out / "results.json").read_text())["metrics"]["history"]
+    assert [h["epoch"] for h in history] == [1, 2]
