@@ -105,6 +105,22 @@ def test_fail_refuses_a_host_it_does_not_have():
         faults.fail(s, 0, "unplug")
 
 
+def test_open_mpis_mpiexec_keeps_the_allocations_slots(monkeypatch):
+    """Inside a Slurm or PBS allocation, asgd.launch gives Open MPI's mpiexec no
+    --oversubscribe: with it, `ASGD_LAUNCHER=mpiexec sbatch -N 4 -n 16 slurm/train.sbatch`
+    ran all 16 ranks on the first node (PRRTE read the 4 x 4 slots, then ignored them)."""
+    from asgd import launch
+    monkeypatch.setattr(launch, "flavour", lambda _launcher: "openmpi")
+    for var in ("SLURM_JOB_ID", "PBS_JOBID"):
+        monkeypatch.delenv(var, raising=False)
+    assert "--oversubscribe" in launch.flags("mpiexec")    # a workstation: more ranks than cores
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    assert "--oversubscribe" not in launch.flags("mpiexec")
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.setenv("PBS_JOBID", "12.server")
+    assert "--oversubscribe" not in launch.flags("mpiexec")
+
+
 def test_a_jobs_end_as_an_exit_status():
     end = lambda state, code: batch.JobEnd("1", state, code, "n", "").rc  # noqa: E731
     assert end("COMPLETED", "0:0") == 0

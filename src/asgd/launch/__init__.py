@@ -59,11 +59,18 @@ def flavour(launcher: str) -> str:
     return "other"
 
 
+def in_allocation() -> bool:
+    """Inside a batch job's allocation (Slurm, PBS), whose slots Open MPI's mpiexec reads."""
+    return bool(os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID"))
+
+
 def flags(launcher: str) -> list[str]:
-    """The options this launcher needs to start any number of ranks on this machine."""
+    """The options this launcher needs to start any number of ranks on this machine.
+    Inside an allocation Open MPI gets no --oversubscribe: the job's slots are its ranks'
+    places, and with it PRRTE put every rank on the allocation's first node."""
     if flavour(launcher) != "openmpi":
         return []
-    extra = ["--oversubscribe"]
+    extra = [] if in_allocation() else ["--oversubscribe"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         extra.append("--allow-run-as-root")
     return extra
