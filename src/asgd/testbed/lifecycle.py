@@ -14,7 +14,7 @@ import sys
 import time
 import zlib
 
-from . import hostns, launch, links, procs, shaping, state
+from . import hostns, launch, links, procs, shaping, slurm, state
 from .sh import TestbedError, missing_requirements
 from .spec import CONTROL_PREFIX, PREFIX, Spec, check_name, format_rate, is_bridge_name, link_names, netns_names
 
@@ -53,12 +53,14 @@ def pick_subnet(name: str, base: str = "10.231", key: str = "subnet") -> str:
 
 
 def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: str | None = None,
-       say=print, made_host=None) -> Testbed:
+       say=print, made_host=None, slurm_cpus: int | None = None, slurm_started=None) -> Testbed:
     """Make the testbed; returns its handle. Raises TestbedError (nothing left behind).
-    made_host(k), if given, is called once host k is made and shaped (progress; the
-    tests kill an up half-way there)."""
+    made_host(k), if given, is called once host k is made and shaped, slurm_started()
+    once the Slurm daemons are started (progress; the tests kill an up there).
+    slurm_cpus: also start a Slurm whose nodes are the hosts, each claiming that many
+    CPUs (asgd.testbed.slurm)."""
     check_name(name)
-    reason = missing_requirements()
+    reason = missing_requirements() or (slurm_cpus is not None and slurm.missing_requirements())
     if reason:
         raise TestbedError(f"cannot make a testbed here: {reason}")
     if exists(name):
@@ -86,8 +88,9 @@ def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: st
                 made_host(k)
         spec.rsh.write_text(RSH.format(name=name, dir=spec.dir, first=spec.host(0), last=spec.host(hosts - 1)))
         spec.rsh.chmod(0o755)
+        cluster = slurm.start(spec, slurm_cpus, started=slurm_started) if slurm_cpus is not None else None
         state.write(spec, status="up", netem=netem, latency_applied_us=latency_us if netem else 0.0,
-                    seconds_to_up=round(time.perf_counter() - t0, 3))
+                    slurm=cluster, seconds_to_up=round(time.perf_counter() - t0, 3))
     except BaseException:
         down(name, say=_say_nothing)
         raise
@@ -96,6 +99,9 @@ def up(name: str, hosts: int, rate_bit: int, latency_us: float = 0.0, subnet: st
         f"{format_rate(rate_bit)} each way per link (tbf), latency "
         + (f"{latency_us:g} us (netem)" if latency_us and netem else "not added")
         + f"; the launcher's control network {spec.control_cidr} on bridge {spec.control_bridge} (unshaped)"
+        + (f"; Slurm {slurm.version()}: slurmctld at {spec.launcher_ip}:{cluster['port']}, a slurmd on each host "
+           f"({cluster['cpus']} CPUs each), partition {cluster['partition']}, its traffic on the control network: "
+           f"export SLURM_CONF={cluster['conf']}" if cluster else "")
         + f"; {time.perf_counter() - t0:.2f} s")
     return Testbed(spec)
 
@@ -115,6 +121,7 @@ def down(name: str, say=print) -> dict:
         removed["launchers"].append(info["pid"])
     inside = procs.of_testbed(name)
     left = procs.kill(inside)
+    removed["daemons"] = slurm.stop(name)   # slurmctld, munged (slurmd went with its host's processes)
     namespaces = netns_names(name, links.list_netns())
     removed["processes"] = inside
     # links before namespaces: a namespace's deletion takes its veth pair with it, but
@@ -145,15 +152,18 @@ def down(name: str, say=print) -> dict:
         raise TestbedError(f"testbed {name}: could not remove {', '.join(leftovers)}")
     if any(removed.values()):
         say(f"asgd.testbed: {name} down: removed {len(removed['netns'])} namespaces, {len(removed['links'])} "
-            f"interfaces, {len(removed['processes'])} processes, {len(removed['launchers'])} launchers")
+            f"interfaces, {len(removed['processes'])} processes, {len(removed['launchers'])} launchers"
+            + (f", {len(removed['daemons'])} Slurm daemons" if removed["daemons"] else ""))
     else:
         say(f"asgd.testbed: {name}: nothing to remove")
     return removed
 
 
 def leftovers_of(name: str) -> list[str]:
-    """Anything of testbed `name` still present: namespaces, interfaces, state files, mounts."""
+    """Anything of testbed `name` still present: namespaces, interfaces, state files, mounts,
+    Slurm daemons."""
     out = [f"netns {n}" for n in netns_names(name, links.list_netns())]
+    out += [f"Slurm daemon {p}" for p in slurm.daemons(name)]
     out += [f"link {d}" for d in link_names(name, links.list_links())]
     d = state.state_file(name).parent
     if d.exists():

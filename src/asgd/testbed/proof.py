@@ -134,6 +134,10 @@ def app(results: dict, spec: Spec, planned: list[int]) -> list[dict]:
             local = r["bytes"]["finish"]
             out[k]["sent"] -= local["sent"] + local["recv"]
             out[k]["recv"] -= local["sent"] + local["recv"]
+    for w in beside_their_server(results, hosts):   # everything a worker trains with is its server's
+        local = results["ranks"][w]["bytes"]["train"]
+        out[hosts[w]]["sent"] -= local["sent"] + local["recv"]
+        out[hosts[w]]["recv"] -= local["sent"] + local["recv"]
     if results["config"].get("arch") == "allreduce":
         P = len(hosts)
         for r in range(P):
@@ -144,13 +148,32 @@ def app(results: dict, spec: Spec, planned: list[int]) -> list[dict]:
     return out
 
 
+def beside_their_server(results: dict, hosts: list[int]) -> list[int]:
+    """The parameter-server workers that share a host with their one server (Slurm's block
+    placement puts ranks 1..K-1 beside rank 0): their training messages never cross a link.
+    Raises ProofError with several servers, one of them beside a worker: its share of
+    the worker's bytes is not in results.json."""
+    cfg = results["config"]
+    if cfg.get("arch", "ps") != "ps":
+        return []
+    S = cfg["servers"]
+    server_hosts = set(hosts[:S])
+    near = [w for w in range(S, len(hosts)) if hosts[w] in server_hosts]
+    if near and S > 1:
+        raise ProofError(f"the byte proof cannot split a worker's bytes among {S} servers when one shares its host "
+                         f"(ranks {', '.join(map(str, near[:4]))}{' ...' if len(near) > 4 else ''}): place the servers "
+                         "on hosts of their own, or prove a run with one server")
+    return near
+
+
 def added_messages(results: dict, hosts: list[int] | None = None) -> list[dict[str, Counter]]:
     """Per rank, the messages across a link that a job sends and receives and its dry run
     does not, as {"sent": {size: count}, "recv": {size: count}}, by asgd.protocol's
     pattern and the bytes results.json counts for training: with S servers, a worker
     pushes to every server and takes every server's reply per update, then tells every
-    server it is done; a server takes and answers every worker's pushes; servers 1..S-1
-    send rank 0 their shard at the end; the ring passes 2 (P - 1) chunks each way per step
+    server it is done (none that cross no link: a worker beside its one server); a server
+    takes and answers every worker's pushes; servers 1..S-1 send rank 0 their shard at
+    the end (those on another host than rank 0's); the ring passes 2 (P - 1) chunks each way per step
     (applied or refused) to the next rank, when on another host (hosts: each rank's). A
     dry run: none."""
     ranks = results["ranks"]
@@ -170,7 +193,10 @@ def added_messages(results: dict, hosts: list[int] | None = None) -> list[dict[s
                 out[nxt]["recv"][size] += n
         return out
     S = results["config"]["servers"]
+    near = set(beside_their_server(results, hosts))
     for w in range(S, len(ranks)):
+        if w in near:
+            continue
         u = ranks[w]["updates"]
         push, reply = round((train[w]["sent"] - DONE_BYTES * S) / (S * u)) if u else 0, \
             round(train[w]["recv"] / (S * u)) if u else 0
@@ -183,6 +209,8 @@ def added_messages(results: dict, hosts: list[int] | None = None) -> list[dict[s
             out[w]["sent"][DONE_BYTES] += 1
             out[s]["recv"][DONE_BYTES] += 1
     for s in range(1, S):
+        if hosts[s] == hosts[0]:   # a server beside rank 0 hands its shard over inside the host
+            continue
         lo, hi = ranks[s]["shard"]
         out[s]["sent"][DOUBLE * (hi - lo)] += 1
         out[0]["recv"][DOUBLE * (hi - lo)] += 1
@@ -211,6 +239,29 @@ def traffic(results: dict, spec: Spec, planned: list[int], wire_bytes: list[dict
     return hosts
 
 
+def job_traffic(runs: list[dict], spec: Spec, wire_bytes: list[dict]) -> list[dict]:
+    """traffic() of a batch job that made several runs one after another (a sweep's), on
+    the links' counters around the whole job: per host, its ranks' bytes, messages and
+    records of every run add up. Each rank's host is results.json's (Slurm placed it)."""
+    if not runs:
+        raise ProofError("no results.json to prove the bytes against")
+    total = None
+    for r in runs:
+        if any(not x.get("host") for x in r["ranks"]):
+            raise ProofError("results.json has no host per rank: this asgd.train does not record where ranks ran")
+        t = traffic(r, spec, [spec.index(x["host"]) for x in r["ranks"]], wire_bytes)
+        if total is None:
+            total = t
+            continue
+        for h, x in zip(total, t):
+            for d in ("sent", "recv"):
+                h["app"][d] += x["app"][d]
+                h["msgs"][d].update(x["msgs"][d])
+                h["records"][d] += x["records"][d]
+            h["ranks"] = sorted(set(h["ranks"]) | set(x["ranks"]))
+    return total
+
+
 # -- the rule ------------------------------------------------------------------------------
 
 def envelopes(msgs: Counter, other: Counter, app_d: float, app_o: float) -> float:
@@ -236,11 +287,13 @@ def grown(j: dict, b: dict, d_app: dict, d_msgs: dict, d: str) -> float:
     return max(residual, 0) / MSS + max(j["records"][d], b["records"][d])
 
 
-def check(job: list[dict], baseline: list[dict], host_name) -> dict:
+def check(job: list[dict], baseline: list[dict], host_name, runs: int = 1) -> dict:
     """Rows per host (what the job added over the baseline, on the wire and in
     results.json, the bounds, the verdicts) and ok for the whole job. job and baseline:
-    traffic() of each run."""
+    traffic() of each run (job_traffic() of a job of `runs` runs, each with a start-up
+    of its own, so each with its own noise: EPSILON and EPSILON_FRAMES per run)."""
     rows, ok = [], True
+    eps, eps_frames = EPSILON * runs, EPSILON_FRAMES * runs
     for k, (j, b) in enumerate(zip(job, baseline)):
         d_app = {d: j["app"][d] - b["app"][d] for d in ("sent", "recv")}
         d_msgs = {d: j["msgs"][d] - b["msgs"][d] for d in ("sent", "recv")}    # Counters: what the job added
@@ -251,11 +304,11 @@ def check(job: list[dict], baseline: list[dict], host_name) -> dict:
             env = envelopes(d_msgs[d], d_msgs[o], d_app[d], d_app[o])
             # the job's segments this way, and at most one ACK for each it received
             frames_max = (segments(d_msgs[d]) + segments(d_msgs[o]) + grown(j, b, d_app, d_msgs, d)
-                          + grown(j, b, d_app, d_msgs, o) + j["twice"][d] + EPSILON_FRAMES)
+                          + grown(j, b, d_app, d_msgs, o) + j["twice"][d] + eps_frames)
             # a segment TCP sent twice crossed the link twice: in the job, more payload;
             # in the baseline, less of what the job added
-            lo = d_app[d] - EPSILON - MSS * b["twice"][d]
-            hi = d_app[d] + env + EPSILON + MSS * j["twice"][d]
+            lo = d_app[d] - eps - MSS * b["twice"][d]
+            hi = d_app[d] + env + eps + MSS * j["twice"][d]
             good = lo <= payload <= hi and d_frames <= frames_max
             row.update({f"app_{d}": d_app[d], f"wire_{d}": d_wire, f"frames_{d}": d_frames,
                         f"payload_{d}": payload, f"messages_{d}": sum(d_msgs[d].values()),
@@ -269,9 +322,9 @@ def check(job: list[dict], baseline: list[dict], host_name) -> dict:
     return {"ok": ok, "hosts": rows,
             "ratio_sent": tot["sent"][0] / tot["sent"][1] if tot["sent"][1] > 0 else None,
             "ratio_recv": tot["recv"][0] / tot["recv"][1] if tot["recv"][1] > 0 else None,
-            "rule": f"per host and direction, over the dry run: app - {EPSILON} <= wire - {FRAME} x frames <= "
+            "rule": f"per host and direction, over the dry run: app - {eps} <= wire - {FRAME} x frames <= "
                     f"app + {ENVELOPE} B a message (above {FRAGMENT // 1024} KiB {ENVELOPE_LARGE} B) both ways + "
-                    f"{ENVELOPE_SHARE:.1%} + {EPSILON}; frames <= segments both ways + {EPSILON_FRAMES}; "
+                    f"{ENVELOPE_SHARE:.1%} + {eps}; frames <= segments both ways + {eps_frames}; "
                     f"{MSS} B and a frame more per segment TCP sent twice"}
 
 
