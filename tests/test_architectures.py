@@ -99,7 +99,7 @@ def test_options_that_do_not_fit(tmp_path):
                          (2, ["--mode", "ssp", "--staleness", "0"], "--staleness must be >= 1"),
                          (5, ["--model-parallel", "3"], "--model-parallel 3 does not divide --hidden 10000"),
                          (3, ["--model-parallel", "4", "--hidden", "100"], "--model-parallel 4 needs at least 4 workers"),
-                         (4, ["--model-parallel", "2"], "--model-parallel 2 does not divide the 3 workers"),
+                         (4, ["--model-parallel", "2", "--servers", "1"], "--model-parallel 2 does not divide the 3 workers"),
                          (4, ["--arch", "allreduce", "--model-parallel", "2", "--checkpoint-every", "5s"],
                           "checkpoints every N updates, not every N seconds")]:
         p = mpiexec(n, args + ["--out", str(tmp_path)], timeout=30)

@@ -44,3 +44,21 @@ def test_values_round_trip_to_dict():
     d = c.to_dict()
     assert d["hidden"] == 100 and math.isclose(d["lr"], 0.5) and d["seed"] == 3
     assert set(d) == {f.name for f in config.Config.__dataclass_fields__.values()}
+
+
+@pytest.mark.parametrize("n, args, servers", [
+    (8, ["--model-parallel", "2"], 2),                       # 6 workers: 3 replicas of 2
+    (8, ["--model-parallel", "4"], 4),                       # 4 workers: 1 replica
+    (9, ["--model-parallel", "2"], 1),                       # 8 workers already divide
+    (8, [], 1),
+    (8, ["--model-parallel", "2", "--servers", "3"], None),  # given: kept, and refused
+    (8, ["--arch", "allreduce", "--model-parallel", "2"], 1),
+])
+def test_servers_default_to_whole_replicas(n, args, servers):
+    """mpiexec -n 8 python -m asgd.train --model-parallel 2 runs: without --servers, the
+    fewest servers that leave a multiple of K workers; a given --servers is never changed."""
+    if servers is None:
+        with pytest.raises(config.ConfigError, match="does not divide the 5 workers"):
+            config.parse(args, n)
+    else:
+        assert config.parse(args, n).servers == servers

@@ -125,9 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--mode sync: each round applies the first W - B workers' pushes and drops "
                         "the late ones (TensorFlow's SyncReplicasOptimizer), so a straggler or a lost "
                         "worker does not stall every step (default 0)")
-    p.add_argument("--servers", type=int, default=d.servers, metavar="S",
+    p.add_argument("--servers", type=int, default=None, metavar="S",
                    help="ranks 0..S-1 are servers, each owning a contiguous shard of the "
-                        "parameters (default %(default)s)")
+                        "parameters (default 1; with --model-parallel K, the fewest that leave a "
+                        "multiple of K workers: 2 of 8 ranks for K = 2)")
     p.add_argument("--mode", choices=["async", "ssp", "sync"], default=d.mode,
                    help="async: apply each Delta-w as it arrives (default); ssp: stale-synchronous, "
                         "a worker at most --staleness steps ahead of the slowest; sync: each step "
@@ -175,9 +176,20 @@ def parse(argv: list[str] | None, world_size: int, quiet_help: bool = False) -> 
     if quiet_help:
         p._print_message = lambda *a, **k: None  # --help prints once, from rank 0
     a = p.parse_args(argv)
+    if a.servers is None:
+        a.servers = default_servers(a.arch, a.model_parallel, world_size)
     cfg = Config(**vars(a))
     validate(cfg, world_size)
     return cfg
+
+
+def default_servers(arch: str, K: int, world_size: int) -> int:
+    """1, or under --arch ps with --model-parallel K the fewest servers (at most K) that
+    leave whole replicas of workers, so mpiexec -n 8 ... --model-parallel 2 just runs."""
+    if arch != "ps" or K <= 1:
+        return 1
+    fits = [s for s in range(1, K + 1) if world_size - s >= K and (world_size - s) % K == 0]
+    return fits[0] if fits else 1   # none: validate says why in one line
 
 
 def validate(cfg: Config, world_size: int) -> None:
