@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..launch import OVERSUBSCRIBED_ENV, cores_available
+from ..run.config import default_servers
 from . import placement, procs, proof, shaping, state
 from .sh import TestbedError
 from .spec import Spec
@@ -125,7 +126,8 @@ def parse(cmd: list[str]) -> dict:
         servers = _option(targs, ("--servers",))
         info["arch"] = arch[1] if arch else "ps"
         info["allreduce"] = allreduce[1] if allreduce else "ring"
-        info["servers"] = 0 if info["arch"] in ("allreduce", "p2p") else int(servers[1]) if servers else 1
+        info["servers"] = (0 if info["arch"] in ("allreduce", "p2p") else int(servers[1]) if servers
+                           else default_servers(info["arch"], info["model_parallel"], info["ranks"]))
         out = _option(targs, ("--out",))
         info["out"] = out[1] if out else None
         info["dry_run"] = "--dry-run" in targs
