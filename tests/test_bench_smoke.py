@@ -82,11 +82,13 @@ def test_kernel_bench(tmp_path):
 
 def test_server_bench(tmp_path):
     out = tmp_path / "server"
-    bench("bench_server.py", "--hidden", "1000", "--workers", "1", "--repeat", "1", "--min-time", "0.001",
-          "--no-plot", "--out", str(out))
+    p = bench("bench_server.py", "--hidden", "1000", "--workers", "1", "--repeat", "1", "--min-time", "0.001",
+              "--no-plot", "--out", str(out))
     rows, meta = read_outputs(out, "server")
-    assert {r["variant"] for r in rows} >= {"add+copy", "server path", "stream copy", "stream triad"}
-    assert all(float(r["gb_per_s"]) > 0 and float(r["bound_same_size_gb_per_s"]) > 0 for r in rows)
+    assert {(r["optimizer"], r["path"]) for r in rows} == {(o, p) for o in ("sgd", "momentum", "adagrad", "adam")
+                                                           for p in ("asgd", "before")}
+    assert all(0 < float(r["pct_of_floor"]) and float(r["bound_gb_per_s"]) > 0 for r in rows)
+    assert "how far from the floor" in p.stdout
 
 
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install -e '.[mpich]')")
