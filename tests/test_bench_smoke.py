@@ -94,11 +94,13 @@ def test_server_bench(tmp_path):
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install -e '.[mpich]')")
 def test_messaging_bench(tmp_path):
     out = tmp_path / "messaging"
-    bench("bench_messaging.py", "--hidden", "100", "--repeat", "1", "--iters", "20", "--timeout", "40",
-          "--out", str(out))
+    p = bench("bench_messaging.py", "--hidden", "100", "--repeat", "1", "--iters", "20", "--timeout", "40",
+              "--optimizers", "sgd,adam", "--out", str(out))
     rows, meta = read_outputs(out, "messaging")
     assert {r["variant"] for r in rows} == {"pingpong", "pingpong+aggregate", "pingpong+versioned",
-                                              "pingpong+reply-first", "asgd"}
+                                              "pingpong+reply-first", "asgd sgd", "asgd adam"}
+    floor = next(line for line in p.stdout.splitlines() if line.startswith("how far from the floor"))
+    assert "asgd sgd" in floor and "asgd adam" in floor
     assert all(float(r["rtt_us"]) > 0 for r in rows)
     assert meta["ranks"] == 2 and not (out / "messaging_raw.json").exists()
     assert (out / "messaging.png").stat().st_size > 0
