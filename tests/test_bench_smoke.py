@@ -119,6 +119,22 @@ def test_ddp_peer(tmp_path):
     assert len(h) == 1 and 0 <= h[0]["test_accuracy"] <= 1 and h[0]["wall_s"] > 0
 
 
+@pytest.mark.skipif(MPIEXEC is None or not HAS_TORCH, reason="needs mpiexec and torch (the bench extra)")
+def test_rpc_peer(tmp_path):
+    """The RPC parameter server trains 1 server and 2 trainers for one epoch on asgd's
+    shares and batches (asgd's 3-rank run: 2 workers x 32 pushes) and writes the keys
+    bench_e2e reads."""
+    p = subprocess.run([*mpi(3, sys.executable, str(BENCH / "rpc_peer.py")), "--hidden", "50",
+                        "--epochs", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads((tmp_path / "results.json").read_text())
+    t = r["throughput"]
+    assert r["config"]["workers"] == 2 and t["samples"] == 16384 and t["updates"] == 64 and t["updates_per_s"] > 0
+    h = r["metrics"]["history"]
+    assert len(h) == 1 and 0 <= h[0]["test_accuracy"] <= 1 and h[0]["wall_s"] > 0
+
+
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install -e '.[mpich]')")
 def test_model_bench(tmp_path, quick_params):
     """The model's validation sweep in --quick (4 small runs, with the session's quick
