@@ -1,6 +1,9 @@
-"""End to end: time to held-out accuracy >= 0.95 and samples/s at 2, 4 and 8 ranks, for asgd's
-parameter server (default options), asgd's allreduce (--arch allreduce) and PyTorch
-DistributedDataParallel (gloo, CPU: bench/ddp_peer.py), each launched the same way
+"""End to end: time to held-out accuracy >= 0.95, samples/s and updates/s at 2, 4, 8 and 16
+ranks, for asgd's parameter server (default options), asgd's allreduce (--arch allreduce),
+PyTorch's RPC parameter server (torch.distributed.rpc, one server and N-1 trainers as in
+PyTorch's tutorial: bench/rpc_peer.py, the same shares, batches, optimizer and lr as asgd's
+parameter server) and PyTorch DistributedDataParallel (gloo, CPU: bench/ddp_peer.py), each
+launched the same way
 (`mpiexec -n N python ...`), same data, model, init, batch 256 per rank, optimizer and lr
 rule: the DDP peer runs asgd's default optimizer (--optimizer's default) as the torch.optim
 class with the same update and hyper-parameters, at asgd allreduce's default lr for N ranks
@@ -37,12 +40,13 @@ import statistics  # noqa: E402
 import tempfile  # noqa: E402
 
 IMPLS = {"asgd ps": ["-m", "asgd.train"], "asgd allreduce": ["-m", "asgd.train", "--arch", "allreduce"],
-         "pytorch ddp": [str(common.BENCH / "ddp_peer.py")]}
+         "pytorch rpc ps": [str(common.BENCH / "rpc_peer.py")], "pytorch ddp": [str(common.BENCH / "ddp_peer.py")]}
+TORCH = ("pytorch rpc ps", "pytorch ddp")
 
 
 def parse_args(argv=None):
     p = common.parser(__doc__, "e2e")
-    p.add_argument("--ranks", type=int_list, default=[2, 4, 8], help="MPI ranks, comma list (default 2,4,8)")
+    p.add_argument("--ranks", type=int_list, default=[2, 4, 8, 16], help="MPI ranks, comma list (default 2,4,8,16)")
     p.add_argument("--repeat", type=int, default=3, help="repetitions of each configuration (default 3)")
     p.add_argument("--epochs", type=int, default=4, help="epochs per run (default 4; DDP stops at --target)")
     p.add_argument("--target", type=float, default=0.95, help="held-out accuracy (default 0.95)")
@@ -55,16 +59,17 @@ def parse_args(argv=None):
     unknown = set(a.impls) - set(IMPLS)
     if unknown:
         p.error(f"unknown --impls {sorted(unknown)}")
-    if "pytorch ddp" in a.impls and not common._version("torch"):
-        print("pytorch ddp: skipped (torch is not installed: pip install torch==2.13.0)", flush=True)
-        a.impls.remove("pytorch ddp")
+    for impl in TORCH:
+        if impl in a.impls and not common._version("torch"):
+            print(f"{impl}: skipped (torch is not installed: pip install torch==2.13.0)", flush=True)
+            a.impls.remove(impl)
     return a
 
 
 def run_once(impl: str, n: int, args) -> dict:
     out = Path(tempfile.mkdtemp(prefix="asgd-bench-e2e-"))
     argv = [*IMPLS[impl], "--epochs", str(args.epochs), "--out", str(out)]
-    argv += ["--stop-at", str(args.target)] if impl == "pytorch ddp" else ["--quiet", "--timeout", str(args.timeout - 10)]
+    argv += ["--stop-at", str(args.target)] if impl in TORCH else ["--quiet", "--timeout", str(args.timeout - 10)]
     try:
         job = common.mpiexec(n, argv, timeout=args.timeout)
         r = json.loads((out / "results.json").read_text())
@@ -76,7 +81,9 @@ def run_once(impl: str, n: int, args) -> dict:
     return {"impl": impl, "ranks": n, "time_to_accuracy_s": round(tta, 3) if tta is not None else None,
             "train_time_to_accuracy_s": round(train_tta, 3) if train_tta is not None else None,
             "epochs_to_accuracy": next((h["epoch"] for h in hist if (h["test_accuracy"] or 0) >= args.target), None),
-            "samples_per_s": round(r["throughput"]["samples_per_s"], 1), "init_s": round(r["init_s"], 3),
+            "samples_per_s": round(r["throughput"]["samples_per_s"], 1),
+            "updates_per_s": round(r["throughput"]["updates_per_s"], 1) if "updates_per_s" in r["throughput"] else None,
+            "init_s": round(r["init_s"], 3),
             "train_s": round(r["train_s"], 3), "wall_s": round(r["wall_s"], 3), "job_wall_s": round(job["wall_s"], 3),
             "final_accuracy": round(r["metrics"]["accuracy"], 4), "epochs_run": len(hist),
             "accuracy_by_epoch": " ".join(f"{h['test_accuracy']:.3f}" for h in hist),
@@ -100,13 +107,18 @@ def summarize(rows, impls, ranks):
                         "epochs_to_accuracy": statistics.median([r["epochs_to_accuracy"] for r in rs
                                                                  if r["epochs_to_accuracy"]] or [0]) or None,
                         "samples_per_s": round(statistics.median(r["samples_per_s"] for r in rs), 1),
+                        "updates_per_s": round(statistics.median(ups), 1) if (ups := [r["updates_per_s"] for r in rs
+                                                                                        if r["updates_per_s"]]) else None,
                         "init_s": round(statistics.median(r["init_s"] for r in rs), 3),
                         "job_wall_s": round(statistics.median(r["job_wall_s"] for r in rs), 3)})
         ddp = next((s for s in out if s["ranks"] == n and s["impl"] == "pytorch ddp"), None)
+        rpc = next((s for s in out if s["ranks"] == n and s["impl"] == "pytorch rpc ps"), None)
         for s in out:
             if s["ranks"] == n:
                 for key, ratio in (("time_to_accuracy_s", "tta_vs_ddp"), ("train_time_to_accuracy_s", "train_tta_vs_ddp")):
                     s[ratio] = round(s[key] / ddp[key], 3) if ddp and ddp[key] and s[key] else None
+                s["updates_vs_rpc"] = (round(s["updates_per_s"] / rpc["updates_per_s"], 2)
+                                       if rpc and rpc["updates_per_s"] and s["updates_per_s"] else None)
     return out
 
 
@@ -115,7 +127,7 @@ def plot(summary, target, path):
     import numpy as np
     ranks = sorted({s["ranks"] for s in summary})
     impls = list(dict.fromkeys(s["impl"] for s in summary))
-    colors = {"asgd ps": "tab:blue", "asgd allreduce": "tab:cyan", "pytorch ddp": "tab:orange"}
+    colors = {"asgd ps": "tab:blue", "asgd allreduce": "tab:cyan", "pytorch rpc ps": "tab:red", "pytorch ddp": "tab:orange"}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
     x = np.arange(len(ranks))
     wd = 0.8 / len(impls)
@@ -156,7 +168,7 @@ def main(argv=None):
                 rows.append({"rep": rep, **r})
                 print(f"  rep {rep + 1}/{args.repeat} n={n} {impl:<15} time to {args.target}: "
                       f"{common.fmt(r['time_to_accuracy_s'], '.2f')} s (epoch {r['epochs_to_accuracy']}), "
-                      f"{r['samples_per_s']:,.0f} samples/s, acc by epoch {r['accuracy_by_epoch']}", flush=True)
+                      f"{r['samples_per_s']:,.0f} samples/s, {common.fmt(r['updates_per_s'], ',.0f')} updates/s, acc by epoch {r['accuracy_by_epoch']}", flush=True)
     summary = summarize(rows, args.impls, args.ranks)
     from asgd.net import optimizers
     from asgd.run.config import Config
@@ -172,6 +184,9 @@ def main(argv=None):
                                        "epoch with test_accuracy >= target",
                  "train_time_to_accuracy_s": "history time_s (since training started) of that epoch",
                  "samples_per_s": "training samples / train_s", "job_wall_s": "mpiexec start to exit",
+                 "updates_per_s": "updates of w / train_s (a parameter server's: pushes applied; allreduce's "
+                                  "and DDP's: synchronous steps)",
+                 "updates_vs_rpc": "updates_per_s / the PyTorch RPC parameter server's at the same ranks",
                  "tta_vs_ddp": "time_to_accuracy_s / DDP's at the same ranks"},
         summary=summary)
     run.write(rows, info)
@@ -183,7 +198,8 @@ def main(argv=None):
                                  ("min", "tta_min_s", ".2f"), ("max", "tta_max_s", ".2f"), ("x DDP", "tta_vs_ddp", ".2f"),
                                  ("training only s", "train_time_to_accuracy_s", ".2f"),
                                  ("x DDP", "train_tta_vs_ddp", ".2f"), ("epochs", "epochs_to_accuracy", ".0f"),
-                                 ("samples/s", "samples_per_s", ",.0f"), ("init s", "init_s", ".2f"),
+                                 ("samples/s", "samples_per_s", ",.0f"), ("updates/s", "updates_per_s", ",.1f"),
+                                 ("x RPC PS", "updates_vs_rpc", ".2f"), ("init s", "init_s", ".2f"),
                                  ("runs", "runs", "d"), ("reached", "reached", "d")])
     print("the target (asgd before DDP) is judged on the whole-process time; the training-only time is beside it")
     run.wrote()

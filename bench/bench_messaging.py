@@ -7,9 +7,14 @@ Variants, repetitions interleaved (the order rotates), per-exchange median on th
                       The hardware/MPI bound.
   pingpong+aggregate  the same, rank 0 doing the server's per-push work between receive and
                       send (add_into Delta-w, copy w into the reply): the protocol's floor.
-  asgd                asgd.protocol.server.Server (async) on rank 0 and asgd.protocol.worker.run_worker on
-                      rank 1 with a stub training step (no compute): every push, header,
-                      finiteness check, aggregation, reply and mpiutil.Waiter wait of a real run.
+  pingpong+versioned  rank 0 writes w + Delta-w into the other of two buffers in one pass and
+                      replies from it (no copy).
+  pingpong+reply-first  rank 0 replies from the current version, then writes the next one
+                      while the reply is on its way (asgd's async server since issue 29).
+  asgd O              asgd.protocol.server.Server (async, optimizer O: --optimizers) on rank 0
+                      and asgd.protocol.worker.run_worker on rank 1 with a stub training step
+                      (no compute): every push, header, finiteness check, update, reply and
+                      mpiutil.Waiter wait of a real run.
 The server's busy time per push (its `aggregate` phase) is recorded beside it.
 Writes messaging.csv, messaging.json, messaging.png under --out.
 
@@ -28,12 +33,21 @@ import json  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+from numba import njit  # noqa: E402
 
-VARIANTS = ("pingpong", "pingpong+aggregate", "pingpong+versioned", "pingpong+reply-first", "asgd")
+PINGPONGS = ("pingpong", "pingpong+aggregate", "pingpong+versioned", "pingpong+reply-first")
 COLUMNS = {"rtt_us": "median over repetitions of each repetition's median exchange (µs)",
            "vs_pingpong": "rtt_us / the raw ping-pong's, same size, same run",
            "gb_per_s_both_ways": "16 n_w bytes / rtt",
-           "server_aggregate_us": "asgd only: the server's busy time per push (take, check, add_into, copy, Isend)"}
+           "server_aggregate_us": "asgd only: the server's busy time per push (take, the one-pass check and "
+                                  "update, Isend)"}
+
+
+@njit(boundscheck=False, cache=True)
+def add_to(w, dw, out):
+    """out = w + dw in one pass (the ping-pong variants' server work without a copy)."""
+    for i in range(w.size):
+        out[i] = w[i] + dw[i]
 
 
 def parse_args(argv=None):
@@ -43,11 +57,16 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=9, help="interleaved repetitions of each variant (default 9)")
     p.add_argument("--iters", type=int, default=0,
                    help="exchanges per repetition (default 0: enough for about 0.15 s)")
+    p.add_argument("--optimizers", type=common.word_list, default="sgd,adagrad,adam",
+                   help="the asgd server's optimizers, one variant each (default sgd,adagrad,adam)")
     p.add_argument("--quick", action="store_true", help="3 repetitions of about 0.05 s")
     p.add_argument("--timeout", type=float, default=300, help="seconds before the MPI job is killed (default 300)")
     a = p.parse_args(argv)
     if a.quick:
         a.repeat = min(a.repeat, 3)
+    if not a.optimizers or set(a.optimizers) - {"sgd", "momentum", "adagrad", "adam"}:
+        p.error("--optimizers: a comma list of sgd, momentum, adagrad, adam")
+    a.variants = PINGPONGS + tuple(f"asgd {o}" for o in a.optimizers)
     return a
 
 
@@ -57,6 +76,7 @@ def child(args) -> None:
     from mpi4py import MPI
 
     from asgd.net import kernels
+    from asgd.net.optimizers import Optimizer
     from asgd.mpiutil import Waiter, oversubscribed
     from asgd.wire import shard_bounds
     from asgd.net.mlp import Layout
@@ -75,8 +95,6 @@ def child(args) -> None:
     waiter = Waiter(crowded, deadline, f"rank {me}")
     block_s = 0.05 if args.quick else 0.15
     raw = []
-
-    from bench_server import add_to
 
     def pingpong(n, iters, aggregate, versioned=False, reply_first=False):
         out, back = np.ones(n), np.empty(n)
@@ -110,12 +128,12 @@ def child(args) -> None:
             req.Wait()
         return rtt
 
-    def protocol(n_w, iters):
+    def protocol(n_w, iters, optimizer):
         """Returns the worker's per-exchange times (rank 1) or the server's aggregate s/push (rank 0)."""
         w0 = np.zeros(n_w)
         clock = PhaseClock("init")
         if me == 0:
-            server = Server(Endpoint(comm, waiter, clock), w0, 1)
+            server = Server(Endpoint(comm, waiter, clock), w0, 1, Optimizer(optimizer, 1e-3, n_w))
             st = server.serve(Async())
             return clock.seconds().get("aggregate", 0.0) / max(st.updates, 1)
         stamps = np.empty(iters + 1)
@@ -144,23 +162,24 @@ def child(args) -> None:
             pingpong(n_w, 10, False)
             iters = None
         iters = comm.bcast(iters, root=1)
-        protocol(n_w, 5)                                    # warm up the protocol path
+        for o in args.optimizers:
+            protocol(n_w, 5, o)                             # warm up the protocol path
         for rep in range(args.repeat):
-            k = rep % len(VARIANTS)
-            order = VARIANTS[k:] + VARIANTS[:k]             # rotate: no variant always first
+            k = rep % len(args.variants)
+            order = args.variants[k:] + args.variants[:k]   # rotate: no variant always first
             for v in order:
                 comm.Barrier()
-                if v == "asgd":
-                    got = protocol(n_w, iters)
+                if v.startswith("asgd "):
+                    got = protocol(n_w, iters, v.split()[1])
                 else:
                     got = pingpong(n_w, iters, v == "pingpong+aggregate", v == "pingpong+versioned",
                                    v == "pingpong+reply-first")
-                agg = comm.bcast(got if me == 0 and v == "asgd" else None, root=0)
+                agg = comm.bcast(got if me == 0 and v.startswith("asgd ") else None, root=0)
                 if me == 1:
                     raw.append({"hidden": hid, "n_w": n_w, "variant": v, "rep": rep, "iters": iters,
                                 "rtt_median_s": float(np.median(got[1:])), "rtt_min_s": float(np.min(got[1:])),
                                 "rtt_mean_s": float(np.mean(got[1:])),
-                                "server_aggregate_s_per_push": agg if v == "asgd" else None})
+                                "server_aggregate_s_per_push": agg if v.startswith("asgd ") else None})
     if me == 1:
         (args.out / "messaging_raw.json").write_text(json.dumps(
             {"oversubscribed": crowded, "ranks": comm.size, "rows": raw}, indent=1))
@@ -174,9 +193,11 @@ def plot(rows, path):
     fig, ax = plt.subplots(figsize=(8, 4.5))
     x = np.arange(len(models))
     colors = {"pingpong": "0.6", "pingpong+aggregate": "tab:green", "pingpong+versioned": "tab:olive",
-              "pingpong+reply-first": "tab:purple", "asgd": "tab:blue"}
-    wd = 0.8 / len(VARIANTS)
-    for i, v in enumerate(VARIANTS):
+              "pingpong+reply-first": "tab:purple", "asgd sgd": "tab:blue", "asgd momentum": "tab:pink",
+              "asgd adagrad": "tab:cyan", "asgd adam": "tab:red"}
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    wd = 0.8 / len(variants)
+    for i, v in enumerate(variants):
         rs = [next(r for r in rows if r["model"] == m and r["variant"] == v) for m in models]
         ys = [r["rtt_us"] for r in rs]
         bars = ax.bar(x - 0.4 + wd * (i + 0.5), ys, wd, color=colors[v], label=v)
@@ -203,12 +224,13 @@ def main(argv=None):
     raw_path.unlink(missing_ok=True)
     argv_child = [str(Path(__file__).resolve()), "--mpi-child", "--hidden", ",".join(map(str, args.hidden)),
                   "--repeat", str(args.repeat), "--iters", str(args.iters), "--timeout", str(args.timeout),
+                  "--optimizers", ",".join(args.optimizers),
                   "--out", str(run.out.resolve())] + (["--quick"] if args.quick else [])
     job = common.mpiexec(2, argv_child, timeout=args.timeout + 30)
     raw = json.loads(raw_path.read_text())
     rows = []
     for hid in args.hidden:
-        for v in VARIANTS:
+        for v in args.variants:
             rs = [r for r in raw["rows"] if r["hidden"] == hid and r["variant"] == v]
             med = float(np.median([r["rtt_median_s"] for r in rs]))
             agg = [r["server_aggregate_s_per_push"] for r in rs if r["server_aggregate_s_per_push"] is not None]
@@ -234,6 +256,8 @@ def main(argv=None):
                               ("round trip µs", "rtt_us", ",.1f"), ("min µs", "rtt_us_min", ",.1f"),
                               ("x ping-pong", "vs_pingpong", ".2f"), ("GB/s both ways", "gb_per_s_both_ways", ".2f"),
                               ("server busy µs/push", "server_aggregate_us", ",.1f")])
+    print("how far from the floor (the ping-pong of the same bytes): " + "; ".join(
+        f"{r['model']} {r['variant']} {r['vs_pingpong']:.2f}x" for r in rows if r["variant"].startswith("asgd ")))
     run.wrote()
     return 0
 

@@ -17,7 +17,8 @@ process group meets through a file in --out. Rank 0 evaluates held-out accuracy 
 epoch end and writes <out>/results.json in asgd's schema (the keys bench/ reads): config,
 wall_s (since rank 0's process start), init_s, train_s, metrics.history (per epoch:
 epoch, samples, wall_s, time_s, train_loss, test_loss, test_accuracy),
-metrics.accuracy, throughput.samples_per_s (over train_s).
+metrics.accuracy, throughput.samples_per_s and updates_per_s (over train_s; an update is
+one synchronous step of all ranks).
 """
 
 import time
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
     from asgd.run.config import Config
     from asgd.data import problem
     from asgd.data.shares import assign
-    from asgd.protocol.worker import batches
+    from asgd.protocol.context import Schedule
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -142,10 +143,11 @@ def main(argv=None) -> int:
     dist.barrier()
     init_s = time.perf_counter() - T0
     t_train = time.perf_counter()
-    history, samples, local_samples = [], 0, 0
+    history, samples, local_samples, updates = [], 0, 0, 0
     for epoch in range(args.epochs):
         loss_sum = torch.zeros(2, dtype=torch.float64)
-        for idx in batches(len(y), args.batch, steps, np.random.default_rng([args.seed, rank, epoch])):
+        plan = Schedule(args.batch, args.epochs, (args.seed, rank), 1.0, steps_per_epoch=steps)
+        for idx in plan.batches(len(y), epoch):
             idx = torch.from_numpy(idx)   # the same batches as asgd's allreduce on this rank
             opt.zero_grad()
             # an empty last batch (uneven shares) still takes part in the gradient allreduce
@@ -154,6 +156,7 @@ def main(argv=None) -> int:
             opt.step()
             loss_sum += torch.tensor([loss.item() * len(idx), len(idx)])
             local_samples += len(idx)
+            updates += 1   # one synchronous update of w per step, all ranks together
         dist.all_reduce(loss_sum)   # epoch's samples and summed batch losses, all ranks
         samples += int(loss_sum[1])
         stop = torch.zeros(1)
@@ -182,7 +185,8 @@ def main(argv=None) -> int:
                "wall_s": wall, "init_s": init_s, "train_s": train_s,
                "metrics": {"loss": history[-1]["test_loss"], "accuracy": history[-1]["test_accuracy"],
                            "history": history},
-               "throughput": {"samples": samples, "samples_per_s": samples / train_s}}
+               "throughput": {"samples": samples, "samples_per_s": samples / train_s,
+                              "updates": updates, "updates_per_s": updates / train_s}}
         from asgd.run.files import atomic_write
         atomic_write(str(args.out / "results.json"), lambda f: json.dump(res, f, indent=1))
         print(f"results: {args.out / 'results.json'}", flush=True)

@@ -82,21 +82,25 @@ def test_kernel_bench(tmp_path):
 
 def test_server_bench(tmp_path):
     out = tmp_path / "server"
-    bench("bench_server.py", "--hidden", "1000", "--workers", "1", "--repeat", "1", "--min-time", "0.001",
-          "--no-plot", "--out", str(out))
+    p = bench("bench_server.py", "--hidden", "1000", "--workers", "1", "--repeat", "1", "--min-time", "0.001",
+              "--no-plot", "--out", str(out))
     rows, meta = read_outputs(out, "server")
-    assert {r["variant"] for r in rows} >= {"add+copy", "server path", "stream copy", "stream triad"}
-    assert all(float(r["gb_per_s"]) > 0 and float(r["bound_same_size_gb_per_s"]) > 0 for r in rows)
+    assert {(r["optimizer"], r["path"]) for r in rows} == {(o, p) for o in ("sgd", "momentum", "adagrad", "adam")
+                                                           for p in ("asgd", "before")}
+    assert all(0 < float(r["pct_of_floor"]) and float(r["bound_gb_per_s"]) > 0 for r in rows)
+    assert "how far from the floor" in p.stdout
 
 
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install -e '.[mpich]')")
 def test_messaging_bench(tmp_path):
     out = tmp_path / "messaging"
-    bench("bench_messaging.py", "--hidden", "100", "--repeat", "1", "--iters", "20", "--timeout", "40",
-          "--out", str(out))
+    p = bench("bench_messaging.py", "--hidden", "100", "--repeat", "1", "--iters", "20", "--timeout", "40",
+              "--optimizers", "sgd,adam", "--out", str(out))
     rows, meta = read_outputs(out, "messaging")
     assert {r["variant"] for r in rows} == {"pingpong", "pingpong+aggregate", "pingpong+versioned",
-                                              "pingpong+reply-first", "asgd"}
+                                              "pingpong+reply-first", "asgd sgd", "asgd adam"}
+    floor = next(line for line in p.stdout.splitlines() if line.startswith("how far from the floor"))
+    assert "asgd sgd" in floor and "asgd adam" in floor
     assert all(float(r["rtt_us"]) > 0 for r in rows)
     assert meta["ranks"] == 2 and not (out / "messaging_raw.json").exists()
     assert (out / "messaging.png").stat().st_size > 0
@@ -111,6 +115,22 @@ def test_ddp_peer(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads((tmp_path / "results.json").read_text())
     assert r["config"]["world_size"] == 2 and r["throughput"]["samples"] == 16384
+    h = r["metrics"]["history"]
+    assert len(h) == 1 and 0 <= h[0]["test_accuracy"] <= 1 and h[0]["wall_s"] > 0
+
+
+@pytest.mark.skipif(MPIEXEC is None or not HAS_TORCH, reason="needs mpiexec and torch (the bench extra)")
+def test_rpc_peer(tmp_path):
+    """The RPC parameter server trains 1 server and 2 trainers for one epoch on asgd's
+    shares and batches (asgd's 3-rank run: 2 workers x 32 pushes) and writes the keys
+    bench_e2e reads."""
+    p = subprocess.run([*mpi(3, sys.executable, str(BENCH / "rpc_peer.py")), "--hidden", "50",
+                        "--epochs", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads((tmp_path / "results.json").read_text())
+    t = r["throughput"]
+    assert r["config"]["workers"] == 2 and t["samples"] == 16384 and t["updates"] == 64 and t["updates_per_s"] > 0
     h = r["metrics"]["history"]
     assert len(h) == 1 and 0 <= h[0]["test_accuracy"] <= 1 and h[0]["wall_s"] > 0
 

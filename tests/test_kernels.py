@@ -181,10 +181,16 @@ import numpy as np
 from asgd.net import kernels, mlp
 mlp.compile_kernels()
 names = ["step_begin", "step_rows", "step_end", "evaluate", "add_into", "all_finite", "add_scaled",
-         "quantize_1bit", "quantize_diff_1bit", "dequantize_1bit"]
+         "quantize_1bit", "quantize_diff_1bit", "dequantize_1bit",
+         "sgd_update", "momentum_update", "adagrad_update", "adam_update"]
 before = {n: len(getattr(kernels, n).signatures) for n in names}
 w, buf = np.zeros(1000), np.zeros(600 + 5)  # a shard of w; a push: [Delta-w | header]
 kernels.all_finite(buf[:600]); kernels.add_into(w[400:], buf[:600]); kernels.add_scaled(w[400:], buf[:600], 0.5)
+from asgd.net.optimizers import Optimizer   # a server's update: its versions [w | header], a push's Delta-w
+versions = [np.zeros(600 + 3) for _ in range(2)]
+for name in ("sgd", "momentum", "adagrad", "adam"):
+    Optimizer(name, 0.1, 600).update(versions[0][:600], buf[:600], versions[1][:600])
+    Optimizer(name, 0.1, 600).update(w[400:], buf[:600], versions[1][:600], 0.5)
 from asgd.protocol import onebit    # 1-bit messages: slices of w, the float64 and byte parts of a message
 layout = mlp.Layout(2, 100, 2); n = layout.n_w
 c = onebit.codecs(layout, [(0, 200), (200, n)], 5)[1]

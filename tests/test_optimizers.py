@@ -72,3 +72,57 @@ def test_convergence_notes(losses, refused, expect):
     for note, texts in zip(notes, expect):
         for text in [texts] if isinstance(texts, str) else texts:
             assert text in note, note
+
+
+@pytest.mark.parametrize("name", optimizers.OPTIMIZERS)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_an_update_refuses_a_non_finite_d_in_its_one_pass_and_changes_nothing(name, bad):
+    """update() checks d in the pass that moves w: a NaN or inf anywhere (here in the
+    last block, after the pass has written the blocks before it) leaves w, the state and
+    t as they were; the next finite d then moves them as if the bad one never came."""
+    rng = np.random.default_rng(3)
+    n = 3 * 512 + 17   # blocks and a tail
+    w = rng.normal(size=n)
+    opt, twin = Optimizer(name, 0.01, n), Optimizer(name, 0.01, n)
+    for _ in range(3):
+        opt.step(w, rng.normal(size=n))
+    twin.load({k: v.copy() for k, v in opt.save().items()})
+    state = {k: v.copy() for k, v in opt.save().items()}
+    d = rng.normal(size=n)
+    d[n - 5] = bad
+    w_before, d_before, out = w.copy(), d.copy(), np.zeros(n)
+    assert not opt.update(w, d, out)
+    np.testing.assert_array_equal(w, w_before)
+    np.testing.assert_array_equal(d, d_before, "update() never writes d")
+    for k, v in opt.save().items():
+        np.testing.assert_array_equal(v, state[k], k)
+    good = rng.normal(size=n)
+    assert opt.update(w, good, out)
+    w_twin = w.copy()
+    twin.step(w_twin, good.copy())
+    np.testing.assert_array_equal(out, w_twin)
+    np.testing.assert_array_equal(w, w_before, "w stays the version replies may be reading")
+
+
+@pytest.mark.parametrize("name", optimizers.OPTIMIZERS)
+def test_an_update_out_of_place_is_the_step_in_place_and_leaves_d_unscaled(name):
+    rng = np.random.default_rng(4)
+    w0, ds = rng.normal(size=700), [rng.normal(size=700) for _ in range(6)]
+    a, b = Optimizer(name, 0.02, 700), Optimizer(name, 0.02, 700)
+    wa, wb = w0.copy(), w0.copy()
+    for k, d in enumerate(ds):
+        scale = 0.25 if k % 2 else 1.0
+        a.step(wa, d.copy(), scale)
+        out = np.empty(700)
+        kept = d.copy()
+        assert b.update(wb, d, out, scale)
+        np.testing.assert_array_equal(d, kept)
+        wb = out
+    np.testing.assert_array_equal(wa, wb)
+    assert a.t == b.t == 6
+
+
+def test_a_step_in_place_with_a_non_finite_d_is_an_error():
+    opt = Optimizer("adagrad", 0.1, 8)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        opt.step(np.zeros(8), np.array([0.0] * 7 + [np.nan]))

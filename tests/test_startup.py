@@ -38,11 +38,11 @@ ONEBIT = {"quantize_1bit", "quantize_diff_1bit", "dequantize_1bit", "all_finite"
 
 @pytest.mark.parametrize("role, rank, reads_file, compress, kernels", [
     ("worker", 1, False, False, STEP | {"_permuted"}),
-    ("server", 0, False, False, {"evaluate", "add_into", "add_scaled", "all_finite"}),
-    ("server", 1, False, False, {"add_into", "add_scaled", "all_finite"}),
+    ("server", 0, False, False, {"evaluate", "add_into", "add_scaled", "all_finite", "sgd_update"}),
+    ("server", 1, False, False, {"add_into", "add_scaled", "all_finite", "sgd_update"}),
     ("worker", 2, True, False, STEP | {"_permuted", "parse_text", "find_byte", "check_rows"}),
     ("worker", 1, False, True, STEP | ONEBIT | {"_permuted"}),
-    ("server", 1, False, True, ONEBIT | {"add_into", "add_scaled"}),
+    ("server", 1, False, True, ONEBIT | {"add_into", "add_scaled", "sgd_update"}),
 ])
 def test_each_role_loads_only_its_kernels(role, rank, reads_file, compress, kernels):
     uses = startup.loads(role, rank, reads_file, compress=compress)
@@ -50,7 +50,8 @@ def test_each_role_loads_only_its_kernels(role, rank, reads_file, compress, kern
     public = {name.rsplit(".", 1)[1] for name in got} - {"_mix", "_sigmoid", "vexp", "_fwd22", "_bwd22", "_fwd_any",
                                                          "_bwd_any", "_forward_block", "_transpose_into",
                                                          "_check_labels", "_block_rows", "_split_means", "_space", "_digit",
-                                                         "_special", "_float_kind", "_fail"}  # callees
+                                                         "_special", "_float_kind", "_fail",
+                                                         "_finite_block", "_sizes_agree"}  # callees
     assert public == kernels
 
 

@@ -99,15 +99,17 @@ def test_one_bit_compression_learns_and_sends_sixty_times_fewer_bytes(tmp_path):
 
 @pytest.mark.parametrize("compress", ["none", "1bit"])
 def test_staleness_is_counted_from_the_w_a_push_was_computed_from(tmp_path, compress):
-    """One async worker computes step k+1 while exchange k is in flight, so every push but
-    the first comes from the w one version behind the server's: staleness 1, whatever the
-    messages. (1-bit pushes were stamped after the wait that advanced w: staleness 0.)"""
+    """One async worker computes step k+1 while exchange k is in flight, and the server
+    answers push k before it applies it (version k, without the push), so every push from
+    the third on comes from the w two versions behind the server's (staleness 2; the
+    first 0, the second 1), whatever the messages. (1-bit pushes were stamped after the
+    wait that advanced w: one less.)"""
     p = mpiexec(2, ["--compress", compress, "--hidden", "50", "--epochs", "1", "--out", str(tmp_path), "--quiet"])
     assert p.returncode == 0, p.stderr
     r = load_results(tmp_path)
     pushes = r["ranks"][1]["updates"]
     assert pushes == 64
-    assert r["ranks"][1]["staleness"]["histogram"] == [1, pushes - 1]
+    assert r["ranks"][1]["staleness"]["histogram"] == [1, 1, pushes - 2]
 
 
 def test_progress_during_the_step_changes_no_bit(tmp_path):

@@ -31,9 +31,11 @@ class Recording(Optimizer):
         super().__init__(*args)
         self.applied = []
 
-    def step(self, w, d, scale=1.0):
-        self.applied.append((d.copy(), scale))
-        super().step(w, d, scale)
+    def update(self, w, d, out, scale=1.0):
+        ok = super().update(w, d, out, scale)
+        if ok:
+            self.applied.append((d.copy(), scale))
+        return ok
 
 
 def run_job(servers=1, mode="async", K=None, epochs=2, batch=32, n=600, hidden=20, slow_rank=None,
@@ -304,3 +306,75 @@ def test_every_servers_checkpoint_of_a_cut_holds_the_same_pushes(mode):
             assert srvs[0]["saved"][cut][1] == srvs[1]["saved"][cut][1], cut
         if mode == "ssp":
             assert max(s["gap"] for s in srvs) <= K
+
+
+@pytest.mark.parametrize("mode", ["async", "ssp", "sync"])
+def test_each_reply_is_exactly_the_version_its_header_names(mode):
+    """Replies go out of the server's versions of its shard, not copies: whatever a
+    worker pulled is, bit for bit, the initial shard plus the first v updates the server
+    applied, v the version in the reply's header (no torn read of a version being
+    written, no reply from a buffer reused under it), in every mode."""
+    comm = MPI.COMM_WORLD
+    layout = mlp.Layout(2, 2000, 2)   # 80 KB replies: MPICH moves them only once received, not at Isend
+    w0 = mlp.init_params(layout, 0)
+    shards = shard_bounds(layout.n_w, 1)
+    waiter = Waiter(oversubscribed(comm), time.monotonic() + 60, f"rank {comm.rank}")
+    clock = PhaseClock("init")
+    W, n, batch = comm.size - 1, 96, 8
+    if comm.rank == 0:
+        opt = Recording("sgd", 1.0, layout.n_w)
+        Server(Endpoint(comm, waiter, clock), w0.copy(), 1, opt).serve(policy(mode, 1))
+        mine = opt.applied
+    else:
+        rng = np.random.default_rng(comm.rank)
+        link = PushPull(Endpoint(comm, waiter, clock), shards, Float64Link(shards, w0))
+        seen = []
+
+        def step(w, X, y, lr, dw, progress=None):
+            seen.append((int(link.versions[0]), w.copy()))
+            dw[:] = rng.normal(scale=1e-3, size=len(dw))
+            time.sleep(0.0005 * rng.integers(3))   # pushes interleave differently every step
+            return 0.1
+        plan = Schedule(batch, 1, (0, comm.rank), 1.0, overlap=mode != "sync",
+                        steps_per_epoch=n // batch if mode == "sync" else None)
+        run_worker(link, np.zeros((n, 2)), np.zeros(n, np.int64), step, plan)
+        mine = seen
+    got = comm.gather(mine, root=0)
+    if comm.rank == 0:
+        versions = [w0]
+        for d, scale in got[0]:
+            versions.append(versions[-1] + scale * d)
+        pulled = [x for seen in got[1:] for x in seen]
+        assert len(pulled) == W * (n // batch) and max(v for v, _ in pulled) > 0
+        for v, w in pulled:
+            np.testing.assert_array_equal(w, versions[v])
+
+
+@pytest.mark.parametrize("reply_first", [True, False])
+def test_async_answers_before_it_applies_so_a_worker_sees_its_own_update_one_exchange_later(reply_first):
+    """One worker, no overlap: answered before its push is applied (the default), each
+    push after the first comes from a w one version behind the server's (staleness 1);
+    answered after (reply_first=False), from the current one (staleness 0)."""
+    from asgd.protocol.server import Async
+    world = MPI.COMM_WORLD
+    comm = world.Split(0 if world.rank < 2 else MPI.UNDEFINED, world.rank)
+    if comm != MPI.COMM_NULL:
+        layout = mlp.Layout(2, 10, 2)
+        w0 = mlp.init_params(layout, 0)
+        shards = shard_bounds(layout.n_w, 1)
+        waiter = Waiter(False, time.monotonic() + 60, f"rank {comm.rank}")
+        clock = PhaseClock("init")
+        if comm.rank == 0:
+            st = Server(Endpoint(comm, waiter, clock), w0.copy(), 1).serve(Async(reply_first=reply_first))
+            hist = st.staleness[0]
+        else:
+            def step(w, X, y, lr, dw, progress=None):
+                dw[:] = 1e-3
+                return 0.1
+            link = PushPull(Endpoint(comm, waiter, clock), shards, Float64Link(shards, w0))
+            run_worker(link, np.zeros((64, 2)), np.zeros(64, np.int64), step,
+                       Schedule(8, 1, (0, 0), 1.0, overlap=False))
+        comm.Free()
+    world.Barrier()
+    if world.rank == 0:
+        assert hist == ([0] + [1] * 7 if reply_first else [0] * 8)

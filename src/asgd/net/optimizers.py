@@ -11,6 +11,11 @@ ASGD), for the others the negative mean gradient (their step with lr 1), and the
 applies lr. Keeping the state on the server, per shard, is how parameter servers in the
 field do it (DistBelief's Downpour SGD ran Adagrad there; MXNet's kvstore and ps-lite let
 the server own the optimizer): it sees every update, stale ones included.
+
+An update is one numba pass (net.kernels) that checks d for NaN and inf, writes the moved
+w into a buffer the caller names (a server's next version of its shard) and the state
+into its next buffers, which are swapped in only if d was finite: a refused d changes
+nothing, and needs neither a second pass nor an undo.
 """
 
 from __future__ import annotations
@@ -33,31 +38,38 @@ class Optimizer:
         self.t = 0  # updates applied (Adam's bias correction counts them)
         shapes = {"sgd": (), "momentum": ("v",), "adagrad": ("g2",), "adam": ("m", "v")}[name]
         self.state = {k: np.zeros(size) for k in shapes}
+        self._next = {k: np.zeros(size) for k in shapes}   # what an update writes; swapped in if it took
 
+    def update(self, w: np.ndarray, d: np.ndarray, out: np.ndarray, scale: float = 1.0) -> bool:
+        """out = w moved along scale * d, and the state moved with it, in one pass that
+        also checks d: False, with w, the state and t as they were (out is scratch), if d
+        has NaN or inf. d is never written. out may be w itself only for a d known to be
+        finite (a bad block found late would leave w partly moved)."""
+        s, nx = self.state, self._next
+        if self.name == "sgd":
+            ok = kernels.sgd_update(w, d, out, scale)
+        elif self.name == "momentum":
+            ok = kernels.momentum_update(w, s["v"], d, out, nx["v"], self.lr, self.mu, scale)
+        elif self.name == "adagrad":
+            ok = kernels.adagrad_update(w, s["g2"], d, out, nx["g2"], self.lr, EPS, scale)
+        else:
+            ok = kernels.adam_update(w, s["m"], s["v"], d, out, nx["m"], nx["v"], self.lr, BETAS[0], BETAS[1], EPS,
+                                     self.t + 1, scale)
+        if ok:
+            self.t += 1
+            self.state, self._next = nx, s
+        return ok
 
     def step(self, w: np.ndarray, d: np.ndarray, scale: float = 1.0) -> None:
-        """Move w along scale * d. d may be overwritten when scale != 1."""
-        self.t += 1
-        if self.name == "sgd":
-            if scale == 1.0:
-                kernels.add_into(w, d)
-            else:
-                kernels.add_scaled(w, d, scale)
-            return
-        if scale != 1.0:
-            d *= scale
-        s = self.state
-        if self.name == "momentum":
-            kernels.momentum_update(w, s["v"], d, self.lr, self.mu)
-        elif self.name == "adagrad":
-            kernels.adagrad_update(w, s["g2"], d, self.lr, EPS)
-        else:
-            kernels.adam_update(w, s["m"], s["v"], d, self.lr, BETAS[0], BETAS[1], EPS, self.t)
+        """Move w in place along scale * d, a d known to be finite (allreduce checks its
+        sum first); a non-finite one is an error."""
+        if not self.update(w, d, w, scale):
+            raise ValueError("Optimizer.step: d has NaN or inf (check it first, or use update())")
 
     @property
     def nbytes(self) -> int:
-        """Bytes of its state."""
-        return sum(v.nbytes for v in self.state.values())
+        """Bytes of its state, and of the buffers its next state is written into."""
+        return sum(v.nbytes for v in (*self.state.values(), *self._next.values()))
 
     def save(self) -> dict:
         """The state as arrays, for a checkpoint (t as a 0-d array)."""

@@ -7,8 +7,10 @@ strategy only owns the buffers and turns Delta-w and w into messages and back.
                  [Delta-w | S headers] (the other may be in flight) and w' lands in a
                  second w buffer [w | S headers] that is swapped in; an indexed datatype
                  per server picks its slice and its header: no copies. A server receives
-                 [Delta-w shard | header] into one buffer per worker and replies from one
-                 per worker, since the shard changes while a reply is in flight.
+                 [Delta-w shard | header] into one buffer per worker and keeps its shard
+                 in versions [w | header]: an update writes the next version into a
+                 buffer no reply is in flight from, and a reply goes out of the version
+                 it carries: no copies either.
   OneBit         --compress 1bit (protocol.onebit): a push is quantized per server shard
                  with the worker's error feedback; a reply is the quantized change of the
                  shard since that worker's last one, added to w in place; the server keeps
@@ -140,18 +142,42 @@ class OneBitLink:
 
 
 # -- the server's side ------------------------------------------------------------------
+# A server's shard lives in versions: an update writes the next version into a buffer no
+# reply is being sent from (`fresh`), which then becomes the current one (`commit`), so a
+# reply is sent straight out of the version it carries, while later updates go on into
+# other buffers: no copy of w per reply, and no reply reads a shard being written. The
+# caller's w (`home`) is brought up to date only when asked (`publish`: checkpoints, the
+# evaluation, the end of the run).
+
+def _in_flight(req) -> bool:
+    """A reply still being sent (Test completes a finished one, which frees its buffer)."""
+    return req != MPI.REQUEST_NULL and not req.Test()
+
 
 class Float64Shard:
-    """A server's buffers for float64 messages: per worker, [Delta-w | header] received
-    and [w | header] sent."""
+    """A server's buffers for float64 messages: per worker, [Delta-w | header] received;
+    and a pool of versions of the shard, each [w | header], that replies go out of.
+
+    A version is sent to every worker it answers (sync's round: all of them) with one
+    header; if a reply needs another header (a new stop, cut or version number, which a
+    refused push brings) while a reply is in flight out of that buffer, the version is
+    copied to a free buffer first: the one copy left, on a path taken only then. The pool
+    grows to the replies in flight, at most workers + 2 buffers."""
 
     kind = MPI.DOUBLE
 
     def __init__(self, w: np.ndarray, workers: int):
         n = len(w)
-        self.n = n
+        self.n, self.home = n, w
         self.recv = [np.empty(n + PUSH_HEADER) for _ in range(workers)]
-        self.send = [np.empty(n + PULL_HEADER) for _ in range(workers)]
+        self.pool = [np.empty(n + PULL_HEADER) for _ in range(2)]
+        self.pool[0][:n] = w
+        self.pool[0][n:] = np.nan      # no header written yet
+        self.cur, self.next = 0, 1     # the current version's buffer; the one fresh() gave
+        self.made = [0, -1]            # per buffer, when its version was made (commits so far)
+        self.commits = 0
+        self.source = [-1] * workers   # the buffer worker j's last reply went out of
+        self.published = True          # home holds the current version
         self.push_nbytes, self.pull_nbytes = wire.push_bytes(n), wire.pull_bytes(n)
 
     def header(self, j: int) -> np.ndarray:
@@ -161,26 +187,74 @@ class Float64Shard:
         """Worker j's Delta-w, as received."""
         return self.recv[j][:self.n]
 
-    def reply(self, j: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Worker j's reply buffer holding w; (the buffer, its header to fill)."""
-        out = self.send[j]
-        out[:self.n] = w
-        return out, out[self.n:]
+    @property
+    def w(self) -> np.ndarray:
+        """The shard's current version (read it; never write it)."""
+        return self.pool[self.cur][:self.n]
+
+    def _sending(self, b: int, replies: list) -> bool:
+        return any(src == b and _in_flight(replies[j]) for j, src in enumerate(self.source))
+
+    def fresh(self, replies: list) -> np.ndarray:
+        """A buffer to write the next version into: not the current one, and no reply
+        (`replies`, the server's per worker) in flight out of it; the oldest such."""
+        for b in sorted(range(len(self.pool)), key=self.made.__getitem__):
+            if b != self.cur and not self._sending(b, replies):
+                self.next = b
+                return self.pool[b][:self.n]
+        self.pool.append(np.empty(self.n + PULL_HEADER))
+        self.made.append(-1)
+        self.next = len(self.pool) - 1
+        return self.pool[self.next][:self.n]
+
+    def commit(self) -> None:
+        """The buffer fresh() gave holds the next version: it becomes the current one."""
+        self.cur = self.next
+        self.pool[self.cur][self.n:] = np.nan
+        self.commits += 1
+        self.made[self.cur] = self.commits
+        self.published = False
+
+    def reply(self, j: int, head: tuple, replies: list) -> np.ndarray:
+        """Worker j's reply: the current version's buffer with `head` (the pull header's
+        values) at its tail."""
+        buf = self.pool[self.cur]
+        if not np.array_equal(buf[self.n:], head) and self._sending(self.cur, replies):
+            self.fresh(replies)[:] = self.w    # the header must change under a reply in flight
+            published = self.published
+            self.commit()
+            self.published = published
+            buf = self.pool[self.cur]
+        buf[self.n:] = head
+        self.source[j] = self.cur
+        return buf
+
+    def publish(self) -> np.ndarray:
+        """Bring home (the caller's w) up to the current version; returns it."""
+        if not self.published:
+            self.home[:] = self.w
+            self.published = True
+        return self.home
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (*self.recv, *self.send))
+        return sum(a.nbytes for a in (*self.recv, *self.pool))
 
 
 class OneBitShard:
     """A server's buffers for 1-bit messages: pushes decoded into a float64 buffer per
-    worker (a held push stays there until its round is applied), and per worker the
-    shard as that worker holds it (`views`), which a reply's quantized change moves."""
+    worker (a held push stays there until its round is applied), per worker the shard as
+    that worker holds it (`views`), which a reply's quantized change moves, and two
+    versions of the shard (a reply is encoded, so none is ever in flight): home, the
+    caller's w, and one more, taking turns."""
 
     kind = MPI.BYTE
 
     def __init__(self, w: np.ndarray, workers: int, push: OneBit, pull: OneBit):
         self.codecs = (push, pull)
+        self.home = w
+        self.pool = [w, np.empty_like(w)]
+        self.cur = 0
         self.recv = [push.buffer() for _ in range(workers)]
         self.send = [pull.buffer() for _ in range(workers)]
         self.deltas = [np.empty(len(w)) for _ in range(workers)]
@@ -194,14 +268,31 @@ class OneBitShard:
         self.codecs[0].decode(self.recv[j], self.deltas[j])
         return self.deltas[j]
 
-    def reply(self, j: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    @property
+    def w(self) -> np.ndarray:
+        return self.pool[self.cur]
+
+    def fresh(self, replies: list) -> np.ndarray:
+        return self.pool[1 - self.cur]
+
+    def commit(self) -> None:
+        self.cur = 1 - self.cur
+
+    def reply(self, j: int, head: tuple, replies: list) -> np.ndarray:
         pull, out = self.codecs[1], self.send[j]
-        pull.encode_diff(w, self.views[j], out)
-        return out, pull.head(out)
+        pull.encode_diff(self.w, self.views[j], out)
+        pull.head(out)[:] = head
+        return out
+
+    def publish(self) -> np.ndarray:
+        if self.cur:
+            self.home[:] = self.pool[1]
+            self.cur = 0
+        return self.home
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (*self.recv, *self.send, *self.deltas, *self.views))
+        return sum(a.nbytes for a in (*self.recv, *self.send, *self.deltas, *self.views, self.pool[1]))
 
 
 # -- choosing them (asgd.train's --compress) ---------------------------------------------

@@ -1,22 +1,29 @@
 """The parameter server: one request handler, and a reply policy that says when to answer.
 
-Every push goes through `Server.handle` (account for it, refuse a non-finite one, hand it
-to the policy); every end-of-work message retires its worker; the loop ends when every
-worker has retired, whatever the policy, so no server waits for pushes that will never
-come (a stop that reached the workers through another server's reply included).
+Every push goes through `Server.handle` (account for it, hand it to the policy, which
+applies or holds it; a non-finite one is refused where it is applied); every end-of-work
+message retires its worker; the loop ends when every worker has retired, whatever the
+policy, so no server waits for pushes that will never come (a stop that reached the
+workers through another server's reply included).
 The policy decides what is applied and who is answered:
-  Async  apply each Delta-w as it arrives and answer at once (the paper's ASGD).
-  SSP    the same, but hold a worker's answer while its next push would put it more
-         than K steps ahead of the slowest active worker (stale-synchronous parallel).
+  Async  answer each push at once with the current shard, then apply its Delta-w (the
+         paper's ASGD; the reply goes out before the update, so the server's work is
+         off the worker's round trip, and a worker sees its own Delta-w one exchange
+         later: one more version of staleness).
+  SSP    apply each Delta-w, then answer, but hold a worker's answer while its next push
+         would put it more than K steps ahead of the slowest active worker
+         (stale-synchronous parallel; applied first, so a worker reads its own writes).
   Sync   hold the pushes until every active worker has pushed, apply their
          sample-weighted mean once, in worker order (deterministic), answer everyone.
 "Apply" is the shard's optimizer (net.optimizers: sgd adds Delta-w; momentum, adagrad and
 adam move the shard along the pushed negative gradient, keeping their state per shard).
-One persistent receive stays posted per worker; it is re-armed when that worker is
-answered, so a held push's buffer stays untouched. Replies go out of the worker's own
-send buffer, since the shard keeps changing while a reply is in flight. How the messages
-sit in memory (float64, or 1-bit with a copy of the shard per worker) is the message
-strategy's (protocol.messages).
+One persistent receive stays posted per worker; it is re-armed once that worker's push
+is applied and answered, so a held push's buffer stays untouched. An update is one pass
+(net.optimizers) that checks Delta-w for NaN and inf and writes the next version of the
+shard into a buffer no reply is being sent from; a reply goes out of the version it
+carries, so no reply copies w and none reads a shard being written (protocol.messages'
+versions). How the messages sit in memory (float64, or 1-bit with a copy of the shard
+per worker) is the message strategy's (protocol.messages).
 
 Checkpoints are consistent cuts (Chandy and Lamport's idea, carried by the workers):
 server 0 starts cut c when --checkpoint-every says so and stamps c on its replies; a
@@ -48,8 +55,9 @@ from mpi4py import MPI
 from ..mpiutil import failed_ranks
 from ..net import kernels
 from ..net.optimizers import Optimizer
-from ..wire import (DONE_BYTES, DOUBLE, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_CUT, R_STOP,
-                    R_VERSION, RECV, SEND, STOP_ASKED, STOP_DONE, TAG_DONE, TAG_PULL, TAG_PUSH, TAG_SHARD, flow_id)
+from ..wire import (DONE_BYTES, DOUBLE, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, PULL_HEADER, R_CUT,
+                    R_STOP, R_VERSION, RECV, SEND, STOP_ASKED, STOP_DONE, TAG_DONE, TAG_PULL, TAG_PUSH, TAG_SHARD,
+                    flow_id)
 from .context import Endpoint
 from .messages import Float64Shard
 
@@ -89,8 +97,10 @@ class Server:
     def __init__(self, ep: Endpoint, w: np.ndarray, workers, optimizer: Optimizer | None = None,
                  messages=None, on_version=None, checkpoints=None, leader: bool | None = None,
                  fault_tolerant: bool = False, on_lost=None, cuts_done: int = 0):
-        """w: my shard (a live view); workers: the ranks that push to it (a list), or the
-        first of them (an int: that rank and every one after it); optimizer: what an
+        """w: my shard (the caller's array, current after publish() and after serving;
+        meanwhile the shard lives in the message strategy's versions); workers: the
+        ranks that push to it (a list), or the first of them (an int: that rank and
+        every one after it); optimizer: what an
         update does to w, with its state for my shard (default: sgd, w += Delta-w);
         messages: my side's message strategy (default: float64, protocol.messages);
         on_version(rounds, loss_sum, samples): after each new version of the shard
@@ -117,6 +127,7 @@ class Server:
         self.dones = [comm.Irecv([self._done[j], MPI.DOUBLE], r, TAG_DONE) for j, r in enumerate(self.ranks)]
         self.requests = self.pushes + self.dones
         self.replies = [MPI.REQUEST_NULL] * self.W
+        self.answered = np.zeros(self.W, bool)   # answered before its push was applied (Async)
         self.active = np.ones(self.W, bool)
         self.steps = np.zeros(self.W, np.int64)  # pushes taken per worker
         self.samples = np.zeros(self.W)          # samples their pushes brought
@@ -217,10 +228,7 @@ class Server:
         self.steps[j] += 1
         self.samples[j] += m
         self.pushed_step[j] = step
-        dw = self.msgs.delta(j)
-        if not self.acceptable(j, dw, loss_sum):
-            dw, loss_sum, m = None, 0.0, 0.0  # a refused update adds no samples to the progress
-        self.route(policy, j, int(head[P_CUT]), dw, loss_sum, m)
+        self.route(policy, j, int(head[P_CUT]), self.msgs.delta(j), loss_sum, m)
 
     # -- consistent checkpoint cuts (module docstring) --------------------------------
 
@@ -250,6 +258,7 @@ class Server:
         if not ((self.past | ~self.active).all() or (quorum is not None and self.past.sum() >= quorum)):
             return
         if self.past.any():
+            self.publish()
             self.checkpoints.save(self.st.rounds, self.collecting)
             self.st.cuts = self.collecting
         # else every worker retired and none pushed past it: server 0's own cut, started
@@ -259,10 +268,25 @@ class Server:
         for j, cut, dw, loss_sum, m in held:
             self.route(policy, j, cut, dw, loss_sum, m)
 
-    def apply(self, d: np.ndarray | None) -> None:
-        """The optimizer moves my shard along d (None: a refused update, nothing moves)."""
-        if d is not None:
-            self.optimizer.step(self.w, d)
+    def apply(self, j: int, d: np.ndarray, loss_sum: float) -> bool:
+        """Worker j's push: the optimizer moves my shard along d into its next version,
+        checking d in the same pass; False if d or its loss had NaN or inf (refused:
+        nothing moves; counted by acceptable())."""
+        if math.isfinite(loss_sum) and self.update(d):
+            return self.acceptable(j, None, loss_sum)
+        return self.acceptable(j, d, math.nan)
+
+    def update(self, d: np.ndarray, scale: float = 1.0) -> bool:
+        """The optimizer moves my shard along scale * d into a fresh version, which becomes
+        the current one; False (nothing moved) if d is not finite."""
+        ok = self.optimizer.update(self.msgs.w, d, self.msgs.fresh(self.replies), scale)
+        if ok:
+            self.msgs.commit()
+        return ok
+
+    def publish(self) -> np.ndarray:
+        """Bring `w` (the caller's) up to the current version of the shard; returns it."""
+        return self.msgs.publish()
 
     def new_version(self, loss_sum: float, samples: float) -> None:
         """The shard has a new version; count it, report the samples it took in."""
@@ -272,10 +296,11 @@ class Server:
                 and self.checkpoints.due(self.st.rounds)):
             self.start_cut()   # before this version's replies go out: they carry it
 
-    def acceptable(self, j: int, dw: np.ndarray, loss_sum: float) -> bool:
+    def acceptable(self, j: int | None, dw: np.ndarray | None, loss_sum: float) -> bool:
         """False for a Delta-w or loss with NaN or inf: refused (not applied) and counted;
-        DIVERGED_AFTER of them in a row stop the job."""
-        if kernels.all_finite(dw) and math.isfinite(loss_sum):
+        DIVERGED_AFTER of them in a row stop the job. dw None: found finite already;
+        j None: a sync round's mean."""
+        if math.isfinite(loss_sum) and (dw is None or kernels.all_finite(dw)):
             self.refused_in_a_row = 0
             return True
         self.st.refused += 1
@@ -283,25 +308,39 @@ class Server:
         if self.refused_in_a_row >= DIVERGED_AFTER:
             raise DivergenceError(
                 f"server rank {self.comm.rank} refused {self.refused_in_a_row} updates in a row with NaN "
-                f"or inf values (the last from worker rank {self.ranks[j]}): training diverged; "
+                f"or inf values (the last {self._whose(j)}): training diverged; "
                 "lower --lr")
         return False
 
+    def _whose(self, j: int | None) -> str:
+        return "a round's mean" if j is None else f"from worker rank {self.ranks[j]}"
+
     def reply(self, j: int) -> None:
-        """Send worker j the current shard, then re-arm its receive."""
+        """Answer worker j (unless answer() did already), then re-arm its receive: its
+        push has been taken. A dead worker: nothing."""
         if self.dead[j]:
             return
+        if not self.answered[j]:
+            self.answer(j)
+        self.answered[j] = False
+        self.pushes[j].Start()
+
+    def answer(self, j: int) -> None:
+        """Send worker j the current version of the shard, out of the buffer it lives in.
+        Before its push is applied (Async) reply() must follow once it is: the push's
+        receive is re-armed only then."""
         if self.replies[j] != MPI.REQUEST_NULL:  # the previous reply: done long ago in practice
             self.waiter.all([self.replies[j]], f"worker rank {self.ranks[j]} to take its previous reply")
-        out, head = self.msgs.reply(j, self.w)
+        head = [0.0] * PULL_HEADER
         stop = STOP_ASKED if self.stopping else STOP_DONE if self.finished else 0.0
         head[R_VERSION], head[R_STOP], head[R_CUT] = self.st.rounds, stop, self.collecting or self.st.cuts
+        out = self.msgs.reply(j, head, self.replies)
         self.replies[j] = self.comm.Isend([out, self.msgs.kind], self.ranks[j], TAG_PULL)
         step = int(self.msgs.header(j)[P_STEP])
         nbytes = self.msgs.pull_nbytes
         self.clock.message(SEND, self.ranks[j], nbytes, flow_id(self.ranks[j], self.comm.rank, step, True))
         self.st.bytes_sent += nbytes if self.ranks[j] != self.comm.rank else 0
-        self.pushes[j].Start()
+        self.answered[j] = True
 
     def gap(self, j: int) -> int:
         """How many steps worker j is ahead of the slowest active worker."""
@@ -309,7 +348,8 @@ class Server:
 
     def record(self, shard: tuple[int, int]) -> dict:
         """This server's entry of results.json's `ranks`, with the bytes of parameter-sized
-        arrays it held (its shard, the optimizer's state, its message buffers)."""
+        arrays it held (its shard, the optimizer's state and next state, its message
+        buffers and versions)."""
         rec = self.st.record(shard, self.ranks)
         rec["weight_bytes"] = self.w.nbytes + self.optimizer.nbytes + self.msgs.nbytes
         return rec
@@ -326,6 +366,7 @@ class Server:
             p.Wait()
             p.Free()
         self.waiter.all(self.replies, "workers to take their last replies")
+        self.publish()
         return self.st
 
 
@@ -364,13 +405,20 @@ class Policy:
 
 
 class Async(Policy):
-    """Apply each Delta-w as it arrives; answer at once."""
+    """Answer each push at once, then apply its Delta-w (reply_first, the default: the
+    update is off the worker's round trip, and the worker sees its own Delta-w one
+    exchange later); or apply it, then answer (reply_first=False: a worker reads its own
+    writes, as in SSP)."""
 
-    def __init__(self):
+    def __init__(self, reply_first: bool = True):
+        self.reply_first = reply_first
         self.ready: list[int] = []
 
     def take(self, srv, j, dw, loss_sum, m):
-        srv.apply(dw)
+        if self.reply_first:
+            srv.answer(j)
+        if not srv.apply(j, dw, loss_sum):
+            loss_sum, m = 0.0, 0.0   # a refused update adds no samples to the progress
         srv.new_version(loss_sum, m)
         srv.st.step_gap[j].append(srv.gap(j))
         self.ready.append(j)
@@ -385,7 +433,7 @@ class SSP(Async):
     ahead of the slowest active worker; a retiring worker can release the others."""
 
     def __init__(self, K: int):
-        super().__init__()
+        super().__init__(reply_first=False)   # its bound is on what a worker has read: its own writes too
         self.K = K
         self.held: list[int] = []
 
@@ -419,6 +467,8 @@ class Sync(Policy):
             srv.st.dropped += 1
             self.late.append(j)
             return
+        if not srv.acceptable(j, dw, loss_sum):   # checked on arrival: a round's weights need it
+            dw, loss_sum, m = None, 0.0, 0.0
         self.pending[j] = (dw, loss_sum, m)
 
     def answerable(self, srv):
@@ -429,16 +479,17 @@ class Sync(Policy):
             return late
         total = sum(m for _, _, m in self.pending.values())
         if self.mean is None:
-            self.mean = np.empty_like(srv.w)
+            self.mean = np.empty(len(srv.w))
         self.mean[:] = 0.0
         for j in sorted(self.pending):
             dw, _, m = self.pending[j]
             if m:
                 kernels.add_scaled(self.mean, dw, m / total)
             srv.st.step_gap[j].append(0)
-        if total:
-            srv.apply(self.mean)
-        srv.new_version(sum(ls for _, ls, _ in self.pending.values()), total)
+        if total and not srv.update(self.mean):   # a mean that overflowed: refused too
+            srv.acceptable(None, self.mean, math.nan)
+            total = 0.0
+        srv.new_version(sum(ls for _, ls, _ in self.pending.values()) if total else 0.0, total)
         if self.backup and srv.goal is not None and srv.goal():
             srv.finished = True   # workers train until told: rounds drop late pushes, so no fixed step count
         ready, self.pending = sorted(self.pending), {}

@@ -35,11 +35,12 @@ from .progress import EpochTracker
 
 # -- what the roles share ------------------------------------------------------------------
 
-def tracker_of(job: Job, m: Model, w=None) -> EpochTracker | None:
+def tracker_of(job: Job, m: Model, w=None, publish=None) -> EpochTracker | None:
     """Epochs and progress lines on rank 0, which sees every update (the server of shard
     0, p2p's owner of it, or allreduce's rank 0); it evaluates after each epoch when it
     holds all of w (one server, allreduce without slices) or is given w() (a p2p worker's,
-    at most one exchange old)."""
+    at most one exchange old). publish(): brings m.w up to date before it is evaluated
+    (a server's shards live in versions: protocol.messages)."""
     if job.rank != 0:
         return None
     cfg, topo = job.cfg, job.topo
@@ -58,7 +59,10 @@ def tracker_of(job: Job, m: Model, w=None) -> EpochTracker | None:
     if w is not None and topo.K == 1:
         evaluate = lambda: mlp.make_evaluate(m.layout, w(), m.test)()  # noqa: E731
     elif whole:
-        evaluate = lambda: mlp.make_evaluate(m.layout, m.standard(m.w), m.test)()  # noqa: E731
+        def evaluate():
+            if publish:
+                publish()
+            return mlp.make_evaluate(m.layout, m.standard(m.w), m.test)()
     lockstep = cfg.mode == "sync" or cfg.arch == "allreduce"
     return EpochTracker(m.n_train, cfg.epochs, evaluate, job.say, cfg.progress, job.clock,
                         history=list(m.resumed.get("history", [])), epoch=m.first_epoch,
@@ -213,7 +217,7 @@ def serve(job: Job, m: Model) -> dict:
     """Serve my shards of w (views: rank 0's w stays whole) until every worker is done;
     then rank 0 gathers all of w."""
     cfg, topo = job.cfg, job.topo
-    job.tracker = tracker_of(job, m)
+    job.tracker = tracker_of(job, m, publish=lambda: [srv.publish() for srv in servers])
     mine = topo.shards_of(job.rank)
     servers, ckpts = servers_of(job, m, mine, on_version_of(job))
     if job.tracker and cfg.backup_workers:   # workers train until the epochs' samples are applied

@@ -1,0 +1,248 @@
+"""A PyTorch RPC parameter server (torch.distributed.rpc, CPU) on asgd's problem: what a user
+wanting an asynchronous parameter server in Python would pick instead of asgd.
+
+    mpiexec -n N python bench/rpc_peer.py [--epochs 4] [--out DIR] [--stop-at 0.95]
+
+The pattern of PyTorch's tutorial "Implementing a Parameter Server Using Distributed RPC
+Framework": rank 0 holds the model and the optimizer; each of the N-1 trainers computes a
+gradient on its mini-batch and calls rpc_async on the server, which sets the gradients,
+steps the optimizer under a lock (its RPC threads serve the trainers concurrently), and
+returns the parameters (cloned under the lock: no torn read), which the trainer loads
+before its next step (no overlap of compute and exchange: the tutorial's trainer waits).
+
+Like asgd's default parameter server (`asgd.train`, --arch ps, --mode async, one server)
+at N ranks: the same data (asgd.data.shares.embedded: worker rank r's share of the default
+problem's 16384 training points, none on the server; 4096 held out), the same model (2-H-2,
+sigmoid hidden, softmax cross-entropy, float64, asgd.net.mlp.init_params), the same batches
+(asgd.protocol.context.Schedule: batch B, each epoch a permutation seeded by (seed, worker
+index, epoch)), and the same optimizer on the server at asgd's default lr for an async
+parameter server (asgd.net.optimizers.default_lr(O, H, 1); ddp_peer.torch_optimizer gives
+the torch.optim class with asgd's update). Rank 0 evaluates the held-out accuracy each time
+the pushes have brought an epoch's worth of samples (on a copy taken under the lock, in its
+main thread: the RPC threads go on serving) and writes <out>/results.json in the schema
+bench_e2e reads (ddp_peer.py's keys, plus throughput.updates_per_s). One thread per rank
+for torch's kernels; the RPC group meets through a file in --out.
+"""
+
+import time
+
+T0 = time.perf_counter()   # wall is measured from process start: imports count, as in asgd.train
+
+import os  # noqa: E402
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ[_v] = "1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import mpi4py  # noqa: E402
+
+mpi4py.rc.initialize = mpi4py.rc.finalize = False   # asgd's modules import mpi4py.MPI; TensorPipe talks, not MPI
+
+from ddp_peer import rank_and_size, torch_optimizer  # noqa: E402
+
+SERVER = "ps"
+PS = None   # rank 0's ParameterServer: the RPC handlers run in the server's process and find it here
+
+
+def model_of(layout, w):
+    """torch's 2-H-2 MLP with asgd's weights w (float64)."""
+    from torch import nn
+    import torch
+    W1, b1, W2, b2 = layout.views(w)
+    model = nn.Sequential(nn.Linear(layout.d_in, layout.d_hidden), nn.Sigmoid(),
+                          nn.Linear(layout.d_hidden, layout.d_out)).double()
+    with torch.no_grad():
+        for p, v in zip(model.parameters(), (W1.T, b1, W2.T, b2)):
+            p.copy_(torch.from_numpy(np.ascontiguousarray(v)))
+    return model
+
+
+class ParameterServer:
+    """The model and its optimizer, stepped under a lock by the RPC threads."""
+
+    def __init__(self, model, optimizer, n_train, trainers, stop_at):
+        self.model, self.opt = model, optimizer
+        self.lock = threading.Lock()
+        self.n_train, self.trainers, self.stop_at = n_train, trainers, stop_at
+        self.samples = self.updates = 0
+        self.loss_sum = 0.0
+        self.done = 0
+        self.stop = False
+        self.changed = threading.Condition(self.lock)   # an epoch's worth of samples, or a trainer done
+
+    def push_pull(self, grads, loss_sum, samples):
+        with self.lock:
+            for p, g in zip(self.model.parameters(), grads):
+                p.grad = g
+            self.opt.step()
+            before = self.samples
+            self.samples += samples
+            self.updates += 1
+            self.loss_sum += loss_sum
+            if self.samples // self.n_train > before // self.n_train:
+                self.changed.notify_all()
+            return [p.detach().clone() for p in self.model.parameters()], self.stop
+
+    def finished(self):
+        with self.lock:
+            self.done += 1
+            self.changed.notify_all()
+
+
+def push_pull(grads, loss_sum, samples):   # runs on the server
+    return PS.push_pull(grads, loss_sum, samples)
+
+
+def trainer_done():   # runs on the server
+    PS.finished()
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, default=10000, help="hidden units (default 10000)")
+    p.add_argument("--batch", type=int, default=256, help="mini-batch per trainer (default 256)")
+    p.add_argument("--epochs", type=int, default=4, help="epochs (default 4)")
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "adagrad", "adam"), default=None,
+                   help="default: asgd's (asgd.run.config.Config.optimizer)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="default: asgd.net.optimizers.default_lr(optimizer, hidden, 1), asgd's async server's")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop-at", type=float, default=None,
+                   help="stop after the first epoch whose held-out accuracy reaches this")
+    p.add_argument("--out", type=Path, default=Path("runs/rpc"), help="run folder (default runs/rpc)")
+    p.add_argument("--timeout", type=float, default=300, help="RPC timeout, seconds (default 300)")
+    return p.parse_args(argv)
+
+
+def serve(args, layout, size, t_train, evaluate):
+    """Rank 0's main thread: evaluate at each epoch's worth of samples until every
+    trainer is done (or the target is reached); the history in ddp_peer's form."""
+    history, epoch = [], 0
+    while True:
+        with PS.lock:
+            PS.changed.wait_for(lambda: PS.samples // PS.n_train > epoch or PS.done == PS.trainers)
+            if PS.samples // PS.n_train <= epoch:   # every trainer done, no new epoch
+                break
+            epoch += 1
+            samples, loss_sum = PS.samples, PS.loss_sum
+            snapshot = [p.detach().clone() for p in PS.model.parameters()]
+        test_loss, test_acc = evaluate(snapshot)
+        now = time.perf_counter()
+        history.append({"epoch": epoch, "samples": samples, "time_s": round(now - t_train, 4),
+                        "wall_s": round(now - T0, 4), "train_loss": loss_sum / max(samples, 1),
+                        "test_loss": test_loss, "test_accuracy": test_acc})
+        print(f"epoch {epoch}/{args.epochs}  held-out acc {test_acc:.4f}  wall {now - T0:.2f} s", flush=True)
+        if args.stop_at is not None and test_acc >= args.stop_at:
+            with PS.lock:
+                PS.stop = True   # the trainers hear it in their next reply
+            break
+        if epoch >= args.epochs:
+            break
+    return history
+
+
+def main(argv=None) -> int:
+    global PS
+    args = parse_args(argv)
+    rank, size = rank_and_size()
+    if size < 2:
+        raise SystemExit("rpc_peer.py: needs 2 ranks or more (one server, the others trainers)")
+    import torch
+    import torch.distributed.rpc as rpc
+    from torch import nn
+
+    from asgd.data import shares
+    from asgd.net import mlp, optimizers
+    from asgd.protocol.context import Schedule
+    from asgd.run.config import Config
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rendezvous = args.out / ".rpc-rendezvous"
+
+    got = shares.embedded(rank, size, shares.Job(1, args.seed))   # asgd's shares: rank 0 the server
+    layout = mlp.Layout(got.train.features, args.hidden, got.train.classes)
+    model = model_of(layout, mlp.init_params(layout, args.seed))
+    optimizer = args.optimizer or Config().optimizer
+    lr = args.lr or optimizers.default_lr(optimizer, args.hidden, 1)
+    if rank == 0:
+        PS = ParameterServer(model, torch_optimizer(optimizer, model.parameters(), lr), got.train_points, size - 1,
+                             args.stop_at)
+    opts = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{rendezvous.resolve()}", rpc_timeout=args.timeout,
+                                           num_worker_threads=max(4, size))
+    rpc.init_rpc(SERVER if rank == 0 else f"trainer{rank}", rank=rank, world_size=size, rpc_backend_options=opts)
+    init_s = time.perf_counter() - T0
+    t_train = time.perf_counter()
+    if rank == 0:
+        Xt, yt = torch.from_numpy(got.test.X), torch.from_numpy(got.test.y)
+        judge = model_of(layout, mlp.init_params(layout, args.seed))
+
+        def evaluate(params):
+            with torch.no_grad():
+                for p, v in zip(judge.parameters(), params):
+                    p.copy_(v)
+                loss = correct = 0.0
+                for i in range(0, len(yt), 512):
+                    z = judge(Xt[i:i + 512])
+                    loss += nn.functional.cross_entropy(z, yt[i:i + 512], reduction="sum").item()
+                    correct += (z.argmax(1) == yt[i:i + 512]).sum().item()
+            return loss / len(yt), correct / len(yt)
+        history = serve(args, layout, size, t_train, evaluate)
+    else:
+        X, y = torch.from_numpy(got.train.X), torch.from_numpy(got.train.y)
+        plan = Schedule(args.batch, args.epochs, (args.seed, rank - 1), 1.0)   # asgd's worker index: rank - 1
+        loss_fn = nn.CrossEntropyLoss()
+        stop = False
+        for epoch in range(args.epochs):
+            for idx in plan.batches(len(y), epoch):
+                idx = torch.from_numpy(idx)
+                model.zero_grad()
+                loss = loss_fn(model(X[idx]), y[idx])
+                loss.backward()
+                fut = rpc.rpc_async(SERVER, push_pull, args=([p.grad for p in model.parameters()],
+                                                             loss.item() * len(idx), len(idx)))
+                params, stop = fut.wait()
+                with torch.no_grad():
+                    for p, v in zip(model.parameters(), params):
+                        p.copy_(v)
+                if stop:
+                    break
+            if stop:
+                break
+        rpc.rpc_sync(SERVER, trainer_done)
+    rpc.shutdown()   # waits for every rank's outstanding work
+    wall = time.perf_counter() - T0
+    if rank == 0:
+        train_s = wall - init_s
+        res = {"schema": 1, "peer": "pytorch-rpc-ps",
+               "config": {"world_size": size, "workers": size - 1, "servers": 1, "hidden": args.hidden,
+                          "batch": args.batch, "epochs": args.epochs, "epochs_run": len(history),
+                          "optimizer": optimizer, "lr": lr, "seed": args.seed, "n_w": layout.n_w,
+                          "train_points": got.train_points, "test_points": len(yt), "torch": torch.__version__,
+                          "backend": "tensorpipe", "threads": torch.get_num_threads(),
+                          "python": platform.python_version(), "numpy": np.__version__},
+               "wall_s": wall, "init_s": init_s, "train_s": train_s,
+               "metrics": {"loss": history[-1]["test_loss"] if history else None,
+                           "accuracy": history[-1]["test_accuracy"] if history else None, "history": history},
+               "throughput": {"samples": PS.samples, "samples_per_s": PS.samples / train_s,
+                              "updates": PS.updates, "updates_per_s": PS.updates / train_s}}
+        from asgd.run.files import atomic_write
+        atomic_write(str(args.out / "results.json"), lambda f: json.dump(res, f, indent=1))
+        print(f"results: {args.out / 'results.json'}", flush=True)
+        rendezvous.unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
