@@ -393,7 +393,7 @@ def finish(world: World, rank: int, record: dict) -> None:
 # -- the parameter-server protocol (ps servers, and p2p's owners) ---------------------------
 
 def _my_shards(world: World, rank: int) -> list[int]:
-    """The shards a worker rank pushes to: those of its slice (asgd.run.topology.link)."""
+    """The shards a worker rank pushes to: those of its slice (asgd.run.topology.Topology.link)."""
     topo = world.topo
     a, b = topo.slices[topo.member(rank)]
     return [v for v, (lo, hi) in enumerate(topo.shards) if a <= lo and hi <= b]
