@@ -401,7 +401,8 @@ def _predict(a, p: Params) -> int:
     if not a.json:
         what = "embedded problem" if not base.file_bytes else f"{'npy' if base.binary else 'TSV'} file"
         print(f"predicted, {base.points:,} training points ({what}), {a.epochs} epoch(s), "
-              f"{a.cores or p.cores} cores, {a.mode}")
+              f"{a.cores or p.cores} cores, {a.mode}, --arch {a.arch}"
+              + (f" --model-parallel {a.model_parallel}" if a.model_parallel > 1 else "") + f", {a.optimizer}")
         print(cols)
     for h in a.hidden:
         for b in a.batch:
@@ -413,7 +414,7 @@ def _predict(a, p: Params) -> int:
                 if a.json:
                     print(json.dumps({"run": asdict(run), **pr.as_dict()}))
                     continue
-                print(f"{w:7d} {a.servers:7d} {h:7d} {b:6d}  {a.reader if base.file_bytes else 'embedded':10s}"
+                print(f"{w:7d} {run.dedicated_servers:7d} {h:7d} {b:6d}  {a.reader if base.file_bytes else 'embedded':10s}"
                       f"{_fmt_s(pr.init_s)} {_fmt_s(pr.compute_s)} {_fmt_s(pr.comm_s)} {_fmt_s(pr.train_s)} "
                       f"{_fmt_s(pr.total_s)}  {pr.detail['bound']:8s} {pr.detail['cache_level']}")
     return 0
@@ -464,7 +465,7 @@ def _optimize(a, p: Params) -> int:
     elif testbed:
         where = f"a testbed of {a.nodes} hosts sharing {a.cores_per_node} cores, its links"
     limit = a.max_ranks or (a.nodes if testbed else a.nodes * a.cores_per_node)
-    memory = (a.memory_gb * 1e9 if a.memory_gb else _memory_bytes()) * (1 if testbed else 1)
+    memory = a.memory_gb * 1e9 if a.memory_gb else _memory_bytes()
     workers = a.workers or list(range(1, limit + 1))
     ranked = optimize(p, a.nodes, a.cores_per_node, base, workers, a.servers, a.batches, readers, limit,
                       archs=archs, Ks=a.model_parallel, memory_bytes=memory, shared_cores=testbed)
