@@ -69,10 +69,11 @@ def test_compare_against_real_runs(quick_params, tmp_path):
         runs.append(str(out))
     p = perf("compare", *runs, "--params", str(quick_params), "--csv", str(tmp_path / "rows.csv"))
     assert p.returncode == 0, p.stderr
-    assert "allreduce" in p.stderr and "APE over 2 runs" in p.stdout and "the paper's own equations" in p.stdout
+    # every architecture is predicted now: allreduce too (asgd.perf.architectures)
+    assert "APE over 3 runs" in p.stdout and "the paper's own equations" in p.stdout
     with open(tmp_path / "rows.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [int(r["workers"]) for r in rows] == [1, 2]
+    assert [(r["arch"], int(r["workers"])) for r in rows] == [("ps", 1), ("ps", 2), ("allreduce", 2)]
     for r in rows:
         for k in cli.PHASES + cli.DETAIL:
             pred, meas = float(r[f"{k}_pred_s"]), float(r[f"{k}_meas_s"])
