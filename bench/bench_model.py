@@ -185,6 +185,8 @@ def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: 
 def calibrated_ranks(params) -> set[int]:
     """The rank counts calibrate measured a job at (start-up, cores' worth, crowded messaging)."""
     keys = set(params.startup_by_ranks) | set(params.contended_update_s)
+    for kind, table in params.exchange_s.items():   # each architecture's no-compute round (a replica's: K ranks)
+        keys |= set(table)
     worth = params.effective_cores
     for table in (worth.values() if worth and isinstance(next(iter(worth.values())), dict) else [worth]):
         keys |= set(table)

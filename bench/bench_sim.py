@@ -69,7 +69,11 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=2, help="validate: epochs of the embedded-problem runs (default 2)")
     p.add_argument("--timeout", type=float, default=300, help="seconds one run may take (default 300)")
     p.add_argument("--seed", type=int, default=0, help="seed of the run order's shuffle (default 0)")
-    return p.parse_args(argv)
+    p.add_argument("--cpu-lock", default=common.CPU_LOCK, help="the CPU lock each timed run holds (none: none); "
+                   "run this bench without an outer flock")
+    a = p.parse_args(argv)
+    a.cpu_lock = None if a.cpu_lock == "none" else a.cpu_lock
+    return a
 
 
 # -- validate ---------------------------------------------------------------------------------
@@ -112,8 +116,26 @@ def plan(a) -> list[dict]:
         add(f"seq-n{n}", n, "--reader", "sequential", "--epochs", "1", data=True)
     for n in (3, 9, 17):
         add(f"par-n{n}", n, "--reader", "parallel", "--epochs", "1", data=True)
-    for n in (2, 4, 8):                              # allreduce (the analytical model skips it)
+    for n in (2, 4, 6, 8):                           # allreduce: asgd's ring (the default) and MPI's
         add(f"allreduce-n{n}", n, "--arch", "allreduce")
+    for n in (2, 4, 6):
+        add(f"mpi-n{n}", n, "--arch", "allreduce", "--allreduce", "mpi")
+    for n in (2, 4, 6, 9):                           # p2p, lockstep and asynchronous
+        add(f"p2p-sync-n{n}", n, "--arch", "p2p", "--mode", "sync")
+    for n in (3, 5, 8):
+        add(f"p2p-n{n}", n, "--arch", "p2p")
+    for n in (5, 9):                                 # model partitioning: replicas of 2, one server
+        add(f"mp2-sync-n{n}", n, "--model-parallel", "2", "--mode", "sync")
+    for n in (5, 7):
+        add(f"mp2-n{n}", n, "--model-parallel", "2")
+    add("mp2-allreduce-n4", 4, "--arch", "allreduce", "--model-parallel", "2")
+    add("mp2-p2p-sync-n4", 4, "--arch", "p2p", "--model-parallel", "2", "--mode", "sync")
+    # the default optimizer (adagrad) beside the same configurations with sgd, above
+    for label, n, opts in (("async-n3", 3, ()), ("async-n5", 5, ()), ("async-n9", 9, ()), ("async-n17", 17, ()),
+                           ("S2-n10", 10, ("--servers", "2")), ("S4-n6", 6, ("--servers", "4")),
+                           ("sync-n5", 5, ("--mode", "sync")), ("ssp-n9", 9, ("--mode", "ssp")),
+                           ("allreduce-n4", 4, ("--arch", "allreduce")), ("p2p-sync-n4", 4, ("--arch", "p2p", "--mode", "sync"))):
+        add(f"adagrad-{label}", n, *opts, "--optimizer", "adagrad")
     return runs
 
 
@@ -200,12 +222,13 @@ def measure(runs: list[dict], data: Path, out: Path, a) -> list[dict]:
         d = (out / "runs" / r["label"]).resolve()
         if d.exists():
             shutil.rmtree(d)
-        argv = ["-m", "asgd.train", "--optimizer", "sgd", *r["opts"], "--quiet", "--out", str(d), "--timeout", str(a.timeout)]
+        opts = r["opts"] if "--optimizer" in r["opts"] else ["--optimizer", "sgd", *r["opts"]]
+        argv = ["-m", "asgd.train", *opts, "--quiet", "--out", str(d), "--timeout", str(a.timeout)]
         if r["data"]:
             argv += ["--data", str(data)]
-        load = os.getloadavg()[0]
         try:
-            got = mpiexec_sampled(r["ranks"], argv, timeout=a.timeout + 30)
+            with common.cpu_lock(a.cpu_lock) as load:   # each run holds the machine's CPU lock
+                got = mpiexec_sampled(r["ranks"], argv, timeout=a.timeout + 30)
         except (JobFailed, OSError) as e:
             print(f"[{i:2d}/{len(order)}] {r['label']:14s} FAILED: {str(e).splitlines()[0]}", flush=True)
             continue
@@ -252,7 +275,8 @@ def compare_runs(done: list[dict], params: Path, out: Path) -> list[dict]:
         sim_wall = time.perf_counter() - t
         simq = simulate_like(d["run_dir"], params, Path(d["run_dir"] + "-simq"), 0.0)
         row = {"label": d["label"], "ranks": c["world_size"], "workers": c["workers"], "servers": c["servers"],
-               "arch": c["arch"], "mode": c["mode"], "reader": c["reader"] if c.get("data") else "embedded",
+               "arch": c["arch"], "architecture": architecture(c), "optimizer": c["optimizer"],
+               "mode": c["mode"], "reader": c["reader"] if c.get("data") else "embedded",
                "batch": c["batch"], "hidden": c["hidden"], "epochs": c["epochs"],
                "oversubscribed": c["oversubscribed"], "load_1min": d["load_1min"],
                "others_cores": d.get("others_cores"), "sim_wall_s": sim_wall,
@@ -263,12 +287,10 @@ def compare_runs(done: list[dict], params: Path, out: Path) -> list[dict]:
                 "updates_per_s": sim["throughput"]["updates_per_s"]}
         simq_v = {"train": simq["train_s"], "init": simq["init_s"], "total": simq["wall_s"],
                   "updates_per_s": simq["throughput"]["updates_per_s"]}
-        model = None
-        if c["arch"] != "allreduce":
-            pr = analytic.predict(p, pcli.run_of(res, p))
-            # the model's rate: the run's own update count over its predicted training time
-            model = {"train": pr.train_s, "init": pr.init_s, "total": pr.total_s,
-                     "updates_per_s": res["throughput"]["updates"] / pr.train_s}
+        pr = analytic.predict(p, pcli.run_of(res, p))
+        # the model's rate: the run's own update count over its predicted training time
+        model = {"train": pr.train_s, "init": pr.init_s, "total": pr.total_s,
+                 "updates_per_s": res["throughput"]["updates"] / pr.train_s}
         for k in METRICS:
             row[f"meas_{k}"] = meas[k]
             row[f"sim_{k}"] = simv[k]
@@ -284,6 +306,16 @@ def compare_runs(done: list[dict], params: Path, out: Path) -> list[dict]:
               f"model {model['train'] if model else float('nan'):6.2f}   init meas {meas['init']:5.2f} "
               f"sim {simv['init']:5.2f} model {model['init'] if model else float('nan'):5.2f}", flush=True)
     return rows
+
+
+def architecture(c: dict) -> str:
+    """A run's architecture as the validation reports it: ps, p2p, allreduce (ring), mpi
+    (allreduce --allreduce mpi), model-parallel (any architecture with --model-parallel)."""
+    if c.get("model_parallel", 1) > 1:
+        return "model-parallel"
+    if c["arch"] == "allreduce":
+        return "allreduce" if c.get("allreduce", "ring") == "ring" else "mpi"
+    return c["arch"]
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -305,9 +337,17 @@ def summarize(rows: list[dict]) -> dict:
         e = [r[f"sim_ape_{k}"] for r in ar]
         if e:
             out[f"sim_allreduce_{k}"] = {"median": statistics.median(e), "p90": pct(e, 0.9)}
-    for who in ("sim", "simq"):
+    for who in ("sim", "simq", "model"):
         e = [r[f"{who}_ape_train"] for r in rows]
         out[f"{who}_all_train"] = {"median": statistics.median(e), "p90": pct(e, 0.9)}
+    # per architecture and per optimizer: the targets (median train APE <= 15 % per
+    # architecture, model and simulator; adagrad's <= 10 %, like sgd's)
+    for key, field in (("by_architecture", "architecture"), ("by_optimizer", "optimizer")):
+        for v in sorted({r[field] for r in rows}):
+            sub = [r for r in rows if r[field] == v]
+            out.setdefault(key, {})[v] = {who: {"median": statistics.median(r[f"{who}_ape_train"] for r in sub),
+                                                "p90": pct([r[f"{who}_ape_train"] for r in sub], 0.9),
+                                                "runs": len(sub)} for who in ("sim", "model")}
     # the runs were never calibration runs; these also have a rank count calibrate never
     # started a job at (bench_model's stricter sense of out of sample)
     for who in ("sim", "model"):
@@ -315,7 +355,11 @@ def summarize(rows: list[dict]) -> dict:
             e = [r[f"{who}_ape_{k}"] for r in ps if r["sample"] == "out"]
             if e:
                 out[f"{who}_{k}_rank_count_out"] = {"median": statistics.median(e), "p90": pct(e, 0.9), "runs": len(e)}
-    out["target"] = {"sim_train_median_ape_le_10": out["sim_all_train"]["median"] <= 10.0}
+    out["target"] = {"sim_train_median_ape_le_10": out["sim_all_train"]["median"] <= 10.0,
+                     "every_architecture_le_15": all(v[w]["median"] <= 15 for v in out["by_architecture"].values()
+                                                     for w in ("sim", "model")),
+                     "adagrad_le_10": all(out["by_optimizer"].get("adagrad", {}).get(w, {}).get("median", 0) <= 10
+                                          for w in ("sim", "model"))}
     return out
 
 
@@ -397,17 +441,21 @@ def validate(a, out: Path, params: Path, meta: dict) -> dict:
                         ("sim p90", "sim_p90", ".1f"), ("sim, no load: median", "simq_median", ".1f"),
                         ("p90", "simq_p90", ".1f"), ("model median APE%", "model_median", ".1f"),
                         ("model p90", "model_p90", ".1f")],
-                title=f"\nout-of-sample APE over the {summary['runs_both']} parameter-server runs both predict "
-                      f"(allreduce: {summary['allreduce_runs']} runs, the simulator only)")
+                title=f"\nout-of-sample APE over the {summary['runs']} runs (every architecture; both predict each)")
     for k in ("train", "init"):
         so, mo = summary.get(f"sim_{k}_rank_count_out"), summary.get(f"model_{k}_rank_count_out")
         if so and mo:
             print(f"{k}, the {so['runs']} runs at rank counts calibrate never started: simulator median APE "
                   f"{so['median']:.1f}% (p90 {so['p90']:.1f}%), analytical model {mo['median']:.1f}% "
                   f"(p90 {mo['p90']:.1f}%)")
-    if summary["allreduce_runs"]:
-        e = summary["sim_allreduce_train"]
-        print(f"allreduce, simulator only: train median APE {e['median']:.1f}%, p90 {e['p90']:.1f}%")
+    for key in ("by_architecture", "by_optimizer"):
+        for v, e in summary[key].items():
+            print(f"{v:15s} ({e['sim']['runs']:2d} runs): train median APE simulator {e['sim']['median']:5.1f}% "
+                  f"(p90 {e['sim']['p90']:5.1f}%), analytical model {e['model']['median']:5.1f}% "
+                  f"(p90 {e['model']['p90']:5.1f}%)")
+    t = summary["target"]
+    print(f"{'PASS' if t['every_architecture_le_15'] else 'FAIL'}: every architecture's median train APE <= 15% "
+          f"(model and simulator); {'PASS' if t['adagrad_le_10'] else 'FAIL'}: adagrad's <= 10%")
     e, q = summary["sim_all_train"], summary["simq_all_train"]
     print(f"{'PASS' if e['median'] <= 10 else 'FAIL'}: simulator's median APE of train_s over all {len(rows)} runs "
           f"{e['median']:.1f}% (target <= 10%); without the measured load {q['median']:.1f}%")
@@ -707,7 +755,8 @@ def main(argv=None) -> int:
         params = a.params.resolve()
     else:
         from bench_model import calibrate
-        params, meta["calibrate_s"] = calibrate(out, a.quick)
+        with common.cpu_lock(a.cpu_lock):
+            params, meta["calibrate_s"] = calibrate(out, a.quick)
     meta["params_file"] = str(params)
     from asgd.sim import available, INSTALL_HINT
     if not available():

@@ -22,7 +22,9 @@ for _v in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_
     os.environ.setdefault(_v, "1")   # one core per process, like one MPI rank; must precede numpy
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import csv  # noqa: E402
+import fcntl  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import signal  # noqa: E402
@@ -224,6 +226,31 @@ def interleaved(fns: dict, repeat: int, min_time: float = 0.05, warmup: int = 1)
     return {name: {"median_s": float(np.median(ts)), "min_s": float(np.min(ts)), "max_s": float(np.max(ts)),
                    "cpu_median_s": float(np.median(cpu[name])), "loops": loops[name], "repeat": repeat}
             for name, ts in times.items()}
+
+
+# -- the machine's CPU lock -----------------------------------------------------------------
+
+CPU_LOCK = "/tmp/asgd-cpu.lock"   # every engineer's timed runs take it (flock), one at a time
+
+
+@contextlib.contextmanager
+def cpu_lock(path: str | None = CPU_LOCK):
+    """Hold the machine's CPU lock for one timed measurement (flock on `path`, the same
+    lock as `flock -o /tmp/asgd-cpu.lock CMD`; None: no lock); yields the 1-minute load
+    average once it is held. Take it per run, never for a whole sweep: others wait on it.
+    The descriptor is not inherited, so a daemon started meanwhile cannot keep the lock.
+    (A bench that takes it must not itself run under `flock` of the same file: it would
+    wait for itself.)"""
+    if not path:
+        yield os.getloadavg()[0]
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield os.getloadavg()[0]
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 # -- MPI jobs --------------------------------------------------------------------------

@@ -3,7 +3,7 @@
     python bench/run_all.py            # the five benchmarks below (about 20 minutes on 2 cores)
     python bench/run_all.py --quick    # smaller sweeps (about 1.5 minutes on 2 cores), into bench/results/quick/
     python bench/run_all.py --only kernel,server
-    python bench/run_all.py --everything   # also bench_arch, bench_trace, bench_readers, bench_model, bench_startup, bench_data
+    python bench/run_all.py --everything   # also bench_trace, bench_readers, bench_model, bench_startup, bench_data
 
 Each benchmark runs as its own process (`python bench/<script> ...`, with a time limit) and
 writes CSV, JSON (with the machine and the load average) and a PNG under
@@ -33,8 +33,8 @@ SUITE = {
     "paper": ("paper_figures.py", [], ["--quick"]),
 }
 # the other benchmarks in bench/: run only when named in --only, or with --everything
+# (bench_arch.py and bench_testbed.py need root and the emulated cluster: they run alone)
 OTHERS = {
-    "arch": ("bench_arch.py", [], ["--quick"]),
     "trace": ("bench_trace.py", [], ["--repeat", "1"]),
     "readers": ("bench_readers.py", [], ["--quick"]),
     "model": ("bench_model.py", [], ["--quick"]),

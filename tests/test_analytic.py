@@ -627,7 +627,7 @@ def test_predict_train_with_messages_that_fit_the_links_burst():
     p = make_params(cores=128, effective_cores={1: 1.0, 128: 128.0}, link_s={251: t, 502: 2 * t}, link_burst_s=1.0)
     one = pm.predict_train(p, Run(**{**TRAIN, "workers": 1, "servers": 2}))
     # its own link carries both shards: 1 / (2 t), though the step and the round trip are far shorter
-    assert one["updates_per_s"] == approx(1 / (2 * t)) and one["bound"] == "links"
+    assert one["updates_per_s"] == approx(1 / (2 * t)) and one["bound"] == "worker link"
     many = pm.predict_train(p, Run(**{**TRAIN, "workers": 64, "servers": 2}))
     assert many["updates_per_s"] == approx(1 / t)     # the servers' links, full
     no_burst = pm.predict_train(dataclasses.replace(p, link_burst_s=0.0), Run(**{**TRAIN, "workers": 1, "servers": 2}))
@@ -736,3 +736,69 @@ def test_evaluation_per_epoch_with_one_server_once_with_shards():
     one = pm.predict_train(make_params(), Run(**{**TRAIN, "epochs": 3}))
     two = pm.predict_train(make_params(), Run(**{**TRAIN, "epochs": 3, "servers": 2}))
     assert one["evaluate_s"] == approx(3e-4) and two["evaluate_s"] == approx(1e-4)
+
+
+# -- every architecture in Alqahtani & Demirbas's form (asgd.perf.architectures) ----------
+
+from asgd.perf import architectures as arch  # noqa: E402
+from asgd.wire import DOUBLE, PUSH_HEADER  # noqa: E402
+
+LOCK = dict(hidden=400, batch=64, points=960, test_points=0, epochs=1, mode="sync", node_ranks=1)
+
+
+def test_iteration_link_terms_are_the_papers_bytes_over_bandwidth():
+    """With nothing measured but the step, T_comm is the busiest link's bytes over B: ps
+    2 W M / (S B) (every worker pushes a shard to each server), p2p 2 (N - 1) M / (N B), the ring 2 (P - 1) M / (P B) plus its
+    2 (P - 1) latencies (M: the message, asgd's header included)."""
+    B, L = 1e7, 1e-4
+    p = arch.cluster_links(make_params(cores=64), B, L)
+    W, n = 8, Run(workers=1, **LOCK).n_w
+    wire = lambda k: DOUBLE * (math.ceil(k) + PUSH_HEADER) / B   # noqa: E731
+    ps = arch.iteration(p, Run(workers=W, servers=2, arch="ps", **LOCK))
+    assert ps.link_s == pytest.approx(2 * W * wire(n / 2)) and ps.latency_s == pytest.approx(2 * L)
+    p2p = arch.iteration(p, Run(workers=W, arch="p2p", **LOCK))
+    assert p2p.link_s == pytest.approx(2 * (W - 1) * wire(n / W))
+    ring = arch.iteration(p, Run(workers=W, arch="allreduce", **LOCK))
+    assert ring.link_s == pytest.approx(2 * (W - 1) * wire((n + 3) / W)) and ring.latency_s == pytest.approx(2 * (W - 1) * L)
+    # one server's link carries every worker's whole w: the worst where links bind; p2p and
+    # the ring move the same bytes, the ring in 2 (P - 1) steps of latency
+    one = arch.iteration(p, Run(workers=W, servers=1, arch="ps", **LOCK))
+    assert one.link_s == pytest.approx(2 * W * wire(n)) and one.bound == "server link"
+    assert one.comm_s > ps.comm_s > ring.comm_s > p2p.comm_s
+    assert ps.compute_s == one.compute_s == p.step(400, 64)   # one core each: no stretch
+
+
+def test_each_optimizer_pays_its_measured_update():
+    """A server's adagrad update costs what calibrate measured beyond sgd's add (which
+    c_u holds already); allreduce ranks pay the whole update; nothing measured: sgd's."""
+    n = Run(workers=1, **LOCK).n_w
+    opt = {"sgd": {100: 1e-6, 10_000: 1e-5}, "adagrad": {100: 5e-6, 10_000: 5e-5}}
+    p = make_params(cores=64, optimizer_s=opt)
+    base = dict(workers=32, **{**LOCK, "mode": "async"})   # the server binds
+    sgd = pm.predict_train(p, Run(optimizer="sgd", **base))
+    ada = pm.predict_train(p, Run(optimizer="adagrad", **base))
+    assert ada["c_u_s"] - sgd["c_u_s"] == pytest.approx(p.per_nw(opt["adagrad"], n) - p.per_nw(opt["sgd"], n))
+    assert ada["train_s"] > sgd["train_s"]
+    bare = make_params(cores=64)
+    assert pm.predict_train(bare, Run(optimizer="adagrad", **base)) == pm.predict_train(bare, Run(optimizer="sgd", **base))
+    ring = arch.iteration(p, Run(workers=2, arch="allreduce", optimizer="adagrad", **LOCK))
+    assert ring.optimizer_s == pytest.approx(p.per_nw(opt["adagrad"], n))
+
+
+def test_model_partitioning_steps_a_slice_and_sums_the_logits():
+    p = make_params(cores=64, mp_step_s={2: {100: {64: 1e-4}, 400: {64: 3e-4}}},
+                    exchange_s={"replica": {2: {16: 1e-5, 1024: 3e-5}, 4: {16: 2e-5, 1024: 6e-5}}})
+    it = arch.iteration(p, Run(workers=4, servers=2, arch="ps", model_parallel=2, **LOCK))
+    assert it.compute_s == pytest.approx(3e-4)                         # the member's step, measured
+    assert it.replica_s == pytest.approx(1e-5 + (64 - 16) * 2e-5 / 1008)
+    with pytest.raises(ValueError, match="must divide the workers"):
+        pm.predict(p, Run(workers=3, arch="ps", model_parallel=2, **LOCK))
+    with pytest.raises(ValueError, match="unknown architecture"):
+        pm.predict(p, Run(workers=2, arch="mesh", **LOCK))
+
+
+def test_measured_exchanges_are_interpolated_in_size_and_extrapolated_in_ranks():
+    p = make_params(exchange_s={"mpi": {2: {100: 1e-4, 1100: 2e-4}, 4: {100: 3e-4, 1100: 4e-4}}})
+    assert p.exchange("mpi", 2, 600) == pytest.approx(1.5e-4)
+    assert p.exchange("mpi", 6, 100) == pytest.approx(5e-4)          # along the last two rank counts
+    assert p.exchange("ring", 4, 100) == 0.0                          # not measured: nothing

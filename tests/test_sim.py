@@ -399,3 +399,33 @@ def test_like_keeps_the_runs_options(params_file, tmp_path):
     c = json.loads((over / "results.json").read_text())["config"]
     assert options_of(c) == {**options_of(run), **simulated_outputs, "out": str(over), "compress": "none",
                              "seed": 3, "mode": "async"}
+
+
+@needs_simgrid
+def test_p2p_and_model_partitioning_follow_the_protocol(params_file):
+    """p2p: every peer owns 1/N of w and applies every peer's push of it once (its own
+    included), its bytes those to and from the other peers. --model-parallel 2 with 2
+    servers: a member pushes its slice's one shard only, and each step pays the replica's
+    logit sum; the calibrated optimizer's extra cost lengthens the servers' work."""
+    pf = params_file(optimizer_s={"sgd": {5002: 1e-5, 50002: 1e-4}, "adagrad": {5002: 1e-3, 50002: 1e-2}},
+                     exchange_s={"replica": {"2": {"16": 1e-4, "1024": 1e-4}}})
+    res = simulate(pf, workers=3, arch="p2p", servers=3, batch=128, points=1536, hidden=1000)
+    peers = res["ranks"]
+    steps = [math.ceil(worker_points(1536, 3, j) / 128) for j in range(3)]
+    assert [r["role"] for r in peers] == ["peer"] * 3 and [r["updates"] for r in peers] == steps
+    shards = [5002 * s // 3 for s in range(4)]
+    for r in peers:
+        own = shards[r["rank"] + 1] - shards[r["rank"]]
+        others = [shards[s + 1] - shards[s] for s in range(3) if s != r["rank"]]
+        assert r["rounds"] == sum(steps)   # its owner applied every peer's push
+        pushes = r["updates"] * sum(wire.PUSH_HEADER * 8 + 8 * n for n in others)
+        assert r["bytes_sent"] >= pushes and own > 0
+    runs = {o: simulate(pf, workers=4, servers=2, model_parallel=2, batch=128, points=1024, hidden=1000, optimizer=o)
+            for o in ("sgd", "adagrad")}
+    mp = runs["sgd"]
+    workers = [r for r in mp["ranks"] if r["role"] == "worker"]
+    assert all(r["phases"]["replica_sum"] > 0 for r in workers)
+    assert [s["requests"] for s in mp["ranks"][:2]] == [2 * math.ceil(512 / 128)] * 2   # a slice's 2 members each
+    busy = lambda r: sum(s["phases"].get("aggregate", 0) for s in r["ranks"][:2])  # noqa: E731
+    extra = 1e-3 - (5002 - 2501) * (1e-2 - 1e-3) / 45000 - 1e-5 * 2501 / 5002   # adagrad less sgd at a shard
+    assert busy(runs["adagrad"]) - busy(mp) == pytest.approx(2 * 8 * extra, rel=0.25)   # 8 updates a server

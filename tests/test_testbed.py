@@ -361,7 +361,7 @@ def test_the_model_on_a_testbed_link_with_messages_that_fit_the_burst():
     rate = int(0.5 * 8 * wire_bytes(n_w, bpw) / Z)  # a link that carries half the step's pace
     lone = pred(rate, 1, 1)
     assert lone["updates_per_s"] == pytest.approx(link_ceiling(rate, n_w, 1, bpw), rel=1e-6)
-    assert lone["bound"] == "links"
+    assert lone["bound"] == "server link"   # one server: its link and the worker's carry the same
     # a lone worker with 4 servers: its own link, full with 4 shards (each framed, so a little slower)
     assert pred(rate, 4, 1)["updates_per_s"] == pytest.approx(rate / 8 / (4 * wire_bytes(-(-n_w // 4), bpw)), rel=1e-6)
     assert pred(rate, 4, 64)["updates_per_s"] == pytest.approx(link_ceiling(rate, n_w, 4, bpw), rel=1e-6)

@@ -12,7 +12,10 @@ on the paper's own list of what its model misses:
   c. ranks sharing cores: with more ranks than cores, work is CPU-bound at the cores;
   d. several servers, each owning a shard: one queue per server, each 1/S of the work;
   e. links that are the limit (asgd.testbed): the servers' links in and out as two more
-     stations, crossed by all S shards of an update at once.
+     stations, crossed by all S shards of an update at once;
+  f. the other architectures (p2p, allreduce, model partitioning) and every lockstep run,
+     in Alqahtani & Demirbas's per-iteration form T_comp + T_comm (asgd.perf.architectures),
+     and each server-side optimizer's own update cost.
 `predict(params, Run(...))` combines them into init, compute, communication and total
 seconds for one configuration. Units everywhere: seconds, bytes, data points.
 """
@@ -211,10 +214,36 @@ class Run:
     classes: int = 2
     mode: str = "async"             # async | ssp | sync
     cores: int = 0                  # 0: the calibrated machine's
+    arch: str = "ps"                # ps | p2p | allreduce (asgd.train's --arch)
+    model_parallel: int = 1         # K: workers in replicas of K ranks, each 1/K of the hidden layer
+    optimizer: str = "sgd"          # the servers' (allreduce: every rank's) --optimizer
+    allreduce: str = "ring"         # ring | mpi (--allreduce)
+    node_ranks: int = 0             # ranks sharing one node's cores and link (0: all of them: one
+                                    # node, or a testbed whose hosts share this machine's cores)
+
+    @property
+    def dedicated_servers(self) -> int:
+        """Ranks that only serve: --servers with ps, none with p2p or allreduce."""
+        return self.servers if self.arch == "ps" else 0
+
+    @property
+    def owners(self) -> int:
+        """Ranks that own shards of w: the servers, every peer (p2p), none (allreduce)."""
+        return {"ps": self.servers, "p2p": self.workers}.get(self.arch, 0)
 
     @property
     def ranks(self) -> int:
-        return self.workers + self.servers
+        return self.workers + self.dedicated_servers
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel ways: workers / K."""
+        return max(self.workers // self.model_parallel, 1)
+
+    @property
+    def lockstep(self) -> bool:
+        """Every worker takes each step with the others: sync mode, or allreduce."""
+        return self.mode == "sync" or self.arch == "allreduce"
 
     @property
     def n_w(self) -> int:
@@ -264,6 +293,19 @@ class Params:
     # s of line time a paused link passes at once (a token bucket's burst / rate): what of a
     # message crosses without waiting for the link's rate; 0: none
     link_burst_s: float = 0.0
+    # [optimizer][n] s per server-side optimizer update of n values (none: every optimizer costs sgd's)
+    optimizer_s: dict = field(default_factory=dict)
+    # [K][hidden][batch] s per step of a model-parallel member, its logit sum left out
+    mp_step_s: dict = field(default_factory=dict)
+    # [ps|p2p|ring|mpi][ranks][n_w] s per synchronous round with no compute; [replica][K][batch]
+    exchange_s: dict = field(default_factory=dict)
+    # [ps|p2p|ring|mpi][ranks][n_w] how much longer a round's busiest link took than its derived
+    # wire time, where links are the limit (asgd.testbed.model measures it); none: 1
+    link_efficiency: dict = field(default_factory=dict)
+    # s of one-way latency a link adds to each message (asgd.testbed.model)
+    link_latency_s: float = 0.0
+    # bytes/s each way of every link, where link_s is given (its wire times are at this rate)
+    link_Bps: float = 0.0
 
     @classmethod
     def from_dict(cls, d: dict) -> Params:
@@ -272,10 +314,61 @@ class Params:
         names = {f.name for f in fields(cls)}
         p = {k: v for k, v in d.items() if k in names}
         for k in ("effective_cores", "startup_by_ranks", "contended_update_s", "step_s", "eval_s_per_point",
-                  "worker_msg_s", "server_update_s", "round_trip_s", "pingpong_s", "link_s"):
+                  "worker_msg_s", "server_update_s", "round_trip_s", "pingpong_s", "link_s", "mp_step_s"):
             if k in p:  # a missing one is reported by the constructor, or takes its default
                 p[k] = keys_int(p[k])
+        for k in ("optimizer_s", "exchange_s", "link_efficiency"):   # keyed by name first
+            if k in p:
+                p[k] = {name: keys_int(t) for name, t in p[k].items()}
         return cls(**p)
+
+    def optimizer_update(self, name: str, n: int) -> float:
+        """s per update of n values by optimizer `name` (linear between measured sizes;
+        none measured: 0, every optimizer as cheap as the sgd add already in c_u)."""
+        t = self.optimizer_s.get(name)
+        return self.per_nw(t, n) if t else 0.0
+
+    def optimizer_extra(self, name: str, n: int) -> float:
+        """What optimizer `name` costs a server beyond sgd's add (which c_u and the
+        exchange probes already include), per update of n values."""
+        return max(self.optimizer_update(name, n) - self.optimizer_update("sgd", n), 0.0)
+
+    def mp_step(self, K: int, hidden: int, batch: int) -> float:
+        """s per step of one member of a replica of K: measured, interpolated in batch and
+        hidden; K not measured (or none): the whole step over K."""
+        t = self.mp_step_s.get(K)
+        if not t:
+            return self.step(hidden, batch) / K
+        by_h = {h: interpolate_log(tb, batch) for h, tb in t.items()}
+        return interpolate_log(by_h, hidden)
+
+    def exchange(self, kind: str, ranks: float, n: int) -> float:
+        """s per synchronous round of `kind` with no compute at this rank count and size:
+        per_nw in n at each measured rank count, then linear in ranks (extrapolated along
+        the nearest two). None measured: 0."""
+        t = self.exchange_s.get(kind)
+        if not t:
+            return 0.0
+        by_p = {P: self.per_nw(tab, n) for P, tab in t.items()}
+        return max(extrapolate_linear(by_p, ranks), 0.0)
+
+    def replica_sum(self, K: int, batch: int) -> float:
+        """s per logit sum in a replica of K at this batch (linear between measured K and batch)."""
+        t = self.exchange_s.get("replica")
+        if not t or K < 2:
+            return 0.0
+        by_k = {k: self.per_nw(tab, batch) for k, tab in t.items()}
+        return max(extrapolate_linear(by_k, K), 0.0)
+
+    def efficiency(self, kind: str, ranks: float, n: int) -> float:
+        """Measured link time over derived wire time of `kind`'s round (>= 1 in practice),
+        linear between measured rank counts and sizes, the nearest beyond; none: 1."""
+        t = self.link_efficiency.get(kind)
+        if not t:
+            return 1.0
+        by_p = {P: self.per_nw(tab, n) if len(tab) > 1 else next(iter(tab.values())) for P, tab in t.items()}
+        xs = sorted(by_p)
+        return max(extrapolate_linear(by_p, min(max(ranks, xs[0]), xs[-1])), 0.0)
 
     def cores_worth(self, ranks: float, hidden: int = 10000) -> float:
         """Extension c: cores' worth of training steps `ranks` busy ranks get done on this
@@ -434,54 +527,78 @@ def predict_train(p: Params, run: Run) -> dict:
     token bucket's burst), so a message crosses an idle link in its time less that: the
     stations' own transit, and the worker link's. Messages that fit the burst (1-bit's)
     then cost no time below the links' rate, and the links only cap the rate."""
-    S, w = run.servers, run.workers
+    S, w, K = run.owners, run.workers, run.model_parallel
     C = p.parallelism(run.ranks, run.cores, run.hidden)
-    share = math.ceil(run.points / w)
+    share = math.ceil(run.points / run.replicas)
     steps = math.ceil(share / run.batch) * run.epochs       # per worker (the largest share)
     updates = steps * w
-    step = p.step(run.hidden, min(run.batch, share))
-    Z = step + S * p.per_nw(p.worker_msg_s, math.ceil(run.n_w / S))
-    c_u = p.per_nw(p.server_update_s, math.ceil(run.n_w / S))
-    rtt_free = p.per_nw(p.round_trip_s, math.ceil(run.n_w / S))   # transfer both ways, no queueing
-    link = p.per_nw(p.link_s, math.ceil(run.n_w / S)) if p.link_s else 0.0
-    latency = max(rtt_free - c_u, 0.0) + 2 * (p.link_transit(S * link) - p.link_transit(link))
-    stations = [c_u] * S + ([link, link] if link else [])
-    transits = [c_u] * S + ([p.link_transit(link)] * 2 if link else [])
+    b = min(run.batch, share)
+    # model partitioning (K > 1): a member's step is its slice's, plus the replica's logit sum
+    step = p.mp_step(K, run.hidden, b) + p.replica_sum(K, b) if K > 1 else p.step(run.hidden, b)
+    # w's shards never cross a slice: max(S, K) of them; a member pushes to its slice's servers
+    k = math.ceil(run.n_w / max(S, K))
+    visits = max(1, S // K)                                 # messages per update of one member
+    c_u = p.per_nw(p.server_update_s, k) + p.optimizer_extra(run.optimizer, k)
+    wm = p.per_nw(p.worker_msg_s, k)
+    Z = step + visits * wm
+    if run.arch == "p2p":   # a peer also serves its shard: the pushes of every peer of its slice
+        Z += w * visits / S * c_u
+    D = c_u * visits / S    # each station's demand per member update (every update visits `visits` of S)
+    rtt_free = p.per_nw(p.round_trip_s, k)   # transfer both ways, no queueing
+    link = p.per_nw(p.link_s, k) if p.link_s else 0.0
+    # the measured round trip holds sgd's add, not the optimizer's extra (a station's demand)
+    latency = max(rtt_free - p.per_nw(p.server_update_s, k), 0.0) + 2 * (p.link_transit(visits * link) - p.link_transit(link))
+    stations = [D] * S + ([link * visits / S] * 2 if link else [])
+    transits = [D] * S + ([p.link_transit(link)] * 2 if link else [])
     overlap = run.mode != "sync"
     # async: the round trip hides behind the next step unless it is longer
     X_mva, R = mva(w, Z, stations, overlap=overlap, delay_s=latency, transit_s=transits,
-                   cap_s=[S * link / w] if link else [])
+                   cap_s=[visits * link / w] if link else [])
     crowded = run.ranks > (run.cores or p.cores)
     # with ranks sharing cores, messaging costs what it measured under the same crowding
-    msg = Z - step + S * c_u
+    msg = visits * (wm + c_u)
     if crowded and p.contended_update_s:
-        msg = S * p.contended(run.ranks, math.ceil(run.n_w / S))
+        msg = visits * (p.contended(run.ranks, k) + p.optimizer_extra(run.optimizer, k))
     cpu_per_update = step + msg
     X_cpu = C / cpu_per_update if crowded else math.inf
     X = min(X_mva, X_cpu)
     steps_s = updates / X
-    # rank 0 evaluates after every epoch with one server; with shards, once on the assembled w
-    evaluations = run.epochs if S == 1 else 1
-    evaluate = evaluations * run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
+    evaluate = evaluations(run) * run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
     # a worker's own compute, stretched by sharing the cores
-    busy = w + min(S, S * X * c_u)  # runnable ranks on average: the workers, and the servers' utilization
+    busy = w + min(S, S * X * D) if run.arch == "ps" else w   # the workers, and the servers' utilization
     compute = steps * step / cores_shared(busy, C)
     train = steps_s + evaluate
+    if X_cpu <= X_mva:
+        bound = "cores"
+    elif link and X_mva * link * visits / S >= 0.9:
+        bound = "server link" if run.arch == "ps" else "worker link"
+    elif link and X_mva * visits * link / w >= 0.9:
+        bound = "worker link"
+    else:
+        bound = "server" if sum(R) >= Z else "workers"
     return {"train_s": train, "compute_s": min(compute, steps_s), "comm_s": max(steps_s - compute, 0.0),
-            "evaluate_s": evaluate, "updates": updates, "updates_per_s": X,
-            "bound": "cores" if X_cpu <= X_mva else "links" if link and X_mva * max(link, S * link / w) >= 0.9
-            else "server" if sum(R) >= Z else "workers",
+            "evaluate_s": evaluate, "updates": updates, "updates_per_s": X, "bound": bound,
             "think_s": Z, "c_u_s": c_u, "knee_workers": saturation_workers(Z + sum(stations) - max(stations), max(stations)),
-            "working_set_bytes": (ws := working_set_bytes(run.batch, run.n_w, run.hidden, run.features)),
+            "working_set_bytes": (ws := working_set_bytes(run.batch, run.n_w // K, run.hidden // K, run.features)),
             "cache_level": cache_level(ws, p.caches)}
 
 
+def evaluations(run: Run) -> int:
+    """Held-out evaluations a run's rank 0 makes: after every epoch where it holds all of w
+    (one server, a p2p peer's own w, allreduce; without model partitioning), else once, on
+    the w assembled at the end."""
+    whole = run.model_parallel == 1 and (run.arch != "ps" or run.servers == 1)
+    return run.epochs if whole else 1
+
+
 def predict(p: Params, run: Run) -> Prediction:
-    """Predicted phases of one run (see predict_init and predict_train)."""
-    if run.workers < 1 or run.servers < 1:
-        raise ValueError("the model covers the parameter-server architecture: at least one server and one worker")
+    """Predicted phases of one run (see predict_init, predict_train, and for lockstep runs
+    and allreduce asgd.perf.architectures.lockstep)."""
+    from . import architectures
+    architectures.check(run)
     if run.reader not in ("sequential", "parallel"):
         raise ValueError(f"unknown reader {run.reader!r}")
-    i, t = predict_init(p, run), predict_train(p, run)
+    i = predict_init(p, run)
+    t = architectures.lockstep(p, run) if run.lockstep else predict_train(p, run)
     return Prediction(init_s=i["init_s"], compute_s=t["compute_s"], comm_s=t["comm_s"],
                       train_s=t["train_s"], total_s=i["init_s"] + t["train_s"], detail={**i, **t})

@@ -19,6 +19,13 @@ the configurations to be predicted.
   readers      both readers on one rank, TSV and .npy: read + parse per byte (r_d), keep
                or shuffle per point                                      mpiexec -n 1
   memory       STREAM-like copy (r_m), and the cache sizes from sysfs    in process
+  optimizers   each server-side optimizer's update per size (sgd, momentum, adagrad,
+               adam: what a server's or allreduce rank's update costs)   in process
+  mp steps     a member's step of a model split K = 2, 4 ways            in process
+  exchanges    one synchronous round with no compute, per architecture: the parameter
+               server's, p2p's, the ring allreduce's, MPI_Iallreduce's (whatever
+               algorithm this MPI picks: measured, not assumed), a replica's logit sum
+               (asgd.perf.exchanges)                                     mpiexec -n P
 
 The orchestrating process never initializes MPI; the MPI probes run under the launcher
 (`--launcher`, default mpiexec) as `python -m asgd.perf.calibrate PROBE ...`, each printing
@@ -486,6 +493,13 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
                                     "--updates", str(max(50, (400 if quick else 2000) // (n - 1)))], 600)
         c_eff = extrapolate_linear(worth[min(worth)], n)  # cores' worth the n ranks get
         contended[n] = {int(k): c_eff / v for k, v in got["updates_per_s"].items()}
+    say("calibrate: the server-side optimizers' updates, and model-parallel members' steps")
+    ex = _exchanges()
+    sizes = sorted({n // d for n in nws for d in (1, 4)})  # whole Delta-w and a quarter shard
+    optimizer_s = ex.measure_optimizers(sizes, lambda f: _best(f, min_time / 4, 2000))
+    mp_steps = ex.measure_mp_steps(hidden, batches, (2, 4), lambda f: _best(f, min_time / 2, 2000))
+    say("  " + ", ".join(f"{o} {1e6 * t[max(t)]:.0f} us" for o, t in optimizer_s.items()) + f" at n={max(sizes):,}")
+    exchange_s = measure_exchanges(launcher, C, nws, quick, say)
     say("calibrate: readers (TSV, .npy; sequential, parallel)")
     with tempfile.TemporaryDirectory(prefix="asgd-calibrate-") as tmp:
         ds = problem.rings(50_000 if quick else 400_000, 0)
@@ -505,6 +519,7 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
         "bytes_per_point": rd["bytes_per_point"],
         "memory_s_per_byte": measure_memory(32 if quick else 128), "caches": caches(),
         "step_spread": spread, "step_cpu_s": steps_cpu, "sleep_overhead_s": measure_sleep_overhead(),
+        "optimizer_s": optimizer_s, "mp_step_s": mp_steps, "exchange_s": exchange_s,
     }
     return {"schema": 1, "params": params, "units": UNITS, "machine": describe(),
             "quick": quick, "seconds": round(time.perf_counter() - t_all, 1)}
@@ -528,7 +543,35 @@ UNITS = {
     "step_spread": "one step's CPU time over the least, quantiles p -> ratio, [hidden][batch] (asgd.sim)",
     "step_cpu_s": "least CPU s per training step (the thread's clock), [hidden][batch] (asgd.sim)",
     "sleep_overhead_s": "s time.sleep(10 us) overshoots, median (the Waiter's backoff; asgd.sim)",
+    "optimizer_s": "s per server-side optimizer update of n values, [optimizer][n]",
+    "mp_step_s": "s per step of a model-parallel member (logits' sum excluded), [K][hidden][batch]",
+    "exchange_s": "s per synchronous round with no compute, [ps|p2p|ring|mpi][ranks][n_w]; "
+                  "[replica][K][batch] (asgd.perf.exchanges)",
 }
+
+
+EXCHANGE_KINDS = ("ps", "p2p", "ring", "mpi")
+
+
+def measure_exchanges(launcher: str | None, C: int, nws: list[int], quick: bool, say=print, run=None) -> dict:
+    """exchange_s: each architecture's synchronous round with no compute (asgd.perf.exchanges),
+    at P = 2, C + 1, 2C + 1, 4C + 1 ranks (quick: 2, 2C + 1) and every calibrated n_w, and a
+    replica's logit sum (K = P) at a few batch sizes: one job per rank count. `run(n, args,
+    timeout)` starts a probe (default: under `launcher` on this machine)."""
+    run = run or (lambda n, args, timeout: _launch(launcher, n, args, timeout))
+    counts = sorted({2, 2 * C + 1} if quick else {2, C + 1, 2 * C + 1, 4 * C + 1})
+    out: dict = {}
+    for P in counts:
+        got = run(P, ["exchange", "--kinds", ",".join((*EXCHANGE_KINDS, "replica")), "--nw", ",".join(map(str, nws)),
+                      "--batches", "16,256,1024", "--rounds", "8" if quick else "20"], 900)
+        for kind, t in got["seconds"].items():
+            out.setdefault(kind, {})[P] = {int(k): v for k, v in t.items()}
+    for kind, by_p in out.items():
+        unit, scale = ("us", 1e6) if kind == "replica" else ("ms", 1e3)
+        say(f"  {kind}: " + "; ".join(f"P={P} " + ", ".join(f"{scale * v:.2f} {unit}" for v in t.values())
+                                     for P, t in by_p.items())
+            + (" (batch 16, 256, 1024)" if kind == "replica" else f" (n_w {nws})"))
+    return out
 
 
 def describe() -> dict:
@@ -544,7 +587,7 @@ def describe() -> dict:
 
 
 def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",")]
+    return [int(x) for x in s.split(",") if x]
 
 
 # probe name -> its function of the options (--name value pairs) and positional arguments
@@ -555,7 +598,15 @@ PROBES = {
     "cores": lambda o, rest: probe_cores(int(o["--hidden"]), int(o["--batch"]), float(o["--seconds"])),
     "contention": lambda o, rest: probe_contention(_ints(o["--nw"]), int(o["--updates"])),
     "readers": lambda o, rest: probe_readers(rest),
+    "exchange": lambda o, rest: _exchanges().probe_exchange(o["--kinds"].split(","), _ints(o.get("--nw", "")),
+                                                           int(o["--rounds"]), _ints(o.get("--batches", "")),
+                                                           int(o.get("--servers", "1"))),
 }
+
+
+def _exchanges():
+    from . import exchanges
+    return exchanges
 
 
 def _probe_main(argv: list[str]) -> int:

@@ -21,6 +21,7 @@ from dataclasses import asdict, replace
 
 from ..data import formats, problem
 from ..data.shares import HOLDOUT
+from ..net import OPTIMIZERS
 from ..run.files import atomic_write
 from . import analytic, report
 from .analytic import Params, Run
@@ -93,18 +94,25 @@ def run_of(results: dict, p: Params) -> Run:
         else:  # the file is gone: its size from the calibrated bytes per point
             n = c["train_points"] + c["test_points"]
             got.update(binary=binary, file_bytes=int(n * p.bytes_per_point["npy" if binary else "tsv"]))
-    return Run(workers=c["workers"], servers=c["servers"], batch=c["batch"], hidden=c["hidden"],
-               epochs=c["epochs"], reader=c["reader"], mode=c["mode"], features=c["features"],
-               classes=c["classes"], cores=c.get("cores", 0), **got)
+    arch = c.get("arch", "ps")
+    return Run(workers=c["workers"], servers=max(c["servers"], 1) if arch == "ps" else c["servers"],
+               batch=c["batch"], hidden=c["hidden"], epochs=c["epochs"], reader=c["reader"], mode=c["mode"],
+               features=c["features"], classes=c["classes"], cores=c.get("cores", 0), arch=arch,
+               model_parallel=c.get("model_parallel", 1), optimizer=c.get("optimizer", "sgd"),
+               allreduce=c.get("allreduce") or "ring", **got)
+
+
+COMM_PHASES = ("push", "comm_wait", "replica_sum", "aggregate")   # a worker's (peer's) time beside its step
 
 
 def measured(results: dict) -> dict:
-    """Measured seconds per phase: init, train, total (job level), and the workers' mean
-    compute and communication (push + comm_wait)."""
-    workers = [r for r in results["ranks"] if r["role"] == "worker"]
+    """Measured seconds per phase: init, train, total (job level), and the workers' (p2p's
+    peers') mean compute and communication (push, waits, the replica's logit sums, and
+    what a peer serves or an allreduce rank applies: everything of training but the step)."""
+    workers = [r for r in results["ranks"] if r["role"] in ("worker", "peer")]
     mean = lambda *keys: statistics.fmean(sum(r["phases"].get(k, 0.0) for k in keys) for r in workers)  # noqa: E731
     return {"init": results["init_s"], "train": results["train_s"], "total": results["wall_s"],
-            "compute": mean("compute"), "comm": mean("push", "comm_wait")}
+            "compute": mean("compute"), "comm": mean(*COMM_PHASES)}
 
 
 def predicted(pr: analytic.Prediction) -> dict:
@@ -129,8 +137,8 @@ def paper_total(p: Params, run: Run) -> float:
 
 def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
     """One row per usable run: its configuration, predicted and measured seconds and the
-    APE per phase. Runs the model does not cover (p2p, allreduce, stopped early, resumed) are
-    skipped, with the reason."""
+    APE per phase. Runs the model does not cover (stopped early, resumed, 1-bit messages)
+    are skipped, with the reason."""
     rows, skipped = [], []
     for path in paths:
         f = os.path.join(path, "results.json") if os.path.isdir(path) else path
@@ -141,14 +149,15 @@ def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
             skipped.append(f"{path}: unreadable ({e})")
             continue
         c = res.get("config", {})
-        why = (f"{c['arch']} (the model covers parameter servers)" if c.get("arch", "ps") != "ps" else
-               "stopped early" if res.get("stopped") else "resumed from a checkpoint" if c.get("resume") else None)
+        why = ("stopped early" if res.get("stopped") else "resumed from a checkpoint" if c.get("resume") else
+               "--compress 1bit (the model prices float64 messages)" if c.get("compress", "none") != "none" else None)
         if why:
             skipped.append(f"{path}: {why}")
             continue
         run = run_of(res, p)
         pr, me = predicted(analytic.predict(p, run)), measured(res)
-        row = {"run": path, "workers": run.workers, "servers": run.servers, "batch": run.batch,
+        row = {"run": path, "arch": run.arch, "workers": run.workers, "servers": run.dedicated_servers,
+               "model_parallel": run.model_parallel, "optimizer": run.optimizer, "batch": run.batch,
                "hidden": run.hidden, "reader": run.reader if run.file_bytes else "embedded",
                "epochs": run.epochs, "mode": run.mode}
         for k in PHASES + DETAIL:
@@ -170,24 +179,70 @@ def error_summary(rows: list[dict], phases=PHASES + DETAIL) -> dict:
 
 
 def optimize(p: Params, nodes: int, cores_per_node: int, base: Run, workers: list[int], servers: list[int],
-             batches: list[int], readers: list[str], max_ranks: int | None = None) -> list[dict]:
-    """Every configuration of the grid within max_ranks ranks (default: one per core),
-    ranked by predicted total time (init + epochs of training)."""
-    cores = nodes * cores_per_node
-    limit = max_ranks or cores
+             batches: list[int], readers: list[str], max_ranks: int | None = None, archs=("ps",),
+             Ks=(1,), memory_bytes: float = 0.0, shared_cores: bool = False) -> list[dict]:
+    """Yan et al.'s scalability optimizer over asgd's choices: every configuration of the
+    grid (architecture x servers x model-parallel K x workers x batch x reader) within
+    max_ranks ranks (default one per core), ranked by predicted total time (init and
+    `base.epochs` epochs of training). Ranks fill the nodes in blocks: a node's ranks share
+    its cores and its link (p.link_s: a link's time per message, none on one node);
+    shared_cores: every rank has a host of its own but all share `cores_per_node` cores (the
+    emulated cluster). memory_bytes: a node's memory; a configuration whose ranks' buffers
+    exceed it is left out (0: no limit)."""
+    limit = max_ranks or nodes * cores_per_node
     out = []
-    for s in servers:
-        for w in workers:
-            if w + s > limit:
+    for run in configurations(base, archs, workers, servers, Ks, batches, readers if base.file_bytes else ["parallel"],
+                              limit):
+        per_node = 0 if shared_cores or nodes == 1 else math.ceil(run.ranks / nodes)
+        run = replace(run, cores=cores_per_node, node_ranks=per_node)
+        need = memory_of(run) * (per_node or run.ranks) / run.ranks
+        if memory_bytes and need > memory_bytes:
+            continue
+        pr = analytic.predict(p, run)
+        out.append({"arch": run.arch, "workers": run.workers, "servers": run.dedicated_servers,
+                    "model_parallel": run.model_parallel, "replicas": run.replicas, "batch": run.batch,
+                    "reader": run.reader if base.file_bytes else "embedded", "ranks": run.ranks,
+                    "init_s": pr.init_s, "train_s": pr.train_s, "total_s": pr.total_s,
+                    "per_epoch_s": pr.train_s / run.epochs, "bound": pr.detail["bound"],
+                    "iteration_s": pr.detail.get("iteration_s"), "memory_bytes": need,
+                    "memory_share": need / memory_bytes if memory_bytes else None})
+    out.sort(key=lambda r: r["total_s"])
+    if out and out[0]["memory_share"] and out[0]["memory_share"] > 0.8:
+        out[0]["bound"] = "memory"   # the winner barely fits: memory decides what can run at all
+    return out
+
+
+def configurations(base: Run, archs, workers, servers, Ks, batches, readers, limit: int):
+    """The grid's Runs that asgd.train would accept, within `limit` ranks."""
+    for arch in archs:
+        for K in Ks:
+            if base.hidden % K:
                 continue
-            for b in batches:
-                for r in (readers if base.file_bytes else ["parallel"]):
-                    run = replace(base, workers=w, servers=s, batch=b, reader=r, cores=cores)
-                    pr = analytic.predict(p, run)
-                    out.append({"workers": w, "servers": s, "batch": b, "reader": r if base.file_bytes else "embedded",
-                                "ranks": w + s, "init_s": pr.init_s, "train_s": pr.train_s, "total_s": pr.total_s,
-                                "per_epoch_s": pr.total_s / run.epochs, "bound": pr.detail["bound"]})
-    return sorted(out, key=lambda r: r["total_s"])
+            for w in workers:
+                if w % K:
+                    continue
+                for s in (servers if arch == "ps" else [w if arch == "p2p" else 0]):
+                    if w + (s if arch == "ps" else 0) > limit:
+                        continue
+                    for b in batches:
+                        for r in readers:
+                            yield replace(base, arch=arch, workers=w, servers=s, model_parallel=K, batch=b, reader=r)
+
+
+def memory_of(run: Run) -> float:
+    """Bytes of parameter-sized buffers the job's ranks hold together (results.json's
+    weight_bytes, estimated): a worker's w, Delta-w, its second push buffer and w' (of its
+    slice); a server's shard, optimizer state, and a receive and a reply buffer per worker
+    it serves; allreduce ranks' w, its sum buffers and optimizer state; p2p peers both."""
+    state = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}[run.optimizer]
+    n = 8 * run.n_w
+    worker = 4 * n / run.model_parallel
+    if run.arch == "allreduce":
+        return run.workers * (3 + state) * n / run.model_parallel
+    # every shard (all of w together) with its state, and a receive and a reply buffer for
+    # each of its pushers: the W / K members of its slice
+    served = n * (1 + state) + 2 * n * run.workers / run.model_parallel
+    return run.workers * worker + served
 
 
 # -- command line ---------------------------------------------------------------------------
@@ -240,6 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="data reader, as asgd.train's (default parallel; no effect on the embedded problem)")
     pp.add_argument("--mode", choices=("async", "ssp", "sync"), default="async",
                     help="consistency mode, as asgd.train's (default async; ssp is predicted as async)")
+    pp.add_argument("--arch", choices=("ps", "p2p", "allreduce"), default="ps", help="as asgd.train's (default ps)")
+    pp.add_argument("--model-parallel", type=positive_int, default=1, help="as asgd.train's (default 1)")
+    pp.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
+                    help="the servers' optimizer, as asgd.train's (default here: sgd, the paper's)")
+    pp.add_argument("--allreduce", choices=("ring", "mpi"), default="ring", help="as asgd.train's (default ring)")
     pp.add_argument("--cores", type=positive_int, default=0, help="cores the ranks share (default: the calibrated machine's)")
     pp.add_argument("--params", **params)
     pp.add_argument("--json", action="store_true", help="JSON lines instead of a table")
@@ -250,17 +310,32 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--params", **params)
     cp.add_argument("--csv", help="also write the rows to this CSV file")
 
-    op = sub.add_parser("optimize", help="rank configurations by predicted time")
-    op.add_argument("--nodes", type=positive_int, default=1, help="nodes (default 1)")
+    op = sub.add_parser("optimize", help="which architecture, how many ranks of each, which batch: the "
+                        "configurations ranked by predicted time (Yan et al. 2015)")
+    op.add_argument("--nodes", type=positive_int, default=1, help="nodes (default 1; with a testbed's params, "
+                    "its hosts)")
     op.add_argument("--cores-per-node", type=positive_int, required=True, help="cores per node")
+    op.add_argument("--link-gbps", type=float, help="each node's link, Gbit/s each way (needed with --nodes > 1, "
+                    "unless --params holds a testbed's links: asgd.testbed.model)")
+    op.add_argument("--link-latency-us", type=float, default=50.0, help="one-way latency per message over a link, "
+                    "us (default 50)")
+    op.add_argument("--memory-gb", type=float, help="memory per node, GB (default: this machine's); "
+                    "configurations that do not fit are left out")
     op.add_argument("--hidden", type=positive_int, default=10000, help="hidden units (default 10000)")
-    op.add_argument("--workers", type=int_list, help="worker counts to try (default 1 .. ranks - servers)")
-    op.add_argument("--servers", type=int_list, default=[1, 2, 4], help="server counts to try (default 1,2,4)")
+    op.add_argument("--archs", default="ps,p2p,allreduce", help="architectures to try (default ps,p2p,allreduce)")
+    op.add_argument("--workers", type=int_list, help="worker counts to try (default 1 .. ranks)")
+    op.add_argument("--servers", type=int_list, default=[1, 2, 4], help="server counts to try with ps (default 1,2,4)")
+    op.add_argument("--model-parallel", type=int_list, default=[1, 2], help="model-parallel K to try (default 1,2)")
     op.add_argument("--batches", type=int_list, default=[16, 64, 256, 1024], help="default 16,64,256,1024")
-    op.add_argument("--readers", default="sequential,parallel", help="default sequential,parallel")
+    op.add_argument("--readers", default="parallel", help="default parallel (also: sequential)")
+    op.add_argument("--mode", choices=("async", "ssp", "sync"), default="async",
+                    help="consistency mode of ps and p2p, as asgd.train's (default async; allreduce is lockstep)")
+    op.add_argument("--optimizer", choices=OPTIMIZERS, default="adagrad", help="as asgd.train's (default adagrad)")
+    op.add_argument("--allreduce", choices=("ring", "mpi"), default="ring", help="as asgd.train's (default ring)")
     op.add_argument("--max-ranks", type=positive_int,
-                    help="most ranks to start (default: one per core; more shares cores)")
+                    help="most ranks to start (default: one per core, or per host of a testbed)")
     op.add_argument("--top", type=positive_int, default=10, help="configurations to print (default 10)")
+    op.add_argument("--json", action="store_true", help="one JSON line per configuration, best first")
     op.add_argument("--params", **params)
     _data_args(op)
 
@@ -326,18 +401,20 @@ def _predict(a, p: Params) -> int:
     if not a.json:
         what = "embedded problem" if not base.file_bytes else f"{'npy' if base.binary else 'TSV'} file"
         print(f"predicted, {base.points:,} training points ({what}), {a.epochs} epoch(s), "
-              f"{a.cores or p.cores} cores, {a.mode}")
+              f"{a.cores or p.cores} cores, {a.mode}, --arch {a.arch}"
+              + (f" --model-parallel {a.model_parallel}" if a.model_parallel > 1 else "") + f", {a.optimizer}")
         print(cols)
     for h in a.hidden:
         for b in a.batch:
             for w in a.workers:
                 run = replace(base, workers=w, servers=a.servers, hidden=h, batch=b, reader=a.reader,
-                              mode=a.mode, cores=a.cores)
+                              mode=a.mode, cores=a.cores, arch=a.arch, model_parallel=a.model_parallel,
+                              optimizer=a.optimizer, allreduce=a.allreduce)
                 pr = analytic.predict(p, run)
                 if a.json:
                     print(json.dumps({"run": asdict(run), **pr.as_dict()}))
                     continue
-                print(f"{w:7d} {a.servers:7d} {h:7d} {b:6d}  {a.reader if base.file_bytes else 'embedded':10s}"
+                print(f"{w:7d} {run.dedicated_servers:7d} {h:7d} {b:6d}  {a.reader if base.file_bytes else 'embedded':10s}"
                       f"{_fmt_s(pr.init_s)} {_fmt_s(pr.compute_s)} {_fmt_s(pr.comm_s)} {_fmt_s(pr.train_s)} "
                       f"{_fmt_s(pr.total_s)}  {pr.detail['bound']:8s} {pr.detail['cache_level']}")
     return 0
@@ -372,23 +449,60 @@ def _compare(a, p: Params) -> int:
 
 
 def _optimize(a, p: Params) -> int:
-    base = replace(_base_run(a, p), hidden=a.hidden)
-    readers = [r.strip() for r in a.readers.split(",") if r.strip()]
-    bad = [r for r in readers if r not in ("sequential", "parallel")]
-    if bad:
-        raise PerfError(f"unknown reader(s) {bad}: choose from sequential, parallel")
-    limit = a.max_ranks or a.nodes * a.cores_per_node
-    workers = a.workers or list(range(1, limit))
-    ranked = optimize(p, a.nodes, a.cores_per_node, base, workers, a.servers, a.batches, readers, limit)
+    from .architectures import ARCHES, cluster_links
+    base = replace(_base_run(a, p), hidden=a.hidden, mode=a.mode, optimizer=a.optimizer, allreduce=a.allreduce)
+    readers = _words(a.readers, ("sequential", "parallel"), "reader")
+    archs = _words(a.archs, ARCHES, "architecture")
+    testbed = bool(p.link_s)
+    if testbed and a.link_gbps:
+        raise PerfError("--link-gbps with a testbed's params (they hold its links): give one or the other")
+    if a.nodes > 1 and not testbed and not a.link_gbps:
+        raise PerfError("--nodes > 1 needs the links between them: --link-gbps G (and --link-latency-us)")
+    where = "one node, shared memory"
+    if a.link_gbps:
+        p = cluster_links(p, a.link_gbps * 1e9 / 8, a.link_latency_us * 1e-6)
+        where = f"{a.nodes} nodes x {a.cores_per_node} cores, {a.link_gbps:g} Gbit/s links"
+    elif testbed:
+        where = f"a testbed of {a.nodes} hosts sharing {a.cores_per_node} cores, its links"
+    limit = a.max_ranks or (a.nodes if testbed else a.nodes * a.cores_per_node)
+    memory = a.memory_gb * 1e9 if a.memory_gb else _memory_bytes()
+    workers = a.workers or list(range(1, limit + 1))
+    ranked = optimize(p, a.nodes, a.cores_per_node, base, workers, a.servers, a.batches, readers, limit,
+                      archs=archs, Ks=a.model_parallel, memory_bytes=memory, shared_cores=testbed)
     if not ranked:
-        raise PerfError(f"no configuration fits in {limit} ranks (--max-ranks)")
-    print(f"{len(ranked)} configurations on {a.nodes} node(s) x {a.cores_per_node} cores, at most {limit} ranks, "
-          f"hidden {a.hidden}, {base.points:,} points, {a.epochs} epoch(s); best first:")
-    print(" rank workers servers  batch  reader       init_s   train_s   total_s  s/epoch  bound")
+        raise PerfError(f"no configuration fits in {limit} ranks (--max-ranks) and the memory")
+    if a.json:
+        for r in ranked:
+            print(json.dumps(r))
+        return 0
+    print(f"{len(ranked)} configurations on {where}, at most {limit} ranks; 2-{a.hidden}-2, {base.points:,} points, "
+          f"{a.epochs} epoch(s), {a.optimizer}, {a.mode}; best first (predicted):")
+    print(" rank  arch       servers  K  workers  batch     init_s   train_s   total_s  s/epoch  bound")
     for i, r in enumerate(ranked[:a.top], 1):
-        print(f"{i:5d} {r['workers']:7d} {r['servers']:7d} {r['batch']:6d}  {r['reader']:10s}"
+        print(f"{i:5d}  {r['arch']:9s} {r['servers']:7d} {r['model_parallel']:2d} {r['workers']:8d} {r['batch']:6d} "
               f"{_fmt_s(r['init_s'])} {_fmt_s(r['train_s'])} {_fmt_s(r['total_s'])} {r['per_epoch_s']:8.3f}  {r['bound']}")
+    w = ranked[0]
+    print(f"best: --arch {w['arch']}" + (f" --servers {w['servers']}" if w["arch"] == "ps" else "")
+          + (f" --model-parallel {w['model_parallel']}" if w["model_parallel"] > 1 else "")
+          + f" with {w['ranks']} ranks, --batch {w['batch']}; what binds it: {w['bound']}")
     return 0
+
+
+def _words(text: str, allowed, what: str) -> list[str]:
+    got = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in got if x not in allowed]
+    if bad or not got:
+        raise PerfError(f"unknown {what}(s) {bad or text!r}: choose from {', '.join(allowed)}")
+    return got
+
+
+def _memory_bytes() -> float:
+    """This machine's memory (MemTotal), bytes; 0 where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemTotal:"))
+    except (OSError, StopIteration, ValueError):
+        return 0.0
 
 
 if __name__ == "__main__":

@@ -68,8 +68,10 @@ class World:
     """What the actors share: the platform, costs, clocks, records and the epoch tracker."""
 
     def __init__(self, sg, spec: Spec, costs: Costs, hosts: list, fs_host, sleep_overhead: float,
-                 trace: bool = False, window: tuple[int, int] = (0, 200)):
+                 trace: bool = False, window: tuple[int, int] = (0, 200), nics: list | None = None):
         self.sg, self.spec, self.costs = sg, spec, costs
+        self.topo = costs.topo
+        self.nics = nics or []   # testbed: each rank's host on the links
         self.run = spec.run
         self.P, self.S, self.W = spec.ranks, spec.servers, spec.run.workers
         self.hosts, self.fs_host = hosts, fs_host
@@ -77,6 +79,8 @@ class World:
         now = lambda: sg.Engine.clock  # noqa: E731
         self.now = now
         self.clocks = [SimClock(now, "init", trace, window) for _ in range(self.P)]
+        self.owner_clocks = [SimClock(now, "idle", trace, window) for _ in range(self.P)]   # p2p's owners
+        self.served: dict[int, dict] = {}   # p2p: each rank's owner's record
         self.records: list[dict | None] = [None] * self.P
         self.init_end = [0.0] * self.P
         self.end = [0.0] * self.P
@@ -157,12 +161,26 @@ class World:
     def first_on_node(self, rank: int) -> bool:
         return self.on_node[self.node[rank]][0] == rank
 
-    def send(self, to: str, payload, nbytes: int):
+    def send(self, src: int, dst: int, to: str, payload, nbytes: float):
+        """Rank src's message to mailbox `to` of rank dst; .wait() until it is delivered.
+        On a testbed it crosses src's and dst's links (a courier actor carries it between
+        their hosts, then hands it over on the cores' host), unless both are one rank."""
+        if self.nics and src != dst:
+            return _Delivery(self.sg.Actor.create(f"msg{src}-{dst}", self.hosts[0], self._courier, src, dst, to,
+                                                  payload, nbytes))
         return self.mailbox(to).put_async(payload, int(max(nbytes, 1)))
 
-    def post(self, to: str, payload, nbytes: int) -> None:
-        """A small message sent and forgotten (MPI sends it eagerly: the Isend completes at once)."""
+    def post(self, src: int, dst: int, to: str, payload, nbytes: float) -> None:
+        """A message sent and forgotten (MPI sends it eagerly, or the sender waits on
+        something that implies its arrival: a push's reply)."""
+        if self.nics and src != dst:
+            self.send(src, dst, to, payload, nbytes)
+            return
         self.mailbox(to).put_init(payload, int(max(nbytes, 1))).detach()
+
+    def _courier(self, src: int, dst: int, to: str, payload, nbytes: float) -> None:
+        self.sg.Comm.sendto(self.nics[src], self.nics[dst], int(max(self.costs.wire(nbytes), 1)))
+        self.mailbox(to).put(payload, 1)
 
     def receive_on(self, *names: str) -> None:
         """This actor is the permanent receiver of these mailboxes: messages to them move as
@@ -194,9 +212,9 @@ class World:
         self.sg.Comm.sendto_async(self.fs_host, self.hosts[self.node[rank]], int(nbytes)).wait()
 
     def step_samples(self, steps: int) -> list[int]:
-        """Samples of all workers together at each step of an epoch (sync, allreduce)."""
-        W, b, n = self.W, self.run.batch, self.run.points
-        return [sum(max(0, min(b, worker_points(n, W, q) - k * b)) for q in range(W)) for k in range(steps)]
+        """Samples of all replicas together at each step of an epoch (sync, allreduce)."""
+        R, b, n = self.run.replicas, self.run.batch, self.run.points
+        return [sum(max(0, min(b, worker_points(n, R, q) - k * b)) for q in range(R)) for k in range(steps)]
 
     # -- the epoch tracker (asgd.run.progress.EpochTracker on rank 0) -----------------------
 
@@ -211,6 +229,16 @@ class World:
             self.history.append({"epoch": self.epoch, "samples": self.samples,
                                  "time_s": round(t - (self.serve_start or 0.0), 4), "wall_s": round(t, 4),
                                  "train_loss": None, "test_loss": None, "test_accuracy": None})
+
+
+class _Delivery:
+    """A message a courier actor carries (World.send on a testbed): wait() until delivered."""
+
+    def __init__(self, actor):
+        self.actor = actor
+
+    def wait(self) -> None:
+        self.actor.join()
 
 
 def _next_poll(elapsed: float, crowded: bool, overhead: float) -> float:
@@ -285,7 +313,7 @@ def _read_sequential(world: World, rank: int) -> None:
     world.execute(c.select(r.points))   # assign every line, keep mine
     t3 = world.now()
     if rank < P - 1:
-        world.post(f"token{rank + 1}", rank, DOUBLE)
+        world.post(rank, rank + 1, f"token{rank + 1}", rank, DOUBLE)
     read, parse, shuffle = t1 - t, t2 - t1, t3 - t2
     if rank == 0 and r.test_bytes:  # after passing the token: overlaps rank 1's turn
         t4 = world.now()
@@ -326,7 +354,7 @@ def _alltoall(world: World, rank: int, nbytes: float) -> None:
     if P == 1:
         return
     started = world.now()
-    out = world.send(f"a2a{(rank + 1) % P}", rank, nbytes * (P - 1) / P)
+    out = world.send(rank, (rank + 1) % P, f"a2a{(rank + 1) % P}", rank, nbytes * (P - 1) / P)
     world.recv(f"a2a{rank}")
     out.wait()
     world.notice(rank, started, max(P - 2, 0) * world._latency(rank))
@@ -334,7 +362,9 @@ def _alltoall(world: World, rank: int, nbytes: float) -> None:
 
 def init(world: World, rank: int) -> None:
     """Everything before the training loop; init_end is where asgd.train.init's ends."""
-    world.receive_on(f"token{rank}", f"a2a{rank}", f"w{rank}", f"s{rank}", f"ar{rank}")
+    world.receive_on(f"token{rank}", f"a2a{rank}", f"w{rank}", f"ar{rank}", f"r{rank}")
+    if world.spec.arch == "ps" and rank < world.S:
+        world.receive_on(f"s{rank}")
     if rank == 0:
         world.receive_on("shards")
     startup(world, rank)
@@ -350,45 +380,96 @@ def finish(world: World, rank: int, record: dict) -> None:
     world.barrier(rank, "end")
     if rank == 0 and world.P > 1:
         world.sg.this_actor.sleep_for(CLOCK_PINGS * (world.P - 1) * 2 * world._latency(rank))
-    record.update(rank=rank, phases=clock.seconds())
+    phases = clock.seconds()
+    if record.get("role") == "peer":   # what its owner served, as the rank's aggregate time
+        served = world.owner_clocks[rank].seconds()
+        phases["aggregate"] = phases.get("aggregate", 0.0) + served.get("aggregate", 0.0)
+    record.update(rank=rank, phases=phases)
     world.records[rank] = record
     if rank == 0:
         world.wall = world.now()
 
 
-# -- the parameter-server protocol ---------------------------------------------------------
+# -- the parameter-server protocol (ps servers, and p2p's owners) ---------------------------
+
+def _my_shards(world: World, rank: int) -> list[int]:
+    """The shards a worker rank pushes to: those of its slice (asgd.run.topology.Topology.link)."""
+    topo = world.topo
+    a, b = topo.slices[topo.member(rank)]
+    return [v for v, (lo, hi) in enumerate(topo.shards) if a <= lo and hi <= b]
+
+
+def _replica_sum(world: World, rank: int, m: int) -> None:
+    """protocol.replica.Replica.sum: members 1..K-1 send their partial logits to member 0,
+    which adds them and sends the sum back; every wait polled."""
+    topo, clock, c = world.topo, world.clocks[rank], world.costs
+    members = topo.replica_ranks(rank)
+    first = members[0]
+    nbytes = c.replica_bytes(max(m, 1))
+    clock.switch("replica_sum")
+    t = world.now()
+    if rank == first:
+        for _ in members[1:]:
+            world.recv(f"r{first}")
+        world.notice(rank, t)
+        for q in members[1:]:
+            world.post(first, q, f"r{q}", rank, nbytes)
+    else:
+        world.post(rank, first, f"r{first}", rank, nbytes)
+        world.recv(f"r{rank}")
+        world.notice(rank, t)
+    clock.switch("compute")
+
+
+def _compute(world: World, rank: int, m: int, factor: float) -> None:
+    """One training step of m points: a model-parallel member's forward half, the replica's
+    logit sum, its backward half; or the whole step."""
+    c = world.costs
+    t = c.step(m) * factor
+    if c.K > 1:
+        world.execute(t / 2)
+        _replica_sum(world, rank, m)
+        world.execute(t / 2)
+    else:
+        world.execute(t)
+
 
 def worker(world: World, rank: int) -> None:
-    spec, run, c = world.spec, world.run, world.costs
-    S, W, clock = world.S, world.W, world.clocks[rank]
-    j = rank - S
-    node = world.node[rank]
+    """asgd.protocol.worker.run_worker (a ps worker, or a p2p peer's worker side)."""
+    spec, run, c, topo = world.spec, world.run, world.costs, world.topo
+    clock = world.clocks[rank]
     init(world, rank)
-    overlap = spec.run.mode != "sync"
-    mine = worker_points(run.points, W, j)
+    owner = None
+    if spec.arch == "p2p":   # the peer's owner serves its shard on the same rank (protocol.p2p)
+        owner = world.sg.Actor.create(f"owner{rank}", world.hosts[world.node[rank]], server, world, rank, True)
+    node = world.node[rank]
+    overlap = run.mode != "sync"
+    R = run.replicas
+    mine = worker_points(run.points, R, topo.replica(rank))
     if overlap:
         steps = math.ceil(mine / run.batch)
         sizes = [min(run.batch, mine - k * run.batch) for k in range(steps)]
     else:  # sync: every worker the same number of steps, the last ones short or empty
-        steps = math.ceil(math.ceil(run.points / W) / run.batch)
+        steps = math.ceil(math.ceil(run.points / R) / run.batch)
         sizes = [max(0, min(run.batch, mine - k * run.batch)) for k in range(steps)]
-    shard_nw = [hi - lo for lo, hi in c.shards]
-    msg = sum(c.worker_message(node, n) for n in shard_nw)
-    slow = spec.straggler if j == W - 1 else 1.0
+    shards = _my_shards(world, rank)
+    hosts = [topo.hosts[v] for v in shards]
+    msg = sum(c.worker_message(node, topo.shards[v][1] - topo.shards[v][0]) for v in shards)
+    slow = spec.straggler if topo.worker_index(rank) == run.workers - 1 else 1.0
     rng = world.rngs[rank]
     me = f"w{rank}"
-    versions = [0] * S
+    versions = {v: 0 for v in shards}
     pending: list = []
     st = {"updates": 0, "bytes_sent": 0, "bytes_recv": 0}
 
     def complete():
         t = clock.switch("comm_wait")
-        for _ in range(S):
-            s, version = world.recv(me)
-            versions[s] = version
+        for _ in shards:
+            v, version = world.recv(me)
+            versions[v] = version
         world.notice(rank, t)
-        for s in range(S):
-            clock.message(RECV, s, c.pull_bytes(s), flow_id(rank, s, st["updates"] - 1, True))
+        for v, h in zip(shards, hosts):
+            clock.message(RECV, h, c.pull_bytes(v), flow_id(rank, h, st["updates"] - 1, True))
         pending.clear()
 
     for epoch in range(run.epochs):
@@ -396,19 +477,20 @@ def worker(world: World, rank: int) -> None:
             m = sizes[k]
             clock.step = st["updates"]
             clock.switch("compute")
-            world.execute(c.step(m) * (c.spread_draw(rng) if m else 1.0) * slow)
-            used = list(versions)
+            _compute(world, rank, m, (c.spread_draw(rng) if m else 1.0) * slow)
+            used = dict(versions)
             if pending:
                 complete()
             clock.switch("push")
             world.execute(msg, rank)
-            for s in range(S):
-                nb = c.push_bytes(s)  # the reply implies its arrival: no need to wait on it
-                world.post(f"s{s}", ("push", j, used[s], m, st["updates"]), nb)
-                pending.append(s)
-                clock.message(SEND, s, nb, flow_id(rank, s, st["updates"], False))
-                st["bytes_sent"] += nb
-                st["bytes_recv"] += c.pull_bytes(s)
+            for v, h in zip(shards, hosts):
+                nb = c.push_bytes(v)  # the reply implies its arrival: no need to wait on it
+                world.post(rank, h, f"s{h}", ("push", v, rank, used[v], m, st["updates"]), nb)
+                pending.append(v)
+                clock.message(SEND, h, nb, flow_id(rank, h, st["updates"], False))
+                if h != rank:
+                    st["bytes_sent"] += nb
+                    st["bytes_recv"] += c.pull_bytes(v)
             st["updates"] += 1
             if not overlap:
                 complete()
@@ -419,120 +501,125 @@ def worker(world: World, rank: int) -> None:
             world.worker_barrier(rank, epoch)
     if pending:
         complete()
-    done = [world.send(f"s{s}", ("done", j), DOUBLE) for s in range(S)]
+    done = [world.send(rank, h, f"s{h}", ("done", rank), DOUBLE) for h in sorted(set(hosts))]
     for d in done:
         d.wait()
-    finish(world, rank, {"role": "worker", "updates": st["updates"], "bytes_sent": st["bytes_sent"],
-                         "bytes_recv": st["bytes_recv"], "stopped": False})
+    record = {"role": "worker", "updates": st["updates"], "bytes_sent": st["bytes_sent"],
+              "bytes_recv": st["bytes_recv"], "stopped": False}
+    if owner is not None:   # the peer serves until every peer is done, then reports both sides
+        clock.switch("idle")
+        owner.join()
+        served = world.served[rank]
+        record = {**served, "role": "peer", "updates": st["updates"], "rounds": served["rounds"],
+                  "bytes_sent": st["bytes_sent"] + served["bytes_sent"],
+                  "bytes_recv": st["bytes_recv"] + served["bytes_recv"]}
+    finish(world, rank, record)
 
 
-def server(world: World, rank: int) -> None:
-    spec, run, c = world.spec, world.run, world.costs
-    S, W, clock = world.S, world.W, world.clocks[rank]
+def server(world: World, rank: int, peer: bool = False) -> None:
+    """asgd.protocol.server's Server for each shard this rank holds (serve_all): a ps
+    server, or (peer) a p2p rank's owner, beside its worker on the same rank."""
+    spec, run, c, topo = world.spec, world.run, world.costs, world.topo
+    clock = world.owner_clocks[rank] if peer else world.clocks[rank]
     node = world.node[rank]
-    lo, hi = c.shards[rank]
-    n = hi - lo
-    init(world, rank)
+    if peer:
+        world.receive_on(f"s{rank}")
+    else:
+        init(world, rank)
     name = f"s{rank}"
-    if rank == 0:
+    mine = topo.shards_of(rank)
+    size = {v: topo.shards[v][1] - topo.shards[v][0] for v in mine}
+    pushers = {v: topo.pushers(v) for v in mine}
+    c_u = {v: c.server_update(node, size[v]) for v in mine}
+    extra = {v: c.optimizer_extra(size[v]) for v in mine}
+    tracks = rank == 0 and 0 in mine
+    if tracks:
         world.serve_start = world.now()
-    c_u = c.server_update(node, n)
-    pull = c.pull_bytes(rank)
-    push = c.push_bytes(rank)
-    tracks = rank == 0
-    evaluate = (lambda: _evaluate(world, clock)) if tracks and S == 1 else None
-    st = {"updates": 0, "rounds": 0, "bytes_sent": 0, "bytes_recv": 0,
-          "staleness": [[] for _ in range(W)], "step_gap": [[] for _ in range(W)]}
+    whole = topo.K == 1 and (spec.arch == "p2p" or topo.owners == 1)   # rank 0 holds all of w (or its own)
+    evaluate = (lambda: _evaluate(world, clock)) if tracks and whole else None
+    st = {"updates": 0, "rounds": {v: 0 for v in mine}, "bytes_sent": 0, "bytes_recv": 0,
+          "staleness": {}, "step_gap": {}}
     replies: list = []
+    steps = {v: {q: 0 for q in pushers[v]} for v in mine}
+    active = {q for v in mine for q in pushers[v]}
+    K_ssp = spec.staleness if run.mode == "ssp" else None
+    held: dict[int, list[int]] = {v: [] for v in mine}
+    rounds_of: dict[int, list] = {v: [] for v in mine}   # sync: the pushes of the round in progress
 
-    def take():
+    def reply(v: int, q: int) -> None:
+        replies.append(world.send(rank, q, f"w{q}", (v, st["rounds"][v]), c.pull_bytes(v)))
+        clock.message(SEND, q, c.pull_bytes(v), flow_id(q, rank, steps[v][q] - 1, True))
+        if q != rank:
+            st["bytes_sent"] += c.pull_bytes(v)
+
+    def slowest(v: int) -> int:
+        live = [steps[v][q] for q in pushers[v] if q in active]
+        return min(live) if live else 0
+
+    def may_reply(v: int, q: int) -> bool:
+        return K_ssp is None or steps[v][q] + 1 - slowest(v) <= K_ssp
+
+    while active:
         t = clock.switch("idle")
         msg = world.recv(name)
         world.notice(rank, t)
         clock.switch("aggregate")
-        return msg
-
-    def reply(j: int) -> None:
-        replies.append(world.send(f"w{S + j}", (rank, st["rounds"]), pull))
-        clock.message(SEND, S + j, pull, flow_id(S + j, rank, steps[j] - 1, True))
-        st["bytes_sent"] += pull
-
-    steps = np.zeros(W, np.int64)
-    if run.mode == "sync":
-        rounds = run.epochs * math.ceil(math.ceil(run.points / W) / run.batch)
-        for _ in range(rounds):
-            got = []
-            t = clock.switch("idle")
-            while len(got) < W:
-                got.append(world.recv(name))
-            world.notice(rank, t)
-            clock.switch("aggregate")
-            world.execute(W * c_u, rank)
-            total = 0
-            for _, j, version, m, step in got:
-                st["staleness"][j].append(st["rounds"] - version)
-                st["step_gap"][j].append(0)
-                st["updates"] += 1
-                st["bytes_recv"] += push
-                steps[j] += 1
-                total += m
-                clock.message(RECV, S + j, push, flow_id(S + j, rank, step, False))
-            st["rounds"] += 1
-            for j in range(W):
-                reply(j)
-            if tracks:
-                world.track(total, evaluate)
-        dones = 0
-        t = clock.switch("idle")
-        while dones < W:
-            if world.recv(name)[0] == "done":
-                dones += 1
-        world.notice(rank, t)
-    else:
-        K = spec.staleness if run.mode == "ssp" else None
-        active = np.ones(W, bool)
-        held: set[int] = set()
-
-        def may_reply(j: int) -> bool:
-            return K is None or steps[j] + 1 - steps[active].min() <= K
-        while active.any():
-            msg = take()
-            if msg[0] == "done":
-                active[msg[1]] = False
+        if msg[0] == "done":
+            active.discard(msg[1])
+        else:
+            _, v, q, version, m, step = msg
+            clock.step = step
+            clock.message(RECV, q, c.push_bytes(v), flow_id(q, rank, step, False))
+            st["staleness"].setdefault(q, []).append(st["rounds"][v] - version)
+            st["updates"] += 1
+            if q != rank:
+                st["bytes_recv"] += c.push_bytes(v)
+            steps[v][q] += 1
+            if run.mode == "sync":
+                rounds_of[v].append((q, m))
+                if len(rounds_of[v]) == len(pushers[v]):   # every pusher's push: one averaged update
+                    world.execute(len(pushers[v]) * c_u[v] + extra[v], rank)
+                    st["rounds"][v] += 1
+                    total = 0
+                    for qq, mm in sorted(rounds_of[v]):
+                        st["step_gap"].setdefault(qq, []).append(0)
+                        total += mm
+                        reply(v, qq)
+                    rounds_of[v] = []
+                    if tracks and v == 0:
+                        world.track(total, evaluate)
             else:
-                _, j, version, m, step = msg
-                clock.step = step
-                clock.message(RECV, S + j, push, flow_id(S + j, rank, step, False))
-                st["staleness"][j].append(st["rounds"] - version)
-                st["updates"] += 1
-                st["bytes_recv"] += push
-                world.execute(c_u, rank)
-                st["rounds"] += 1
-                steps[j] += 1
-                st["step_gap"][j].append(int(steps[j] - steps[active].min()))
-                if may_reply(j):
-                    reply(j)
+                world.execute(c_u[v] + extra[v], rank)
+                st["rounds"][v] += 1
+                st["step_gap"].setdefault(q, []).append(int(steps[v][q] - slowest(v)))
+                if may_reply(v, q):
+                    reply(v, q)
                 else:
-                    held.add(j)
-                if tracks:
+                    held[v].append(q)
+                if tracks and v == 0:
                     world.track(m, evaluate)
-            for j in [j for j in held if not active.any() or may_reply(j)]:
-                held.discard(j)
-                reply(j)
+        for v in mine:
+            for q in [q for q in held[v] if not active or may_reply(v, q)]:
+                held[v].remove(q)
+                reply(v, q)
     clock.switch("idle")
     for r in replies:
         r.wait()
-    if S > 1:  # asgd.protocol.server.gather_shards: the shards go to rank 0
-        if rank == 0:
-            for _ in range(S - 1):
-                world.recv("shards")
-        else:
-            world.send("shards", rank, DOUBLE * n).wait()
-    finish(world, rank, {"role": "server", "stopped": False, "refused": 0, "updates": st["updates"],
-                         "rounds": st["rounds"], "bytes_sent": st["bytes_sent"], "bytes_recv": st["bytes_recv"],
-                         "shard": [lo, hi], "requests": st["updates"],
-                         "staleness_hist": [np.bincount(v).tolist() if v else [] for v in st["staleness"]],
-                         "step_gap_hist": [np.bincount(v).tolist() if v else [] for v in st["step_gap"]]})
+    lo, hi = topo.shards[mine[0]][0], topo.shards[mine[-1]][1]
+    record = {"role": "server", "stopped": False, "refused": 0, "updates": st["updates"],
+              "rounds": st["rounds"][mine[0]], "bytes_sent": st["bytes_sent"], "bytes_recv": st["bytes_recv"],
+              "shard": [lo, hi], "requests": st["updates"],
+              "staleness_hist": {q: np.bincount(v).tolist() for q, v in st["staleness"].items()},
+              "step_gap_hist": {q: np.bincount(v).tolist() for q, v in st["step_gap"].items()}}
+    if rank != 0 and topo.owners > 1:   # asgd.protocol.server.gather_shards: the shards go to rank 0
+        world.send(rank, 0, "shards", rank, DOUBLE * (hi - lo)).wait()
+    elif rank == 0:
+        for _ in range(len({h for h in topo.hosts if h != 0})):
+            world.recv("shards")
+    if peer:
+        world.served[rank] = record
+        return
+    finish(world, rank, record)
 
 
 def _evaluate(world: World, clock: SimClock) -> None:
@@ -546,23 +633,31 @@ def _evaluate(world: World, clock: SimClock) -> None:
 
 def allreduce_rank(world: World, rank: int) -> None:
     """asgd.protocol.allreduce.run_allreduce: every rank a worker; each step one allreduce
-    of [m * Delta-w | m, loss, stop] by asgd's ring (asgd.protocol.allreduce.Ring: P - 1
-    rounds of reduce-scatter, each passing one chunk of asgd.wire.shard_bounds to the next
-    rank and adding the one received, then P - 1 rounds of allgather), then the averaged
-    update applied to w. Its bytes are asgd.wire.ring_bytes, as a real run counts them."""
-    run, c, P, clock = world.run, world.costs, world.P, world.clocks[rank]
+    of [m * Delta-w | m, loss, stop] (of its slice, among the ranks holding it: one per
+    replica) by asgd's ring (asgd.protocol.allreduce.Ring: P - 1 rounds of reduce-scatter,
+    each passing one chunk of asgd.wire.shard_bounds to the next rank and adding the one
+    received, then P - 1 rounds of allgather), or MPI_Iallreduce (its calibrated round),
+    then the averaged update applied by the run's optimizer. The ring's bytes are
+    asgd.wire.ring_bytes, as a real run counts them."""
+    run, c, clock, topo = world.run, world.costs, world.clocks[rank], world.topo
     init(world, rank)
     if rank == 0:
         world.serve_start = world.now()
-    steps = math.ceil(math.ceil(run.points / P) / run.batch)
-    mine = worker_points(run.points, P, rank)
+    group = topo.slice_group(rank)
+    P = len(group)
+    pos = group.index(rank)
+    R = run.replicas
+    steps = math.ceil(math.ceil(run.points / R) / run.batch)
+    mine = worker_points(run.points, R, topo.replica(rank))
     sizes = [max(0, min(run.batch, mine - k * run.batch)) for k in range(steps)]
-    values = c.n_w + 3
+    a, b = topo.slices[topo.member(rank)]
+    values = b - a + 3
     chunk = [hi - lo for lo, hi in shard_bounds(values, P)]
     rng = world.rngs[rank]
     me = f"ar{rank}"
     totals = world.step_samples(steps)
-    right = f"ar{(rank + 1) % P}"
+    right = group[(pos + 1) % P]
+    mpi = run.allreduce == "mpi"
     updates = 0
     sent = recv = 0
     for epoch in range(run.epochs):
@@ -570,13 +665,22 @@ def allreduce_rank(world: World, rank: int) -> None:
             m = sizes[k]
             clock.step = updates
             clock.switch("compute")
-            world.execute(c.step(m) * (c.spread_draw(rng) if m else 1.0))
+            _compute(world, rank, m, c.spread_draw(rng) if m else 1.0)
             t = clock.switch("comm_wait")
-            for rnd in range(2 * (P - 1)):   # Ring.sum's chunks: sent, then received
-                k = rnd % (P - 1)
-                out_c, in_c = ((rank - k) % P, (rank - k - 1) % P) if rnd < P - 1 else \
-                    ((rank + 1 - k) % P, (rank - k) % P)
-                out = world.send(right, rnd, DOUBLE * chunk[out_c])
+            if mpi and P > 1:   # the library's algorithm: its calibrated round, once every rank is in it
+                key = ("mpi", topo.member(rank), updates)
+                bar = world.barriers.get(key) or world.barriers.setdefault(key, world.sg.Barrier(P))
+                bar.wait()
+                world.sg.this_actor.sleep_for(c.mpi_allreduce(P, values))
+                world.notice(rank, t)
+                least = int(DOUBLE * 2 * (P - 1) * values / P)
+                sent += least
+                recv += least
+            for rnd in (range(2 * (P - 1)) if not mpi else ()):   # Ring.sum's chunks: sent, then received
+                j = rnd % (P - 1)
+                out_c, in_c = ((pos - j) % P, (pos - j - 1) % P) if rnd < P - 1 else \
+                    ((pos + 1 - j) % P, (pos - j) % P)
+                out = world.send(rank, right, f"ar{right}", rnd, DOUBLE * chunk[out_c])
                 world.recv(me)
                 out.wait()
                 sent += DOUBLE * chunk[out_c]
@@ -588,6 +692,6 @@ def allreduce_rank(world: World, rank: int) -> None:
             world.execute(c.apply_update())
             updates += 1
             if rank == 0:
-                world.track(totals[k], None)
+                world.track(totals[k], (lambda: _evaluate(world, clock)) if topo.K == 1 else None)
     finish(world, rank, {"role": "worker", "updates": updates, "bytes_sent": sent, "bytes_recv": recv,
                          "stopped": False})

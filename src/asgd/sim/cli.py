@@ -12,8 +12,9 @@ The options of asgd.train keep their meaning and spelling (-n is the rank count:
 + workers, or all workers with --arch allreduce). Times in results.json are simulated
 seconds; `python -m asgd.perf report` and `compare` read it as they read a real run's. Its
 config is the run simulated: asgd.train's options given here, else the --like run's, else
-asgd.train's defaults; the optimizer is sgd at sgd's default lr, since the server's update
-costs calibrate's sgd update (a --like run keeps its own, with a warning saying so).
+asgd.train's defaults, except the optimizer: sgd (the paper's) unless --optimizer or the
+--like run names another; each optimizer's update costs what calibrate measured of it
+(an older params.json without those costs: sgd's, with a warning).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from ..perf.analytic import Run
 from ..run.config import Config
 from . import SimgridMissing
 from .costs import Costs, Spec, load_params
-from .machines import MACHINES, TOPOLOGIES, by_name
+from ..net import OPTIMIZERS
+from .machines import MACHINES, TOPOLOGIES, by_name, testbed
 
 
 class SimError(ValueError):
@@ -39,6 +41,7 @@ class SimError(ValueError):
 # asgd.train's options the simulation sets itself (the Spec, the data, its own outputs); a --like
 # run's other options are recorded in results.json as the run had them (Spec.recorded)
 SIMULATED_OPTIONS = frozenset({"data", "classes", "reader", "hidden", "batch", "epochs", "seed", "arch", "servers",
+                               "model_parallel", "allreduce",
                                "mode", "staleness", "compress", "optimizer", "lr", "out", "trace", "trace_steps"})
 
 
@@ -53,7 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-n", "--ranks", type=positive, default=None,
                    help="MPI ranks, as mpiexec -n (default 16; with --like, the run's)")
     g.add_argument("--servers", type=positive, default=None, help="parameter servers S (default 1)")
-    g.add_argument("--arch", choices=("ps", "allreduce"), default=None, help="default ps")
+    g.add_argument("--arch", choices=("ps", "p2p", "allreduce"), default=None, help="default ps")
+    g.add_argument("--model-parallel", type=positive, default=None, metavar="K",
+                   help="replicas of K workers, each 1/K of the hidden layer (default 1)")
+    g.add_argument("--allreduce", choices=("ring", "mpi"), default=None, help="--arch allreduce's algorithm "
+                   "(default ring; mpi: its calibrated MPI_Iallreduce round)")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help="the servers' (allreduce: every "
+                   "rank's) optimizer, its update at its calibrated cost (default sgd; with --like, the run's)")
     g.add_argument("--mode", choices=("async", "ssp", "sync"), default=None, help="default async")
     g.add_argument("--staleness", type=positive, default=None, help="ssp's bound K (default 3)")
     g.add_argument("--reader", choices=("sequential", "parallel"), default=None, help="default parallel")
@@ -75,8 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     m = ap.add_argument_group("the platform")
     m.add_argument("--params", default="params.json", help="calibration from python -m asgd.perf calibrate "
                    "(default params.json)")
-    m.add_argument("--machine", choices=("here", *MACHINES), default="here",
-                   help="here: the calibrated machine; mustang, bluewaters: the paper's (Tables 2, 3)")
+    m.add_argument("--machine", choices=("here", "testbed", *MACHINES), default="here",
+                   help="here: the calibrated machine; testbed: asgd.testbed on it (a rank per host, --params "
+                        "from asgd.testbed.model with its links); mustang, bluewaters: the paper's (Tables 2, 3)")
     m.add_argument("--topology", choices=TOPOLOGIES, default=None, help="network shape (default: the machine's)")
     m.add_argument("--nodes", type=positive, default=1, help="nodes (default 1)")
     m.add_argument("--placement", choices=("block", "spread"), default="block",
@@ -124,9 +134,10 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
         base = dataclasses.asdict(run)
         like = res["config"]
         data_path = like.get("data")
-        if like.get("optimizer", "sgd") != "sgd":  # the server's update is calibrated for plain SGD only
-            print(f"asgd.sim: --like {a.like}: the run used --optimizer {like['optimizer']}; its server's update "
-                  f"is simulated at plain SGD's calibrated cost", file=sys.stderr)
+        if like.get("optimizer", "sgd") != "sgd" and not p.optimizer_s:
+            print(f"asgd.sim: --like {a.like}: the run used --optimizer {like['optimizer']}; this calibration has "
+                  f"no optimizers' costs (an older calibrate), so its server's update is simulated at "
+                  f"plain SGD's calibrated cost", file=sys.stderr)
     if a.data or a.points or a.format:
         fmt = a.format or ("tsv" if a.points else "embedded")
         if a.data and not os.path.exists(a.data):
@@ -136,26 +147,35 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
         if fmt == "embedded":
             base.update(file_bytes=0, test_bytes=0)
     arch = a.arch or like.get("arch", "ps")
-    if arch not in ("ps", "allreduce"):
-        raise SimError(f"--arch {arch}: the simulator has parameter servers and allreduce (not yet {arch})")
     ranks = a.ranks or like.get("world_size", 16)
     compress = a.compress or like.get("compress", "none")
     if arch == "allreduce" and compress != "none":
         raise SimError(f"--compress {compress} needs --arch ps or p2p (allreduce sums float64 Delta-w)")
-    servers = a.servers or base.get("servers", 1)
-    S = 0 if arch == "allreduce" else servers
+    servers = a.servers or (base.get("servers", 1) if arch == "ps" else 1)
+    S = servers if arch == "ps" else 0
     workers = ranks - S
     if workers < 1:
         raise SimError(f"-n {ranks} leaves no worker beside {S} server(s): need -n > --servers")
+    K = a.model_parallel or like.get("model_parallel", 1)
     fields = {k: v for k, v in base.items() if k in {f.name for f in dataclasses.fields(Run)}}
-    fields.update(workers=workers, servers=max(servers, 1))
+    fields.update(workers=workers, servers=max(servers, 1) if arch == "ps" else (workers if arch == "p2p" else 0),
+                  arch=arch, model_parallel=K, allreduce=a.allreduce or like.get("allreduce") or "ring",
+                  optimizer=a.optimizer or like.get("optimizer", "sgd"))
     for k in ("mode", "reader", "hidden", "batch", "epochs"):
         v = getattr(a, k)
         if v is not None:
             fields[k] = v
     fields.setdefault("epochs", 5)
     run = Run(**fields)
-    machine = by_name(a.machine, p.cores, a.topology)
+    if workers % K or run.hidden % K:
+        raise SimError(f"--model-parallel {K} must divide the workers ({workers}) and --hidden ({run.hidden})")
+    if a.machine == "testbed":
+        if not p.link_s or not p.link_Bps:
+            raise SimError(f"--machine testbed needs a testbed's params (asgd.testbed.model.testbed_params: its "
+                           f"links); {a.params} has none")
+        machine = testbed(p.cores, 8 * p.link_Bps, p.link_latency_s)
+    else:
+        machine = by_name(a.machine, p.cores, a.topology)
     over = {}
     if a.cores_per_node:
         over["cores_per_node"] = a.cores_per_node
@@ -180,7 +200,7 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
         recorded.pop("test", None)   # the run's held-out file belongs to its own data
     seed = a.seed if a.seed is not None else like.get("seed", 0)
     spec = Spec(run=run, machine=machine, arch=arch, staleness=a.staleness or like.get("staleness", 3),
-                seed=seed, compress=compress, optimizer=like.get("optimizer", "sgd"), lr=like.get("lr"),
+                seed=seed, compress=compress, optimizer=run.optimizer, lr=like.get("lr") if not a.optimizer else None,
                 recorded=recorded, nodes=a.nodes, placement=a.placement, epoch_barrier=a.epoch_barrier,
                 straggler=a.straggler, background=a.background)
     return spec, data_path

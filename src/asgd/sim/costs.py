@@ -59,13 +59,15 @@ class Spec:
     rest), the platform, and where the ranks go."""
     run: Run
     machine: Machine
-    arch: str = "ps"               # ps | allreduce (allreduce: every rank a worker)
+    arch: str | None = None        # ps | p2p | allreduce (p2p: every rank a worker and an owner;
+                                   # allreduce: every rank a worker); None: run.arch
     staleness: int = 3             # ssp's K
     seed: int = 0                  # seeds the step-time draws
     compress: str = "none"         # none | 1bit: Delta-w and w' on the wire (asgd.train --compress)
-    # the servers' optimizer and lr, recorded in results.json: the server's update is charged at
-    # calibrate's cost, which is sgd's whatever the optimizer (lr None: default_lr's for the run)
-    optimizer: str = "sgd"
+    # the servers' (allreduce: every rank's) optimizer, its update at calibrate's cost of it
+    # (optimizer_s; sgd's where none was measured), and lr (None: default_lr's for the run);
+    # None: run.optimizer
+    optimizer: str | None = None
     lr: float | None = None
     # asgd.train's other options of a run simulated with --like (test, standardize, timeout, ...):
     # results.json's config records them as the run had them; nothing here simulates them
@@ -77,9 +79,29 @@ class Spec:
     straggler: float = 1.0         # the last worker's steps take this many times longer (a what-if)
     background: float = 0.0        # cores' worth of CPU other processes take on each node (a shared machine)
 
+    def __post_init__(self):
+        """One architecture and one optimizer: the Spec's (the run's then follows it) or the run's."""
+        from dataclasses import replace
+        for k in ("arch", "optimizer"):
+            if getattr(self, k) is None:
+                object.__setattr__(self, k, getattr(self.run, k))
+            elif getattr(self.run, k) != getattr(self, k):
+                object.__setattr__(self, "run", replace(self.run, **{k: getattr(self, k)}))
+
     @property
     def servers(self) -> int:
-        return 0 if self.arch == "allreduce" else self.run.servers
+        """Dedicated server ranks (ps only: p2p's owners share their ranks with workers)."""
+        return self.run.servers if self.arch == "ps" else 0
+
+    @property
+    def topology(self):
+        """The job's shape as asgd.train computes it (asgd.run.topology): shards, their
+        owners, replicas and slices."""
+        from ..net.mlp import Layout, Sliced
+        from ..run.topology import Topology
+        r = self.run
+        sliced = Sliced(Layout(r.features, r.hidden, r.classes), r.model_parallel)
+        return Topology(self.arch, self.ranks, self.servers, tuple(sliced.bounds))
 
     @property
     def ranks(self) -> int:
@@ -103,13 +125,24 @@ class Costs:
         self.p, self.spec, self.run = p, spec, spec.run
         r = spec.run
         self.n_w = r.n_w
-        S = max(spec.servers, 1)
-        self.shards = shard_bounds(self.n_w, S)
+        self.topo = spec.topology
+        self.K = r.model_parallel
+        self.shards = self.topo.shards or shard_bounds(self.n_w, 1)
         if spec.compress not in ("none", "1bit"):
             raise ValueError(f"unknown --compress {spec.compress!r} (none, 1bit)")
+        if spec.compress == "1bit" and self.K > 1:
+            raise ValueError("the simulator prices 1-bit messages without model partitioning only")
         layout = Layout(r.features, r.hidden, r.classes)   # 1-bit's scales are per column of the shard
         self.shard_cols = ([layout.columns(lo, hi) for lo, hi in self.shards] if spec.compress == "1bit"
-                           else [None] * S)
+                           else [None] * len(self.shards))
+        # where links are the limit (p.link_s: a testbed's), a message's bytes on the wire
+        self.links = bool(p.link_s)
+        kind = {"ps": "ps", "p2p": "p2p"}.get(spec.arch, r.allreduce)
+        P = {"ps": 1 + r.workers * max(1, r.servers // self.K) / max(r.servers, 1), "p2p": r.workers / self.K}.get(
+            spec.arch, r.replicas)
+        n = -(-self.n_w // (max(r.servers, self.K) if spec.arch == "ps" else self.K))
+        self.kind = kind
+        self.eta = p.efficiency(kind, P, n) if self.links else 1.0
         self.spread_q = _spread_table((raw or {}).get("step_spread"), r.hidden, r.batch) if spread else None
         # a step's CPU seconds (calibrate's step_cpu_s: what it costs its core, whatever else ran on
         # the machine meanwhile; the simulator shares the cores itself), else its wall time step_s
@@ -127,13 +160,18 @@ class Costs:
     # -- computation -------------------------------------------------------------------
 
     def step(self, m: int) -> float:
-        """Mean-free best step time for m points (0: an empty sync batch, zeroing Delta-w)."""
+        """Mean-free best step time for m points (0: an empty sync batch, zeroing Delta-w);
+        a model-parallel member's (its slice's) with K > 1."""
         if m <= 0:
-            return self.p.memory_s_per_byte * DOUBLE * self.n_w
+            return self.p.memory_s_per_byte * DOUBLE * self.n_w / self.K
         if self.step_table:
             by_h = {h: interpolate_log(t, m) for h, t in self.step_table.items()}
-            return interpolate_log(by_h, self.run.hidden)
-        return self.p.step(self.run.hidden, m)
+            whole = interpolate_log(by_h, self.run.hidden)
+        else:
+            whole = self.p.step(self.run.hidden, m)
+        if self.K > 1:   # a member's step, at the CPU's share of the whole step's wall time
+            return self.p.mp_step(self.K, self.run.hidden, m) * whole / self.p.step(self.run.hidden, m)
+        return whole
 
     def spread_draw(self, rng: random.Random) -> float:
         """A step's time over the best step's, drawn from the measured quantiles (1.0
@@ -168,7 +206,7 @@ class Costs:
             # other users took `background` cores' worth meanwhile: the rest, shared evenly
             # (calibrate's cores' worth was itself measured under whatever load there was then)
             return float(min(busy, max(self.cores - self.spec.background, 0.05 * self.cores)))
-        if self.spec.machine.name != "here":
+        if not self.spec.machine.calibrated:
             return float(min(busy, self.cores))
         return max(min(self.p.cores_worth(busy, self.run.hidden), busy, self.cores), 1e-3)
 
@@ -176,18 +214,23 @@ class Costs:
         """(worker's, server's) CPU per push/pull of one shard, crowded or not."""
         c_u = self.p.per_nw(self.p.server_update_s, shard_nw)
         wm = self.p.per_nw(self.p.worker_msg_s, shard_nw)
-        if self.crowded[node] and self.p.contended_update_s and self.spec.machine.name == "here":
+        if self.crowded[node] and self.p.contended_update_s and self.spec.machine.calibrated:
             total = self.p.contended(self.ranks_on[node], shard_nw)
             f = total / max(c_u + wm, 1e-12)
             return wm * f, c_u * f
         return wm, c_u
 
     def server_update(self, node: int, shard_nw: int) -> float:
-        """c_u: the server's CPU per Delta-w of a shard (1-bit: decode the signs too)."""
+        """c_u: the server's CPU per Delta-w of a shard (1-bit: decode the signs too), its
+        add included (calibrate measured sgd's)."""
         base = self._msg_split(node, shard_nw)[1]
         if self.spec.compress == "1bit":  # unpack and scale: about one pass over the shard
             base += self.p.memory_s_per_byte * 2 * DOUBLE * shard_nw
         return base
+
+    def optimizer_extra(self, shard_nw: int) -> float:
+        """The server-side optimizer's update beyond sgd's add, once per version of a shard."""
+        return self.p.optimizer_extra(self.spec.optimizer, shard_nw)
 
     def worker_message(self, node: int, shard_nw: int) -> float:
         """A worker's time per push/pull of a shard beyond its step (1-bit: quantize Delta-w,
@@ -202,8 +245,32 @@ class Costs:
         return self.p.memory_s_per_byte * 3 * DOUBLE * values
 
     def apply_update(self) -> float:
-        """allreduce: the averaged update applied to w (sgd: asgd.net.kernels.add_scaled over n_w)."""
-        return self.p.memory_s_per_byte * 3 * DOUBLE * self.n_w
+        """allreduce: the averaged update applied to w (its slice), by the run's optimizer
+        (calibrated; none measured: sgd's add_scaled as three passes over memory)."""
+        n = -(-self.n_w // self.K)
+        return self.p.optimizer_update(self.spec.optimizer, n) or self.p.memory_s_per_byte * 3 * DOUBLE * n
+
+    def mpi_allreduce(self, ranks: int, values: int) -> float:
+        """MPI_Iallreduce's round of `values` among `ranks` as calibrate measured it on
+        this machine (exchange_s["mpi"]: whatever algorithm the library picks), and on
+        links its bytes as a ring's at the efficiency measured there."""
+        t = self.p.exchange("mpi", ranks, values)
+        if self.links and ranks > 1:
+            chunk = self.p.per_nw(self.p.link_s, -(-values // ranks))
+            t += self.eta * 2 * (ranks - 1) * self.p.link_transit(chunk)
+        return t
+
+    def replica_bytes(self, batch: int) -> int:
+        """A replica's partial logits (batch x 2) with the cut and the stop (protocol.replica)."""
+        return DOUBLE * (batch * self.run.classes + 2)
+
+    def wire(self, nbytes: float) -> float:
+        """Bytes a message of nbytes occupies on a link: itself on shared memory or a
+        described cluster; on a testbed (p.link_s), its framed wire time at the link's
+        rate, times the efficiency measured there for the run's exchange."""
+        if not self.links:
+            return nbytes
+        return self.p.per_nw(self.p.link_s, max(nbytes / DOUBLE, 1)) * self.spec.machine.link_bw * self.eta
 
     def evaluate(self) -> float:
         """Rank 0's held-out evaluation after an epoch."""
@@ -245,7 +312,7 @@ class Costs:
         with no such table) one rank's measured imports."""
         (wall, cpu), caches = self.startup()["imports"], 0.0
         table = self.p.startup_by_ranks
-        if not table or self.spec.machine.name != "here":
+        if not table or not self.spec.machine.calibrated:
             return wall, cpu
         P = node_ranks
         worth = lambda n: self.cores_worth(n, calibrated=True)  # noqa: E731  (the table's conditions)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-TOPOLOGIES = ("one-node", "star", "torus", "fat-tree")
+TOPOLOGIES = ("one-node", "star", "torus", "fat-tree", "testbed")
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,25 @@ class Machine:
     def multi_node(self) -> bool:
         return self.topology != "one-node"
 
+    @property
+    def calibrated(self) -> bool:
+        """Its cores are the calibrated machine's (this machine, or a testbed on it)."""
+        return self.name in ("here", "testbed")
+
 
 def here(cores: int) -> Machine:
     return Machine("here", cores, stated={"source": "python -m asgd.perf calibrate on this machine"})
+
+
+def testbed(cores: int, rate_bit: float, latency_s: float = 0.0) -> Machine:
+    """asgd.testbed on this machine: every rank on a host of its own, each host's link at
+    rate_bit each way, all hosts sharing this machine's `cores` (platform.py: the ranks
+    compute on one host of those cores and send over their own hosts' links)."""
+    return Machine("testbed", cores, topology="testbed", link_bw=rate_bit / 8, link_lat=latency_s,
+                   stated={"source": "asgd.testbed: hosts of one rank each, tc tbf links, this machine's cores"},
+                   assumed={"links": "a message's bytes on the wire from params.json's link_s (TCP/IP framing, "
+                                     "asgd.testbed.model) times the exchange's measured link efficiency; no "
+                                     "token bucket (tbf's burst is not simulated)"})
 
 
 # Relative core speeds: one core of this machine (an AMD EPYC with AVX-512, Zen 4 class)

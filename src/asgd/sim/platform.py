@@ -37,7 +37,10 @@ class Platform:
         bw = machine.link_bw or costs.bandwidth()
         lat = machine.link_lat or costs.latency()
         topo = machine.topology
-        if topo == "one-node" or nodes <= 1 and not machine.fs_bw:
+        self.nics: list = []   # testbed: each rank's host on the links (its actor computes on nodes[0])
+        if topo == "testbed":
+            self._testbed(costs.spec.ranks, speed, machine.link_bw, machine.link_lat)
+        elif topo == "one-node" or nodes <= 1 and not machine.fs_bw:
             zone = sg.NetZone.create_full_zone("asgd")
             self.nodes = [self._host(zone, "node0", speed)]
             zone.seal()
@@ -51,7 +54,7 @@ class Platform:
     def _host(self, zone, name: str, speed: float):
         h = zone.create_host(name, speed)
         h.core_count = self.machine.cores_per_node
-        if self.machine.name == "here" or self.costs.spec.background > 0:  # cores' worth of P busy ranks
+        if self.machine.calibrated or self.costs.spec.background > 0:  # cores' worth of P busy ranks
             costs = self.costs
 
             def capacity(cap: float, n: int) -> float:
@@ -77,6 +80,28 @@ class Platform:
         if self.machine.fs_bw:
             self.fs = zone.create_host("fs", speed).seal()
             attach(self.fs, self.machine.fs_bw, lat)
+        zone.seal()
+
+    def _testbed(self, ranks: int, speed: float, bw: float, lat: float) -> None:
+        """asgd.testbed: one host of the machine's cores where every rank computes, and a
+        host per rank on a star of split-duplex links of the testbed's rate (its link),
+        which that rank's messages cross (actors.World.send)."""
+        sg = self.sg
+        zone = sg.NetZone.create_star_zone("testbed")
+        up = sg.LinkInRoute.Direction.UP
+
+        def attach(host, link_bw: float, link_lat: float, name: str):
+            link = zone.create_split_duplex_link(name, link_bw)
+            link.set_latency(link_lat)
+            link.seal()
+            zone.add_route(host.netpoint, None, None, None, [sg.LinkInRoute(link, up)], True)
+        cpu = self._host(zone, "cores", speed)
+        attach(cpu, 1e12, 0.0, "link-cores")   # the cores talk to themselves through the loopback only
+        self.nodes = [cpu]
+        for r in range(ranks):
+            nic = zone.create_host(f"host{r}", speed).seal()
+            attach(nic, bw, lat, f"link-host{r}")
+            self.nics.append(nic)
         zone.seal()
 
     def _cluster(self, topo: str, nodes: int, speed: float, bw: float, lat: float) -> None:
@@ -156,8 +181,8 @@ class Platform:
 
     def describe(self) -> dict:
         m = self.machine
-        return {"machine": m.name, "topology": m.topology if len(self.nodes) > 1 or self.fs else "one-node",
-                "nodes": len(self.nodes), "cores_per_node": m.cores_per_node, "core_speed": m.core_speed,
+        return {"machine": m.name, "topology": m.topology if len(self.nodes) > 1 or self.fs or self.nics else "one-node",
+                "nodes": len(self.nics) or len(self.nodes), "cores_per_node": m.cores_per_node, "core_speed": m.core_speed,
                 "link_bandwidth_Bps": m.link_bw or self.costs.bandwidth(),
                 "link_latency_s": m.link_lat or self.costs.latency(),
                 "file_system_Bps": m.fs_bw or None, "stated": m.stated, "assumed": m.assumed}

@@ -46,11 +46,12 @@ def simulate(spec: Spec, costs: Costs, out: str | None = None, trace: bool = Fal
         e = sg.Engine(engine_config(costs))
         plat = Platform(sg, spec.machine, spec.nodes, costs)
     overhead = DEFAULT_SLEEP_OVERHEAD if sleep_overhead is None else sleep_overhead
-    world = actors.World(sg, spec, costs, plat.nodes, plat.fs, overhead, trace, trace_steps)
+    world = actors.World(sg, spec, costs, plat.nodes, plat.fs, overhead, trace, trace_steps, plat.nics)
     for r in range(spec.ranks):
         if spec.arch == "allreduce":
-            body = actors.allreduce_rank
-            role = "worker"
+            body, role = actors.allreduce_rank, "worker"
+        elif spec.arch == "p2p":   # its worker starts its owner once init is done
+            body, role = actors.worker, "peer"
         else:
             body = actors.server if r < spec.servers else actors.worker
             role = "server" if r < spec.servers else "worker"
@@ -107,14 +108,16 @@ def config_of(spec: Spec, out: str | None, data_path: str | None, trace: bool = 
     """results.json's config: the run simulated, as asgd.train records its own (its options,
     then what it resolved: lr, the rank counts, the network's and the data's sizes)."""
     r = spec.run
-    averaged = r.workers if spec.arch == "allreduce" or r.mode == "sync" else 1
+    averaged = r.replicas if spec.arch == "allreduce" or r.mode == "sync" else 1
     lr = spec.lr if spec.lr is not None else default_lr(spec.optimizer, r.hidden, averaged)
     simulated = dict(data=data_path, classes=r.classes, reader=r.reader, hidden=r.hidden, batch=r.batch,
-                     epochs=r.epochs, seed=spec.seed, arch=spec.arch, servers=max(spec.servers, 1), mode=r.mode,
+                     epochs=r.epochs, seed=spec.seed, arch=spec.arch, servers=max(r.servers, 1), mode=r.mode,
+                     model_parallel=r.model_parallel, allreduce=r.allreduce,
                      staleness=spec.staleness, compress=spec.compress, optimizer=spec.optimizer, lr=lr, out=out,
                      trace=trace, trace_steps=f"{trace_steps[0]}:{trace_steps[1]}")
     cfg = Config(**{**spec.recorded, **simulated}).to_dict()
-    cfg.update(servers=spec.servers, workers=r.workers, world_size=spec.ranks, worker_lr=worker_lr(spec.optimizer, lr),
+    cfg.update(servers=spec.topology.owners, workers=r.workers, world_size=spec.ranks, replicas=r.replicas,
+               worker_lr=worker_lr(spec.optimizer, lr),
                features=r.features, n_w=r.n_w, train_points=r.points, test_points=r.test_points)
     return cfg
 
@@ -123,7 +126,6 @@ def build_results(world: actors.World, spec: Spec, costs: Costs, plat: Platform,
                   out: str | None, data_path: str | None, params_path: str | None, sg, trace: bool = False,
                   trace_steps: tuple[int, int] = (0, 200)) -> dict:
     r = spec.run
-    S = spec.servers
     records = [dict(x) for x in world.records]
     for k, rec in enumerate(records):
         rec["timeline"] = {"start": 0.0, "init_end": world.init_end[k], "end": world.end[k]}
@@ -133,7 +135,7 @@ def build_results(world: actors.World, spec: Spec, costs: Costs, plat: Platform,
             "oversubscribed": any(costs.crowded), "mpi_library": f"SimGrid {version} (simulated)",
             "mpi_version": None, "mpi4py": None, "launcher": "asgd.sim", "python": _platform.python_version(),
             "numpy": np.__version__, "numba": None}
-    updates = records[0]["rounds"] if S else records[0]["updates"]
+    updates = records[0]["rounds"] if spec.arch != "allreduce" else records[0]["updates"]
     res = _results.build(config=cfg, ranks=records, wall_s=world.wall, meta=meta,
                          server={"updates": updates, "samples": world.samples, "history": world.history,
                                  "loss": None, "accuracy": None})

@@ -63,7 +63,8 @@ def testbed_params(base: Params, rate_bit: float, latency_s: float = 0.0, bytes_
     round_trip = {k: base.per_nw(base.round_trip_s, k) + 2 * latency_s for k in ks}
     pingpong = {b: v + max(frames_bytes(b) - burst, 0.0) / B + latency_s for b, v in base.pingpong_s.items()}
     return replace(base, round_trip_s=round_trip, pingpong_s=pingpong,
-                   link_s={k: wire_bytes(k, bytes_per_weight) / B for k in ks}, link_burst_s=burst / B)
+                   link_s={k: wire_bytes(k, bytes_per_weight) / B for k in ks}, link_burst_s=burst / B,
+                   link_latency_s=latency_s, link_Bps=B)
 
 
 def link_ceiling(rate_bit: float, n_w: int, servers: int, bytes_per_weight: float = 8.0) -> float:
@@ -115,3 +116,51 @@ def probe(comm, n_w: int, pings: int = 10, updates: int = 20, repeat: int = 3) -
         return None
     return {"pingpong_s": min(x["pingpong_s"] for x in tries), "round_trip_s": min(x["round_trip_s"] for x in tries),
             "bytes": buf.nbytes, "tries": tries}
+
+
+# -- the links' efficiency per exchange, measured -------------------------------------------
+
+PROBE_RANKS = {"ps": (4, 7, 11), "p2p": (3, 6, 10), "ring": (3, 6, 10), "mpi": (3, 6, 10)}
+
+
+def measure_efficiency(tb, base: Params, rate_bit: float, sizes: list[int], kinds=("ps", "p2p", "ring"),
+                       ranks: dict | None = None, rounds: int = 6, say=print) -> dict:
+    """Each exchange's link efficiency on this testbed: asgd.perf.exchanges' no-compute
+    rounds (one server and P - 1 workers; P peers; the ring, MPI_Iallreduce) run across
+    its hosts at rank counts of their own (PROBE_RANKS: none a bench's worker count),
+    their time less the same round on shared memory (base's exchange_s, the protocol's
+    own CPU and waits) over the round's derived wire time (asgd.perf.architectures: the
+    busiest link's bytes, framed, less the bucket's burst). Params.link_efficiency:
+    [kind][P][n] (1.0: the derived time exactly; 2.0: the links took twice as long).
+    Only microbenchmarks: no training run is seen."""
+    import json
+    import sys
+
+    from ..launch import find
+    from ..perf.architectures import probe_link_time
+    ranks = ranks or PROBE_RANKS
+    p = testbed_params(base, rate_bit, sizes=[k for n in sizes for k in _probe_sizes(n, max(max(r) for r in ranks.values()))])
+    out: dict = {}
+    for kind in kinds:
+        for P in ranks[kind]:
+            cmd = [find(), "-n", str(P), sys.executable, "-m", "asgd.perf.calibrate", "exchange", "--kinds", kind,
+                   "--nw", ",".join(map(str, sizes)), "--rounds", str(rounds)]
+            res = tb.run(cmd, servers=1 if kind == "ps" else 0, capture=True, timeout=900, say=lambda *a, **k: None)
+            lines = [ln for ln in (res.stdout or "").splitlines() if ln.startswith("{")]
+            if res.rc or not lines:
+                raise RuntimeError(f"the {kind} probe at {P} ranks failed (exit {res.rc}): {(res.stderr or '')[-300:]}")
+            got = json.loads(lines[-1])["seconds"][kind]
+            for n_s, t in got.items():
+                n = int(n_s)
+                wire = probe_link_time(p, kind, P, n)
+                cpu = base.exchange(kind, P, n)
+                eff = max(t - cpu, 0.0) / wire if wire > 0 else 1.0
+                out.setdefault(kind, {}).setdefault(P, {})[n] = eff
+                say(f"  {kind} P={P} n={n:,}: {1e3 * t:.1f} ms on the links, {1e3 * cpu:.1f} ms on shared memory, "
+                    f"{1e3 * wire:.1f} ms derived wire time: efficiency {eff:.2f}")
+    return out
+
+
+def _probe_sizes(n: int, ranks: int) -> list[int]:
+    """The message sizes a probe of n weights sends among up to `ranks` ranks (shards, chunks)."""
+    return sorted({n, *(-(-n // P) for P in range(1, ranks + 1)), *(-(-(n + 3) // P) for P in range(1, ranks + 1))})

@@ -1,0 +1,215 @@
+"""Every architecture's iteration in Alqahtani & Demirbas's form: a lockstep iteration
+(sync mode, and allreduce always) takes
+
+    T_iter = T_comp + T_comm
+
+T_comp is a worker's training step (a model-parallel member's: its slice's), stretched
+when the workers computing at once outnumber the cores' worth of work they get. T_comm is
+what the architecture adds, as the paper's model has it (the bytes its busiest link
+carries over the bandwidth, plus per-message latency) and what asgd pays besides:
+
+    ps         each server's link carries every worker's push of its shard in, then every
+               reply out: 2 W x wire(n / S) / B              (Alqahtani & Demirbas: 2 W M / B)
+    p2p        each peer's link carries its pushes to the N - 1 other owners and their
+               replies, and the others' pushes to it and its replies:
+               2 (N - 1) x wire(n / N) / B                  (2 (N - 1) M / (N B))
+    allreduce  the ring's 2 (P - 1) steps, each one chunk of n / P to the next rank:
+               2 (P - 1) x (wire(n / P) / B + L)            (2 (P - 1) M / (P B) + 2 (P - 1) L)
+    model partitioning (K)  each member exchanges its slice (n / K) with its slice's
+               servers (or owners, or ring), and the replica sums its logits every step
+
+plus, measured rather than derived (asgd.perf.exchanges, through `calibrate`):
+    exchange   one synchronous round of the architecture with no compute, on this
+               machine: the protocol's CPU, copies and waits (the server's Sync round and
+               its replies; p2p's owners serving while they wait; the ring's 2 (P - 1)
+               polled steps; MPI_Iallreduce, whatever its algorithm here)
+    replica    a replica's logit sum (K - 1 small messages to member 0 and back)
+    optimizer  the server-side optimizer's update beyond sgd's add (allreduce: the whole
+               update, which every rank applies to its copy)
+and, where links are the limit, the derived wire time above times the link efficiency
+of that exchange measured on the links (Params.efficiency: a no-compute round across the
+testbed's hosts against its derived wire time; 1 where none was measured).
+
+Asynchronous runs (ps, p2p: the next step computes while the exchange is in flight) are
+analytic.predict_train's queueing model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dataclasses import replace
+
+from ..net import OPTIMIZERS
+from ..wire import DOUBLE, PUSH_HEADER
+from .analytic import Params, Run, cache_level, evaluations, interpolate_log, working_set_bytes
+
+ARCHES = ("ps", "p2p", "allreduce")
+
+
+def check(run: Run) -> None:
+    """A one-line ValueError for a configuration asgd.train would refuse (or the model cannot predict)."""
+    if run.arch not in ARCHES:
+        raise ValueError(f"unknown architecture {run.arch!r}: one of {', '.join(ARCHES)}")
+    if run.workers < 1 or (run.arch == "ps" and run.servers < 1):
+        raise ValueError("the parameter-server architecture needs at least one server and one worker")
+    K = run.model_parallel
+    if K < 1 or run.workers % K or run.hidden % K:
+        raise ValueError(f"--model-parallel {K} must divide the workers ({run.workers}) and the hidden units "
+                         f"({run.hidden})")
+    if run.optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {run.optimizer!r}: one of {', '.join(OPTIMIZERS)}")
+    if run.allreduce not in ("ring", "mpi"):
+        raise ValueError(f"unknown allreduce {run.allreduce!r}: ring or mpi")
+    if run.mode not in ("async", "ssp", "sync"):
+        raise ValueError(f"unknown mode {run.mode!r}")
+
+
+@dataclass
+class Iteration:
+    """One lockstep iteration's seconds, term by term."""
+    compute_s: float                 # T_comp: the step, stretched by the cores' sharing
+    exchange_s: float                # the architecture's round with no compute (measured)
+    replica_s: float                 # model partitioning: the replica's logit sum
+    optimizer_s: float               # the optimizer's update beyond what the exchange holds
+    link_s: float                    # the busiest link's wire time x its measured efficiency
+    latency_s: float                 # the links' latency, per message in sequence
+    kind: str                        # the exchange: ps, p2p, ring or mpi
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def comm_s(self) -> float:
+        """T_comm: everything but the step."""
+        return self.exchange_s + self.replica_s + self.optimizer_s + self.link_s + self.latency_s
+
+    @property
+    def iteration_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+    @property
+    def bound(self) -> str:
+        """The term that takes the largest part of an iteration, as a resource."""
+        terms = {"compute": self.compute_s, "exchange": self.exchange_s + self.replica_s + self.optimizer_s,
+                 "link": self.link_s + self.latency_s}
+        top = max(terms, key=terms.get)
+        if top == "compute":
+            return "cores" if self.detail.get("stretch", 1.0) > 1.05 else "workers"
+        if top == "link":
+            return "server link" if self.kind == "ps" else "worker link"
+        return "server" if self.kind == "ps" else "messaging"
+
+
+def _crowd(p: Params, run: Run, busy: float) -> float:
+    """How much longer `busy` ranks computing at once take than one alone: busy over the
+    cores' worth they get (1 while each has a core)."""
+    if busy <= 0:
+        return 1.0
+    node = run.node_ranks or run.ranks
+    busy = min(busy, node)
+    return busy / max(min(busy, p.parallelism(busy, run.cores, run.hidden)), 1e-9)
+
+
+def iteration(p: Params, run: Run) -> Iteration:
+    """The seconds of one lockstep iteration of `run`, term by term (module docstring)."""
+    W, K, R, n, h = run.workers, run.model_parallel, run.replicas, run.n_w, run.hidden
+    share = math.ceil(run.points / R)
+    b = min(run.batch, share)
+    stretch = _crowd(p, run, W)
+    step = p.mp_step(K, h, b) if K > 1 else p.step(h, b)
+    slice_n = math.ceil(n / K)
+    L = p.link_latency_s
+    links = bool(p.link_s)
+    per_link = run.node_ranks or 1     # ranks whose messages share one link (a cluster's node)
+
+    def wire(k: float) -> float:       # one message of k weights on one link, one way
+        return p.per_nw(p.link_s, math.ceil(k)) * per_link if links else 0.0
+
+    detail: dict = {"stretch": stretch, "step_s": step}
+    if run.arch == "ps":
+        S = run.servers
+        shards = max(S, K)
+        k = math.ceil(n / shards)
+        visits = max(1, S // K)                  # a member's messages: its slice's servers
+        pushes = W * visits / S                  # a server's pushes per round
+        kind, P = "ps", 1 + pushes               # the probe: one server and `pushes` workers of k weights
+        ex = p.exchange(kind, P, k)
+        cpu = pushes * p.per_nw(p.server_update_s, k)   # the servers' own work in it: S of them at once
+        crowd_s = _crowd(p, run, S)
+        ex = max(ex - cpu, 0.0) + cpu * crowd_s
+        opt = max(1, K // S) * p.optimizer_extra(run.optimizer, k) * crowd_s
+        phase = max(pushes, visits) * wire(k)
+        link = 2 * p.link_transit(phase)
+        latency = 2 * L if links else 0.0
+        eff_n = k
+        detail.update(servers=S, shard=k, pushes_per_server=pushes)
+    elif run.arch == "p2p":
+        N = W
+        k = math.ceil(n / N)
+        kind, P = "p2p", N / K
+        ex = p.exchange(kind, P, slice_n)
+        opt = p.optimizer_extra(run.optimizer, k) * _crowd(p, run, N)
+        link = 2 * p.link_transit((N - 1) / K * wire(k))
+        latency = 2 * L if links else 0.0
+        eff_n = slice_n
+        detail.update(owners=N, shard=k)
+    else:
+        kind, P = run.allreduce, R
+        ex = p.exchange(kind, R, slice_n) if R > 1 else 0.0
+        opt = p.optimizer_update(run.optimizer, slice_n) * _crowd(p, run, W)   # every rank applies it
+        chunk = (slice_n + 3) / R
+        steps = 2 * (R - 1)
+        link = steps * p.link_transit(wire(chunk))
+        latency = steps * L if links else 0.0
+        eff_n = slice_n
+        detail.update(steps=steps, chunk=chunk)
+    eta = p.efficiency(kind, P, eff_n) if links else 1.0
+    replica = p.replica_sum(K, b) + (2 * L if links and K > 1 else 0.0) if K > 1 else 0.0
+    detail.update(efficiency=eta, link_raw_s=link, probe_ranks=P)
+    return Iteration(compute_s=step * stretch, exchange_s=ex, replica_s=replica, optimizer_s=opt,
+                     link_s=link * eta, latency_s=latency, kind=kind, detail=detail)
+
+
+def lockstep(p: Params, run: Run) -> dict:
+    """analytic.predict_train's result for a lockstep run: iterations x T_iter, plus rank
+    0's held-out evaluations."""
+    it = iteration(p, run)
+    share = math.ceil(run.points / run.replicas)
+    iterations = math.ceil(share / run.batch) * run.epochs
+    evaluate = evaluations(run) * run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
+    steps_s = iterations * it.iteration_s
+    updates = iterations * (1 if run.arch == "allreduce" else run.workers)
+    return {"train_s": steps_s + evaluate, "compute_s": iterations * it.compute_s,
+            "comm_s": iterations * it.comm_s, "evaluate_s": evaluate, "updates": updates,
+            "updates_per_s": updates / steps_s if steps_s > 0 else math.inf, "bound": it.bound,
+            "iterations": iterations, "iteration_s": it.iteration_s, "iteration_compute_s": it.compute_s,
+            "iteration_comm_s": it.comm_s,
+            "terms": {"compute_s": it.compute_s, "exchange_s": it.exchange_s, "replica_s": it.replica_s,
+                      "optimizer_s": it.optimizer_s, "link_s": it.link_s, "latency_s": it.latency_s,
+                      **it.detail},
+            "working_set_bytes": (ws := working_set_bytes(run.batch, run.n_w // run.model_parallel,
+                                                          run.hidden // run.model_parallel, run.features)),
+            "cache_level": cache_level(ws, p.caches)}
+
+
+def cluster_links(p: Params, bytes_per_s: float, latency_s: float) -> Params:
+    """Params for ranks on nodes joined by links of this rate (each way) and latency: a
+    message of k weights holds a link for its bytes (asgd.wire's: payload and header) over
+    the rate; no token bucket; every exchange at the efficiency measured on a testbed
+    where one was (p.link_efficiency), else 1. (asgd.testbed.model derives a testbed's
+    links from its shaping and TCP/IP framing instead.)"""
+    sizes = (1, 1 << 24)
+    return replace(p, link_s={k: DOUBLE * (k + PUSH_HEADER) / bytes_per_s for k in sizes},
+                   link_burst_s=0.0, link_latency_s=latency_s, link_Bps=bytes_per_s)
+
+
+def probe_link_time(p: Params, kind: str, ranks: int, n: int) -> float:
+    """The derived wire time of one no-compute round of an exchange probe
+    (asgd.perf.exchanges: ps with one server and ranks - 1 workers, p2p among `ranks`
+    peers, ring and mpi among `ranks`) of n weights, on p's links at efficiency 1: what
+    the probe's time measured on the links is set against (their efficiency)."""
+    arch = {"ps": "ps", "p2p": "p2p"}.get(kind, "allreduce")
+    run = Run(workers=ranks - 1 if kind == "ps" else ranks, servers=1, arch=arch,
+              allreduce=kind if arch == "allreduce" else "ring", hidden=max(1, round((n - 2) / 5)), batch=1,
+              points=ranks)   # 2-H-2 has n_w = 5 H + 2
+    return iteration(replace(p, link_efficiency={}), run).link_s

@@ -1,0 +1,202 @@
+"""Microbenchmarks of what each architecture pays per step besides its training step,
+through asgd's own protocol code (calibrate runs them; asgd.testbed.model runs the MPI
+ones across a testbed's hosts too):
+
+  MPI probes, `mpiexec -n N python -m asgd.perf.calibrate exchange --kinds K,K ...`: one
+  synchronous round after another with no compute (a step that returns at once), the
+  seconds per round of the slowest rank, after a warm-up pass (MPI connects its pairs on
+  first use, over TCP a handshake each):
+    ps       ranks 0..S-1 serve (the Sync policy), the others push and pull: the
+             parameter server's exchange, the server's work per round included
+    p2p      every rank a peer (protocol.p2p), owning 1/N of w: pushes to every owner,
+             the owner's sync round and its replies
+    ring     protocol.allreduce.Ring.sum of n_w + 3 values (asgd's ring allreduce)
+    mpi      protocol.allreduce.MPIAllreduce.sum: MPI_Iallreduce, whatever algorithm
+             this MPI picks at this size and rank count (measured, not assumed)
+    replica  protocol.replica.Replica.sum of batch x 2 partial logits among K ranks
+             (model partitioning's sum inside a replica)
+  In process:
+    optimizers   each server-side optimizer's update (net.optimizers.Optimizer.step) of
+                 n values: what an update costs beyond sgd's
+    mp steps     one member's training step of a model split K ways (net.mlp.make_mp_step,
+                 the logits' sum left out: `replica` measures it)
+
+Units: seconds; sizes in weights (float64 values).
+"""
+
+from __future__ import annotations
+
+import time
+
+KINDS = ("ps", "p2p", "ring", "mpi", "replica")
+
+
+def probe_exchange(kinds: list[str], sizes: list[int], rounds: int, batches: list[int] = (), servers: int = 1
+                   ) -> dict | None:
+    """Seconds per synchronous round of each of `kinds` at each size (weights; replica:
+    logits of each of `batches` samples), the slowest rank's mean over `rounds` rounds
+    after a warm-up of a few. All kinds in one job: a launch costs seconds, a probe
+    milliseconds. Rank 0 returns {"seconds": {kind: {size: s}}, "ranks": N}; the others None."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise ValueError(f"unknown exchange(s) {bad}: one of {KINDS}")
+    if "ps" in kinds and not 0 < servers < comm.size:
+        raise ValueError(f"ps needs 0 < servers < ranks, got {servers} of {comm.size}")
+    from ..net import mlp
+    mlp.compile_kernels("aggregate", "update:sgd")
+    out: dict = {}
+    for kind in kinds:
+        one = _ROUNDS[kind]
+        for n in (batches if kind == "replica" else sizes):
+            r = max(3, rounds // 4) if kind != "replica" and n > 200_000 else rounds   # long rounds, alike
+            one(comm, n, max(2, r // 5), servers)        # warm-up: connections, buffers, caches
+            comm.Barrier()
+            t = time.perf_counter()
+            one(comm, n, r, servers)
+            elapsed = comm.allreduce(time.perf_counter() - t, op=MPI.MAX)
+            out.setdefault(kind, {})[n] = elapsed / r
+    return {"seconds": out, "ranks": comm.size} if comm.rank == 0 else None
+
+
+def _endpoint(comm):
+    from ..mpiutil import Waiter, oversubscribed
+    from ..protocol.context import Endpoint
+    from ..run.trace import PhaseClock
+    waiter = Waiter(oversubscribed(comm), time.monotonic() + 300, f"calibrate rank {comm.rank}")
+    return Endpoint(comm, waiter, PhaseClock("compute"))
+
+
+def _plan(rounds: int, rank: int):
+    """`rounds` steps of one point each, the same count on every worker (a sync schedule)."""
+    import numpy as np
+
+    from ..protocol.context import Schedule
+    X, y = np.zeros((rounds, 2)), np.zeros(rounds, np.int64)
+    return X, y, Schedule(batch=1, epochs=1, seed=(0, rank), lr=0.0, steps_per_epoch=rounds, overlap=False,
+                          progress=False)
+
+
+def _no_step(w, X, y, lr, dw, progress=None):
+    return 0.0
+
+
+def _ps_rounds(comm, n_w: int, rounds: int, servers: int) -> None:
+    import numpy as np
+
+    from ..protocol.messages import Float64Link
+    from ..protocol.server import Server, Sync
+    from ..protocol.worker import PushPull, run_worker
+    from ..wire import shard_bounds
+    ep = _endpoint(comm)
+    shards = shard_bounds(n_w, servers)
+    comm.Barrier()
+    if comm.rank < servers:
+        lo, hi = shards[comm.rank]
+        Server(ep, np.zeros(hi - lo), servers).serve(Sync())
+    else:
+        X, y, plan = _plan(rounds, comm.rank)
+        link = PushPull(ep, shards, Float64Link(shards, np.zeros(n_w)))
+        run_worker(link, X, y, _no_step, plan)
+
+
+def _p2p_rounds(comm, n_w: int, rounds: int, servers: int) -> None:
+    import numpy as np
+
+    from ..protocol.messages import Float64Link, Float64Shard
+    from ..protocol.p2p import peer_link, run_peer
+    from ..protocol.server import Server, Sync
+    from ..wire import shard_bounds
+    ep = _endpoint(comm)
+    N = comm.size
+    shards = shard_bounds(n_w, N)
+    lo, hi = shards[comm.rank]
+    shard = np.zeros(hi - lo)
+    rule = Sync()
+    owner = Server(ep, shard, list(range(N)), messages=Float64Shard(shard, N))
+    link = peer_link(ep, shards, Float64Link(shards, np.zeros(n_w)), owner, rule, list(range(N)))
+    X, y, plan = _plan(rounds, comm.rank)
+    comm.Barrier()
+    run_peer(link, owner, rule, X, y, _no_step, plan)
+
+
+def _allreduce_rounds(algorithm: str):
+    def rounds_of(comm, n_w: int, rounds: int, servers: int) -> None:
+        import numpy as np
+
+        from ..protocol.allreduce import MPIAllreduce, Ring
+        ep = _endpoint(comm)
+        part, total = np.ones(n_w + 3), np.zeros(n_w + 3)
+        summer = (Ring if algorithm == "ring" else MPIAllreduce)(ep, n_w + 3)
+        comm.Barrier()
+        for _ in range(rounds):
+            summer.sum(part, total)
+    return rounds_of
+
+
+def _replica_rounds(comm, batch: int, rounds: int, servers: int) -> None:
+    import numpy as np
+
+    from ..protocol.replica import Replica
+    ep = _endpoint(comm)
+    replica = Replica(ep, comm)
+    Z = np.ones((batch, 2))
+    comm.Barrier()
+    for _ in range(rounds):
+        replica.sum(Z, 0, False)
+
+
+_ROUNDS = {"ps": _ps_rounds, "p2p": _p2p_rounds, "ring": _allreduce_rounds("ring"),
+           "mpi": _allreduce_rounds("mpi"), "replica": _replica_rounds}
+
+
+# -- in process ----------------------------------------------------------------------------
+
+def measure_optimizers(sizes: list[int], best) -> dict:
+    """[optimizer][n]: seconds per update of n values (Optimizer.step, scale 1), each the
+    least over repetitions (best: calibrate's _best(f, min_time))."""
+    import numpy as np
+
+    from ..net import OPTIMIZERS
+    from ..net import mlp
+    from ..net.optimizers import Optimizer
+    mlp.compile_kernels(*(f"update:{o}" for o in OPTIMIZERS))
+    out: dict = {}
+    for name in OPTIMIZERS:
+        for n in sizes:
+            w, d = np.zeros(n), np.full(n, 1e-3)
+            opt = Optimizer(name, 1e-3, n)
+            out.setdefault(name, {})[n] = best(lambda: opt.step(w, d))
+    return out
+
+
+def measure_mp_steps(hidden: tuple, batches: tuple, Ks: tuple, best) -> dict:
+    """[K][hidden][batch]: seconds per step of member 0 of a replica of K (its slice's
+    forward and backward, the batch's gather; the logits' sum left out)."""
+    import numpy as np
+
+    from ..data import problem
+    from ..net import mlp
+    ds = problem.rings(65536, 0)
+    rng = np.random.default_rng(0)
+    out: dict = {}
+    for K in Ks:
+        for h in hidden:
+            if h % K:
+                continue
+            sliced = mlp.Sliced(mlp.Layout(2, h, 2), K)
+            w = sliced.from_standard(mlp.init_params(sliced.layout, 0))
+            a, b_ = sliced.bounds[0]
+            w0, dw = w[a:b_].copy(), np.zeros(b_ - a)
+            for b in batches:
+                step = mlp.make_mp_step(sliced, 0, b, lambda Z: None)
+                Xb, yb = np.empty((b, 2)), np.empty(b, np.int64)
+
+                def one():
+                    idx = rng.integers(0, len(ds.y), b)
+                    np.take(ds.X, idx, axis=0, out=Xb)
+                    np.take(ds.y, idx, out=yb)
+                    step(w0, Xb, yb, 1e-9, dw)
+                out.setdefault(K, {}).setdefault(h, {})[b] = best(one)
+    return out
