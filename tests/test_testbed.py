@@ -485,7 +485,7 @@ def test_a_killed_run_leaves_nothing_down_cannot_remove(name, tmp_path, warm_jit
     ranks frozen (SIGSTOP) so that they cannot notice and exit by themselves, as hung
     ranks would not: they stay behind, orphaned inside the hosts; down ends them and
     removes everything."""
-    tb = lifecycle.up(name, 3, parse_rate("1gbit"), say=lambda *a, **k: None)
+    lifecycle.up(name, 3, parse_rate("1gbit"), say=lambda *a, **k: None)
     job = subprocess.Popen([*TESTBED, "run", "--name", name, "--", MPIEXEC, "-n", "3", sys.executable, "-m",
                             "asgd.train", "--hidden", "2000", "--epochs", "500", "--quiet", "--timeout", "80",
                             "--out", str(tmp_path / "run")],

@@ -7,7 +7,6 @@ import json
 import os
 import platform
 import socket
-import sys
 
 import numpy as np
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import platform as _platform
-import sys
 import time
 
 import numpy as np
