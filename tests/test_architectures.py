@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from asgd.run import config
 from conftest import load_results, mpiexec
 
 
@@ -90,21 +91,35 @@ def test_every_mode_learns_the_default_problem(tmp_path, n, args):
                 assert x["staleness"]["max"] == 0
 
 
+BAD_COMBINATIONS = [
+    (3, ["--servers", "3"], "--servers 3 leaves no worker among 3 ranks"),
+    (2, ["--arch", "allreduce", "--servers", "2"], "--servers does not apply"),
+    (3, ["--arch", "p2p", "--servers", "2"], "--servers does not apply to --arch p2p"),
+    (2, ["--mode", "ssp", "--staleness", "0"], "--staleness must be >= 1"),
+    (5, ["--model-parallel", "3"], "--model-parallel 3 does not divide --hidden 10000"),
+    (3, ["--model-parallel", "4", "--hidden", "100"], "--model-parallel 4 needs at least 4 workers"),
+    (4, ["--model-parallel", "2", "--servers", "1"], "--model-parallel 2 does not divide the 3 workers"),
+    (4, ["--arch", "allreduce", "--model-parallel", "2", "--checkpoint-every", "5s"],
+     "checkpoints every N updates, not every N seconds")]
+
+
+@pytest.mark.parametrize("n, args, msg", BAD_COMBINATIONS)
+def test_options_that_do_not_fit(n, args, msg):
+    """Each bad combination is refused with its reason (config.validate, on every rank)."""
+    with pytest.raises(config.ConfigError) as e:
+        config.parse(args, n)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
 @pytest.mark.openmpi
-def test_options_that_do_not_fit(tmp_path):
-    """Each bad combination: one line from rank 0, exit status 2 from every rank."""
-    for n, args, msg in [(3, ["--servers", "3"], "--servers 3 leaves no worker among 3 ranks"),
-                         (2, ["--arch", "allreduce", "--servers", "2"], "--servers does not apply"),
-                         (3, ["--arch", "p2p", "--servers", "2"], "--servers does not apply to --arch p2p"),
-                         (2, ["--mode", "ssp", "--staleness", "0"], "--staleness must be >= 1"),
-                         (5, ["--model-parallel", "3"], "--model-parallel 3 does not divide --hidden 10000"),
-                         (3, ["--model-parallel", "4", "--hidden", "100"], "--model-parallel 4 needs at least 4 workers"),
-                         (4, ["--model-parallel", "2", "--servers", "1"], "--model-parallel 2 does not divide the 3 workers"),
-                         (4, ["--arch", "allreduce", "--model-parallel", "2", "--checkpoint-every", "5s"],
-                          "checkpoints every N updates, not every N seconds")]:
-        p = mpiexec(n, args + ["--out", str(tmp_path)], timeout=30)
-        assert p.returncode == 2 and msg in p.stderr, p.stderr
-        assert p.stderr.count("\n") == 1, p.stderr
+@pytest.mark.parametrize("case", [6])
+def test_a_bad_combination_ends_every_rank_with_one_line(tmp_path, case):
+    """Under mpiexec: one line from rank 0, exit status 2 from every rank (one job per
+    MPI: the path is the same for every ConfigError)."""
+    n, args, msg = BAD_COMBINATIONS[case]
+    p = mpiexec(n, args + ["--out", str(tmp_path)], timeout=30)
+    assert p.returncode == 2 and msg in p.stderr, p.stderr
+    assert p.stderr.count("\n") == 1, p.stderr
 
 
 @pytest.mark.parametrize("n, args", [
