@@ -35,24 +35,26 @@ class Optimizer:
         self.state = {k: np.zeros(size) for k in shapes}
 
 
-    def step(self, w: np.ndarray, d: np.ndarray, scale: float = 1.0) -> None:
-        """Move w along scale * d. d may be overwritten when scale != 1."""
+    def step(self, w: np.ndarray, d: np.ndarray, scale: float = 1.0, lr_scale: float = 1.0) -> None:
+        """Move w along scale * d with the learning rate times lr_scale (a stale update's
+        smaller step: protocol.server). d may be overwritten when scale != 1. For sgd,
+        whose d carries the worker's lr, both scale d."""
         self.t += 1
         if self.name == "sgd":
-            if scale == 1.0:
+            if scale * lr_scale == 1.0:
                 kernels.add_into(w, d)
             else:
-                kernels.add_scaled(w, d, scale)
+                kernels.add_scaled(w, d, scale * lr_scale)
             return
         if scale != 1.0:
             d *= scale
-        s = self.state
+        s, lr = self.state, self.lr * lr_scale
         if self.name == "momentum":
-            kernels.momentum_update(w, s["v"], d, self.lr, self.mu)
+            kernels.momentum_update(w, s["v"], d, lr, self.mu)
         elif self.name == "adagrad":
-            kernels.adagrad_update(w, s["g2"], d, self.lr, EPS)
+            kernels.adagrad_update(w, s["g2"], d, lr, EPS)
         else:
-            kernels.adam_update(w, s["m"], s["v"], d, self.lr, BETAS[0], BETAS[1], EPS, self.t)
+            kernels.adam_update(w, s["m"], s["v"], d, lr, BETAS[0], BETAS[1], EPS, self.t)
 
     @property
     def nbytes(self) -> int:
@@ -90,3 +92,21 @@ def default_lr(name: str, hidden: int, averaged_workers: int = 1) -> float:
     if name == "momentum":
         return 0.3 / hidden * averaged_workers
     return {"adagrad": 0.01, "adam": 0.001}[name]
+
+
+STALE_STEPS = ("off", "inverse", "sqrt")
+
+
+def stale_step(rule: str):
+    """staleness -> the share of the learning rate an update that stale moves w by, or
+    None (rule off: every update the whole step).
+      inverse  1/staleness (Zhang et al. 2016, staleness-aware async SGD)
+      sqrt     1/sqrt(staleness)
+    Staleness 0 and 1 take the whole step."""
+    if rule == "off":
+        return None
+    if rule == "inverse":
+        return lambda tau: 1.0 / tau if tau > 1 else 1.0
+    if rule == "sqrt":
+        return lambda tau: 1.0 / np.sqrt(tau) if tau > 1 else 1.0
+    raise ValueError(f"stale step must be one of {STALE_STEPS}, got {rule!r}")

@@ -76,7 +76,8 @@ class ServerStats:
 
 class Server:
     def __init__(self, ep: Endpoint, w: np.ndarray, workers, optimizer: Optimizer | None = None,
-                 messages=None, on_version=None, checkpoints=None, leader: bool | None = None):
+                 messages=None, on_version=None, checkpoints=None, leader: bool | None = None,
+                 stale_step=None):
         """w: my shard (a live view); workers: the ranks that push to it (a list), or the
         first of them (an int: that rank and every one after it); optimizer: what an
         update does to w, with its state for my shard (default: sgd, w += Delta-w);
@@ -84,7 +85,9 @@ class Server:
         on_version(rounds, loss_sum, samples): after each new version of the shard
         (progress); checkpoints: due(rounds) (asked of the leader, which starts the cuts:
         default the server on rank 0) and save(rounds, cut)
-        (asgd.run.checkpoint.Checkpointing), or None."""
+        (asgd.run.checkpoint.Checkpointing), or None; stale_step(staleness) -> the share
+        of the learning rate a push of that staleness moves w by (None: all of it;
+        net.optimizers.stale_step)."""
         comm = ep.comm
         self.ep, self.comm, self.w, self.waiter, self.clock = ep, comm, w, ep.waiter, ep.clock
         self.ranks = list(range(workers, comm.size)) if isinstance(workers, int) else list(workers)
@@ -104,6 +107,9 @@ class Server:
         self.steps = np.zeros(self.W, np.int64)  # pushes taken per worker
         self.st = ServerStats(staleness=[[] for _ in range(self.W)], step_gap=[[] for _ in range(self.W)])
         self.refused_in_a_row = 0
+        self.stale_step = stale_step
+        self.lr_scale = np.ones(self.W)      # each worker's last push: the share of lr its staleness earns
+        self.step_share = 1.0                # the share of lr every update takes (lowered by halve_step)
         self.checkpoints = checkpoints
         self.collecting = 0                  # the cut being collected (0: none)
         self.past = np.zeros(self.W, bool)   # whose push past it has come
@@ -160,7 +166,10 @@ class Server:
         nbytes = self.msgs.push_nbytes
         self.clock.step = step  # the trace window counts worker steps
         self.clock.message(RECV, self.ranks[j], nbytes, flow_id(self.ranks[j], self.comm.rank, step, False))
-        self.st.staleness[j].append(self.st.rounds - int(version))
+        staleness = self.st.rounds - int(version)
+        self.st.staleness[j].append(staleness)
+        if self.stale_step is not None:   # a held push keeps it: its worker pushes no more until answered
+            self.lr_scale[j] = self.stale_step(staleness)
         self.st.updates += 1
         self.st.bytes_recv += nbytes if self.ranks[j] != self.comm.rank else 0   # a p2p owner's own: no wire
         self.steps[j] += 1
@@ -201,10 +210,17 @@ class Server:
         for j, cut, dw, loss_sum, m in held:
             self.route(policy, j, cut, dw, loss_sum, m)
 
-    def apply(self, d: np.ndarray | None) -> None:
-        """The optimizer moves my shard along d (None: a refused update, nothing moves)."""
+    def apply(self, d: np.ndarray | None, j: int | None = None) -> None:
+        """The optimizer moves my shard along d (None: a refused update, nothing moves);
+        j: the worker whose push d is, whose staleness may shrink the step."""
         if d is not None:
-            self.optimizer.step(self.w, d)
+            self.optimizer.step(self.w, d, lr_scale=self.step_share * (1.0 if j is None else self.lr_scale[j]))
+
+    def halve_step(self) -> float:
+        """Every later update takes half the step it would have (a guard against a
+        climbing loss: asgd.run.progress); returns the share of lr they now take."""
+        self.step_share *= 0.5
+        return self.step_share
 
     def new_version(self, loss_sum: float, samples: float) -> None:
         """The shard has a new version; count it, report the samples it took in."""
@@ -302,7 +318,7 @@ class Async(Policy):
         self.ready: list[int] = []
 
     def take(self, srv, j, dw, loss_sum, m):
-        srv.apply(dw)
+        srv.apply(dw, j)
         srv.new_version(loss_sum, m)
         srv.st.step_gap[j].append(srv.gap(j))
         self.ready.append(j)
