@@ -192,7 +192,7 @@ def servers_of(job: Job, m: Model, shards: list[int], on_version) -> tuple[list[
         workers = topo.pushers(v)
         msgs = shard_messages(cfg.compress, m.columns(), (lo, hi), w, len(workers))
         made.append(Server(job.endpoint, w, workers, opt, msgs, on_version if v == 0 else None, ckpt,
-                           leader=v == 0))
+                           leader=v == 0, stale_step=optimizers.stale_step(cfg.stale_step)))
         ckpts.append(ckpt)
     return made, ckpts
 
@@ -214,6 +214,8 @@ def serve(job: Job, m: Model) -> dict:
     job.tracker = tracker_of(job, m)
     mine = topo.shards_of(job.rank)
     servers, ckpts = servers_of(job, m, mine, on_version_of(job))
+    if job.tracker and cfg.lr_guard and len(topo.shards) == 1:   # one server holds every update's step
+        job.tracker.guard = servers[0].halve_step
     drop_w(job, m)
     stats = serve_all(servers, [policy(cfg.mode, cfg.staleness) for _ in servers])
     final_cuts(job, servers, stats, ckpts)
