@@ -15,6 +15,7 @@ numbers with decimals. A missing label (empty, NA, nan, ...) is an error naming 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .dialect import MISSING, Dialect, is_number
 
@@ -81,13 +82,14 @@ class Labels:
     classes: int
     names: tuple[str, ...] | None   # class k's label as the file spells it; None: integer labels
 
+    @cached_property
     def index(self) -> dict[str, int]:
         return {t: k for k, t in enumerate(self.names)} if self.names else {}
 
     def of(self, token: str) -> int:
         """The class of a label token (-1: a label the model never saw)."""
         if self.names:
-            return self.index().get(token, -1)
+            return self.index.get(token, -1)
         v = integer(token)
         return v if v is not None and v < self.classes else -1
 
