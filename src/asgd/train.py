@@ -22,12 +22,11 @@ import time
 T0_NS = time.perf_counter_ns()  # init starts when the process does: imports and JIT count
 
 import dataclasses  # noqa: E402
-import math  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
 
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
@@ -38,7 +37,7 @@ from .data.formats import DataError, Dataset, test_path  # noqa: E402
 from .data import standardize  # noqa: E402
 from .data.dialect import delimiter_option  # noqa: E402
 from .mpiutil import (Waiter, agree, agree_on, clock_bytes, clock_offsets, describe, gather_objects,  # noqa: E402
-                      oversubscribed)
+                      oversubscribed, ulfm_missing)
 from .net import mlp, optimizers  # noqa: E402
 from .run import checkpoint, config, folder, results, roles, signals, startup  # noqa: E402
 from .run.job import Job, Model  # noqa: E402
@@ -46,7 +45,8 @@ from .run.progress import RunFacts, convergence_notes  # noqa: E402
 from .run.topology import Topology  # noqa: E402
 from .run.trace import PhaseClock, TraceClock  # noqa: E402
 from .run.trace import export as export_trace  # noqa: E402
-from .wire import DOUBLE, TAG_RECORD, TAG_SHARE  # noqa: E402
+from .launch import RESTARTS_ENV  # noqa: E402
+from .wire import TAG_RECORD, TAG_SHARE  # noqa: E402
 
 ABORT_GRACE_S = 0.5   # a failing rank's wait between its one line and MPI_Abort
 
@@ -64,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as e:
         if comm.rank == 0:
             print(f"asgd.train: error: {e} (see --help)", file=sys.stderr)
+        return 2
+    if cfg.fault_tolerant and (why := ulfm_missing()):
+        if comm.rank == 0:
+            print(f"asgd.train: error: {why}", file=sys.stderr)
         return 2
     signals.install()  # SIGTERM/SIGINT: stop at a step boundary, checkpoint, exit cleanly
     servers = cfg.servers if cfg.arch == "ps" else 0
@@ -137,12 +141,11 @@ def init(job: Job) -> Model:
         K = cfg.model_parallel
         sliced = mlp.Sliced(layout, K) if K > 1 else None   # w in its slices' order
         job.topo = Topology(cfg.arch, comm.size, job.servers, sliced.bounds if sliced else ((0, layout.n_w),))
-        w, resumed, saved = mlp.init_params(layout, cfg.seed), {}, []
+        w, resumed, saved = mlp.init_params(layout, cfg.seed), {}, {}
         if sliced:
             w = sliced.from_standard(w)
         if cfg.resume:  # every rank reads every shard: workers need all of w too
-            w, resumed, saved = checkpoint.load(cfg.resume, max(len(job.topo.shards), 1), layout.n_w,
-                                                cfg.optimizer, K)
+            w, resumed, saved = checkpoint.load(cfg.resume, layout.n_w, cfg.optimizer, K)
             if resumed.get("epoch", 0) >= cfg.epochs:
                 raise checkpoint.CheckpointError(f"{cfg.resume}: its checkpoint has {resumed['epoch']} "
                                                  f"epochs done; ask for more with --epochs")
@@ -154,7 +157,8 @@ def init(job: Job) -> Model:
         made["model"] = Model(got.train, got.test, got.train_points, got.times, layout, sliced, w, lr, resumed,
                               saved, scaling, labels=got.labels, dialect=got.dialect, test_lines=got.test_lines,
                               feature_stats=stats)
-    agree(comm, waiter, local, "the other ranks to finish start-up", Agreed)
+        return socket.gethostname()
+    job.hosts = agree(comm, waiter, local, "the other ranks to finish start-up", Agreed)
     model = made["model"]
     split_replicas(job)
     model.init_end_ns = time.perf_counter_ns()
@@ -255,11 +259,13 @@ def save(job: Job, m: Model, record: dict) -> None:
     """Every rank's record to rank 0, which writes the weights, results.json (its final
     metrics are those of the weights saved), the trace and the summary. Every byte of
     asgd's own messages is in the records (`bytes`), the gather's own included."""
-    comm, clock, cfg = job.comm, job.clock, job.cfg
+    clock, cfg = job.clock, job.cfg
     end_ns = clock.switch("idle")
+    # with workers lost (--fault-tolerant), the survivors end the run among themselves
+    comm = job.comm.Shrink() if cfg.fault_tolerant else job.comm
     job.waiter.barrier(comm, "the other ranks to finish")
     job.count("train", record.pop("bytes_sent"), record.pop("bytes_recv"))
-    job.count("finish", *clock_bytes(job.rank, comm.size))
+    job.count("finish", *clock_bytes(comm.rank, comm.size))
     record.update(rank=job.rank, host=socket.gethostname(),
                   phases={**clock.seconds(), **m.read_times},  # + init's read/parse/shuffle
                   clock_ns=(T0_NS, m.init_end_ns, end_ns), bytes=job.traffic)
@@ -293,10 +299,15 @@ def save(job: Job, m: Model, record: dict) -> None:
                 "worker_lr": optimizers.worker_lr(cfg.optimizer, m.lr),
                 "features": m.layout.d_in, "classes": m.layout.d_out, "n_w": m.layout.n_w,
                 "train_points": m.n_train, "test_points": len(m.test)},
-        ranks=records, wall_s=wall, meta=results.machine(comm, job.crowded),
+        ranks=records, wall_s=wall, meta=results.machine(job.comm, job.crowded),
         server={"updates": records[0]["rounds"] if job.topo.owners else records[0]["updates"],
                 "samples": tracker.samples, "history": tracker.history, "loss": loss, "accuracy": accuracy})
     res["stopped"] = (signals.requested() or "a stop request") if stopped else None
+    if os.environ.get(RESTARTS_ENV):   # python -m asgd.launch restarted this run: its history
+        with open(os.environ[RESTARTS_ENV]) as f:
+            res["restarts"] = json.load(f)
+    lost = {x["rank"]: x for r in records for x in r.get("lost", [])}   # every server saw it die
+    res["lost"] = [{**x, "host": job.hosts[rank]} for rank, x in sorted(lost.items())]
     res["dry_run"] = cfg.dry_run
     res["data"] = data_record(cfg, m)
     if tracker.step_losses is not None:   # lockstep runs: every version's mean batch loss
@@ -325,6 +336,9 @@ def save(job: Job, m: Model, record: dict) -> None:
     folder.write_weights(job.out, w)
     results.write(path, res)
     print(results.summary(res, path), flush=True)
+    if res["lost"]:
+        print(f"asgd.train: lost {len(res['lost'])} worker(s) and trained on without them: ranks "
+              f"{', '.join(str(x['rank']) for x in res['lost'])} (results.json's `lost`)", flush=True)
     for note in res["notes"]:
         print(f"asgd.train: note: {note}", flush=True)
     if stopped:

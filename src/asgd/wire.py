@@ -9,7 +9,8 @@ Messages (no pickling on the hot path), as a server s that owns w[lo:hi] sees th
     done  worker -> s, TAG_DONE: [ 0.0 ]  after the worker's last exchange
 A header is float64 values after the payload (a push's `version` is the version of the
 shard its Delta-w was computed from, a pull's the version it carries: staleness =
-version at apply - push version; `stop` 1.0 carries a stop request, a signal; `cut` is
+version at apply - push version; `stop` 1.0 carries a stop request, a signal (a reply's 2.0: the run's epochs are
+trained, with --backup-workers, whose workers train until told); `cut` is
 the number of the last checkpoint cut the worker had heard of from server 0 when it
 pushed (a push past cut c is not in cut c), and a reply's the last cut its server
 started: protocol.server's consistent checkpoints). With
@@ -39,6 +40,7 @@ PULL_FIELDS = ("version", "stop", "cut")
 PUSH_HEADER, PULL_HEADER = len(PUSH_FIELDS), len(PULL_FIELDS)
 P_VERSION, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_CUT = range(PUSH_HEADER)   # a push header's fields
 R_VERSION, R_STOP, R_CUT = range(PULL_HEADER)                              # a pull (reply) header's fields
+STOP_ASKED, STOP_DONE = 1.0, 2.0   # a reply's stop: a stop was asked (a signal); the run's epochs are trained
 DONE_BYTES = DOUBLE
 
 

@@ -39,7 +39,7 @@ class Ring:
     def sum(self, part: np.ndarray, total: np.ndarray) -> None:
         """total = the sum of every rank's part (part is left as it was)."""
         total[:] = part
-        P, r, comm = self.P, self.ep.rank, self.ep.comm
+        P, r = self.P, self.ep.rank
         right, left = (r + 1) % P, (r - 1) % P
         for k in range(P - 1):          # reduce-scatter: after it, chunk r+1 is summed here
             lo, hi = self.chunks[(r - k) % P]

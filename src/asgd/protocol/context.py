@@ -6,6 +6,7 @@ train.py builds these from them.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -47,6 +48,11 @@ class Schedule:
     steps_per_epoch: int | None = None  # sync and allreduce: the same number of steps on every worker
     overlap: bool = True                # async, ssp: compute batch k+1 while exchange k is in flight
     progress: bool = True               # the step tests the exchange in flight between its sample blocks
+    open_ended: bool = False            # sync with backup workers: epochs on until the servers say the run's are done
+
+    def epoch_numbers(self):
+        """The epochs to train: first_epoch..epochs-1, or (open_ended) on until told to stop."""
+        return itertools.count(self.first_epoch) if self.open_ended else range(self.first_epoch, self.epochs)
 
     def batches(self, n: int, epoch: int):
         """One epoch of index arrays into a share of n points. With steps_per_epoch,

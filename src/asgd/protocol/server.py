@@ -28,20 +28,28 @@ has come (a retired worker's pushes all precede the cut); then it saves its shar
 cut c and goes on with the held pushes. Every shard's file of cut c is then the same
 pushes applied: one model. A worker is held at most for one push; ssp's bound counts a
 held push as taken, so it never waits on a cut.
+
+Lost workers (fault_tolerant: Open MPI's ULFM): a worker that dies makes a wait on its
+requests fail; the server learns who died (mpiutil.failed_ranks), records it (rank, time,
+the pushes it made), retires it as if it had said it was done, and goes on with the rest:
+ssp's bound is over the live workers, a sync round waits for the live ones, a cut counts
+it as past. What it did not push is lost to training. A dead server ends the job.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
 
+from ..mpiutil import failed_ranks
 from ..net import kernels
 from ..net.optimizers import Optimizer
 from ..wire import (DONE_BYTES, DOUBLE, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_CUT, R_STOP,
-                    R_VERSION, RECV, SEND, TAG_DONE, TAG_PULL, TAG_PUSH, TAG_SHARD, flow_id, shard_bounds)
+                    R_VERSION, RECV, SEND, STOP_ASKED, STOP_DONE, TAG_DONE, TAG_PULL, TAG_PUSH, TAG_SHARD, flow_id)
 from .context import Endpoint
 from .messages import Float64Shard
 
@@ -63,6 +71,8 @@ class ServerStats:
     refused: int = 0   # Delta-w with NaN or inf, not applied
     stopped: bool = False  # a stop request ended the run early
     cuts: int = 0      # checkpoint cuts completed
+    dropped: int = 0   # sync with backup workers: pushes that came after their round was applied
+    lost: list = field(default_factory=list)   # workers found dead: {rank, time, updates}
 
     def record(self, shard: tuple[int, int], ranks: list[int]) -> dict:
         """This server's entry of results.json's `ranks` (the run adds the rest); its
@@ -70,6 +80,7 @@ class ServerStats:
         return {"role": "server", "stopped": self.stopped, "refused": self.refused,
                 "updates": self.updates, "rounds": self.rounds, "bytes_sent": self.bytes_sent,
                 "bytes_recv": self.bytes_recv, "shard": list(shard), "requests": self.updates, "cuts": self.cuts,
+                "dropped": self.dropped, "lost": self.lost,
                 "staleness_hist": {r: np.bincount(v).tolist() for r, v in zip(ranks, self.staleness)},
                 "step_gap_hist": {r: np.bincount(v).tolist() for r, v in zip(ranks, self.step_gap)}}
 
@@ -77,7 +88,7 @@ class ServerStats:
 class Server:
     def __init__(self, ep: Endpoint, w: np.ndarray, workers, optimizer: Optimizer | None = None,
                  messages=None, on_version=None, checkpoints=None, leader: bool | None = None,
-                 stale_step=None):
+                 fault_tolerant: bool = False, on_lost=None, cuts_done: int = 0, stale_step=None):
         """w: my shard (a live view); workers: the ranks that push to it (a list), or the
         first of them (an int: that rank and every one after it); optimizer: what an
         update does to w, with its state for my shard (default: sgd, w += Delta-w);
@@ -85,9 +96,11 @@ class Server:
         on_version(rounds, loss_sum, samples): after each new version of the shard
         (progress); checkpoints: due(rounds) (asked of the leader, which starts the cuts:
         default the server on rank 0) and save(rounds, cut)
-        (asgd.run.checkpoint.Checkpointing), or None; stale_step(staleness) -> the share
-        of the learning rate a push of that staleness moves w by (None: all of it;
-        net.optimizers.stale_step)."""
+        (asgd.run.checkpoint.Checkpointing), or None. fault_tolerant: a dead worker is
+        retired, not fatal (ULFM); on_lost(rank, samples it pushed) then tells the
+        progress. cuts_done: the cut the run resumed from (cut numbers go on from it, so the
+        newest is always this run's). stale_step(staleness) -> the share of the learning
+        rate a push of that staleness moves w by (None: all of it; net.optimizers.stale_step)."""
         comm = ep.comm
         self.ep, self.comm, self.w, self.waiter, self.clock = ep, comm, w, ep.waiter, ep.clock
         self.ranks = list(range(workers, comm.size)) if isinstance(workers, int) else list(workers)
@@ -97,6 +110,8 @@ class Server:
         self.msgs = messages or Float64Shard(w, self.W)
         self.on_version = on_version or (lambda rounds, loss_sum, samples: None)
         self.stopping = False  # a stop request: replies tell the workers to stop
+        self.finished = False  # the run's epochs are trained (sync with backup workers): so do replies
+        self.goal = None       # goal(): whether they are (the server that keeps the progress)
         self.pushes = [comm.Recv_init([self.msgs.recv[j], self.msgs.kind], r, TAG_PUSH)
                        for j, r in enumerate(self.ranks)]
         self._done = [np.empty(1) for _ in range(self.W)]
@@ -105,7 +120,12 @@ class Server:
         self.replies = [MPI.REQUEST_NULL] * self.W
         self.active = np.ones(self.W, bool)
         self.steps = np.zeros(self.W, np.int64)  # pushes taken per worker
-        self.st = ServerStats(staleness=[[] for _ in range(self.W)], step_gap=[[] for _ in range(self.W)])
+        self.samples = np.zeros(self.W)          # samples their pushes brought
+        self.pushed_step = np.zeros(self.W, np.int64)   # each worker's last push's step
+        self.fault_tolerant, self.on_lost = fault_tolerant, on_lost
+        self.dead = np.zeros(self.W, bool)
+        self.st = ServerStats(staleness=[[] for _ in range(self.W)], step_gap=[[] for _ in range(self.W)],
+                              cuts=cuts_done)
         self.refused_in_a_row = 0
         self.stale_step = stale_step
         self.lr_scale = np.ones(self.W)      # each worker's last push: the share of lr its staleness earns
@@ -122,11 +142,40 @@ class Server:
         """Answer pushes as `policy` says until every worker has sent its end-of-work message."""
         while self.active.any():
             self.clock.switch("idle")
-            i = self.waiter.any(self.requests, lambda: "a push from any of the worker ranks "
-                                f"{[self.ranks[j] for j in np.flatnonzero(self.active)]}")
+            try:
+                i = self.waiter.any(self.requests, lambda: "a push from any of the worker ranks "
+                                    f"{[self.ranks[j] for j in np.flatnonzero(self.active)]}")
+            except MPI.Exception:
+                if not self.fault_tolerant:
+                    raise
+                self.clock.switch("aggregate")
+                self.bury(policy)
+                continue
             self.clock.switch("aggregate")
             self.event(i, policy)
         return self.finish()
+
+    def bury(self, policy: Policy) -> None:
+        """A wait failed: retire every worker found dead (a dead server: the job ends)."""
+        dead = failed_ranks(self.comm)
+        mine = {r: j for j, r in enumerate(self.ranks)}
+        others = [r for r in dead if r not in mine]
+        if others:
+            raise RuntimeError(f"rank(s) {others} died, and they were not this server's workers: a server's "
+                               "shard cannot be rebuilt; restart from the checkpoint (python -m asgd.launch "
+                               "--max-restarts, or --resume)")
+        for r in dead:
+            j = mine[r]
+            if self.dead[j]:
+                continue
+            self.dead[j], self.active[j] = True, False
+            self.st.lost.append({"rank": r, "time": time.time(), "updates": int(self.steps[j])})
+            self.requests[j] = self.requests[self.W + j] = self.replies[j] = MPI.REQUEST_NULL
+            if self.on_lost:
+                self.on_lost(r, float(self.samples[j]))
+        self.maybe_cut(policy)
+        for j in policy.answerable(self):
+            self.reply(j)
 
     def poll(self, policy: Policy) -> bool:
         """Serve what has arrived, without waiting (a p2p owner, between its own steps'
@@ -173,6 +222,8 @@ class Server:
         self.st.updates += 1
         self.st.bytes_recv += nbytes if self.ranks[j] != self.comm.rank else 0   # a p2p owner's own: no wire
         self.steps[j] += 1
+        self.samples[j] += m
+        self.pushed_step[j] = step
         dw = self.msgs.delta(j)
         if not self.acceptable(j, dw, loss_sum):
             dw, loss_sum, m = None, 0.0, 0.0  # a refused update adds no samples to the progress
@@ -196,9 +247,14 @@ class Server:
         self.past[:] = False
 
     def maybe_cut(self, policy: Policy) -> None:
-        """Every active worker's push past the cut has come: save my shard as the cut,
-        then go on with the held pushes (which may start the next cut)."""
-        if not self.collecting or not (self.past | ~self.active).all():
+        """Every active worker's push past the cut has come (or, sync with backup workers,
+        a round's worth: the round before is complete on every server, and what a
+        straggler still sends for it is late, dropped): save my shard as the cut, then go
+        on with the held pushes (which may start the next cut)."""
+        quorum = policy.cut_quorum(self)
+        if not self.collecting:
+            return
+        if not ((self.past | ~self.active).all() or (quorum is not None and self.past.sum() >= quorum)):
             return
         if self.past.any():
             self.checkpoints.save(self.st.rounds, self.collecting)
@@ -247,10 +303,13 @@ class Server:
 
     def reply(self, j: int) -> None:
         """Send worker j the current shard, then re-arm its receive."""
+        if self.dead[j]:
+            return
         if self.replies[j] != MPI.REQUEST_NULL:  # the previous reply: done long ago in practice
             self.waiter.all([self.replies[j]], f"worker rank {self.ranks[j]} to take its previous reply")
         out, head = self.msgs.reply(j, self.w)
-        head[R_VERSION], head[R_STOP], head[R_CUT] = self.st.rounds, self.stopping, self.collecting or self.st.cuts
+        stop = STOP_ASKED if self.stopping else STOP_DONE if self.finished else 0.0
+        head[R_VERSION], head[R_STOP], head[R_CUT] = self.st.rounds, stop, self.collecting or self.st.cuts
         self.replies[j] = self.comm.Isend([out, self.msgs.kind], self.ranks[j], TAG_PULL)
         step = int(self.msgs.header(j)[P_STEP])
         nbytes = self.msgs.pull_nbytes
@@ -272,8 +331,11 @@ class Server:
     def finish(self) -> ServerStats:
         self.st.stopped = self.stopping or self.ep.stop_requested()
         self.clock.switch("idle")
-        self.waiter.all(self.dones, "every worker's end-of-work message")
-        for p in self.pushes:  # every worker is done: withdraw the receives still posted
+        dones = [d for j, d in enumerate(self.dones) if not self.dead[j]]
+        self.waiter.all(dones, "every worker's end-of-work message")
+        for j, p in enumerate(self.pushes):  # every worker is done: withdraw the receives still posted
+            if self.dead[j]:
+                continue   # its receive failed with it
             p.Cancel()
             p.Wait()
             p.Free()
@@ -305,6 +367,10 @@ class Policy:
     def take(self, srv: Server, j: int, dw: np.ndarray | None, loss_sum: float, m: float) -> None:
         """Worker j's accounted push (dw None: refused)."""
         raise NotImplementedError
+
+    def cut_quorum(self, srv: Server) -> int | None:
+        """How many workers' pushes past a checkpoint cut complete it; None: every active one's."""
+        return None
 
     def answerable(self, srv: Server) -> list[int]:
         """Workers to answer now (each has a push taken and not yet answered)."""
@@ -347,18 +413,34 @@ class SSP(Async):
 
 class Sync(Policy):
     """Rounds: every active worker's push, their sample-weighted mean (summed in worker
-    order, whatever the arrival order: deterministic) applied once, every worker answered."""
+    order, whatever the arrival order: deterministic) applied once, every worker answered.
+    With `backup` workers (TensorFlow's SyncReplicasOptimizer) a round is applied once all
+    but `backup` of the active workers have pushed; a push that comes after its round was
+    applied (its step below the rounds so far) is dropped, counted and answered at once,
+    and its worker, told the round, pushes its next step into the current one."""
 
-    def __init__(self):
+    def __init__(self, backup: int = 0):
+        self.backup = backup
         self.pending: dict[int, tuple] = {}
+        self.late: list[int] = []
         self.mean: np.ndarray | None = None
 
+    def cut_quorum(self, srv):
+        return max(1, int(srv.active.sum()) - self.backup) if self.backup else None
+
     def take(self, srv, j, dw, loss_sum, m):
+        if self.backup and srv.pushed_step[j] < srv.st.rounds:
+            srv.st.dropped += 1
+            self.late.append(j)
+            return
         self.pending[j] = (dw, loss_sum, m)
 
     def answerable(self, srv):
-        if not self.pending or any(srv.active[j] and j not in self.pending for j in range(srv.W)):
-            return []
+        late, self.late = self.late, []
+        everyone = not any(srv.active[j] and j not in self.pending for j in range(srv.W))
+        enough = self.backup and len(self.pending) >= max(1, int(srv.active.sum()) - self.backup)
+        if not self.pending or not (everyone or enough):
+            return late
         total = sum(m for _, _, m in self.pending.values())
         if self.mean is None:
             self.mean = np.empty_like(srv.w)
@@ -371,13 +453,15 @@ class Sync(Policy):
         if total:
             srv.apply(self.mean)
         srv.new_version(sum(ls for _, ls, _ in self.pending.values()), total)
+        if self.backup and srv.goal is not None and srv.goal():
+            srv.finished = True   # workers train until told: rounds drop late pushes, so no fixed step count
         ready, self.pending = sorted(self.pending), {}
-        return ready
+        return ready + late
 
 
-def policy(mode: str, staleness: int) -> Policy:
-    """The reply policy of asgd.train's --mode."""
-    return {"async": Async, "ssp": lambda: SSP(staleness), "sync": Sync}[mode]()
+def policy(mode: str, staleness: int, backup: int = 0) -> Policy:
+    """The reply policy of asgd.train's --mode (sync: with `backup` workers)."""
+    return {"async": Async, "ssp": lambda: SSP(staleness), "sync": lambda: Sync(backup)}[mode]()
 
 
 def gather_shards(ep: Endpoint, w: np.ndarray | None, shards: list[tuple[int, int]], hosts: list[int],

@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..wire import (DONE_BYTES, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_CUT, R_STOP, R_VERSION, RECV,
-                    SEND, TAG_DONE, TAG_PULL, TAG_PUSH, flow_id)
+                    SEND, STOP_ASKED, TAG_DONE, TAG_PULL, TAG_PUSH, flow_id)
 from .context import Endpoint, Schedule, WorkerStats
 
 
@@ -45,9 +45,10 @@ class PushPull:
         self.remote = [r != ep.rank for r in self.servers]   # a p2p rank's own shard needs no wire
         self.cut_source = None   # model-parallel: the cut its replica agreed on this step (protocol.replica)
         self.stop_source = None  # model-parallel: whether its replica agreed to stop
+        self.follow_rounds = False  # sync with backup workers: my next push goes to the servers' round
         self.versions = np.zeros(self.S)   # each shard's version of `w` (0: the initial w)
         self.stamp = np.zeros(self.S)      # the versions of the w the Delta-w being written comes from
-        self.stops = np.zeros(self.S, bool)
+        self.stops = np.zeros(self.S)         # each server's last reply's stop (wire.STOP_ASKED, STOP_DONE)
         self.cut = 0             # the last checkpoint cut server 0 said it started (wire: a push's cut)
         self.pending: list[MPI.Request] = []
         self.step = 0            # the number of the next push (names it in traces)
@@ -60,8 +61,13 @@ class PushPull:
 
     @property
     def heard_stop(self) -> bool:
-        """A server's last reply carried a stop request."""
+        """A server's last reply said to stop: a stop was asked, or the run's epochs are done."""
         return bool(self.stops.any())
+
+    @property
+    def asked_to_stop(self) -> bool:
+        """A server's last reply carried a stop request (a signal): the run ends early."""
+        return bool((self.stops == STOP_ASKED).any())
 
     @property
     def told_to_stop(self) -> bool:
@@ -119,6 +125,8 @@ class PushPull:
         for s, rank in enumerate(self.servers):
             head = self.msgs.pulled(s)
             self.versions[s], self.stops[s] = head[R_VERSION], head[R_STOP]
+            if self.follow_rounds:   # a reply to a late push tells the round to catch up with
+                self.step = max(self.step, int(head[R_VERSION]))
             if s == 0:   # the leader's shard comes first: the others learn of its cuts from my pushes
                 self.cut = int(head[R_CUT])
             self.ep.clock.message(RECV, rank, self.msgs.pull_bytes[s], flow_id(self.ep.rank, rank, ticket, True))
@@ -150,7 +158,7 @@ def run_worker(link: PushPull, X: np.ndarray, y: np.ndarray, step, plan: Schedul
     Xb = np.empty((plan.batch, X.shape[1]))
     yb = np.empty(plan.batch, dtype=np.int64)
     ticket, stop = None, False
-    for epoch in range(plan.first_epoch, plan.epochs):
+    for epoch in plan.epoch_numbers():
         for idx in plan.batches(len(y), epoch):
             stop = stop or (plan.overlap and ep.stop_requested())
             if stop:
@@ -181,7 +189,7 @@ def run_worker(link: PushPull, X: np.ndarray, y: np.ndarray, step, plan: Schedul
     if ticket is not None:
         clock.switch("comm_wait")
         link.wait(ticket)
-    link.stats.stopped = stop or link.told_to_stop
+    link.stats.stopped = ep.stop_requested() or link.asked_to_stop   # early, not because the epochs are done
     return link.close()
 
 

@@ -64,21 +64,12 @@ def save(run_dir: str, server: int, arrays: dict[str, np.ndarray], meta: dict) -
     return path
 
 
-def _read(path: str, n_w: int, servers: int, optimizer: str, model_parallel: int) -> tuple[dict, dict]:
+def _read(path: str, n_w: int, optimizer: str, model_parallel: int) -> tuple[dict, dict]:
     """(meta, arrays) of one checkpoint file, checked; raises CheckpointError."""
-    try:
-        with np.load(path) as z:
-            arrays = {k: z[k] for k in z.files if k != "header"}
-            header = json.loads(z["header"].tobytes().decode())
-    except Exception as e:  # a truncated or overwritten file: zip, JSON or npy errors
-        raise CheckpointError(f"{path}: damaged checkpoint ({type(e).__name__}: {e})") from None
-    meta = header.get("meta", {})
-    if header.get("sha256") != _digest(arrays, meta) or "w" not in arrays:
-        raise CheckpointError(f"{path}: damaged checkpoint (checksum mismatch)")
-    if meta.get("n_w") != n_w or meta.get("servers") != servers:
-        raise CheckpointError(f"{path}: written for {meta.get('n_w')} parameters and "
-                              f"{meta.get('servers')} server(s), not {n_w} and {servers}: "
-                              "resume with the run's --hidden and --servers")
+    meta, arrays = _header(path)
+    if meta.get("n_w") != n_w:
+        raise CheckpointError(f"{path}: written for {meta.get('n_w')} parameters, not {n_w}: resume with the "
+                              "run's --hidden (and its data's features and classes)")
     if meta.get("model_parallel", 1) != model_parallel:
         raise CheckpointError(f"{path}: written with --model-parallel {meta.get('model_parallel', 1)}, not "
                               f"{model_parallel}: resume with the run's --model-parallel")
@@ -91,37 +82,88 @@ def _read(path: str, n_w: int, servers: int, optimizer: str, model_parallel: int
     return meta, arrays
 
 
-def load(run_dir: str, servers: int, n_w: int, optimizer: str = "sgd",
-         model_parallel: int = 1) -> tuple[np.ndarray, dict, list[dict]]:
-    """The full parameter vector at the newest cut every server's files hold, server 0's
-    meta of that cut (progress), and each shard's optimizer state (its arrays, by name).
-    Any missing, damaged or mismatched file, or no cut common to all, raises CheckpointError."""
-    cuts = []   # per server: {cut: (meta, arrays)}
-    for s in range(servers):
-        found = {}
+def _header(path: str) -> tuple[dict, dict]:
+    """(meta, arrays) of a file whose checksum holds; raises CheckpointError."""
+    try:
+        with np.load(path) as z:
+            arrays = {k: z[k] for k in z.files if k != "header"}
+            header = json.loads(z["header"].tobytes().decode())
+    except Exception as e:  # a truncated or overwritten file: zip, JSON or npy errors
+        raise CheckpointError(f"{path}: damaged checkpoint ({type(e).__name__}: {e})") from None
+    meta = header.get("meta", {})
+    if header.get("sha256") != _digest(arrays, meta) or "w" not in arrays:
+        raise CheckpointError(f"{path}: damaged checkpoint (checksum mismatch)")
+    return meta, arrays
+
+
+def _cuts(run_dir: str, read) -> tuple[list[dict], int]:
+    """Per file index, {cut: read(path)} over its latest and previous file, and the newest
+    cut every index holds. The file count is the writer's (its shard-0 meta's `servers`)."""
+    first = path_of(run_dir, 0)
+    if not os.path.exists(first) and not os.path.exists(path_of(run_dir, 0, previous=True)):
+        raise CheckpointError(f"{first}: no checkpoint (was the run started with --checkpoint-every?)")
+    found = []
+    count = None
+    s = 0
+    while count is None or s < count:
+        here = {}
         for previous in (False, True):
             path = path_of(run_dir, s, previous)
             if os.path.exists(path):
-                meta, arrays = _read(path, n_w, servers, optimizer, model_parallel)
-                found[meta.get("cut", 0)] = (meta, arrays)
-        if not found:
-            raise CheckpointError(f"{path_of(run_dir, s)}: no checkpoint (was the run started with "
-                                  "--checkpoint-every, and with the same --servers?)")
-        cuts.append(found)
-    common = set.intersection(*(set(c) for c in cuts))
+                got = read(path)
+                here[got[0].get("cut", 0)] = got
+                count = count or got[0].get("servers", 1)
+        if not here:
+            raise CheckpointError(f"{path_of(run_dir, s)}: missing: the run's checkpoint has {count} shard files")
+        found.append(here)
+        s += 1
+    common = set.intersection(*(set(c) for c in found))
     if not common:
         raise CheckpointError(f"{folder(run_dir)}: the servers' checkpoints share no cut "
-                              f"({', '.join(f'shard {s}: {sorted(c)}' for s, c in enumerate(cuts))}): "
+                              f"({', '.join(f'shard {s}: {sorted(c)}' for s, c in enumerate(found))}): "
                               "not one consistent model")
-    cut = max(common)
+    return found, max(common)
+
+
+def newest(run_dir: str) -> dict | None:
+    """Shard 0's meta at the newest cut every shard holds (its progress and time), or
+    None if the run has no checkpoint to resume from (the restart supervisor asks)."""
+    try:
+        found, cut = _cuts(run_dir, _header)
+    except CheckpointError:
+        return None
+    return found[0][cut][0]
+
+
+def versions(run_dir: str) -> tuple[int, list[int]]:
+    """(the newest cut every shard holds, each shard's versions in it): a consistency check
+    (with every push applied on every shard, they are all equal). Raises CheckpointError."""
+    found, cut = _cuts(run_dir, _header)
+    return cut, [here[cut][0]["rounds"] for here in found]
+
+
+def load(run_dir: str, n_w: int, optimizer: str = "sgd",
+         model_parallel: int = 1) -> tuple[np.ndarray, dict, dict]:
+    """The full parameter vector at the newest cut every shard's files hold, shard 0's
+    meta of that cut (progress), and the optimizer's state as full-length arrays (its
+    counters as they were on shard 0), so that any shards, as many servers as the resumed
+    run has, take their parts. Any missing, damaged or mismatched file, or no cut
+    common to all, raises CheckpointError."""
+    found, cut = _cuts(run_dir, lambda path: _read(path, n_w, optimizer, model_parallel))
     w = np.empty(n_w)
-    states = []
-    for s in range(servers):
-        meta, arrays = cuts[s][cut]
+    state: dict[str, np.ndarray] = {}
+    for here in found:
+        meta, arrays = here[cut]
         lo, hi = meta["shard"]
-        w[lo:hi] = arrays.pop("w")
-        states.append(arrays)
-    return w, cuts[0][cut][0], states
+        w[lo:hi] = arrays["w"]
+        for k, v in arrays.items():
+            if k == "w":
+                continue
+            if v.ndim:   # a per-parameter state: its part of the whole
+                state.setdefault(k, np.empty(n_w))[lo:hi] = v
+            else:        # a counter (Adam's t): the first shard's
+                state.setdefault(k, v)
+    return w, found[0][cut][0], state
 
 
 class Checkpointing:

@@ -67,6 +67,8 @@ class Config:
     trace_steps: str = "0:200"   # window of worker steps the trace records, A:B
     quiet: bool = False
     dry_run: bool = False        # start up (kernels, data, model, output folder) and stop: nothing trained
+    fault_tolerant: bool = False  # a lost worker does not end the job (Open MPI's ULFM)
+    backup_workers: int = 0      # sync: each round applies the first W - b pushes, drops the late
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -175,6 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "consecutive ranks, each holding 1/K of the hidden units (its rows of W1 and b1, "
                         "its columns of W2), summing their partial logits each step, and exchanging only "
                         "its own slice of Delta-w; K must divide --hidden and the workers (default 1)")
+    a.add_argument("--fault-tolerant", action="store_true",
+                   help="a worker that dies (killed, its node lost) does not end the job: the servers "
+                        "name it, stop waiting for it and train on with the rest (--arch ps; Open MPI "
+                        "with ULFM: mpiexec --with-ft ulfm). A server's death still ends the job: "
+                        "python -m asgd.launch --max-restarts restarts it from its checkpoint")
+    a.add_argument("--backup-workers", type=int, default=d.backup_workers, metavar="B",
+                   help="--mode sync: each round applies the first W - B workers' pushes and drops "
+                        "the late ones (TensorFlow's SyncReplicasOptimizer), so a straggler or a lost "
+                        "worker does not stall every step (default 0)")
     a.add_argument("--compress", choices=["none", "1bit"], default=d.compress,
                    help="none (default): float64 messages; 1bit: Seide et al.'s 1-bit SGD with error "
                         "feedback, both ways: a worker sends one bit per value of Delta-w plus two scales "
@@ -249,6 +260,21 @@ def validate(cfg: Config, world_size: int) -> None:
         need(cfg.mode in ("async", "sync"), "--arch allreduce is synchronous; --mode ssp does not apply")
         need(cfg.compress == "none", "--compress 1bit needs --arch ps or p2p (allreduce sums float64 Delta-w)")
     need(cfg.hidden >= 1, f"--hidden must be >= 1, got {cfg.hidden}")
+    ps_workers = world_size - cfg.servers
+    need(cfg.backup_workers >= 0, f"--backup-workers must be >= 0, got {cfg.backup_workers}")
+    if cfg.backup_workers:
+        need(cfg.mode == "sync" and cfg.arch == "ps", "--backup-workers needs --mode sync with --arch ps "
+             "(async and ssp never wait for a round)")
+        need(cfg.backup_workers < ps_workers, f"--backup-workers {cfg.backup_workers} must leave at least one "
+             f"of the {ps_workers} workers a round waits for")
+        need(cfg.model_parallel == 1, "--backup-workers with --model-parallel: a replica's members push one step "
+             "together, so a round cannot drop one of them")
+    if cfg.fault_tolerant:
+        need(cfg.arch == "ps", f"--fault-tolerant keeps training when workers die, which needs parameter servers: "
+             f"with --arch {cfg.arch} every rank holds state no other can rebuild (use python -m asgd.launch "
+             "--max-restarts instead)")
+        need(cfg.model_parallel == 1, "--fault-tolerant with --model-parallel: a lost member would leave its "
+             "replica without a slice (use python -m asgd.launch --max-restarts instead)")
     K = cfg.model_parallel
     workers = world_size - (cfg.servers if cfg.arch == "ps" else 0)
     need(K >= 1, f"--model-parallel must be >= 1, got {K}")

@@ -35,6 +35,7 @@ class Job:
     traffic: dict = field(default_factory=lambda: {k: {"sent": 0, "recv": 0} for k in ("init", "train", "finish")})
                            # bytes of asgd's own messages by part of the run (results.json's per-rank `bytes`)
     replica_comm: MPI.Comm | None = None  # --model-parallel: my replica's members (train.split_replicas)
+    hosts: list = field(default_factory=list)   # every rank's hostname (init's agreement)
     slice_comm: MPI.Comm | None = None    # allreduce: the ranks summing with me (my slice's, or all)
 
     def count(self, part: str, sent: int, recv: int) -> None:
@@ -79,7 +80,7 @@ class Model:
                              # model-parallel worker that is not rank 0, which keeps its slice only
     lr: float                # the optimizer's (sgd: the workers' step's)
     resumed: dict            # the checkpoint's progress, or {}
-    saved_optimizer: list    # each shard's optimizer state from the checkpoint, or []
+    saved_optimizer: dict    # the optimizer's state from the checkpoint, full-length arrays, or {}
     scaling: tuple | None    # --standardize: (mean, std) of every feature
     init_end_ns: int = 0
     labels: object = None    # data.labels.Labels of a data file's labels (names: labels.json)

@@ -32,8 +32,25 @@ class EpochTracker:
     def __post_init__(self):
         self.first_samples = self.samples  # a resumed run starts past zero: rates count from here
         self.evaluated_at = None  # samples when the last held-out evaluation was made
+        self.size = float(self.n_train)                       # samples an epoch brings
+        self.ends = (self.epoch + 1) * float(self.n_train)   # the samples at which this epoch ends
+        self.lost = 0                                         # workers lost (--fault-tolerant)
         self.guard_cuts = 0       # times the guard halved the step
         self.cut_at = 0           # the epoch of the last cut
+
+    def lose(self, pushed: float, workers: int) -> None:
+        """A worker died having pushed `pushed` samples: its share (1/workers of the data)
+        is not trained from now on, so this epoch ends that much sooner (less what it had
+        done of it) and every later one brings a share less."""
+        share = self.n_train / workers
+        self.ends -= share - (pushed % share)
+        self.size -= share
+        self.lost += 1
+
+    def close(self) -> None:
+        """Training is over with workers lost: the epoch they cut short ends here."""
+        if self.lost and self.epoch < self.epochs and self.samples > self.ends - self.size:
+            self._end_epoch(time.perf_counter())
 
     def final_metrics(self, evaluate: Callable[[], tuple[float, float]]) -> tuple[float, float]:
         """Held-out (loss, accuracy) of the final weights: the last epoch's evaluation if no
@@ -51,17 +68,18 @@ class EpochTracker:
         self.loss_sum += loss_sum
         self.loss_n += m
         now = time.perf_counter()
-        while self.epoch < self.epochs and self.samples >= (self.epoch + 1) * self.n_train:
+        while self.epoch < self.epochs and self.samples >= self.ends - 1e-6:
             self._end_epoch(now)
         if now - self.last_line >= self.every_s:
             self.last_line = now
-            done = self.samples - self.epoch * self.n_train
-            self.report(f"  epoch {self.epoch + 1}: {done:,}/{self.n_train:,} samples  "
+            done = int(self.samples - (self.ends - self.size))
+            self.report(f"  epoch {self.epoch + 1}: {done:,}/{int(self.size):,} samples  "
                         f"train loss {self.loss_sum / max(self.loss_n, 1):.4f}  "
                         f"{(self.samples - self.first_samples) / max(now - self.t_start, 1e-9):,.0f} samples/s")
 
     def _end_epoch(self, now: float) -> None:
         self.epoch += 1
+        self.ends += self.size
         test_loss = test_acc = None
         if self.evaluate is not None:
             prev = self.clock.phase

