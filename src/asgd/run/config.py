@@ -85,7 +85,7 @@ def with_defaults(cfg: Config) -> Config:
     keeps the paper's 2-10K-2 and 5 epochs, unscaled)."""
     embedded = cfg.data is None
     return dataclasses.replace(
-        cfg, hidden=cfg.hidden or (EMBEDDED_HIDDEN if embedded else FILE_HIDDEN),
+        cfg, hidden=cfg.hidden if cfg.hidden is not None else EMBEDDED_HIDDEN if embedded else FILE_HIDDEN,
         standardize=(not embedded) if cfg.standardize is None else cfg.standardize)
 
 
