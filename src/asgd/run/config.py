@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(the updates applied since): off (default: all of it), sqrt (1/sqrt(s)), inverse (1/s: "
                         "Zhang et al. 2016's staleness-aware async SGD)")
     t.add_argument("--lr-guard", action=argparse.BooleanOptionalAction, default=d.lr_guard,
-                   help="halve the step when the held-out loss climbs well above its best (said in the progress "
+                   help="halve the step when the held-out loss climbs well above its best and is still rising (said in the progress "
                         "line; one server, --arch ps) (default: on)")
     t.add_argument("--seed", type=int, default=d.seed, help="seed of the data split, shuffles and initial weights (default %(default)s)")
     a = p.add_argument_group("parallelism")

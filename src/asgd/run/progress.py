@@ -105,12 +105,15 @@ class EpochTracker:
         self.last_line = now
 
     def _guard(self, test_loss: float | None) -> tuple[str, float] | None:
-        """--lr-guard: the held-out loss GUARD_RISE above its best, GUARD_WAIT epochs or
-        more after the last cut: halve the step. (The said line, the step's share of lr.)"""
+        """--lr-guard: the held-out loss GUARD_RISE above its best and still climbing (above
+        the epoch before's), GUARD_WAIT epochs or more after the last cut: halve the step.
+        A loss falling back after a spike is left alone: with many stale workers the early
+        epochs spike and recover, and a cut on each epoch above the best starves the run.
+        (The said line, the step's share of lr.)"""
         if self.guard is None or test_loss is None or self.epoch - self.cut_at < GUARD_WAIT:
             return None
         before = [h["test_loss"] for h in self.history[:-1] if h.get("test_loss") is not None]
-        if not before or not test_loss > min(before) * (1 + GUARD_RISE):
+        if not before or not test_loss > min(before) * (1 + GUARD_RISE) or not test_loss > before[-1]:
             return None
         share = self.guard()
         self.guard_cuts += 1
