@@ -3,6 +3,7 @@ them all (server 0, or rank 0 of an allreduce job). The loops only call `add`.""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -109,8 +110,12 @@ class EpochTracker:
         the epoch before's), GUARD_WAIT epochs or more after the last cut: halve the step.
         A loss falling back after a spike is left alone: with many stale workers the early
         epochs spike and recover, and a cut on each epoch above the best starves the run.
+        Not in the first GUARD_FROM of the epochs either: there the loss of many stale
+        workers swings while it falls, and an early cut slows the whole run.
         (The said line, the step's share of lr.)"""
         if self.guard is None or test_loss is None or self.epoch - self.cut_at < GUARD_WAIT:
+            return None
+        if self.epoch < max(GUARD_WAIT + 1, math.ceil(self.epochs * GUARD_FROM)):
             return None
         before = [h["test_loss"] for h in self.history[:-1] if h.get("test_loss") is not None]
         if not before or not test_loss > min(before) * (1 + GUARD_RISE) or not test_loss > before[-1]:
@@ -125,6 +130,7 @@ class EpochTracker:
 
 GUARD_RISE = 0.10   # --lr-guard halves the step when the held-out loss is this far above its best
 GUARD_WAIT = 2      # ... and this many epochs have passed since it last did
+GUARD_FROM = 0.1    # ... and this share of the epochs is done (the early epochs swing)
 
 FALLING_FAST = 0.05  # the loss still falling this much an epoch at the end (and by at least
 MATTERS = 0.01       # this many nats an epoch: a loss near 0 falling fast is done): not converged
