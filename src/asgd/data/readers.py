@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
