@@ -231,8 +231,8 @@ def ulfm_missing() -> str | None:
 
 def leave_without_finalize(code: int) -> None:
     """End this process now, skipping MPI_Finalize: after a rank died, Open MPI 5's
-    finalize can wait forever for it (measured here: 2 jobs in 10 with two workers
-    SIGKILLed hung there, every survivor past its last Python line). Under
+    finalize can wait forever for it (seen here with two of four workers SIGKILLed: the
+    job hung with every survivor past its last Python line, results written). Under
     mpiexec --with-ft ulfm a survivor that leaves without it still ends the job with 0."""
     sys.stdout.flush()
     sys.stderr.flush()
