@@ -58,6 +58,9 @@ def heal(spec: Spec, k: int) -> dict:
     if (state.read(spec.name) or {}).get("slurm") and not any(
             is_slurmd(p) for p in host_processes(spec, k)):
         slurm.start_slurmd(spec, k)
+        # nsenter execs slurmd a moment later: heal returns once it runs (the test saw it not yet)
+        slurm.wait_until(lambda: any(is_slurmd(p) for p in host_processes(spec, k)), 10,
+                    f"{spec.host(k)}'s slurmd did not start", slurm.directory(spec))
         restarted = True
     return {"host": spec.host(k), "links_up": [spec.veth(k), spec.control_veth(k)], "slurmd_started": restarted}
 

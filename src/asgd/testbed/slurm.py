@@ -185,14 +185,14 @@ def start(spec: Spec, cpus: int = DEFAULT_CPUS, timeout: float = 60, started=Non
     _spawn(["munged", "--foreground", "--force", f"--socket={d}/munge/sock", f"--key-file={key}",
             f"--pid-file={d}/munge/pid", f"--seed-file={d}/munge/seed", f"--log-file={d}/log/munged.log"],
            d / "log" / "munged.out")
-    _wait(lambda: (d / "munge" / "sock").is_socket(), 10, "munged did not make its socket", d)
+    wait_until(lambda: (d / "munge" / "sock").is_socket(), 10, "munged did not make its socket", d)
     conf = str(conf_path(spec))
     _spawn(["slurmctld", "-D", "-f", conf], d / "log" / "slurmctld.out")
     for k in range(spec.hosts):
         start_slurmd(spec, k)
     if started:
         started()
-    _wait(lambda: set(node_states(spec).values()) == {"idle"}, timeout,
+    wait_until(lambda: set(node_states(spec).values()) == {"idle"}, timeout,
           f"the nodes were not idle within {timeout:g} s", d, lambda: node_states(spec))
     return {"conf": conf, "port": port, "cpus": cpus, "partition": partition(spec)}
 
@@ -205,7 +205,7 @@ def start_slurmd(spec: Spec, k: int) -> None:
             "--", "slurmd", "-D", "-N", h, "-f", str(conf_path(spec))], directory(spec) / "log" / f"slurmd-{h}.out")
 
 
-def _wait(ok, timeout: float, what: str, d: Path, detail=None) -> None:
+def wait_until(ok, timeout: float, what: str, d: Path, detail=None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if ok():
