@@ -40,6 +40,7 @@ import common  # noqa: F401  (pins one thread per process before numpy)
 import numpy as np  # noqa: E402
 
 from asgd import launch  # noqa: E402
+from asgd.launch import rank_pids  # noqa: E402
 
 KINDS = ("worker", "workers", "server", "straggler", "link")
 
@@ -58,21 +59,6 @@ def options(argv=None):
 
 
 # -- one run ---------------------------------------------------------------------------------
-
-def rank_pids(out: Path) -> dict[int, int]:
-    """{MPI rank: pid} of the job writing to `out`, from each process's environment."""
-    pids = subprocess.run(["pgrep", "-f", "--", f"--out {out}( |$)"], capture_output=True, text=True).stdout.split()
-    got = {}
-    for pid in map(int, pids):
-        try:
-            env = dict(kv.split("=", 1) for kv in open(f"/proc/{pid}/environ").read().split("\0") if "=" in kv)
-        except OSError:
-            continue
-        rank = env.get("PMI_RANK", env.get("OMPI_COMM_WORLD_RANK"))
-        if rank is not None:
-            got[int(rank)] = pid
-    return got
-
 
 def wait_for(path: Path, proc, limit: float) -> bool:
     t = time.monotonic()

