@@ -1,14 +1,17 @@
-"""The study behind asgd's default optimizer and learning rate (issue 14): held-out
-accuracy of asgd across data sets x worker counts x optimizers x learning rates, each
-against scikit-learn's MLPClassifier on the same split, so the default can be chosen for
-robustness (the best worst case) rather than tuned to one problem.
+"""The study behind asgd's defaults (issues 14 and 28): held-out accuracy of asgd across
+data sets x worker counts x candidate settings, each against scikit-learn's
+MLPClassifier() on the same split, so a default can be chosen for robustness (the best
+worst case) rather than tuned to one problem.
 
-Every run is a real `mpiexec -n W+1 python -m asgd.train` (1 server, W asynchronous
-workers) with bench_data.py's protocol for the data set (its split, H, E, batch and
---standardize; see its docstring), plus `--optimizer O --lr LR`. The learning rates are
-rules in H (hidden units) and W (workers), written as Python expressions:
-`--rules "sgd=3/H,30/H;adam=0.001,0.003"`; the defaults bracket each optimizer's default
-by about 3x each way. sklearn's accuracy is computed once per data set and seed.
+Every run is a real `mpiexec -n W+1 python -m asgd.train --data <split> --seed S` (1
+server, W asynchronous workers; bench_data.py's splits and data sets, mnist the wide one)
+plus the candidate's options: either a learning-rate rule per optimizer, `--optimizer O
+--lr LR` with LR a Python expression in H (hidden units) and W (workers), `--rules
+"sgd=3/H,30/H;adam=0.001,0.003"`; or `--variants "NAME=OPTIONS;..."`, any asgd.train
+options against the defaults, e.g. `--variants "defaults=;sqrt=--stale-step sqrt;h100=--hidden 100"`
+(a variant's row has optimizer "variant" and rule NAME). sklearn's accuracy (the better
+of raw and standardized features, bench_data.run_sklearn) is computed once per data set
+and seed.
 
 For each rule the summary gives, over every data set, worker count and seed: the worst
 and median gap to sklearn (asgd - sklearn, per seed), the runs more than --tolerance below
@@ -22,6 +25,7 @@ defaults.png under --out.
 
     python bench/bench_defaults.py                               # the whole grid, seed 0 (hours on 2 cores)
     python bench/bench_defaults.py --seeds 1 --rules "adam=0.001,0.003;adagrad=0.01,0.03"
+    python bench/bench_defaults.py --datasets mnist,digits --workers 1,15,31 --variants "defaults=;sqrt=--stale-step sqrt"
     python bench/bench_defaults.py --summarize                   # the table from the rows already there
 """
 
@@ -62,16 +66,29 @@ def parse_args(argv=None):
     p = common.parser(__doc__, "defaults")
     p.add_argument("--datasets", type=common.word_list, default=",".join(bench_data.DATASETS),
                    help=f"comma list of {', '.join(bench_data.DATASETS)} (default all)")
-    p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 15], help="asynchronous workers (default 1,2,4,8,15)")
+    p.add_argument("--workers", type=int_list, default=[1, 3, 15, 31], help="asynchronous workers (default 1,3,15,31)")
     p.add_argument("--seeds", type=int_list, default=[0], help="splits and initializations (default 0)")
     p.add_argument("--rules", default=RULES, help=f"optimizer=lr rule,...;... in H and W (default {RULES!r})")
+    p.add_argument("--variants", help="NAME=asgd.train options;... to compare instead of --rules "
+                   "(e.g. \"defaults=;sqrt=--stale-step sqrt\")")
     p.add_argument("--tolerance", type=float, default=0.03, help="a run fails more than this below sklearn (default 0.03)")
     p.add_argument("--timeout", type=float, default=300, help="seconds one run may take (default 300)")
     p.add_argument("--summarize", action="store_true", help="run nothing: the summary of the rows in --out")
     p.add_argument("--fresh", action="store_true", help="discard the rows already in --out")
     a = p.parse_args(argv)
-    a.rules = parse_rules(a.rules)
+    a.rules = ([("variant", name.strip()) for name in parse_variants(a.variants)] if a.variants
+               else parse_rules(a.rules))
+    a.variant_opts = parse_variants(a.variants) if a.variants else {}
     return a
+
+
+def parse_variants(spec: str | None) -> dict[str, list[str]]:
+    out = {}
+    for part in (spec or "").split(";"):
+        if part.strip():
+            name, _, opts = part.partition("=")
+            out[name.strip()] = opts.split()
+    return out
 
 
 COLS = ["dataset", "seed", "workers", "ranks", "optimizer", "rule", "lr", "hidden", "epochs", "accuracy",
@@ -201,18 +218,20 @@ def main(argv=None):
                     chance_l = chance(name, seed)[0]
                     p = bench_data.protocol(name)
                     for w, opt, rule in todo:
-                        lr = lr_of(rule, p.hidden, w)
-                        extra = ["--optimizer", opt, "--lr", repr(lr)]
-                        if name == "rings":
-                            extra += ["--hidden", str(p.hidden), "--epochs", str(p.epochs)]
+                        if opt == "variant":
+                            lr, extra = None, args.variant_opts[rule]
+                        else:
+                            lr = lr_of(rule, p.hidden, w)
+                            extra = ["--optimizer", opt, "--lr", repr(lr)]
                         r = bench_data.run_asgd(name, seed, w + 1, data, args.timeout, extra)
                         acc = r.get("accuracy")
-                        row = {**r, "optimizer": opt, "rule": rule, "lr": lr, "hidden": p.hidden, "epochs": p.epochs,
+                        row = {**r, "optimizer": opt, "rule": rule, "lr": r.get("lr") if lr is None else lr,
+                               "hidden": r.get("hidden", p.hidden), "epochs": r.get("epochs", p.epochs),
                                "sklearn": sk, "gap": round(acc - sk, 4) if acc is not None else None,
                                "chance_loss": round(chance_l, 4), "diverged": diverged(r),
                                "loadavg_1min": round(__import__("os").getloadavg()[0], 2)}
                         append_row(path, row)
-                        print(f"  s{seed} {name:<13} W={w:<2} {opt:<8} {rule:<8} lr {lr:<9.3g} acc "
+                        print(f"  s{seed} {name:<13} W={w:<2} {opt:<8} {rule:<8} lr {row['lr'] or 0:<9.3g} acc "
                               f"{common.fmt(acc, '.3f')} (sklearn {sk:.3f}, gap {common.fmt(row['gap'], '+.3f')})"
                               f"{' DIVERGED' if row['diverged'] else ''}{' note' if r.get('notes') else ''}"
                               f"{' ' + r['failed'][:80] if r.get('failed') else ''} [{r.get('job_wall_s')} s]",

@@ -210,7 +210,7 @@ def test_the_formats_page_describes_every_results_key():
                         server={"updates": 1, "samples": 1, "history": [], "loss": 0.0, "accuracy": 1.0})
     keys = set(res) | set(res["metrics"]) | set(res["throughput"]) | set(res["profile"]) | set(server) | set(worker)
     keys |= {k for row in res["profile"]["ranks"] for k in row}
-    keys |= {"stopped", "notes", "standardize", "dry_run", "bytes", "step_loss", "replicas",
+    keys |= {"stopped", "notes", "standardize", "dry_run", "bytes", "step_loss", "replicas", "data", "lr_scale",
              "staleness_applied", "step_gap_applied", "replica_pct"}   # what train.py and its roles add
     text = section("formats.md", "results.json")
     missing = sorted(k for k in keys if f"`{k}`" not in text)

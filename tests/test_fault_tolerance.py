@@ -163,3 +163,20 @@ def test_a_checkpoint_resumes_with_other_servers_and_workers(tmp_path):
     p = mpiexec(3, common + ["--epochs", "4", "--resume", str(part)])
     assert p.returncode == 0, p.stderr
     assert [h["epoch"] for h in load_results(part)["metrics"]["history"]] == [1, 2, 3, 4]
+
+
+def test_a_restart_with_no_complete_cut_starts_over_in_its_own_folder(tmp_path):
+    """The first attempt dies leaving a checkpoint folder but no cut every server has:
+    the supervisor starts over without --resume, into the folder its first attempt made,
+    which asgd.train would refuse as holding a run unless the supervisor says --force."""
+    out, marker = tmp_path / "run", tmp_path / "failed-once"
+    fake = tmp_path / "launcher.sh"   # fails its first job (not its --version, which launch asks first)
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = -n ] && [ ! -e {marker} ]; then touch {marker}; mkdir -p {out}/checkpoint; "
+                    f"touch {out}/checkpoint/shard-1.npz.tmp; exit 1; fi\nexec {launch.find()} \"$@\"\n")
+    fake.chmod(0o755)
+    p = subprocess.run([sys.executable, "-m", "asgd.launch", "-n", "2", "--max-restarts", "1", "--launcher", str(fake),
+                        "--", "--epochs", "1", "--hidden", "50", "--quiet", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "before any checkpoint; starting it over" in p.stderr
+    assert load_results(out)["restarts"][0]["resumed_from"] is None

@@ -19,7 +19,7 @@ LAYERS = [
     ["asgd.data"],                    # formats, parsers, readers, shares, scaling
     ["asgd.protocol"],                # who talks to whom
     ["asgd.run"],                     # options, results.json, progress, checkpoints, signals, trace
-    ["asgd.train", "asgd.launch.__main__"],   # the run top to bottom; its restart supervisor
+    ["asgd.train", "asgd.launch.__main__", "asgd.predict"],   # the run top to bottom; its restart supervisor; a trained run applied to new data (numpy only)
     ["asgd.perf"],                    # the lab: analytical model, calibration, report
     ["asgd.sim", "asgd.testbed"],     # the simulator; the emulated cluster
 ]

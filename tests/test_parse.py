@@ -4,6 +4,7 @@ whole and cut into chunks as the parallel reader cuts it; the .npy format; the C
 import numpy as np
 import pytest
 
+from asgd.data import labels as lab
 from asgd.data import parse
 from asgd.run import config
 from asgd.data import formats, problem
@@ -16,68 +17,81 @@ BAD = [
     ("\n\n \n", "empty data file"),
     ("0.1\t0.2\t0\n0.3\t1\n", ":2: expected 3 fields like line 1, got 2"),
     ("0.1\t0.2\t0\n0.3\t0.4\t1\t7\n", ":2: expected 3 fields like line 1, got 4"),
-    ("0.1\t0.2\t0\n0.3\tabc\t1\n", ":2: feature 'abc' is not a number"),
-    ("0.1\t0.2\t0\n0.3\t1e\t1\n", ":2: feature '1e' is not a number"),
-    ("0.1\t0.2\t0\n0.3\t--1\t1\n", ":2: feature '--1' is not a number"),
-    ("0.1\t0.2\t0\n0.3\tnan\t1\n", ":2: feature is NaN or infinite"),
-    ("0.1\t0.2\t0\n0.3\t-Infinity\t1\n", ":2: feature is NaN or infinite"),
-    ("0.1\t0.2\t0\n0.3\t1e999\t1\n", ":2: feature is NaN or infinite"),
-    ("0.1\t0.2\t0\n0.3\t0.4\t-1\n", ":2: negative label -1"),
-    ("0.1\t0.2\t0\n0.3\t0.4\t1.5\n", ":2: label '1.5' is not an integer"),
-    ("0.1\t0.2\t0\n0.3\t0.4\t+1\n", ":2: label '+1' is not an integer"),
+    ("0.1\t0.2\t0\n0.3\tabc\t1\n", ":2: column 2: 'abc' is not a number"),
+    ("0.1\t0.2\t0\n0.3\t1e\t1\n", ":2: column 2: '1e' is not a number"),
+    ("0.1\t0.2\t0\n0.3\t--1\t1\n", ":2: column 2: '--1' is not a number"),
+    ("0.1\t0.2\t0\n0.3\tnan\t1\n", ":2: column 2 is NaN or infinite"),
+    ("0.1\t0.2\t0\n0.3\t-Infinity\t1\n", ":2: column 2 is NaN or infinite"),
+    ("0.1\t0.2\t0\n0.3\t1e999\t1\n", ":2: column 2 is NaN or infinite"),
     ("0.1\t0.2\t0\n\n0.3\t0.4\t1\n", ":2: empty line"),
     ("0.1\t0.2\t0\n \t\r\n0.3\t0.4\t1\n", ":2: empty line"),
-    ("x\ty\tlabel\n0.1\t0.2\t0\n", ":1: feature 'x' is not a number"),
+    ("x\ty\tlabel\n0.1\t0.2\t0\n", "all labels are 0; need at least 2 classes"),   # a header: one row
     ("0.1\t0.2\t0\n0.3\t0.4\t0\n", "all labels are 0; need at least 2 classes"),
     ("0.5\n", ":1: need at least one feature and a label, got 1 field(s)"),
     ("0.1\t0.2\t0\n0.3\t\xe9\t1\n", ":2: not a text file (byte 0xe9)"),
+    # CSV and the other dialects: the line and the column, by name when there is a header
+    ("a,b,c\n1,,0\n3,4,1\n", ":2: column 2 ('b') is empty; asgd needs every value: drop or fill the rows"),
+    ("a,b,c\n1,2,0\n3,NA,1\n", ":3: column 2 ('b') is 'NA': a missing value"),
+    ("a\tb\tc\n1\t\t0\n3\t4\t1\n", ":2: column 2 ('b') is empty"),                 # tabs do not merge
+    ("a;b;c\n1;2;0\n3;nan;1\n", ":3: column 2 ('b') is NaN or infinite"),
+    ("a,b,c\n1,2,0\n3,4\n5,6,1\n", ":3: expected 3 fields like the header, got 2"),
+    ("a,b,c\n1,2,0\n3,4,1,\n", ":3: expected 3 fields like the header, got 4"),
+    ("a,b,c\n1,2,\n3,4,1\n", ":2: the label, column 3 ('c'), is empty"),
+    ("a,b,c\n1,2,0\n3,4,NA\n", ":3: the label, column 3 ('c', the last), is 'NA': a missing value; drop"),
+    ("1 2 0\n3 4 1\n5 x 1\n", ":3: column 2: 'x' is not a number"),
 ]
 GOOD = [
     "0.5\t-1.25\t0 \r\n1e-3\t2\t1\t\r\n\r\n",      # CRLF, trailing blanks and a blank line at the end
     "1.\t.5\t0\n+3\t-0\t1\n1E+05\t2e-5\t01\n",     # every spelling float() and int() take
     "0.1 0.2  1\n0.3\t\t0.4 0",                     # any white space; no final newline
+    "x,y,label\r\n0.5, -1.25 ,0\r\n1e-3,2,1\r\n",   # CSV with a header, blanks around fields
+    '"x";"y";"label"\n0.5;"2";"b"\n1;2;a\n',         # semicolons, quoted fields, names as labels
+    "0.5|1|-1\n2|3|+1\n",                          # signed labels are names
 ]
 
 
-def fast(path, content: bytes, classes=None):
+def fast(path, content: bytes, classes=None, **dialect):
     """What the sequential reader does with a whole file."""
-    buf = np.frombuffer(content + b"\n", np.uint8).copy()
-    X, y, max_label = parse.parse_bytes(str(path), buf, classes)
-    if (classes or max_label + 1) < 2:
-        raise DataError(f"{path}: all labels are 0; need at least 2 classes")
-    return X, y
+    path.write_bytes(content)
+    return parse.read_file(str(path), classes, **dialect)
 
 
-def chunked(path, content: bytes, P: int, classes=None):
+def chunked(path, content: bytes, P: int, classes=None, **dialect):
     """What P ranks of the parallel reader find: rank k owns the lines that start in
-    its byte range [k*size/P, (k+1)*size/P) (cut independently of readers.py)."""
+    its byte range of the data [start + k*n/P, start + (k+1)*n/P) (cut independently of
+    readers.py), n the bytes after the header."""
+    path.write_bytes(content)
+    d = formats.dialect_of(str(path), **dialect)
+    if d.columns == 0:
+        raise DataError(f"{path}: empty data file")
     buf = np.frombuffer(content + b"\n", np.uint8).copy()
-    size = len(content)
+    size, start = len(content), d.start
     chunks, parts = [], []
     for k in range(P):
-        s, e = k * size // P, (k + 1) * size // P
+        s, e = start + k * (size - start) // P, start + (k + 1) * (size - start) // P
         lo = hi = 0
         if e > s:
-            j = -1 if s == 0 else content.find(b"\n", s - 1)  # my first line starts at j + 1 ...
-            if s == 0 or 0 <= j < e - 1:                       # ... if that is inside [s, e)
+            j = start - 1 if s == start else content.find(b"\n", s - 1)  # my first line starts at j + 1 ...
+            if s == start or 0 <= j < e - 1:                           # ... if that is inside [s, e)
                 lo = j + 1
-                end = content.find(b"\n", e - 1)              # my last line ends at the first
-                hi = size if end < 0 else end + 1              # '\n' at or after e - 1
-        X, y, info = parse.parse_text(buf, lo, hi, classes or 0)
-        chunks.append(parse.summarize(info, buf, classes=classes or 0))
-        parts.append((X, y))
-    offsets, n, features, max_label = parse.resolve(str(path), chunks)
-    X = np.concatenate([p[0].reshape(-1, features) for p in parts])  # a chunk with no line: (0, 0)
-    return X, np.concatenate([p[1] for p in parts]), offsets
+                end = content.find(b"\n", e - 1)                      # my last line ends at the first
+                hi = size if end < 0 else end + 1                      # '\n' at or after e - 1
+        X, codes, summary = parse.parse_chunk(buf, lo, hi, d, classes)
+        chunks.append(summary)
+        parts.append((X, codes))
+    offsets, n, fl = parse.resolve(str(path), d, chunks)
+    labels = lab.decide(str(path), d, fl, n, classes)
+    X = np.concatenate([p[0].reshape(-1, d.features) for p in parts])  # a chunk with no line: (0, 0)
+    return X, np.concatenate([p[1].classes(labels) for p in parts]), offsets, labels
 
 
 @pytest.mark.parametrize("content, message", BAD)
 def test_fast_parser_names_the_same_line_as_the_reference(tmp_path, content, message):
-    p = tmp_path / "bad.tsv"
+    p = tmp_path / "bad.csv"
     raw = content.encode("latin-1")
     p.write_bytes(raw)
     with pytest.raises(DataError) as ref:
-        formats.read_tsv(str(p))
+        formats.read_text(str(p))
     with pytest.raises(DataError) as got:
         fast(p, raw)
     assert str(got.value) == str(ref.value) and message in str(got.value)
@@ -88,25 +102,24 @@ def test_fast_parser_names_the_same_line_as_the_reference(tmp_path, content, mes
 def test_chunks_agree_on_the_first_bad_line(tmp_path, content, message, P):
     """Wherever the cuts fall (a bad line at a chunk's start, a blank run at a chunk's
     end with data in the next, line 1 alone in a chunk), the verdict is the whole file's."""
-    p = tmp_path / "bad.tsv"
+    p = tmp_path / "bad.csv"
     raw = content.encode("latin-1")
     with pytest.raises(DataError) as whole:
         fast(p, raw)
     with pytest.raises(DataError) as got:
-        X, y, _ = chunked(p, raw, P)
-        if y.max() < 1:
-            raise DataError(f"{p}: all labels are 0; need at least 2 classes")
+        chunked(p, raw, P)
     assert str(got.value) == str(whole.value)
 
 
 @pytest.mark.parametrize("content", GOOD)
 @pytest.mark.parametrize("P", [1, 2, 3, 7])
 def test_fast_parser_values_equal_the_reference(tmp_path, content, P):
-    p = tmp_path / "good.tsv"
+    p = tmp_path / "good.csv"
     p.write_text(content)
-    ref = formats.read_tsv(str(p))
-    X, y, _ = chunked(p, content.encode(), P)
+    ref = formats.read_text(str(p))
+    X, y, _, labels = chunked(p, content.encode(), P)
     assert X.tolist() == ref.X.tolist() and y.tolist() == ref.y.tolist()
+    assert labels.names == ref.names and labels.classes == ref.classes
 
 
 def test_values_are_bit_identical_and_lines_numbered(tmp_path):
@@ -116,7 +129,7 @@ def test_values_are_bit_identical_and_lines_numbered(tmp_path):
     formats.write_tsv(str(p), d)
     raw = p.read_bytes()
     for P in (1, 4, 9):
-        X, y, offsets = chunked(p, raw, P)
+        X, y, offsets, _ = chunked(p, raw, P)
         assert np.array_equal(X, d.X) and np.array_equal(y, d.y)
         # a chunk's first point is line offsets[k] of the file
         starts = [0] + [raw.count(b"\n", 0, raw.find(b"\n", k * len(raw) // P - 1) + 1) for k in range(1, P)]
@@ -127,10 +140,85 @@ def test_label_bounds(tmp_path):
     p = tmp_path / "d.tsv"
     with pytest.raises(DataError, match=r":2: label 2 out of range for --classes 2"):
         fast(p, b"0.1\t0\n0.2\t2\n", classes=2)
-    with pytest.raises(DataError, match=r":2: label '99999999999' is too large"):
-        fast(p, b"0.1\t0\n0.2\t99999999999\n")
-    X, y = fast(p, b"0.1\t0\n0.2\t0000000000000001\n")  # leading zeros are not size
-    assert y.tolist() == [0, 1]
+    d = fast(p, b"0.1\t0\n0.2\t0000000000000001\n")  # leading zeros are not size
+    assert d.y.tolist() == [0, 1] and d.names is None
+    d = fast(p, b"0.1\t0\n0.2\t99999999999\n")       # past an index's range: a name
+    assert d.names == ("0", "99999999999") and d.y.tolist() == [0, 1]
+
+
+# -- what the label column holds --------------------------------------------------------
+
+PENGUINS = ("species,bill_length_mm,bill_depth_mm,year\n"
+            + "".join(f"{s},{39 + i % 7}.{i % 10},{18 + i % 3}.1,{2007 + i % 3}\n"
+                      for i, s in enumerate(["Adelie", "Gentoo", "Chinstrap"] * 10)))
+
+
+@pytest.mark.parametrize("reader", ["reference", "fast"])
+def test_a_string_label_first_by_name(tmp_path, reader):
+    p = tmp_path / "penguins.csv"
+    p.write_text(PENGUINS)
+    read = formats.read_text if reader == "reference" else parse.read_file
+    d = read(str(p), label_column="species")
+    assert d.names == ("Adelie", "Chinstrap", "Gentoo") and d.classes == 3 and d.features == 3
+    assert d.y[:3].tolist() == [0, 2, 1] and d.X[0].tolist() == [39.0, 18.1, 2007.0]
+    assert read(str(p), label_column="0").names == d.names
+
+
+@pytest.mark.parametrize("reader", ["reference", "fast"])
+def test_a_year_like_label_is_refused_naming_the_column_and_the_fix(tmp_path, reader):
+    """Issue 28: the year column, last, taken as the label trained 2,010 'classes' (the
+    string column dropped, as the user had to; with it, the parser names it first)."""
+    p = tmp_path / "penguins.csv"
+    p.write_text(PENGUINS)
+    read = formats.read_text if reader == "reference" else parse.read_file
+    with pytest.raises(DataError, match=r":2: column 1 \('species'\): 'Adelie' is not a number; features must be "
+                                        r"numbers: if this column is the label, use --label-column species"):
+        read(str(p))
+    p.write_text("".join(line.split(",", 1)[1] + "\n" for line in PENGUINS.splitlines()))
+    with pytest.raises(DataError) as e:
+        read(str(p))
+    msg = str(e.value)
+    assert "the label, column 3 ('year', the last), looks like a measurement, not classes: 2,010 classes" in msg
+    assert "--label-column NAME or INDEX (the others: bill_length_mm, bill_depth_mm)" in msg
+    assert "--classes N" in msg and "\n" not in msg
+    assert read(str(p), classes=2010).classes == 2010        # unless --classes says so
+    with pytest.raises(DataError, match="numbers with decimals"):
+        read(str(p), label_column="bill_depth_mm")   # 3 values, 18.1 19.1 20.1
+
+
+@pytest.mark.parametrize("labels, why", [
+    ([str(i) for i in range(40)], "40 distinct values in 40 rows"),
+    (["1", "5000"] * 20, "5,001 classes (integer labels up to 5,000)"),
+    (["0", "1", "60"] * 10, "61 classes (integer labels up to 60) of which 3 occur"),
+    ([f"id{i}" for i in range(40)], "40 distinct values in 40 rows"),
+])
+def test_measurement_like_labels(tmp_path, labels, why):
+    p = tmp_path / "d.tsv"
+    p.write_text("".join(f"{i}\t{t}\n" for i, t in enumerate(labels)))
+    with pytest.raises(DataError, match=why.replace("(", r"\(").replace(")", r"\)")):
+        formats.read_text(str(p))
+    with pytest.raises(DataError, match=why.replace("(", r"\(").replace(")", r"\)")):
+        parse.read_file(str(p))
+
+
+def test_commas_read_as_whitespace_name_the_fix(tmp_path):
+    p = tmp_path / "d.csv"
+    with pytest.raises(DataError, match=r":1: need at least one feature and a label, got 1 field\(s\); the line "
+                                        r"has ',' in it: if that separates the fields, use --delimiter comma"):
+        fast(p, b"1,2,0\n3,4,1\n", delimiter="whitespace")
+    assert fast(p, b"1,2,0\n3,4,1\n").X.tolist() == [[1, 2], [3, 4]]   # detected
+
+
+def test_header_option_and_label_by_name_errors(tmp_path):
+    p = tmp_path / "d.csv"
+    d = fast(p, b"1,2,3\n0.5,0.25,0\n1,2,1\n", header=True)   # a header of numbers: only --header says so
+    assert d.X.tolist() == [[0.5, 0.25], [1, 2]]
+    with pytest.raises(DataError, match="--label-column z: no such column in .*'s header \\(a, b, c\\)"):
+        fast(p, b"a,b,c\n1,2,0\n3,4,1\n", label_column="z")
+    with pytest.raises(DataError, match="has no header line"):
+        fast(p, b"1,2,0\n3,4,1\n", label_column="c")
+    with pytest.raises(DataError, match="--label-column 5: .* has 3 columns"):
+        fast(p, b"1,2,0\n3,4,1\n", label_column="5")
 
 
 # -- .npy -----------------------------------------------------------------------------
@@ -150,15 +238,15 @@ def test_generate_npy_and_convert_roundtrip(tmp_path, capsys):
     assert np.array_equal(np.load(tmp_path / "again.npy"), A)
     assert data_cli.main(["generate", "--format", "npy", "--out", str(tmp_path / "x.tsv")]) == 2
     assert "--format npy needs --out to end in .npy" in capsys.readouterr().err
-    (tmp_path / "bad.tsv").write_text("0.1\t0\n0.2\tzz\n")
+    (tmp_path / "bad.tsv").write_text("0.1\t0\nzz\t1\n")
     assert data_cli.main(["convert", str(tmp_path / "bad.tsv"), str(tmp_path / "bad.npy")]) == 2
-    assert f"{tmp_path / 'bad.tsv'}:2: label 'zz' is not an integer" in capsys.readouterr().err
+    assert f"{tmp_path / 'bad.tsv'}:2: column 1: 'zz' is not a number" in capsys.readouterr().err
     assert not (tmp_path / "bad.npy").exists()
 
 
 @pytest.mark.parametrize("array, message", [
     (np.array([[0.1, 0.0], [0.2, 1.5]]), ":2: label 1.5 is not an integer"),
-    (np.array([[0.1, 0.0], [np.nan, 1.0]]), ":2: feature is NaN or infinite"),
+    (np.array([[0.1, 0.0], [np.nan, 1.0]]), ":2: column 1 is NaN or infinite"),
     (np.array([[0.1, 0.0], [0.2, -1.0]]), ":2: negative label -1"),
     (np.zeros((0, 3)), "empty data file"),
     (np.zeros((4, 1)), "need at least one feature and a label, got 1 column(s)"),

@@ -21,6 +21,7 @@ PAGE = "options.md"
 # (anchor, command as typed, module, the function that builds its parser)
 COMMANDS = [
     ("asgd-train", "mpiexec -n N python -m asgd.train", "asgd.run.config", "build_parser"),
+    ("asgd-predict", "python -m asgd.predict", "asgd.predict", "build_parser"),
     ("asgd-data", "python -m asgd.data", "asgd.data.__main__", "build_parser"),
     ("asgd-perf", "python -m asgd.perf", "asgd.perf.cli", "build_parser"),
     ("asgd-sim", "python -m asgd.sim", "asgd.sim.cli", "build_parser"),

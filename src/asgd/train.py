@@ -21,6 +21,7 @@ import time
 
 T0_NS = time.perf_counter_ns()  # init starts when the process does: imports and JIT count
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import socket  # noqa: E402
@@ -32,14 +33,15 @@ from mpi4py import MPI  # noqa: E402
 
 from . import BadInput  # noqa: E402
 from .data import shares  # noqa: E402
-from .data.formats import DataError, Dataset  # noqa: E402
+from .data.formats import DataError, Dataset, test_path  # noqa: E402
 from .data import standardize  # noqa: E402
+from .data.dialect import delimiter_option  # noqa: E402
 from .mpiutil import (Waiter, agree, agree_on, clock_bytes, clock_offsets, describe, failed_ranks,  # noqa: E402
                       gather_objects, leave_without_finalize, oversubscribed, ulfm_missing)
 from .net import mlp, optimizers  # noqa: E402
 from .run import checkpoint, config, folder, results, roles, signals, startup  # noqa: E402
 from .run.job import Job, Model  # noqa: E402
-from .run.progress import convergence_notes  # noqa: E402
+from .run.progress import RunFacts, convergence_notes  # noqa: E402
 from .run.topology import Topology  # noqa: E402
 from .run.trace import PhaseClock, TraceClock  # noqa: E402
 from .run.trace import export as export_trace  # noqa: E402
@@ -124,6 +126,10 @@ def init(job: Job) -> Model:
 
     got = load_data(job)  # collective; a bad file raises the same DataError on every rank
     job.count("init", got.traffic["sent"], got.traffic["recv"])
+    if cfg.epochs is None:   # a file's default: its size says how many (every rank knows it)
+        job.cfg = cfg = dataclasses.replace(cfg, epochs=config.EMBEDDED_EPOCHS if cfg.data is None
+                                            else config.file_epochs(got.train_points))
+    stats = feature_stats(got.test.X) if got.test is not None else (0.0, 1.0)
     scaling = None
     if cfg.standardize:  # collective: the statistics of the workers' shares together
         scaling = standardize.statistics(comm, waiter, got.train.X)
@@ -146,11 +152,13 @@ def init(job: Job) -> Model:
                 raise checkpoint.CheckpointError(f"{cfg.resume}: its checkpoint has {resumed['epoch']} "
                                                  f"epochs done; ask for more with --epochs")
         if job.rank == 0:
+            folder.check_out(job.out, cfg.force, cfg.resume is not None)
             _check_writable(job.out)
         averaged = job.topo.replicas if allreduce or cfg.mode == "sync" else 1
         lr = cfg.lr or optimizers.default_lr(cfg.optimizer, cfg.hidden, averaged)
         made["model"] = Model(got.train, got.test, got.train_points, got.times, layout, sliced, w, lr, resumed,
-                              saved, scaling)
+                              saved, scaling, labels=got.labels, dialect=got.dialect, test_lines=got.test_lines,
+                              feature_stats=stats)
         return socket.gethostname()
     job.hosts = agree(comm, waiter, local, "the other ranks to finish start-up", Agreed)
     model = made["model"]
@@ -174,7 +182,8 @@ def load_data(job: Job) -> shares.Loaded:
     members: the same) and, on rank 0, the held-out set, read by --reader; the embedded
     problem is generated, not read."""
     cfg = job.cfg
-    which = shares.Job(job.servers, cfg.seed, cfg.classes, cfg.model_parallel)
+    which = shares.Job(job.servers, cfg.seed, cfg.classes, cfg.model_parallel, delimiter_option(cfg.delimiter),
+                       cfg.header, cfg.label_column)
     if cfg.data is None:
         return shares.embedded(job.rank, job.comm.size, which)
     from .data import readers  # the parsers: only a run with a file imports them
@@ -209,6 +218,16 @@ def share_with_replica(job: Job, got: shares.Loaded) -> None:
     got.train = Dataset(np.ascontiguousarray(rows[:, :f]), rows[:, f].astype(np.int64), got.train.classes)
 
 
+def feature_stats(X: np.ndarray) -> tuple[float, float]:
+    """(largest |value|, largest std / smallest non-zero std) of features as read: the
+    notes say when they were left unscaled."""
+    if not len(X):
+        return 0.0, 1.0
+    std = X.std(axis=0)
+    nonzero = std[std > 0]
+    return float(np.abs(X).max()), float(nonzero.max() / nonzero.min()) if len(nonzero) else 1.0
+
+
 def _check_writable(out: str) -> None:
     try:
         os.makedirs(out, exist_ok=True)
@@ -221,6 +240,22 @@ def _check_writable(out: str) -> None:
 
 
 # -- save ------------------------------------------------------------------------------
+
+def data_record(cfg, m: Model) -> dict:
+    """results.json's `data`: what the model was trained and evaluated on, to check it
+    and to apply it (asgd.predict): the files' size and hash, how they were read, where
+    the held-out points came from, the classes' names."""
+    if cfg.data is None:
+        return {"embedded": "rings", "seed": cfg.seed, "heldout": None, "labels": None}
+    held_out_of_data = cfg.test is None and not os.path.exists(test_path(cfg.data))
+    return {"train": folder.file_digest(cfg.data),
+            "test": None if held_out_of_data else folder.file_digest(cfg.test or test_path(cfg.data)),
+            "read_as": m.dialect,
+            "heldout": "heldout.npy" if held_out_of_data else None,
+            "heldout_rule": (f"a seeded 1/{shares.HOLDOUT} of the data file's rows (asgd.data.shares.assign, seed "
+                             f"{cfg.seed})" if held_out_of_data else "every row of the test file"),
+            "labels": list(m.labels.names) if m.labels is not None and m.labels.names else None}
+
 
 def save(job: Job, m: Model, record: dict) -> None:
     """Every rank's record to rank 0, which writes the weights, results.json (its final
@@ -276,6 +311,7 @@ def save(job: Job, m: Model, record: dict) -> None:
     lost = {x["rank"]: x for r in records for x in r.get("lost", [])}   # every server saw it die
     res["lost"] = [{**x, "host": job.hosts[rank]} for rank, x in sorted(lost.items())]
     res["dry_run"] = cfg.dry_run
+    res["data"] = data_record(cfg, m)
     if tracker.step_losses is not None:   # lockstep runs: every version's mean batch loss
         res["metrics"]["step_loss"] = tracker.step_losses
     if m.scaling:
@@ -289,7 +325,16 @@ def save(job: Job, m: Model, record: dict) -> None:
         return
     if m.scaling:
         folder.write_scaling(job.out, *m.scaling)
-    res["notes"] = convergence_notes(tracker.history, sum(r.get("refused", 0) for r in records))
+    lockstep = cfg.mode == "sync" or cfg.arch == "allreduce"
+    chance = float(np.bincount(m.test.y).max() / len(m.test)) if len(m.test) else None
+    facts = RunFacts(accuracy=accuracy, chance=chance, workers=1 if lockstep else job.topo.replicas,
+                     standardized=bool(cfg.standardize), feature_max=m.feature_stats[0],
+                     std_ratio=m.feature_stats[1], guard_cuts=tracker.guard_cuts, stale_step=cfg.stale_step)
+    res["notes"] = convergence_notes(tracker.history, sum(r.get("refused", 0) for r in records), facts)
+    if m.labels is not None and m.labels.names:
+        folder.write_labels(job.out, m.labels.names)
+    if res["data"].get("heldout") and m.test_lines is not None:
+        folder.write_heldout(job.out, m.test_lines)
     folder.write_weights(job.out, w)
     results.write(path, res)
     print(results.summary(res, path), flush=True)

@@ -1,13 +1,20 @@
 """The data file formats, and the Dataset every reader returns.
 
-TSV (the paper's): one data point a line, the features as decimal numbers, then an
-integer class label, separated by tabs (any whitespace is accepted, as are CRLF line
-endings and trailing blanks). read_tsv here is the reference parser (plain Python);
-the readers use the numba parser in parse.py, which gives the same messages.
+Delimited text (CSV, TSV, the paper's white-space format): one data point a line, the
+features as decimal numbers and a label, in the columns a Dialect says (data.dialect:
+the delimiter, a header, the label's column, found from the file's first lines or
+given). A label is a class index, or a name (data.labels). CRLF line endings, blanks
+around fields and trailing blank lines are accepted. read_text here is the reference
+parser (plain Python, numpy only: asgd.predict uses it); the readers use the numba
+parser in parse.py, which gives the same values and messages.
 
-.npy (binary): one 2-D little-endian float64 array, a row per data point: the features,
-then the label (an integer value). A rank can read any range of rows at a known offset
-and nothing needs parsing. Files ending in .npy are binary, anything else is TSV.
+.npy (binary): one 2-D little-endian float64 array, a row per data point, the label in
+a column (the last by default), an integer value. A rank can read any range of rows at
+a known offset and nothing needs parsing.
+
+.npz: arrays X (2-D, the features) and y (1-D, the labels: integers or names), or one
+2-D array laid out as a .npy file's. Read whole by every rank that reads it (use .npy
+for large files).
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import BadInput
+from . import labels as lab
+from .dialect import HEAD_BYTES, Dialect, DialectError, blank, sniff, split
 
 
 class DataError(BadInput):
@@ -29,6 +38,7 @@ class Dataset:
     X: np.ndarray  # (n, n_features) float64
     y: np.ndarray  # (n,) int64 class labels 0..classes-1
     classes: int
+    names: tuple[str, ...] | None = None   # class k's label in the file, where labels are names
 
     @property
     def features(self) -> int:
@@ -45,8 +55,12 @@ def test_path(path: str) -> str:
 
 
 def is_binary(path: str) -> bool:
-    """The format goes by the file name: .npy is binary, anything else is text."""
+    """The format goes by the file name: .npy is binary, anything else is text (or .npz)."""
     return path.lower().endswith(".npy")
+
+
+def is_npz(path: str) -> bool:
+    return path.lower().endswith(".npz")
 
 
 def write(path: str, data: Dataset) -> None:
@@ -101,79 +115,191 @@ def write_tsv(path: str, data: Dataset) -> None:
     np.savetxt(path, cols, fmt=fmt, delimiter="\t")
 
 
-def read_tsv(path: str, classes: int | None = None) -> Dataset:
-    """Parse and validate a TSV file; any problem raises DataError naming file and line."""
-    lines = _read_lines(path)
-    n_fields = None
-    rows = []
-    for lineno, line in enumerate(lines, 1):
-        fields = line.split()
-        if not fields:
-            raise DataError(f"{path}:{lineno}: empty line")
-        if n_fields is None:
-            n_fields = len(fields)
-            if n_fields < 2:
-                raise DataError(f"{path}:{lineno}: need at least one feature and a label, "
-                                f"got {n_fields} field(s)")
-        elif len(fields) != n_fields:
-            raise DataError(f"{path}:{lineno}: expected {n_fields} fields like line 1, "
-                            f"got {len(fields)}")
-        rows.append(fields)
-    return _validate(path, rows, classes)
+# -- the reference parser (plain Python) ---------------------------------------------
 
-
-def _read_lines(path: str) -> list[str]:
+def read_head(path: str) -> bytes:
+    """The file's first bytes, enough for sniff: HEAD_BYTES, more until line 2 ends."""
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            head = f.read(HEAD_BYTES)
+            while head.count(b"\n") < 2 and len(head) % HEAD_BYTES == 0 and head:
+                more = f.read(HEAD_BYTES)
+                if not more:
+                    break
+                head += more
+    except FileNotFoundError:
+        raise DataError(f"{path}: data file not found") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a folder, not a data file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read data file: {e.strerror}") from None
+    return head
+
+
+def dialect_of(path: str, delimiter: str = "auto", header: bool | None = None,
+               label_column: str | None = None, head: bytes | None = None) -> Dialect:
+    """The Dialect of a text file (data.dialect.sniff on its first bytes); DataError if bad."""
+    try:
+        return sniff(path, read_head(path) if head is None else head, delimiter, header, label_column)
+    except DialectError as e:
+        raise DataError(str(e)) from None
+
+
+def parse_reference(path: str, d: Dialect, classes: int | None = None):
+    """(X, label tokens (None without a label column), FileLabels) of a text file with a
+    known dialect, line by line in Python; DataError names the first bad line and column,
+    with the numba parser's words (parse.py)."""
+    raw = _read_bytes(path)
+    lines = raw[d.start:].split(b"\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    while lines and blank(lines[-1].decode("latin-1")):   # trailing blank lines are harmless
+        lines.pop()
+    if not lines:
+        raise DataError(f"{path}: empty data file")
+    feats = d.feature_columns() if d.label is not None else list(range(d.columns))
+    X = np.empty((len(lines), len(feats)))
+    tokens = [] if d.label is not None else None
+    fl = lab.FileLabels()
+    for i, b in enumerate(lines):
+        lineno = d.first_line + i
+        text = b.decode("latin-1")   # byte for byte: the kernel sees bytes
+        if blank(text):
+            raise DataError(f"{path}:{lineno}: empty line")
+        fields = split(text, d.delimiter)
+        if len(fields) != d.columns:
+            raise DataError(f"{path}:{lineno}: {d.fields_message(len(fields))}")
+        row = []
+        for c, f in enumerate(fields):   # in column order: the first bad field is the one named
+            if c == d.label:
+                if f == "":
+                    raise DataError(f"{path}:{lineno}: {d.empty(c)}")
+                continue
+            if not _is_feature(f):
+                if any(ord(ch) >= 128 for ch in f):
+                    raise DataError(f"{path}:{lineno}: not a text file (byte {next(ord(ch) for ch in f if ord(ch) >= 128):#x})")
+                raise DataError(f"{path}:{lineno}: {d.empty(c) if f == '' else d.not_a_number(c, f)}")
+            row.append(float(f))
+        X[i] = row
+        bad = [c for c, v in zip(feats, row) if not np.isfinite(v)]
+        if bad:
+            raise DataError(f"{path}:{lineno}: {d.nonfinite(bad[0])}")
+        if tokens is not None:
+            t = fields[d.label].encode("latin-1").decode("utf-8", "replace")
+            tokens.append(t)
+            fl.add(t, lineno, classes)
+    return X, tokens, fl
+
+
+def _is_feature(f: str) -> bool:
+    from .dialect import is_number
+    return f.isascii() and is_number(f)
+
+
+def read_text(path: str, classes: int | None = None, delimiter: str = "auto", header: bool | None = None,
+              label_column: str | None = None) -> Dataset:
+    """Parse and validate a whole text file; any problem raises DataError naming the
+    file, the line and the column."""
+    d = dialect_of(path, delimiter, header, label_column)
+    if d.columns == 0:
+        raise DataError(f"{path}: empty data file")
+    X, tokens, fl = parse_reference(path, d, classes)
+    labels = lab.decide(path, d, fl, len(X), classes)
+    y = np.array([labels.of(t) for t in tokens], dtype=np.int64)
+    return Dataset(X, y, labels.classes, labels.names)
+
+
+read_tsv = read_text   # the name before 0.4: the paper's format is one dialect of it
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
     except FileNotFoundError:
         raise DataError(f"{path}: data file not found") from None
     except OSError as e:
         raise DataError(f"{path}: cannot read data file: {e.strerror}") from None
+
+
+# -- .npz --------------------------------------------------------------------------------
+
+def read_npz(path: str, classes: int | None = None, label_column: str | None = None):
+    """(X, label array, Dialect-like column info) of a .npz: arrays X and y, or one 2-D
+    array with the label in a column. Labels may be integers, integer-valued floats or
+    names (strings)."""
     try:
-        text = raw.decode("ascii")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not a text file (byte {raw[e.start]:#x})") from None
-    lines = text.splitlines()
-    while lines and not lines[-1].strip():  # trailing blank lines are harmless
-        lines.pop()
-    if not lines:
-        raise DataError(f"{path}: empty data file")
-    return lines
-
-
-def _validate(path: str, rows: list[list[str]], classes: int | None) -> Dataset:
-    n_feat = len(rows[0]) - 1
-    X = np.empty((len(rows), n_feat))
-    y = np.empty(len(rows), dtype=np.int64)
-    for i, fields in enumerate(rows):
-        try:
-            X[i] = [float(v) for v in fields[:n_feat]]
-        except ValueError:
-            bad = next(v for v in fields[:n_feat] if not _is_float(v))
-            raise DataError(f"{path}:{i + 1}: feature {bad!r} is not a number") from None
-        label = fields[-1]
-        if not label.lstrip("-").isdigit():
-            raise DataError(f"{path}:{i + 1}: label {label!r} is not an integer")
-        y[i] = int(label)
+        with np.load(path, allow_pickle=False) as z:
+            keys = list(z.keys())
+            if "X" in keys and "y" in keys:
+                X, y = np.asarray(z["X"]), np.asarray(z["y"])
+                if label_column is not None:
+                    raise DataError(f"{path}: --label-column does not apply: its labels are its array y")
+            elif len(keys) == 1 and z[keys[0]].ndim == 2:
+                A = np.asarray(z[keys[0]])
+                c = _column(path, label_column, A.shape[1])
+                X, y = np.delete(A, c, axis=1), A[:, c]
+            else:
+                raise DataError(f"{path}: expected arrays X (features) and y (labels), or one 2-D array; "
+                                f"got {', '.join(keys) or 'none'}")
+    except (OSError, ValueError) as e:
+        if isinstance(e, DataError):
+            raise
+        raise DataError(f"{path}: not a .npz file numpy can read ({e})") from None
+    if X.ndim != 2 or y.ndim != 1 or len(X) != len(y):
+        raise DataError(f"{path}: X must be 2-D and y 1-D with a label per row; got X {X.shape}, y {y.shape}")
+    if X.dtype.kind not in "fiub":
+        raise DataError(f"{path}: X must hold numbers, got {X.dtype}")
+    X = np.ascontiguousarray(X, dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(X).all(axis=1))
     if len(bad):
-        raise DataError(f"{path}:{bad[0] + 1}: feature is NaN or infinite")
-    if (y < 0).any():
-        raise DataError(f"{path}:{np.flatnonzero(y < 0)[0] + 1}: negative label {y[y < 0][0]}")
-    k = int(y.max()) + 1 if classes is None else classes
-    if classes is not None and (y >= classes).any():
-        i = np.flatnonzero(y >= classes)[0]
-        raise DataError(f"{path}:{i + 1}: label {y[i]} out of range for --classes {classes}")
-    if k < 2:
-        raise DataError(f"{path}: all labels are 0; need at least 2 classes")
-    return Dataset(X, y, k)
+        c = int(np.flatnonzero(~np.isfinite(X[bad[0]]))[0])
+        raise DataError(f"{path}:{bad[0] + 1}: column {c + 1} of X is NaN or infinite; asgd needs every feature a "
+                        "finite number: drop or fill the rows that lack one")
+    if len(X) == 0:
+        raise DataError(f"{path}: empty data file")
+    if y.dtype.kind == "f":
+        if not np.isfinite(y).all():
+            raise DataError(f"{path}:{np.flatnonzero(~np.isfinite(y))[0] + 1}: the label is NaN: a missing value; "
+                            "drop the rows that lack one")
+        if (y == np.round(y)).all():
+            y = y.astype(np.int64)
+    tokens = y.astype(str) if y.dtype.kind in "fUSO" or (y < 0).any() else None
+    return X, y, tokens
 
 
-def _is_float(s: str) -> bool:
+def _column(path: str, spec: str | None, columns: int) -> int:
+    if spec is None:
+        return columns - 1
     try:
-        float(s)
-        return True
+        i = int(spec)
     except ValueError:
-        return False
+        raise DataError(f"--label-column {spec}: {path} has no column names; give an index") from None
+    if not -columns <= i < columns:
+        raise DataError(f"--label-column {spec}: {path} has {columns} columns")
+    return i % columns
+
+
+def npz_labels(path: str, y: np.ndarray, tokens, classes: int | None):
+    """FileLabels of a .npz's labels (rows as lines, 1-based)."""
+    fl = lab.FileLabels()
+    if tokens is None:
+        u, first = np.unique(y, return_index=True)
+        for v, i in zip(u[:lab.MAX_CLASSES + 1], first[:lab.MAX_CLASSES + 1]):
+            fl.tokens[str(int(v))] = int(i) + 1
+        fl.more = len(u) > lab.MAX_CLASSES + 1
+        fl.max_label = int(u[-1])
+        if classes and fl.max_label >= classes:
+            fl.out_of_range = int(np.flatnonzero(y >= classes)[0]) + 1
+        return fl
+    u, first = np.unique(tokens, return_index=True)
+    for t, i in sorted(zip(u.tolist(), first.tolist()), key=lambda p: p[1])[:lab.MAX_CLASSES + 1]:
+        fl.tokens[t] = int(i) + 1
+    fl.more = len(u) > lab.MAX_CLASSES + 1
+    fl.names = True
+    return fl
+
+
+def npz_dialect(path: str, features: int, label_column: str | None = None) -> Dialect:
+    """A Dialect that words a .npz's messages (its label: y, or a column)."""
+    return Dialect(None, features + 1, features, None)

@@ -24,19 +24,24 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit, types
 
+from . import labels as lab
+from .dialect import Dialect
 from .formats import DataError, Dataset, file_size, is_binary, npy_header
+from .labels import MAX_CLASSES, MAX_LABEL
 
 # strtod from the C library, by symbol name: unlike a ctypes pointer this keeps the
 # kernel cacheable (cache=True), so 16 ranks load it instead of compiling it.
 _strtod = types.ExternalFunction("strtod", types.float64(types.voidptr, types.voidptr))
 
 # kernel status codes
-(OK, EMPTY_LINE, FIELDS, NOT_NUMBER, NOT_INTEGER, NONFINITE, NEGATIVE, OUT_OF_RANGE,
- NOT_TEXT, TOO_LARGE) = range(10)
+(OK, EMPTY_LINE, FIELDS, NOT_NUMBER, EMPTY_FIELD, NONFINITE, NOT_TEXT, NOT_INTEGER, NEGATIVE, OUT_OF_RANGE,
+ TOO_LARGE) = range(11)
 # slots of the kernel's info array
-(I_STATUS, I_LINE, I_TOK0, I_TOK1, I_AUX, I_LINES, I_ROWS, I_FIELDS, I_FIRST_ROW,
- I_BLANK_TAIL, I_MAX_LABEL) = range(11)
-MAX_LABEL = 2**31 - 1  # labels index an array of classes; larger is a mistake, not a class
+(I_STATUS, I_LINE, I_TOK0, I_TOK1, I_AUX, I_LINES, I_ROWS, I_COL, I_BLANK_TAIL, I_MAX_LABEL, I_NAMES,
+ I_MORE, I_OOR) = range(13)
+N_INFO = 13
+TABLE = 4096   # slots of the kernel's table of distinct labels (a power of two, > 2 x (MAX_CLASSES + 1))
+_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
 
 
 @njit(cache=True)
@@ -103,19 +108,52 @@ def _float_kind(buf, a, b):
 
 
 @njit(cache=True)
-def _fail(info, status, line, t0, t1, aux):
-    info[I_STATUS], info[I_LINE], info[I_TOK0], info[I_TOK1], info[I_AUX] = status, line, t0, t1, aux
+def _fail(info, status, line, t0, t1, aux, col):
+    info[I_STATUS], info[I_LINE], info[I_TOK0], info[I_TOK1], info[I_AUX], info[I_COL] = status, line, t0, t1, aux, col
 
 
 @njit(cache=True)
-def parse_text(buf, lo, hi, classes):
-    """Parse lines buf[lo:hi] (the last may lack '\\n'; buf[hi] must exist and not be a
-    digit: a sentinel byte). classes <= 0: no upper bound on labels.
-    Returns X (rows, fields-1), y (rows,), info (int64, slots I_*); stops at the first
-    bad line, whose local 0-based number, token and a value are in info."""
-    info = np.zeros(11, np.int64)
-    info[I_FIRST_ROW] = info[I_BLANK_TAIL] = info[I_LINE] = -1
-    info[I_MAX_LABEL] = -1
+def _fields_of(buf, pos, delim):
+    """The number of fields of the line starting at pos (a bad line's, for its message)."""
+    n = 0
+    j = pos
+    if delim == 0:
+        in_tok = False
+        while buf[j] != 10:
+            sp = _space(buf[j])
+            if not sp and not in_tok:
+                n += 1
+            in_tok = not sp
+            j += 1
+        return n
+    n = 1
+    while buf[j] != 10:
+        if buf[j] == delim:
+            n += 1
+        j += 1
+    return n
+
+
+@njit(cache=True)
+def _non_ascii(buf, a, b):
+    for q in range(a, b):
+        if buf[q] >= 128:
+            return buf[q]
+    return 0
+
+
+@njit(cache=True)
+def parse_text(buf, lo, hi, delim, fields, label, classes):
+    """Parse lines buf[lo:hi] of `fields` fields each, separated by byte `delim` (0: any run
+    of white space), the label in column `label`. Every line ends at a '\\n' at or before
+    buf[hi] (the last may lack one: then buf[hi] must be a '\\n' sentinel). classes <= 0:
+    no bound on integer labels (else the first row with one >= classes is noted).
+    Returns X (rows, fields-1), y (rows,: the integer label, -1 where it is a name),
+    h (rows,: a 64-bit hash of the label's text), info (int64, slots I_*), and the table
+    of distinct labels (hash; first token's start, end and row), at most MAX_CLASSES + 1;
+    stops at the first bad line, whose local 0-based number, token and column are in info."""
+    info = np.zeros(N_INFO, np.int64)
+    info[I_BLANK_TAIL] = info[I_LINE] = info[I_MAX_LABEL] = info[I_OOR] = -1
     lines = 0
     for i in range(lo, hi):
         if buf[i] == 10:
@@ -123,22 +161,13 @@ def parse_text(buf, lo, hi, classes):
     if hi > lo and buf[hi - 1] != 10:
         lines += 1
     info[I_LINES] = lines
-    # the first non-blank line sets the number of fields every line must have
-    fields = 0
-    i = lo
-    while i < hi and fields == 0:
-        in_tok = False
-        while i < hi and buf[i] != 10:
-            sp = _space(buf[i])
-            if not sp and not in_tok:
-                fields += 1
-            in_tok = not sp
-            i += 1
-        i += 1
-    info[I_FIELDS] = fields
-    nf = max(fields - 1, 0)
+    nf = fields - 1
     X = np.empty((lines, nf))
     y = np.empty(lines, np.int64)
+    h = np.empty(lines, np.int64)
+    tab = np.zeros(TABLE, np.int64)
+    tpos = np.zeros((TABLE, 3), np.int64)
+    distinct = 0
     end = np.zeros(1, np.int64)  # strtod's end pointer
     base = buf.ctypes.data
     rows = 0
@@ -146,141 +175,189 @@ def parse_text(buf, lo, hi, classes):
     line = 0
     pos = lo
     while pos < hi:
-        e = pos
-        while e < hi and buf[e] != 10:
-            e += 1
-        # pass 1: text only, and count the fields
-        n = 0
-        in_tok = False
-        for j in range(pos, e):
-            c = buf[j]
-            if c >= 128:
-                _fail(info, NOT_TEXT, line, j, j + 1, c)
-                return X[:rows], y[:rows], info
-            sp = _space(c)
-            if not sp and not in_tok:
-                n += 1
-            in_tok = not sp
-        if n == 0:
+        j = pos
+        fi = 0            # the next feature's index
+        nonfinite = -1    # the first column that is NaN or inf
+        bad = OK
+        bt0 = bt1 = bcol = 0
+        l0 = l1 = 0       # the label's token
+        more = False      # a delimiter after the last field: more fields than expected
+        content = False   # delimited: a field that is not blank, or a delimiter that is not (tab)
+        k = 0
+        while k < fields:
+            # -- field k's token [t0, t1) -------------------------------------------
+            if delim == 0:
+                while buf[j] != 10 and _space(buf[j]):
+                    j += 1
+                if buf[j] == 10:   # the line ended: k fields
+                    break
+                t0 = j
+                while not _space(buf[j]):
+                    j += 1
+                t1 = j
+            else:
+                t0 = j
+                while buf[j] != delim and buf[j] != 10:
+                    j += 1
+                t1 = j
+                sep = buf[j] == delim
+                while t0 < t1 and _space(buf[t0]):
+                    t0 += 1
+                while t1 > t0 and _space(buf[t1 - 1]):
+                    t1 -= 1
+                content = content or t0 < t1 or (sep and not _space(delim))
+                if sep:
+                    j += 1
+                    more = k == fields - 1
+                elif k < fields - 1:   # the line ended: k + 1 fields (or a blank line)
+                    k = k + 1 if content else 0
+                    break
+            if t1 - t0 >= 2 and buf[t0] == 34 and buf[t1 - 1] == 34:   # "quoted"
+                t0 += 1
+                t1 -= 1
+            # -- its value: the first bad field of the line is the one named ----------
+            if k == label:
+                l0, l1 = t0, t1
+                if t0 == t1 and bad == OK:
+                    bad, bt0, bt1, bcol = EMPTY_FIELD, t0, t1, k
+            elif bad == OK:
+                if t0 == t1:
+                    bad, bt0, bt1, bcol = EMPTY_FIELD, t0, t1, k
+                else:
+                    kind = _float_kind(buf, t0, t1)
+                    if kind == 1:
+                        v = _strtod(base + t0, end.ctypes.data)
+                        if end[0] != base + t1:  # cannot happen for a valid token; be sure
+                            bad, bt0, bt1, bcol = NOT_NUMBER, t0, t1, k
+                        else:
+                            if nonfinite < 0 and not np.isfinite(v):  # e.g. 1e999
+                                nonfinite = k
+                            X[rows, fi] = v
+                    elif kind == 2:
+                        if nonfinite < 0:
+                            nonfinite = k
+                    else:
+                        bad, bt0, bt1, bcol = NOT_NUMBER, t0, t1, k
+                fi += 1
+            else:
+                fi += 1
+            k += 1
+        if delim != 0 and not content:   # blanks and blank delimiters only (tabs)
+            k = 0
+            while buf[j] != 10:
+                j += 1
+        # -- the line's verdict ------------------------------------------------------
+        if k == 0:   # a blank line
             if blank < 0:
                 blank = line
             line += 1
-            pos = e + 1
+            pos = j + 1
             continue
         if blank >= 0:  # a blank line with data after it
-            _fail(info, EMPTY_LINE, blank, 0, 0, 0)
-            return X[:rows], y[:rows], info
-        if info[I_FIRST_ROW] < 0:
-            info[I_FIRST_ROW] = line
+            _fail(info, EMPTY_LINE, blank, 0, 0, 0, 0)
+            return X[:rows], y[:rows], h[:rows], info, tab, tpos
+        n = k
+        if k == fields:   # more fields after the last?
+            if delim == 0:
+                while buf[j] != 10 and _space(buf[j]):
+                    j += 1
+                more = buf[j] != 10
+            if more:
+                n = _fields_of(buf, pos, delim)
         if n != fields:
-            _fail(info, FIELDS, line, 0, 0, n)
-            return X[:rows], y[:rows], info
-        # pass 2: the values. Per line, the reference parser's order: a feature that is
-        # not a number, a label that is not an integer, then NaN/inf, negative, range.
-        j = pos
-        nonfinite = False
-        label = 0
-        l0 = l1 = 0  # the label's token
-        for k in range(fields):
-            while _space(buf[j]):
-                j += 1
-            t0 = j
-            while j < e and not _space(buf[j]):
-                j += 1
-            if k < nf:
-                kind = _float_kind(buf, t0, j)
-                if kind == 0:
-                    _fail(info, NOT_NUMBER, line, t0, j, 0)
-                    return X[:rows], y[:rows], info
-                if kind == 2:
-                    nonfinite = True
-                    X[rows, k] = np.nan
-                else:
-                    v = _strtod(base + t0, end.ctypes.data)
-                    if end[0] != base + j:  # cannot happen for a valid token; be sure
-                        _fail(info, NOT_NUMBER, line, t0, j, 0)
-                        return X[:rows], y[:rows], info
-                    if not np.isfinite(v):  # e.g. 1e999
-                        nonfinite = True
-                    X[rows, k] = v
+            _fail(info, FIELDS, line, 0, 0, n, 0)
+            return X[:rows], y[:rows], h[:rows], info, tab, tpos
+        if bad != OK:
+            c = _non_ascii(buf, bt0, bt1) if bad == NOT_NUMBER else 0
+            if c:
+                _fail(info, NOT_TEXT, line, bt0, bt1, c, bcol)
             else:
-                l0, l1 = t0, j
-                a = t0 + 1 if buf[t0] == 45 else t0  # -
-                if a == j:
-                    _fail(info, NOT_INTEGER, line, t0, j, 0)
-                    return X[:rows], y[:rows], info
-                for q in range(a, j):
-                    if not _digit(buf[q]):
-                        _fail(info, NOT_INTEGER, line, t0, j, 0)
-                        return X[:rows], y[:rows], info
-                q = a
-                while q < j - 1 and buf[q] == 48:  # leading zeros do not count
-                    q += 1
-                if j - q > 10:
-                    _fail(info, TOO_LARGE, line, t0, j, 0)
-                    return X[:rows], y[:rows], info
-                for r in range(q, j):
-                    label = label * 10 + (buf[r] - 48)
-                if a > t0:
-                    label = -label
-        if nonfinite:
-            _fail(info, NONFINITE, line, 0, 0, 0)
-            return X[:rows], y[:rows], info
-        if label < 0:
-            _fail(info, NEGATIVE, line, 0, 0, label)
-            return X[:rows], y[:rows], info
-        if label > MAX_LABEL:
-            _fail(info, TOO_LARGE, line, l0, l1, label)
-            return X[:rows], y[:rows], info
-        if classes > 0 and label >= classes:
-            _fail(info, OUT_OF_RANGE, line, 0, 0, label)
-            return X[:rows], y[:rows], info
-        y[rows] = label
-        if label > info[I_MAX_LABEL]:
-            info[I_MAX_LABEL] = label
+                _fail(info, bad, line, bt0, bt1, 0, bcol)
+            return X[:rows], y[:rows], h[:rows], info, tab, tpos
+        if nonfinite >= 0:
+            _fail(info, NONFINITE, line, 0, 0, 0, nonfinite)
+            return X[:rows], y[:rows], h[:rows], info, tab, tpos
+        # -- the label: an integer, or a name; its hash into the table ---------------
+        hv = _FNV_OFFSET
+        isint = True
+        value = 0
+        q = l0
+        while q < l1 - 1 and buf[q] == 48:  # leading zeros do not count
+            q += 1
+        if l1 - q > 10:
+            isint = False
+        for r in range(l0, l1):
+            c = buf[r]
+            hv = (hv ^ np.uint64(c)) * _FNV_PRIME
+            if not _digit(c):
+                isint = False
+            elif isint and r >= q:
+                value = value * 10 + (c - 48)
+        if isint and value > MAX_LABEL:
+            isint = False
+        hs = np.int64(hv)
+        if hs == 0:
+            hs = 1
+        if isint:
+            y[rows] = value
+            if value > info[I_MAX_LABEL]:
+                info[I_MAX_LABEL] = value
+            if classes > 0 and value >= classes and info[I_OOR] < 0:
+                info[I_OOR] = rows
+        else:
+            y[rows] = -1
+            info[I_NAMES] = 1
+        h[rows] = hs
+        slot = hs & (TABLE - 1)
+        while tab[slot] != 0 and tab[slot] != hs:
+            slot = (slot + 1) & (TABLE - 1)
+        if tab[slot] == 0:
+            if distinct <= MAX_CLASSES:
+                tab[slot] = hs
+                tpos[slot, 0], tpos[slot, 1], tpos[slot, 2] = l0, l1, rows
+                distinct += 1
+            else:
+                info[I_MORE] = 1
         rows += 1
         line += 1
-        pos = e + 1
+        pos = j + 1
+        while buf[pos - 1] != 10:   # to the line's end (j may stop before it)
+            pos += 1
     info[I_ROWS] = rows
     info[I_BLANK_TAIL] = blank
-    return X[:rows], y[:rows], info
+    return X[:rows], y[:rows], h[:rows], info, tab, tpos
 
 
 @njit(cache=True)
-def check_rows(A, classes):
-    """Validate rows of a binary file (features then the label, all float64) the way
-    parse_text validates lines. Returns info (I_STATUS, I_LINE: the bad row, I_MAX_LABEL)
-    and the bad label's value (or 0.0)."""
-    info = np.zeros(11, np.int64)
-    info[I_LINE] = info[I_FIRST_ROW] = info[I_BLANK_TAIL] = info[I_MAX_LABEL] = -1
+def check_rows(A, label, classes):
+    """Validate rows of a binary file (all float64, the label in column `label`) the way
+    parse_text validates lines. Returns info (I_STATUS, I_LINE: the bad row, I_COL,
+    I_MAX_LABEL, I_OOR) and the bad label's value (or 0.0)."""
+    info = np.zeros(N_INFO, np.int64)
+    info[I_LINE] = info[I_BLANK_TAIL] = info[I_MAX_LABEL] = info[I_OOR] = -1
     n, m = A.shape
     info[I_LINES] = n
-    info[I_FIELDS] = m
-    if n:
-        info[I_FIRST_ROW] = 0
     for i in range(n):
-        v = A[i, m - 1]
+        v = A[i, label]
         if not np.isfinite(v) or v != np.floor(v):
-            info[I_STATUS], info[I_LINE] = NOT_INTEGER, i
+            info[I_STATUS], info[I_LINE], info[I_COL] = NOT_INTEGER, i, label
             return info, v
-        nonfinite = False
-        for k in range(m - 1):
-            if not np.isfinite(A[i, k]):
-                nonfinite = True
+        for k in range(m):
+            if k != label and not np.isfinite(A[i, k]):
+                info[I_STATUS], info[I_LINE], info[I_COL] = NONFINITE, i, k
+                return info, v
         status = OK
-        if nonfinite:
-            status = NONFINITE
-        elif v < 0:
+        if v < 0:
             status = NEGATIVE
         elif v > MAX_LABEL:
             status = TOO_LARGE
-        elif classes > 0 and v >= classes:
-            status = OUT_OF_RANGE
         if status != OK:
             info[I_STATUS], info[I_LINE], info[I_AUX] = status, i, int(v) if status != TOO_LARGE else 0
             return info, v
         if v > info[I_MAX_LABEL]:
             info[I_MAX_LABEL] = int(v)
+        if classes > 0 and v >= classes and info[I_OOR] < 0:
+            info[I_OOR] = i
     info[I_ROWS] = n
     return info, 0.0
 
@@ -289,9 +366,9 @@ def compile_parsers() -> None:
     """Compile (or load from numba's cache) the kernels with the argument types of a run
     (a writable buffer: numba compiles read-only arrays separately)."""
     buf = np.array(bytearray(b"0.5\t1\n\n"), np.uint8)
-    parse_text(buf, 0, len(buf) - 1, 0)
+    parse_text(buf, 0, len(buf) - 1, 0, 2, 1, 0)
     find_byte(buf, 0, len(buf), 10)
-    check_rows(np.zeros((1, 2)), 0)
+    check_rows(np.zeros((1, 2)), 1, 0)
 
 
 @dataclass
@@ -300,71 +377,95 @@ class Summary:
     every rank sends its own to every other)."""
     lines: int        # lines in the chunk (line numbers of later chunks start after them)
     rows: int         # data points parsed
-    fields: int       # fields of the chunk's first non-blank line (0: none)
-    first_row: int    # local line of that line, -1: none
     blank_tail: int   # local line where a final run of blank lines starts, -1: none
-    max_label: int    # -1: no rows
+    labels: lab.FileLabels   # its distinct labels, each with its first (local) row
     error: tuple[int, int, str] | None = None  # (local line, precedence, message)
 
 
-def summarize(info: np.ndarray, buf=None, value: float = 0.0, classes: int = 0,
-              binary: bool = False) -> Summary:
-    """Turn a kernel's info into a Summary, with the message of its error if any."""
-    s = Summary(int(info[I_LINES]), int(info[I_ROWS]), int(info[I_FIELDS]), int(info[I_FIRST_ROW]),
-                int(info[I_BLANK_TAIL]), int(info[I_MAX_LABEL]))
+@dataclass
+class Codes:
+    """A chunk's labels as the kernel left them: the integer label (-1: a name) and a
+    hash of each row's label text, with the text of each distinct hash; `classes`
+    turns them into class indices once every rank knows what the classes are."""
+    y: np.ndarray
+    h: np.ndarray | None = None
+    hashes: np.ndarray | None = None   # sorted
+    tokens: list | None = None         # the text of each
+
+    def take(self, rows: np.ndarray) -> "Codes":
+        """The codes of some rows."""
+        return Codes(self.y[rows], None if self.h is None else self.h[rows], self.hashes, self.tokens)
+
+    def classes(self, labels: lab.Labels) -> np.ndarray:
+        if labels.names is None:
+            return self.y
+        if self.h is None:   # .npz: y holds the tokens themselves
+            u, inv = np.unique(self.y.astype(str), return_inverse=True)
+            return np.array([labels.of(t) for t in u.tolist()], np.int64)[inv].reshape(-1)
+        cls = np.array([labels.of(t) for t in self.tokens], np.int64)
+        return cls[np.searchsorted(self.hashes, self.h)]
+
+
+def summarize(info: np.ndarray, d: Dialect, buf=None, tab=None, tpos=None, value: float = 0.0,
+              binary: bool = False) -> tuple[Summary, tuple | None]:
+    """A kernel's info as a Summary, with the message of its error if any, and (text)
+    this chunk's distinct labels as (sorted hashes, their texts) for Codes."""
+    fl = lab.FileLabels(names=bool(info[I_NAMES]), more=bool(info[I_MORE]), max_label=int(info[I_MAX_LABEL]),
+                        out_of_range=int(info[I_OOR]))
+    table = None
+    if tab is not None:
+        slots = np.flatnonzero(tab)
+        order = np.argsort(tab[slots])
+        slots = slots[order]
+        texts = [bytes(buf[tpos[i, 0]:tpos[i, 1]]).decode("utf-8", "replace") for i in slots]
+        for i, t in sorted(zip(slots.tolist(), texts), key=lambda p: tpos[p[0], 2]):
+            fl.tokens.setdefault(t, int(tpos[i, 2]))
+        table = (tab[slots], texts)
+    s = Summary(int(info[I_LINES]), int(info[I_ROWS]), int(info[I_BLANK_TAIL]), fl)
     status = int(info[I_STATUS])
     if status == OK:
-        return s
-    token = (bytes(buf[info[I_TOK0]:info[I_TOK1]]).decode("ascii", "replace")
+        return s, table
+    token = (bytes(buf[info[I_TOK0]:info[I_TOK1]]).decode("utf-8", "replace")
              if buf is not None and info[I_TOK1] > info[I_TOK0] else "")
-    aux = int(info[I_AUX])
-    if status == NOT_INTEGER and binary:
-        msg = f"label {value:g} is not an integer"
-    elif status == TOO_LARGE:
-        msg = f"label {token!r} is too large" if token else f"label {value:g} is too large"
+    aux, col = int(info[I_AUX]), int(info[I_COL])
+    if binary:
+        msg = {NOT_INTEGER: f"label {value:g} is not an integer",
+               NEGATIVE: f"negative label {aux}", TOO_LARGE: f"label {value:g} is too large",
+               NONFINITE: d.nonfinite(col)}[status]
     else:
         msg = {
             EMPTY_LINE: "empty line",
-            FIELDS: f"expected {s.fields} fields like line 1, got {aux}",
-            NOT_NUMBER: f"feature {token!r} is not a number",
-            NOT_INTEGER: f"label {token!r} is not an integer",
-            NONFINITE: "feature is NaN or infinite",
-            NEGATIVE: f"negative label {aux}",
-            OUT_OF_RANGE: f"label {aux} out of range for --classes {classes}",
+            FIELDS: d.fields_message(aux),
+            NOT_NUMBER: d.not_a_number(col, token),
+            EMPTY_FIELD: d.empty(col),
+            NONFINITE: d.nonfinite(col),
             NOT_TEXT: f"not a text file (byte {aux:#x})",
         }[status]
-    # structural problems come first on a line, as in the reference parser
-    rank = {NOT_TEXT: 0, EMPTY_LINE: 1, FIELDS: 1}.get(status, 2)
-    s.error = (int(info[I_LINE]), rank, msg)
-    return s
+    s.error = (int(info[I_LINE]), 0, msg)
+    return s, table
 
 
-def resolve(path: str, chunks: list[Summary]) -> tuple[np.ndarray, int, int, int]:
+def resolve(path: str, d: Dialect, chunks: list[Summary]) -> tuple[np.ndarray, int, lab.FileLabels]:
     """The verdict on a whole file from its chunks in file order: raises DataError for
-    the file's first bad line; else returns (line offset of each chunk, data points,
-    features, max label). Every rank calls it on the same list, so all agree."""
+    the file's first bad line; else returns (line offset of each chunk, from the first
+    data line; data points; the labels, lines numbered in the file). Every rank calls it
+    on the same list, so all agree."""
     offsets = np.concatenate([[0], np.cumsum([c.lines for c in chunks])[:-1]]).astype(np.int64)
-    has_rows = [c.first_row >= 0 for c in chunks]
-    first = next((k for k, h in enumerate(has_rows) if h), None)
-    fields = chunks[first].fields if first is not None else 0
-    found = []  # (global 0-based line, precedence, message)
+    has_rows = [c.rows > 0 or (c.error is not None) for c in chunks]
+    found = []  # (0-based line from the first data line, message)
     for k, c in enumerate(chunks):
         if c.error:
-            found.append((offsets[k] + c.error[0], c.error[1], c.error[2]))
-        if k != first and c.first_row >= 0 and c.fields != fields:
-            found.append((offsets[k] + c.first_row, 1, f"expected {fields} fields like line 1, got {c.fields}"))
+            found.append((offsets[k] + c.error[0], c.error[2]))
         if c.blank_tail >= 0 and any(has_rows[k + 1:]):
-            found.append((offsets[k] + c.blank_tail, 1, "empty line"))
-    if first is not None and fields < 2:
-        found.append((offsets[first] + chunks[first].first_row, 1,
-                      f"need at least one feature and a label, got {fields} field(s)"))
+            found.append((offsets[k] + c.blank_tail, "empty line"))
     if found:
-        line, _, msg = min(found, key=lambda f: (f[0], f[1]))
-        raise DataError(f"{path}:{line + 1}: {msg}")
+        line, msg = min(found, key=lambda f: f[0])
+        raise DataError(f"{path}:{line + d.first_line}: {msg}")
     rows = sum(c.rows for c in chunks)
     if rows == 0:
         raise DataError(f"{path}: empty data file")
-    return offsets, rows, fields - 1, max(c.max_label for c in chunks)
+    labels = lab.merge([(c.labels, int(offsets[k]) + d.first_line) for k, c in enumerate(chunks)])
+    return offsets, rows, labels
 
 
 @njit(cache=True)
@@ -374,6 +475,14 @@ def find_byte(buf, a, b, c):
         if buf[i] == c:
             return i
     return -1
+
+
+def parse_chunk(buf: np.ndarray, lo: int, hi: int, d: Dialect, classes: int | None):
+    """(X, Codes, Summary) of the lines buf[lo:hi] (see parse_text)."""
+    X, y, h, info, tab, tpos = parse_text(buf, lo, hi, d.delim_byte, d.columns, d.label, classes or 0)
+    s, table = summarize(info, d, buf, tab, tpos)
+    codes = Codes(y, h, *table) if table else Codes(y)
+    return X, codes, s
 
 
 # -- whole files (the sequential reader, convert) ----------------------------------
@@ -393,11 +502,13 @@ def read_bytes(path: str) -> np.ndarray:
     return buf
 
 
-def parse_bytes(path: str, buf: np.ndarray, classes: int | None = None):
-    """(X, y, max label) of a whole text file read by read_bytes; DataError if bad."""
-    X, y, info = parse_text(buf, 0, len(buf) - 1, classes or 0)
-    _, _, _, max_label = resolve(path, [summarize(info, buf, classes=classes or 0)])
-    return X, y, max_label
+def parse_bytes(path: str, buf: np.ndarray, d: Dialect, classes: int | None = None):
+    """(X, Codes, rows, FileLabels) of a whole text file read by read_bytes; DataError if bad."""
+    if d.columns == 0:
+        raise DataError(f"{path}: empty data file")
+    X, codes, s = parse_chunk(buf, d.start, len(buf) - 1, d, classes)
+    _, rows, fl = resolve(path, d, [s])
+    return X, codes, rows, fl
 
 
 def read_rows(path: str) -> np.ndarray:
@@ -409,23 +520,61 @@ def read_rows(path: str) -> np.ndarray:
         raise DataError(f"{path}: cannot read data file: {e.strerror}") from None
 
 
-def check_array(A: np.ndarray, classes: int | None = None) -> Summary:
-    """Validate rows (features, label) of a binary file: the Summary of A as one chunk
-    (its error, if any, not yet raised: resolve does, for the whole file)."""
-    info, value = check_rows(A, classes or 0)
-    return summarize(info, value=float(value), classes=classes or 0, binary=True)
+def binary_dialect(path: str, columns: int, label_column: str | None) -> Dialect:
+    """A .npy file's columns as a Dialect (no names), its label by --label-column."""
+    if label_column is None:
+        return Dialect(None, columns, columns - 1)
+    try:
+        i = int(label_column)
+    except ValueError:
+        raise DataError(f"--label-column {label_column}: {path} is binary and has no column names; give "
+                        "the label's column index (0-based)") from None
+    if not -columns <= i < columns:
+        raise DataError(f"--label-column {label_column}: {path} has {columns} columns")
+    return Dialect(None, columns, i % columns)
 
 
-def split_rows(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return np.ascontiguousarray(A[:, :-1]), A[:, -1].astype(np.int64)
+def check_array(A: np.ndarray, d: Dialect, classes: int | None = None) -> Summary:
+    """Validate rows of a binary file: the Summary of A as one chunk (its error, if
+    any, not yet raised: resolve does, for the whole file)."""
+    info, value = check_rows(A, d.label, classes or 0)
+    s, _ = summarize(info, d, value=float(value), binary=True)
+    if s.error is None and len(A):   # its distinct labels (they are integers: no text, no first rows)
+        y = A[:, d.label]
+        top = int(info[I_MAX_LABEL])
+        seen = (np.flatnonzero(np.bincount(y.astype(np.int64), minlength=top + 1)) if top < 1 << 22
+                else np.unique(y.astype(np.int64)))
+        s.labels.more = len(seen) > MAX_CLASSES + 1
+        s.labels.tokens = {str(int(v)): 0 for v in seen[:MAX_CLASSES + 1]}
+    return s
 
 
-def read_file(path: str, classes: int | None = None) -> Dataset:
-    """A whole data file of either format with the fast parser (one process, no MPI)."""
+def split_rows(A: np.ndarray, d: Dialect) -> tuple[np.ndarray, np.ndarray]:
+    """(X, y) of binary rows: the label's column out of the features."""
+    y = A[:, d.label].astype(np.int64)
+    if d.label == A.shape[1] - 1:
+        return np.ascontiguousarray(A[:, :-1]), y
+    return np.ascontiguousarray(np.delete(A, d.label, axis=1)), y
+
+
+def read_file(path: str, classes: int | None = None, delimiter: str = "auto", header: bool | None = None,
+              label_column: str | None = None) -> Dataset:
+    """A whole data file of any format with the fast parser (one process, no MPI)."""
+    from .formats import dialect_of, is_npz, npz_labels, read_npz
+    if is_npz(path):
+        X, y, tokens = read_npz(path, classes, label_column)
+        d = Dialect(None, X.shape[1] + 1, X.shape[1])
+        fl = npz_labels(path, y, tokens, classes)
+        labels = lab.decide(path, d, fl, len(X), classes)
+        return Dataset(X, Codes(y if tokens is None else tokens).classes(labels), labels.classes, labels.names)
     if is_binary(path):
         A = read_rows(path)
-        _, _, _, max_label = resolve(path, [check_array(A, classes)])
-        X, y = split_rows(A)
-    else:
-        X, y, max_label = parse_bytes(path, read_bytes(path), classes)
-    return Dataset(X, y, classes or max(max_label + 1, 2))
+        d = binary_dialect(path, A.shape[1], label_column)
+        _, rows, fl = resolve(path, d, [check_array(A, d, classes)])
+        X, y = split_rows(A, d)
+        labels = lab.decide(path, d, fl, rows, classes)
+        return Dataset(X, y, labels.classes)
+    d = dialect_of(path, delimiter, header, label_column)
+    X, codes, rows, fl = parse_bytes(path, read_bytes(path), d, classes)
+    labels = lab.decide(path, d, fl, rows, classes)
+    return Dataset(X, codes.classes(labels), labels.classes, labels.names)

@@ -37,6 +37,7 @@ from mpi4py import MPI
 from ..mpiutil import StallError, Waiter, agree, describe
 from ..wire import TAG_TURN
 from . import READERS, formats, parse
+from . import labels as lab
 from .formats import DataError, Dataset
 from .shares import EVALUATOR, HELD_OUT, HOLDOUT, Job, Loaded, Times, assign
 
@@ -78,9 +79,9 @@ def _sequential(comm, waiter, path, test_file, job, times) -> Loaded:
         traffic["sent"] += token.nbytes
     if rank == EVALUATOR and test_file and err is None:  # after passing the token: overlaps rank 1's turn
         try:
-            X, y, max_label, features = _whole_file(test_file, job.classes, times)
-            got["held"] = (X, y, np.arange(len(y)))
-            got["meta"]["test_meta"] = (max_label, features)
+            f = _whole_file(test_file, job, times)
+            got["held"] = (f["X"], f["codes"], np.arange(len(f["X"])))
+            got["meta"]["test"] = (f["labels"], f["X"].shape[1])
         except Exception as e:
             err = describe(e, f"rank {rank}")
     times.enter("read")  # the others' turns
@@ -93,48 +94,60 @@ def _sequential(comm, waiter, path, test_file, job, times) -> Loaded:
     return out
 
 
-def _whole_file(path, classes, times):
-    """(X, y, max label, features) of a whole file, timed as read + parse."""
+def _whole_file(path, job, times) -> dict:
+    """A whole file, timed as read + parse: X, its label Codes, its FileLabels, its Dialect."""
     times.enter("read")
+    if formats.is_npz(path):
+        X, y, tokens = formats.read_npz(path, job.classes, job.label_column)
+        times.enter("parse")
+        d = formats.npz_dialect(path, X.shape[1])
+        return {"X": X, "codes": parse.Codes(y if tokens is None else tokens),
+                "labels": formats.npz_labels(path, y, tokens, job.classes), "dialect": d}
     if formats.is_binary(path):
         A = parse.read_rows(path)
         times.enter("parse")
-        _, _, _, max_label = parse.resolve(path, [parse.check_array(A, classes)])
-        X, y = parse.split_rows(A)
-    else:
-        buf = parse.read_bytes(path)
-        times.enter("parse")
-        X, y, max_label = parse.parse_bytes(path, buf, classes)
-    return X, y, max_label, X.shape[1]
+        d = parse.binary_dialect(path, A.shape[1], job.label_column)
+        _, _, fl = parse.resolve(path, d, [parse.check_array(A, d, job.classes)])
+        X, y = parse.split_rows(A, d)
+        return {"X": X, "codes": parse.Codes(y), "labels": fl, "dialect": d}
+    d = formats.dialect_of(path, job.delimiter, job.header, job.label_column)
+    buf = parse.read_bytes(path)
+    times.enter("parse")
+    X, codes, _, fl = parse.parse_bytes(path, buf, d, job.classes)
+    return {"X": X, "codes": codes, "labels": fl, "dialect": d}
 
 
 def _whole_share(comm, path, holdout, job, times) -> dict:
     """Read the whole file, keep my points (and on rank 0 the held-out ones)."""
-    X, y, max_label, features = _whole_file(path, job.classes, times)
+    f = _whole_file(path, job, times)
+    X, codes = f["X"], f["codes"]
     times.enter("shuffle")
-    n = len(y)
-    _check_train(path, n, max_label, job.classes, holdout)
+    n = len(X)
+    _check_holdout(path, n, holdout)
     workers, stride = job.owners(comm.size)
     owner = assign(n, job.seed, job.servers, workers, holdout, stride=stride)  # every line: CNTK's way
-    got = {"meta": {"n": n, "features": features, "max_label": max_label}}
+    got = {"meta": {"n": n, "features": X.shape[1], "labels": f["labels"], "dialect": f["dialect"]}}
     for key, who in (("mine", comm.rank), ("held", HELD_OUT if comm.rank == EVALUATOR else None)):
         if who is not None:
             lines = np.flatnonzero(owner == who)
-            got[key] = (X[lines], y[lines], lines)
+            got[key] = (X[lines], codes.take(lines), lines)
     return got
 
 
 # -- parallel: every rank reads its part at once, then one all-to-all ---------------
 
 def _parallel(comm, waiter, path, test_file, job, times) -> Loaded:
-    train = _read_part(comm, waiter, path, job.classes, times)
-    test = _read_part(comm, waiter, test_file, job.classes, times) if test_file else None
+    train = _read_part(comm, waiter, path, job, times)
+    test = _read_part(comm, waiter, test_file, job, times) if test_file else None
     times.enter("shuffle")
     n = train["n"]
-    meta = {"n": n, "features": train["features"], "max_label": train["max_label"]}
+    meta = {"n": n, "features": train["X"].shape[1], "labels": train["labels"], "dialect": train["dialect"]}
     if test:
-        meta["test_meta"] = (test["max_label"], test["features"])
-    _check_train(path, n, train["max_label"], job.classes, test is None)  # every rank alike
+        meta["test"] = (test["labels"], test["X"].shape[1])
+    _check_holdout(path, n, test is None)  # every rank alike
+    labels = _labels(path, test_file, meta, job)   # every rank alike: the classes of every rank's labels
+    for part in (train, test) if test else (train,):
+        part["y"] = part.pop("codes").classes(labels)
     workers, stride = job.owners(comm.size)
     owner = assign(n, job.seed, job.servers, workers, test is None, train["lines"], stride)
     kept = owner != HELD_OUT
@@ -142,8 +155,8 @@ def _parallel(comm, waiter, path, test_file, job, times) -> Loaded:
     traffic = {"sent": 0, "recv": 0}
     unpack = [_redistribute(comm, waiter, _take(train, kept), owner[kept], traffic),
               _redistribute(comm, waiter, held, np.full(len(held["y"]), EVALUATOR, np.int32), traffic)]
-    mine, held = [u() for u in unpack]  # only after the last collective: local work from here
-    out = _finish(comm.rank, path, test_file, meta, job, mine, held, times)
+    (X, y, lines), (hX, hy, hlines) = [u() for u in unpack]  # only after the last collective: local work from here
+    out = _finish(comm.rank, path, test_file, meta, job, (X, y, lines), (hX, hy, hlines), times, labels)
     out.traffic = traffic
     times.enter(None)
     return out
@@ -153,63 +166,85 @@ def _take(part, mask):
     return {"X": part["X"][mask], "y": part["y"][mask], "lines": part["lines"][mask]}
 
 
-def _read_part(comm, waiter, path, classes, times) -> dict:
-    """This rank's rows of `path` (global lines attached) and the whole file's verdict."""
+def _read_part(comm, waiter, path, job, times) -> dict:
+    """This rank's rows of `path` (their 0-based data rows attached), their label codes,
+    and the whole file's verdict."""
     rank, P = comm.rank, comm.size
-    binary = formats.is_binary(path)
+    binary, npz = formats.is_binary(path), formats.is_npz(path)
+    classes = job.classes
     times.enter("read")
     part = {}  # what this rank reads: stays here (the agreement carries only errors)
 
-    def probe():  # local: is the file there, which part is mine, room for it
+    def probe():  # local: is the file there, how is it laid out, which part is mine, room for it
+        if npz:   # no offsets to read at: every rank loads it, and keeps its rows
+            X, y, tokens = formats.read_npz(path, classes, job.label_column)
+            r0, r1 = rank * len(X) // P, (rank + 1) * len(X) // P
+            labels = y if tokens is None else tokens
+            part.update(first=r0, X=X[r0:r1], labels=labels[r0:r1], d=formats.npz_dialect(path, X.shape[1]),
+                        rows=len(X))
+            return
         if binary:
             offset, rows, cols = formats.npy_header(path)
             r0, r1 = rank * rows // P, (rank + 1) * rows // P
-            part.update(at=offset + r0 * cols * 8, first=r0, buf=np.empty((r1 - r0, cols)))
+            part.update(at=offset + r0 * cols * 8, first=r0, buf=np.empty((r1 - r0, cols)),
+                        d=parse.binary_dialect(path, cols, job.label_column))
             return
         size = formats.file_size(path)
-        s, e = rank * size // P, (rank + 1) * size // P
-        # buf[0]: the byte before s ('\n' at the file's start); then [s, e); then a tail
+        d = formats.dialect_of(path, job.delimiter, job.header, job.label_column)
+        s, e = d.start + rank * (size - d.start) // P, d.start + (rank + 1) * (size - d.start) // P
+        # buf[0]: the byte before s ('\n' at the data's start); then [s, e); then a tail
         # past e to finish my last line; then a sentinel for the parser
         buf = np.empty(1 + (e - s) + (min(MARGIN, size - e) if e > s else 0) + 1, np.uint8)
         buf[0] = buf[-1] = 10
-        part.update(at=s, s=s, e=e, size=size, buf=buf)
+        part.update(at=s, s=s, e=e, size=size, buf=buf, d=d)
 
     agree(comm, waiter, probe, f"the other ranks to open {path}", DataError)
-    buf, err = part["buf"], None
-    fh = MPI.File.Open(comm, path, MPI.MODE_RDONLY)  # collective; the probe said it opens
-    try:
-        # the ranges are disjoint and contiguous, so MPI-IO reads them independently
-        # (overlapping ranges would make ROMIO shuffle the data through aggregators)
-        spec = [buf, MPI.DOUBLE] if binary else [buf[1:1 + part["e"] - part["s"]], MPI.BYTE]
-        waiter.all([fh.Iread_at_all(part["at"], spec)], f"the collective read of {path}")
-        if not binary:
-            try:
-                buf, lo, hi = _own_lines(fh, buf, part)
-            except Exception as e:  # local; reported at the next agreement
-                err = describe(e, f"rank {rank}")
-    finally:
-        fh.Close()
+    d, err = part["d"], None
+    if not npz:
+        buf = part["buf"]
+        fh = MPI.File.Open(comm, path, MPI.MODE_RDONLY)  # collective; the probe said it opens
+        try:
+            # the ranges are disjoint and contiguous, so MPI-IO reads them independently
+            # (overlapping ranges would make ROMIO shuffle the data through aggregators)
+            spec = [buf, MPI.DOUBLE] if binary else [buf[1:1 + part["e"] - part["s"]], MPI.BYTE]
+            waiter.all([fh.Iread_at_all(part["at"], spec)], f"the collective read of {path}")
+            if not binary:
+                try:
+                    buf, lo, hi = _own_lines(fh, buf, part)
+                except Exception as e:  # local; reported at the next agreement
+                    err = describe(e, f"rank {rank}")
+        finally:
+            fh.Close()
 
     times.enter("parse")
 
     def parse_mine():
         _raise(err)
+        if npz:
+            fl = formats.npz_labels(path, part["labels"], None if part["labels"].dtype.kind == "i" else part["labels"],
+                                    classes)
+            fl.tokens = {t: r - 1 for t, r in fl.tokens.items()}   # rows of my part, from 0
+            fl.out_of_range -= 1 if fl.out_of_range > 0 else 0
+            part["codes"] = parse.Codes(part["labels"])
+            return parse.Summary(len(part["X"]), len(part["X"]), -1, fl)
         if binary:
-            return parse.check_array(buf, classes)
-        X, y, info = parse.parse_text(buf, lo, hi, classes or 0)
-        part["X"], part["y"] = X, y
-        return parse.summarize(info, buf, classes=classes or 0)
+            return parse.check_array(buf, d, classes)
+        X, codes, summary = parse.parse_chunk(buf, lo, hi, d, classes)
+        part["X"], part["codes"] = X, codes
+        return summary
 
     chunks = agree(comm, waiter, parse_mine, f"the other ranks to parse {path}", DataError)
-    offsets, n, features, max_label = parse.resolve(path, chunks)  # raises on every rank alike
+    offsets, n, labels = parse.resolve(path, d, chunks)  # raises on every rank alike
     if binary:
-        X, y = parse.split_rows(buf)
-        first = part["first"]
+        X, y = parse.split_rows(buf, d)
+        codes, first = parse.Codes(y), part["first"]
+    elif npz:
+        X, codes, first = part["X"], part["codes"], part["first"]
     else:
-        X, y, first = part["X"], part["y"], offsets[rank]
-        X = X.reshape(len(y), features)  # a chunk with no line has no fields: (0, 0)
-    return {"X": X, "y": y, "lines": np.arange(first, first + len(y)), "n": n,
-            "features": features, "max_label": max_label}
+        X, codes, first = part["X"], part["codes"], offsets[rank]
+        X = X.reshape(len(codes.y), d.features)  # a chunk with no line has no fields: (0, 0)
+    return {"X": X, "codes": codes, "lines": np.arange(first, first + len(X)), "n": n, "labels": labels,
+            "dialect": d}
 
 
 def _own_lines(fh, buf, part):
@@ -220,7 +255,7 @@ def _own_lines(fh, buf, part):
     s, e, size = part["s"], part["e"], part["size"]
     if e == s:
         return buf, 0, 0
-    if s > 0:
+    if s > part["d"].start:   # else the byte before s is a header's '\n', or there is none: buf[0] stands in
         fh.Read_at(s - 1, [buf[:1], MPI.BYTE])
     held = len(buf) - 1  # bytes held (the last is the sentinel)
     if held > 1 + e - s:
@@ -294,29 +329,37 @@ def _starts(counts):
 
 # -- shared by both --------------------------------------------------------------------
 
-def _check_train(path, n, max_label, classes, holdout):
+def _check_holdout(path, n, holdout):
     if holdout and n // HOLDOUT == 0:
         raise DataError(f"{path}: {n} points are too few to hold out a test set")
-    if (classes or max_label + 1) < 2:
-        raise DataError(f"{path}: all labels are 0; need at least 2 classes")
 
 
-def _finish(rank, path, test_file, meta, job, mine, held, times) -> Loaded:
+def _labels(path, test_file, meta, job) -> lab.Labels:
+    """The classes from the files' labels (every rank alike: it has the same meta)."""
+    test = meta.get("test")
+    if test and test[1] != meta["features"]:
+        raise DataError(f"{test_file}: {test[1]} features, but {path} has {meta['features']}")
+    return lab.decide(path, meta["dialect"], meta["labels"], meta["n"], job.classes,
+                      test[0] if test else None, test_file)
+
+
+def _finish(rank, path, test_file, meta, job, mine, held, times, labels=None) -> Loaded:
     """The same checks on every rank (all know rank 0's metadata), then the Loaded.
-    mine: (X, y, lines) that `assign` gave this rank; held: rank 0's held-out set."""
-    max_label = meta["max_label"]
-    if "test_meta" in meta:
-        test_max, test_features = meta["test_meta"]
-        if test_features != meta["features"]:
-            raise DataError(f"{test_file}: {test_features} features, but {path} has {meta['features']}")
-        max_label = max(max_label, test_max)
-    k = job.classes or max_label + 1
+    mine: (X, labels, lines) that `assign` gave this rank, the labels as parse.Codes or
+    already classes; held: rank 0's held-out set."""
+    labels = labels or _labels(path, test_file, meta, job)
+    k = labels.classes
     n = meta["n"]
     train_points = n - (n // HOLDOUT if test_file is None else 0)
-    X, y, lines = mine
-    test = Dataset(held[0], held[1], k) if rank == EVALUATOR else None
-    return Loaded(Dataset(X, y, k), lines, test, held[2] if rank == EVALUATOR else None,
-                  train_points, times.seconds)
+    X, codes, lines = mine
+
+    def classes(c):
+        return c.classes(labels) if isinstance(c, parse.Codes) else c
+    test = Dataset(held[0], classes(held[1]), k, labels.names) if rank == EVALUATOR else None
+    out = Loaded(Dataset(X, classes(codes), k, labels.names), lines, test,
+                 held[2] if rank == EVALUATOR else None, train_points, times.seconds)
+    out.labels, out.dialect = labels, meta["dialect"].to_dict()
+    return out
 
 
 def _raise(err):

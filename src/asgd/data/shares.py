@@ -30,6 +30,8 @@ class Loaded:
     times: dict                    # seconds of `read`, `parse`, `shuffle` (parts of init)
     traffic: dict = field(default_factory=lambda: {"sent": 0, "recv": 0})   # bytes of its point-to-point
                                    # messages (the readers' token and row exchange) to and from other ranks
+    labels: object = None          # data.labels.Labels: the classes (and their names) of a file's labels
+    dialect: dict | None = None    # how the data file was read (data.dialect.Dialect.to_dict), for results.json
 
 
 def assign(n: int, seed: int, servers: int, workers: int, holdout: bool,
@@ -91,6 +93,9 @@ class Job:
     seed: int = 0
     classes: int | None = None
     replica: int = 1      # --model-parallel K: workers come in replicas of K ranks that train the same points
+    delimiter: str = "auto"          # a text file's: data.dialect
+    header: bool | None = None       # None: detected
+    label_column: str | None = None  # a name or an index; None: the last column
 
     def owners(self, size: int) -> tuple[int, int]:
         """(workers, stride) for assign: one share per replica, to its first rank."""

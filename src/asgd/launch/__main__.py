@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                   "lost_s": None if cut is None else round(failed_at - cut["time"], 3)}
         history.append(record)
         atomic_write(os.path.join(out, "restarts.json"), lambda f: json.dump(history, f, indent=1))
-        if cut is None:
+        if cut is None:   # its folder may hold a partial checkpoint: ours to replace, not a run to keep
+            train = train if "--force" in train else [*train, "--force"]
             print(f"asgd.launch: the job failed (exit {status}) before any checkpoint; starting it over "
                   f"({attempt + 1} of {a.max_restarts})", file=sys.stderr, flush=True)
             continue

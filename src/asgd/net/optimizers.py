@@ -40,30 +40,33 @@ class Optimizer:
         self.state = {k: np.zeros(size) for k in shapes}
         self._next = {k: np.zeros(size) for k in shapes}   # what an update writes; swapped in if it took
 
-    def update(self, w: np.ndarray, d: np.ndarray, out: np.ndarray, scale: float = 1.0) -> bool:
-        """out = w moved along scale * d, and the state moved with it, in one pass that
-        also checks d: False, with w, the state and t as they were (out is scratch), if d
-        has NaN or inf. d is never written. out may be w itself only for a d known to be
-        finite (a bad block found late would leave w partly moved)."""
-        s, nx = self.state, self._next
+    def update(self, w: np.ndarray, d: np.ndarray, out: np.ndarray, scale: float = 1.0,
+               lr_scale: float = 1.0) -> bool:
+        """out = w moved along scale * d with the learning rate times lr_scale (a stale
+        update's smaller step: protocol.server; for sgd, whose d carries the worker's lr,
+        both scale d), and the state moved with it, in one pass that also checks d: False,
+        with w, the state and t as they were (out is scratch), if d has NaN or inf. d is
+        never written. out may be w itself only for a d known to be finite (a bad block
+        found late would leave w partly moved)."""
+        s, nx, lr = self.state, self._next, self.lr * lr_scale
         if self.name == "sgd":
-            ok = kernels.sgd_update(w, d, out, scale)
+            ok = kernels.sgd_update(w, d, out, scale * lr_scale)
         elif self.name == "momentum":
-            ok = kernels.momentum_update(w, s["v"], d, out, nx["v"], self.lr, self.mu, scale)
+            ok = kernels.momentum_update(w, s["v"], d, out, nx["v"], lr, self.mu, scale)
         elif self.name == "adagrad":
-            ok = kernels.adagrad_update(w, s["g2"], d, out, nx["g2"], self.lr, EPS, scale)
+            ok = kernels.adagrad_update(w, s["g2"], d, out, nx["g2"], lr, EPS, scale)
         else:
-            ok = kernels.adam_update(w, s["m"], s["v"], d, out, nx["m"], nx["v"], self.lr, BETAS[0], BETAS[1], EPS,
+            ok = kernels.adam_update(w, s["m"], s["v"], d, out, nx["m"], nx["v"], lr, BETAS[0], BETAS[1], EPS,
                                      self.t + 1, scale)
         if ok:
             self.t += 1
             self.state, self._next = nx, s
         return ok
 
-    def step(self, w: np.ndarray, d: np.ndarray, scale: float = 1.0) -> None:
+    def step(self, w: np.ndarray, d: np.ndarray, scale: float = 1.0, lr_scale: float = 1.0) -> None:
         """Move w in place along scale * d, a d known to be finite (allreduce checks its
         sum first); a non-finite one is an error."""
-        if not self.update(w, d, w, scale):
+        if not self.update(w, d, w, scale, lr_scale):
             raise ValueError("Optimizer.step: d has NaN or inf (check it first, or use update())")
 
     @property
@@ -102,3 +105,21 @@ def default_lr(name: str, hidden: int, averaged_workers: int = 1) -> float:
     if name == "momentum":
         return 0.3 / hidden * averaged_workers
     return {"adagrad": 0.01, "adam": 0.001}[name]
+
+
+STALE_STEPS = ("off", "inverse", "sqrt")
+
+
+def stale_step(rule: str):
+    """staleness -> the share of the learning rate an update that stale moves w by, or
+    None (rule off: every update the whole step).
+      inverse  1/staleness (Zhang et al. 2016, staleness-aware async SGD)
+      sqrt     1/sqrt(staleness)
+    Staleness 0 and 1 take the whole step."""
+    if rule == "off":
+        return None
+    if rule == "inverse":
+        return lambda tau: 1.0 / tau if tau > 1 else 1.0
+    if rule == "sqrt":
+        return lambda tau: 1.0 / np.sqrt(tau) if tau > 1 else 1.0
+    raise ValueError(f"stale step must be one of {STALE_STEPS}, got {rule!r}")

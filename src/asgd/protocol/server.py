@@ -96,7 +96,7 @@ class ServerStats:
 class Server:
     def __init__(self, ep: Endpoint, w: np.ndarray, workers, optimizer: Optimizer | None = None,
                  messages=None, on_version=None, checkpoints=None, leader: bool | None = None,
-                 fault_tolerant: bool = False, on_lost=None, cuts_done: int = 0):
+                 fault_tolerant: bool = False, on_lost=None, cuts_done: int = 0, stale_step=None):
         """w: my shard (the caller's array, current after publish() and after serving;
         meanwhile the shard lives in the message strategy's versions); workers: the
         ranks that push to it (a list), or the first of them (an int: that rank and
@@ -109,7 +109,8 @@ class Server:
         (asgd.run.checkpoint.Checkpointing), or None. fault_tolerant: a dead worker is
         retired, not fatal (ULFM); on_lost(rank, samples it pushed) then tells the
         progress. cuts_done: the cut the run resumed from (cut numbers go on from it, so the
-        newest is always this run's)."""
+        newest is always this run's). stale_step(staleness) -> the share of the learning
+        rate a push of that staleness moves w by (None: all of it; net.optimizers.stale_step)."""
         comm = ep.comm
         self.ep, self.comm, self.w, self.waiter, self.clock = ep, comm, w, ep.waiter, ep.clock
         self.ranks = list(range(workers, comm.size)) if isinstance(workers, int) else list(workers)
@@ -137,6 +138,9 @@ class Server:
         self.st = ServerStats(staleness=[[] for _ in range(self.W)], step_gap=[[] for _ in range(self.W)],
                               cuts=cuts_done)
         self.refused_in_a_row = 0
+        self.stale_step = stale_step
+        self.lr_scale = np.ones(self.W)      # each worker's last push: the share of lr its staleness earns
+        self.step_share = 1.0                # the share of lr every update takes (lowered by halve_step)
         self.checkpoints = checkpoints
         self.collecting = 0                  # the cut being collected (0: none)
         self.past = np.zeros(self.W, bool)   # whose push past it has come
@@ -222,7 +226,10 @@ class Server:
         nbytes = self.msgs.push_nbytes
         self.clock.step = step  # the trace window counts worker steps
         self.clock.message(RECV, self.ranks[j], nbytes, flow_id(self.ranks[j], self.comm.rank, step, False))
-        self.st.staleness[j].append(self.st.rounds - int(version))
+        staleness = self.st.rounds - int(version)
+        self.st.staleness[j].append(staleness)
+        if self.stale_step is not None:   # a held push keeps it: its worker pushes no more until answered
+            self.lr_scale[j] = self.stale_step(staleness)
         self.st.updates += 1
         self.st.bytes_recv += nbytes if self.ranks[j] != self.comm.rank else 0   # a p2p owner's own: no wire
         self.steps[j] += 1
@@ -272,14 +279,16 @@ class Server:
         """Worker j's push: the optimizer moves my shard along d into its next version,
         checking d in the same pass; False if d or its loss had NaN or inf (refused:
         nothing moves; counted by acceptable())."""
-        if math.isfinite(loss_sum) and self.update(d):
+        if math.isfinite(loss_sum) and self.update(d, lr_scale=self.lr_scale[j]):
             return self.acceptable(j, None, loss_sum)
         return self.acceptable(j, d, math.nan)
 
-    def update(self, d: np.ndarray, scale: float = 1.0) -> bool:
-        """The optimizer moves my shard along scale * d into a fresh version, which becomes
-        the current one; False (nothing moved) if d is not finite."""
-        ok = self.optimizer.update(self.msgs.w, d, self.msgs.fresh(self.replies), scale)
+    def update(self, d: np.ndarray, scale: float = 1.0, lr_scale: float = 1.0) -> bool:
+        """The optimizer moves my shard along scale * d, with lr_scale times the share of
+        the learning rate every update takes (halve_step), into a fresh version, which
+        becomes the current one; False (nothing moved) if d is not finite."""
+        ok = self.optimizer.update(self.msgs.w, d, self.msgs.fresh(self.replies), scale,
+                                   self.step_share * lr_scale)
         if ok:
             self.msgs.commit()
         return ok
@@ -287,6 +296,12 @@ class Server:
     def publish(self) -> np.ndarray:
         """Bring `w` (the caller's) up to the current version of the shard; returns it."""
         return self.msgs.publish()
+
+    def halve_step(self) -> float:
+        """Every later update takes half the step it would have (a guard against a
+        climbing loss: asgd.run.progress); returns the share of lr they now take."""
+        self.step_share *= 0.5
+        return self.step_share
 
     def new_version(self, loss_sum: float, samples: float) -> None:
         """The shard has a new version; count it, report the samples it took in."""

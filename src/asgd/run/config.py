@@ -12,28 +12,43 @@ from dataclasses import dataclass
 
 from .. import BadInput
 from ..data import READERS  # how ranks read the data file
+from ..data.dialect import delimiter_option
 from ..net import OPTIMIZERS
+from ..net.optimizers import STALE_STEPS
 
 
 class ConfigError(BadInput):
     """A bad option; the message is one line a user can act on."""
 
 
+EMBEDDED_HIDDEN = 10000   # the paper's 2-10K-2, on the embedded problem
+EMBEDDED_EPOCHS = 5
+FILE_HIDDEN = 256         # a user's file (bench_defaults' study over data sets and 1-31 workers)
+FILE_SAMPLES = 700_000    # a user's file: epochs enough for about this many samples ...
+FILE_EPOCHS = (10, 200)   # ... within these bounds
+
+
 @dataclass(frozen=True)
 class Config:
-    data: str | None = None      # TSV training file; None: the embedded default problem
-    test: str | None = None      # held-out TSV; None: <data stem>.test.tsv, or a split
-    classes: int | None = None   # None: inferred from the labels
+    data: str | None = None      # training file; None: the embedded default problem
+    test: str | None = None      # held-out file; None: <data stem>.test.<ext>, or a split
+    delimiter: str = "auto"      # a text file's: comma, tab, semicolon, pipe, whitespace, auto (data.dialect)
+    header: bool | None = None   # line 1 is column names; None: detected
+    label_column: str | None = None  # a name or a 0-based index; None: the last column
+    classes: int | None = None   # None: from the labels
     reader: str = "parallel"     # READERS: how ranks read the data file
-    hidden: int = 10000
+    hidden: int | None = None    # None: EMBEDDED_HIDDEN, or FILE_HIDDEN for --data (resolved by parse)
     batch: int = 256
     lr: float | None = None      # None: optimizers.default_lr(optimizer, hidden, averaged workers)
     optimizer: str = "adagrad"   # OPTIMIZERS: what a server does with an update (asgd.net.optimizers);
                                  # adagrad: the most robust under asynchrony across data sets (bench_defaults)
-    standardize: bool = False    # scale each feature to mean 0, variance 1 (statistics over the workers' shares)
-    epochs: int = 5
+    stale_step: str = "off"      # net.optimizers.STALE_STEPS: the share of the step a stale update takes
+    lr_guard: bool = True        # halve the step when the held-out loss climbs (run.progress)
+    standardize: bool | None = None  # scale features to mean 0, variance 1; None: on for --data, off embedded
+    epochs: int | None = None    # None: EMBEDDED_EPOCHS, or file_epochs(training points) (resolved by train.init)
     seed: int = 0
     out: str | None = None       # None: runs/<timestamp>-n<ranks>
+    force: bool = False          # --out may be an existing run: overwrite it
     timeout: float = 0.0         # seconds for the whole job; 0: none
     progress: float = 2.0        # seconds between progress lines at most
     trace: bool = False          # write trace.json (Chrome Trace Event format)
@@ -59,6 +74,21 @@ class Config:
         return dataclasses.asdict(self)
 
 
+def file_epochs(train_points: int) -> int:
+    """--epochs for a user's file: about FILE_SAMPLES samples, within FILE_EPOCHS."""
+    lo, hi = FILE_EPOCHS
+    return max(lo, min(hi, math.ceil(FILE_SAMPLES / max(train_points, 1))))
+
+
+def with_defaults(cfg: Config) -> Config:
+    """The defaults that depend on whether there is a data file (the embedded problem
+    keeps the paper's 2-10K-2 and 5 epochs, unscaled)."""
+    embedded = cfg.data is None
+    return dataclasses.replace(
+        cfg, hidden=cfg.hidden if cfg.hidden is not None else EMBEDDED_HIDDEN if embedded else FILE_HIDDEN,
+        standardize=(not embedded) if cfg.standardize is None else cfg.standardize)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of printing and exiting on every rank."""
 
@@ -72,101 +102,132 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mpiexec -n N python -m asgd.train",
         description="Asynchronous SGD with a parameter server over MPI: rank 0 serves the "
                     "parameters, ranks 1..N-1 train the d_in-hidden-d_out MLP on their share "
-                    "of the data. With no options: the embedded 2-feature rings problem "
-                    "(16384 points), a 2-10K-2 MLP, batch 256, 5 epochs.",
-        epilog="Writes OUT/results.json (schema: docs/formats.md). Errors end the whole job "
-               "with one line and exit status 2 (bad input) or 1 (failure during the run).")
-    p.add_argument("--data", metavar="TSV", help="training data: features then an integer "
-                   "label per line, tab separated (default: the embedded rings problem)")
-    p.add_argument("--test", metavar="TSV", help="held-out data (default: DATA's "
-                   "<stem>.test.tsv if it exists, else a seeded 1/8 of DATA)")
-    p.add_argument("--classes", type=int, help="number of classes (default: max label + 1)")
-    p.add_argument("--reader", choices=READERS, default=d.reader,
-                   help="parallel (default): each rank reads its part of the file at once, then a "
-                        "seeded shuffle; sequential: ranks take turns reading the whole file, as "
-                        "CNTK did (init grows with the ranks)")
-    p.add_argument("--hidden", type=int, default=d.hidden, help="hidden units (default %(default)s; the paper also uses 100000)")
-    p.add_argument("--batch", type=int, default=d.batch, help="mini-batch size per worker step (default %(default)s)")
-    p.add_argument("--lr", type=float, help="learning rate (default, by --optimizer: sgd 3/hidden, momentum "
-                   "0.3/hidden, both x W workers in sync and allreduce, where each update averages W workers'; "
-                   "adagrad 0.01; adam 0.001)")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer,
+                    "of the data. With --data: your file (CSV, TSV, white space, .npy, .npz), a "
+                    f"{FILE_HIDDEN}-unit hidden layer, standardized features, epochs for about "
+                    f"{FILE_SAMPLES:,} samples. With no options: the embedded 2-feature rings problem "
+                    "(16384 points), the paper's 2-10K-2 MLP, batch 256, 5 epochs.",
+        epilog="Writes OUT/results.json (schema: docs/formats.md), weights.npy, and what asgd.predict needs "
+               "to apply the model to new data. Errors end the whole job with one line and exit status 2 "
+               "(bad input) or 1 (failure during the run).")
+    g = p.add_argument_group("your data")
+    g.add_argument("--data", metavar="FILE", help="training data: delimited text (a point a line: numbers, and "
+                   "a label in one column) or .npy/.npz (default: the embedded rings problem)")
+    g.add_argument("--test", metavar="FILE", help="held-out data (default: DATA's <stem>.test.<ext> if it exists, "
+                   "else a seeded 1/8 of DATA, recorded in OUT/heldout.npy)")
+    g.add_argument("--delimiter", default=d.delimiter, metavar="SEP",
+                   help="what separates a text file's fields: comma, tab, semicolon, pipe, whitespace, one "
+                        "punctuation character, or auto (default: detected from the first lines)")
+    g.add_argument("--header", action="store_true", default=None,
+                   help="line 1 holds column names (default: detected: a line 1 with no number where the "
+                        "other lines have numbers)")
+    g.add_argument("--label-column", metavar="NAME|INDEX",
+                   help="the label's column: a header's name, or an index from 0 (-1: the last; default: the "
+                        "last). Labels are class indices 0..K-1, or names (any text), mapped to classes in "
+                        "sorted order (OUT/labels.json)")
+    g.add_argument("--classes", type=int, help="number of classes (default: from the labels); also accepts a "
+                   "label column that looks like a measurement (more than 1,000 classes, most values distinct)")
+    g.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=None,
+                   help="scale each feature to mean 0 and variance 1 with statistics of the training points "
+                        "(written to OUT/standardize.json; asgd.predict applies them) (default: on with "
+                        "--data, off for the embedded problem)")
+    t = p.add_argument_group("training")
+    t.add_argument("--hidden", type=int, help=f"hidden units (default {FILE_HIDDEN} with --data; the embedded "
+                   f"problem: {EMBEDDED_HIDDEN}, the paper's, which also uses 100000)")
+    t.add_argument("--epochs", type=int, help="passes over the training data by all workers together (default "
+                   f"with --data: about {FILE_SAMPLES:,} samples' worth, {FILE_EPOCHS[0]} to {FILE_EPOCHS[1]}; "
+                   f"the embedded problem: {EMBEDDED_EPOCHS})")
+    t.add_argument("--batch", type=int, default=d.batch, help="mini-batch size per worker step (default %(default)s)")
+    t.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer,
                    help="what the servers (allreduce: every rank) do with an update, each keeping its state "
                         "for its shard: adagrad (default: the most robust across data sets and worker counts), "
                         "momentum or adam (workers push the gradient, the server applies lr), or sgd (w += "
                         "Delta-w, the worker applies lr: the paper's ASGD)")
-    p.add_argument("--standardize", action="store_true",
-                   help="scale each feature to mean 0 and variance 1 with statistics of the training "
-                        "points (computed by the workers together during init), for training and held-out "
-                        "data; written to OUT/standardize.json and results.json. Use it when features "
-                        "have different scales or are far from [-1, 1]")
-    p.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data by all workers together (default %(default)s)")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of the data split, shuffles and initial weights (default %(default)s)")
-    p.add_argument("--arch", choices=["ps", "p2p", "allreduce"], default=d.arch,
+    t.add_argument("--lr", type=float, help="learning rate (default, by --optimizer: sgd 3/hidden, momentum "
+                   "0.3/hidden, both x W workers in sync and allreduce, where each update averages W workers'; "
+                   "adagrad 0.01; adam 0.001)")
+    t.add_argument("--stale-step", choices=STALE_STEPS, default=d.stale_step,
+                   help="the share of the step an update computed on an older w takes, by its staleness s "
+                        "(the updates applied since): off (default: all of it), sqrt (1/sqrt(s)), inverse (1/s: "
+                        "Zhang et al. 2016's staleness-aware async SGD)")
+    t.add_argument("--lr-guard", action=argparse.BooleanOptionalAction, default=d.lr_guard,
+                   help="halve the step when the held-out loss climbs well above its best and is still rising (said in the progress "
+                        "line; one server, --arch ps) (default: on)")
+    t.add_argument("--seed", type=int, default=d.seed, help="seed of the data split, shuffles and initial weights (default %(default)s)")
+    a = p.add_argument_group("parallelism")
+    a.add_argument("--arch", choices=["ps", "p2p", "allreduce"], default=d.arch,
                    help="ps: parameter servers and workers (default); p2p: every rank a worker and the "
                         "owner (server) of 1/N of w, each shard of Delta-w sent to its owner point to point; "
                         "allreduce: no servers, every rank a worker summing its Delta-w with the others' "
                         "each step")
-    p.add_argument("--allreduce", choices=["ring", "mpi"], default=d.allreduce,
+    a.add_argument("--servers", type=int, default=None, metavar="S",
+                   help="ranks 0..S-1 are servers, each owning a contiguous shard of the "
+                        "parameters (default 1; with --model-parallel K, the fewest that leave a "
+                        "multiple of K workers: 2 of 8 ranks for K = 2)")
+    a.add_argument("--mode", choices=["async", "ssp", "sync"], default=d.mode,
+                   help="async: apply each Delta-w as it arrives (default); ssp: stale-synchronous, "
+                        "a worker at most --staleness steps ahead of the slowest; sync: each step "
+                        "the servers apply the average of all workers' Delta-w once")
+    a.add_argument("--staleness", type=int, default=d.staleness, metavar="K",
+                   help="ssp's bound K >= 1 (default %(default)s)")
+    a.add_argument("--allreduce", choices=["ring", "mpi"], default=d.allreduce,
                    help="--arch allreduce's algorithm: ring (default): asgd's own ring allreduce, a "
                         "reduce-scatter then an allgather to the next rank, point to point, so every byte is "
                         "counted; mpi: MPI_Iallreduce, whose algorithm (and bytes) the MPI library chooses")
-    p.add_argument("--model-parallel", type=int, default=d.model_parallel, metavar="K",
+    a.add_argument("--model-parallel", type=int, default=d.model_parallel, metavar="K",
                    help="split the hidden layer K ways (model partitioning): workers form replicas of K "
                         "consecutive ranks, each holding 1/K of the hidden units (its rows of W1 and b1, "
                         "its columns of W2), summing their partial logits each step, and exchanging only "
                         "its own slice of Delta-w; K must divide --hidden and the workers (default 1)")
-    p.add_argument("--fault-tolerant", action="store_true",
+    a.add_argument("--fault-tolerant", action="store_true",
                    help="a worker that dies (killed, its node lost) does not end the job: the servers "
                         "name it, stop waiting for it and train on with the rest (--arch ps; Open MPI "
                         "with ULFM: mpiexec --with-ft ulfm). A server's death still ends the job: "
                         "python -m asgd.launch --max-restarts restarts it from its checkpoint")
-    p.add_argument("--backup-workers", type=int, default=d.backup_workers, metavar="B",
+    a.add_argument("--backup-workers", type=int, default=d.backup_workers, metavar="B",
                    help="--mode sync: each round applies the first W - B workers' pushes and drops "
                         "the late ones (TensorFlow's SyncReplicasOptimizer), so a straggler or a lost "
                         "worker does not stall every step (default 0)")
-    p.add_argument("--servers", type=int, default=None, metavar="S",
-                   help="ranks 0..S-1 are servers, each owning a contiguous shard of the "
-                        "parameters (default 1; with --model-parallel K, the fewest that leave a "
-                        "multiple of K workers: 2 of 8 ranks for K = 2)")
-    p.add_argument("--mode", choices=["async", "ssp", "sync"], default=d.mode,
-                   help="async: apply each Delta-w as it arrives (default); ssp: stale-synchronous, "
-                        "a worker at most --staleness steps ahead of the slowest; sync: each step "
-                        "the servers apply the average of all workers' Delta-w once")
-    p.add_argument("--staleness", type=int, default=d.staleness, metavar="K",
-                   help="ssp's bound K >= 1 (default %(default)s)")
-    p.add_argument("--compress", choices=["none", "1bit"], default=d.compress,
+    a.add_argument("--compress", choices=["none", "1bit"], default=d.compress,
                    help="none (default): float64 messages; 1bit: Seide et al.'s 1-bit SGD with error "
                         "feedback, both ways: a worker sends one bit per value of Delta-w plus two scales "
                         "per column and keeps the rest for its next push; a server replies with the "
                         "1-bit change of its shard since that worker's last reply (parameter servers only)")
-    p.add_argument("--mpi-progress", choices=["step", "off"], default=d.mpi_progress,
-                   help="step (default): while an exchange is in flight the worker's step tests it "
-                        "between its sample blocks, so MPI moves large messages during the compute; "
-                        "off: only the waits move them")
-    p.add_argument("--out", metavar="DIR", help="run folder for results.json (default: runs/<time>-n<ranks>)")
-    p.add_argument("--timeout", type=float, default=d.timeout, metavar="SECONDS",
-                   help="end the whole job with an error if it runs longer (default: no limit)")
-    p.add_argument("--progress", type=float, default=d.progress, metavar="SECONDS",
+    lab = p.add_argument_group("the performance lab")
+    lab.add_argument("--reader", choices=READERS, default=d.reader,
+                     help="parallel (default): each rank reads its part of the file at once, then a "
+                          "seeded shuffle; sequential: ranks take turns reading the whole file, as "
+                          "CNTK did (init grows with the ranks)")
+    lab.add_argument("--mpi-progress", choices=["step", "off"], default=d.mpi_progress,
+                     help="step (default): while an exchange is in flight the worker's step tests it "
+                          "between its sample blocks, so MPI moves large messages during the compute; "
+                          "off: only the waits move them")
+    lab.add_argument("--dry-run", action="store_true",
+                     help="start up as the run would (kernels, data and its exchange, model, checkpoint, output "
+                          "folder), write OUT/results.json with \"dry_run\": true and stop: checks the options and "
+                          "the data before a long job, and measures start-up traffic (asgd.testbed's byte proof)")
+    lab.add_argument("--trace", action="store_true", help="write OUT/trace.json, a timeline of every "
+                     "rank's phases and messages that opens in Perfetto (ui.perfetto.dev) and chrome://tracing")
+    lab.add_argument("--trace-steps", default=d.trace_steps, metavar="A:B", help="record worker steps "
+                     "A..B-1 only, which bounds the trace's size (default %(default)s; init is always recorded)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", metavar="DIR", help="run folder for results.json, weights.npy and the rest (default: "
+                   "runs/<time>-n<ranks>); an existing run is refused unless --force or --resume")
+    o.add_argument("--force", action="store_true", help="write into --out even if it holds a run (its files are "
+                   "replaced)")
+    o.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
+    o.add_argument("--progress", type=float, default=d.progress, metavar="SECONDS",
                    help="seconds between progress lines within an epoch (default %(default)s)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
-    p.add_argument("--dry-run", action="store_true",
-                   help="start up as the run would (kernels, data and its exchange, model, checkpoint, output "
-                        "folder), write OUT/results.json with \"dry_run\": true and stop: checks the options and "
-                        "the data before a long job, and measures start-up traffic (asgd.testbed's byte proof)")
-    p.add_argument("--stall-timeout", type=float, default=d.stall_timeout, metavar="SECONDS",
+    o.add_argument("--timeout", type=float, default=d.timeout, metavar="SECONDS",
+                   help="end the whole job with an error if it runs longer (default: no limit)")
+    o.add_argument("--stall-timeout", type=float, default=d.stall_timeout, metavar="SECONDS",
                    help="end the job, naming who waited on whom, if one wait takes longer "
                         "(default: no limit)")
-    p.add_argument("--checkpoint-every", metavar="N|Ns",
+    o.add_argument("--checkpoint-every", metavar="N|Ns",
                    help="servers write their shard and the progress to OUT/checkpoint every N "
                         "updates (e.g. 500) or N seconds (e.g. 30s), atomically, and at the end")
-    p.add_argument("--resume", metavar="RUN_DIR",
+    o.add_argument("--resume", metavar="RUN_DIR",
                    help="continue from RUN_DIR's last complete checkpoint (same --hidden and "
                         "--servers); the run folder defaults to RUN_DIR")
-    p.add_argument("--trace", action="store_true", help="write OUT/trace.json, a timeline of every "
-                   "rank's phases and messages that opens in Perfetto (ui.perfetto.dev) and chrome://tracing")
-    p.add_argument("--trace-steps", default=d.trace_steps, metavar="A:B", help="record worker steps "
-                   "A..B-1 only, which bounds the trace's size (default %(default)s; init is always recorded)")
     return p
 
 
@@ -178,7 +239,7 @@ def parse(argv: list[str] | None, world_size: int, quiet_help: bool = False) -> 
     a = p.parse_args(argv)
     if a.servers is None:
         a.servers = default_servers(a.arch, a.model_parallel, world_size)
-    cfg = Config(**vars(a))
+    cfg = with_defaults(Config(**vars(a)))
     validate(cfg, world_size)
     return cfg
 
@@ -238,7 +299,13 @@ def validate(cfg: Config, world_size: int) -> None:
          "--arch allreduce with --model-parallel checkpoints every N updates, not every N seconds "
          "(its slices' ranks decide alone, by their count)")
     need(cfg.batch >= 1, f"--batch must be >= 1, got {cfg.batch}")
-    need(cfg.epochs >= 1, f"--epochs must be >= 1, got {cfg.epochs}")
+    need(cfg.epochs is None or cfg.epochs >= 1, f"--epochs must be >= 1, got {cfg.epochs}")
+    try:
+        delimiter_option(cfg.delimiter)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    need(cfg.data is not None or (cfg.delimiter == "auto" and cfg.header is None and cfg.label_column is None),
+         "--delimiter, --header and --label-column describe a --data file")
     need(cfg.lr is None or (math.isfinite(cfg.lr) and cfg.lr > 0),
          f"--lr must be a positive finite number, got {cfg.lr}")
     need(cfg.classes is None or cfg.classes >= 2, f"--classes must be >= 2, got {cfg.classes}")

@@ -83,6 +83,10 @@ class Model:
     saved_optimizer: dict    # the optimizer's state from the checkpoint, full-length arrays, or {}
     scaling: tuple | None    # --standardize: (mean, std) of every feature
     init_end_ns: int = 0
+    labels: object = None    # data.labels.Labels of a data file's labels (names: labels.json)
+    dialect: dict | None = None        # how the data file was read (results.json's data)
+    test_lines: np.ndarray | None = None   # rank 0: the held-out points' rows in their file
+    feature_stats: tuple = (0.0, 1.0)      # rank 0: the held-out features' largest |value| and std ratio, unscaled
 
     @property
     def first_epoch(self) -> int:

@@ -3,6 +3,7 @@ them all (server 0, or rank 0 of an allreduce job). The loops only call `add`.""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -27,6 +28,7 @@ class EpochTracker:
     loss_n: float = 0.0
     last_line: float = field(default_factory=time.perf_counter)
     step_losses: list | None = None   # lockstep runs (sync, allreduce): each version's mean batch loss
+    guard: Callable[[], float] | None = None   # --lr-guard: halves the step, returns its share of lr now
 
     def __post_init__(self):
         self.first_samples = self.samples  # a resumed run starts past zero: rates count from here
@@ -34,6 +36,8 @@ class EpochTracker:
         self.size = float(self.n_train)                       # samples an epoch brings
         self.ends = (self.epoch + 1) * float(self.n_train)   # the samples at which this epoch ends
         self.lost = 0                                         # workers lost (--fault-tolerant)
+        self.guard_cuts = 0       # times the guard halved the step
+        self.cut_at = 0           # the epoch of the last cut
 
     def lose(self, pushed: float, workers: int) -> None:
         """A worker died having pushed `pushed` samples: its share (1/workers of the data)
@@ -91,13 +95,42 @@ class EpochTracker:
              "test_loss": test_loss, "test_accuracy": test_acc}
         self.history.append(h)
         held_out = f"held-out loss {test_loss:.4f} acc {test_acc:.4f}  " if test_acc is not None else ""
+        guarded = self._guard(test_loss)
+        if guarded:
+            h["lr_scale"] = guarded[1]
         self.report(f"epoch {self.epoch}/{self.epochs}  samples {self.samples:>9,}  "
                     f"train loss {h['train_loss']:.4f}  {held_out}"
                     f"{(self.samples - self.first_samples) / max(elapsed, 1e-9):>9,.0f} samples/s  "
-                    f"{elapsed:6.1f} s")
+                    f"{elapsed:6.1f} s" + (f"  {guarded[0]}" if guarded else ""))
         self.loss_sum = self.loss_n = 0.0
         self.last_line = now
 
+    def _guard(self, test_loss: float | None) -> tuple[str, float] | None:
+        """--lr-guard: the held-out loss GUARD_RISE above its best and still climbing (above
+        the epoch before's), GUARD_WAIT epochs or more after the last cut: halve the step.
+        A loss falling back after a spike is left alone: with many stale workers the early
+        epochs spike and recover, and a cut on each epoch above the best starves the run.
+        Not in the first GUARD_FROM of the epochs either: there the loss of many stale
+        workers swings while it falls, and an early cut slows the whole run.
+        (The said line, the step's share of lr.)"""
+        if self.guard is None or test_loss is None or self.epoch - self.cut_at < GUARD_WAIT:
+            return None
+        if self.epoch < max(GUARD_WAIT + 1, math.ceil(self.epochs * GUARD_FROM)):
+            return None
+        before = [h["test_loss"] for h in self.history[:-1] if h.get("test_loss") is not None]
+        if not before or not test_loss > min(before) * (1 + GUARD_RISE) or not test_loss > before[-1]:
+            return None
+        share = self.guard()
+        self.guard_cuts += 1
+        self.cut_at = self.epoch
+        rise = test_loss / min(before) - 1
+        return (f"held-out loss {rise:.0%} above its best ({min(before):.4f}): step halved, now {share:g} of lr",
+                share)
+
+
+GUARD_RISE = 0.10   # --lr-guard halves the step when the held-out loss is this far above its best
+GUARD_WAIT = 2      # ... and this many epochs have passed since it last did
+GUARD_FROM = 0.1    # ... and this share of the epochs is done (the early epochs swing)
 
 FALLING_FAST = 0.05  # the loss still falling this much an epoch at the end (and by at least
 MATTERS = 0.01       # this many nats an epoch: a loss near 0 falling fast is done): not converged
@@ -106,18 +139,87 @@ STILL_AHEAD = 0.2    # as many epochs again, at the recent rate, would lower the
 AHEAD_NATS = 0.05    # (and by this many nats): not converged, however slowly it falls an epoch
 
 
-def convergence_notes(history: list[dict], refused: int) -> list[str]:
-    """One line each for what the end of a run says about its training (from the held-out
-    loss, else the training loss where the held-out one was not evaluated each epoch):
-      falling fast   the loss fell by FALLING_FAST (and MATTERS nats) or more in each of the
-                     last (up to two) epochs;
-      falling slowly or else, at the rate it fell over the last fifth of the epochs (at least
-                     two; or over their second half, if slower: a loss flattening out), as
-                     many epochs again would lower it by STILL_AHEAD of itself and
-                     AHEAD_NATS or more: a long run that underfits, 1-2 % an epoch (issue 14's
-                     case: digits at the old default lr, held-out loss 1.85 of a chance level of
-                     2.30 after 20 epochs, falling 0.02 an epoch, with no note);
-    neither when the loss ends below DONE nats; and updates refused as NaN or inf."""
+CHANCE_MARGIN = 0.02   # held-out accuracy within this of the most common class's share: chance level
+ROSE = 1.25            # a loss ending this many times above its best (and ROSE_NATS above): it rose
+ROSE_NATS = 0.05
+MANY_WORKERS = 8       # asynchronous workers from which staleness is the likely cause of a climb
+UNSCALED = 10.0        # a feature beyond +-this, or stds this many times apart: unscaled features
+
+
+@dataclass
+class RunFacts:
+    """What the notes need to know about a run besides its history."""
+    accuracy: float | None = None   # the final held-out accuracy
+    chance: float | None = None     # the held-out share of the training data's most common class
+    workers: int = 1                # asynchronous workers (1 where updates are lockstep)
+    standardized: bool = True
+    feature_max: float = 0.0        # the largest |value| of a feature, as read
+    std_ratio: float = 1.0          # the largest feature's std over the smallest non-zero one's
+    guard_cuts: int = 0             # times --lr-guard halved the step
+    stale_step: str = "off"
+
+
+def convergence_notes(history: list[dict], refused: int, facts: RunFacts | None = None) -> list[str]:
+    """One line each for what the end of a run says about its training, naming the
+    likely cause and the option that fixes it:
+      chance level   a held-out accuracy within CHANCE_MARGIN of the most common class's
+                     share: learned nothing (cause: unscaled features, a climbing loss, or
+                     too little training);
+      a climb        the training loss ending above its first epoch's (with MANY_WORKERS or
+                     more asynchronous workers: stale updates overshooting), or the held-out
+                     (else training) loss ending ROSE times and ROSE_NATS above its best
+                     (with the training loss falling: overfitting);
+      unscaled       features not standardized that reach beyond +-UNSCALED or whose spreads
+                     differ UNSCALED times or more;
+      not converged  (below); and updates refused as NaN or inf."""
+    facts = facts or RunFacts()
+    notes = []
+    unscaled = (not facts.standardized and (facts.feature_max > UNSCALED or facts.std_ratio > UNSCALED))
+    scale_cause = (f"the features are not scaled (values up to {facts.feature_max:.3g}, spreads "
+                   f"{facts.std_ratio:.3g} times apart): use --standardize")
+    train = [h["train_loss"] for h in history if h.get("train_loss") is not None]
+    many = facts.workers >= MANY_WORKERS
+    stale_fix = ("--stale-step sqrt, a smaller --lr, or fewer workers" if facts.stale_step == "off"
+                 else "a smaller --lr, or fewer workers")
+    climbed = len(train) >= 2 and train[-1] > train[0] * 1.05 and train[-1] - train[0] > ROSE_NATS
+    if climbed:
+        cause = (f"with {facts.workers} asynchronous workers, stale updates overshoot: use {stale_fix}" if many
+                 else "the step is too large: use a smaller --lr")
+        notes.append(f"the training loss climbed from {train[0]:.3g} to {train[-1]:.3g}: training diverged; {cause}")
+    else:
+        key = "test_loss" if history and all(h.get("test_loss") is not None for h in history) else "train_loss"
+        losses = [h[key] for h in history]
+        if len(losses) >= 2:
+            best = min(range(len(losses)), key=losses.__getitem__)
+            last = losses[-1]
+            if last > ROSE * losses[best] and last - losses[best] > ROSE_NATS:
+                which = "held-out" if key == "test_loss" else "training"
+                guarded = f" (--lr-guard halved the step {facts.guard_cuts} time(s))" if facts.guard_cuts else ""
+                overfit = key == "test_loss" and train and train[-1] < train[best]
+                cause = ("the model overfits the training data: use fewer --epochs" if overfit
+                         else f"with {facts.workers} asynchronous workers, stale updates overshoot: use {stale_fix}"
+                         if many else "the step is too large late in training: use a smaller --lr")
+                notes.append(f"the {which} loss rose from its best, {losses[best]:.3g} after epoch {best + 1}, to "
+                             f"{last:.3g}{guarded}: {cause}")
+    if facts.accuracy is not None and facts.chance is not None and facts.accuracy <= facts.chance + CHANCE_MARGIN:
+        cause = (scale_cause if unscaled else "the loss climbed: see the note above" if climbed or notes
+                 else "too little training: use more --epochs or a larger --lr")
+        notes.append(f"held-out accuracy {facts.accuracy:.3f} is chance level (the most common class alone "
+                     f"scores {facts.chance:.3f}): the model learned nothing; likely cause: {cause}")
+        if unscaled:
+            unscaled = False   # said
+    if unscaled:
+        notes.append(f"{scale_cause} (the model's first layer expects values of about +-1)")
+    if not climbed:
+        notes += _still_falling(history)
+    if refused:
+        notes.append(f"{refused:,} update(s) were refused for NaN or inf values: training was unstable; "
+                     + (f"use {stale_fix}" if many else "lower --lr"))
+    return notes
+
+
+def _still_falling(history: list[dict]) -> list[str]:
+    """Not converged: the loss still falling fast, or slowly with far to go (see below)."""
     notes = []
     key = "test_loss" if history and all(h.get("test_loss") is not None for h in history[-3:]) else "train_loss"
     which = "held-out" if key == "test_loss" else "training"
@@ -139,7 +241,4 @@ def convergence_notes(history: list[dict], refused: int) -> list[str]:
             notes.append(f"training had not converged: the {which} loss was still falling, from {before:.3g} to "
                          f"{last:.3g} over the last {k} epochs; as many epochs again at that rate would lower it "
                          f"by {min(ahead / last, 1):.0%}; try more --epochs or a larger --lr")
-    if refused:
-        notes.append(f"{refused:,} update(s) were refused for NaN or inf values: training was unstable; "
-                     "lower --lr")
     return notes

@@ -198,7 +198,7 @@ def servers_of(job: Job, m: Model, shards: list[int], on_version) -> tuple[list[
         lost = (lambda rank, pushed: job.tracker.lose(pushed, topo.replicas)) if job.tracker and v == 0 else None
         made.append(Server(job.endpoint, w, workers, opt, msgs, on_version if v == 0 else None, ckpt,
                            leader=v == 0, fault_tolerant=cfg.fault_tolerant, on_lost=lost,
-                           cuts_done=m.resumed.get("cut", 0)))
+                           cuts_done=m.resumed.get("cut", 0), stale_step=optimizers.stale_step(cfg.stale_step)))
         ckpts.append(ckpt)
     return made, ckpts
 
@@ -220,6 +220,8 @@ def serve(job: Job, m: Model) -> dict:
     job.tracker = tracker_of(job, m, publish=lambda: [srv.publish() for srv in servers])
     mine = topo.shards_of(job.rank)
     servers, ckpts = servers_of(job, m, mine, on_version_of(job))
+    if job.tracker and cfg.lr_guard and len(topo.shards) == 1:   # one server holds every update's step
+        job.tracker.guard = servers[0].halve_step
     if job.tracker and cfg.backup_workers:   # workers train until the epochs' samples are applied
         servers[0].goal = lambda: job.tracker.epoch >= job.tracker.epochs
     drop_w(job, m)

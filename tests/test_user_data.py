@@ -1,0 +1,138 @@
+"""Issue 28's cases, as a user meets them: a CSV with a header and its label first by
+name, string labels, empty fields, NaN, commas read as white space, a year-like label
+column; each trains, or stops with one line that names the fix. Then the trained run
+applied by asgd.predict (numpy only), and run folders that refuse to be overwritten."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from asgd.data import problem
+from asgd.run import folder
+from conftest import load_results, mpiexec
+
+
+def penguins(path, rows=96, bad=None):
+    """A small CSV shaped like palmerpenguins' (species first, a year last), separable by
+    its measurements; `bad` = (row, column, text) writes one field as given."""
+    rng = np.random.default_rng(0)
+    species = ["Adelie", "Chinstrap", "Gentoo"]
+    lines = ["species,bill_length_mm,bill_depth_mm,flipper_length_mm,year"]
+    for i in range(rows):
+        k = i % 3
+        f = [f"{v:.1f}" for v in (38 + 8 * k + rng.normal(), 18 - 2 * k + rng.normal(0, .3), 190 + 15 * k + rng.normal())]
+        fields = [species[k], *f, str(2007 + i % 3)]
+        if bad and bad[0] == i:
+            fields[bad[1]] = bad[2]
+        lines.append(",".join(fields))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_csv_with_a_header_trains_by_the_label_name_and_predict_reproduces_its_accuracy(tmp_path):
+    data = penguins(tmp_path / "penguins.csv")
+    # the year column is numeric: drop it, as a user would (the label is the species, by name)
+    data.write_text("\n".join(ln.rsplit(",", 1)[0] for ln in data.read_text().splitlines()) + "\n")
+    out = tmp_path / "run"
+    p = mpiexec(3, ["--data", str(data), "--label-column", "species", "--epochs", "40", "--out", str(out), "--quiet"])
+    assert p.returncode == 0, p.stderr
+    r = load_results(out)
+    assert r["config"]["features"] == 3 and r["config"]["classes"] == 3 and r["config"]["hidden"] == 256
+    assert r["config"]["standardize"] is True                              # the default for a file
+    assert json.loads((out / "labels.json").read_text())["classes"] == ["Adelie", "Chinstrap", "Gentoo"]
+    d = r["data"]
+    assert d["train"]["bytes"] == data.stat().st_size and len(d["train"]["sha256"]) == 64
+    assert d["read_as"]["delimiter"] == "," and d["read_as"]["label_column"] == 0
+    held = np.load(out / "heldout.npy")
+    assert len(held) == 96 // 8 == r["config"]["test_points"]
+    assert r["metrics"]["accuracy"] >= 0.9
+
+    got = subprocess.run([sys.executable, "-m", "asgd.predict", str(out), "--held-out"], capture_output=True,
+                         text=True, timeout=60)
+    assert got.returncode == 0, got.stderr
+    acc = float(got.stdout.split("accuracy ")[1].split()[0])
+    assert f"accuracy {r['metrics']['accuracy']:.4f}" in got.stdout and acc == round(r["metrics"]["accuracy"], 4)
+    assert "Adelie" in got.stdout and "confusion matrix" in got.stdout
+
+    # new rows without labels: predictions and probabilities per row, by name
+    new = tmp_path / "new.csv"
+    new.write_text("bill_length_mm,bill_depth_mm,flipper_length_mm\n38.2,18.1,190.5\n54.0,14.0,220.0\n")
+    pred = tmp_path / "pred.csv"
+    got = subprocess.run([sys.executable, "-m", "asgd.predict", str(out), str(new), "--out", str(pred)],
+                         capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stderr
+    lines = pred.read_text().splitlines()
+    assert lines[0] == "row,prediction,p_Adelie,p_Chinstrap,p_Gentoo"
+    assert [ln.split(",")[1] for ln in lines[1:]] == ["Adelie", "Gentoo"]
+    assert abs(sum(float(v) for v in lines[1].split(",")[2:]) - 1) < 1e-5
+
+    # the same --out again: refused, naming --force; with --force it trains
+    p = mpiexec(3, ["--data", str(data), "--label-column", "species", "--epochs", "1", "--out", str(out), "--quiet"])
+    assert p.returncode == 2 and f"--out {out} holds a run (results.json, weights.npy)" in p.stderr
+    assert "--force" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_predict_imports_neither_mpi_nor_numba():
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('mpi4py', 'numba', 'llvmlite'):\n"
+            "            raise ImportError('blocked: ' + name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import asgd.predict\n"
+            "print('ok')\n")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0 and got.stdout.strip() == "ok", got.stderr
+
+
+@pytest.mark.parametrize("case, argv, message", [
+    ("empty", (5, 2, ""), ":7: column 3 ('bill_depth_mm') is empty; asgd needs every value: drop or fill"),
+    ("nan", (9, 1, "NaN"), ":11: column 2 ('bill_length_mm') is NaN or infinite; asgd needs every feature"),
+    ("NA", (9, 1, "NA"), ":11: column 2 ('bill_length_mm') is 'NA': a missing value; asgd needs every value"),
+    ("year", None, "the label, column 5 ('year', the last), looks like a measurement, not classes: 2,010 "
+                   "classes (integer labels up to 2,009)"),
+    ("commas", None, ":1: need at least one feature and a label, got 1 field(s); the line has ',' in it: "
+                     "if that separates the fields, use --delimiter comma"),
+])
+@pytest.mark.parametrize("reader", ["parallel", "sequential"])
+def test_bad_files_stop_with_one_line_that_names_the_fix(tmp_path, case, argv, message, reader):
+    data = penguins(tmp_path / "p.csv", bad=argv)
+    extra = []
+    if case == "year":   # the species dropped: every feature a number, the year the last column
+        data.write_text("\n".join(ln.split(",", 1)[1] for ln in data.read_text().splitlines()) + "\n")
+        message = message.replace("column 5", "column 4")
+    elif case == "commas":
+        extra = ["--delimiter", "whitespace"]
+    else:
+        extra = ["--label-column", "species"]
+    p = mpiexec(3, ["--data", str(data), "--reader", reader, "--dry-run", "--out", str(tmp_path / "o"), *extra])
+    assert p.returncode == 2, p.stdout + p.stderr
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and message in err[0], p.stderr
+    if case == "year":
+        assert "--label-column NAME or INDEX" in err[0] and "--classes N" in err[0]
+
+
+def test_the_run_folder_check():
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        folder.check_out(d, force=False, resuming=False)          # empty: fine
+        open(f"{d}/weights.npy", "w").close()
+        with pytest.raises(folder.FolderError, match="holds a run \\(weights.npy\\): choose another folder, add "
+                                                     "--force to replace it, or --resume"):
+            folder.check_out(d, force=False, resuming=False)
+        folder.check_out(d, force=True, resuming=False)
+        folder.check_out(d, force=False, resuming=True)
+
+
+def test_npz_with_string_labels_trains(tmp_path):
+    d = problem.rings(400, 1, classes=2)
+    np.savez(tmp_path / "d.npz", X=d.X, y=np.array(["inner", "outer"])[d.y])
+    out = tmp_path / "run"
+    p = mpiexec(3, ["--data", str(tmp_path / "d.npz"), "--epochs", "2", "--hidden", "100", "--out", str(out), "--quiet"])
+    assert p.returncode == 0, p.stderr
+    r = load_results(out)
+    assert r["data"]["labels"] == ["inner", "outer"] and r["config"]["classes"] == 2
