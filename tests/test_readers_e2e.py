@@ -98,4 +98,6 @@ def test_bad_line_ends_the_job_with_one_line(tmp_path):
     p = mpiexec(4, ["--data", str(f), "--reader", reader, "--out", str(tmp_path / "o"), "--timeout", "60"],
                 timeout=60)
     assert p.returncode == 2
-    assert p.stderr.strip() == f"asgd.train: error: {f}:301: label '7x' is not an integer"
+    assert p.stderr.strip() == (f"asgd.train: error: {f}:301: label '7x' is not an integer, as the column's "
+                                "other labels are: fix the line, or give --classes N to take every label as a "
+                                "class name")

@@ -179,8 +179,9 @@ def test_a_job_killed_with_several_async_servers_resumes_from_one_consistent_cut
 BAD_FILES = {  # name: (content, the one error line's text after "asgd.train: error: <file>")
     "missing": (None, ": data file not found"),
     "directory": ("dir", ": cannot read data file: Is a directory"),
-    "nonnumeric": ("0.1\t0.2\t0\n0.3\toops\t1\n", ":2: feature 'oops' is not a number"),
-    "range": ("0.1\t0.2\t0\n0.3\t0.4\t2\n", ":2: label 2 out of range for --classes 2"),
+    "nonnumeric": ("0.1\t0.2\t0\n0.3\toops\t1\n", ":2: column 2: 'oops' is not a number; features must be "
+                   "numbers: if this column is the label, use --label-column 1, else drop or encode it"),
+    "range": ("0.1\t0.2\t0\n0.3\t0.4\t1\n" * 10 + "0.5\t0.6\t2\n", ":21: label 2 out of range for --classes 2"),
 }
 
 

@@ -207,12 +207,13 @@ def sniff(path: str, head: bytes, delimiter: str = "auto", header: bool | None =
 
 
 def _detect(sample: list[str]) -> str:
-    """A tab when every line has as many; a comma, semicolon or pipe when line 1 has as
+    """A tab when every line has as many (and something after the last); a comma, semicolon or pipe when line 1 has as
     many as most lines (a short or long line is then an error that names it)."""
     for c in CANDIDATES:
         counts = [ln.count(c) for ln in sample]
         if c == "\t":
-            if len(set(counts)) == 1 and counts[0] >= 1:
+            trailing = all(not ln.rsplit("\t", 1)[-1].strip() for ln in sample)   # "a\tb\t0 \t": blanks
+            if len(set(counts)) == 1 and counts[0] >= 1 and not trailing:
                 return c
             continue
         common = max(set(counts), key=counts.count)

@@ -6,7 +6,8 @@ Any other label (a word, a negative or decimal number) makes the column names: t
 distinct labels, sorted (by value when all are numbers), are classes 0, 1, ...; the run
 folder keeps them (labels.json) and asgd.predict writes them back.
 
-A column whose values look like a measurement rather than classes is refused, unless
+Integer labels with a word among them are refused (a typo, most likely) unless --classes
+is given. A column whose values look like a measurement rather than classes is refused, unless
 --classes says how many classes there are: more than MAX_CLASSES classes, most values
 distinct, integers spread thinly over 0..max (a year: 2,010 classes for 3 values), or
 numbers with decimals. A missing label (empty, NA, nan, ...) is an error naming its line.
@@ -119,6 +120,14 @@ def decide(path: str, dialect: Dialect, train: FileLabels, rows: int, classes: i
             line, t = min(missing)
             raise DataError(f"{p}:{line}: the label, {dialect.label_name()}, is {t!r}: a missing value; "
                             "drop the rows that lack one")
+    if not classes:   # integer classes and a word among them: a typo more likely than a class
+        ints = any(integer(t) is not None for fl in (train, test) if fl for t in fl.tokens)
+        for fl, p in ((train, path), (test, test_path)):
+            words = [(line, t) for t, line in (fl.tokens.items() if fl else ()) if not is_number(t)]
+            if ints and words:
+                line, t = min(words)
+                raise DataError(f"{p}:{line}: label {t!r} is not an integer, as the column's other labels are: "
+                                "fix the line, or give --classes N to take every label as a class name")
     as_names = train.names or (test is not None and test.names)
     fix = _fix(dialect)
     if as_names:
