@@ -31,8 +31,8 @@ class Recording(Optimizer):
         super().__init__(*args)
         self.applied = []
 
-    def update(self, w, d, out, scale=1.0):
-        ok = super().update(w, d, out, scale)
+    def update(self, w, d, out, scale=1.0, lr_scale=1.0):
+        ok = super().update(w, d, out, scale, lr_scale)
         if ok:
             self.applied.append((d.copy(), scale))
         return ok

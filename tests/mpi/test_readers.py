@@ -139,12 +139,12 @@ def bad_file(defect_line: int, bad: str, n: int = 400) -> str:
 
 
 BAD = {  # a defect in the first, a middle and the last rank's bytes, at a chunk's first line, ...
-    "line 1": bad_file(1, "x\ty\tlabel"),
+    "line 1": bad_file(1, "0.1\toops\t1"),   # numbers beside it: a bad line, not a header
     "middle, not a number": bad_file(201, "0.5\toops\t1"),
     "last line, fields": bad_file(400, "0.5\t1"),
     "every line after 100 has 2 fields": "".join(f"0.{i}\t0.5\t1\n" for i in range(100)) + "0.5\t1\n" * 300,
     "blank run then data": bad_file(150, "").replace("\n\n", "\n\n\n\n\n\n"),
-    "negative label": bad_file(399, "0.5\t0.5\t-3"),
+    "a word among integer labels": bad_file(399, "0.5\t0.5\tx3"),
     "nan": bad_file(350, "0.5\tNaN\t1"),
     "all labels 0": "".join(f"0.{i}\t0.5\t0\n" for i in range(100)),
     "empty": "",
@@ -172,7 +172,7 @@ def test_bad_binary_and_missing_files(mpi_tmp_path, reader):
     A[297, 1] = np.inf
     inf = written(mpi_tmp_path / "inf.npy", lambda p: np.save(p, A))
     cut = written(mpi_tmp_path / "cut.npy", lambda p: open(p, "wb").write(open(inf, "rb").read()[:-100]))
-    expect = {inf: f"{inf}:298: feature is NaN or infinite",
+    expect = {inf: f"{inf}:298: column 2 is NaN or infinite",
               cut: "truncated",
               str(mpi_tmp_path / "missing.tsv"): f"{mpi_tmp_path / 'missing.tsv'}: data file not found",
               str(mpi_tmp_path / "missing.npy"): "data file not found"}

@@ -229,6 +229,8 @@ def _read_part(comm, waiter, path, job, times) -> dict:
             return parse.Summary(len(part["X"]), len(part["X"]), -1, fl)
         if binary:
             return parse.check_array(buf, d, classes)
+        if d.columns == 0:   # empty, or blank lines only: the same dialect, the same message, on every rank
+            raise DataError(f"{path}: empty data file")
         X, codes, summary = parse.parse_chunk(buf, lo, hi, d, classes)
         part["X"], part["codes"] = X, codes
         return summary
