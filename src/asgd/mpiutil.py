@@ -239,6 +239,37 @@ def leave_without_finalize(code: int) -> None:
     os._exit(code)
 
 
+def end_fault_tolerant_job(comm: MPI.Comm, e: Exception, who: str, servers: int, grace_s: float) -> None:
+    """End a --fault-tolerant job after this rank's failure `e`, with one line from one
+    rank. Under ULFM an abort ends only the rank that calls it and the others wait on
+    (seen here: the workers waited for a server that had aborted), so revoke comm: every
+    rank's calls on it then fail with ERR_REVOKED and each comes here and leaves. The
+    line: a rank's own error (not MPI's) from that rank; a death from the lowest live rank,
+    naming the dead. The launcher ends the job at the first exit, and a line still in
+    flight is lost with it: the silent ranks leave `grace_s` after the one that speaks."""
+    comm.Revoke()
+    line = None
+    if not isinstance(e, MPI.Exception):
+        line = describe(e, who)
+    else:
+        dead, deadline = failed_ranks(comm), time.monotonic() + 3.0
+        while not dead and time.monotonic() < deadline:   # news of a death spreads within about a second
+            time.sleep(0.05)
+            dead = failed_ranks(comm)
+        if not dead and e.Get_error_class() != MPI.ERR_REVOKED:   # (revoked: another rank's own error)
+            line = f"{who}: MPI communication failed (MPI: {str(e).split(',')[0]})"
+        elif dead and comm.rank == min(set(range(comm.size)) - set(dead)):
+            lost = [r for r in dead if r < servers]
+            line = f"rank(s) {dead} died" + (
+                f", server(s) {lost} among them: a server's shard cannot be rebuilt; restart from the checkpoint "
+                "(python -m asgd.launch --max-restarts, or --resume)" if lost else
+                f" and the job could not go on without them (MPI: {str(e).split(',')[0]})")
+    if line:
+        print(f"asgd.train: {line}", file=sys.stderr, flush=True)
+    time.sleep(grace_s if line else 2 * grace_s)
+    leave_without_finalize(1)
+
+
 def failed_ranks(comm: MPI.Comm) -> list[int]:
     """The ranks of comm found dead so far (ULFM), acknowledged, so that waits on them
     stop failing and the survivors go on."""
