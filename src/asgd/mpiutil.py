@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import time
 
@@ -241,32 +242,40 @@ def leave_without_finalize(code: int) -> None:
 
 def end_fault_tolerant_job(comm: MPI.Comm, e: Exception, who: str, servers: int, grace_s: float) -> None:
     """End a --fault-tolerant job after this rank's failure `e`, with one line from one
-    rank. Under ULFM an abort ends only the rank that calls it and the others wait on
-    (seen here: the workers waited for a server that had aborted), so revoke comm: every
-    rank's calls on it then fail with ERR_REVOKED and each comes here and leaves. The
-    line: a rank's own error (not MPI's) from that rank; a death from the lowest live rank,
-    naming the dead. The launcher ends the job at the first exit, and a line still in
-    flight is lost with it: the silent ranks leave `grace_s` after the one that speaks."""
-    comm.Revoke()
+    rank. Under ULFM neither MPI_Abort nor an exit is a failure the other ranks see (seen
+    here: workers waited on a server that had left, 20 s and more), and a revoke does not
+    interrupt a pending send; a killed rank is seen within a second. So: revoke comm (every
+    rank's receives on it fail); the rank that says why dies by SIGKILL, which ends the
+    waits on it, and the others exit with status 1 (the job's: a job whose ranks were all
+    killed ends with 0), later, so that the line is out first. Who says it: a rank with an
+    error of its own (not MPI's); for a death, the lowest live rank, naming the dead."""
+    revoked = comm.Is_revoked()   # before mine: another rank ended the job first
+    if not revoked:
+        comm.Revoke()
     line = None
     if not isinstance(e, MPI.Exception):
         line = describe(e, who)
     else:
         dead, deadline = failed_ranks(comm), time.monotonic() + 3.0
-        while not dead and time.monotonic() < deadline:   # news of a death spreads within about a second
+        while not dead and time.monotonic() < deadline:   # news of a death spreads within a second
             time.sleep(0.05)
             dead = failed_ranks(comm)
-        if not dead and e.Get_error_class() != MPI.ERR_REVOKED:   # (revoked: another rank's own error)
-            line = f"{who}: MPI communication failed (MPI: {str(e).split(',')[0]})"
-        elif dead and comm.rank == min(set(range(comm.size)) - set(dead)):
+        if dead and comm.rank == min(set(range(comm.size)) - set(dead)):
             lost = [r for r in dead if r < servers]
             line = f"rank(s) {dead} died" + (
-                f", server(s) {lost} among them: a server's shard cannot be rebuilt; restart from the checkpoint "
-                "(python -m asgd.launch --max-restarts, or --resume)" if lost else
+                f", server(s) {lost} among them: a server's shard cannot be rebuilt; restart from the "
+                "checkpoint (python -m asgd.launch --max-restarts, or --resume)" if lost else
                 f" and the job could not go on without them (MPI: {str(e).split(',')[0]})")
-    if line:
-        print(f"asgd.train: {line}", file=sys.stderr, flush=True)
-    time.sleep(grace_s if line else 2 * grace_s)
+        elif not dead and not revoked and e.Get_error_class() != MPI.ERR_REVOKED:
+            line = f"{who}: MPI communication failed (MPI: {str(e).split(',')[0]})"
+    sys.stdout.flush()
+    if not line:
+        time.sleep(2 * grace_s)
+        leave_without_finalize(1)
+    print(f"asgd.train: {line}", file=sys.stderr, flush=True)
+    time.sleep(grace_s)
+    if comm.size - len(failed_ranks(comm)) > 1:   # others may wait on me: be a failure they see
+        os.kill(os.getpid(), signal.SIGKILL)
     leave_without_finalize(1)
 
 
