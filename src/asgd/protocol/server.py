@@ -182,15 +182,21 @@ class Server:
         raise error
 
     def bury(self) -> int:
-        """Retire every worker found dead (a dead server: the job ends); how many newly."""
-        dead = failed_ranks(self.comm)
+        """Retire every worker found dead (a dead server: the job ends); how many newly.
+        A request can fail before its peer is in the failed group (five workers killed at
+        once: the second failure came first): wait for the news, a few seconds at most."""
         mine = {r: j for j, r in enumerate(self.ranks)}
+        fresh = lambda dead: [r for r in dead if r not in mine or not self.dead[mine[r]]]  # noqa: E731
+        dead, deadline = failed_ranks(self.comm), time.monotonic() + 3.0
+        while not fresh(dead) and time.monotonic() < deadline:
+            time.sleep(0.01)
+            dead = failed_ranks(self.comm)
         others = [r for r in dead if r not in mine]
         if others:
             raise RuntimeError(f"rank(s) {others} died, and they were not this server's workers: a server's "
                                "shard cannot be rebuilt; restart from the checkpoint (python -m asgd.launch "
                                "--max-restarts, or --resume)")
-        new = [mine[r] for r in dead if not self.dead[mine[r]]]
+        new = [mine[r] for r in fresh(dead)]
         for j in new:
             self.dead[j], self.active[j] = True, False
             self.st.lost.append({"rank": self.ranks[j], "time": time.time(), "updates": int(self.steps[j])})
