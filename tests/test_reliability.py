@@ -56,11 +56,21 @@ def test_checkpoint_resume_and_a_damaged_checkpoint(tmp_path):
     meta = [json.loads(np.load(run / "checkpoint" / f"shard-{s}.npz")["header"].tobytes()) for s in (0, 1)]
     assert meta[0]["meta"]["epoch"] == 2 and len(meta[0]["meta"]["history"]) == 2
     assert meta[0]["meta"]["shard"][1] == meta[1]["meta"]["shard"][0]  # the two shards tile w
+    # a resume with nothing left to train (a job that failed while finishing, restarted by
+    # asgd.launch) ends with the checkpoint's results, not an error
+    first = load_results(run)
+    p = mpiexec(5, ["--servers", "2", "--epochs", "2", "--resume", str(run), "--quiet"])
+    assert p.returncode == 0 and "nothing left to train" in p.stderr, p.stderr
+    again = load_results(run)
+    assert again["metrics"]["accuracy"] == first["metrics"]["accuracy"]
+    assert again["metrics"]["history"] == first["metrics"]["history"]
     p = mpiexec(5, ["--servers", "2", "--epochs", "3", "--resume", str(run), "--quiet"])
     assert p.returncode == 0, p.stderr
     r = load_results(run)
     assert [h["epoch"] for h in r["metrics"]["history"]] == [1, 2, 3]  # continued, not restarted
     assert r["throughput"]["samples"] == 3 * r["config"]["train_points"]
+    # the rate is this run's: one epoch's samples over its train_s (it counted all three)
+    assert r["throughput"]["samples_per_s"] * r["train_s"] == pytest.approx(r["config"]["train_points"])
     # flip one byte of a shard's w: refused with a message naming the file. A quarter in is
     # inside w's data whatever optimizer state follows it (the middle of an adagrad shard is
     # the size field of the next zip member's local header, which zipfile never reads back)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from asgd.testbed import batch, faults, lifecycle, links, placement, proof, slurm, state
-from asgd.testbed.sh import missing_requirements
+from asgd.testbed.sh import TestbedError, missing_requirements
 from asgd.testbed.spec import Spec, parse_rate
 from conftest import MPIEXEC
 
@@ -135,6 +135,17 @@ def test_a_jobs_end_as_an_exit_status():
     assert end("FAILED", "2:0") == 2
     assert end("CANCELLED", "0:15") == 128 + 15
     assert end("NODE_FAIL", "0:0") == 1 and end("TIMEOUT", "0:0") == 1
+
+
+def test_a_submission_that_does_not_return_ends_in_one_line(monkeypatch, tmp_path):
+    """`run -- sbatch --wait ...` blocked until the job's end and ended in a traceback
+    (TimeoutExpired): the submitter must answer with a job id at once."""
+    fake = tmp_path / "sbatch"
+    fake.write_text("#!/bin/sh\nsleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(batch, "SUBMIT_S", 0.5)
+    with pytest.raises(TestbedError, match=r"no job id within 0.5 s .*leave out --wait"):
+        batch._submit(None, [str(fake), "--wait", "x.sbatch"], dict(os.environ))
 
 
 def _ps(spec, where, S, updates=10, push=1000, reply=990, dry=False):

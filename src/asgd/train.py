@@ -148,9 +148,12 @@ def init(job: Job) -> Model:
             w = sliced.from_standard(w)
         if cfg.resume:  # every rank reads every shard: workers need all of w too
             w, resumed, saved = checkpoint.load(cfg.resume, layout.n_w, cfg.optimizer, K)
-            if resumed.get("epoch", 0) >= cfg.epochs:
-                raise checkpoint.CheckpointError(f"{cfg.resume}: its checkpoint has {resumed['epoch']} "
-                                                 f"epochs done; ask for more with --epochs")
+            if resumed.get("epoch", 0) >= cfg.epochs and job.rank == 0:
+                # A job that failed while finishing (asgd.launch restarts it) ends now: the
+                # results of the checkpoint's weights, nothing trained.
+                print(f"asgd.train: note: {cfg.resume}: its checkpoint has {resumed['epoch']} epochs done, "
+                      f"--epochs {cfg.epochs}: nothing left to train (ask for more with --epochs)",
+                      file=sys.stderr, flush=True)
         if job.rank == 0:
             folder.check_out(job.out, cfg.force, cfg.resume is not None)
             _check_writable(job.out)
@@ -303,7 +306,8 @@ def save(job: Job, m: Model, record: dict) -> None:
                 "train_points": m.n_train, "test_points": len(m.test)},
         ranks=records, wall_s=wall, meta=results.machine(job.comm, job.crowded),
         server={"updates": records[0]["rounds"] if job.topo.owners else records[0]["updates"],
-                "samples": tracker.samples, "history": tracker.history, "loss": loss, "accuracy": accuracy})
+                "samples": tracker.samples, "samples_run": tracker.samples - tracker.first_samples,
+                "history": tracker.history, "loss": loss, "accuracy": accuracy})
     res["stopped"] = (signals.requested() or "a stop request") if stopped else None
     if os.environ.get(RESTARTS_ENV):   # python -m asgd.launch restarted this run: its history
         with open(os.environ[RESTARTS_ENV]) as f:

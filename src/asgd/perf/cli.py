@@ -368,6 +368,11 @@ def main(argv=None) -> int:
 
 def _calibrate(a) -> int:
     from .calibrate import CalibrationError, calibrate
+    folder = os.path.dirname(os.path.abspath(a.out))
+    try:   # before minutes of measuring: a folder that cannot be made fails now
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise PerfError(f"--out {a.out}: cannot make its folder {folder} ({e.strerror})") from None
     try:
         got = calibrate(a.launcher, a.quick)
     except CalibrationError as e:

@@ -55,7 +55,8 @@ def launcher() -> str:
 
 def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: dict) -> dict:
     """ranks: one record per rank (rank, role, phases, bytes_sent, bytes_recv, updates;
-    servers: per-worker staleness and step-gap histograms); server: updates, samples,
+    servers: per-worker staleness and step-gap histograms); server: updates, samples
+    (samples_run: a resumed run's own, for the rate; default samples),
     history, final loss/accuracy."""
     _staleness(ranks)
     init_s = max(r["phases"].get("init", 0.0) for r in ranks)
@@ -68,7 +69,7 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
         "train_s": train_s,
         "metrics": {"loss": server["loss"], "accuracy": server["accuracy"],
                     "history": server["history"]},
-        "throughput": {"samples_per_s": server["samples"] / train_s,
+        "throughput": {"samples_per_s": server.get("samples_run", server["samples"]) / train_s,
                        "updates_per_s": server["updates"] / train_s,
                        "samples": server["samples"], "updates": server["updates"]},
         "ranks": ranks,

@@ -33,6 +33,7 @@ from .sh import TestbedError
 from .spec import Spec
 
 POLL_S = 0.2
+SUBMIT_S = 60   # sbatch and qsub answer at once; longer means --wait, or no scheduler
 
 
 @dataclass
@@ -82,9 +83,12 @@ class BatchResult:
 def _submit(spec: Spec, cmd: list[str], env: dict) -> str:
     """Submit; the job's id (sbatch: 'Submitted batch job N', qsub: 'N')."""
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBMIT_S, env=env)
     except FileNotFoundError:
         raise TestbedError(f"{cmd[0]}: not found") from None
+    except subprocess.TimeoutExpired:   # sbatch --wait, or a scheduler that does not answer
+        raise TestbedError(f"{shlex.join(cmd)}: no job id within {SUBMIT_S:g} s (asgd.testbed run waits for the "
+                           "job itself: leave out --wait/-W)") from None
     if p.returncode:
         raise TestbedError(f"{shlex.join(cmd)}: {p.stderr.strip() or f'exit {p.returncode}'}")
     m = re.search(r"(\d+)(?:\.\S*)?\s*$", p.stdout.strip())
