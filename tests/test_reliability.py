@@ -78,10 +78,10 @@ def test_checkpoint_resume_and_a_damaged_checkpoint(tmp_path):
     raw = bytearray(f.read_bytes())
     raw[len(raw) // 4] ^= 0xFF
     f.write_bytes(bytes(raw))
-    p = mpiexec(5, ["--servers", "2", "--epochs", "4", "--resume", str(run)], timeout=30)
+    p = mpiexec(3, ["--servers", "2", "--epochs", "4", "--resume", str(run)], timeout=30)
     assert p.returncode == 2
     assert p.stderr.count("\n") == 1 and "shard-1.npz: damaged checkpoint" in p.stderr, p.stderr
-    p = mpiexec(5, ["--servers", "2", "--hidden", "500", "--epochs", "4", "--resume", str(run)], timeout=30)
+    p = mpiexec(3, ["--servers", "2", "--hidden", "500", "--epochs", "4", "--resume", str(run)], timeout=30)
     assert p.returncode == 2 and "resume with the run's --hidden" in p.stderr
 
 
@@ -110,7 +110,7 @@ def test_the_optimizers_state_survives_checkpoint_and_resume(tmp_path, sync_runs
     np.testing.assert_array_equal(np.load(part / "weights.npy"), np.load(whole / "weights.npy"))
     r = load_results(part)
     assert r["config"]["optimizer"] == optimizer and [h["epoch"] for h in r["metrics"]["history"]] == [1, 2, 3, 4]
-    p = mpiexec(5, [*common[:4], "--optimizer", "sgd", *common[6:], "--epochs", "5", "--resume", str(part)], timeout=30)
+    p = mpiexec(3, [*common[:4], "--optimizer", "sgd", *common[6:], "--epochs", "5", "--resume", str(part)], timeout=30)
     assert p.returncode == 2 and "resume with the run's --optimizer" in p.stderr
 
 
