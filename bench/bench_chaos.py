@@ -20,7 +20,9 @@ from), and its checkpoint checked: every shard file of the newest common cut loa
 its checksum, and (no worker lost) holds the same number of versions.
 
 Writes bench/results/chaos/chaos.csv (a row per run), chaos.json (rows, the per-kind table
-and the straggler's costs) and prints the table.
+and the straggler's costs) and prints the table. A run that hung, failed or left a bad
+checkpoint is kept in kept/<kind>-<run>/ with its stderr (a hung run's ranks first print
+their stacks there: SIGUSR2).
 """
 
 from __future__ import annotations
@@ -157,6 +159,12 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, testbed=None) -> d
         _, err = proc.communicate(timeout=max(a.limit_s - (time.monotonic() - t0), 1))
         hung = False
     except subprocess.TimeoutExpired:
+        for pid in rank_pids(out).values():   # each rank's stacks into stderr (asgd.run.signals)
+            try:
+                os.kill(pid, signal.SIGUSR2)
+            except ProcessLookupError:
+                pass
+        time.sleep(2)
         os.killpg(proc.pid, signal.SIGKILL)
         _, err = proc.communicate()
         hung = True
@@ -169,6 +177,15 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, testbed=None) -> d
                    restarted=len(r.get("restarts", [])), lost_s=sum(x["lost_s"] or 0 for x in r.get("restarts", [])),
                    dropped=sum(x.get("dropped", 0) for x in r["ranks"] if x["role"] == "server"))
     row["checkpoint"] = check_checkpoint(out, bool(row.get("lost"))) if (out / "checkpoint").exists() else "none"
+    if not row["completed"] or row["checkpoint"] not in ("ok", "none"):   # kept to be looked at
+        kept = Path(a.out) / "kept" / out.name
+        shutil.rmtree(kept, ignore_errors=True)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        if out.exists():
+            shutil.move(str(out), kept)
+        kept.mkdir(exist_ok=True)
+        (kept / "stderr.txt").write_text(err)
+        row["kept"] = str(kept)
     return row
 
 

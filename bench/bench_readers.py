@@ -23,11 +23,17 @@ init vs workers, and the parallel/sequential ratio at 8 workers.
     python bench/bench_readers.py                 # 1,000,000 points, workers 1,2,4,8,16
     python bench/bench_readers.py --quick         # 100,000 points, workers 1,2,4,8
     python bench/bench_readers.py --format tsv,npy
+    python bench/bench_readers.py --workers 1 --repeat 3 --baseline 7e950d0   # the parser before/after
+
+--baseline REV runs every job of this tree again from a checkout of REV (its own src/ on
+PYTHONPATH: same Python, MPI and packages), interleaved, and prints this tree's parse time
+over the baseline's per format, reader and workers (the model and plot are this tree's).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=1, help="runs per (format, reader, workers); the median counts")
     p.add_argument("--quick", action="store_true", help="100,000 points, workers 1,2,4,8")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
+    p.add_argument("--baseline", metavar="REV", help="also run a checkout of this commit, interleaved")
     a = p.parse_args(argv)
     if a.quick:
         a.points, a.workers = 100_000, [1, 2, 4, 8]
@@ -68,16 +75,20 @@ def data_file(out: Path, points: int, fmt: str) -> Path:
     return path
 
 
-def run_once(path: Path, reader: str, workers: int, out: Path, timeout: float) -> dict:
-    run_dir = out / "runs" / f"{path.suffix[1:]}-{reader}-w{workers}"
+def run_once(path: Path, reader: str, workers: int, out: Path, timeout: float, tree: str = "this",
+             src: Path | None = None) -> dict:
+    """One job, of this tree or (src: its src/ folder) a baseline's."""
+    run_dir = out / "runs" / f"{path.suffix[1:]}-{reader}-w{workers}" / tree.replace(" ", "-")
+    shutil.rmtree(run_dir, ignore_errors=True)   # asgd.train refuses to write over a run
     mpiexec(workers + 1, ["-m", "asgd.train", "--data", str(path), "--reader", reader, "--epochs", "1",
                           "--hidden", "100", "--batch", "1024", "--quiet", "--out", str(run_dir),
-                          "--timeout", str(timeout)], timeout=timeout + 30)
+                          "--timeout", str(timeout)], timeout=timeout + 30,
+            env={"PYTHONPATH": str(src)} if src else None)
     res = json.loads((run_dir / "results.json").read_text())
     ranks = res["ranks"]
     sub = lambda r: sum(r["phases"].get(k, 0.0) for k in ("read", "parse", "shuffle"))  # noqa: E731
     slowest = max(ranks, key=lambda r: r["phases"]["init"])
-    return {"format": path.suffix[1:], "reader": reader, "workers": workers, "ranks": len(ranks),
+    return {"tree": tree, "format": path.suffix[1:], "reader": reader, "workers": workers, "ranks": len(ranks),
             "points": res["config"]["train_points"], "features": res["config"]["features"],
             "init_s": res["init_s"], "data_s": max(sub(r) for r in ranks),
             "read_s": max(r["phases"]["read"] for r in ranks),
@@ -171,28 +182,38 @@ def main(argv=None) -> int:
             "workers": a.workers, "formats": a.format, "repeat": a.repeat,
             "command": "mpiexec -n w+1 python -m asgd.train --data FILE --reader R --epochs 1 "
                        "--hidden 100 --batch 1024"}
+    trees = {"this": None}
+    if a.baseline:
+        trees[f"baseline {a.baseline}"] = common.worktree(a.baseline, out) / "src"
     print("warming numba's caches (not timed) ...", flush=True)
-    run_once(files[a.format[0]], "parallel", 1, out / "warmup", a.timeout)
+    for tree, src in trees.items():
+        run_once(files[a.format[0]], "parallel", 1, out / "warmup", a.timeout, tree, src)
     run.sample_load()
-    rows = []
+    all_rows = []
     for w in a.workers:
         for fmt in a.format:
-            runs = {"sequential": [], "parallel": []}
+            runs = {(tree, reader): [] for tree in trees for reader in ("sequential", "parallel")}
             for _ in range(a.repeat):
-                for reader in runs:  # alternate: load changes hit both readers alike
-                    runs[reader].append(run_once(files[fmt], reader, w, out, a.timeout))
-            for reader, rs in runs.items():
-                rows.append(median_run(rs))
-                r = rows[-1]
-                print(f"  {fmt} {reader:10} w={w:2}: init {r['init_s']:6.2f} s, reader {r['data_s']:6.2f} s",
-                      flush=True)
+                for tree, reader in runs:  # alternate: load changes hit every tree and reader alike
+                    runs[tree, reader].append(run_once(files[fmt], reader, w, out, a.timeout, tree, trees[tree]))
+            for (tree, reader), rs in runs.items():
+                all_rows.append(median_run(rs))
+                r = all_rows[-1]
+                print(f"  {tree:18} {fmt} {reader:10} w={w:2}: init {r['init_s']:6.2f} s, reader "
+                      f"{r['data_s']:6.2f} s, parse {r['parse_s']:6.3f} s", flush=True)
     meta["load"] = run.load
+    rows = [r for r in all_rows if r["tree"] == "this"]
     summary = summarize(rows, a.format)
+    if a.baseline:
+        base = {(r["format"], r["reader"], r["workers"]): r for r in all_rows if r["tree"] != "this"}
+        meta["parse_vs_baseline"] = {f"{r['format']} {r['reader']} w={r['workers']}": {
+            "this_parse_s": r["parse_s"], "baseline_parse_s": base[r["format"], r["reader"], r["workers"]]["parse_s"],
+            "ratio": r["parse_s"] / base[r["format"], r["reader"], r["workers"]]["parse_s"]} for r in rows}
     meta["summary"] = summary
-    run.write(rows, meta)
+    run.write(all_rows, meta)
     print()
     run.print_machine()
-    print_table(rows, [("format", "format", ""), ("reader", "reader", ""), ("workers", "workers", "d"),
+    print_table(all_rows, [("tree", "tree", ""), ("format", "format", ""), ("reader", "reader", ""), ("workers", "workers", "d"),
                        ("init_s", "init_s", ".2f"), ("reader_s", "data_s", ".2f"), ("read", "read_s", ".2f"),
                        ("parse", "parse_s", ".2f"), ("shuffle", "shuffle_s", ".2f"), ("rest", "rest_s", ".2f"),
                        ("accuracy", "accuracy", ".3f")],
@@ -209,6 +230,9 @@ def main(argv=None) -> int:
         if "ratio_at_8_workers" in s:
             q = s["ratio_at_8_workers"]
             print(f"{fmt}: parallel / sequential at 8 workers: init {q['init']:.3f}, reader part {q['data']:.3f}")
+    for k, v in meta.get("parse_vs_baseline", {}).items():
+        print(f"{k}: parse {v['this_parse_s']:.3f} s against {v['baseline_parse_s']:.3f} s at {a.baseline}: "
+              f"{v['ratio']:.3f}x")
     run.plot(plot, rows, summary, a.points)
     run.wrote()
     return 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,15 +30,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 BASELINE = "7584051"  # the last commit before the redesign (issue 15)
-
-
-def worktree(rev: str, out: Path) -> Path:
-    """A checkout of `rev` (made once, reused)."""
-    path = out / f"baseline-{rev}"
-    if not (path / "src" / "asgd").exists():
-        subprocess.run(["git", "-C", str(common.ROOT), "worktree", "add", "--force", "--detach", str(path), rev],
-                       check=True, capture_output=True, timeout=120)
-    return path
 
 
 def per_rank_cpu(tree: Path, ranks: int) -> list[dict]:
@@ -83,7 +73,7 @@ def main(argv=None) -> int:
     p.add_argument("--ranks", type=int, default=16, help="ranks of both measurements (default %(default)s)")
     a = p.parse_args(argv)
     run = common.Run("startup", a)
-    trees = {f"before ({a.baseline})": worktree(a.baseline, run.out), "after (this tree)": common.ROOT}
+    trees = {f"before ({a.baseline})": common.worktree(a.baseline, run.out), "after (this tree)": common.ROOT}
     for tree in trees.values():  # numba's cache, both trees
         default_run(tree, 2)
     rows = []

@@ -259,6 +259,16 @@ class JobFailed(RuntimeError):
     pass
 
 
+def worktree(rev: str, out: Path) -> Path:
+    """A checkout of `rev` (made once, reused) to run from its own src/ (PYTHONPATH), so a
+    baseline runs with the same Python, MPI and packages as this tree."""
+    path = out / f"baseline-{rev}"
+    if not (path / "src" / "asgd").exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--force", "--detach", str(path), rev],
+                       check=True, capture_output=True, timeout=120)
+    return path
+
+
 def mpiexec(n: int, argv: list[str], timeout: float, env: dict | None = None, check: bool = True) -> dict:
     """Run `mpiexec -n n python <argv>` with a time limit; on timeout the whole process group
     (mpiexec and its ranks) is killed. Returns {rc, wall_s, stdout, stderr}; check: raise on rc != 0."""

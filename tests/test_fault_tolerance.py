@@ -80,6 +80,23 @@ def test_lost_workers_do_not_end_the_job(tmp_path, mode, extra, victims):
     assert r["metrics"]["accuracy"] >= 0.95
 
 
+@pytest.mark.openmpi
+@needs_ulfm
+@pytest.mark.timeout(300)
+def test_a_lost_server_ends_a_fault_tolerant_job_with_one_line(tmp_path):
+    """--fault-tolerant keeps going without workers, not without a server: SIGKILL of the
+    only server ends the job (under ULFM an abort would end only the aborting rank, and
+    the workers waited on), with one line naming the dead server, and no hang."""
+    out = tmp_path / "run"
+    proc = start_ft(4, ["--epochs", "50", "--hidden", "2000", "--checkpoint-every", "0.5s", "--quiet"], out)
+    until_training(proc, out)
+    os.kill(rank_pids(out)[0], signal.SIGKILL)
+    _, err = finish(proc, 60)
+    assert proc.returncode != 0
+    assert err.count("\n") == 1 and "rank(s) [0] died, server(s) [0] among them" in err, err
+    assert "python -m asgd.launch --max-restarts" in err
+
+
 def test_backup_workers_do_not_wait_for_a_straggler(tmp_path):
     """Sync, one worker stopped (SIGSTOP) for 2 s mid-run: with --backup-workers 1 rounds
     go on without it (rank 0 keeps printing progress; the straggler's late pushes are

@@ -21,6 +21,7 @@ def perf(*args, timeout=60) -> subprocess.CompletedProcess:
 
 def test_calibrate_writes_every_parameter_with_units(quick_params):
     got = json.loads(quick_params.read_text())
+    assert got["machine"]["mpi"] in ("mpich", "openmpi") and "mpiexec" in got["machine"]["launcher"]
     p = analytic.Params.from_dict(got["params"])
     assert p.cores >= 1 and set(got["units"]) >= {"step_s", "server_update_s", "read_s_per_byte", "startup"}
     values = [p.memory_s_per_byte, *p.startup.values(), *(p.r_d(r, f) for r in ("sequential", "parallel")

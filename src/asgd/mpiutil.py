@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import time
 
@@ -237,6 +238,45 @@ def leave_without_finalize(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def end_fault_tolerant_job(comm: MPI.Comm, e: Exception, who: str, servers: int, grace_s: float) -> None:
+    """End a --fault-tolerant job after this rank's failure `e`, with one line from one
+    rank. Under ULFM neither MPI_Abort nor an exit is a failure the other ranks see (seen
+    here: workers waited on a server that had left, 20 s and more), and a revoke does not
+    interrupt a pending send; a killed rank is seen within a second. So: revoke comm (every
+    rank's receives on it fail); the rank that says why dies by SIGKILL, which ends the
+    waits on it, and the others exit with status 1 (the job's: a job whose ranks were all
+    killed ends with 0), later, so that the line is out first. Who says it: a rank with an
+    error of its own (not MPI's); for a death, the lowest live rank, naming the dead."""
+    revoked = comm.Is_revoked()   # before mine: another rank ended the job first
+    if not revoked:
+        comm.Revoke()
+    line = None
+    if not isinstance(e, MPI.Exception):
+        line = describe(e, who)
+    else:
+        dead, deadline = failed_ranks(comm), time.monotonic() + 3.0
+        while not dead and time.monotonic() < deadline:   # news of a death spreads within a second
+            time.sleep(0.05)
+            dead = failed_ranks(comm)
+        if dead and comm.rank == min(set(range(comm.size)) - set(dead)):
+            lost = [r for r in dead if r < servers]
+            line = f"rank(s) {dead} died" + (
+                f", server(s) {lost} among them: a server's shard cannot be rebuilt; restart from the "
+                "checkpoint (python -m asgd.launch --max-restarts, or --resume)" if lost else
+                f" and the job could not go on without them (MPI: {str(e).split(',')[0]})")
+        elif not dead and not revoked and e.Get_error_class() != MPI.ERR_REVOKED:
+            line = f"{who}: MPI communication failed (MPI: {str(e).split(',')[0]})"
+    sys.stdout.flush()
+    if not line:
+        time.sleep(2 * grace_s)
+        leave_without_finalize(1)
+    print(f"asgd.train: {line}", file=sys.stderr, flush=True)
+    time.sleep(grace_s)
+    if comm.size - len(failed_ranks(comm)) > 1:   # others may wait on me: be a failure they see
+        os.kill(os.getpid(), signal.SIGKILL)
+    leave_without_finalize(1)
 
 
 def failed_ranks(comm: MPI.Comm) -> list[int]:

@@ -36,8 +36,9 @@ from .data import shares  # noqa: E402
 from .data.formats import DataError, Dataset, test_path  # noqa: E402
 from .data import standardize  # noqa: E402
 from .data.dialect import delimiter_option  # noqa: E402
-from .mpiutil import (Waiter, agree, agree_on, clock_bytes, clock_offsets, describe, failed_ranks,  # noqa: E402
-                      gather_objects, leave_without_finalize, oversubscribed, ulfm_missing)
+from .mpiutil import (Waiter, agree, agree_on, clock_bytes, clock_offsets, describe,  # noqa: E402
+                      end_fault_tolerant_job, failed_ranks, gather_objects, leave_without_finalize,
+                      oversubscribed, ulfm_missing)
 from .net import mlp, optimizers  # noqa: E402
 from .run import checkpoint, config, folder, results, roles, signals, startup  # noqa: E402
 from .run.job import Job, Model  # noqa: E402
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"asgd.train: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
+        if cfg.fault_tolerant:
+            end_fault_tolerant_job(comm, e, f"rank {comm.rank} ({role})", servers, ABORT_GRACE_S)
         why = describe(e, f"rank {comm.rank} ({role})")
         if isinstance(e, MPI.Exception):  # e.g. a peer killed mid-exchange, seen here before the launcher
             why = (f"rank {comm.rank} ({role}): MPI communication failed; another rank probably died or "

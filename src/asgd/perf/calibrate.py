@@ -521,7 +521,7 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
         "step_spread": spread, "step_cpu_s": steps_cpu, "sleep_overhead_s": measure_sleep_overhead(),
         "optimizer_s": optimizer_s, "mp_step_s": mp_steps, "exchange_s": exchange_s,
     }
-    return {"schema": 1, "params": params, "units": UNITS, "machine": describe(),
+    return {"schema": 1, "params": params, "units": UNITS, "machine": describe(launcher),
             "quick": quick, "seconds": round(time.perf_counter() - t_all, 1)}
 
 
@@ -574,16 +574,19 @@ def measure_exchanges(launcher: str | None, C: int, nws: list[int], quick: bool,
     return out
 
 
-def describe() -> dict:
+def describe(launcher: str | None = None) -> dict:
+    """The machine, and the MPI the costs were measured with (its launcher's word)."""
     import numba
     import numpy as np
+    words = (launcher or launch.find() or "").split()
     cpu = "unknown"
     try:
         cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
     except (OSError, StopIteration):
         pass
     return {"host": platform.node(), "cpu": cpu, "python": platform.python_version(), "numpy": np.__version__,
-            "numba": numba.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+            "numba": numba.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "launcher": " ".join(words), "mpi": launch.flavour(words[0]) if words else None}
 
 
 def _ints(s: str) -> list[int]:

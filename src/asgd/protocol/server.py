@@ -156,18 +156,33 @@ class Server:
             try:
                 i = self.waiter.any(self.requests, lambda: "a push from any of the worker ranks "
                                     f"{[self.ranks[j] for j in np.flatnonzero(self.active)]}")
-            except MPI.Exception:
-                if not self.fault_tolerant:
-                    raise
                 self.clock.switch("aggregate")
-                self.bury(policy)
-                continue
-            self.clock.switch("aggregate")
-            self.event(i, policy)
-        return self.finish()
+                self.event(i, policy)   # its replies may meet a worker that died since
+            except MPI.Exception as e:
+                self.clock.switch("aggregate")
+                self.survive(e, policy)
+        while True:
+            try:
+                return self.finish()
+            except MPI.Exception as e:   # a worker died after its last push
+                self.survive(e, policy)
 
-    def bury(self, policy: Policy) -> None:
-        """A wait failed: retire every worker found dead (a dead server: the job ends)."""
+    def survive(self, error: MPI.Exception, policy: Policy) -> None:
+        """An MPI call failed. With fault tolerance: retire every worker found dead, then
+        answer the living (which may meet another dead worker: again). Without it, or
+        when no worker newly died, the error stands."""
+        while self.fault_tolerant and self.bury():
+            try:
+                self.maybe_cut(policy)
+                for j in policy.answerable(self):
+                    self.reply(j)
+                return
+            except MPI.Exception as e:
+                error = e
+        raise error
+
+    def bury(self) -> int:
+        """Retire every worker found dead (a dead server: the job ends); how many newly."""
         dead = failed_ranks(self.comm)
         mine = {r: j for j, r in enumerate(self.ranks)}
         others = [r for r in dead if r not in mine]
@@ -175,18 +190,14 @@ class Server:
             raise RuntimeError(f"rank(s) {others} died, and they were not this server's workers: a server's "
                                "shard cannot be rebuilt; restart from the checkpoint (python -m asgd.launch "
                                "--max-restarts, or --resume)")
-        for r in dead:
-            j = mine[r]
-            if self.dead[j]:
-                continue
+        new = [mine[r] for r in dead if not self.dead[mine[r]]]
+        for j in new:
             self.dead[j], self.active[j] = True, False
-            self.st.lost.append({"rank": r, "time": time.time(), "updates": int(self.steps[j])})
+            self.st.lost.append({"rank": self.ranks[j], "time": time.time(), "updates": int(self.steps[j])})
             self.requests[j] = self.requests[self.W + j] = self.replies[j] = MPI.REQUEST_NULL
             if self.on_lost:
-                self.on_lost(r, float(self.samples[j]))
-        self.maybe_cut(policy)
-        for j in policy.answerable(self):
-            self.reply(j)
+                self.on_lost(self.ranks[j], float(self.samples[j]))
+        return len(new)
 
     def poll(self, policy: Policy) -> bool:
         """Serve what has arrived, without waiting (a p2p owner, between its own steps'
@@ -375,8 +386,8 @@ class Server:
         dones = [d for j, d in enumerate(self.dones) if not self.dead[j]]
         self.waiter.all(dones, "every worker's end-of-work message")
         for j, p in enumerate(self.pushes):  # every worker is done: withdraw the receives still posted
-            if self.dead[j]:
-                continue   # its receive failed with it
+            if self.dead[j] or p == MPI.REQUEST_NULL:
+                continue   # its receive failed with it, or a retry after a death found it freed
             p.Cancel()
             p.Wait()
             p.Free()

@@ -1,9 +1,12 @@
 """SIGTERM and SIGINT (a Slurm time limit, Ctrl-C) ask the job to stop: the handler only
 records the request; the loops check it at step boundaries, finish their exchanges,
-and the servers write a checkpoint before the job exits."""
+and the servers write a checkpoint before the job exits. SIGUSR2 prints every thread's
+stack to stderr (faulthandler: it works while the rank waits inside MPI), for a job that
+seems stuck: `kill -USR2 <rank's pid>`."""
 
 from __future__ import annotations
 
+import faulthandler
 import signal
 
 _requested: str | None = None
@@ -15,6 +18,7 @@ def install() -> None:
         _requested = signal.Signals(signum).name
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, handler)
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
 
 
 def requested() -> str | None:
