@@ -101,9 +101,14 @@ echo "slurm_local: Slurm up in ${SECONDS}s in $D (daemons ${pids[*]})"
 
 if [[ ${1:-} == -- ]]; then shift; status=0; "$@" || status=$?; exit "$status"; fi
 
-# The jobs. The others wait for the first (afterany), so that on a cold numba cache one
-# job compiles the kernels and the rest load them, rather than all compiling at once on
-# few cores. Each also has a Slurm time limit and an ASGD_TIMEOUT: nothing here can hang.
+# The jobs. The training jobs wait for the first (afterany), so that on a cold numba cache
+# one job compiles the kernels and the rest load them, rather than all compiling at once on
+# few cores. The calibration, the longest job, starts at once (its first probe is one rank
+# that fills the cache itself) and beside the others: calibrate.sbatch asks for the node
+# --exclusive, which here, where every job is ours and shares one machine anyway, only
+# queued it behind the training jobs and the PBS job behind it (--exclusive=user: not
+# beside other users' jobs). Each also has a Slurm time limit and an ASGD_TIMEOUT: nothing
+# here can hang.
 cd "$J"
 small=(--epochs 1 --hidden 1000 --quiet)
 names=() ids=()
@@ -120,7 +125,7 @@ submit sweep env ASGD_LAUNCHER=mpiexec ASGD_SWEEP="2 3" ASGD_OUT="$J/sweep" \
 submit bad env ASGD_OUT="$J/bad" \
   sbatch -n 2 -t 3 "$after" "$repo/slurm/train.sbatch" --batch 0
 submit calibrate env ASGD_OUT="$J/params.json" \
-  sbatch -t 3 "$after" "$repo/slurm/calibrate.sbatch" --quick
+  sbatch -t 3 --exclusive=user "$repo/slurm/calibrate.sbatch" --quick
 submit pbs env ASGD_ARGS="${small[*]}" ASGD_OUT="$J/pbs" \
   qsub -V -l nodes=1:ppn=3,walltime=00:03:00 -W depend=afterany:${ids[0]} "$repo/pbs/train.pbs"
 echo "slurm_local: submitted ${names[*]} as jobs ${ids[*]}"; t0=$SECONDS

@@ -69,3 +69,37 @@ def quick_params(tmp_path_factory):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, f"calibrate failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
     return path
+
+
+@pytest.fixture(scope="session")
+def sync_runs(tmp_path_factory):
+    """sync_runs(optimizer) -> (common args, an uninterrupted 4-epoch run, a 2-epoch run
+    with its checkpoint): sync mode, 2 servers and 3 workers, hidden 300, batch 64, so the
+    same seed takes the same steps. Made once per optimizer for the session and shared by
+    the resume tests (test_reliability: the optimizer's state survives; test_fault_tolerance:
+    re-sharded for other servers), each resuming its own copy of the 2-epoch run."""
+    made = {}
+
+    def runs(optimizer: str):
+        if optimizer not in made:
+            common = ["--mode", "sync", "--servers", "2", "--optimizer", optimizer, "--hidden", "300",
+                      "--batch", "64", "--quiet"]
+            base = tmp_path_factory.mktemp(f"sync-{optimizer}")
+            whole, part = base / "whole", base / "part"
+            p = mpiexec(5, common + ["--epochs", "4", "--out", str(whole)])
+            assert p.returncode == 0, p.stderr
+            p = mpiexec(5, common + ["--epochs", "2", "--checkpoint-every", "1000000", "--out", str(part)])
+            assert p.returncode == 0, p.stderr
+            made[optimizer] = (common, whole, part)
+        return made[optimizer]
+    return runs
+
+
+@pytest.fixture(scope="session")
+def sixteen_ranks(tmp_path_factory):
+    """The README's main command, `mpiexec -n 16 python -m asgd.train`, oversubscribed 8x
+    on a 2-core machine, with --trace (which records and changes no step): one 16-rank
+    job, the suite's largest, read by test_train_e2e (the run) and test_trace (its
+    timeline and figures). -> (the finished process, its run folder)."""
+    out = tmp_path_factory.mktemp("sixteen-ranks")
+    return mpiexec(16, ["--trace", "--out", str(out)], timeout=150), out

@@ -183,5 +183,5 @@ def test_model_parallel_checkpoints_and_resumes(tmp_path):
     r = load_results(run)
     assert [h["epoch"] for h in r["metrics"]["history"]] == [1, 2]
     assert r["metrics"]["accuracy"] >= 0.95
-    p = mpiexec(6, ["--servers", "2", "--hidden", "2000", "--epochs", "3", "--resume", str(run)], timeout=60)
+    p = mpiexec(3, ["--servers", "2", "--hidden", "2000", "--epochs", "3", "--resume", str(run)], timeout=60)
     assert p.returncode == 2 and "resume with the run's --model-parallel" in p.stderr, p.stderr

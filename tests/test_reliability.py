@@ -3,6 +3,7 @@ resume, SIGTERM and a worker killed mid-training. Every job here has a time limi
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -77,10 +78,10 @@ def test_checkpoint_resume_and_a_damaged_checkpoint(tmp_path):
     raw = bytearray(f.read_bytes())
     raw[len(raw) // 4] ^= 0xFF
     f.write_bytes(bytes(raw))
-    p = mpiexec(5, ["--servers", "2", "--epochs", "4", "--resume", str(run)], timeout=30)
+    p = mpiexec(3, ["--servers", "2", "--epochs", "4", "--resume", str(run)], timeout=30)
     assert p.returncode == 2
     assert p.stderr.count("\n") == 1 and "shard-1.npz: damaged checkpoint" in p.stderr, p.stderr
-    p = mpiexec(5, ["--servers", "2", "--hidden", "500", "--epochs", "4", "--resume", str(run)], timeout=30)
+    p = mpiexec(3, ["--servers", "2", "--hidden", "500", "--epochs", "4", "--resume", str(run)], timeout=30)
     assert p.returncode == 2 and "resume with the run's --hidden" in p.stderr
 
 
@@ -97,23 +98,19 @@ def request_stop(proc, run) -> None:
 
 
 @pytest.mark.parametrize("optimizer", ["adam"])
-def test_the_optimizers_state_survives_checkpoint_and_resume(tmp_path, optimizer):
+def test_the_optimizers_state_survives_checkpoint_and_resume(tmp_path, sync_runs, optimizer):
     """Sync mode is deterministic: 2 epochs, then a resume to 4, ends with the weights of
     an uninterrupted 4-epoch run only if each server's optimizer state (Adam's moments and
     step count, per shard) came back with its shard."""
-    common = ["--mode", "sync", "--servers", "2", "--optimizer", optimizer, "--hidden", "300", "--batch", "64",
-              "--quiet"]
-    whole, part = tmp_path / "whole", tmp_path / "part"
-    p = mpiexec(5, common + ["--epochs", "4", "--out", str(whole)])
-    assert p.returncode == 0, p.stderr
-    p = mpiexec(5, common + ["--epochs", "2", "--checkpoint-every", "1000000", "--out", str(part)])
-    assert p.returncode == 0, p.stderr
+    common, whole, made = sync_runs(optimizer)
+    part = tmp_path / "part"
+    shutil.copytree(made, part)   # the session's 2-epoch run, resumed here in a copy of its own
     p = mpiexec(5, common + ["--epochs", "4", "--resume", str(part)])
     assert p.returncode == 0, p.stderr
     np.testing.assert_array_equal(np.load(part / "weights.npy"), np.load(whole / "weights.npy"))
     r = load_results(part)
     assert r["config"]["optimizer"] == optimizer and [h["epoch"] for h in r["metrics"]["history"]] == [1, 2, 3, 4]
-    p = mpiexec(5, [*common[:4], "--optimizer", "sgd", *common[6:], "--epochs", "5", "--resume", str(part)], timeout=30)
+    p = mpiexec(3, [*common[:4], "--optimizer", "sgd", *common[6:], "--epochs", "5", "--resume", str(part)], timeout=30)
     assert p.returncode == 2 and "resume with the run's --optimizer" in p.stderr
 
 

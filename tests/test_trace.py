@@ -55,17 +55,18 @@ def test_trace_has_an_arrow_per_message_with_two_servers(tmp_path):
         assert sum(a["pid"] == server for a in arrows.values() if a["name"] == "w'") == 3 * 5
 
 
-def test_sixteen_ranks_trace_and_report(tmp_path):
-    p = mpiexec(16, ["--epochs", "2", "--trace", "--out", str(tmp_path), "--quiet"], timeout=150)
+def test_sixteen_ranks_trace_and_report(sixteen_ranks, tmp_path):
+    """The README's 16-rank run with --trace (the session's, tests/conftest.py)."""
+    p, run = sixteen_ranks
     assert p.returncode == 0, p.stderr
-    _, arrows = check_trace(tmp_path / "trace.json", 16)
+    _, arrows = check_trace(run / "trace.json", 16)
     assert {a["pid"] for a in arrows.values() if a["name"] == "Δw"} == set(range(1, 16))
-    r = load_results(tmp_path)
+    r = load_results(run)
     assert len(r["profile"]["ranks"]) == 16
     assert r["profile"]["bound"] in {"initialization", "server", "communication", "computation"}
     pytest.importorskip("matplotlib")
     from asgd.perf import report
-    assert report.write_figures([str(tmp_path), str(tmp_path)], str(tmp_path / "fig")) == 0
+    assert report.write_figures([str(run), str(run)], str(tmp_path / "fig")) == 0
     for name in ("profile-0-w15.png", "timeline-0-w15.png", "scaling.png"):
         assert os.path.getsize(tmp_path / "fig" / name) > 10_000
 

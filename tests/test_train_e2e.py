@@ -70,11 +70,12 @@ def test_four_ranks_default_model_learns(tmp_path):
     assert p.stdout.count("epoch ") >= 3  # progress lines from rank 0 only
 
 
-def test_default_run_sixteen_ranks(tmp_path):
-    """The README's main command, oversubscribed 8x on a 2-core machine."""
-    p = mpiexec(16, ["--out", str(tmp_path)], timeout=150)
+def test_default_run_sixteen_ranks(sixteen_ranks):
+    """The README's main command, oversubscribed 8x on a 2-core machine (with --trace:
+    the session's one 16-rank job, whose trace tests/test_trace.py reads)."""
+    p, out = sixteen_ranks
     assert p.returncode == 0, p.stderr
-    r = load_results(tmp_path)
+    r = load_results(out)
     check_schema(r, 16)
     assert r["metrics"]["accuracy"] >= 0.95
     assert r["config"]["oversubscribed"] is True
