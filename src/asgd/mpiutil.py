@@ -234,7 +234,9 @@ def leave_without_finalize(code: int) -> None:
     """End this process now, skipping MPI_Finalize: after a rank died, Open MPI 5's
     finalize can wait forever for it (seen here with two of four workers SIGKILLed: the
     job hung with every survivor past its last Python line, results written). Under
-    mpiexec --with-ft ulfm a survivor that leaves without it still ends the job with 0."""
+    mpiexec --with-ft ulfm a survivor that leaves without it still ends the job with 0;
+    --fault-tolerant jobs leave this way on every rank, since a rank that never talked to
+    the dead may not know of them."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
