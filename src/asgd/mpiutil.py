@@ -12,6 +12,7 @@ import pickle
 import signal
 import sys
 import time
+import traceback
 
 import numpy as np
 from mpi4py import MPI
@@ -252,6 +253,8 @@ def end_fault_tolerant_job(comm: MPI.Comm, e: Exception, who: str, servers: int,
     killed ends with 0), later, so that the line is out first. Who says it: a rank with an
     error of its own (not MPI's); for a death, the lowest live rank, naming the dead."""
     revoked = comm.Is_revoked()   # before mine: another rank ended the job first
+    if os.environ.get("ASGD_DEBUG"):
+        traceback.print_exception(e)
     if not revoked:
         comm.Revoke()
     line = None

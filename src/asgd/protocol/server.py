@@ -174,8 +174,7 @@ class Server:
         while self.fault_tolerant and self.bury():
             try:
                 self.maybe_cut(policy)
-                for j in policy.answerable(self):
-                    self.reply(j)
+                self.answer_all(policy)
                 return
             except MPI.Exception as e:
                 error = e
@@ -232,8 +231,20 @@ class Server:
             self.maybe_cut(policy)
         else:
             self.handle(i, policy)
+        self.answer_all(policy)
+
+    def answer_all(self, policy: Policy) -> None:
+        """Reply to every worker the policy says is due, each even when another's reply
+        fails (a worker that died): the policy hands each out once, so one left out would
+        wait forever. The first failure is raised after."""
+        error = None
         for j in policy.answerable(self):
-            self.reply(j)
+            try:
+                self.reply(j)
+            except MPI.Exception as e:
+                error = error or e
+        if error is not None:
+            raise error
 
     def handle(self, j: int, policy: Policy) -> None:
         """Worker j's push has arrived: account for it, then the policy applies or holds it."""
