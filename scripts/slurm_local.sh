@@ -124,7 +124,7 @@ submit sweep env ASGD_LAUNCHER=mpiexec ASGD_SWEEP="2 3" ASGD_OUT="$J/sweep" \
   sbatch -n 3 -t 3 "$after" "$repo/slurm/sweep.sbatch" "${small[@]}"
 submit bad env ASGD_OUT="$J/bad" \
   sbatch -n 2 -t 3 "$after" "$repo/slurm/train.sbatch" --batch 0
-submit calibrate env ASGD_OUT="$J/params.json" \
+submit calibrate env ASGD_OUT="$J" \
   sbatch -t 3 --exclusive=user "$repo/slurm/calibrate.sbatch" --quick
 submit pbs env ASGD_ARGS="${small[*]}" ASGD_OUT="$J/pbs" \
   qsub -V -l nodes=1:ppn=3,walltime=00:03:00 -W depend=afterany:${ids[0]} "$repo/pbs/train.pbs"
