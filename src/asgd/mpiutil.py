@@ -261,10 +261,7 @@ def end_fault_tolerant_job(comm: MPI.Comm, e: Exception, who: str, servers: int,
     if not isinstance(e, MPI.Exception):
         line = describe(e, who)
     else:
-        dead, deadline = failed_ranks(comm), time.monotonic() + 3.0
-        while not dead and time.monotonic() < deadline:   # news of a death spreads within a second
-            time.sleep(0.05)
-            dead = failed_ranks(comm)
+        dead = failed_ranks_soon(comm, bool)
         if dead and comm.rank == min(set(range(comm.size)) - set(dead)):
             lost = [r for r in dead if r < servers]
             line = f"rank(s) {dead} died" + (
@@ -282,6 +279,17 @@ def end_fault_tolerant_job(comm: MPI.Comm, e: Exception, who: str, servers: int,
     if comm.size - len(failed_ranks(comm)) > 1:   # others may wait on me: be a failure they see
         os.kill(os.getpid(), signal.SIGKILL)
     leave_without_finalize(1)
+
+
+def failed_ranks_soon(comm: MPI.Comm, news, limit_s: float = 3.0) -> list[int]:
+    """failed_ranks(comm), asked again until news(it) is true or limit_s has passed: a
+    request can fail before its peer is in the failed group (news of a death spreads
+    within about a second)."""
+    dead, deadline = failed_ranks(comm), time.monotonic() + limit_s
+    while not news(dead) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        dead = failed_ranks(comm)
+    return dead
 
 
 def failed_ranks(comm: MPI.Comm) -> list[int]:

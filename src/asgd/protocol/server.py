@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from ..mpiutil import failed_ranks
+from ..mpiutil import failed_ranks_soon
 from ..net import kernels
 from ..net.optimizers import Optimizer
 from ..wire import (DONE_BYTES, DOUBLE, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, PULL_HEADER, R_CUT,
@@ -182,14 +182,10 @@ class Server:
 
     def bury(self) -> int:
         """Retire every worker found dead (a dead server: the job ends); how many newly.
-        A request can fail before its peer is in the failed group (five workers killed at
-        once: the second failure came first): wait for the news, a few seconds at most."""
+        With five workers killed at once a failure came before its news: wait for it."""
         mine = {r: j for j, r in enumerate(self.ranks)}
         fresh = lambda dead: [r for r in dead if r not in mine or not self.dead[mine[r]]]  # noqa: E731
-        dead, deadline = failed_ranks(self.comm), time.monotonic() + 3.0
-        while not fresh(dead) and time.monotonic() < deadline:
-            time.sleep(0.01)
-            dead = failed_ranks(self.comm)
+        dead = failed_ranks_soon(self.comm, fresh)
         others = [r for r in dead if r not in mine]
         if others:
             raise RuntimeError(f"rank(s) {others} died, and they were not this server's workers: a server's "
