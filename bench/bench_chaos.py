@@ -5,7 +5,8 @@ Fault kinds (--kinds):
   worker     SIGKILL of one worker, --fault-tolerant (Open MPI with ULFM: --ompi-venv)
   workers    SIGKILL of a third of the workers at once, --fault-tolerant (Open MPI)
   server     SIGKILL of a server, under the restart supervisor (python -m asgd.launch
-             --max-restarts 2), MPICH
+             --max-restarts 2), MPICH; paired with the same run undisturbed, so its accuracy
+             is compared with an uninterrupted run's
   straggler  SIGSTOP of a worker for --stop-s seconds, then SIGCONT, sync mode; each such
              run is paired with the same run undisturbed, with and without --backup-workers
              1, so the straggler's cost in seconds is measured (MPICH)
@@ -15,8 +16,8 @@ Each run draws its mode (async, ssp; sync for the straggler), its servers (1 or 
 victims and the moment of the fault (a fraction of the expected training, after the first
 checkpoint) from the seed. After each run: its exit status, whether it hung (killed at the
 time limit: must never happen), whether it completed (status 0) and was restarted, its
-held-out accuracy, the ranks lost, the training lost (seconds since the cut it resumed
-from), and its checkpoint checked: every shard file of the newest common cut loads, with
+held-out accuracy, the ranks lost, the training lost (from the cut it resumed from to the
+kill; the supervisor's lost_s also counts the failed job's ending), and its checkpoint checked: every shard file of the newest common cut loads, with
 its checksum, and (no worker lost) holds the same number of versions.
 
 Writes bench/results/chaos/chaos.csv (a row per run), chaos.json (rows, the per-kind table
@@ -134,12 +135,13 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, testbed=None) -> d
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env=env)
     row = {"kind": kind, "run": k, "mode": mode, "servers": servers, "victims": victims, "fault_after_s": after,
-           "backup": int(train[train.index("--backup-workers") + 1]) if "--backup-workers" in train else 0}
+           "backup": int(train[train.index("--backup-workers") + 1]) if "--backup-workers" in train else 0,
+           "train": train}
     faulted = None
     if wait_for(out / "checkpoint" / "shard-0.npz", proc, a.limit_s):
         time.sleep(after)
         pids = rank_pids(out)
-        faulted = time.monotonic() - t0
+        faulted, killed_at = time.monotonic() - t0, time.time()
         try:
             if kind == "straggler":
                 os.kill(pids[victims[0]], signal.SIGSTOP)
@@ -175,6 +177,7 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, testbed=None) -> d
         r = json.loads(res.read_text())
         row.update(accuracy=r["metrics"]["accuracy"], train_s=r["train_s"], lost=[x["rank"] for x in r.get("lost", [])],
                    restarted=len(r.get("restarts", [])), lost_s=sum(x["lost_s"] or 0 for x in r.get("restarts", [])),
+                   work_lost_s=work_lost(r.get("restarts", []), killed_at if faulted is not None else None),
                    dropped=sum(x.get("dropped", 0) for x in r["ranks"] if x["role"] == "server"))
     row["checkpoint"] = check_checkpoint(out, bool(row.get("lost"))) if (out / "checkpoint").exists() else "none"
     if not row["completed"] or row["checkpoint"] not in ("ok", "none"):   # kept to be looked at
@@ -189,6 +192,13 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, testbed=None) -> d
     return row
 
 
+def work_lost(restarts: list[dict], killed_at: float | None) -> float | None:
+    """Training lost to the first restart: from the cut it resumed from to the kill (the
+    supervisor's lost_s also counts the time the job took to notice and end)."""
+    cut = (restarts[0].get("resumed_from") or {}) if restarts else {}
+    return None if killed_at is None or cut.get("time") is None else round(killed_at - cut["time"], 3)
+
+
 def testbed_host_of(name: str, out: Path, rank: int) -> str:
     """The root-side veth of the testbed host that runs `rank` (from its process's hostname)."""
     from asgd.testbed import Testbed
@@ -199,15 +209,14 @@ def testbed_host_of(name: str, out: Path, rank: int) -> str:
     return spec.veth(spec.index(host))
 
 
-def undisturbed(a, work: Path, backup: int, k: int) -> float:
-    """train_s of the straggler run's twin: same options, no fault."""
-    out = work / f"twin-{backup}-{k}"
+def undisturbed(a, work: Path, row: dict) -> dict:
+    """The results of a run's twin: the same options, no fault, no supervisor (MPICH)."""
+    out = work / f"twin-{row['kind']}-{row['run']}"
     shutil.rmtree(out, ignore_errors=True)
-    train = ["--mode", "sync", "--servers", "1", "--epochs", str(a.epochs), "--hidden", str(a.hidden),
-             "--checkpoint-every", "0.5s", "--quiet", "--backup-workers", str(backup), "--out", str(out)]
+    train = [*row["train"][:row["train"].index("--out")], "--out", str(out)]
     subprocess.run(launch.command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
                    timeout=a.limit_s)
-    return json.loads((out / "results.json").read_text())["train_s"]
+    return json.loads((out / "results.json").read_text())
 
 
 # -- the bench -------------------------------------------------------------------------------
@@ -227,6 +236,9 @@ def summarize(rows: list[dict]) -> list[dict]:
                       "accuracy_min": min(acc) if acc else None,
                       "accuracy_median": float(np.median(acc)) if acc else None,
                       "lost_s_max": max((r.get("lost_s") or 0 for r in mine), default=0),
+                      "work_lost_s_max": max((r.get("work_lost_s") or 0 for r in mine), default=0),
+                      "accuracy_below_twin_max": max((r["twin_accuracy"] - r["accuracy"] for r in mine
+                                                      if r.get("twin_accuracy") is not None), default=None),
                       "workers_lost": sum(len(r.get("lost") or []) for r in mine)})
     return table
 
@@ -250,15 +262,19 @@ def main(argv=None) -> int:
         for k in range(a.runs):
             for kind in kinds:
                 row = one(kind, k, rng, a, work, testbed)
-                if kind == "straggler" and row.get("train_s") is not None and row["faulted_at_s"] is not None:
-                    twin = undisturbed(a, work, row["backup"], k)
-                    row.update(twin_train_s=twin, straggler_cost_s=row["train_s"] - twin)
-                    costs.append({"backup": row["backup"], "cost_s": row["straggler_cost_s"], "stop_s": a.stop_s})
+                if kind in ("straggler", "server") and row.get("train_s") is not None and row["faulted_at_s"] is not None:
+                    twin = undisturbed(a, work, row)
+                    row.update(twin_train_s=twin["train_s"], twin_accuracy=twin["metrics"]["accuracy"])
+                    if kind == "straggler":
+                        row["straggler_cost_s"] = row["train_s"] - row["twin_train_s"]
+                        costs.append({"backup": row["backup"], "cost_s": row["straggler_cost_s"], "stop_s": a.stop_s})
                 rows.append(row)
                 print(f"{kind:9} {k:3} status {row.get('status')} hung {row.get('hung')} "
                       f"acc {row.get('accuracy')} lost {row.get('lost')} restarted {row.get('restarted')} "
                       f"checkpoint {row.get('checkpoint')}" + (f" cost {row['straggler_cost_s']:.2f} s"
-                                                               if "straggler_cost_s" in row else ""), flush=True)
+                                                               if "straggler_cost_s" in row else "")
+                      + (f" twin acc {row['twin_accuracy']} work lost {row.get('work_lost_s')} s"
+                         if kind == "server" and "twin_accuracy" in row else ""), flush=True)
     finally:
         if testbed:
             subprocess.run([sys.executable, "-m", "asgd.testbed", "down", "--name", testbed], capture_output=True)
@@ -270,12 +286,16 @@ def main(argv=None) -> int:
     run.write(rows, run.meta(table=table, straggler_cost=cost, columns={
         "kind": "the fault", "status": "the job's (or the supervisor's) exit status", "hung": "killed at --limit-s",
         "completed": "status 0", "restarted": "restarts the supervisor made", "lost": "ranks results.json names lost",
-        "lost_s": "training lost to restarts, seconds", "checkpoint": "the newest common cut: ok, none, or why not",
+        "lost_s": "the supervisor's: from the cut resumed from to the failed job's end, seconds",
+        "work_lost_s": "training lost: from the cut resumed from to the kill, seconds",
+        "twin_accuracy": "the same run's without a fault (server and straggler kinds)", "checkpoint": "the newest common cut: ok, none, or why not",
         "straggler_cost_s": "train_s with the straggler less its undisturbed twin's"}))
     common.print_table(table, [("kind", "kind", ""), ("runs", "runs", "d"), ("faulted", "faulted", "d"),
                                ("completed", "completed", "d"), ("restarted", "restarted", "d"), ("hung", "hung", "d"),
                                ("bad ckpt", "bad_checkpoints", "d"), ("acc min", "accuracy_min", ".3f"),
                                ("acc median", "accuracy_median", ".3f"), ("lost s max", "lost_s_max", ".1f"),
+                               ("work lost s max", "work_lost_s_max", ".2f"),
+                               ("acc below twin max", "accuracy_below_twin_max", ".4f"),
                                ("workers lost", "workers_lost", "d")], title="per fault kind")
     for b, c in cost.items():
         print(f"straggler stopped {a.stop_s:g} s, {b.replace('_', ' ')}: costs {c['median_s']} s median "

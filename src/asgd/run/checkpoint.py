@@ -187,8 +187,10 @@ class Checkpointing:
         return (rounds - self.last_rounds >= n) if kind == "updates" else (time.monotonic() - self.last_time >= n)
 
     def save(self, rounds: int, cut: int) -> None:
-        """Write this shard as it is now, as cut `cut`."""
+        """Write this shard as it is now, as cut `cut`. A time interval runs from one cut's
+        start to the next's, so the training a crash loses stays within it."""
+        started = time.monotonic()
         save(self.run_dir, self.index, {"w": self.w, **self.state()},
              {"n_w": self.n_w, "servers": self.servers, "shard": list(self.shard), "rounds": rounds, "cut": cut,
               "optimizer": self.optimizer, "model_parallel": self.model_parallel, **self.progress()})
-        self.last_rounds, self.last_time = rounds, time.monotonic()
+        self.last_rounds, self.last_time = rounds, started
