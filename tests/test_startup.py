@@ -51,7 +51,8 @@ def test_each_role_loads_only_its_kernels(role, rank, reads_file, compress, kern
                                                          "_bwd_any", "_forward_block", "_transpose_into",
                                                          "_check_labels", "_block_rows", "_split_means", "_space", "_digit",
                                                          "_special", "_float_kind", "_fail",
-                                                         "_finite_block", "_sizes_agree"}  # callees
+                                                         "_finite_block", "_sizes_agree", "_sgd_block", "_momentum_block",
+                                                         "_adagrad_block", "_adam_block"}  # callees
     assert public == kernels
 
 
