@@ -207,3 +207,38 @@ def test_every_bench_and_script_answers_help(script):
     p = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 0, f"{script} --help: exit {p.returncode}\n{p.stderr[-2000:]}"
     assert p.stdout.startswith(f"usage: {Path(script).name} "), p.stdout[:500]
+
+
+def test_the_chaos_benchs_bookkeeping(tmp_path):
+    """bench_chaos's own arithmetic (its runs take minutes, so the suite runs none): the
+    training a restart lost counts from the cut it resumed from to the kill; the interval
+    is read from server 0's last two cut files; the per-kind table counts hangs and bad
+    checkpoints and compares a run's accuracy with its undisturbed twin's."""
+    code = """
+import sys, json
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from pathlib import Path
+import bench_chaos as bc
+from asgd.run import checkpoint
+assert bc.work_lost([{"resumed_from": {"time": 100.0}}], 100.75) == 0.75
+assert bc.work_lost([], 100.75) is None and bc.work_lost([{"resumed_from": None}], 1.0) is None
+assert bc.work_lost([{"resumed_from": {"time": 100.0}}], None) is None
+out = Path(sys.argv[2])
+assert bc.last_interval(out) is None
+clock = iter([10.0, 10.5])
+checkpoint.time.time = lambda: next(clock)
+for cut in (1, 2):
+    checkpoint.save(str(out), 0, {"w": np.zeros(3)}, {"cut": cut, "servers": 1})
+assert bc.last_interval(out) == 0.5, bc.last_interval(out)
+rows = [dict(kind="server", faulted_at_s=1.0, completed=True, hung=False, checkpoint="ok", accuracy=0.97,
+             twin_accuracy=0.99, restarted=1, lost_s=1.2, work_lost_s=0.4, cut_interval_s=0.5),
+        dict(kind="server", faulted_at_s=None, completed=False, hung=True, checkpoint="cut 3: shards at versions [4, 5]")]
+(t,) = bc.summarize(rows)
+assert (t["runs"], t["faulted"], t["completed"], t["hung"], t["bad_checkpoints"]) == (2, 1, 1, 1, 1), t
+assert abs(t["accuracy_below_twin_max"] - 0.02) < 1e-12 and t["work_lost_s_max"] == 0.4, t
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", code, str(BENCH), str(tmp_path)], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-3000:]

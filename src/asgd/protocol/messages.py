@@ -198,10 +198,10 @@ class Float64Shard:
     def fresh(self, replies: list) -> np.ndarray:
         """A buffer to write the next version into: not the current one, and no reply
         (`replies`, the server's per worker) in flight out of it; the oldest such."""
-        for b in sorted(range(len(self.pool)), key=self.made.__getitem__):
-            if b != self.cur and not self._sending(b, replies):
-                self.next = b
-                return self.pool[b][:self.n]
+        free = [b for b in range(len(self.pool)) if b != self.cur and not self._sending(b, replies)]
+        if free:
+            self.next = min(free, key=self.made.__getitem__)
+            return self.pool[self.next][:self.n]
         self.pool.append(np.empty(self.n + PULL_HEADER))
         self.made.append(-1)
         self.next = len(self.pool) - 1
@@ -219,7 +219,7 @@ class Float64Shard:
         """Worker j's reply: the current version's buffer with `head` (the pull header's
         values) at its tail."""
         buf = self.pool[self.cur]
-        if not np.array_equal(buf[self.n:], head) and self._sending(self.cur, replies):
+        if buf[self.n:].tolist() != list(head) and self._sending(self.cur, replies):   # (NaN: no header yet)
             self.fresh(replies)[:] = self.w    # the header must change under a reply in flight
             published = self.published
             self.commit()

@@ -383,7 +383,8 @@ class Server:
 
     def gap(self, j: int) -> int:
         """How many steps worker j is ahead of the slowest active worker."""
-        return int(self.steps[j] - self.steps[self.active].min()) if self.active.any() else 0
+        slowest = self.steps.min() if self.active.all() else self.steps[self.active].min(initial=self.steps[j])
+        return int(self.steps[j] - slowest)
 
     def record(self, shard: tuple[int, int]) -> dict:
         """This server's entry of results.json's `ranks`, with the bytes of parameter-sized
