@@ -88,12 +88,12 @@ class Waiter:
                 time.sleep(sleep)
                 sleep = min(sleep * 2, self.max_sleep_s)
 
-    def any(self, requests: list[MPI.Request], waiting_for: str = "a message") -> int:
-        """Index of a completed request (as MPI_Waitany)."""
+    def any(self, requests: list[MPI.Request], waiting_for: str = "a message", work=None) -> int:
+        """Index of a completed request (as MPI_Waitany); work() as in _poll."""
         def test():
             index, flag = MPI.Request.Testany(requests)
             return index if flag and index != MPI.UNDEFINED else None
-        return self._poll(test, waiting_for)
+        return self._poll(test, waiting_for, work)
 
     def all(self, requests: list[MPI.Request], waiting_for: str = "messages", work=None) -> None:
         """Complete every request; work(), if given, runs between tests (see _poll)."""

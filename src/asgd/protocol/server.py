@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from ..mpiutil import failed_ranks_soon
+from ..mpiutil import failed_ranks, failed_ranks_soon
 from ..net import kernels
 from ..net.optimizers import Optimizer
 from ..wire import (DONE_BYTES, DOUBLE, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, PULL_HEADER, R_CUT,
@@ -62,6 +62,7 @@ from .context import Endpoint
 from .messages import Float64Shard
 
 DIVERGED_AFTER = 10  # refused Delta-w in a row that end the job
+WATCH_S = 0.25       # a fault-tolerant server looks at the failed group this often while it waits (watch)
 
 
 class DivergenceError(RuntimeError):
@@ -135,6 +136,7 @@ class Server:
         self.pushed_step = np.zeros(self.W, np.int64)   # each worker's last push's step
         self.fault_tolerant, self.on_lost = fault_tolerant, on_lost
         self.dead = np.zeros(self.W, bool)
+        self.watched = time.monotonic()        # watch()'s last look at the failed group
         self.st = ServerStats(staleness=[[] for _ in range(self.W)], step_gap=[[] for _ in range(self.W)],
                               cuts=cuts_done)
         self.refused_in_a_row = 0
@@ -155,7 +157,7 @@ class Server:
             self.clock.switch("idle")
             try:
                 i = self.waiter.any(self.requests, lambda: "a push from any of the worker ranks "
-                                    f"{[self.ranks[j] for j in np.flatnonzero(self.active)]}")
+                                    f"{[self.ranks[j] for j in np.flatnonzero(self.active)]}", self.watch)
                 self.clock.switch("aggregate")
                 self.event(i, policy)   # its replies may meet a worker that died since
             except MPI.Exception as e:
@@ -166,6 +168,20 @@ class Server:
                 return self.finish()
             except MPI.Exception as e:   # a worker died after its last push
                 self.survive(e, policy)
+
+    def watch(self) -> bool:
+        """While waiting, with fault tolerance, every WATCH_S: a worker in the failed group
+        that this server still counts as active raises (serve's survive() buries it). A
+        death is otherwise seen only when a request with the dead fails, and with several
+        killed at once one failure can come before the others' news: a dead worker left
+        active holds every checkpoint cut (and sync's rounds) forever."""
+        if not self.fault_tolerant or time.monotonic() < self.watched + WATCH_S:
+            return False
+        self.watched = time.monotonic()
+        mine = {r: j for j, r in enumerate(self.ranks)}
+        if any(r not in mine or not self.dead[mine[r]] for r in failed_ranks(self.comm)):
+            raise MPI.Exception(MPI.ERR_PROC_FAILED)
+        return False
 
     def survive(self, error: MPI.Exception, policy: Policy) -> None:
         """An MPI call failed. With fault tolerance: retire every worker found dead, then
@@ -398,14 +414,14 @@ class Server:
         self.st.stopped = self.stopping or self.ep.stop_requested()
         self.clock.switch("idle")
         dones = [d for j, d in enumerate(self.dones) if not self.dead[j]]
-        self.waiter.all(dones, "every worker's end-of-work message")
+        self.waiter.all(dones, "every worker's end-of-work message", self.watch)
         for j, p in enumerate(self.pushes):  # every worker is done: withdraw the receives still posted
             if self.dead[j] or p == MPI.REQUEST_NULL:
                 continue   # its receive failed with it, or a retry after a death found it freed
             p.Cancel()
             p.Wait()
             p.Free()
-        self.waiter.all(self.replies, "workers to take their last replies")
+        self.waiter.all(self.replies, "workers to take their last replies", self.watch)
         self.publish()
         return self.st
 
