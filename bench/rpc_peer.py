@@ -170,6 +170,9 @@ def main(argv=None) -> int:
     torch.set_num_interop_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     rendezvous = args.out / ".rpc-rendezvous"
+    if rank == 0:   # a crashed run's marks (the trainers make theirs at their very end)
+        for f in args.out.glob(".trainer*.left"):
+            f.unlink(missing_ok=True)
 
     got = shares.embedded(rank, size, shares.Job(1, args.seed))   # asgd's shares: rank 0 the server
     layout = mlp.Layout(got.train.features, args.hidden, got.train.classes)
@@ -240,7 +243,16 @@ def main(argv=None) -> int:
         from asgd.run.files import atomic_write
         atomic_write(str(args.out / "results.json"), lambda f: json.dump(res, f, indent=1))
         print(f"results: {args.out / 'results.json'}", flush=True)
-        rendezvous.unlink(missing_ok=True)
+        # The rendezvous file goes once every trainer has left rpc.shutdown(), which may still
+        # use it: a trainer whose file was gone spun there for good (2 ranks: every time).
+        left = [args.out / f".trainer{r}.left" for r in range(1, size)]
+        deadline = time.monotonic() + args.timeout
+        while not all(f.exists() for f in left) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for f in (rendezvous, *left):
+            f.unlink(missing_ok=True)
+    else:
+        (args.out / f".trainer{rank}.left").touch()
     return 0
 
 
