@@ -531,7 +531,8 @@ def add_scaled(w, dw, a):
 # exact (no fastmath beyond contraction).
 
 _BLOCK = 512   # doubles of d checked, then used: 4 KB, in L1 between the two
-_OPT = dict(fastmath={"contract"}, boundscheck=False, error_model="numpy", cache=True)
+_EXACT = dict(boundscheck=False, error_model="numpy", cache=True)   # sgd, momentum: no contraction, as before
+_OPT = dict(_EXACT, fastmath={"contract"})                           # adagrad, adam
 
 
 @njit(fastmath={"reassoc"}, boundscheck=False, cache=True)   # reassoc vectorizes the sum
@@ -551,13 +552,13 @@ def _sizes_agree(n, *arrays):
     return True
 
 
-@njit(**_OPT)
+@njit(**_EXACT)
 def _sgd_block(w, d, out, scale):
     for i in range(w.size):
         out[i] = w[i] + scale * d[i]
 
 
-@njit(**_OPT)
+@njit(**_EXACT)
 def sgd_update(w, d, out, scale):
     """out = w + scale d, d checked in the same pass; False (out scratch) if d is not finite."""
     n = w.size
@@ -571,7 +572,7 @@ def sgd_update(w, d, out, scale):
     return True
 
 
-@njit(**_OPT)
+@njit(**_EXACT)
 def _momentum_block(w, v, d, out, v_out, lr, mu, scale):
     for i in range(w.size):
         vi = mu * v[i] + lr * (scale * d[i])
@@ -579,7 +580,7 @@ def _momentum_block(w, v, d, out, v_out, lr, mu, scale):
         out[i] = w[i] + vi
 
 
-@njit(**_OPT)
+@njit(**_EXACT)
 def momentum_update(w, v, d, out, v_out, lr, mu, scale):
     """Heavy-ball momentum: v' = mu v + lr d; out = w + v'; d checked in the same pass."""
     n = w.size
