@@ -103,8 +103,11 @@ def pilot(a, work: Path) -> float:
     out = work / "pilot"
     train = ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden", str(a.hidden),
              "--checkpoint-every", "0.5s", "--quiet", "--out", str(out)]
-    subprocess.run(launch.command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
-                   timeout=a.limit_s, check=True)
+    p = subprocess.run(launch.command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
+                       text=True, timeout=a.limit_s)
+    if p.returncode != 0:
+        last = p.stderr.strip().splitlines()[-1:] or ["no message"]
+        raise SystemExit(f"bench_chaos: the undisturbed pilot run failed (exit {p.returncode}): {last[0]}")
     return json.loads((out / "results.json").read_text())["train_s"]
 
 
@@ -323,7 +326,7 @@ def main(argv=None) -> int:
     cost = {f"backup_{b}": {"runs": len(v), "median_s": float(np.median(v)) if v else None,
                             "max_s": max(v) if v else None} for b, v in straggler.items()}
     run.write(rows, run.meta(table=table, straggler_cost=cost, columns={
-        "kind": "the fault", "status": "the job's (or the supervisor's) exit status", "hung": "killed at --limit-s",
+        "kind": "the fault", "train": "the run's asgd.train options", "status": "the job's (or the supervisor's) exit status", "hung": "killed at --limit-s",
         "completed": "status 0", "restarted": "restarts the supervisor made", "lost": "ranks results.json names lost",
         "lost_s": "the supervisor's: from the cut resumed from to the failed job's end, seconds",
         "work_lost_s": "training lost: from the cut resumed from to the kill, seconds",
