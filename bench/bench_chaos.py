@@ -242,13 +242,17 @@ def testbed_host_of(name: str, out: Path, rank: int) -> str:
     return spec.veth(spec.index(host))
 
 
-def undisturbed(a, work: Path, row: dict) -> dict:
-    """The results of a run's twin: the same options, no fault, no supervisor (MPICH)."""
+def undisturbed(a, work: Path, row: dict) -> dict | None:
+    """The results of a run's twin: the same options, no fault, no supervisor (MPICH); None
+    if the twin failed (the row then has no comparison)."""
     out = work / f"twin-{row['kind']}-{row['run']}"
     shutil.rmtree(out, ignore_errors=True)
     train = [*row["train"][:row["train"].index("--out")], "--out", str(out)]
-    subprocess.run(launch.command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
-                   timeout=a.limit_s)
+    p = subprocess.run(launch.command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
+                       text=True, timeout=a.limit_s)
+    if p.returncode != 0 or not (out / "results.json").exists():
+        print(f"bench_chaos: the twin of {row['kind']} run {row['run']} failed (exit {p.returncode})", flush=True)
+        return None
     return json.loads((out / "results.json").read_text())
 
 
@@ -304,8 +308,9 @@ def main(argv=None) -> int:
                 row = one(kind, k, rng, a, work, train_s, testbed)
                 if kind in ("straggler", "server") and row.get("train_s") is not None and row["faulted_at_s"] is not None:
                     twin = undisturbed(a, work, row)
-                    row.update(twin_train_s=twin["train_s"], twin_accuracy=twin["metrics"]["accuracy"])
-                    if kind == "straggler":
+                    if twin is not None:
+                        row.update(twin_train_s=twin["train_s"], twin_accuracy=twin["metrics"]["accuracy"])
+                    if twin is not None and kind == "straggler":
                         row["straggler_cost_s"] = row["train_s"] - row["twin_train_s"]
                         costs.append({"backup": row["backup"], "cost_s": row["straggler_cost_s"], "stop_s": a.stop_s})
                 rows.append(row)
