@@ -162,7 +162,6 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, te
         time.sleep(after)
         pids = rank_pids(out)
         faulted, killed_at = time.monotonic() - t0, time.time()
-        row["cut_interval_s"] = last_interval(out)
         try:
             if kind == "straggler":
                 os.kill(pids[victims[0]], signal.SIGSTOP)
@@ -178,6 +177,7 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, te
                     os.kill(pids[v], signal.SIGKILL)
         except (KeyError, ProcessLookupError):
             faulted = None   # the run ended before its fault
+        row["cut_interval_s"] = last_interval(out)   # read after the fault: killed_at is the kill's moment
     try:
         _, err = proc.communicate(timeout=max(a.limit_s - (time.monotonic() - t0), 1))
         hung = False
@@ -215,14 +215,13 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, te
 
 def last_interval(out: Path) -> float | None:
     """Seconds between server 0's last two cuts (its file and the one before), or None."""
-    times = []
-    for name in ("shard-0.npz", "shard-0.prev.npz"):
-        try:
-            with np.load(out / "checkpoint" / name) as z:
-                times.append(json.loads(z["header"].tobytes().decode())["meta"]["time"])
-        except (OSError, KeyError, ValueError):
-            return None
-    return round(times[0] - times[1], 3)
+    from asgd.run import checkpoint
+    try:
+        latest, before = (checkpoint._header(checkpoint.path_of(str(out), 0, previous))[0]["time"]
+                          for previous in (False, True))
+    except (checkpoint.CheckpointError, KeyError):
+        return None
+    return round(latest - before, 3)
 
 
 def work_lost(restarts: list[dict], killed_at: float | None) -> float | None:

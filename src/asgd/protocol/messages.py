@@ -206,10 +206,10 @@ class Float64Shard:
     def fresh(self, replies: list) -> np.ndarray:
         """A buffer to write the next version into: not the current one, and no reply
         (`replies`, the server's per worker) in flight out of it; the oldest such."""
-        free = [b for b in range(len(self.pool)) if b != self.cur and not self._sending(b, replies)]
-        if free:
-            self.next = min(free, key=self.made.__getitem__)
-            return self.pool[self.next][:self.n]
+        for b in sorted(range(len(self.pool)), key=self.made.__getitem__):   # stops at the first: few Tests
+            if b != self.cur and not self._sending(b, replies):
+                self.next = b
+                return self.pool[b][:self.n]
         self.pool.append(np.empty(self.n + PULL_HEADER))
         self.made.append(-1)
         self.next = len(self.pool) - 1

@@ -136,6 +136,7 @@ class Server:
         self.pushed_step = np.zeros(self.W, np.int64)   # each worker's last push's step
         self.fault_tolerant, self.on_lost = fault_tolerant, on_lost
         self.dead = np.zeros(self.W, bool)
+        self.index = {r: j for j, r in enumerate(self.ranks)}   # worker rank -> j
         self.watched = time.monotonic()        # watch()'s last look at the failed group
         self.st = ServerStats(staleness=[[] for _ in range(self.W)], step_gap=[[] for _ in range(self.W)],
                               cuts=cuts_done)
@@ -178,10 +179,13 @@ class Server:
         if not self.fault_tolerant or time.monotonic() < self.watched + WATCH_S:
             return False
         self.watched = time.monotonic()
-        mine = {r: j for j, r in enumerate(self.ranks)}
-        if any(r not in mine or not self.dead[mine[r]] for r in failed_ranks(self.comm)):
+        if self.newly_dead(failed_ranks(self.comm)):
             raise MPI.Exception(MPI.ERR_PROC_FAILED)
         return False
+
+    def newly_dead(self, dead: list[int]) -> list[int]:
+        """The ranks of `dead` not yet retired here (any rank not my worker counts)."""
+        return [r for r in dead if r not in self.index or not self.dead[self.index[r]]]
 
     def survive(self, error: MPI.Exception, policy: Policy) -> None:
         """An MPI call failed. With fault tolerance: retire every worker found dead, then
@@ -199,15 +203,13 @@ class Server:
     def bury(self) -> int:
         """Retire every worker found dead (a dead server: the job ends); how many newly.
         With five workers killed at once a failure came before its news: wait for it."""
-        mine = {r: j for j, r in enumerate(self.ranks)}
-        fresh = lambda dead: [r for r in dead if r not in mine or not self.dead[mine[r]]]  # noqa: E731
-        dead = failed_ranks_soon(self.comm, fresh)
-        others = [r for r in dead if r not in mine]
+        dead = failed_ranks_soon(self.comm, self.newly_dead)
+        others = [r for r in dead if r not in self.index]
         if others:
             raise RuntimeError(f"rank(s) {others} died, and they were not this server's workers: a server's "
                                "shard cannot be rebuilt; restart from the checkpoint (python -m asgd.launch "
                                "--max-restarts, or --resume)")
-        new = [mine[r] for r in fresh(dead)]
+        new = [self.index[r] for r in self.newly_dead(dead)]
         for j in new:
             self.dead[j], self.active[j] = True, False
             self.st.lost.append({"rank": self.ranks[j], "time": time.time(), "updates": int(self.steps[j])})
