@@ -562,13 +562,18 @@ def _sgd_block(w, d, out, scale):
 def sgd_update(w, d, out, scale):
     """out = w + scale d, d checked in the same pass; False (out scratch) if d is not finite."""
     n = w.size
-    if not _sizes_agree(n, d, out):
+    if not _sizes_agree(n, d) or (out is not None and out.size != n):
         raise ValueError("sgd_update: sizes differ")
+    tmp = np.empty(_BLOCK if out is None else 0)   # in place: each block through L1 (see above)
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
         if not _finite_block(d[a:b]):
             return False
-        _sgd_block(w[a:b], d[a:b], out[a:b], scale)
+        if out is None:
+            _sgd_block(w[a:b], d[a:b], tmp[:b - a], scale)
+            w[a:b] = tmp[:b - a]
+        else:
+            _sgd_block(w[a:b], d[a:b], out[a:b], scale)
     return True
 
 
@@ -584,13 +589,18 @@ def _momentum_block(w, v, d, out, v_out, lr, mu, scale):
 def momentum_update(w, v, d, out, v_out, lr, mu, scale):
     """Heavy-ball momentum: v' = mu v + lr d; out = w + v'; d checked in the same pass."""
     n = w.size
-    if not _sizes_agree(n, v, d, out, v_out):
+    if not _sizes_agree(n, v, d, v_out) or (out is not None and out.size != n):
         raise ValueError("momentum_update: sizes differ")
+    tmp = np.empty(_BLOCK if out is None else 0)   # in place: each block through L1 (see above)
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
         if not _finite_block(d[a:b]):
             return False
-        _momentum_block(w[a:b], v[a:b], d[a:b], out[a:b], v_out[a:b], lr, mu, scale)
+        if out is None:
+            _momentum_block(w[a:b], v[a:b], d[a:b], tmp[:b - a], v_out[a:b], lr, mu, scale)
+            w[a:b] = tmp[:b - a]
+        else:
+            _momentum_block(w[a:b], v[a:b], d[a:b], out[a:b], v_out[a:b], lr, mu, scale)
     return True
 
 
@@ -608,13 +618,18 @@ def adagrad_update(w, g2, d, out, g2_out, lr, eps, scale):
     """Adagrad (Duchi et al. 2011; DistBelief's Downpour SGD): g2' = g2 + d^2;
     out = w + lr d / (sqrt(g2') + eps); d checked in the same pass."""
     n = w.size
-    if not _sizes_agree(n, g2, d, out, g2_out):
+    if not _sizes_agree(n, g2, d, g2_out) or (out is not None and out.size != n):
         raise ValueError("adagrad_update: sizes differ")
+    tmp = np.empty(_BLOCK if out is None else 0)   # in place: each block through L1 (see above)
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
         if not _finite_block(d[a:b]):
             return False
-        _adagrad_block(w[a:b], g2[a:b], d[a:b], out[a:b], g2_out[a:b], lr, eps, scale)
+        if out is None:
+            _adagrad_block(w[a:b], g2[a:b], d[a:b], tmp[:b - a], g2_out[a:b], lr, eps, scale)
+            w[a:b] = tmp[:b - a]
+        else:
+            _adagrad_block(w[a:b], g2[a:b], d[a:b], out[a:b], g2_out[a:b], lr, eps, scale)
     return True
 
 
@@ -635,16 +650,22 @@ def adam_update(w, m, v, d, out, m_out, v_out, lr, b1, b2, eps, t, scale):
     out = w + lr m^ / (sqrt(v^) + eps), with the bias corrections m^ = m'/(1-b1^t),
     v^ = v'/(1-b2^t); d checked in the same pass."""
     n = w.size
-    if not _sizes_agree(n, m, v, d, out, m_out, v_out):
+    if not _sizes_agree(n, m, v, d, m_out, v_out) or (out is not None and out.size != n):
         raise ValueError("adam_update: sizes differ")
+    tmp = np.empty(_BLOCK if out is None else 0)   # in place: each block through L1 (see above)
     c1 = 1.0 / (1.0 - b1 ** t)
     c2 = 1.0 / (1.0 - b2 ** t)
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
         if not _finite_block(d[a:b]):
             return False
-        _adam_block(w[a:b], m[a:b], v[a:b], d[a:b], out[a:b], m_out[a:b], v_out[a:b], lr, b1, b2, eps, c1, c2,
-                    scale)
+        if out is None:
+            _adam_block(w[a:b], m[a:b], v[a:b], d[a:b], tmp[:b - a], m_out[a:b], v_out[a:b], lr, b1, b2, eps, c1,
+                        c2, scale)
+            w[a:b] = tmp[:b - a]
+        else:
+            _adam_block(w[a:b], m[a:b], v[a:b], d[a:b], out[a:b], m_out[a:b], v_out[a:b], lr, b1, b2, eps, c1, c2,
+                        scale)
     return True
 
 

@@ -400,4 +400,6 @@ def compile_kernels(*uses: str) -> None:
         kernels.all_finite(scales)
     for use in uses:
         if use.startswith("update:"):
-            Optimizer(use.split(":", 1)[1], 0.1, tiny.n_w).step(w, dw.copy(), 0.5)
+            opt = Optimizer(use.split(":", 1)[1], 0.1, tiny.n_w)
+            opt.update(w, dw.copy(), np.empty_like(w), 0.5)   # a server's: into another version
+            opt.step(w, dw.copy(), 0.5)                       # allreduce's: in place

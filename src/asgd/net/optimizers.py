@@ -40,14 +40,14 @@ class Optimizer:
         self.state = {k: np.zeros(size) for k in shapes}
         self._next = {k: np.zeros(size) for k in shapes}   # what an update writes; swapped in if it took
 
-    def update(self, w: np.ndarray, d: np.ndarray, out: np.ndarray, scale: float = 1.0,
+    def update(self, w: np.ndarray, d: np.ndarray, out: np.ndarray | None, scale: float = 1.0,
                lr_scale: float = 1.0) -> bool:
         """out = w moved along scale * d with the learning rate times lr_scale (a stale
         update's smaller step: protocol.server; for sgd, whose d carries the worker's lr,
         both scale d), and the state moved with it, in one pass that also checks d: False,
         with w, the state and t as they were (out is scratch), if d has NaN or inf. d is
-        never written. out may be w itself only for a d known to be finite (a bad block
-        found late would leave w partly moved)."""
+        never written. out None moves w itself, only for a d known to be finite (a bad
+        block found late would leave w partly moved): step()."""
         s, nx, lr = self.state, self._next, self.lr * lr_scale
         if self.name == "sgd":
             ok = kernels.sgd_update(w, d, out, scale * lr_scale)
@@ -66,7 +66,7 @@ class Optimizer:
     def step(self, w: np.ndarray, d: np.ndarray, scale: float = 1.0, lr_scale: float = 1.0) -> None:
         """Move w in place along scale * d, a d known to be finite (allreduce checks its
         sum first); a non-finite one is an error."""
-        if not self.update(w, d, w, scale, lr_scale):
+        if not self.update(w, d, None, scale, lr_scale):
             raise ValueError("Optimizer.step: d has NaN or inf (check it first, or use update())")
 
     @property

@@ -154,7 +154,8 @@ _ROUNDS = {"ps": _ps_rounds, "p2p": _p2p_rounds, "ring": _allreduce_rounds("ring
 # -- in process ----------------------------------------------------------------------------
 
 def measure_optimizers(sizes: list[int], best) -> dict:
-    """[optimizer][n]: seconds per update of n values (Optimizer.step, scale 1), each the
+    """[optimizer][n]: seconds per update of n values (Optimizer.update into another
+    buffer, scale 1: a server's update; allreduce's in place costs a little more), each the
     least over repetitions (best: calibrate's _best(f, min_time))."""
     import numpy as np
 
@@ -165,9 +166,9 @@ def measure_optimizers(sizes: list[int], best) -> dict:
     out: dict = {}
     for name in OPTIMIZERS:
         for n in sizes:
-            w, d = np.zeros(n), np.full(n, 1e-3)
+            w, d, out_buf = np.zeros(n), np.full(n, 1e-3), np.empty(n)
             opt = Optimizer(name, 1e-3, n)
-            out.setdefault(name, {})[n] = best(lambda: opt.step(w, d))
+            out.setdefault(name, {})[n] = best(lambda: opt.update(w, d, out_buf))
     return out
 
 
