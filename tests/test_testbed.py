@@ -233,6 +233,25 @@ def test_the_proof_fails_uncounted_bytes_bypassed_links_and_busy_idle_hosts():
     assert not _prove(spec, job, base, where, many_frames, base_wire)["hosts"][2]["ok_sent"]
 
 
+def test_the_proof_passes_large_shards_fragment_headers_and_fails_a_shard_left_uncounted():
+    """The case measured on 10 hosts (bench_arch, 2-100K-2, 8 workers, 2 servers, sync):
+    2 MB shards carry 5.2 KB of MPI's fragment headers each (a worker sent 62.4 KB beyond
+    its 24.0 MB), which the rule allows; one shard more than results.json counts does not
+    pass."""
+    spec = Spec("p", 10, 10**8)
+    shard = 2_000_032
+    job, where = _ps_run(spec, 2, 8, 6, shard, shard - 24)
+    base, _ = _ps_run(spec, 2, 8, 6, shard, shard - 24, dry=True)
+    base_wire = [dict(STARTUP) for _ in range(spec.hosts)]
+    job_t, base_t = proof.traffic(job, spec, where, base_wire), proof.traffic(base, spec, where, base_wire)
+
+    def verdict(envelope, **kw):
+        return _prove(spec, job, base, where, _wire(spec, base_wire, job_t, base_t, envelope, **kw), base_wire)
+    assert verdict(5_200)["ok"]
+    uncounted = verdict(5_200, extra={2: {"sent": shard}})
+    assert not uncounted["ok"] and not uncounted["hosts"][2]["ok_sent"]
+
+
 def test_the_proofs_messages_follow_the_protocol():
     """The messages a job adds over its dry run, by size: PS workers a push to every
     server and every server's reply per update, and one end-of-work message to each
