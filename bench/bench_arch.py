@@ -4,9 +4,11 @@ workers (2, 4, 8, 12, 16) for five architectures, at 2-10K-2 and 2-100K-2, every
 measured, predicted by the analytical model and simulated, in one run; then Yan et al.'s
 optimizer checked against the measurements, at this rate and at a second one.
 
-    python bench/bench_arch.py                       # the sweep below: about an hour on 2 cores
+    python bench/bench_arch.py                       # the sweep below: about 25 minutes on 2 cores
     python bench/bench_arch.py --quick               # workers 2,4; 2-10K-2; 5 iterations; no second rate
     python bench/bench_arch.py --params params.json  # reuse a calibration of this machine
+    python bench/bench_arch.py --params params.json --sweep bench/results/arch/arch.json \
+        --second-rate 300mbit --out bench/results/arch-300  # only the winner check at another rate
 
 Architectures (asgd.train --mode sync --optimizer sgd, every rank on a host of its own):
   1-PS        --arch ps --servers 1
@@ -115,6 +117,8 @@ def parse_args(argv=None):
     p.add_argument("--cpu-lock", default=common.CPU_LOCK, help="the CPU lock each run holds (none: no lock)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds one run may take (default 1200)")
     p.add_argument("--quick", action="store_true", help="workers 2,4; 2-10K-2; 5 iterations; no second rate")
+    p.add_argument("--sweep", type=Path, help="an earlier run's arch.json: only the --second-rate check, on that "
+                   "sweep (its --rate rows and testbed-params-RATE.json beside it); writes second_rate.json")
     a = p.parse_args(argv)
     if a.quick:
         a.workers, a.hidden, a.iterations, a.second_rate = [2, 4], [10000], [5], "none"
@@ -426,6 +430,15 @@ def main(argv=None) -> int:
     base_raw = json.loads(Path(base_path).read_text())
     rate_bit = parse_rate(a.rate)
     hosts = max(a.workers) + max(1, max(a.workers) // 4)
+    if a.sweep:   # the winner at another rate, against a sweep measured before
+        rows = [r for r in json.loads(a.sweep.read_text())["rows"] if r["rate"] == a.rate]
+        if not rows or a.second_rate == "none":
+            raise SystemExit(f"bench_arch: --sweep needs rows at --rate {a.rate} in {a.sweep} and a --second-rate")
+        params = load_params(str(a.sweep.parent / f"testbed-params-{a.rate}.json"))
+        got = second_rate(a, base, base_raw, rows, params, out, hosts)
+        (out / "second_rate.json").write_text(json.dumps(got, indent=1))
+        print(f"wrote {out / 'second_rate.json'}")
+        return 0
     if lifecycle.exists(a.name):
         lifecycle.down(a.name, say=lambda *x, **k: None)
     tb = lifecycle.up(a.name, hosts, rate_bit)
