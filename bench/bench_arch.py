@@ -7,8 +7,8 @@ optimizer checked against the measurements, at this rate and at a second one.
     python bench/bench_arch.py                       # the sweep below: about 25 minutes on 2 cores
     python bench/bench_arch.py --quick               # workers 2,4; 2-10K-2; 5 iterations; no second rate
     python bench/bench_arch.py --params params.json  # reuse a calibration of this machine
-    python bench/bench_arch.py --params params.json --sweep bench/results/arch/arch.json \
-        --second-rate 300mbit --out bench/results/arch-300  # only the winner check at another rate
+    python bench/bench_arch.py --sweep bench/results/arch/arch.json --second-rate 300mbit \
+        --out bench/results/arch-300                 # only the winner check at another rate
 
 Architectures (asgd.train --mode sync --optimizer sgd, every rank on a host of its own):
   1-PS        --arch ps --servers 1
@@ -118,7 +118,8 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=1200, help="seconds one run may take (default 1200)")
     p.add_argument("--quick", action="store_true", help="workers 2,4; 2-10K-2; 5 iterations; no second rate")
     p.add_argument("--sweep", type=Path, help="an earlier run's arch.json: only the --second-rate check, on that "
-                   "sweep (its --rate rows and testbed-params-RATE.json beside it); writes second_rate.json")
+                   "sweep (its --rate rows, testbed-params-RATE.json beside it, and its calibration unless "
+                   "--params); writes second_rate.json")
     a = p.parse_args(argv)
     if a.quick:
         a.workers, a.hidden, a.iterations, a.second_rate = [2, 4], [10000], [5], "none"
@@ -126,6 +127,8 @@ def parse_args(argv=None):
         a.iterations = a.iterations * len(a.hidden)
     if len(a.iterations) != len(a.hidden):
         p.error("--iterations: one per --hidden")
+    if a.sweep and not a.sweep.is_file():
+        p.error(f"--sweep: no file {a.sweep} (an arch.json that bench_arch wrote)")
     a.cpu_lock = None if a.cpu_lock == "none" else a.cpu_lock
     return a
 
@@ -417,6 +420,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"bench_arch: no testbed here: {reason}")
     run = common.Run("arch", a, end_on_signals=True)
     out = run.out
+    if a.sweep and not a.params:   # the calibration that sweep was predicted from
+        a.params = Path(json.loads(a.sweep.read_text())["summary"]["params"])
     if a.params:
         base_path = a.params
     else:
