@@ -217,7 +217,7 @@ def last_interval(out: Path) -> float | None:
     """Seconds between server 0's last two cuts (its file and the one before), or None."""
     from asgd.run import checkpoint
     try:
-        latest, before = (checkpoint._header(checkpoint.path_of(str(out), 0, previous))[0]["time"]
+        latest, before = (checkpoint.read_file(checkpoint.path_of(str(out), 0, previous))[0]["time"]
                           for previous in (False, True))
     except (checkpoint.CheckpointError, KeyError):
         return None

@@ -66,7 +66,7 @@ def save(run_dir: str, server: int, arrays: dict[str, np.ndarray], meta: dict) -
 
 def _read(path: str, n_w: int, optimizer: str, model_parallel: int) -> tuple[dict, dict]:
     """(meta, arrays) of one checkpoint file, checked; raises CheckpointError."""
-    meta, arrays = _header(path)
+    meta, arrays = read_file(path)
     if meta.get("n_w") != n_w:
         raise CheckpointError(f"{path}: written for {meta.get('n_w')} parameters, not {n_w}: resume with the "
                               "run's --hidden (and its data's features and classes)")
@@ -82,8 +82,8 @@ def _read(path: str, n_w: int, optimizer: str, model_parallel: int) -> tuple[dic
     return meta, arrays
 
 
-def _header(path: str) -> tuple[dict, dict]:
-    """(meta, arrays) of a file whose checksum holds; raises CheckpointError."""
+def read_file(path: str) -> tuple[dict, dict]:
+    """(meta, arrays) of one checkpoint file whose checksum holds; raises CheckpointError."""
     try:
         with np.load(path) as z:
             arrays = {k: z[k] for k in z.files if k != "header"}
@@ -129,7 +129,7 @@ def newest(run_dir: str) -> dict | None:
     """Shard 0's meta at the newest cut every shard holds (its progress and time), or
     None if the run has no checkpoint to resume from (the restart supervisor asks)."""
     try:
-        found, cut = _cuts(run_dir, _header)
+        found, cut = _cuts(run_dir, read_file)
     except CheckpointError:
         return None
     return found[0][cut][0]
@@ -138,7 +138,7 @@ def newest(run_dir: str) -> dict | None:
 def versions(run_dir: str) -> tuple[int, list[int]]:
     """(the newest cut every shard holds, each shard's versions in it): a consistency check
     (with every push applied on every shard, they are all equal). Raises CheckpointError."""
-    found, cut = _cuts(run_dir, _header)
+    found, cut = _cuts(run_dir, read_file)
     return cut, [here[cut][0]["rounds"] for here in found]
 
 
