@@ -420,8 +420,13 @@ def main(argv=None) -> int:
         raise SystemExit(f"bench_arch: no testbed here: {reason}")
     run = common.Run("arch", a, end_on_signals=True)
     out = run.out
-    if a.sweep and not a.params:   # the calibration that sweep was predicted from
-        a.params = Path(json.loads(a.sweep.read_text())["summary"]["params"])
+    if a.sweep:
+        try:
+            sweep = json.loads(a.sweep.read_text())
+            sweep_rows, sweep_params = sweep["rows"], sweep["summary"]["params"]
+        except (ValueError, KeyError, TypeError):
+            raise SystemExit(f"bench_arch: --sweep {a.sweep}: not an arch.json that bench_arch wrote") from None
+        a.params = a.params or Path(sweep_params)   # the calibration that sweep was predicted from
     if a.params:
         base_path = a.params
     else:
@@ -430,16 +435,19 @@ def main(argv=None) -> int:
         with common.cpu_lock(a.cpu_lock):
             subprocess.run([sys.executable, "-m", "asgd.perf", "calibrate", "--out", str(base_path)], check=True,
                            timeout=3600)
-    from asgd.perf.cli import load_params
+    from asgd.perf.cli import PerfError, load_params
     base = load_params(str(base_path))
     base_raw = json.loads(Path(base_path).read_text())
     rate_bit = parse_rate(a.rate)
     hosts = max(a.workers) + max(1, max(a.workers) // 4)
     if a.sweep:   # the winner at another rate, against a sweep measured before
-        rows = [r for r in json.loads(a.sweep.read_text())["rows"] if r["rate"] == a.rate]
+        rows = [r for r in sweep_rows if r["rate"] == a.rate]
         if not rows or a.second_rate == "none":
             raise SystemExit(f"bench_arch: --sweep needs rows at --rate {a.rate} in {a.sweep} and a --second-rate")
-        params = load_params(str(a.sweep.parent / f"testbed-params-{a.rate}.json"))
+        try:
+            params = load_params(str(a.sweep.parent / f"testbed-params-{a.rate}.json"))
+        except PerfError as e:
+            raise SystemExit(f"bench_arch: --sweep: {e}") from None
         got = second_rate(a, base, base_raw, rows, params, out, hosts)
         (out / "second_rate.json").write_text(json.dumps(got, indent=1))
         print(f"wrote {out / 'second_rate.json'}")
