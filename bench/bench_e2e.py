@@ -33,7 +33,9 @@ GLOO_SOCKET_IFNAME=eth0) by construction, the RPC peer's because it is run --tcp
 namespaces sharing one kernel allow). Each row then also has the bytes every host sent on
 its link (wire_mb) and the link's ceiling for that architecture:
   parameter servers  rate / the server's wire bytes per update (asgd.testbed.model.link_ceiling,
-                     one server: Delta-w in and w out of its one link per update)
+                     one server: Delta-w in and w out of its one link per update), or, when
+                     fewer workers cannot fill it, theirs: N-1 times one worker's push-then-
+                     reply cycle (asgd.testbed.model.worker_ceiling)
   allreduce, DDP     rate / (2 (N-1)/N wire bytes of w) per step: a ring's every link
 link_util = updates_per_s / that ceiling (1.0: the link full for the whole training phase,
 its evaluations and ramp included). The warm-up runs stay on shared memory (they only fill
@@ -109,8 +111,8 @@ def link_ceiling(impl: str, n: int, rate_bit: float, hidden: int) -> float:
     from asgd.net.mlp import Layout
     from asgd.testbed import model
     n_w = Layout(2, hidden, 2).n_w
-    if impl.endswith(" ps"):
-        return model.link_ceiling(rate_bit, n_w, 1)
+    if impl.endswith(" ps"):   # the server's link, or the workers' own (push, then reply: one outstanding each)
+        return min(model.link_ceiling(rate_bit, n_w, 1), (n - 1) * model.worker_ceiling(rate_bit, n_w))
     return rate_bit / 8.0 / (2 * (n - 1) / n * model.wire_bytes(n_w))
 
 
