@@ -134,7 +134,7 @@ def run_once(impl: str, n: int, args, tb=None) -> dict:
             "train_time_to_accuracy_s": round(train_tta, 3) if train_tta is not None else None,
             "epochs_to_accuracy": next((h["epoch"] for h in hist if (h["test_accuracy"] or 0) >= args.target), None),
             "samples_per_s": round(r["throughput"]["samples_per_s"], 1),
-            "updates_per_s": round(r["throughput"]["updates_per_s"], 1) if "updates_per_s" in r["throughput"] else None,
+            "updates_per_s": round(r["throughput"]["updates_per_s"], 3) if "updates_per_s" in r["throughput"] else None,
             "init_s": round(r["init_s"], 3),
             "train_s": round(r["train_s"], 3), "wall_s": round(r["wall_s"], 3), "job_wall_s": round(job["wall_s"], 3),
             "final_accuracy": round(r["metrics"]["accuracy"], 4), "epochs_run": len(hist),
@@ -160,7 +160,7 @@ def summarize(rows, impls, ranks, rate_bit=None):
                         "epochs_to_accuracy": statistics.median([r["epochs_to_accuracy"] for r in rs
                                                                  if r["epochs_to_accuracy"]] or [0]) or None,
                         "samples_per_s": round(statistics.median(r["samples_per_s"] for r in rs), 1),
-                        "updates_per_s": round(statistics.median(ups), 1) if (ups := [r["updates_per_s"] for r in rs
+                        "updates_per_s": round(statistics.median(ups), 3) if (ups := [r["updates_per_s"] for r in rs
                                                                                         if r["updates_per_s"]]) else None,
                         "init_s": round(statistics.median(r["init_s"] for r in rs), 3),
                         "job_wall_s": round(statistics.median(r["job_wall_s"] for r in rs), 3)})
