@@ -1,5 +1,5 @@
 """The worker loop overlaps a step with the exchange in flight only while the exchange is
-short against the step (protocol.worker.OverlapRule): the rule's thresholds, and
+short against the step (protocol.overlap.OverlapRule): the rule's thresholds, and
 run_worker driven through a stand-in link whose exchanges take as long as a test says,
 recording for each step whether its w had the previous exchange's reply."""
 
@@ -8,7 +8,8 @@ import time
 import numpy as np
 
 from asgd.protocol.context import Schedule, WorkerStats
-from asgd.protocol.worker import OverlapRule, run_worker
+from asgd.protocol.overlap import OverlapRule
+from asgd.protocol.worker import run_worker
 
 
 def test_the_rule_stops_overlapping_past_ratio_steps_and_resumes_under_half():
@@ -107,3 +108,13 @@ def test_sync_waits_every_exchange():
     seen, st = replies_seen(exchange_s=0.0, step_s=0.001, overlap=False)
     assert seen == [0] * 11
     assert st.waited == 12
+
+
+def test_the_model_stops_hiding_an_exchange_the_rule_would_wait_for():
+    """analytic.mva: one worker, a 1 s step and a 10 s exchange: overlapping, a cycle is the
+    exchange; under --overlap auto's ratio (8) the worker waits, so step + exchange."""
+    from asgd.perf.analytic import mva
+    X_on, _ = mva(1, 1.0, [10.0], overlap=True)
+    X_auto, _ = mva(1, 1.0, [10.0], overlap=True, overlap_within=OverlapRule.RATIO)
+    X_short, _ = mva(1, 1.0, [5.0], overlap=True, overlap_within=OverlapRule.RATIO)
+    assert (X_on, X_auto, X_short) == (1 / 10.0, 1 / 11.0, 1 / 5.0)

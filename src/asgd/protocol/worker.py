@@ -34,6 +34,7 @@ from mpi4py import MPI
 from ..wire import (DONE_BYTES, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_CUT, R_STOP, R_VERSION, RECV,
                     SEND, STOP_ASKED, TAG_DONE, TAG_PULL, TAG_PUSH, flow_id)
 from .context import Endpoint, Schedule, WorkerStats
+from .overlap import OverlapRule
 
 
 class PushPull:
@@ -151,29 +152,6 @@ class PushPull:
         self.stats.bytes_sent += DONE_BYTES * sum(self.remote)
         self.msgs.close()
         return self.stats
-
-
-class OverlapRule:
-    """Whether the next step computes while this exchange is in flight (plan.overlap's
-    modes only): yes while an exchange lasts under RATIO steps; no once one lasts more
-    (then the step would hide at most 1/RATIO of the period, and cost a version of
-    staleness); yes again once an exchange, waited for, lasts under RATIO / 2 steps (the
-    gap keeps a rate near the limit from flipping the loop every step)."""
-    RATIO = 8.0
-
-    def __init__(self, allowed: bool, adaptive: bool = True):
-        self.allowed = self.on = allowed
-        self.adaptive = adaptive
-
-    def saw(self, step_s: float, exchange_s: float) -> bool:
-        """After a step of step_s, the exchange's length as seen (overlapping: the step it
-        ran beside plus the wait after it; else the wait); returns `on` for the next step."""
-        if self.allowed and self.adaptive:
-            if self.on and exchange_s > self.RATIO * step_s:
-                self.on = False
-            elif not self.on and exchange_s < self.RATIO / 2 * step_s:
-                self.on = True
-        return self.on
 
 
 def run_worker(link: PushPull, X: np.ndarray, y: np.ndarray, step, plan: Schedule) -> WorkerStats:
