@@ -71,6 +71,30 @@ def quick_params(tmp_path_factory):
     return path
 
 
+LOCKSTEP = ["--mode", "sync", "--hidden", "300", "--epochs", "2", "--batch", "64", "--seed", "5", "--quiet"]
+
+
+@pytest.fixture(scope="session")
+def lockstep_run(tmp_path_factory):
+    """lockstep_run(n, *args) -> the run folder of `mpiexec -n n python -m asgd.train
+    *LOCKSTEP *args`, which must succeed: sync mode (allreduce is lockstep anyway), hidden
+    300, batch 64, seed 5, 2 epochs, so that every architecture given the same workers
+    takes the same steps. Made once per (n, args) for the session: the determinism tests
+    of test_architectures and test_p2p compare several architectures against the same
+    parameter-server runs. Read only: a test that changes a run copies it first."""
+    made = {}
+
+    def run(n: int, *args: str):
+        key = (n, args)
+        if key not in made:
+            out = tmp_path_factory.mktemp("lockstep") / "run"
+            p = mpiexec(n, [*args, *LOCKSTEP, "--out", str(out)])
+            assert p.returncode == 0, p.stderr
+            made[key] = out
+        return made[key]
+    return run
+
+
 @pytest.fixture(scope="session")
 def sync_runs(tmp_path_factory):
     """sync_runs(optimizer) -> (common args, an uninterrupted 4-epoch run, a 2-epoch run
