@@ -3,14 +3,18 @@
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from asgd import launch
 
 MPIEXEC = launch.find()
+REPO = Path(__file__).resolve().parents[1]
 
 
 def mpi(n: int, *program: str) -> list[str]:
@@ -59,16 +63,81 @@ def load_results(out_dir) -> dict:
         return json.load(f)
 
 
+SLURM_COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "qsub")
+
+
+def no_local_slurm() -> str | None:
+    """Why scripts/slurm_local.sh cannot run here (None: it can)."""
+    missing = [c for c in SLURM_COMMANDS if shutil.which(c) is None]
+    if missing:
+        return f"Slurm is not installed (no {', '.join(missing)}): apt-get install slurm-wlm slurm-wlm-torque"
+    if os.geteuid() != 0:
+        return "a local Slurm needs root (slurmd)"
+    return None
+
+
 @pytest.fixture(scope="session")
-def quick_params(tmp_path_factory):
-    """params.json from one `python -m asgd.perf calibrate --quick`, shared by the tests."""
+def local_slurm(tmp_path_factory):
+    """scripts/slurm_local.sh, once for the session: a one-node Slurm that runs the batch
+    scripts' jobs (train, sweep, a bad option, calibrate --quick, PBS) and stops. ->
+    {"rc", "out", "work", "jobs": {name: {"id", "state", "exit", "stdout"}}}. Its checks
+    are tests/test_slurm.py's; its calibration is also the session's quick_params."""
+    if why := no_local_slurm():
+        pytest.skip(why)
+    work = tmp_path_factory.mktemp("slurm_local")
+    env = dict(os.environ)
+    if (Path(sys.prefix) / "bin" / "activate").exists():
+        env["ASGD_VENV"] = sys.prefix  # the jobs run asgd from the venv pytest runs in
+    else:
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    # Its own session, so that a hang can be ended: TERM makes the script stop its daemons.
+    proc = subprocess.Popen([str(REPO / "scripts" / "slurm_local.sh"), str(work)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        out = f"scripts/slurm_local.sh did not finish within 180 s:\n{out}"   # test_slurm fails on it
+    jobs = {}
+    tsv = work / "jobs.tsv"
+    for line in tsv.read_text().splitlines() if tsv.exists() else []:
+        name, jid, state, code, stdout = line.split("\t")
+        jobs[name] = {"id": jid, "state": state, "exit": code, "stdout": Path(stdout)}
+    return {"rc": proc.returncode, "out": out, "work": work, "jobs": jobs}
+
+
+@pytest.fixture(scope="session")
+def quick_params(request, tmp_path_factory):
+    """params.json from one `python -m asgd.perf calibrate --quick`, shared by the tests.
+    Where a local Slurm can run (root, slurm-wlm), the one its calibrate job made
+    (slurm/calibrate.sbatch --quick, which tests/test_slurm.py checks): the suite then
+    calibrates once, not twice. Elsewhere, or if that job failed, a calibration of its own."""
     if MPIEXEC is None:
         pytest.skip("no mpiexec on PATH (pip install -e '.[mpich]')")
+    if no_local_slurm() is None:
+        slurm = request.getfixturevalue("local_slurm")
+        job, path = slurm["jobs"].get("calibrate"), slurm["work"] / "jobs" / "params.json"
+        if job and (job["state"], job["exit"]) == ("COMPLETED", "0:0") and path.exists():
+            return path
     path = tmp_path_factory.mktemp("calibrate") / "new" / "params.json"   # --out makes its folder
     cmd = [sys.executable, "-m", "asgd.perf", "calibrate", "--quick", "--out", str(path)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, f"calibrate failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
     return path
+
+
+def pytest_collection_modifyitems(items):
+    """A test that may be the first to ask for quick_params sets it up: the local Slurm's
+    five jobs (up to 180 s), then a calibration of its own if that one failed (up to
+    180 s). Such tests get 400 s unless they say otherwise (pyproject's default is 120)."""
+    for item in items:
+        if "quick_params" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(400))
 
 
 LOCKSTEP = ["--mode", "sync", "--hidden", "300", "--epochs", "2", "--batch", "64", "--seed", "5", "--quiet"]
