@@ -167,8 +167,8 @@ def lockstep_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def sync_runs(tmp_path_factory):
     """sync_runs(optimizer) -> (common args, an uninterrupted 4-epoch run, a 2-epoch run
-    with its checkpoint): sync mode, 2 servers and 3 workers, hidden 300, batch 64, so the
-    same seed takes the same steps. Made once per optimizer for the session and shared by
+    with its checkpoint): sync mode, 2 servers and 2 workers (4 ranks), hidden 300, batch
+    64, so the same seed takes the same steps. Made once per optimizer for the session and shared by
     the resume tests (test_reliability: the optimizer's state survives; test_fault_tolerance:
     re-sharded for other servers), each resuming its own copy of the 2-epoch run."""
     made = {}
@@ -179,9 +179,9 @@ def sync_runs(tmp_path_factory):
                       "--batch", "64", "--quiet"]
             base = tmp_path_factory.mktemp(f"sync-{optimizer}")
             whole, part = base / "whole", base / "part"
-            p = mpiexec(5, common + ["--epochs", "4", "--out", str(whole)])
+            p = mpiexec(4, common + ["--epochs", "4", "--out", str(whole)])
             assert p.returncode == 0, p.stderr
-            p = mpiexec(5, common + ["--epochs", "2", "--checkpoint-every", "1000000", "--out", str(part)])
+            p = mpiexec(4, common + ["--epochs", "2", "--checkpoint-every", "1000000", "--out", str(part)])
             assert p.returncode == 0, p.stderr
             made[optimizer] = (common, whole, part)
         return made[optimizer]

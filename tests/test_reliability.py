@@ -105,7 +105,7 @@ def test_the_optimizers_state_survives_checkpoint_and_resume(tmp_path, sync_runs
     common, whole, made = sync_runs(optimizer)
     part = tmp_path / "part"
     shutil.copytree(made, part)   # the session's 2-epoch run, resumed here in a copy of its own
-    p = mpiexec(5, common + ["--epochs", "4", "--resume", str(part)])
+    p = mpiexec(4, common + ["--epochs", "4", "--resume", str(part)])
     assert p.returncode == 0, p.stderr
     np.testing.assert_array_equal(np.load(part / "weights.npy"), np.load(whole / "weights.npy"))
     r = load_results(part)
