@@ -189,6 +189,16 @@ def sync_runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def four_ranks(tmp_path_factory):
+    """`mpiexec -n 4 python -m asgd.train --epochs 3`: the default model, 1 server and 3
+    workers, uninterrupted; read by test_train_e2e (it learns; results.json's contract)
+    and test_reliability (the accuracy a resumed run must reach). -> (the finished
+    process, its run folder)."""
+    out = tmp_path_factory.mktemp("four-ranks")
+    return mpiexec(4, ["--epochs", "3", "--out", str(out)]), out
+
+
+@pytest.fixture(scope="session")
 def sixteen_ranks(tmp_path_factory):
     """The README's main command, `mpiexec -n 16 python -m asgd.train`, oversubscribed 8x
     on a 2-core machine, with --trace (which records and changes no step): one 16-rank
