@@ -114,14 +114,26 @@ def test_the_optimizers_state_survives_checkpoint_and_resume(tmp_path, sync_runs
     assert p.returncode == 2 and "resume with the run's --optimizer" in p.stderr
 
 
-def test_sigterm_checkpoints_and_exits_cleanly(tmp_path):
-    proc = start(4, ["--epochs", "200", "--checkpoint-every", "20", "--out", str(tmp_path)])
-    wait_for(tmp_path / "checkpoint" / "shard-0.npz", proc)
-    request_stop(proc, tmp_path)
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """One job of 200 epochs (4 ranks, a checkpoint every 20 updates) sent SIGTERM half a
+    second after its first checkpoint, well into an epoch, as a batch system's time limit
+    would: -> (exit status, stdout, the ranks' stderr, its run folder). The SIGTERM test
+    and the final-metrics test read it."""
+    run = tmp_path_factory.mktemp("stopped")
+    proc = start(4, ["--epochs", "200", "--checkpoint-every", "20", "--out", str(run)])
+    wait_for(run / "checkpoint" / "shard-0.npz", proc)
+    time.sleep(0.5)  # well into an epoch
+    request_stop(proc, run)
     out, err = finish(proc, 20)
-    assert proc.returncode == 0, err
-    assert "stopped early by SIGTERM" in out and f"--resume {tmp_path}" in out
-    r = load_results(tmp_path)
+    return proc.returncode, out, err, run
+
+
+def test_sigterm_checkpoints_and_exits_cleanly(stopped_run):
+    code, out, err, run = stopped_run
+    assert code == 0, err
+    assert "stopped early by SIGTERM" in out and f"--resume {run}" in out
+    r = load_results(run)
     assert r["stopped"] == "SIGTERM" and r["throughput"]["samples"] < 200 * r["config"]["train_points"]
 
 
@@ -275,17 +287,13 @@ def held_out_metrics(w, hidden=10000, seed=0):
     return float(-np.log(p[np.arange(len(test.y)), test.y]).mean()), float((p.argmax(1) == test.y).mean())
 
 
-def test_final_metrics_describe_the_saved_weights(tmp_path):
+def test_final_metrics_describe_the_saved_weights(stopped_run):
     """A run stopped mid-epoch: results.json's final loss and accuracy are those of the
     weights it saved, not of the last completed epoch's."""
-    proc = start(4, ["--epochs", "200", "--checkpoint-every", "20", "--out", str(tmp_path), "--quiet"])
-    wait_for(tmp_path / "checkpoint" / "shard-0.npz", proc)
-    time.sleep(0.5)  # well into an epoch
-    request_stop(proc, tmp_path)
-    out, err = finish(proc, 20)
-    assert proc.returncode == 0, err
-    r = load_results(tmp_path)
-    loss, accuracy = held_out_metrics(np.load(tmp_path / "weights.npy"))
+    code, out, err, run = stopped_run
+    assert code == 0, err
+    r = load_results(run)
+    loss, accuracy = held_out_metrics(np.load(run / "weights.npy"))
     assert r["metrics"]["accuracy"] == accuracy
     assert r["metrics"]["loss"] == pytest.approx(loss, rel=1e-9)
 
