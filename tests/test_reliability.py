@@ -50,8 +50,13 @@ def test_divergence_is_refused_then_stops_the_job(tmp_path):
 
 
 def test_checkpoint_resume_and_a_damaged_checkpoint(tmp_path):
+    """2 servers, 1 worker, hidden 1000: the checkpoint's two shards, a resume with nothing
+    left to train, a resume that continues, a damaged shard and a wrong --hidden refused.
+    (Resumes with several workers: the optimizer-state and re-sharding tests, on the
+    session's 2-worker sync runs, and the killed-worker test, 3 workers.)"""
     run = tmp_path / "run"
-    p = mpiexec(5, ["--servers", "2", "--epochs", "2", "--checkpoint-every", "25", "--out", str(run), "--quiet"])
+    job = ["--servers", "2", "--hidden", "1000"]
+    p = mpiexec(3, job + ["--epochs", "2", "--checkpoint-every", "25", "--out", str(run), "--quiet"])
     assert p.returncode == 0, p.stderr
     meta = [json.loads(np.load(run / "checkpoint" / f"shard-{s}.npz")["header"].tobytes()) for s in (0, 1)]
     assert meta[0]["meta"]["epoch"] == 2 and len(meta[0]["meta"]["history"]) == 2
@@ -59,12 +64,12 @@ def test_checkpoint_resume_and_a_damaged_checkpoint(tmp_path):
     # a resume with nothing left to train (a job that failed while finishing, restarted by
     # asgd.launch) ends with the checkpoint's results, not an error
     first = load_results(run)
-    p = mpiexec(5, ["--servers", "2", "--epochs", "2", "--resume", str(run), "--quiet"])
+    p = mpiexec(3, job + ["--epochs", "2", "--resume", str(run), "--quiet"])
     assert p.returncode == 0 and "nothing left to train" in p.stderr, p.stderr
     again = load_results(run)
     assert again["metrics"]["accuracy"] == first["metrics"]["accuracy"]
     assert again["metrics"]["history"] == first["metrics"]["history"]
-    p = mpiexec(5, ["--servers", "2", "--epochs", "3", "--resume", str(run), "--quiet"])
+    p = mpiexec(3, job + ["--epochs", "3", "--resume", str(run), "--quiet"])
     assert p.returncode == 0, p.stderr
     r = load_results(run)
     assert [h["epoch"] for h in r["metrics"]["history"]] == [1, 2, 3]  # continued, not restarted
@@ -78,7 +83,7 @@ def test_checkpoint_resume_and_a_damaged_checkpoint(tmp_path):
     raw = bytearray(f.read_bytes())
     raw[len(raw) // 4] ^= 0xFF
     f.write_bytes(bytes(raw))
-    p = mpiexec(3, ["--servers", "2", "--epochs", "4", "--resume", str(run)], timeout=30)
+    p = mpiexec(3, job + ["--epochs", "4", "--resume", str(run)], timeout=30)
     assert p.returncode == 2
     assert p.stderr.count("\n") == 1 and "shard-1.npz: damaged checkpoint" in p.stderr, p.stderr
     p = mpiexec(3, ["--servers", "2", "--hidden", "500", "--epochs", "4", "--resume", str(run)], timeout=30)
@@ -192,7 +197,8 @@ def test_a_job_killed_with_several_async_servers_resumes_from_one_consistent_cut
         assert len(set(metas[c].values())) == 1, (c, metas[c])   # one cut: the same versions on every shard
     w, meta, _ = checkpoint.load(str(run), Layout(2, 1000, 2).n_w, "adagrad")
     assert meta["cut"] == max(common)
-    p = mpiexec(6, ["--servers", "3", "--hidden", "1000", "--epochs", str(meta["epoch"] + 1), "--resume", str(run),
+    # resumed by the 3 servers and one worker (the workers a run resumes with are its own)
+    p = mpiexec(4, ["--servers", "3", "--hidden", "1000", "--epochs", str(meta["epoch"] + 1), "--resume", str(run),
                     "--quiet"])
     assert p.returncode == 0, p.stderr
 
