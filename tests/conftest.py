@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from asgd import launch
@@ -196,6 +197,46 @@ def four_ranks(tmp_path_factory):
     process, its run folder)."""
     out = tmp_path_factory.mktemp("four-ranks")
     return mpiexec(4, ["--epochs", "3", "--out", str(out)]), out
+
+
+COLD_CACHE_STEPS = """
+import sys
+import numpy as np
+from asgd.net.mlp import Layout, Sliced, init_params, make_mp_step, make_step
+out = {}
+for i, (d_in, d_h, d_out, batch) in enumerate(((3, 700, 4, 50), (2, 1001, 2, 37), (1, 513, 3, 70))):
+    layout = Layout(d_in, d_h, d_out)
+    w = init_params(layout, d_h)
+    rng = np.random.default_rng(batch)
+    X, y = rng.normal(size=(batch, d_in)), rng.integers(0, d_out, batch)
+    for use in sys.argv[2]:
+        step = make_step(layout, batch) if use == "s" else make_mp_step(Sliced(layout, 1), 0, batch, lambda Z: None)
+        dw = np.empty(layout.n_w)
+        loss = step(w, X, y, 0.05, dw)
+        out[f"{use}{i}"] = np.append(dw, loss)
+np.savez(sys.argv[1], **out)
+"""
+
+
+@pytest.fixture(scope="session")
+def cold_cache_steps(tmp_path_factory):
+    """Three processes sharing a numba cache that starts empty, as a job's ranks do: the
+    first compiles make_step, the second loads it from the cache and compiles the
+    model-parallel step (a slice of 1), the third loads both. -> {session: {key: Delta-w
+    with the loss appended}}, keys "s<i>" (make_step) and "m<i>" (the slice's step) for
+    three shapes i. Read by test_kernels (make_step compiled or loaded: the same bits) and
+    test_model_parallel (the slice's step is make_step's, whichever was compiled), which
+    each ran the first two processes themselves."""
+    tmp = tmp_path_factory.mktemp("cold-cache")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp / "numba")}
+    sessions = {}
+    for session, uses in (("compiles make_step", "s"), ("loads it, compiles the slice's", "sm"), ("loads both", "ms")):
+        path = tmp / f"{len(sessions)}.npz"
+        p = subprocess.run([sys.executable, "-c", COLD_CACHE_STEPS, str(path), uses], capture_output=True, text=True,
+                           timeout=300, env=env)
+        assert p.returncode == 0, p.stderr
+        sessions[session] = dict(np.load(path))
+    return sessions
 
 
 @pytest.fixture(scope="session")
