@@ -44,7 +44,7 @@ def finish(proc, limit, notes=False):
 
 
 def test_divergence_is_refused_then_stops_the_job(tmp_path):
-    p = mpiexec(3, ["--lr", "1e307", "--out", str(tmp_path)], timeout=60)
+    p = mpiexec(2, ["--lr", "1e307", "--out", str(tmp_path)], timeout=60)
     assert p.returncode != 0
     assert "refused 10 updates in a row with NaN or inf" in p.stderr and "lower --lr" in p.stderr
 
@@ -115,7 +115,8 @@ def test_the_optimizers_state_survives_checkpoint_and_resume(tmp_path, sync_runs
     np.testing.assert_array_equal(np.load(part / "weights.npy"), np.load(whole / "weights.npy"))
     r = load_results(part)
     assert r["config"]["optimizer"] == optimizer and [h["epoch"] for h in r["metrics"]["history"]] == [1, 2, 3, 4]
-    p = mpiexec(3, [*common[:4], "--optimizer", "sgd", *common[6:], "--epochs", "5", "--resume", str(part)], timeout=30)
+    # refused whatever the servers (the resume of 2 servers' cut on 1 is re-sharding, allowed)
+    p = mpiexec(2, [*common[:2], "--optimizer", "sgd", *common[6:], "--epochs", "5", "--resume", str(part)], timeout=30)
     assert p.returncode == 2 and "resume with the run's --optimizer" in p.stderr
 
 
@@ -226,7 +227,7 @@ def test_bad_data_ends_every_rank_within_10_s(tmp_path, case):
         f.write_text(content)
     extra = ["--classes", "2"] if case == "range" else []
     t = time.monotonic()
-    p = mpiexec(3, ["--data", str(f), "--out", str(tmp_path / "o"), *extra], timeout=30)
+    p = mpiexec(2, ["--data", str(f), "--out", str(tmp_path / "o"), *extra], timeout=30)
     assert time.monotonic() - t < 10
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr == f"asgd.train: error: {f}{message}\n"
@@ -237,14 +238,14 @@ def test_crlf_and_trailing_blanks_are_accepted(tmp_path):
     d = problem.rings(400, 0)
     f = tmp_path / "d.tsv"
     f.write_bytes(b"".join(b"%r\t%r\t%d \t\r\n" % (float(a), float(b), y) for (a, b), y in zip(d.X, d.y)))
-    p = mpiexec(3, ["--data", str(f), "--hidden", "200", "--epochs", "1", "--out", str(tmp_path / "o")])
+    p = mpiexec(2, ["--data", str(f), "--hidden", "200", "--epochs", "1", "--out", str(tmp_path / "o")])
     assert p.returncode == 0, p.stderr
     assert load_results(tmp_path / "o")["config"]["train_points"] == 350  # 1/8 held out
 
 
 @pytest.mark.parametrize("n, args, message", [  # each message: tests/test_config.py
-    pytest.param(3, ["--batch", "0"], "--batch must be >= 1, got 0", marks=pytest.mark.openmpi),  # our validation
-    (3, ["--bogus"], "unrecognized arguments: --bogus"),          # argparse's
+    pytest.param(2, ["--batch", "0"], "--batch must be >= 1, got 0", marks=pytest.mark.openmpi),  # our validation
+    (2, ["--bogus"], "unrecognized arguments: --bogus"),          # argparse's
     (2, ["--servers", "2"], "--servers 2 leaves no worker among 2 ranks"),  # the job's size
     (1, [], "need at least 2 MPI ranks"),
 ])

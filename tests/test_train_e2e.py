@@ -132,7 +132,7 @@ def test_trains_on_a_tsv_file_with_its_test_file(tmp_path):
     f = tmp_path / "d.tsv"
     assert data_cli.main(["generate", "--points", "3000", "--classes", "3", "--out", str(f)]) == 0
     out = tmp_path / "run"
-    p = mpiexec(3, ["--data", str(f), "--hidden", "300", "--epochs", "2", "--out", str(out), "--quiet"])
+    p = mpiexec(2, ["--data", str(f), "--hidden", "300", "--epochs", "2", "--out", str(out), "--quiet"])
     assert p.returncode == 0, p.stderr
     r = load_results(out)
     assert (r["config"]["features"], r["config"]["classes"]) == (2, 3)

@@ -37,7 +37,7 @@ def test_a_csv_with_a_header_trains_by_the_label_name_and_predict_reproduces_its
     # the year column is numeric: drop it, as a user would (the label is the species, by name)
     data.write_text("\n".join(ln.rsplit(",", 1)[0] for ln in data.read_text().splitlines()) + "\n")
     out = tmp_path / "run"
-    p = mpiexec(3, ["--data", str(data), "--label-column", "species", "--epochs", "40", "--out", str(out), "--quiet"])
+    p = mpiexec(2, ["--data", str(data), "--label-column", "species", "--epochs", "40", "--out", str(out), "--quiet"])
     assert p.returncode == 0, p.stderr
     r = load_results(out)
     assert r["config"]["features"] == 3 and r["config"]["classes"] == 3 and r["config"]["hidden"] == 256
@@ -70,7 +70,7 @@ def test_a_csv_with_a_header_trains_by_the_label_name_and_predict_reproduces_its
     assert abs(sum(float(v) for v in lines[1].split(",")[2:]) - 1) < 1e-5
 
     # the same --out again: refused, naming --force; with --force it trains
-    p = mpiexec(3, ["--data", str(data), "--label-column", "species", "--epochs", "1", "--out", str(out), "--quiet"])
+    p = mpiexec(2, ["--data", str(data), "--label-column", "species", "--epochs", "1", "--out", str(out), "--quiet"])
     assert p.returncode == 2 and f"--out {out} holds a run (results.json, weights.npy)" in p.stderr
     assert "--force" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
@@ -135,7 +135,7 @@ def test_npz_with_string_labels_trains(tmp_path):
     d = problem.rings(400, 1, classes=2)
     np.savez(tmp_path / "d.npz", X=d.X, y=np.array(["inner", "outer"])[d.y])
     out = tmp_path / "run"
-    p = mpiexec(3, ["--data", str(tmp_path / "d.npz"), "--epochs", "2", "--hidden", "100", "--out", str(out), "--quiet"])
+    p = mpiexec(2, ["--data", str(tmp_path / "d.npz"), "--epochs", "2", "--hidden", "100", "--out", str(out), "--quiet"])
     assert p.returncode == 0, p.stderr
     r = load_results(out)
     assert r["data"]["labels"] == ["inner", "outer"] and r["config"]["classes"] == 2
