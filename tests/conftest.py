@@ -149,9 +149,10 @@ def lockstep_run(tmp_path_factory):
     """lockstep_run(n, *args) -> the run folder of `mpiexec -n n python -m asgd.train
     *LOCKSTEP *args`, which must succeed: sync mode (allreduce is lockstep anyway), hidden
     300, batch 64, seed 5, 2 epochs, so that every architecture given the same workers
-    takes the same steps. Made once per (n, args) for the session: the determinism tests
-    of test_architectures and test_p2p compare several architectures against the same
-    parameter-server runs. Read only: a test that changes a run copies it first."""
+    takes the same steps. Made once per (n, args) for the session: test_architectures'
+    sync-determinism, ring-bytes and model-parallel sync tests and test_p2p's sync test
+    read the same runs (the 4-rank parameter server's twice). Read only: a test that
+    changes a run copies it first."""
     made = {}
 
     def run(n: int, *args: str):
