@@ -3,14 +3,19 @@
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from asgd import launch
 
 MPIEXEC = launch.find()
+REPO = Path(__file__).resolve().parents[1]
 
 
 def mpi(n: int, *program: str) -> list[str]:
@@ -59,11 +64,67 @@ def load_results(out_dir) -> dict:
         return json.load(f)
 
 
+SLURM_COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "qsub")
+
+
+def no_local_slurm() -> str | None:
+    """Why scripts/slurm_local.sh cannot run here (None: it can)."""
+    missing = [c for c in SLURM_COMMANDS if shutil.which(c) is None]
+    if missing:
+        return f"Slurm is not installed (no {', '.join(missing)}): apt-get install slurm-wlm slurm-wlm-torque"
+    if os.geteuid() != 0:
+        return "a local Slurm needs root (slurmd)"
+    return None
+
+
 @pytest.fixture(scope="session")
-def quick_params(tmp_path_factory):
-    """params.json from one `python -m asgd.perf calibrate --quick`, shared by the tests."""
+def local_slurm(tmp_path_factory):
+    """scripts/slurm_local.sh, once for the session: a one-node Slurm that runs the batch
+    scripts' jobs (train, sweep, a bad option, calibrate --quick, PBS) and stops. ->
+    {"rc", "out", "work", "jobs": {name: {"id", "state", "exit", "stdout"}}}. Its checks
+    are tests/test_slurm.py's; its calibration is also the session's quick_params."""
+    if why := no_local_slurm():
+        pytest.skip(why)
+    work = tmp_path_factory.mktemp("slurm_local")
+    env = dict(os.environ)
+    if (Path(sys.prefix) / "bin" / "activate").exists():
+        env["ASGD_VENV"] = sys.prefix  # the jobs run asgd from the venv pytest runs in
+    else:
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    # Its own session, so that a hang can be ended: TERM makes the script stop its daemons.
+    proc = subprocess.Popen([str(REPO / "scripts" / "slurm_local.sh"), str(work)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        out = f"scripts/slurm_local.sh did not finish within 180 s:\n{out}"   # test_slurm fails on it
+    jobs = {}
+    tsv = work / "jobs.tsv"
+    for line in tsv.read_text().splitlines() if tsv.exists() else []:
+        name, jid, state, code, stdout = line.split("\t")
+        jobs[name] = {"id": jid, "state": state, "exit": code, "stdout": Path(stdout)}
+    return {"rc": proc.returncode, "out": out, "work": work, "jobs": jobs}
+
+
+@pytest.fixture(scope="session")
+def quick_params(request, tmp_path_factory):
+    """params.json from one `python -m asgd.perf calibrate --quick`, shared by the tests.
+    Where a local Slurm can run (root, slurm-wlm), the one its calibrate job made
+    (slurm/calibrate.sbatch --quick, which tests/test_slurm.py checks): the suite then
+    calibrates once, not twice. Elsewhere, or if that job failed, a calibration of its own."""
     if MPIEXEC is None:
         pytest.skip("no mpiexec on PATH (pip install -e '.[mpich]')")
+    if no_local_slurm() is None:
+        slurm = request.getfixturevalue("local_slurm")
+        job, path = slurm["jobs"].get("calibrate"), slurm["work"] / "jobs" / "params.json"
+        if job and (job["state"], job["exit"]) == ("COMPLETED", "0:0") and path.exists():
+            return path
     path = tmp_path_factory.mktemp("calibrate") / "new" / "params.json"   # --out makes its folder
     cmd = [sys.executable, "-m", "asgd.perf", "calibrate", "--quick", "--out", str(path)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
@@ -71,11 +132,45 @@ def quick_params(tmp_path_factory):
     return path
 
 
+def pytest_collection_modifyitems(items):
+    """A test that may be the first to ask for quick_params sets it up: the local Slurm's
+    five jobs (up to 180 s), then a calibration of its own if that one failed (up to
+    180 s). Such tests get 400 s unless they say otherwise (pyproject's default is 120)."""
+    for item in items:
+        if "quick_params" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(400))
+
+
+LOCKSTEP = ["--mode", "sync", "--hidden", "300", "--epochs", "2", "--batch", "64", "--seed", "5", "--quiet"]
+
+
+@pytest.fixture(scope="session")
+def lockstep_run(tmp_path_factory):
+    """lockstep_run(n, *args) -> the run folder of `mpiexec -n n python -m asgd.train
+    *LOCKSTEP *args`, which must succeed: sync mode (allreduce is lockstep anyway), hidden
+    300, batch 64, seed 5, 2 epochs, so that every architecture given the same workers
+    takes the same steps. Made once per (n, args) for the session: test_architectures'
+    sync-determinism, ring-bytes and model-parallel sync tests and test_p2p's sync test
+    read the same runs (the 4-rank parameter server's twice). Read only: a test that
+    changes a run copies it first."""
+    made = {}
+
+    def run(n: int, *args: str):
+        key = (n, args)
+        if key not in made:
+            out = tmp_path_factory.mktemp("lockstep") / "run"
+            p = mpiexec(n, [*args, *LOCKSTEP, "--out", str(out)])
+            assert p.returncode == 0, p.stderr
+            made[key] = out
+        return made[key]
+    return run
+
+
 @pytest.fixture(scope="session")
 def sync_runs(tmp_path_factory):
     """sync_runs(optimizer) -> (common args, an uninterrupted 4-epoch run, a 2-epoch run
-    with its checkpoint): sync mode, 2 servers and 3 workers, hidden 300, batch 64, so the
-    same seed takes the same steps. Made once per optimizer for the session and shared by
+    with its checkpoint): sync mode, 2 servers and 2 workers (4 ranks), hidden 300, batch
+    64, so the same seed takes the same steps. Made once per optimizer for the session and shared by
     the resume tests (test_reliability: the optimizer's state survives; test_fault_tolerance:
     re-sharded for other servers), each resuming its own copy of the 2-epoch run."""
     made = {}
@@ -86,13 +181,63 @@ def sync_runs(tmp_path_factory):
                       "--batch", "64", "--quiet"]
             base = tmp_path_factory.mktemp(f"sync-{optimizer}")
             whole, part = base / "whole", base / "part"
-            p = mpiexec(5, common + ["--epochs", "4", "--out", str(whole)])
+            p = mpiexec(4, common + ["--epochs", "4", "--out", str(whole)])
             assert p.returncode == 0, p.stderr
-            p = mpiexec(5, common + ["--epochs", "2", "--checkpoint-every", "1000000", "--out", str(part)])
+            p = mpiexec(4, common + ["--epochs", "2", "--checkpoint-every", "1000000", "--out", str(part)])
             assert p.returncode == 0, p.stderr
             made[optimizer] = (common, whole, part)
         return made[optimizer]
     return runs
+
+
+@pytest.fixture(scope="session")
+def four_ranks(tmp_path_factory):
+    """`mpiexec -n 4 python -m asgd.train --epochs 3`: the default model, 1 server and 3
+    workers, uninterrupted; read by test_train_e2e (it learns; results.json's contract)
+    and test_reliability (the accuracy a resumed run must reach). -> (the finished
+    process, its run folder)."""
+    out = tmp_path_factory.mktemp("four-ranks")
+    return mpiexec(4, ["--epochs", "3", "--out", str(out)]), out
+
+
+COLD_CACHE_STEPS = """
+import sys
+import numpy as np
+from asgd.net.mlp import Layout, Sliced, init_params, make_mp_step, make_step
+out = {}
+for i, (d_in, d_h, d_out, batch) in enumerate(((3, 700, 4, 50), (2, 1001, 2, 37), (1, 513, 3, 70))):
+    layout = Layout(d_in, d_h, d_out)
+    w = init_params(layout, d_h)
+    rng = np.random.default_rng(batch)
+    X, y = rng.normal(size=(batch, d_in)), rng.integers(0, d_out, batch)
+    for use in sys.argv[2]:
+        step = make_step(layout, batch) if use == "s" else make_mp_step(Sliced(layout, 1), 0, batch, lambda Z: None)
+        dw = np.empty(layout.n_w)
+        loss = step(w, X, y, 0.05, dw)
+        out[f"{use}{i}"] = np.append(dw, loss)
+np.savez(sys.argv[1], **out)
+"""
+
+
+@pytest.fixture(scope="session")
+def cold_cache_steps(tmp_path_factory):
+    """Three processes sharing a numba cache that starts empty, as a job's ranks do: the
+    first compiles make_step, the second loads it from the cache and compiles the
+    model-parallel step (a slice of 1), the third loads both. -> {session: {key: Delta-w
+    with the loss appended}}, keys "s<i>" (make_step) and "m<i>" (the slice's step) for
+    three shapes i. Read by test_kernels (make_step compiled or loaded: the same bits) and
+    test_model_parallel (the slice's step is make_step's, whichever was compiled), which
+    each ran the first two processes themselves."""
+    tmp = tmp_path_factory.mktemp("cold-cache")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp / "numba")}
+    sessions = {}
+    for session, uses in (("compiles make_step", "s"), ("loads it, compiles the slice's", "sm"), ("loads both", "ms")):
+        path = tmp / f"{len(sessions)}.npz"
+        p = subprocess.run([sys.executable, "-c", COLD_CACHE_STEPS, str(path), uses], capture_output=True, text=True,
+                           timeout=300, env=env)
+        assert p.returncode == 0, p.stderr
+        sessions[session] = dict(np.load(path))
+    return sessions
 
 
 @pytest.fixture(scope="session")

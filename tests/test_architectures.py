@@ -7,19 +7,18 @@ from asgd.run import config
 from conftest import load_results, mpiexec
 
 
-def test_sync_is_deterministic_across_servers_and_allreduce(tmp_path):
-    """Four workers in each: 1 server (5 ranks), 3 servers (7 ranks), allreduce (4 ranks)."""
-    common = ["--hidden", "300", "--epochs", "2", "--batch", "64", "--seed", "5", "--quiet"]
-    runs = {"s1": (5, ["--mode", "sync"]), "s3": (7, ["--mode", "sync", "--servers", "3"]),
-            "ar": (4, ["--arch", "allreduce"]), "mpi": (4, ["--arch", "allreduce", "--allreduce", "mpi"])}
+def test_sync_is_deterministic_across_servers_and_allreduce(lockstep_run):
+    """Three workers in each: 1 server (4 ranks), 3 servers (6 ranks), allreduce (3 ranks,
+    so the ring passes each chunk on through a rank that did not make it). The 1-server run
+    is the one test_p2p compares p2p with (lockstep_run makes it once)."""
+    runs = {"s1": (4, ()), "s3": (6, ("--servers", "3")),
+            "ar": (3, ("--arch", "allreduce")), "mpi": (3, ("--arch", "allreduce", "--allreduce", "mpi"))}
     w = {}
     for name, (n, args) in runs.items():
-        out = tmp_path / name
-        p = mpiexec(n, args + common + ["--out", str(out)], timeout=90)
-        assert p.returncode == 0, p.stderr
+        out = lockstep_run(n, *args)
         w[name] = np.load(out / "weights.npy")
         r = load_results(out)
-        assert r["config"]["workers"] == 4
+        assert r["config"]["workers"] == 3
     w0_moved = np.abs(w["s1"]).sum()
     assert w0_moved > 0
     np.testing.assert_array_equal(w["s1"], w["s3"])  # same arithmetic, shard by shard
@@ -27,17 +26,17 @@ def test_sync_is_deterministic_across_servers_and_allreduce(tmp_path):
     np.testing.assert_allclose(w["mpi"], w["s1"], rtol=1e-9, atol=1e-12)
 
 
-def test_the_ring_allreduce_counts_every_byte_it_moves(tmp_path):
+def test_the_ring_allreduce_counts_every_byte_it_moves(lockstep_run):
     """asgd's ring: each rank passes on 2 (P - 1) chunks an update, counted exactly
-    (asgd.wire.ring_bytes); with MPI's allreduce the least any algorithm moves."""
+    (asgd.wire.ring_bytes); with MPI's allreduce the least any algorithm moves. The runs
+    are the sync determinism test's (3 ranks; hidden 300: 1,505 values, chunks of
+    unequal sizes)."""
     from asgd.wire import ring_bytes
     for algorithm in ("ring", "mpi"):
-        out = tmp_path / algorithm
-        p = mpiexec(3, ["--arch", "allreduce", "--allreduce", algorithm, "--hidden", "50", "--epochs", "1",
-                        "--out", str(out), "--quiet"])
-        assert p.returncode == 0, p.stderr
-        r = load_results(out)
+        r = load_results(lockstep_run(3, "--arch", "allreduce", *(("--allreduce", "mpi") if algorithm == "mpi" else ())))
+        assert r["config"]["allreduce"] == algorithm
         n = r["config"]["n_w"] + 3   # [m * Delta-w | m, loss_sum, stop]
+        assert n % 3
         for x in r["ranks"]:
             want = ring_bytes(n, 3, x["rank"]) if algorithm == "ring" else (int(8 * 2 * 2 * n / 3),) * 2
             assert (x["bytes"]["train"]["sent"], x["bytes"]["train"]["recv"]) == \
@@ -48,7 +47,8 @@ def test_the_ring_allreduce_counts_every_byte_it_moves(tmp_path):
 def test_a_dry_run_starts_up_checks_and_trains_nothing(tmp_path):
     """--dry-run: kernels, data, model and output folder as a run would, then results.json
     with dry_run true, no update, no weights; the bytes of the end-of-run messages still
-    counted. A bad file still stops it with the one line."""
+    counted. (A bad file still stops a dry run with the one line: test_user_data's
+    bad-file cases run with --dry-run.)"""
     p = mpiexec(3, ["--dry-run", "--servers", "2", "--out", str(tmp_path)])
     assert p.returncode == 0, p.stderr
     assert "dry run: 3 ranks started" in p.stdout and "nothing trained" in p.stdout
@@ -57,10 +57,6 @@ def test_a_dry_run_starts_up_checks_and_trains_nothing(tmp_path):
     assert all(x["bytes"]["train"] == {"sent": 0, "recv": 0} for x in r["ranks"])
     assert r["ranks"][0]["bytes"]["finish"]["recv"] == sum(x["bytes"]["finish"]["sent"] for x in r["ranks"][1:]) > 0
     assert not (tmp_path / "weights.npy").exists()
-    bad = tmp_path / "bad.tsv"
-    bad.write_text("1.0\t2.0\t0\n1.0\toops\t1\n")
-    p = mpiexec(3, ["--dry-run", "--data", str(bad), "--out", str(tmp_path / "b")])
-    assert p.returncode == 2 and "bad.tsv:2" in p.stderr, p.stderr
 
 @pytest.mark.openmpi
 @pytest.mark.parametrize("n, args", [
@@ -141,19 +137,17 @@ def test_model_parallel_learns(tmp_path, n, args):
 
 
 @pytest.mark.parametrize("arch", ["ps", "allreduce"])
-def test_model_parallel_sync_takes_the_same_steps(tmp_path, arch):
+def test_model_parallel_sync_takes_the_same_steps(lockstep_run, arch):
     """Sync, the same seed: two replicas of 2 ranks take the steps two workers take,
     their losses equal but for the order of sums (1e-6), their weights too."""
-    common = ["--mode", "sync", "--hidden", "300", "--epochs", "2", "--batch", "64", "--seed", "5", "--quiet"]
-    if arch != "ps":
-        common = ["--arch", arch] + common
+    arch_args = () if arch == "ps" else ("--arch", arch)
     S = 1 if arch == "ps" else 0
     got = {}
-    for K in (1, 2):
-        p = mpiexec(S + 2 * K, common + ["--model-parallel", str(K), "--out", str(tmp_path / f"k{K}")])
-        assert p.returncode == 0, p.stderr
-        r = load_results(tmp_path / f"k{K}")
-        got[K] = (np.array(r["metrics"]["step_loss"]), np.load(tmp_path / f"k{K}" / "weights.npy"))
+    for K in (1, 2):   # K = 1: the default, two plain workers
+        out = lockstep_run(S + 2 * K, *arch_args, *(("--model-parallel", str(K)) if K > 1 else ()))
+        r = load_results(out)
+        assert r["config"]["model_parallel"] == K
+        got[K] = (np.array(r["metrics"]["step_loss"]), np.load(out / "weights.npy"))
     assert len(got[1][0]) == len(got[2][0]) > 0
     np.testing.assert_allclose(got[2][0], got[1][0], rtol=1e-6, atol=0)
     np.testing.assert_allclose(got[2][1], got[1][1], rtol=1e-6, atol=1e-9)
@@ -163,8 +157,8 @@ def test_model_parallel_divides_each_ranks_weights(tmp_path):
     """results.json's weight_bytes: a worker of a replica of 4 holds about a quarter of the
     parameter-sized buffers a worker holds alone; a server its shard's."""
     got = {}
-    for K in (1, 4):
-        p = mpiexec(1 + 4, ["--model-parallel", str(K), "--hidden", "4000", "--epochs", "1", "--quiet",
+    for K in (1, 4):   # K = 1: one worker (its buffers are w-sized whatever the workers)
+        p = mpiexec(1 + K, ["--model-parallel", str(K), "--hidden", "4000", "--epochs", "1", "--quiet",
                             "--out", str(tmp_path / f"k{K}")])
         assert p.returncode == 0, p.stderr
         r = load_results(tmp_path / f"k{K}")
@@ -175,10 +169,11 @@ def test_model_parallel_divides_each_ranks_weights(tmp_path):
 
 def test_model_parallel_checkpoints_and_resumes(tmp_path):
     run = tmp_path / "run"
+    # 2 servers (a cut of two shards of the sliced vector) and one replica of 2
     args = ["--model-parallel", "2", "--servers", "2", "--hidden", "2000", "--checkpoint-every", "0.3s", "--quiet"]
-    p = mpiexec(6, args + ["--epochs", "1", "--out", str(run)], timeout=120)
+    p = mpiexec(4, args + ["--epochs", "1", "--out", str(run)], timeout=120)
     assert p.returncode == 0, p.stderr
-    p = mpiexec(6, args + ["--epochs", "2", "--resume", str(run)], timeout=120)
+    p = mpiexec(4, args + ["--epochs", "2", "--resume", str(run)], timeout=120)
     assert p.returncode == 0, p.stderr
     r = load_results(run)
     assert [h["epoch"] for h in r["metrics"]["history"]] == [1, 2]

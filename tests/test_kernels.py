@@ -1,6 +1,5 @@
 """The numba kernels against the plain-numpy oracle in mlp.py and against finite differences."""
 
-import os
 import subprocess
 import sys
 
@@ -246,32 +245,13 @@ def test_a_step_split_by_progress_is_the_same_step(d_in, d_h, d_out, batch):
         K.step_rows(*V, X, y, 0.05, 2, batch, *D, scratch, 0.0)
 
 
-def test_a_step_has_the_same_bits_compiled_or_loaded_from_the_cache(tmp_path):
+def test_a_step_has_the_same_bits_compiled_or_loaded_from_the_cache(cold_cache_steps):
     """A job's ranks share numba's cache: the first rank of a node compiles the step, the
     others load it. Delta-w and the loss must be the same bit for bit on all of them (sync
-    mode's determinism, a model-parallel replica's identical loss)."""
-    code = """
-import sys
-import numpy as np
-from asgd.net.mlp import Layout, init_params, make_step
-out = {}
-for d_in, d_h, d_out, batch in ((3, 700, 4, 50), (2, 1001, 2, 37), (1, 513, 3, 70)):
-    layout = Layout(d_in, d_h, d_out)
-    w = init_params(layout, d_h)
-    rng = np.random.default_rng(batch)
-    X, y = rng.normal(size=(batch, d_in)), rng.integers(0, d_out, batch)
-    dw = np.empty(layout.n_w)
-    loss = make_step(layout, batch)(w, X, y, 0.05, dw)
-    out[f"{d_in}-{d_h}-{d_out}"] = np.append(dw, loss)
-np.savez(sys.argv[1], **out)
-"""
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
-    runs = []
-    for session in ("compiles", "loads"):
-        path = tmp_path / f"{session}.npz"
-        p = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300, env=env)
-        assert p.returncode == 0, p.stderr
-        runs.append(dict(np.load(path)))
-    assert runs[0].keys() == runs[1].keys()
-    for shape in runs[0]:
-        np.testing.assert_array_equal(runs[1][shape], runs[0][shape], err_msg=shape)
+    mode's determinism, a model-parallel replica's identical loss). The processes, which
+    share a cache that starts empty: conftest.cold_cache_steps (three shapes)."""
+    compiled = cold_cache_steps["compiles make_step"]
+    loaded = {k: v for k, v in cold_cache_steps["loads it, compiles the slice's"].items() if k.startswith("s")}
+    assert loaded.keys() == compiled.keys() and len(compiled) == 3
+    for shape in compiled:
+        np.testing.assert_array_equal(loaded[shape], compiled[shape], err_msg=shape)

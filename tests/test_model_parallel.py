@@ -4,7 +4,6 @@ the full model's step (mlp.make_step, itself tested against the numpy reference 
 test_kernels.py), in process: each member's forward, the partial logits summed, then
 each member's backward."""
 
-import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -360,38 +359,15 @@ assert before == after, (before, after)
 
 
 
-def test_one_slice_is_make_step_whichever_rank_compiled_the_kernels(tmp_path):
+def test_one_slice_is_make_step_whichever_rank_compiled_the_kernels(cold_cache_steps):
     """A job's ranks share numba's cache: one compiles, the others load, and a rank may
     load make_step's kernels and compile the model-parallel ones. The bits must not depend
     on it. They did when the kernels called a shared helper at run time: the call went to
     whichever compiled copy of it the process had loaded first, and the copy optimized
     again inside its caller differed in the last bit (a rank that loaded make_step from
-    the cache got other bits than the one that compiled it)."""
-    code = """
-import sys
-import numpy as np
-from asgd.net.mlp import Layout, Sliced, init_params, make_mp_step, make_step
-out = {}
-for i, (d_in, d_h, d_out, batch) in enumerate(((3, 700, 4, 50), (2, 1001, 2, 37))):
-    layout = Layout(d_in, d_h, d_out)
-    w = init_params(layout, d_h)
-    rng = np.random.default_rng(batch)
-    X, y = rng.normal(size=(batch, d_in)), rng.integers(0, d_out, batch)
-    for use in sys.argv[2]:
-        step = make_step(layout, batch) if use == "s" else make_mp_step(Sliced(layout, 1), 0, batch, lambda Z: None)
-        dw = np.empty(layout.n_w)
-        loss = step(w, X, y, 0.05, dw)
-        out[f"{use}{i}"] = np.append(dw, loss)
-np.savez(sys.argv[1], **out)
-"""
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
-    sessions = {}
-    for session, uses in (("compiles make_step", "s"), ("loads it, compiles the slice's", "sm"), ("loads both", "ms")):
-        path = tmp_path / f"{len(sessions)}.npz"
-        p = subprocess.run([sys.executable, "-c", code, str(path), uses], capture_output=True, text=True,
-                           timeout=300, env=env)
-        assert p.returncode == 0, p.stderr
-        sessions[session] = dict(np.load(path))
+    the cache got other bits than the one that compiled it). (The three processes:
+    conftest.cold_cache_steps.)"""
+    sessions = cold_cache_steps
     want = sessions["compiles make_step"]
     for session, got in sessions.items():
         for key, value in got.items():

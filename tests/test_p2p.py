@@ -32,18 +32,16 @@ def test_p2p_learns_and_every_owner_applies_every_push(tmp_path):
     assert sum(x["bytes_sent"] for x in ranks) == sum(x["bytes_recv"] for x in ranks)
 
 
-def test_p2p_sync_takes_the_same_steps_as_a_parameter_server(tmp_path):
+def test_p2p_sync_takes_the_same_steps_as_a_parameter_server(lockstep_run):
     """Three workers, sync, the same seed: the p2p owners' per-step losses and final
     weights are those of one parameter server's (same data order, same sums in worker
-    order)."""
-    common = ["--mode", "sync", "--hidden", "300", "--epochs", "2", "--batch", "64", "--seed", "5", "--quiet"]
+    order). The parameter server's run is test_architectures' sync determinism's too."""
     got = {}
-    for name, n, args in (("ps", 4, []), ("p2p", 3, ["--arch", "p2p"])):
-        p = mpiexec(n, args + common + ["--out", str(tmp_path / name)])
-        assert p.returncode == 0, p.stderr
-        r = load_results(tmp_path / name)
+    for name, n, args in (("ps", 4, ()), ("p2p", 3, ("--arch", "p2p"))):
+        out = lockstep_run(n, *args)
+        r = load_results(out)
         assert r["config"]["workers"] == 3
-        got[name] = (np.array(r["metrics"]["step_loss"]), np.load(tmp_path / name / "weights.npy"))
+        got[name] = (np.array(r["metrics"]["step_loss"]), np.load(out / "weights.npy"))
     assert len(got["ps"][0]) == len(got["p2p"][0]) == 2 * np.ceil(np.ceil(16384 / 3) / 64)
     np.testing.assert_allclose(got["p2p"][0], got["ps"][0], rtol=1e-9, atol=0)
     np.testing.assert_allclose(got["p2p"][1], got["ps"][1], rtol=1e-9, atol=1e-12)

@@ -84,7 +84,7 @@ def test_both_readers_train_the_same_model(files, tmp_path):
 @pytest.mark.openmpi
 def test_trains_on_npy(files, tmp_path):
     _, npy = files
-    p = mpiexec(3, ["--data", str(npy), "--hidden", "200", "--epochs", "1", "--out", str(tmp_path),
+    p = mpiexec(2, ["--data", str(npy), "--hidden", "200", "--epochs", "1", "--out", str(tmp_path),
                     "--quiet", "--timeout", "60"], timeout=60)
     assert p.returncode == 0, p.stderr
     r = load_results(tmp_path)
@@ -96,7 +96,7 @@ def test_bad_line_ends_the_job_with_one_line(tmp_path):
     reader = "sequential"
     f = tmp_path / "bad.tsv"
     f.write_text("".join(f"0.{i}\t0.5\t{i % 2}\n" for i in range(300)) + "0.5\t0.5\t7x\n")
-    p = mpiexec(4, ["--data", str(f), "--reader", reader, "--out", str(tmp_path / "o"), "--timeout", "60"],
+    p = mpiexec(2, ["--data", str(f), "--reader", reader, "--out", str(tmp_path / "o"), "--timeout", "60"],
                 timeout=60)
     assert p.returncode == 2
     assert p.stderr.strip() == (f"asgd.train: error: {f}:301: label '7x' is not an integer, as the column's "

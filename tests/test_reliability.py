@@ -44,14 +44,19 @@ def finish(proc, limit, notes=False):
 
 
 def test_divergence_is_refused_then_stops_the_job(tmp_path):
-    p = mpiexec(3, ["--lr", "1e307", "--out", str(tmp_path)], timeout=60)
+    p = mpiexec(2, ["--lr", "1e307", "--out", str(tmp_path)], timeout=60)
     assert p.returncode != 0
     assert "refused 10 updates in a row with NaN or inf" in p.stderr and "lower --lr" in p.stderr
 
 
 def test_checkpoint_resume_and_a_damaged_checkpoint(tmp_path):
+    """2 servers, 1 worker, hidden 1000: the checkpoint's two shards, a resume with nothing
+    left to train, a resume that continues, a damaged shard and a wrong --hidden refused.
+    (Resumes with several workers: the optimizer-state and re-sharding tests, on the
+    session's 2-worker sync runs, and the killed-worker test, 3 workers.)"""
     run = tmp_path / "run"
-    p = mpiexec(5, ["--servers", "2", "--epochs", "2", "--checkpoint-every", "25", "--out", str(run), "--quiet"])
+    job = ["--servers", "2", "--hidden", "1000"]
+    p = mpiexec(3, job + ["--epochs", "2", "--checkpoint-every", "25", "--out", str(run), "--quiet"])
     assert p.returncode == 0, p.stderr
     meta = [json.loads(np.load(run / "checkpoint" / f"shard-{s}.npz")["header"].tobytes()) for s in (0, 1)]
     assert meta[0]["meta"]["epoch"] == 2 and len(meta[0]["meta"]["history"]) == 2
@@ -59,12 +64,12 @@ def test_checkpoint_resume_and_a_damaged_checkpoint(tmp_path):
     # a resume with nothing left to train (a job that failed while finishing, restarted by
     # asgd.launch) ends with the checkpoint's results, not an error
     first = load_results(run)
-    p = mpiexec(5, ["--servers", "2", "--epochs", "2", "--resume", str(run), "--quiet"])
+    p = mpiexec(3, job + ["--epochs", "2", "--resume", str(run), "--quiet"])
     assert p.returncode == 0 and "nothing left to train" in p.stderr, p.stderr
     again = load_results(run)
     assert again["metrics"]["accuracy"] == first["metrics"]["accuracy"]
     assert again["metrics"]["history"] == first["metrics"]["history"]
-    p = mpiexec(5, ["--servers", "2", "--epochs", "3", "--resume", str(run), "--quiet"])
+    p = mpiexec(3, job + ["--epochs", "3", "--resume", str(run), "--quiet"])
     assert p.returncode == 0, p.stderr
     r = load_results(run)
     assert [h["epoch"] for h in r["metrics"]["history"]] == [1, 2, 3]  # continued, not restarted
@@ -78,7 +83,7 @@ def test_checkpoint_resume_and_a_damaged_checkpoint(tmp_path):
     raw = bytearray(f.read_bytes())
     raw[len(raw) // 4] ^= 0xFF
     f.write_bytes(bytes(raw))
-    p = mpiexec(3, ["--servers", "2", "--epochs", "4", "--resume", str(run)], timeout=30)
+    p = mpiexec(3, job + ["--epochs", "4", "--resume", str(run)], timeout=30)
     assert p.returncode == 2
     assert p.stderr.count("\n") == 1 and "shard-1.npz: damaged checkpoint" in p.stderr, p.stderr
     p = mpiexec(3, ["--servers", "2", "--hidden", "500", "--epochs", "4", "--resume", str(run)], timeout=30)
@@ -105,31 +110,45 @@ def test_the_optimizers_state_survives_checkpoint_and_resume(tmp_path, sync_runs
     common, whole, made = sync_runs(optimizer)
     part = tmp_path / "part"
     shutil.copytree(made, part)   # the session's 2-epoch run, resumed here in a copy of its own
-    p = mpiexec(5, common + ["--epochs", "4", "--resume", str(part)])
+    p = mpiexec(4, common + ["--epochs", "4", "--resume", str(part)])
     assert p.returncode == 0, p.stderr
     np.testing.assert_array_equal(np.load(part / "weights.npy"), np.load(whole / "weights.npy"))
     r = load_results(part)
     assert r["config"]["optimizer"] == optimizer and [h["epoch"] for h in r["metrics"]["history"]] == [1, 2, 3, 4]
-    p = mpiexec(3, [*common[:4], "--optimizer", "sgd", *common[6:], "--epochs", "5", "--resume", str(part)], timeout=30)
+    # refused whatever the servers (the resume of 2 servers' cut on 1 is re-sharding, allowed)
+    p = mpiexec(2, [*common[:2], "--optimizer", "sgd", *common[6:], "--epochs", "5", "--resume", str(part)], timeout=30)
     assert p.returncode == 2 and "resume with the run's --optimizer" in p.stderr
 
 
-def test_sigterm_checkpoints_and_exits_cleanly(tmp_path):
-    proc = start(4, ["--epochs", "200", "--checkpoint-every", "20", "--out", str(tmp_path)])
-    wait_for(tmp_path / "checkpoint" / "shard-0.npz", proc)
-    request_stop(proc, tmp_path)
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """One job of 200 epochs (4 ranks, a checkpoint every 20 updates) sent SIGTERM half a
+    second after its first checkpoint, well into an epoch, as a batch system's time limit
+    would: -> (exit status, stdout, the ranks' stderr, its run folder). The SIGTERM test
+    and the final-metrics test read it."""
+    run = tmp_path_factory.mktemp("stopped")
+    proc = start(4, ["--epochs", "200", "--checkpoint-every", "20", "--out", str(run)])
+    wait_for(run / "checkpoint" / "shard-0.npz", proc)
+    time.sleep(0.5)  # well into an epoch
+    request_stop(proc, run)
     out, err = finish(proc, 20)
-    assert proc.returncode == 0, err
-    assert "stopped early by SIGTERM" in out and f"--resume {tmp_path}" in out
-    r = load_results(tmp_path)
+    return proc.returncode, out, err, run
+
+
+def test_sigterm_checkpoints_and_exits_cleanly(stopped_run):
+    code, out, err, run = stopped_run
+    assert code == 0, err
+    assert "stopped early by SIGTERM" in out and f"--resume {run}" in out
+    r = load_results(run)
     assert r["stopped"] == "SIGTERM" and r["throughput"]["samples"] < 200 * r["config"]["train_points"]
 
 
-def test_a_killed_worker_ends_the_job_and_resume_recovers(tmp_path):
+def test_a_killed_worker_ends_the_job_and_resume_recovers(tmp_path, four_ranks):
     """SIGKILL one worker mid-training: the job ends within 10 s; --resume from its last
-    checkpoint reaches the accuracy of an uninterrupted run."""
+    checkpoint reaches the accuracy of an uninterrupted run (the session's 4-rank run of
+    the same 3 epochs, conftest.four_ranks)."""
     run = tmp_path / "run"
-    proc = start(4, ["--epochs", "5", "--checkpoint-every", "20", "--out", str(run), "--quiet"])
+    proc = start(4, ["--epochs", "3", "--checkpoint-every", "20", "--out", str(run), "--quiet"])
     wait_for(run / "checkpoint" / "shard-0.npz", proc)
     ranks = rank_pids(run)
     assert set(ranks) == {0, 1, 2, 3}, ranks
@@ -142,11 +161,12 @@ def test_a_killed_worker_ends_the_job_and_resume_recovers(tmp_path):
     assert proc.returncode != 0
     assert ("Killed" in out + err + launcher or "MPI communication failed; another rank probably died" in err), \
         out + err + launcher
-    p = mpiexec(4, ["--epochs", "5", "--resume", str(run), "--quiet"])
+    p = mpiexec(4, ["--epochs", "3", "--resume", str(run), "--quiet"])
     assert p.returncode == 0, p.stderr
     resumed = load_results(run)["metrics"]["accuracy"]
-    p = mpiexec(4, ["--epochs", "5", "--out", str(tmp_path / "whole"), "--quiet"])
-    whole = load_results(tmp_path / "whole")["metrics"]["accuracy"]
+    p, whole_run = four_ranks
+    assert p.returncode == 0, p.stderr
+    whole = load_results(whole_run)["metrics"]["accuracy"]
     assert resumed >= 0.95 and whole >= 0.95 and abs(resumed - whole) <= 0.02
 
 
@@ -178,7 +198,8 @@ def test_a_job_killed_with_several_async_servers_resumes_from_one_consistent_cut
         assert len(set(metas[c].values())) == 1, (c, metas[c])   # one cut: the same versions on every shard
     w, meta, _ = checkpoint.load(str(run), Layout(2, 1000, 2).n_w, "adagrad")
     assert meta["cut"] == max(common)
-    p = mpiexec(6, ["--servers", "3", "--hidden", "1000", "--epochs", str(meta["epoch"] + 1), "--resume", str(run),
+    # resumed by the 3 servers and one worker (the workers a run resumes with are its own)
+    p = mpiexec(4, ["--servers", "3", "--hidden", "1000", "--epochs", str(meta["epoch"] + 1), "--resume", str(run),
                     "--quiet"])
     assert p.returncode == 0, p.stderr
 
@@ -206,7 +227,7 @@ def test_bad_data_ends_every_rank_within_10_s(tmp_path, case):
         f.write_text(content)
     extra = ["--classes", "2"] if case == "range" else []
     t = time.monotonic()
-    p = mpiexec(3, ["--data", str(f), "--out", str(tmp_path / "o"), *extra], timeout=30)
+    p = mpiexec(2, ["--data", str(f), "--out", str(tmp_path / "o"), *extra], timeout=30)
     assert time.monotonic() - t < 10
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr == f"asgd.train: error: {f}{message}\n"
@@ -217,14 +238,14 @@ def test_crlf_and_trailing_blanks_are_accepted(tmp_path):
     d = problem.rings(400, 0)
     f = tmp_path / "d.tsv"
     f.write_bytes(b"".join(b"%r\t%r\t%d \t\r\n" % (float(a), float(b), y) for (a, b), y in zip(d.X, d.y)))
-    p = mpiexec(3, ["--data", str(f), "--hidden", "200", "--epochs", "1", "--out", str(tmp_path / "o")])
+    p = mpiexec(2, ["--data", str(f), "--hidden", "200", "--epochs", "1", "--out", str(tmp_path / "o")])
     assert p.returncode == 0, p.stderr
     assert load_results(tmp_path / "o")["config"]["train_points"] == 350  # 1/8 held out
 
 
 @pytest.mark.parametrize("n, args, message", [  # each message: tests/test_config.py
-    pytest.param(3, ["--batch", "0"], "--batch must be >= 1, got 0", marks=pytest.mark.openmpi),  # our validation
-    (3, ["--bogus"], "unrecognized arguments: --bogus"),          # argparse's
+    pytest.param(2, ["--batch", "0"], "--batch must be >= 1, got 0", marks=pytest.mark.openmpi),  # our validation
+    (2, ["--bogus"], "unrecognized arguments: --bogus"),          # argparse's
     (2, ["--servers", "2"], "--servers 2 leaves no worker among 2 ranks"),  # the job's size
     (1, [], "need at least 2 MPI ranks"),
 ])
@@ -273,17 +294,13 @@ def held_out_metrics(w, hidden=10000, seed=0):
     return float(-np.log(p[np.arange(len(test.y)), test.y]).mean()), float((p.argmax(1) == test.y).mean())
 
 
-def test_final_metrics_describe_the_saved_weights(tmp_path):
+def test_final_metrics_describe_the_saved_weights(stopped_run):
     """A run stopped mid-epoch: results.json's final loss and accuracy are those of the
     weights it saved, not of the last completed epoch's."""
-    proc = start(4, ["--epochs", "200", "--checkpoint-every", "20", "--out", str(tmp_path), "--quiet"])
-    wait_for(tmp_path / "checkpoint" / "shard-0.npz", proc)
-    time.sleep(0.5)  # well into an epoch
-    request_stop(proc, tmp_path)
-    out, err = finish(proc, 20)
-    assert proc.returncode == 0, err
-    r = load_results(tmp_path)
-    loss, accuracy = held_out_metrics(np.load(tmp_path / "weights.npy"))
+    code, out, err, run = stopped_run
+    assert code == 0, err
+    r = load_results(run)
+    loss, accuracy = held_out_metrics(np.load(run / "weights.npy"))
     assert r["metrics"]["accuracy"] == accuracy
     assert r["metrics"]["loss"] == pytest.approx(loss, rel=1e-9)
 

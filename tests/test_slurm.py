@@ -4,35 +4,27 @@ scripts/slurm_local.sh brings up a one-node Slurm on this machine (its own munge
 slurmctld and slurmd, configured in a temp folder), submits slurm/train.sbatch (srun),
 slurm/sweep.sbatch (mpiexec, 2 and 3 tasks), a train job with a bad option,
 slurm/calibrate.sbatch --quick, and pbs/train.pbs through slurm-wlm-torque's qsub, waits
-for them, and stops the daemons. It runs once for the module (about 30 s on 2 cores);
-the tests below read what it left.
+for them, and stops the daemons. It runs once for the session (conftest.local_slurm, about
+35 s on 2 cores; its calibration is the session's quick_params, so test_perf_cli and the
+others may have started it before this module); the tests below read what it left.
 Skipped where Slurm is not installed (apt-get install slurm-wlm slurm-wlm-torque) or
 when not root.
 """
 
 import json
-import os
-import shutil
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from asgd import launch
+from conftest import no_local_slurm
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "slurm_local.sh"
-NEEDED = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "qsub")
 DAEMONS = ("slurmctld", "slurmd", "munged", "slurmstepd")
-MISSING = [c for c in NEEDED if shutil.which(c) is None]
 
 pytestmark = [
-    pytest.mark.skipif(bool(MISSING), reason=f"Slurm is not installed (no {', '.join(MISSING)}): "
-                       "apt-get install slurm-wlm slurm-wlm-torque"),
-    pytest.mark.skipif(os.geteuid() != 0, reason="a local Slurm needs root (slurmd)"),
+    pytest.mark.skipif(no_local_slurm() is not None, reason=str(no_local_slurm())),
     pytest.mark.timeout(300),
 ]
 
@@ -65,32 +57,8 @@ def running_daemons_any() -> set[int]:
 
 
 @pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    work = tmp_path_factory.mktemp("slurm_local")
-    env = dict(os.environ)
-    if (Path(sys.prefix) / "bin" / "activate").exists():
-        env["ASGD_VENV"] = sys.prefix  # the jobs run asgd from the venv pytest runs in
-    else:
-        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    # Its own session, so that a hang can be ended: TERM makes the script stop its daemons.
-    proc = subprocess.Popen([str(SCRIPT), str(work)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, _ = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-        pytest.fail(f"scripts/slurm_local.sh did not finish within 180 s:\n{out}")
-    jobs = {}
-    tsv = work / "jobs.tsv"
-    for line in tsv.read_text().splitlines() if tsv.exists() else []:
-        name, jid, state, code, stdout = line.split("\t")
-        jobs[name] = {"id": jid, "state": state, "exit": code, "stdout": Path(stdout)}
-    return {"rc": proc.returncode, "out": out, "work": work, "jobs": jobs}
+def slurm(local_slurm):
+    return local_slurm   # conftest's: the session's quick_params is its calibrate job's
 
 
 def job(slurm, name: str) -> dict:

@@ -60,10 +60,11 @@ def test_two_ranks_small_model(tmp_path):
 
 
 @pytest.mark.openmpi
-def test_four_ranks_default_model_learns(tmp_path):
-    p = mpiexec(4, ["--epochs", "3", "--out", str(tmp_path)])
+def test_four_ranks_default_model_learns(four_ranks):
+    """The session's 4-rank run (also test_reliability's uninterrupted reference)."""
+    p, out = four_ranks
     assert p.returncode == 0, p.stderr
-    r = load_results(tmp_path)
+    r = load_results(out)
     check_schema(r, 4)
     assert r["config"]["hidden"] == 10000 and r["config"]["n_w"] == 2 * 10000 + 10000 + 10000 * 2 + 2
     assert r["metrics"]["accuracy"] >= 0.95
@@ -134,7 +135,7 @@ def test_trains_on_a_tsv_file_with_its_test_file(tmp_path):
     f = tmp_path / "d.tsv"
     assert data_cli.main(["generate", "--points", "3000", "--classes", "3", "--out", str(f)]) == 0
     out = tmp_path / "run"
-    p = mpiexec(3, ["--data", str(f), "--hidden", "300", "--epochs", "2", "--out", str(out), "--quiet"])
+    p = mpiexec(2, ["--data", str(f), "--hidden", "300", "--epochs", "2", "--out", str(out), "--quiet"])
     assert p.returncode == 0, p.stderr
     r = load_results(out)
     assert (r["config"]["features"], r["config"]["classes"]) == (2, 3)
