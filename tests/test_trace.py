@@ -34,25 +34,19 @@ def check_trace(path, world, servers=1):
 
 
 @pytest.mark.openmpi
-def test_trace_structure_and_window(tmp_path):
-    p = mpiexec(4, ["--epochs", "1", "--hidden", "1000", "--trace", "--trace-steps", "2:7",
-                    "--out", str(tmp_path)])
-    assert p.returncode == 0, p.stderr
-    _, arrows = check_trace(tmp_path / "trace.json", 4)
-    # the window holds steps 2..6 of each of 3 workers: a push and a reply each
-    assert len(arrows) == 3 * 5 * 2
-    assert "trace:" in p.stdout and "message arrows" in p.stdout
-
-
-def test_trace_has_an_arrow_per_message_with_two_servers(tmp_path):
+def test_trace_structure_window_and_an_arrow_per_message_with_two_servers(tmp_path):
+    """The trace's structure (check_trace), its --trace-steps window, and the arrows of
+    sharded messages: every push goes to and every reply comes from each server. (One
+    server's trace: the session's 16-rank run, test_sixteen_ranks_trace_and_report.)"""
     p = mpiexec(5, ["--epochs", "1", "--hidden", "1000", "--servers", "2", "--trace", "--trace-steps", "2:7",
                     "--out", str(tmp_path)])
     assert p.returncode == 0, p.stderr
     _, arrows = check_trace(tmp_path / "trace.json", 5, servers=2)
-    # steps 2..6 of each of 3 workers: a push to and a reply from each of the 2 servers
+    # the window holds steps 2..6 of each of 3 workers: a push to and a reply from each of the 2 servers
     assert len(arrows) == 3 * 5 * 2 * 2
     for server in (0, 1):
         assert sum(a["pid"] == server for a in arrows.values() if a["name"] == "w'") == 3 * 5
+    assert "trace:" in p.stdout and "message arrows" in p.stdout
 
 
 def test_sixteen_ranks_trace_and_report(sixteen_ranks, tmp_path):
