@@ -23,8 +23,27 @@ over the training phase (train_s). Runs are interleaved (implementations in rota
 within each repetition); medians. Writes e2e.csv (one row per run), e2e.json (with the
 per-configuration medians) and e2e.png.
 
-    python bench/bench_e2e.py                          # ranks 2,4,8, 3 repetitions
+On the emulated cluster (--testbed RATE, e.g. 8mbit: bench_testbed's default rate, where a
+server's link binds long before the cores): the bench brings up a testbed of max(--ranks)
+hosts, each link shaped to RATE each way, runs every job across it one rank per host
+(`asgd.testbed run`; rank 0, a parameter server's server, alone on host 0) and takes it down.
+Every implementation's traffic crosses the shaped links as TCP: asgd's and DDP's (gloo:
+GLOO_SOCKET_IFNAME=eth0) by construction, the RPC peer's because it is run --tcp-only
+(TensorPipe would otherwise move tensors by shared memory or cross-memory attach, which
+namespaces sharing one kernel allow). Each row then also has the bytes every host sent on
+its link (wire_mb) and the link's ceiling for that architecture:
+  parameter servers  rate / the server's wire bytes per update (asgd.testbed.model.link_ceiling,
+                     one server: Delta-w in and w out of its one link per update), or, when
+                     fewer workers cannot fill it, theirs: N-1 times one worker's push-then-
+                     reply cycle (asgd.testbed.model.worker_ceiling)
+  allreduce, DDP     rate / (2 (N-1)/N wire bytes of w) per step: a ring's every link
+link_util = updates_per_s / that ceiling (1.0: the link full for the whole training phase,
+its evaluations and ramp included). The warm-up runs stay on shared memory (they only fill
+numba's cache and the OS's file cache, which the hosts share).
+
+    python bench/bench_e2e.py                          # ranks 2,4,8,16, 3 repetitions
     python bench/bench_e2e.py --quick                  # 4 ranks, once
+    python bench/bench_e2e.py --testbed 8mbit --repeat 1 --epochs 2   # the emulated cluster (root)
 """
 
 import sys
@@ -52,8 +71,15 @@ def parse_args(argv=None):
     p.add_argument("--target", type=float, default=0.95, help="held-out accuracy (default 0.95)")
     p.add_argument("--impls", type=common.word_list, default=",".join(IMPLS), help=f"comma list of {', '.join(IMPLS)}")
     p.add_argument("--quick", action="store_true", help="4 ranks only, one repetition, 3 epochs")
-    p.add_argument("--timeout", type=float, default=300, help="seconds one run may take (default 300)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds one run may take (default 300; 900 with --testbed)")
+    p.add_argument("--testbed", metavar="RATE", default=None,
+                   help="run on an emulated cluster of max(--ranks) hosts whose links are shaped to RATE "
+                        "(e.g. 8mbit: bench_testbed's rate; needs root), brought up and taken down by the bench")
+    p.add_argument("--testbed-name", default="e2e", help="the testbed's name (default e2e)")
     a = p.parse_args(argv)
+    if a.timeout is None:
+        a.timeout = 900.0 if a.testbed else 300.0
     if a.quick:
         a.ranks, a.repeat, a.epochs = [4], 1, 3
     unknown = set(a.impls) - set(IMPLS)
@@ -66,12 +92,38 @@ def parse_args(argv=None):
     return a
 
 
-def run_once(impl: str, n: int, args) -> dict:
+# every implementation's sockets on the hosts' shaped data link (eth0), not the control one
+TESTBED_ENV = {"GLOO_SOCKET_IFNAME": "eth0", "TP_SOCKET_IFNAME": "eth0"}
+
+
+def on_testbed(tb, n: int, argv: list[str], timeout: float) -> dict:
+    """One job across the testbed, a rank per host; {wall_s, wire_mb, server_link_mb}."""
+    res = tb.run([common.launch.find(), "-n", str(n), sys.executable, *argv], servers=0, ranks_per_host=1,
+                 timeout=timeout, capture=True, env=TESTBED_ENV, say=lambda *a, **k: None)
+    if res.rc:
+        raise common.JobFailed(f"exit {res.rc} on the testbed: {' '.join(res.cmd)}\n{(res.stderr or '')[-2000:]}")
+    return {"wall_s": res.wall_s, "wire_mb": round(sum(h["sent"] for h in res.wire) / 1e6, 2),
+            "server_link_mb": round((res.wire[0]["sent"] + res.wire[0]["recv"]) / 1e6, 2)}
+
+
+def link_ceiling(impl: str, n: int, rate_bit: float, hidden: int) -> float:
+    """Updates/s at which the architecture's busiest link is full (the module's docstring)."""
+    from asgd.net.mlp import Layout
+    from asgd.testbed import model
+    n_w = Layout(2, hidden, 2).n_w
+    if impl.endswith(" ps"):   # the server's link, or the workers' own (push, then reply: one outstanding each)
+        return min(model.link_ceiling(rate_bit, n_w, 1), (n - 1) * model.worker_ceiling(rate_bit, n_w))
+    return rate_bit / 8.0 / (2 * (n - 1) / n * model.wire_bytes(n_w))
+
+
+def run_once(impl: str, n: int, args, tb=None) -> dict:
     out = Path(tempfile.mkdtemp(prefix="asgd-bench-e2e-"))
     argv = [*IMPLS[impl], "--epochs", str(args.epochs), "--out", str(out)]
     argv += ["--stop-at", str(args.target)] if impl in TORCH else ["--quiet", "--timeout", str(args.timeout - 10)]
+    if tb is not None and impl == "pytorch rpc ps":
+        argv.append("--tcp-only")
     try:
-        job = common.mpiexec(n, argv, timeout=args.timeout)
+        job = on_testbed(tb, n, argv, args.timeout) if tb else common.mpiexec(n, argv, timeout=args.timeout)
         r = json.loads((out / "results.json").read_text())
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -82,16 +134,17 @@ def run_once(impl: str, n: int, args) -> dict:
             "train_time_to_accuracy_s": round(train_tta, 3) if train_tta is not None else None,
             "epochs_to_accuracy": next((h["epoch"] for h in hist if (h["test_accuracy"] or 0) >= args.target), None),
             "samples_per_s": round(r["throughput"]["samples_per_s"], 1),
-            "updates_per_s": round(r["throughput"]["updates_per_s"], 1) if "updates_per_s" in r["throughput"] else None,
+            "updates_per_s": round(r["throughput"]["updates_per_s"], 3) if "updates_per_s" in r["throughput"] else None,
             "init_s": round(r["init_s"], 3),
             "train_s": round(r["train_s"], 3), "wall_s": round(r["wall_s"], 3), "job_wall_s": round(job["wall_s"], 3),
             "final_accuracy": round(r["metrics"]["accuracy"], 4), "epochs_run": len(hist),
             "accuracy_by_epoch": " ".join(f"{h['test_accuracy']:.3f}" for h in hist),
             "wall_by_epoch": " ".join(f"{h['wall_s']:.2f}" for h in hist), "lr": r["config"]["lr"],
+            **({"wire_mb": job["wire_mb"], "server_link_mb": job["server_link_mb"]} if tb else {}),
             "command": f"mpiexec -n {n} python {' '.join(argv).replace(str(out), 'DIR')}"}
 
 
-def summarize(rows, impls, ranks):
+def summarize(rows, impls, ranks, rate_bit=None):
     out = []
     for n in ranks:
         for impl in impls:
@@ -107,10 +160,17 @@ def summarize(rows, impls, ranks):
                         "epochs_to_accuracy": statistics.median([r["epochs_to_accuracy"] for r in rs
                                                                  if r["epochs_to_accuracy"]] or [0]) or None,
                         "samples_per_s": round(statistics.median(r["samples_per_s"] for r in rs), 1),
-                        "updates_per_s": round(statistics.median(ups), 1) if (ups := [r["updates_per_s"] for r in rs
+                        "updates_per_s": round(statistics.median(ups), 3) if (ups := [r["updates_per_s"] for r in rs
                                                                                         if r["updates_per_s"]]) else None,
                         "init_s": round(statistics.median(r["init_s"] for r in rs), 3),
                         "job_wall_s": round(statistics.median(r["job_wall_s"] for r in rs), 3)})
+            if rate_bit:
+                from asgd.run.config import EMBEDDED_HIDDEN
+                ceiling = link_ceiling(impl, n, rate_bit, EMBEDDED_HIDDEN)
+                ups = out[-1]["updates_per_s"]
+                out[-1].update(link_ceiling_updates_per_s=round(ceiling, 2),
+                               link_util=round(ups / ceiling, 3) if ups else None,
+                               wire_mb=round(statistics.median(r["wire_mb"] for r in rs), 1))
         ddp = next((s for s in out if s["ranks"] == n and s["impl"] == "pytorch ddp"), None)
         rpc = next((s for s in out if s["ranks"] == n and s["impl"] == "pytorch rpc ps"), None)
         for s in out:
@@ -122,7 +182,7 @@ def summarize(rows, impls, ranks):
     return out
 
 
-def plot(summary, target, path):
+def plot(summary, target, where, path):
     plt = common.pyplot()
     import numpy as np
     ranks = sorted({s["ranks"] for s in summary})
@@ -147,29 +207,58 @@ def plot(summary, target, path):
         ax.legend(fontsize=8)
     axes[0].set_title("Time to accuracy, 2-10K-2, batch 256/rank", fontsize=10)
     axes[1].set_title("Throughput during training", fontsize=10)
+    fig.suptitle(where[0].upper() + where[1:], fontsize=10)
     common.save_figure(fig, path)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    run = common.Run("e2e", args)
-    for impl in args.impls:   # every side warmed alike: one discarded run each
-        run_once(impl, min(args.ranks), args)
+def testbed_up(args):
+    """The emulated cluster: max(--ranks) hosts, links shaped to --testbed; (handle, rate in bit/s)."""
+    from asgd.testbed import TestbedError, lifecycle, missing_requirements, parse_rate
+    reason = missing_requirements()
+    if reason:
+        raise SystemExit(f"bench_e2e: no testbed here: {reason}")
+    try:
+        rate_bit = parse_rate(args.testbed)
+        if lifecycle.exists(args.testbed_name):
+            lifecycle.down(args.testbed_name, say=lambda *a, **k: None)
+        return lifecycle.up(args.testbed_name, max(args.ranks), rate_bit, say=lambda *a, **k: None), rate_bit
+    except TestbedError as e:
+        raise SystemExit(f"bench_e2e: {e}") from None
+
+
+def measure(args, tb) -> list[dict]:
+    """Every (repetition, ranks, implementation), implementations in rotating order."""
     rows = []
     for rep in range(args.repeat):
         for n in args.ranks:
             k = (rep + n) % len(args.impls)
             for impl in args.impls[k:] + args.impls[:k]:   # rotating order
                 try:
-                    r = run_once(impl, n, args)
+                    r = run_once(impl, n, args, tb)
                 except common.JobFailed as e:
                     print(f"  {impl} n={n}: FAILED {str(e)[:400]}", flush=True)
                     continue
                 rows.append({"rep": rep, **r})
                 print(f"  rep {rep + 1}/{args.repeat} n={n} {impl:<15} time to {args.target}: "
                       f"{common.fmt(r['time_to_accuracy_s'], '.2f')} s (epoch {r['epochs_to_accuracy']}), "
-                      f"{r['samples_per_s']:,.0f} samples/s, {common.fmt(r['updates_per_s'], ',.0f')} updates/s, acc by epoch {r['accuracy_by_epoch']}", flush=True)
-    summary = summarize(rows, args.impls, args.ranks)
+                      f"{r['samples_per_s']:,.0f} samples/s, {common.fmt(r['updates_per_s'], ',.1f')} updates/s, "
+                      f"acc by epoch {r['accuracy_by_epoch']}"
+                      + (f", {r['wire_mb']:.0f} MB on the links" if tb else ""), flush=True)
+    return rows
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    run = common.Run("e2e", args, end_on_signals=bool(args.testbed))   # a killed bench takes its testbed down
+    for impl in args.impls:   # every side warmed alike: one discarded run each (shared memory)
+        run_once(impl, min(args.ranks), args)
+    tb, rate_bit = (testbed_up(args) if args.testbed else (None, None))
+    try:
+        rows = measure(args, tb)
+    finally:
+        if tb is not None:
+            tb.down()
+    summary = summarize(rows, args.impls, args.ranks, rate_bit)
     from asgd.net import optimizers
     from asgd.run.config import Config
     _opt = Config().optimizer
@@ -187,11 +276,16 @@ def main(argv=None):
                  "updates_per_s": "updates of w / train_s (a parameter server's: pushes applied; allreduce's "
                                   "and DDP's: synchronous steps)",
                  "updates_vs_rpc": "updates_per_s / the PyTorch RPC parameter server's at the same ranks",
-                 "tta_vs_ddp": "time_to_accuracy_s / DDP's at the same ranks"},
+                 "tta_vs_ddp": "time_to_accuracy_s / DDP's at the same ranks",
+                 **({"wire_mb": "bytes every host sent on its shaped link, MB (veth counters)",
+                     "link_ceiling_updates_per_s": "updates/s at which the architecture's busiest link is full",
+                     "link_util": "updates_per_s / link_ceiling_updates_per_s"} if tb else {})},
+        where=(f"measured on the emulated cluster: {max(args.ranks)} hosts, links {args.testbed} each way, "
+               "one rank per host" if tb else "measured here, shared memory"),
         summary=summary)
     run.write(rows, info)
     if summary:
-        run.plot(plot, summary, args.target)
+        run.plot(plot, summary, args.target, info["where"])
     run.print_machine()
     common.print_table(summary, [("ranks", "ranks", "d"), ("implementation", "impl", ""),
                                  (f"time to {args.target}: whole process s", "time_to_accuracy_s", ".2f"),
@@ -200,7 +294,10 @@ def main(argv=None):
                                  ("x DDP", "train_tta_vs_ddp", ".2f"), ("epochs", "epochs_to_accuracy", ".0f"),
                                  ("samples/s", "samples_per_s", ",.0f"), ("updates/s", "updates_per_s", ",.1f"),
                                  ("x RPC PS", "updates_vs_rpc", ".2f"), ("init s", "init_s", ".2f"),
+                                 *([("link ceiling/s", "link_ceiling_updates_per_s", ".2f"),
+                                    ("x ceiling", "link_util", ".2f"), ("MB sent", "wire_mb", ",.0f")] if tb else []),
                                  ("runs", "runs", "d"), ("reached", "reached", "d")])
+    print(info["where"])
     print("the target (asgd before DDP) is judged on the whole-process time; the training-only time is beside it")
     run.wrote()
     return 0

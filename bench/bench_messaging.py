@@ -146,7 +146,7 @@ def child(args) -> None:
         shards = shard_bounds(n_w, 1)
         run_worker(PushPull(Endpoint(comm, waiter, clock), shards, Float64Link(shards, w0)),
                    np.zeros((iters, 2)), np.zeros(iters, np.int64), stub_step,
-                   Schedule(batch=1, epochs=1, seed=(0, 0), lr=0.0))
+                   Schedule(batch=1, epochs=1, seed=(0, 0), lr=0.0, adaptive=False))
         stamps[iters] = time.perf_counter()
         return np.diff(stamps[:k[0] + 1])
 

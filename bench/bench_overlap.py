@@ -170,7 +170,7 @@ def child(args) -> None:
         clock = TraceClock("idle", steps=(0, 1 << 30))
         shards = shard_bounds(layout.n_w, 1)
         run_worker(PushPull(Endpoint(comm, waiter, clock), shards, Float64Link(shards, w)), data.X, data.y,
-                   cycling(step, modes), Schedule(batch=batch, epochs=1, seed=(0, 0), lr=1e-9))
+                   cycling(step, modes), Schedule(batch=batch, epochs=1, seed=(0, 0), lr=1e-9, adaptive=False))
         return per_step(clock.events(), modes)
 
     def no_compute(w, X, y, lr, dw, progress=None):

@@ -22,6 +22,12 @@ the pushes have brought an epoch's worth of samples (on a copy taken under the l
 main thread: the RPC threads go on serving) and writes <out>/results.json in the schema
 bench_e2e reads (ddp_peer.py's keys, plus throughput.updates_per_s). One thread per rank
 for torch's kernels; the RPC group meets through a file in --out.
+
+--tcp-only: TensorPipe's TCP transport (uv) and its basic channel only. By default TensorPipe
+also offers shared memory (shm) and cross-memory attach (cma) between processes of one
+machine, which the emulated cluster's hosts are (namespaces share the kernel): its tensors
+would then bypass the shaped links. bench_e2e --testbed passes it; on shared memory the peer
+keeps TensorPipe's defaults, as a user would.
 """
 
 import time
@@ -122,6 +128,9 @@ def parse_args(argv=None):
                    help="stop after the first epoch whose held-out accuracy reaches this")
     p.add_argument("--out", type=Path, default=Path("runs/rpc"), help="run folder (default runs/rpc)")
     p.add_argument("--timeout", type=float, default=300, help="RPC timeout, seconds (default 300)")
+    p.add_argument("--tcp-only", action="store_true",
+                   help="TensorPipe's TCP transport and basic channel only (no shm/cma between processes of "
+                        "one machine): for the emulated cluster, whose hosts share a kernel")
     return p.parse_args(argv)
 
 
@@ -183,7 +192,8 @@ def main(argv=None) -> int:
         PS = ParameterServer(model, torch_optimizer(optimizer, model.parameters(), lr), got.train_points, size - 1,
                              args.stop_at)
     opts = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{rendezvous.resolve()}", rpc_timeout=args.timeout,
-                                           num_worker_threads=max(4, size))
+                                           num_worker_threads=max(4, size),
+                                           **({"_transports": ["uv"], "_channels": ["basic"]} if args.tcp_only else {}))
     rpc.init_rpc(SERVER if rank == 0 else f"trainer{rank}", rank=rank, world_size=size, rpc_backend_options=opts)
     init_s = time.perf_counter() - T0
     t_train = time.perf_counter()

@@ -599,9 +599,12 @@ def test_predict_train_with_links_that_are_the_limit():
     t = 0.05                                          # s per 251-weight shard on a link, one way
     p = make_params(cores=128, effective_cores={1: 1.0, 128: 128.0}, link_s={251: t, 502: 2 * t})
     c_u, rtt = p.per_nw(p.server_update_s, 251), p.per_nw(p.round_trip_s, 251)
-    one = pm.predict_train(p, Run(**{**TRAIN, "workers": 1, "servers": 2}))
+    one = pm.predict_train(p, Run(**{**TRAIN, "workers": 1, "servers": 2, "overlap": "on"}))
     # a lone worker: its step hides behind the exchange, rtt - c_u + 2 t + 2 c_u + 2 t (one station each)
     assert one["updates_per_s"] == approx(1 / (rtt + c_u + 4 * t))
+    # --overlap auto (the default): that exchange lasts over 8 steps, so the worker waits for it
+    auto = pm.predict_train(p, Run(**{**TRAIN, "workers": 1, "servers": 2}))
+    assert auto["updates_per_s"] == approx(1 / (auto["think_s"] + rtt + c_u + 4 * t))
     many = pm.predict_train(p, Run(**{**TRAIN, "workers": 64, "servers": 2}))
     assert 0.95 / t <= many["updates_per_s"] <= 1 / t   # the servers' links: one shard time per update
     assert many["knee_workers"] == approx((many["think_s"] + 2 * c_u + t) / t + 1)

@@ -104,9 +104,11 @@ def test_staleness_is_counted_from_the_w_a_push_was_computed_from(tmp_path, comp
     """One async worker computes step k+1 while exchange k is in flight, and the server
     answers push k before it applies it (version k, without the push), so every push from
     the third on comes from the w two versions behind the server's (staleness 2; the
-    first 0, the second 1), whatever the messages. (1-bit pushes were stamped after the
-    wait that advanced w: one less.)"""
-    p = mpiexec(2, ["--compress", compress, "--hidden", "50", "--epochs", "1", "--out", str(tmp_path), "--quiet"])
+    first 0, the second 1), whatever the messages, with --overlap on (auto would stop
+    overlapping: this step is far shorter than its exchange). (1-bit pushes were stamped
+    after the wait that advanced w: one less.)"""
+    p = mpiexec(2, ["--compress", compress, "--hidden", "50", "--epochs", "1", "--overlap", "on", "--out",
+                    str(tmp_path), "--quiet"])
     assert p.returncode == 0, p.stderr
     r = load_results(tmp_path)
     pushes = r["ranks"][1]["updates"]
@@ -115,13 +117,14 @@ def test_staleness_is_counted_from_the_w_a_push_was_computed_from(tmp_path, comp
 
 
 def test_progress_during_the_step_changes_no_bit(tmp_path):
-    """One worker against one server is deterministic even asynchronously (step k+1 always
-    starts from the reply to k-1): the step split by --mpi-progress step gives the very
-    weights of the unsplit step."""
+    """One worker against one server is deterministic even asynchronously with --overlap on
+    (step k+1 always starts from the reply to k-1): the step split by --mpi-progress step
+    gives the very weights of the unsplit step."""
     weights = []
     for mode in ("step", "off"):
         out = tmp_path / mode
-        p = mpiexec(2, ["--hidden", "2000", "--epochs", "1", "--mpi-progress", mode, "--out", str(out), "--quiet"])
+        p = mpiexec(2, ["--hidden", "2000", "--epochs", "1", "--mpi-progress", mode, "--overlap", "on", "--out",
+                        str(out), "--quiet"])
         assert p.returncode == 0, p.stderr
         assert load_results(out)["config"]["mpi_progress"] == mode
         weights.append(np.load(out / "weights.npy"))

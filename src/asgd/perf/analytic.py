@@ -26,6 +26,8 @@ import bisect
 import math
 from dataclasses import asdict, dataclass, field, fields
 
+from ..protocol.overlap import OverlapRule
+
 # -- Part 1: the paper's model ---------------------------------------------------------
 
 DOUBLE = 8  # bytes: data points and weights are float64 vectors
@@ -122,7 +124,7 @@ def T_total_new(t: Table1, T_computation_phase: float) -> float:
 
 def mva(customers: int, think_s: float, service_s: list[float], overlap: bool = False,
         delay_s: float = 0.0, transit_s: list[float] | None = None,
-        cap_s: list[float] = ()) -> tuple[float, list[float]]:
+        cap_s: list[float] = (), overlap_within: float = math.inf) -> tuple[float, list[float]]:
     """Exact mean-value analysis of a closed network (extension a): `customers` workers
     each compute for think_s, then visit every queueing station once (a server: service
     s each, FIFO, one at a time), plus delay_s of an exchange no queue holds (latency,
@@ -130,7 +132,9 @@ def mva(customers: int, think_s: float, service_s: list[float], overlap: bool = 
     population).
 
     overlap (asgd's async workers): the next batch is computed while the exchange is in
-    flight, so a cycle lasts max(think, exchange) rather than their sum.
+    flight, so a cycle lasts max(think, exchange) rather than their sum; only while the
+    exchange lasts at most overlap_within think times (--overlap auto waits beyond that:
+    asgd.protocol.overlap.OverlapRule).
     transit_s (links, extension e): a customer's own time through a station it finds idle,
     where that is less than the service it takes of the station's capacity (a token
     bucket passes its burst at line speed): response = transit + s x queue, no longer exact.
@@ -144,7 +148,8 @@ def mva(customers: int, think_s: float, service_s: list[float], overlap: bool = 
     for n in range(1, customers + 1):
         R = [t + s * q for s, t, q in zip(service_s, transit, queue)]
         exchange = delay_s + sum(R)
-        cycle = max(think_s, exchange) if overlap else think_s + exchange
+        overlapped = overlap and exchange <= overlap_within * think_s
+        cycle = max(think_s, exchange) if overlapped else think_s + exchange
         # overlap is an approximation: keep it within the busiest station's capacity,
         # and never below the throughput of one worker fewer
         X = max(X, min(n / cycle if cycle > 0 else math.inf, cap))
@@ -213,6 +218,7 @@ class Run:
     features: int = 2
     classes: int = 2
     mode: str = "async"             # async | ssp | sync
+    overlap: str = "auto"           # --overlap: auto | on | off (async and ssp)
     cores: int = 0                  # 0: the calibrated machine's
     arch: str = "ps"                # ps | p2p | allreduce (asgd.train's --arch)
     model_parallel: int = 1         # K: workers in replicas of K ranks, each 1/K of the hidden layer
@@ -550,10 +556,12 @@ def predict_train(p: Params, run: Run) -> dict:
     latency = max(rtt_free - p.per_nw(p.server_update_s, k), 0.0) + 2 * (p.link_transit(visits * link) - p.link_transit(link))
     stations = [D] * S + ([link * visits / S] * 2 if link else [])
     transits = [D] * S + ([p.link_transit(link)] * 2 if link else [])
-    overlap = run.mode != "sync"
-    # async: the round trip hides behind the next step unless it is longer
+    overlap = run.mode != "sync" and run.overlap != "off"
+    # async: the round trip hides behind the next step unless it is longer (with --overlap
+    # auto, not beyond RATIO steps: the worker then waits first)
     X_mva, R = mva(w, Z, stations, overlap=overlap, delay_s=latency, transit_s=transits,
-                   cap_s=[visits * link / w] if link else [])
+                   cap_s=[visits * link / w] if link else [],
+                   overlap_within=OverlapRule.RATIO if run.overlap == "auto" else math.inf)
     crowded = run.ranks > (run.cores or p.cores)
     # with ranks sharing cores, messaging costs what it measured under the same crowding
     msg = visits * (wm + c_u)

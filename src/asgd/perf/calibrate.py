@@ -196,7 +196,7 @@ def exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
     else:
         shards = shard_bounds(n_w, 1)
         link = PushPull(Endpoint(comm, waiter, PhaseClock("compute")), shards, Float64Link(shards, w))
-        run_worker(link, X, y, step, Schedule(batch=1, epochs=1, seed=(0, comm.rank), lr=0.0))
+        run_worker(link, X, y, step, Schedule(batch=1, epochs=1, seed=(0, comm.rank), lr=0.0, adaptive=False))
 
 
 def spin_step(seconds: float):

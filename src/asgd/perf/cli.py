@@ -99,7 +99,8 @@ def run_of(results: dict, p: Params) -> Run:
                batch=c["batch"], hidden=c["hidden"], epochs=c["epochs"], reader=c["reader"], mode=c["mode"],
                features=c["features"], classes=c["classes"], cores=c.get("cores", 0), arch=arch,
                model_parallel=c.get("model_parallel", 1), optimizer=c.get("optimizer", "sgd"),
-               allreduce=c.get("allreduce") or "ring", **got)
+               allreduce=c.get("allreduce") or "ring",
+               overlap=c.get("overlap", "on"), **got)   # before --overlap, workers always overlapped
 
 
 COMM_PHASES = ("push", "comm_wait", "replica_sum", "aggregate")   # a worker's (peer's) time beside its step

@@ -47,6 +47,7 @@ class Schedule:
     first_epoch: int = 0
     steps_per_epoch: int | None = None  # sync and allreduce: the same number of steps on every worker
     overlap: bool = True                # async, ssp: compute batch k+1 while exchange k is in flight
+    adaptive: bool = True               # ... only while exchanges are short against steps (overlap.OverlapRule)
     progress: bool = True               # the step tests the exchange in flight between its sample blocks
     open_ended: bool = False            # sync with backup workers: epochs on until the servers say the run's are done
 
@@ -72,8 +73,10 @@ class WorkerStats:
     bytes_recv: int = 0
     stopped: bool = False  # ended early on a stop request
     refused: int = 0       # allreduce: summed updates with NaN or inf, not applied
+    waited: int = 0        # exchanges waited for before the next step (sync: all; protocol.overlap.OverlapRule)
 
     def record(self) -> dict:
         """This worker's entry of results.json's `ranks` (train.py adds the rest)."""
         return {"role": "worker", "updates": self.updates, "bytes_sent": self.bytes_sent,
-                "bytes_recv": self.bytes_recv, "stopped": self.stopped, "refused": self.refused}
+                "bytes_recv": self.bytes_recv, "stopped": self.stopped, "refused": self.refused,
+                "waited": self.waited}

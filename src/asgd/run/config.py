@@ -61,6 +61,7 @@ class Config:
     staleness: int = 3           # ssp: at most this many steps ahead of the slowest worker
     compress: str = "none"       # none | 1bit: 1-bit messages with error feedback (protocol.onebit)
     mpi_progress: str = "step"   # step: the worker's step tests the exchange in flight between its sample blocks; off
+    overlap: str = "auto"        # async, ssp: compute beside the exchange in flight: auto (while it is short) | on | off
     stall_timeout: float = 0.0   # seconds one wait may take; 0: no limit
     checkpoint_every: str | None = None  # "N" updates or "Ns" seconds
     resume: str | None = None    # run folder to continue from its last checkpoint
@@ -201,6 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="step (default): while an exchange is in flight the worker's step tests it "
                           "between its sample blocks, so MPI moves large messages during the compute; "
                           "off: only the waits move them")
+    lab.add_argument("--overlap", choices=["auto", "on", "off"], default=d.overlap,
+                     help="async and ssp: whether a worker computes its next step while its exchange is in "
+                          "flight (on the w of the exchange before). auto (default): while an exchange lasts "
+                          "under 8 of its steps; once one lasts longer it waits for w' first (the step would "
+                          "hide little of the exchange and learn from a staler w), and overlaps again under 4. "
+                          "on: always (one worker against one server is then deterministic); off: never. "
+                          "sync never overlaps")
     lab.add_argument("--dry-run", action="store_true",
                      help="start up as the run would (kernels, data and its exchange, model, checkpoint, output "
                           "folder), write OUT/results.json with \"dry_run\": true and stop: checks the options and "

@@ -108,7 +108,8 @@ def schedule_of(job: Job, m: Model) -> Schedule:
     steps = math.ceil(math.ceil(m.n_train / topo.replicas) / cfg.batch)  # per epoch of the largest share
     return Schedule(cfg.batch, cfg.epochs, (cfg.seed, topo.replica(job.rank)),
                     optimizers.worker_lr(cfg.optimizer, m.lr), first_epoch=m.first_epoch,
-                    steps_per_epoch=steps if lockstep else None, overlap=not lockstep,
+                    steps_per_epoch=steps if lockstep else None, overlap=not lockstep and cfg.overlap != "off",
+                    adaptive=cfg.overlap == "auto",
                     progress=cfg.mpi_progress == "step", open_ended=cfg.backup_workers > 0)
 
 

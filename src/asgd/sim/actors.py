@@ -49,6 +49,7 @@ import random
 import numpy as np
 
 from ..mpiutil import CLOCK_PINGS
+from ..protocol.overlap import OverlapRule
 from ..wire import DOUBLE, RECV, SEND, flow_id, shard_bounds
 from .clock import SimClock
 from .costs import Costs, Spec, worker_points
@@ -444,6 +445,7 @@ def worker(world: World, rank: int) -> None:
         owner = world.sg.Actor.create(f"owner{rank}", world.hosts[world.node[rank]], server, world, rank, True)
     node = world.node[rank]
     overlap = run.mode != "sync"
+    rule = OverlapRule(overlap, run.overlap == "auto")   # as the worker's loop: --overlap
     R = run.replicas
     mine = worker_points(run.points, R, topo.replica(rank))
     if overlap:
@@ -476,11 +478,13 @@ def worker(world: World, rank: int) -> None:
         for k in range(steps):
             m = sizes[k]
             clock.step = st["updates"]
-            clock.switch("compute")
+            t0 = clock.switch("compute")
             _compute(world, rank, m, (c.spread_draw(rng) if m else 1.0) * slow)
+            t1 = world.now()
             used = dict(versions)
-            if pending:
+            if pending:   # the exchange ran beside this step
                 complete()
+                rule.saw(t1 - t0, world.now() - t0)
             clock.switch("push")
             world.execute(msg, rank)
             for v, h in zip(shards, hosts):
@@ -492,8 +496,10 @@ def worker(world: World, rank: int) -> None:
                     st["bytes_sent"] += nb
                     st["bytes_recv"] += c.pull_bytes(v)
             st["updates"] += 1
-            if not overlap:
+            if not rule.on:
+                t2 = world.now()
                 complete()
+                rule.saw(t1 - t0, world.now() - t2)
         if spec.epoch_barrier:  # CNTK: every worker waits for the others at each epoch's end
             if pending:
                 complete()
