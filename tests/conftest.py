@@ -86,9 +86,7 @@ def local_slurm(tmp_path_factory):
     if why := no_local_slurm():
         pytest.skip(why)
     work = tmp_path_factory.mktemp("slurm_local")
-    # the script's wait for its five jobs together (90 s by default): alone on 2 cores they
-    # take about 35 s, beside another user's MPI benchmarks (load 4-6) over 90
-    env = {"SLURM_LOCAL_TIMEOUT": "150", **os.environ}
+    env = dict(os.environ)
     if (Path(sys.prefix) / "bin" / "activate").exists():
         env["ASGD_VENV"] = sys.prefix  # the jobs run asgd from the venv pytest runs in
     else:
@@ -97,7 +95,7 @@ def local_slurm(tmp_path_factory):
     proc = subprocess.Popen([str(REPO / "scripts" / "slurm_local.sh"), str(work)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=200)
+        out, _ = proc.communicate(timeout=180)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -105,7 +103,7 @@ def local_slurm(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
-        out = f"scripts/slurm_local.sh did not finish within 200 s:\n{out}"   # test_slurm fails on it
+        out = f"scripts/slurm_local.sh did not finish within 180 s:\n{out}"   # test_slurm fails on it
     jobs = {}
     tsv = work / "jobs.tsv"
     for line in tsv.read_text().splitlines() if tsv.exists() else []:
@@ -136,7 +134,7 @@ def quick_params(request, tmp_path_factory):
 
 def pytest_collection_modifyitems(items):
     """A test that may be the first to ask for quick_params sets it up: the local Slurm's
-    five jobs (up to 200 s), then a calibration of its own if that one failed (up to
+    five jobs (up to 180 s), then a calibration of its own if that one failed (up to
     180 s). Such tests get 400 s unless they say otherwise (pyproject's default is 120)."""
     for item in items:
         if "quick_params" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
