@@ -91,6 +91,10 @@ def local_slurm(tmp_path_factory):
         env["ASGD_VENV"] = sys.prefix  # the jobs run asgd from the venv pytest runs in
     else:
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    # The script's own bound on its five jobs (90 s by default) is a hang guard: on a 2-core
+    # machine shared with other work the calibrate job alone took over 90 s (CI, load 6-8).
+    # 150 s, inside this fixture's 180.
+    env.setdefault("SLURM_LOCAL_TIMEOUT", "150")
     # Its own session, so that a hang can be ended: TERM makes the script stop its daemons.
     proc = subprocess.Popen([str(REPO / "scripts" / "slurm_local.sh"), str(work)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
