@@ -546,7 +546,8 @@ UNITS = {
     "optimizer_s": "s per server-side optimizer update of n values, [optimizer][n]",
     "mp_step_s": "s per step of a model-parallel member (logits' sum excluded), [K][hidden][batch]",
     "exchange_s": "s per synchronous round with no compute, [ps|p2p|ring|mpi][ranks][n_w]; "
-                  "[replica][K][batch] (asgd.perf.exchanges)",
+                  "[replica][K][batch]; [KIND+step][ranks][n_w or batch]: the round after a training "
+                  "step (async+step: s per update of one worker), ranks > cores only (asgd.perf.exchanges)",
 }
 
 
@@ -560,17 +561,22 @@ def measure_exchanges(launcher: str | None, C: int, nws: list[int], quick: bool,
     timeout)` starts a probe (default: under `launcher` on this machine)."""
     run = run or (lambda n, args, timeout: _launch(launcher, n, args, timeout))
     counts = sorted({2, 2 * C + 1} if quick else {2, C + 1, 2 * C + 1, 4 * C + 1})
+    kinds = (*EXCHANGE_KINDS, "replica")
     out: dict = {}
     for P in counts:
-        got = run(P, ["exchange", "--kinds", ",".join((*EXCHANGE_KINDS, "replica")), "--nw", ",".join(map(str, nws)),
+        # with more ranks than cores, each round once more after a training step (KIND+step)
+        stepped = tuple(k + _exchanges().STEP for k in (*kinds, "async")) if P > C else ()
+        got = run(P, ["exchange", "--kinds", ",".join(kinds + stepped), "--nw", ",".join(map(str, nws)),
                       "--batches", "16,256,1024", "--rounds", "8" if quick else "20"], 900)
         for kind, t in got["seconds"].items():
             out.setdefault(kind, {})[P] = {int(k): v for k, v in t.items()}
+    H, B = _exchanges().STEP_PROBE
     for kind, by_p in out.items():
         unit, scale = ("us", 1e6) if kind == "replica" else ("ms", 1e3)
         say(f"  {kind}: " + "; ".join(f"P={P} " + ", ".join(f"{scale * v:.2f} {unit}" for v in t.values())
                                      for P, t in by_p.items())
-            + (" (batch 16, 256, 1024)" if kind == "replica" else f" (n_w {nws})"))
+            + (f" (a 2-{H}-2 step at batch {B} before each)" if kind.endswith(_exchanges().STEP)
+               else " (batch 16, 256, 1024)" if kind == "replica" else f" (n_w {nws})"))
     return out
 
 

@@ -8,6 +8,8 @@ ones across a testbed's hosts too):
   first use, over TCP a handshake each):
     ps       ranks 0..S-1 serve (the Sync policy), the others push and pull: the
              parameter server's exchange, the server's work per round included
+    async    the same under the Async policy, each worker's next step overlapping its
+             exchange (asgd.train's default): measured only as async+step
     p2p      every rank a peer (protocol.p2p), owning 1/N of w: pushes to every owner,
              the owner's sync round and its replies
     ring     protocol.allreduce.Ring.sum of n_w + 3 values (asgd's ring allreduce)
@@ -15,6 +17,13 @@ ones across a testbed's hosts too):
              this MPI picks at this size and rank count (measured, not assumed)
     replica  protocol.replica.Replica.sum of batch x 2 partial logits among K ranks
              (model partitioning's sum inside a replica)
+    KIND+step  the same round with every computing rank's training step before it (the
+             2-H-2 step at batch B of STEP_PROBE; ps's servers do not compute; replica+step:
+             replicas of 2, each member a 2-H/2-2 step, an odd rank 0 idle as a server):
+             a lockstep round on cores the ranks share, as a run has it. With more ranks
+             than cores the OS runs them in turns, so a rank often waits at the sum for a
+             partner that is not running; the no-compute round cannot show that. At
+             n_w = 5 H + 2 (replica+step: batch B) only.
   In process:
     optimizers   each server-side optimizer's update (net.optimizers.Optimizer.step) of
                  n values: what an update costs beyond sgd's
@@ -28,7 +37,9 @@ from __future__ import annotations
 
 import time
 
-KINDS = ("ps", "p2p", "ring", "mpi", "replica")
+KINDS = ("ps", "async", "p2p", "ring", "mpi", "replica")
+STEP = "+step"
+STEP_PROBE = (10_000, 256)   # hidden, batch of the step in KIND+step rounds (a default run's)
 
 
 def probe_exchange(kinds: list[str], sizes: list[int], rounds: int, batches: list[int] = (), servers: int = 1
@@ -39,25 +50,42 @@ def probe_exchange(kinds: list[str], sizes: list[int], rounds: int, batches: lis
     milliseconds. Rank 0 returns {"seconds": {kind: {size: s}}, "ranks": N}; the others None."""
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
-    bad = [k for k in kinds if k not in KINDS]
+    bad = [k for k in kinds if k.removesuffix(STEP) not in KINDS]
     if bad:
-        raise ValueError(f"unknown exchange(s) {bad}: one of {KINDS}")
-    if "ps" in kinds and not 0 < servers < comm.size:
+        raise ValueError(f"unknown exchange(s) {bad}: one of {KINDS}, each also with {STEP}")
+    if any(k.startswith(("ps", "async")) for k in kinds) and not 0 < servers < comm.size:
         raise ValueError(f"ps needs 0 < servers < ranks, got {servers} of {comm.size}")
     from ..net import mlp
-    mlp.compile_kernels("aggregate", "update:sgd")
+    mlp.compile_kernels("aggregate", "update:sgd", "step")
+    H, B = STEP_PROBE
     out: dict = {}
     for kind in kinds:
-        one = _ROUNDS[kind]
-        for n in (batches if kind == "replica" else sizes):
-            r = max(3, rounds // 4) if kind != "replica" and n > 200_000 else rounds   # long rounds, alike
-            one(comm, n, max(2, r // 5), servers)        # warm-up: connections, buffers, caches
+        base, stepped = kind.removesuffix(STEP), kind.endswith(STEP)
+        one = _ROUNDS[base]
+        work = _stepper(H // 2 if base == "replica" else H, B, comm.rank) if stepped else None
+        for n in ([B] if stepped and base == "replica" else [5 * H + 2] if stepped
+                  else batches if base == "replica" else sizes):
+            r = max(3, rounds // 4) if base != "replica" and n > 200_000 else rounds   # long rounds, alike
+            one(comm, n, max(2, r // 5), servers, work)        # warm-up: connections, buffers, caches
             comm.Barrier()
             t = time.perf_counter()
-            one(comm, n, r, servers)
+            one(comm, n, r, servers, work)
             elapsed = comm.allreduce(time.perf_counter() - t, op=MPI.MAX)
             out.setdefault(kind, {})[n] = elapsed / r
     return {"seconds": out, "ranks": comm.size} if comm.rank == 0 else None
+
+
+def _stepper(hidden: int, batch: int, rank: int):
+    """work(): one training step of 2-hidden-2 at this batch on data of its own (the
+    exchange's w and Delta-w are left alone)."""
+    import numpy as np
+
+    from ..data import problem
+    from ..net import mlp
+    layout = mlp.Layout(2, hidden, 2)
+    w, dw, ds = mlp.init_params(layout, rank), np.zeros(layout.n_w), problem.rings(batch, rank)
+    step = mlp.make_step(layout, batch)
+    return lambda progress=None: step(w, ds.X, ds.y, 1e-9, dw, progress)
 
 
 def _endpoint(comm):
@@ -68,25 +96,41 @@ def _endpoint(comm):
     return Endpoint(comm, waiter, PhaseClock("compute"))
 
 
-def _plan(rounds: int, rank: int):
-    """`rounds` steps of one point each, the same count on every worker (a sync schedule)."""
+def _plan(rounds: int, rank: int, overlap: bool = False):
+    """`rounds` steps of one point each, the same count on every worker (a sync schedule;
+    overlap: the next step computes while the exchange is in flight, as async's)."""
     import numpy as np
 
     from ..protocol.context import Schedule
     X, y = np.zeros((rounds, 2)), np.zeros(rounds, np.int64)
-    return X, y, Schedule(batch=1, epochs=1, seed=(0, rank), lr=0.0, steps_per_epoch=rounds, overlap=False,
-                          progress=False)
+    return X, y, Schedule(batch=1, epochs=1, seed=(0, rank), lr=0.0, steps_per_epoch=rounds, overlap=overlap,
+                          progress=overlap)
 
 
 def _no_step(w, X, y, lr, dw, progress=None):
     return 0.0
 
 
-def _ps_rounds(comm, n_w: int, rounds: int, servers: int) -> None:
+def _step_of(work):
+    """run_worker's step: the probe's work() (or nothing), Delta-w left as it is."""
+    if work is None:
+        return _no_step
+
+    def step(w, X, y, lr, dw, progress=None):
+        work(progress)
+        return 0.0
+    return step
+
+
+def _async_rounds(comm, n_w: int, rounds: int, servers: int, work=None) -> None:
+    _ps_rounds(comm, n_w, rounds, servers, work, asynchronous=True)
+
+
+def _ps_rounds(comm, n_w: int, rounds: int, servers: int, work=None, asynchronous: bool = False) -> None:
     import numpy as np
 
     from ..protocol.messages import Float64Link
-    from ..protocol.server import Server, Sync
+    from ..protocol.server import Async, Server, Sync
     from ..protocol.worker import PushPull, run_worker
     from ..wire import shard_bounds
     ep = _endpoint(comm)
@@ -94,14 +138,14 @@ def _ps_rounds(comm, n_w: int, rounds: int, servers: int) -> None:
     comm.Barrier()
     if comm.rank < servers:
         lo, hi = shards[comm.rank]
-        Server(ep, np.zeros(hi - lo), servers).serve(Sync())
+        Server(ep, np.zeros(hi - lo), servers).serve(Async() if asynchronous else Sync())
     else:
-        X, y, plan = _plan(rounds, comm.rank)
+        X, y, plan = _plan(rounds, comm.rank, overlap=asynchronous)
         link = PushPull(ep, shards, Float64Link(shards, np.zeros(n_w)))
-        run_worker(link, X, y, _no_step, plan)
+        run_worker(link, X, y, _step_of(work), plan)
 
 
-def _p2p_rounds(comm, n_w: int, rounds: int, servers: int) -> None:
+def _p2p_rounds(comm, n_w: int, rounds: int, servers: int, work=None) -> None:
     import numpy as np
 
     from ..protocol.messages import Float64Link, Float64Shard
@@ -118,11 +162,11 @@ def _p2p_rounds(comm, n_w: int, rounds: int, servers: int) -> None:
     link = peer_link(ep, shards, Float64Link(shards, np.zeros(n_w)), owner, rule, list(range(N)))
     X, y, plan = _plan(rounds, comm.rank)
     comm.Barrier()
-    run_peer(link, owner, rule, X, y, _no_step, plan)
+    run_peer(link, owner, rule, X, y, _step_of(work), plan)
 
 
 def _allreduce_rounds(algorithm: str):
-    def rounds_of(comm, n_w: int, rounds: int, servers: int) -> None:
+    def rounds_of(comm, n_w: int, rounds: int, servers: int, work=None) -> None:
         import numpy as np
 
         from ..protocol.allreduce import MPIAllreduce, Ring
@@ -131,23 +175,39 @@ def _allreduce_rounds(algorithm: str):
         summer = (Ring if algorithm == "ring" else MPIAllreduce)(ep, n_w + 3)
         comm.Barrier()
         for _ in range(rounds):
+            if work:
+                work()
             summer.sum(part, total)
     return rounds_of
 
 
-def _replica_rounds(comm, batch: int, rounds: int, servers: int) -> None:
+def _replica_rounds(comm, batch: int, rounds: int, servers: int, work=None) -> None:
+    """One replica of all ranks; with work, replicas of 2 (an odd rank 0 idle, as a server)."""
     import numpy as np
+    from mpi4py import MPI
 
     from ..protocol.replica import Replica
     ep = _endpoint(comm)
-    replica = Replica(ep, comm)
     Z = np.ones((batch, 2))
+    if work is None:
+        replica = Replica(ep, comm)
+        comm.Barrier()
+        for _ in range(rounds):
+            replica.sum(Z, 0, False)
+        return
+    odd = comm.size % 2
+    group = comm.Split(MPI.UNDEFINED if odd and comm.rank == 0 else (comm.rank - odd) // 2, comm.rank)
     comm.Barrier()
-    for _ in range(rounds):
-        replica.sum(Z, 0, False)
+    if group != MPI.COMM_NULL:
+        replica = Replica(ep, group)
+        for _ in range(rounds):
+            work()
+            replica.sum(Z, 0, False)
+        group.Free()
+    ep.waiter.barrier(comm, "the other replicas")   # the idle rank polls, as a server would
 
 
-_ROUNDS = {"ps": _ps_rounds, "p2p": _p2p_rounds, "ring": _allreduce_rounds("ring"),
+_ROUNDS = {"ps": _ps_rounds, "async": _async_rounds, "p2p": _p2p_rounds, "ring": _allreduce_rounds("ring"),
            "mpi": _allreduce_rounds("mpi"), "replica": _replica_rounds}
 
 
