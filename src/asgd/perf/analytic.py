@@ -512,7 +512,7 @@ def predict_init(p: Params, run: Run) -> dict:
     return {"startup_s": startup, "read_s": read, "init_s": startup + read}
 
 
-def predict_train(p: Params, run: Run) -> dict:
+def predict_train(p: Params, run: Run, turns: bool = True) -> dict:
     """The training phase: each worker's steps (think time Z), the servers' work per
     Delta-w (c_u, split over S shards), and the held-out evaluation after every epoch.
 
@@ -569,6 +569,12 @@ def predict_train(p: Params, run: Run) -> dict:
         msg = visits * (p.contended(run.ranks, k) + p.optimizer_extra(run.optimizer, k))
     cpu_per_update = step + msg
     X_cpu = C / cpu_per_update if crowded else math.inf
+    if crowded and turns:   # each update also waits for ranks the OS is not running (turns=False: not)
+        from .architectures import crowding
+        node = run.node_ranks or run.ranks
+        lost = (crowding(p, "async", node, run.cores) if run.arch == "ps" else 0.0) + \
+            (crowding(p, "replica", node, run.cores) if K > 1 else 0.0)
+        X_cpu = w / (w / X_cpu + lost)
     X = min(X_mva, X_cpu)
     steps_s = updates / X
     evaluate = evaluations(run) * run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)

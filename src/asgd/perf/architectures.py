@@ -24,6 +24,11 @@ plus, measured rather than derived (asgd.perf.exchanges, through `calibrate`):
                its replies; p2p's owners serving while they wait; the ring's 2 (P - 1)
                polled steps; MPI_Iallreduce, whatever its algorithm here)
     replica    a replica's logit sum (K - 1 small messages to member 0 and back)
+    crowding   with more ranks on a node than cores, what a round loses beyond T_comp and
+               the no-compute exchange: the OS runs the ranks in turns, so at each sum a
+               rank waits for partners that are not running. Measured as the same round
+               after a training step (exchanges' KIND+step), less this model's own
+               prediction of that round; linear in the ranks between the measured counts
     optimizer  the server-side optimizer's update beyond sgd's add (allreduce: the whole
                update, which every rank applies to its copy)
 and, where links are the limit, the derived wire time above times the link efficiency
@@ -43,7 +48,9 @@ from dataclasses import replace
 
 from ..net import OPTIMIZERS
 from ..wire import DOUBLE, PUSH_HEADER
-from .analytic import Params, Run, cache_level, evaluations, interpolate_log, working_set_bytes
+from .analytic import (Params, Run, cache_level, evaluations, extrapolate_linear, interpolate_log, predict_train,
+                       working_set_bytes)
+from .exchanges import STEP, STEP_PROBE
 
 ARCHES = ("ps", "p2p", "allreduce")
 
@@ -72,6 +79,7 @@ class Iteration:
     compute_s: float                 # T_comp: the step, stretched by the cores' sharing
     exchange_s: float                # the architecture's round with no compute (measured)
     replica_s: float                 # model partitioning: the replica's logit sum
+    crowd_s: float                   # ranks outnumbering cores: the rounds' waits for partners
     optimizer_s: float               # the optimizer's update beyond what the exchange holds
     link_s: float                    # the busiest link's wire time x its measured efficiency
     latency_s: float                 # the links' latency, per message in sequence
@@ -81,7 +89,7 @@ class Iteration:
     @property
     def comm_s(self) -> float:
         """T_comm: everything but the step."""
-        return self.exchange_s + self.replica_s + self.optimizer_s + self.link_s + self.latency_s
+        return self.exchange_s + self.replica_s + self.crowd_s + self.optimizer_s + self.link_s + self.latency_s
 
     @property
     def iteration_s(self) -> float:
@@ -91,8 +99,10 @@ class Iteration:
     def bound(self) -> str:
         """The term that takes the largest part of an iteration, as a resource."""
         terms = {"compute": self.compute_s, "exchange": self.exchange_s + self.replica_s + self.optimizer_s,
-                 "link": self.link_s + self.latency_s}
+                 "link": self.link_s + self.latency_s, "crowding": self.crowd_s}
         top = max(terms, key=terms.get)
+        if top == "crowding":
+            return "cores"
         if top == "compute":
             return "cores" if self.detail.get("stretch", 1.0) > 1.05 else "workers"
         if top == "link":
@@ -110,8 +120,41 @@ def _crowd(p: Params, run: Run, busy: float) -> float:
     return busy / max(min(busy, p.parallelism(busy, run.cores, run.hidden)), 1e-9)
 
 
-def iteration(p: Params, run: Run) -> Iteration:
-    """The seconds of one lockstep iteration of `run`, term by term (module docstring)."""
+def crowding(p: Params, kind: str, ranks: int, cores: int = 0) -> float:
+    """Seconds a lockstep round of `kind` (ps, p2p, ring, mpi, replica; async: an update of
+    an asynchronous worker) loses when `ranks` ranks share a node's `cores` (0: the
+    calibrated machine's): the KIND+step probe's
+    round less this model's round of that probe, linear in ranks between the probes (none
+    beyond the largest's). 0 while every rank has a core, or where none was measured."""
+    t = p.exchange_s.get(kind + STEP)
+    if not t or ranks <= (cores or p.cores):
+        return 0.0
+    H, B = STEP_PROBE
+    lost = {P: max(by_n[min(by_n)] - _probe_round(p, kind, P, H, B), 0.0) for P, by_n in t.items()}
+    lost[p.cores] = 0.0   # every rank on a core of its own: nothing lost to turns
+    x = ranks * p.cores / (cores or p.cores)   # as crowded as the probes' ranks on this machine's cores
+    return max(extrapolate_linear(lost, min(x, max(lost))), 0.0)
+
+
+def _probe_round(p: Params, kind: str, P: int, H: int, B: int) -> float:
+    """This model's seconds for one round of exchanges' KIND+step probe among P ranks
+    (async: a worker's seconds per update)."""
+    if kind == "async":
+        probe = Run(workers=P - 1, servers=1, hidden=H, batch=B, points=B * (P - 1) * 20)
+        return (P - 1) / predict_train(p, probe, turns=False)["updates_per_s"]
+    if kind == "replica":   # replicas of 2 (an odd rank 0 idle), each member a 2-H/2-2 step, then the sum
+        members = P - P % 2
+        probe = Run(workers=members, servers=1, hidden=H // 2, batch=B, points=B * members, mode="sync")
+        return p.step(H // 2, B) * _crowd(p, probe, members) + p.replica_sum(2, B)
+    arch = kind if kind in ("ps", "p2p") else "allreduce"
+    probe = Run(workers=P - 1 if kind == "ps" else P, servers=1, arch=arch, mode="sync",
+                allreduce=kind if arch == "allreduce" else "ring", hidden=H, batch=B, points=B * P)
+    return iteration(p, probe, crowded=False).iteration_s
+
+
+def iteration(p: Params, run: Run, crowded: bool = True) -> Iteration:
+    """The seconds of one lockstep iteration of `run`, term by term (module docstring);
+    crowded=False leaves the crowding term out."""
     W, K, R, n, h = run.workers, run.model_parallel, run.replicas, run.n_w, run.hidden
     share = math.ceil(run.points / R)
     b = min(run.batch, share)
@@ -165,8 +208,11 @@ def iteration(p: Params, run: Run) -> Iteration:
         detail.update(steps=steps, chunk=chunk)
     eta = p.efficiency(kind, P, eff_n) if links else 1.0
     replica = p.replica_sum(K, b) + (2 * L if links and K > 1 else 0.0) if K > 1 else 0.0
+    node, cores = run.node_ranks or run.ranks, run.cores
+    crowd = (crowding(p, kind, node, cores) + (crowding(p, "replica", node, cores) if K > 1 else 0.0)
+             if crowded else 0.0)
     detail.update(efficiency=eta, link_raw_s=link, probe_ranks=P)
-    return Iteration(compute_s=step * stretch, exchange_s=ex, replica_s=replica, optimizer_s=opt,
+    return Iteration(compute_s=step * stretch, exchange_s=ex, replica_s=replica, crowd_s=crowd, optimizer_s=opt,
                      link_s=link * eta, latency_s=latency, kind=kind, detail=detail)
 
 
@@ -185,7 +231,8 @@ def lockstep(p: Params, run: Run) -> dict:
             "iterations": iterations, "iteration_s": it.iteration_s, "iteration_compute_s": it.compute_s,
             "iteration_comm_s": it.comm_s,
             "terms": {"compute_s": it.compute_s, "exchange_s": it.exchange_s, "replica_s": it.replica_s,
-                      "optimizer_s": it.optimizer_s, "link_s": it.link_s, "latency_s": it.latency_s,
+                      "crowd_s": it.crowd_s, "optimizer_s": it.optimizer_s, "link_s": it.link_s,
+                      "latency_s": it.latency_s,
                       **it.detail},
             "working_set_bytes": (ws := working_set_bytes(run.batch, run.n_w // run.model_parallel,
                                                           run.hidden // run.model_parallel, run.features)),

@@ -141,6 +141,13 @@ class World:
         if t > self.now():
             self.sg.this_actor.sleep_for(t - self.now())
 
+    def crowd_wait(self, rank: int, kind: str) -> None:
+        """A lockstep round's wait for partners the OS was not running, on a node whose
+        ranks outnumber its cores (Costs.crowd: measured, none otherwise)."""
+        t = self.costs.crowd[kind][self.node[rank]]
+        if t > 0:
+            self.sg.this_actor.sleep_for(t)
+
     def barrier(self, rank: int, name: str) -> None:
         """asgd.mpiutil.Waiter.barrier over all ranks: an Ibarrier (log2 P message rounds), polled."""
         b = self.barriers.get(name)
@@ -419,6 +426,7 @@ def _replica_sum(world: World, rank: int, m: int) -> None:
         world.post(rank, first, f"r{first}", rank, nbytes)
         world.recv(f"r{rank}")
         world.notice(rank, t)
+    world.crowd_wait(rank, "replica")
     clock.switch("compute")
 
 
@@ -496,9 +504,13 @@ def worker(world: World, rank: int) -> None:
                     st["bytes_sent"] += nb
                     st["bytes_recv"] += c.pull_bytes(v)
             st["updates"] += 1
+            if run.mode != "sync" and spec.arch == "ps":   # an asynchronous worker's turns, measured alike
+                world.crowd_wait(rank, "async")
             if not rule.on:
                 t2 = world.now()
                 complete()
+                if run.mode == "sync":   # a lockstep round
+                    world.crowd_wait(rank, spec.arch)
                 rule.saw(t1 - t0, world.now() - t2)
         if spec.epoch_barrier:  # CNTK: every worker waits for the others at each epoch's end
             if pending:
@@ -694,6 +706,8 @@ def allreduce_rank(world: World, rank: int) -> None:
                 if rnd < P - 1:
                     world.execute(c.allreduce_add(chunk[in_c]))
                 world.notice(rank, t)  # the schedule moves on only when the rank polls
+            if P > 1:
+                world.crowd_wait(rank, run.allreduce)
             clock.switch("aggregate")
             world.execute(c.apply_update())
             updates += 1

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from .. import wire
 from ..net.mlp import Layout
 from ..perf.analytic import Params, Run, extrapolate_linear, interpolate_log
+from ..perf.architectures import crowding
 from ..wire import DOUBLE, shard_bounds
 from .machines import Machine
 
@@ -156,6 +157,10 @@ class Costs:
             per_node[spec.node_of(k)] += 1
         self.ranks_on = per_node
         self.crowded = [n > self.cores for n in per_node]
+        # a lockstep round's waits for partners the OS is not running (ranks > cores), per
+        # node: asgd.perf.architectures.crowding, from the same KIND+step probes as the model
+        kinds = ("ps", "async", "p2p", "ring", "mpi", "replica")
+        self.crowd = {k: [crowding(p, k, n, self.cores) for n in per_node] for k in kinds}
 
     # -- computation -------------------------------------------------------------------
 
