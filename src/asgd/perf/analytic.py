@@ -572,8 +572,9 @@ def predict_train(p: Params, run: Run, turns: bool = True) -> dict:
     if crowded and turns:   # each update also waits for ranks the OS is not running (turns=False: not)
         from .architectures import crowding
         node = run.node_ranks or run.ranks
-        lost = (crowding(p, "async", node, run.cores) if run.arch == "ps" else 0.0) + \
-            (crowding(p, "replica", node, run.cores) if K > 1 else 0.0)
+        own = p.mp_step(K, run.hidden, b) if K > 1 else step
+        lost = (crowding(p, "async", node, run.cores, own) if run.arch == "ps" else 0.0) + \
+            (crowding(p, "replica", node, run.cores, own) if K > 1 else 0.0)
         X_cpu = w / (w / X_cpu + lost)
     X = min(X_mva, X_cpu)
     steps_s = updates / X

@@ -120,12 +120,13 @@ def _crowd(p: Params, run: Run, busy: float) -> float:
     return busy / max(min(busy, p.parallelism(busy, run.cores, run.hidden)), 1e-9)
 
 
-def crowding(p: Params, kind: str, ranks: int, cores: int = 0) -> float:
+def crowding(p: Params, kind: str, ranks: int, cores: int = 0, step_s: float | None = None) -> float:
     """Seconds a lockstep round of `kind` (ps, p2p, ring, mpi, replica; async: an update of
     an asynchronous worker) loses when `ranks` ranks share a node's `cores` (0: the
-    calibrated machine's): the KIND+step probe's
-    round less this model's round of that probe, linear in ranks between the probes (none
-    beyond the largest's). 0 while every rank has a core, or where none was measured."""
+    calibrated machine's): the KIND+step probe's round less this model's round of that
+    probe, linear in ranks between the probes (none beyond the largest's). 0 while every rank has a core, or where none was measured.
+    step_s: the run's step (a member's: its slice's), if shorter than the probe's: the loss
+    in proportion, as a rank that computes less between sums is less often out of turn."""
     t = p.exchange_s.get(kind + STEP)
     if not t or ranks <= (cores or p.cores):
         return 0.0
@@ -133,7 +134,8 @@ def crowding(p: Params, kind: str, ranks: int, cores: int = 0) -> float:
     lost = {P: max(by_n[min(by_n)] - _probe_round(p, kind, P, H, B), 0.0) for P, by_n in t.items()}
     lost[p.cores] = 0.0   # every rank on a core of its own: nothing lost to turns
     x = ranks * p.cores / (cores or p.cores)   # as crowded as the probes' ranks on this machine's cores
-    return max(extrapolate_linear(lost, min(x, max(lost))), 0.0)
+    share = 1.0 if step_s is None else min(step_s / p.step(H // 2 if kind == "replica" else H, B), 1.0)
+    return max(extrapolate_linear(lost, min(x, max(lost))), 0.0) * share
 
 
 def _probe_round(p: Params, kind: str, P: int, H: int, B: int) -> float:
@@ -209,7 +211,7 @@ def iteration(p: Params, run: Run, crowded: bool = True) -> Iteration:
     eta = p.efficiency(kind, P, eff_n) if links else 1.0
     replica = p.replica_sum(K, b) + (2 * L if links and K > 1 else 0.0) if K > 1 else 0.0
     node, cores = run.node_ranks or run.ranks, run.cores
-    crowd = (crowding(p, kind, node, cores) + (crowding(p, "replica", node, cores) if K > 1 else 0.0)
+    crowd = (crowding(p, kind, node, cores, step) + (crowding(p, "replica", node, cores, step) if K > 1 else 0.0)
              if crowded else 0.0)
     detail.update(efficiency=eta, link_raw_s=link, probe_ranks=P)
     return Iteration(compute_s=step * stretch, exchange_s=ex, replica_s=replica, crowd_s=crowd, optimizer_s=opt,

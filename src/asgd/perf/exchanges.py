@@ -65,7 +65,8 @@ def probe_exchange(kinds: list[str], sizes: list[int], rounds: int, batches: lis
         work = _stepper(H // 2 if base == "replica" else H, B, comm.rank) if stepped else None
         for n in ([B] if stepped and base == "replica" else [5 * H + 2] if stepped
                   else batches if base == "replica" else sizes):
-            r = max(3, rounds // 4) if base != "replica" and n > 200_000 else rounds   # long rounds, alike
+            r = (max(3, rounds // 4) if base != "replica" and n > 200_000    # long rounds, alike
+                 else 2 * rounds if stepped else rounds)   # the OS's turns: more rounds to average them
             one(comm, n, max(2, r // 5), servers, work)        # warm-up: connections, buffers, caches
             comm.Barrier()
             t = time.perf_counter()

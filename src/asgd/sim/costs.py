@@ -160,7 +160,8 @@ class Costs:
         # a lockstep round's waits for partners the OS is not running (ranks > cores), per
         # node: asgd.perf.architectures.crowding, from the same KIND+step probes as the model
         kinds = ("ps", "async", "p2p", "ring", "mpi", "replica")
-        self.crowd = {k: [crowding(p, k, n, self.cores) for n in per_node] for k in kinds}
+        own = p.mp_step(self.K, r.hidden, r.batch) if self.K > 1 else p.step(r.hidden, r.batch)
+        self.crowd = {k: [crowding(p, k, n, self.cores, own) for n in per_node] for k in kinds}
 
     # -- computation -------------------------------------------------------------------
 
