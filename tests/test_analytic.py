@@ -805,3 +805,57 @@ def test_measured_exchanges_are_interpolated_in_size_and_extrapolated_in_ranks()
     assert p.exchange("mpi", 2, 600) == pytest.approx(1.5e-4)
     assert p.exchange("mpi", 6, 100) == pytest.approx(5e-4)          # along the last two rank counts
     assert p.exchange("ring", 4, 100) == 0.0                          # not measured: nothing
+
+
+def _crowded_params(lost: float) -> Params:
+    """4 cores; the ring's no-compute round at 2 and 9 ranks, and its round after a step
+    (ring+step) at 9 ranks `lost` seconds longer than the model's own round of that probe."""
+    H, B = arch.STEP_PROBE
+    n = 5 * H + 2
+    p = make_params(exchange_s={"ring": {2: {n: 1e-3}, 9: {n: 3e-3}}})
+    probe = Run(workers=9, arch="allreduce", hidden=H, batch=B, points=9 * B, mode="sync")
+    modelled = arch.iteration(p, probe, crowded=False).iteration_s
+    return dataclasses.replace(p, exchange_s={**p.exchange_s, "ring+step": {9: {n: modelled + lost}}})
+
+
+def test_crowding_is_what_the_stepped_probe_lost_beyond_the_model():
+    p = _crowded_params(0.02)
+    assert arch.crowding(p, "ring", 9) == pytest.approx(0.02)
+    assert arch.crowding(p, "ring", 4) == 0.0 and arch.crowding(p, "ring", 2) == 0.0   # a core each
+    assert arch.crowding(p, "ring", 6.5) == pytest.approx(0.01)       # linear from the cores' count
+    assert arch.crowding(p, "ring", 17) == pytest.approx(0.02)        # none beyond the largest probe
+    assert arch.crowding(p, "mpi", 9) == 0.0                          # not measured: nothing
+    assert arch.crowding(p, "ring", 18, cores=8) == pytest.approx(0.02)   # as crowded as 9 on 4 cores
+    assert arch.crowding(_crowded_params(-0.01), "ring", 9) == 0.0    # a probe faster than the model: nothing
+    probe_step = p.step(*arch.STEP_PROBE)
+    assert arch.crowding(p, "ring", 9, step_s=probe_step / 4) == pytest.approx(0.005)   # a shorter step: less
+    assert arch.crowding(p, "ring", 9, step_s=probe_step * 4) == pytest.approx(0.02)    # a longer one: no more
+    H, B = arch.STEP_PROBE
+    probe = Run(workers=9, arch="allreduce", hidden=H, batch=B, points=9 * B, mode="sync")
+    assert arch.iteration(p, probe).iteration_s == pytest.approx(p.exchange_s["ring+step"][9][5 * H + 2])
+
+
+def test_a_crowded_lockstep_iteration_pays_the_crowding_and_one_with_a_core_each_does_not():
+    p = _crowded_params(0.02)
+    crowded = Run(workers=9, arch="allreduce", **{**LOCK, "node_ranks": 0})
+    lost = 0.02 * p.step(LOCK["hidden"], LOCK["batch"]) / p.step(*arch.STEP_PROBE)   # its step is the shorter
+    it = arch.iteration(p, crowded)
+    assert 0 < it.crowd_s == pytest.approx(lost)
+    assert it.iteration_s - arch.iteration(p, crowded, crowded=False).iteration_s == pytest.approx(lost)
+    assert arch.lockstep(p, crowded)["terms"]["crowd_s"] == pytest.approx(lost)
+    assert arch.iteration(p, dataclasses.replace(crowded, cores=16)).crowd_s == 0.0
+
+
+def test_a_crowded_async_worker_pays_its_measured_turns():
+    """async+step: an asynchronous ps worker's seconds per update with a step before each;
+    the model then predicts that probe's own rate, and a crowded run's rate falls with it."""
+    H, B = arch.STEP_PROBE
+    p = make_params()
+    probe = Run(workers=8, servers=1, hidden=H, batch=B, points=8 * B * 20)
+    period = 8 / pm.predict_train(p, probe)["updates_per_s"]
+    q = dataclasses.replace(p, exchange_s={"async+step": {9: {5 * H + 2: period + 0.05}}})
+    assert arch.crowding(q, "async", 9) == pytest.approx(0.05)
+    assert 8 / pm.predict_train(q, probe)["updates_per_s"] == pytest.approx(period + 0.05)
+    assert pm.predict_train(q, probe, turns=False) == pm.predict_train(p, probe)
+    run = Run(workers=6, hidden=400, batch=64, points=6 * 64 * 10)   # 7 ranks on 4 cores
+    assert pm.predict_train(q, run)["updates_per_s"] < pm.predict_train(p, run)["updates_per_s"]

@@ -429,3 +429,26 @@ def test_p2p_and_model_partitioning_follow_the_protocol(params_file):
     busy = lambda r: sum(s["phases"].get("aggregate", 0) for s in r["ranks"][:2])  # noqa: E731
     extra = 1e-3 - (5002 - 2501) * (1e-2 - 1e-3) / 45000 - 1e-5 * 2501 / 5002   # adagrad less sgd at a shard
     assert busy(runs["adagrad"]) - busy(mp) == pytest.approx(2 * 8 * extra, rel=0.25)   # 8 updates a server
+
+
+@needs_simgrid
+def test_crowded_lockstep_rounds_wait_what_the_model_says(params_file):
+    """With a ring+step probe that lost time on crowded cores, every simulated ring round
+    of 5 ranks on the 2 cores waits architectures.crowding's seconds more, as the
+    model's iteration does; a replica's sum likewise with replica+step."""
+    from asgd.perf import architectures
+    from asgd.sim.costs import load_params
+    base = params_file()
+    lost = {"ring+step": {"5": {"50002": 1.0}}, "replica+step": {"5": {"256": 1.0}}}
+    pf = params_file(exchange_s=lost)   # 1 s a round: far above any modelled round
+    p, _ = load_params(pf)
+    ring, replica = architectures.crowding(p, "ring", 5), architectures.crowding(p, "replica", 5)
+    assert 0.5 < ring < 1.0 and 0.5 < replica < 1.0
+    run = dict(workers=5, points=5 * 256 * 2, arch="allreduce", servers=0)
+    waited = {k: max(r["phases"]["comm_wait"] for r in simulate(f, **run)["ranks"]) for k, f in (("no", base),
+                                                                                                ("yes", pf))}
+    assert waited["yes"] - waited["no"] == pytest.approx(2 * ring, rel=0.02)       # 2 rounds a rank
+    mp = dict(workers=4, servers=1, model_parallel=2, points=2 * 256 * 2, mode="sync")
+    sums = {k: max(r["phases"].get("replica_sum", 0) for r in simulate(f, **mp)["ranks"]) for k, f in (("no", base),
+                                                                                                      ("yes", pf))}
+    assert sums["yes"] - sums["no"] == pytest.approx(2 * replica, rel=0.02)
