@@ -814,7 +814,7 @@ def _crowded_params(lost: float) -> Params:
     n = 5 * H + 2
     p = make_params(exchange_s={"ring": {2: {n: 1e-3}, 9: {n: 3e-3}}})
     probe = Run(workers=9, arch="allreduce", hidden=H, batch=B, points=9 * B, mode="sync")
-    modelled = arch.iteration(p, probe, crowded=False).iteration_s
+    modelled = arch.iteration(p, probe, turns=False).iteration_s
     return dataclasses.replace(p, exchange_s={**p.exchange_s, "ring+step": {9: {n: modelled + lost}}})
 
 
@@ -841,7 +841,7 @@ def test_a_crowded_lockstep_iteration_pays_the_crowding_and_one_with_a_core_each
     lost = 0.02 * p.step(LOCK["hidden"], LOCK["batch"]) / p.step(*arch.STEP_PROBE)   # its step is the shorter
     it = arch.iteration(p, crowded)
     assert 0 < it.crowd_s == pytest.approx(lost)
-    assert it.iteration_s - arch.iteration(p, crowded, crowded=False).iteration_s == pytest.approx(lost)
+    assert it.iteration_s - arch.iteration(p, crowded, turns=False).iteration_s == pytest.approx(lost)
     assert arch.lockstep(p, crowded)["terms"]["crowd_s"] == pytest.approx(lost)
     assert arch.iteration(p, dataclasses.replace(crowded, cores=16)).crowd_s == 0.0
 

@@ -532,7 +532,10 @@ def predict_train(p: Params, run: Run, turns: bool = True) -> dict:
     exchange's latency. A link that paused passes p.link_burst_s of line time at once (a
     token bucket's burst), so a message crosses an idle link in its time less that: the
     stations' own transit, and the worker link's. Messages that fit the burst (1-bit's)
-    then cost no time below the links' rate, and the links only cap the rate."""
+    then cost no time below the links' rate, and the links only cap the rate.
+
+    turns=False leaves out the crowding term (architectures.crowding: with more ranks than
+    cores, an asynchronous ps worker's and a replica's measured waits for ranks not running)."""
     S, w, K = run.owners, run.workers, run.model_parallel
     C = p.parallelism(run.ranks, run.cores, run.hidden)
     share = math.ceil(run.points / run.replicas)
@@ -569,7 +572,7 @@ def predict_train(p: Params, run: Run, turns: bool = True) -> dict:
         msg = visits * (p.contended(run.ranks, k) + p.optimizer_extra(run.optimizer, k))
     cpu_per_update = step + msg
     X_cpu = C / cpu_per_update if crowded else math.inf
-    if crowded and turns:   # each update also waits for ranks the OS is not running (turns=False: not)
+    if crowded and turns:   # the ranks' turns on shared cores: each update also waits for ranks not running
         from .architectures import crowding
         node = run.node_ranks or run.ranks
         own = p.mp_step(K, run.hidden, b) if K > 1 else step

@@ -124,7 +124,8 @@ def crowding(p: Params, kind: str, ranks: int, cores: int = 0, step_s: float | N
     """Seconds a lockstep round of `kind` (ps, p2p, ring, mpi, replica; async: an update of
     an asynchronous worker) loses when `ranks` ranks share a node's `cores` (0: the
     calibrated machine's): the KIND+step probe's round less this model's round of that
-    probe, linear in ranks between the probes (none beyond the largest's). 0 while every rank has a core, or where none was measured.
+    probe, linear in ranks between the probes (none beyond the largest's). 0 while every
+    rank has a core, or where none was measured.
     step_s: the run's step (a member's: its slice's), if shorter than the probe's: the loss
     in proportion, as a rank that computes less between sums is less often out of turn."""
     t = p.exchange_s.get(kind + STEP)
@@ -151,12 +152,12 @@ def _probe_round(p: Params, kind: str, P: int, H: int, B: int) -> float:
     arch = kind if kind in ("ps", "p2p") else "allreduce"
     probe = Run(workers=P - 1 if kind == "ps" else P, servers=1, arch=arch, mode="sync",
                 allreduce=kind if arch == "allreduce" else "ring", hidden=H, batch=B, points=B * P)
-    return iteration(p, probe, crowded=False).iteration_s
+    return iteration(p, probe, turns=False).iteration_s
 
 
-def iteration(p: Params, run: Run, crowded: bool = True) -> Iteration:
+def iteration(p: Params, run: Run, turns: bool = True) -> Iteration:
     """The seconds of one lockstep iteration of `run`, term by term (module docstring);
-    crowded=False leaves the crowding term out."""
+    turns=False leaves the crowding term (the ranks' turns on shared cores) out."""
     W, K, R, n, h = run.workers, run.model_parallel, run.replicas, run.n_w, run.hidden
     share = math.ceil(run.points / R)
     b = min(run.batch, share)
@@ -212,7 +213,7 @@ def iteration(p: Params, run: Run, crowded: bool = True) -> Iteration:
     replica = p.replica_sum(K, b) + (2 * L if links and K > 1 else 0.0) if K > 1 else 0.0
     node, cores = run.node_ranks or run.ranks, run.cores
     crowd = (crowding(p, kind, node, cores, step) + (crowding(p, "replica", node, cores, step) if K > 1 else 0.0)
-             if crowded else 0.0)
+             if turns else 0.0)
     detail.update(efficiency=eta, link_raw_s=link, probe_ranks=P)
     return Iteration(compute_s=step * stretch, exchange_s=ex, replica_s=replica, crowd_s=crowd, optimizer_s=opt,
                      link_s=link * eta, latency_s=latency, kind=kind, detail=detail)
