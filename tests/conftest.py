@@ -25,17 +25,41 @@ def mpi(n: int, *program: str) -> list[str]:
     return launch.command(n, *program)
 
 
+# Open MPI's launcher's own exit status when it could not start the job at all (PRRTE's
+# "error already reported", -43 as a byte), after a boxed message that split_launcher_notes
+# would hide: a bad option, or a start-up race with the session directory another job's
+# launcher is removing (CI saw one such start fail in 20 ms, once).
+OPEN_MPI_LAUNCH_FAILED = 213
+
+
 def mpiexec(n: int, args: list[str], timeout: float = 90, module: str = "asgd.train",
             cwd=None) -> subprocess.CompletedProcess:
-    """`mpiexec -n n python -m module args`; a hang fails the test after `timeout` s."""
+    """`mpiexec -n n python -m module args`; a hang fails the test after `timeout` s. If
+    Open MPI's launcher could not start the job, it is started once more; a second such
+    failure fails the test with the launcher's whole message."""
     cmd = mpi(n, sys.executable, "-m", module, *args)
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
-        p.stderr, p.launcher_notes = split_launcher_notes(p.stderr)
-        return p
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s\n"
-                    f"stdout:\n{e.stdout}\nstderr:\n{e.stderr}")
+    for attempt in (1, 2):
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        except subprocess.TimeoutExpired as e:
+            pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s\n"
+                        f"stdout:\n{e.stdout}\nstderr:\n{e.stderr}")
+        if not launch_failed(p):
+            break
+        if attempt == 2:
+            pytest.fail(f"{' '.join(cmd)}: the launcher could not start the job, twice "
+                        f"(exit {p.returncode}):\n{p.stdout}\n{p.stderr}")
+        print(f"the launcher could not start the job (exit {p.returncode}); starting it once more:\n"
+              f"{p.stderr}", file=sys.stderr)
+    p.stderr, p.launcher_notes = split_launcher_notes(p.stderr)
+    return p
+
+
+def launch_failed(p: subprocess.CompletedProcess) -> bool:
+    """Open MPI's launcher ended the job before any rank ran: its own exit status, and
+    nothing on stdout or stderr but its notices."""
+    return (p.returncode == OPEN_MPI_LAUNCH_FAILED and not p.stdout
+            and not split_launcher_notes(p.stderr)[0].strip())
 
 
 OPEN_MPI_RUNTIME = re.compile(r"\[[^\]\s]+:\d+\] PMIX ERROR: ")   # prterun's PMIx server, "[host:pid] ..."

@@ -14,6 +14,7 @@ import pytest
 
 from asgd import launch
 from asgd.launch import rank_pids
+import conftest
 from conftest import MPIEXEC, load_results, mpi, mpiexec, split_launcher_notes
 
 
@@ -256,6 +257,22 @@ def test_bad_options_end_every_rank_within_10_s(tmp_path, n, args, message):
     assert p.returncode == 2 and p.stdout == ""
     lines = p.stderr.splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.openmpi
+def test_a_job_the_launcher_could_not_start_is_told_from_the_ranks_failing():
+    """conftest.mpiexec starts such a job once more, and fails the test with the launcher's
+    message, which split_launcher_notes would hide: so Open MPI's exit status and form
+    must be what launch_failed looks for."""
+    if launch.flavour(MPIEXEC) != "openmpi":
+        pytest.skip("Open MPI's launcher (CI's second venv)")
+    cmd = mpi(2, "--no-such-launcher-option", sys.executable, "-c", "pass")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert conftest.launch_failed(p), (p.returncode, p.stderr)
+    assert "--no-such-launcher-option" in split_launcher_notes(p.stderr)[1]
+    p = subprocess.run(mpi(2, sys.executable, "-c", "import sys; sys.exit(3)"), capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 3 and not conftest.launch_failed(p), (p.returncode, p.stderr)
 
 
 def test_unwritable_output_folder(tmp_path):
