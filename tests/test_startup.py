@@ -2,6 +2,7 @@
 as calibrate's start-up probes measure."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -62,3 +63,19 @@ def test_a_nodes_first_rank_loads_every_roles_kernels():
             union = set(startup.node_loads(reads_file, compress=compress))
             for role, rank in (("server", 0), ("server", 1), ("worker", 1)):
                 assert set(startup.loads(role, rank, reads_file, compress=compress)) <= union
+
+
+def test_a_ranks_kernel_load_leaves_scipy_linalg_unimported(tmp_path):
+    """numba's first load probes for a BLAS by importing scipy.linalg (0.7 s per rank where
+    SciPy is installed); a rank's load keeps it out (startup._no_blas_probe), and SciPy
+    still imports afterwards. A stand-in SciPy whose linalg says when it is imported, so
+    the test runs where SciPy is not installed (CI)."""
+    (tmp_path / "scipy" / "linalg").mkdir(parents=True)
+    (tmp_path / "scipy" / "__init__.py").write_text('__version__ = "1.99.0"\n')   # numba checks it
+    (tmp_path / "scipy" / "linalg" / "__init__.py").write_text('print("linalg imported")\n')
+    code = ("from asgd.run import startup\nstartup.load(('shares',))\nprint('loaded')\n"
+            "import scipy.linalg\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["loaded", "linalg", "imported"], p.stdout

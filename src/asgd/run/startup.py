@@ -18,6 +18,9 @@ pays.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 from mpi4py import MPI
 
 from ..mpiutil import Waiter, once_per_node
@@ -62,6 +65,28 @@ def node_loads(reads_file: bool, allreduce: bool = False, optimizer: str = "sgd"
 
 def load(uses: tuple[str, ...]) -> None:
     """Compile or cache-load the kernels of `uses` (this rank only)."""
+    with _no_blas_probe():
+        _load(uses)
+
+
+@contextlib.contextmanager
+def _no_blas_probe():
+    """numba's first compile or cache load imports its array-math module, which looks
+    for a BLAS by importing scipy.linalg: 0.7 s of CPU per rank where SciPy is installed
+    (more than all of a rank's other imports), for np.vdot and np.inner, which asgd's
+    kernels do not call. While that module loads, scipy.linalg is absent."""
+    if "scipy.linalg" in sys.modules or "numba.np.arraymath" in sys.modules:
+        yield
+        return
+    sys.modules["scipy.linalg"] = None   # its import raises ImportError: numba's probe says no BLAS
+    try:
+        yield
+    finally:
+        if sys.modules.get("scipy.linalg", 0) is None:
+            del sys.modules["scipy.linalg"]
+
+
+def _load(uses: tuple[str, ...]) -> None:
     from ..net import mlp
     mlp.compile_kernels(*(u for u in uses if u in mlp.KERNEL_USES))
     if "parsers" in uses:
