@@ -178,13 +178,16 @@ class Float64Shard:
         n = len(w)
         self.n, self.home = n, w
         self.recv = [np.empty(n + PUSH_HEADER) for _ in range(workers)]
+        self.deltas = [r[:n] for r in self.recv]   # views made once: a push's hot path makes none
         self.pool = [np.empty(n + PULL_HEADER) for _ in range(2)]
+        self.views = [b[:n] for b in self.pool]
         self.pool[0][:n] = w
-        self.pool[0][n:] = np.nan      # no header written yet
         self.cur, self.next = 0, 1     # the current version's buffer; the one fresh() gave
+        self.heads = [None, None]      # per buffer, the header values at its tail (None: none written yet)
         self.made = [0, -1]            # per buffer, when its version was made (commits so far)
         self.commits = 0
         self.source = [-1] * workers   # the buffer worker j's last reply went out of
+        self.senders = [set(), set()]  # per buffer, the workers whose last reply may still be going out of it
         self.published = True          # home holds the current version
         self.push_nbytes, self.pull_nbytes = wire.push_bytes(n), wire.pull_bytes(n)
 
@@ -193,32 +196,42 @@ class Float64Shard:
 
     def delta(self, j: int) -> np.ndarray:
         """Worker j's Delta-w, as received."""
-        return self.recv[j][:self.n]
+        return self.deltas[j]
 
     @property
     def w(self) -> np.ndarray:
         """The shard's current version (read it; never write it)."""
-        return self.pool[self.cur][:self.n]
+        return self.views[self.cur]
 
     def _sending(self, b: int, replies: list) -> bool:
-        return any(src == b and _in_flight(replies[j]) for j, src in enumerate(self.source))
+        """Whether a reply is in flight out of buffer b (forgetting the ones found done)."""
+        senders = self.senders[b]
+        for j in list(senders):
+            if _in_flight(replies[j]):
+                return True
+            senders.discard(j)
+        return False
 
     def fresh(self, replies: list) -> np.ndarray:
         """A buffer to write the next version into: not the current one, and no reply
         (`replies`, the server's per worker) in flight out of it; the oldest such."""
-        for b in sorted(range(len(self.pool)), key=self.made.__getitem__):   # stops at the first: few Tests
+        order = (1 - self.cur,) if len(self.pool) == 2 else sorted(range(len(self.pool)), key=self.made.__getitem__)
+        for b in order:   # stops at the first: few Tests
             if b != self.cur and not self._sending(b, replies):
                 self.next = b
-                return self.pool[b][:self.n]
+                return self.views[b]
         self.pool.append(np.empty(self.n + PULL_HEADER))
+        self.views.append(self.pool[-1][:self.n])
+        self.heads.append(None)
+        self.senders.append(set())
         self.made.append(-1)
         self.next = len(self.pool) - 1
-        return self.pool[self.next][:self.n]
+        return self.views[self.next]
 
     def commit(self) -> None:
         """The buffer fresh() gave holds the next version: it becomes the current one."""
         self.cur = self.next
-        self.pool[self.cur][self.n:] = np.nan
+        self.heads[self.cur] = None
         self.commits += 1
         self.made[self.cur] = self.commits
         self.published = False
@@ -226,15 +239,20 @@ class Float64Shard:
     def reply(self, j: int, head: tuple, replies: list) -> np.ndarray:
         """Worker j's reply: the current version's buffer with `head` (the pull header's
         values) at its tail."""
+        head = list(head)
+        if self.heads[self.cur] != head:
+            if self._sending(self.cur, replies):   # the header must change under a reply in flight
+                self.fresh(replies)[:] = self.w
+                published = self.published
+                self.commit()
+                self.published = published
+            self.pool[self.cur][self.n:] = head
+            self.heads[self.cur] = head
         buf = self.pool[self.cur]
-        if buf[self.n:].tolist() != list(head) and self._sending(self.cur, replies):   # (NaN: no header yet)
-            self.fresh(replies)[:] = self.w    # the header must change under a reply in flight
-            published = self.published
-            self.commit()
-            self.published = published
-            buf = self.pool[self.cur]
-        buf[self.n:] = head
+        if self.source[j] >= 0:
+            self.senders[self.source[j]].discard(j)
         self.source[j] = self.cur
+        self.senders[self.cur].add(j)
         return buf
 
     def publish(self) -> np.ndarray:

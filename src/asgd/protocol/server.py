@@ -114,6 +114,7 @@ class Server:
         rate a push of that staleness moves w by (None: all of it; net.optimizers.stale_step)."""
         comm = ep.comm
         self.ep, self.comm, self.w, self.waiter, self.clock = ep, comm, w, ep.waiter, ep.clock
+        self.traced = getattr(ep.clock, "traces", True)   # whether clock.message records (off: skip its arguments)
         self.ranks = list(range(workers, comm.size)) if isinstance(workers, int) else list(workers)
         self.W = len(self.ranks)
         self.leader = comm.rank == 0 if leader is None else leader
@@ -131,12 +132,14 @@ class Server:
         self.replies = [MPI.REQUEST_NULL] * self.W
         self.answered = np.zeros(self.W, bool)   # answered before its push was applied (Async)
         self.active = np.ones(self.W, bool)
+        self.live = self.W                       # active workers (the loop's test, without numpy)
         self.steps = np.zeros(self.W, np.int64)  # pushes taken per worker
         self.samples = np.zeros(self.W)          # samples their pushes brought
         self.pushed_step = np.zeros(self.W, np.int64)   # each worker's last push's step
         self.fault_tolerant, self.on_lost = fault_tolerant, on_lost
         self.dead = np.zeros(self.W, bool)
         self.index = {r: j for j, r in enumerate(self.ranks)}   # worker rank -> j
+        self.wire = [int(r != comm.rank) for r in self.ranks]    # 0: a p2p owner's own worker, no wire between
         self.watched = time.monotonic()        # watch()'s last look at the failed group
         self.st = ServerStats(staleness=[[] for _ in range(self.W)], step_gap=[[] for _ in range(self.W)],
                               cuts=cuts_done)
@@ -154,7 +157,7 @@ class Server:
 
     def serve(self, policy: Policy) -> ServerStats:
         """Answer pushes as `policy` says until every worker has sent its end-of-work message."""
-        while self.active.any():
+        while self.live:
             self.clock.switch("idle")
             try:
                 i = self.waiter.any(self.requests, lambda: "a push from any of the worker ranks "
@@ -182,6 +185,12 @@ class Server:
         if self.newly_dead(failed_ranks(self.comm)):
             raise MPI.Exception(MPI.ERR_PROC_FAILED)
         return False
+
+    def retire(self, j: int) -> None:
+        """Worker j pushes no more (it said it was done, or it died)."""
+        if self.active[j]:
+            self.active[j] = False
+            self.live -= 1
 
     def newly_dead(self, dead: list[int]) -> list[int]:
         """The ranks of `dead` not yet retired here (any rank not my worker counts)."""
@@ -211,7 +220,8 @@ class Server:
                                "--max-restarts, or --resume)")
         new = [self.index[r] for r in self.newly_dead(dead)]
         for j in new:
-            self.dead[j], self.active[j] = True, False
+            self.dead[j] = True
+            self.retire(j)
             self.st.lost.append({"rank": self.ranks[j], "time": time.time(), "updates": int(self.steps[j])})
             self.requests[j] = self.requests[self.W + j] = self.replies[j] = MPI.REQUEST_NULL
             if self.on_lost:
@@ -223,7 +233,7 @@ class Server:
         blocks and while it waits); True if anything was. The rank's phase and trace step
         are its own again afterwards."""
         did = False
-        while self.active.any():
+        while self.live:
             i, flag = MPI.Request.Testany(self.requests)
             if not flag or i == MPI.UNDEFINED:
                 break
@@ -240,7 +250,7 @@ class Server:
     def event(self, i: int, policy: Policy) -> None:
         """Request i has completed: a push (i < W) or worker i - W's end-of-work message."""
         if i >= self.W:  # a done arrives only after its sender took the reply to its last push
-            self.active[i - self.W] = False
+            self.retire(i - self.W)
             self.st.bytes_recv += DONE_BYTES if self.ranks[i - self.W] != self.comm.rank else 0
             self.maybe_cut(policy)
         else:
@@ -262,18 +272,19 @@ class Server:
 
     def handle(self, j: int, policy: Policy) -> None:
         """Worker j's push has arrived: account for it, then the policy applies or holds it."""
-        head = self.msgs.header(j)
+        head = self.msgs.header(j).tolist()   # Python floats: one call, not one numpy scalar per field
         version, loss_sum, m, step = head[P_VERSION], head[P_LOSS], head[P_SAMPLES], int(head[P_STEP])
         self.stopping |= bool(head[P_STOP]) or self.ep.stop_requested()
         nbytes = self.msgs.push_nbytes
         self.clock.step = step  # the trace window counts worker steps
-        self.clock.message(RECV, self.ranks[j], nbytes, flow_id(self.ranks[j], self.comm.rank, step, False))
+        if self.traced:
+            self.clock.message(RECV, self.ranks[j], nbytes, flow_id(self.ranks[j], self.comm.rank, step, False))
         staleness = self.st.rounds - int(version)
         self.st.staleness[j].append(staleness)
         if self.stale_step is not None:   # a held push keeps it: its worker pushes no more until answered
             self.lr_scale[j] = self.stale_step(staleness)
         self.st.updates += 1
-        self.st.bytes_recv += nbytes if self.ranks[j] != self.comm.rank else 0   # a p2p owner's own: no wire
+        self.st.bytes_recv += self.wire[j] * nbytes   # a p2p owner's own: no wire
         self.steps[j] += 1
         self.samples[j] += m
         self.pushed_step[j] = step
@@ -386,22 +397,23 @@ class Server:
         """Send worker j the current version of the shard, out of the buffer it lives in.
         Before its push is applied (Async) reply() must follow once it is: the push's
         receive is re-armed only then."""
-        if self.replies[j] != MPI.REQUEST_NULL:  # the previous reply: done long ago in practice
+        if self.replies[j] and not self.replies[j].Test():  # the previous reply: done long ago in practice
             self.waiter.all([self.replies[j]], f"worker rank {self.ranks[j]} to take its previous reply")
         head = [0.0] * PULL_HEADER
         stop = STOP_ASKED if self.stopping else STOP_DONE if self.finished else 0.0
         head[R_VERSION], head[R_STOP], head[R_CUT] = self.st.rounds, stop, self.collecting or self.st.cuts
         out = self.msgs.reply(j, head, self.replies)
         self.replies[j] = self.comm.Isend([out, self.msgs.kind], self.ranks[j], TAG_PULL)
-        step = int(self.msgs.header(j)[P_STEP])
         nbytes = self.msgs.pull_nbytes
-        self.clock.message(SEND, self.ranks[j], nbytes, flow_id(self.ranks[j], self.comm.rank, step, True))
-        self.st.bytes_sent += nbytes if self.ranks[j] != self.comm.rank else 0
+        if self.traced:
+            step = int(self.msgs.header(j)[P_STEP])
+            self.clock.message(SEND, self.ranks[j], nbytes, flow_id(self.ranks[j], self.comm.rank, step, True))
+        self.st.bytes_sent += self.wire[j] * nbytes
         self.answered[j] = True
 
     def gap(self, j: int) -> int:
         """How many steps worker j is ahead of the slowest active worker."""
-        slowest = self.steps.min() if self.active.all() else self.steps[self.active].min(initial=self.steps[j])
+        slowest = self.steps.min() if self.live == self.W else self.steps[self.active].min(initial=self.steps[j])
         return int(self.steps[j] - slowest)
 
     def record(self, shard: tuple[int, int]) -> dict:
@@ -437,7 +449,7 @@ def serve_all(servers: list[Server], policies: list[Policy]) -> list[ServerStats
     first = servers[0]
     where = [(k, i) for k, srv in enumerate(servers) for i in range(len(srv.requests))]
     requests = [r for srv in servers for r in srv.requests]
-    while any(srv.active.any() for srv in servers):
+    while any(srv.live for srv in servers):
         first.clock.switch("idle")
         i = first.waiter.any(requests, "a push to any of this rank's shards")
         first.clock.switch("aggregate")

@@ -31,8 +31,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ..wire import (DONE_BYTES, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, R_CUT, R_STOP, R_VERSION, RECV,
-                    SEND, STOP_ASKED, TAG_DONE, TAG_PULL, TAG_PUSH, flow_id)
+from ..wire import (DONE_BYTES, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, PUSH_HEADER, R_CUT, R_STOP,
+                    R_VERSION, RECV, SEND, STOP_ASKED, TAG_DONE, TAG_PULL, TAG_PUSH, flow_id)
 from .context import Endpoint, Schedule, WorkerStats
 from .overlap import OverlapRule
 
@@ -55,13 +55,18 @@ class PushPull:
         self.cut_source = None   # model-parallel: the cut its replica agreed on this step (protocol.replica)
         self.stop_source = None  # model-parallel: whether its replica agreed to stop
         self.follow_rounds = False  # sync with backup workers: my next push goes to the servers' round
-        self.versions = np.zeros(self.S)   # each shard's version of `w` (0: the initial w)
-        self.stamp = np.zeros(self.S)      # the versions of the w the Delta-w being written comes from
-        self.stops = np.zeros(self.S)         # each server's last reply's stop (wire.STOP_ASKED, STOP_DONE)
+        # per server, Python floats (read every step: no numpy scalars on the hot path)
+        self.versions = [0.0] * self.S     # each shard's version of `w` (0: the initial w)
+        self.stamp = [0.0] * self.S        # the versions of the w the Delta-w being written comes from
+        self.stops = [0.0] * self.S        # each server's last reply's stop (wire.STOP_ASKED, STOP_DONE)
         self.cut = 0             # the last checkpoint cut server 0 said it started (wire: a push's cut)
         self.pending: list[MPI.Request] = []
         self.step = 0            # the number of the next push (names it in traces)
         self.stats = WorkerStats()
+        self.traced = getattr(ep.clock, "traces", True)   # whether clock.message records (off: skip its arguments)
+        # what one exchange moves over the wire (a p2p rank's own shard: nothing), counted per push
+        self.wire_sent = sum(b for b, far in zip(messages.push_bytes, self.remote) if far)
+        self.wire_recv = sum(b for b, far in zip(messages.pull_bytes, self.remote) if far)
 
     @property
     def w(self) -> np.ndarray:
@@ -71,12 +76,12 @@ class PushPull:
     @property
     def heard_stop(self) -> bool:
         """A server's last reply said to stop: a stop was asked, or the run's epochs are done."""
-        return bool(self.stops.any())
+        return any(self.stops)
 
     @property
     def asked_to_stop(self) -> bool:
         """A server's last reply carried a stop request (a signal): the run ends early."""
-        return bool((self.stops == STOP_ASKED).any())
+        return STOP_ASKED in self.stops
 
     @property
     def told_to_stop(self) -> bool:
@@ -88,29 +93,31 @@ class PushPull:
         """The buffer to write the Delta-w computed from `w` into. Stamps the push with the
         versions of `w` now, which its staleness is counted from (w changes in wait(),
         which may come between the step and the push)."""
-        self.stamp[:] = self.versions
+        self.stamp = self.versions.copy()
         return self.msgs.delta()
 
     def push_pull(self, dw: np.ndarray, loss_sum: float, samples: int, stop: bool = False) -> int:
         """Send dw (delta()'s buffer) to every server, each its slice, and post the receive
         of w'; returns the ticket to wait on. The previous exchange must be complete."""
-        if self.pending or not np.shares_memory(dw, self.msgs.delta()):
+        if self.pending or not np.may_share_memory(dw, self.msgs.delta()):
             raise RuntimeError("push_pull: wait for the previous exchange, and push the buffer delta() gave")
         comm, me = self.ep.comm, self.ep.rank
         cut = self.cut if self.cut_source is None else self.cut_source()
         for s, rank in enumerate(self.servers):
-            head = self.msgs.push_header(s)
-            head[P_VERSION], head[P_LOSS], head[P_SAMPLES], head[P_STEP], head[P_STOP], head[P_CUT] = (
+            fields = [0.0] * PUSH_HEADER
+            fields[P_VERSION], fields[P_LOSS], fields[P_SAMPLES], fields[P_STEP], fields[P_STOP], fields[P_CUT] = (
                 self.stamp[s], loss_sum, samples, self.step, stop, cut)
+            self.msgs.push_header(s)[:] = fields   # one assignment, not one per field
             self.pending.append(comm.Isend(self.msgs.push(s, dw), rank, TAG_PUSH))
             self.pending.append(comm.Irecv(self.msgs.pull(s), rank, TAG_PULL))
-            self.ep.clock.message(SEND, rank, self.msgs.push_bytes[s], flow_id(me, rank, self.step, False))
+            if self.traced:
+                self.ep.clock.message(SEND, rank, self.msgs.push_bytes[s], flow_id(me, rank, self.step, False))
         self.msgs.pushed()
         st = self.stats
         st.updates += 1
         st.samples += samples
-        st.bytes_sent += sum(b for b, far in zip(self.msgs.push_bytes, self.remote) if far)
-        st.bytes_recv += sum(b for b, far in zip(self.msgs.pull_bytes, self.remote) if far)
+        st.bytes_sent += self.wire_sent
+        st.bytes_recv += self.wire_recv
         self.step += 1
         return self.step - 1
 
@@ -132,13 +139,14 @@ class PushPull:
                            self.background)
         self.pending = []
         for s, rank in enumerate(self.servers):
-            head = self.msgs.pulled(s)
+            head = self.msgs.pulled(s).tolist()
             self.versions[s], self.stops[s] = head[R_VERSION], head[R_STOP]
             if self.follow_rounds:   # a reply to a late push tells the round to catch up with
                 self.step = max(self.step, int(head[R_VERSION]))
             if s == 0:   # the leader's shard comes first: the others learn of its cuts from my pushes
                 self.cut = int(head[R_CUT])
-            self.ep.clock.message(RECV, rank, self.msgs.pull_bytes[s], flow_id(self.ep.rank, rank, ticket, True))
+            if self.traced:
+                self.ep.clock.message(RECV, rank, self.msgs.pull_bytes[s], flow_id(self.ep.rank, rank, ticket, True))
         self.msgs.all_pulled()
 
     def close(self) -> WorkerStats:

@@ -23,6 +23,8 @@ INIT_PHASES = ("init", "read", "parse", "shuffle")  # always recorded, whatever 
 
 
 class PhaseClock:
+    traces = False   # message() records nothing: callers may skip building its arguments
+
     def __init__(self, first: str, t0_ns: int | None = None):
         self.totals_ns: dict[str, int] = {}
         self.phase = first
@@ -52,6 +54,7 @@ class PhaseClock:
 
 class TraceClock(PhaseClock):
     """PhaseClock that also records intervals and messages for steps in [first, last)."""
+    traces = True
 
     def __init__(self, first: str, t0_ns: int | None = None, steps: tuple[int, int] = (0, 200),
                  capacity: int = 200_000):
