@@ -124,10 +124,11 @@ class Server:
         self.stopping = False  # a stop request: replies tell the workers to stop
         self.finished = False  # the run's epochs are trained (sync with backup workers): so do replies
         self.goal = None       # goal(): whether they are (the server that keeps the progress)
-        self.pushes = [comm.Recv_init([self.msgs.recv[j], self.msgs.kind], r, TAG_PUSH)
-                       for j, r in enumerate(self.ranks)]
+        self.routes = [ep.route(r) for r in self.ranks]   # (communicator, rank) per worker
+        self.pushes = [c.Recv_init([self.msgs.recv[j], self.msgs.kind], r, TAG_PUSH)
+                       for j, (c, r) in enumerate(self.routes)]
         self._done = [np.empty(1) for _ in range(self.W)]
-        self.dones = [comm.Irecv([self._done[j], MPI.DOUBLE], r, TAG_DONE) for j, r in enumerate(self.ranks)]
+        self.dones = [c.Irecv([self._done[j], MPI.DOUBLE], r, TAG_DONE) for j, (c, r) in enumerate(self.routes)]
         self.requests = self.pushes + self.dones
         self.replies = [MPI.REQUEST_NULL] * self.W
         self.answered = np.zeros(self.W, bool)   # answered before its push was applied (Async)
@@ -403,7 +404,8 @@ class Server:
         stop = STOP_ASKED if self.stopping else STOP_DONE if self.finished else 0.0
         head[R_VERSION], head[R_STOP], head[R_CUT] = self.st.rounds, stop, self.collecting or self.st.cuts
         out = self.msgs.reply(j, head, self.replies)
-        self.replies[j] = self.comm.Isend([out, self.msgs.kind], self.ranks[j], TAG_PULL)
+        c, r = self.routes[j]
+        self.replies[j] = c.Isend([out, self.msgs.kind], r, TAG_PULL)
         nbytes = self.msgs.pull_nbytes
         if self.traced:
             step = int(self.msgs.header(j)[P_STEP])

@@ -52,6 +52,7 @@ class PushPull:
         self.servers = list(range(self.S)) if servers is None else list(servers)
         self.background = background
         self.remote = [r != ep.rank for r in self.servers]   # a p2p rank's own shard needs no wire
+        self.routes = [ep.route(r) for r in self.servers]    # (communicator, rank) per server
         self.cut_source = None   # model-parallel: the cut its replica agreed on this step (protocol.replica)
         self.stop_source = None  # model-parallel: whether its replica agreed to stop
         self.follow_rounds = False  # sync with backup workers: my next push goes to the servers' round
@@ -101,15 +102,16 @@ class PushPull:
         of w'; returns the ticket to wait on. The previous exchange must be complete."""
         if self.pending or not np.may_share_memory(dw, self.msgs.delta()):
             raise RuntimeError("push_pull: wait for the previous exchange, and push the buffer delta() gave")
-        comm, me = self.ep.comm, self.ep.rank
+        me = self.ep.rank
         cut = self.cut if self.cut_source is None else self.cut_source()
         for s, rank in enumerate(self.servers):
             fields = [0.0] * PUSH_HEADER
             fields[P_VERSION], fields[P_LOSS], fields[P_SAMPLES], fields[P_STEP], fields[P_STOP], fields[P_CUT] = (
                 self.stamp[s], loss_sum, samples, self.step, stop, cut)
             self.msgs.push_header(s)[:] = fields   # one assignment, not one per field
-            self.pending.append(comm.Isend(self.msgs.push(s, dw), rank, TAG_PUSH))
-            self.pending.append(comm.Irecv(self.msgs.pull(s), rank, TAG_PULL))
+            c, r = self.routes[s]
+            self.pending.append(c.Isend(self.msgs.push(s, dw), r, TAG_PUSH))
+            self.pending.append(c.Irecv(self.msgs.pull(s), r, TAG_PULL))
             if self.traced:
                 self.ep.clock.message(SEND, rank, self.msgs.push_bytes[s], flow_id(me, rank, self.step, False))
         self.msgs.pushed()
@@ -154,7 +156,7 @@ class PushPull:
         if self.pending:
             raise RuntimeError("close: an exchange is still in flight")
         done = np.zeros(1)
-        self.ep.waiter.all([self.ep.comm.Isend([done, MPI.DOUBLE], r, TAG_DONE) for r in self.servers],
+        self.ep.waiter.all([c.Isend([done, MPI.DOUBLE], r, TAG_DONE) for c, r in self.routes],
                            lambda: f"server rank(s) {_ranks(self.servers)} to take the end-of-work message",
                            self.background)
         self.stats.bytes_sent += DONE_BYTES * sum(self.remote)
