@@ -252,7 +252,7 @@ class Server:
         """Request i has completed: a push (i < W) or worker i - W's end-of-work message."""
         if i >= self.W:  # a done arrives only after its sender took the reply to its last push
             self.retire(i - self.W)
-            self.st.bytes_recv += DONE_BYTES if self.ranks[i - self.W] != self.comm.rank else 0
+            self.st.bytes_recv += self.wire[i - self.W] * DONE_BYTES
             self.maybe_cut(policy)
         else:
             self.handle(i, policy)

@@ -102,7 +102,6 @@ class PushPull:
         of w'; returns the ticket to wait on. The previous exchange must be complete."""
         if self.pending or not np.may_share_memory(dw, self.msgs.delta()):
             raise RuntimeError("push_pull: wait for the previous exchange, and push the buffer delta() gave")
-        me = self.ep.rank
         cut = self.cut if self.cut_source is None else self.cut_source()
         for s, rank in enumerate(self.servers):
             fields = [0.0] * PUSH_HEADER
@@ -113,7 +112,7 @@ class PushPull:
             self.pending.append(c.Isend(self.msgs.push(s, dw), r, TAG_PUSH))
             self.pending.append(c.Irecv(self.msgs.pull(s), r, TAG_PULL))
             if self.traced:
-                self.ep.clock.message(SEND, rank, self.msgs.push_bytes[s], flow_id(me, rank, self.step, False))
+                self.ep.clock.message(SEND, rank, self.msgs.push_bytes[s], flow_id(self.ep.rank, rank, self.step, False))
         self.msgs.pushed()
         st = self.stats
         st.updates += 1
