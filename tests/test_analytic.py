@@ -859,3 +859,20 @@ def test_a_crowded_async_worker_pays_its_measured_turns():
     assert pm.predict_train(q, probe, turns=False) == pm.predict_train(p, probe)
     run = Run(workers=6, hidden=400, batch=64, points=6 * 64 * 10)   # 7 ranks on 4 cores
     assert pm.predict_train(q, run)["updates_per_s"] < pm.predict_train(p, run)["updates_per_s"]
+
+
+def test_a_crowded_replica_pays_the_turns_its_probe_measured():
+    """replica+step at an odd rank count: replicas of 2 with the logit sum inside each
+    member's step, pushing asynchronously to a server on rank 0, as asgd.train runs model
+    partitioning; the model then predicts that probe's own round, and that probe is a
+    model-partitioned run's only crowding (its server's turns are in it)."""
+    H, B = arch.STEP_PROBE
+    p = make_params()
+    probe = Run(workers=8, servers=1, hidden=H, batch=B, points=8 * B * 20, model_parallel=2)
+    period = 8 / pm.predict_train(p, probe)["updates_per_s"]
+    q = dataclasses.replace(p, exchange_s={"replica+step": {9: {B: period + 0.05}},
+                                           "async+step": {9: {5 * H + 2: 1.0}}})
+    assert arch.crowding(q, "replica", 9) == pytest.approx(0.05)
+    assert 8 / pm.predict_train(q, probe)["updates_per_s"] == pytest.approx(period + 0.05)
+    whole = Run(workers=8, servers=1, hidden=H, batch=B, points=8 * B * 20)
+    assert 8 / pm.predict_train(q, whole)["updates_per_s"] > 0.5   # a whole-model worker pays async's

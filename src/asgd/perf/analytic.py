@@ -576,8 +576,9 @@ def predict_train(p: Params, run: Run, turns: bool = True) -> dict:
         from .architectures import crowding
         node = run.node_ranks or run.ranks
         own = p.mp_step(K, run.hidden, b) if K > 1 else step
-        lost = (crowding(p, "async", node, run.cores, own) if run.arch == "ps" else 0.0) + \
-            (crowding(p, "replica", node, run.cores, own) if K > 1 else 0.0)
+        # a replica's probe is an asynchronous model-partitioned job, its server's turns included
+        lost = (crowding(p, "replica", node, run.cores, own) if K > 1 else
+                crowding(p, "async", node, run.cores, own) if run.arch == "ps" else 0.0)
         X_cpu = w / (w / X_cpu + lost)
     X = min(X_mva, X_cpu)
     steps_s = updates / X

@@ -135,7 +135,7 @@ def crowding(p: Params, kind: str, ranks: int, cores: int = 0, step_s: float | N
     lost = {P: max(by_n[min(by_n)] - _probe_round(p, kind, P, H, B), 0.0) for P, by_n in t.items()}
     lost[p.cores] = 0.0   # every rank on a core of its own: nothing lost to turns
     x = ranks * p.cores / (cores or p.cores)   # as crowded as the probes' ranks on this machine's cores
-    share = 1.0 if step_s is None else min(step_s / p.step(H // 2 if kind == "replica" else H, B), 1.0)
+    share = 1.0 if step_s is None else min(step_s / (p.mp_step(2, H, B) if kind == "replica" else p.step(H, B)), 1.0)
     return max(extrapolate_linear(lost, min(x, max(lost))), 0.0) * share
 
 
@@ -145,10 +145,14 @@ def _probe_round(p: Params, kind: str, P: int, H: int, B: int) -> float:
     if kind == "async":
         probe = Run(workers=P - 1, servers=1, hidden=H, batch=B, points=B * (P - 1) * 20)
         return (P - 1) / predict_train(p, probe, turns=False)["updates_per_s"]
-    if kind == "replica":   # replicas of 2 (an odd rank 0 idle), each member a 2-H/2-2 step, then the sum
+    if kind == "replica":   # replicas of 2, each member a 2-H-2 slice's step with the sum inside
         members = P - P % 2
-        probe = Run(workers=members, servers=1, hidden=H // 2, batch=B, points=B * members, mode="sync")
-        return p.step(H // 2, B) * _crowd(p, probe, members) + p.replica_sum(2, B)
+        if P % 2:           # and an asynchronous server on rank 0: asgd.train's default run
+            probe = Run(workers=members, servers=1, hidden=H, batch=B, points=B * members * 20,
+                        model_parallel=2)
+            return members / predict_train(p, probe, turns=False)["updates_per_s"]
+        probe = Run(workers=members, servers=1, hidden=H, batch=B, points=B * members, mode="sync", model_parallel=2)
+        return p.mp_step(2, H, B) * _crowd(p, probe, members) + p.replica_sum(2, B)
     arch = kind if kind in ("ps", "p2p") else "allreduce"
     probe = Run(workers=P - 1 if kind == "ps" else P, servers=1, arch=arch, mode="sync",
                 allreduce=kind if arch == "allreduce" else "ring", hidden=H, batch=B, points=B * P)

@@ -19,8 +19,9 @@ ones across a testbed's hosts too):
              (model partitioning's sum inside a replica)
     KIND+step  the same round with every computing rank's training step before it (the
              2-H-2 step at batch B of STEP_PROBE; ps's servers do not compute; replica+step:
-             replicas of 2, each member a 2-H/2-2 step, an odd rank 0 idle as a server):
-             a lockstep round on cores the ranks share, as a run has it. With more ranks
+             model partitioning as asgd.train runs it, replicas of 2, each member its
+             slice's step with the logit sum inside, pushing asynchronously to a server on
+             an odd rank 0): a round on cores the ranks share, as a run has it. With more ranks
              than cores the OS runs them in turns, so a rank often waits at the sum for a
              partner that is not running; the no-compute round cannot show that. At
              n_w = 5 H + 2 (replica+step: batch B) only.
@@ -56,7 +57,7 @@ def probe_exchange(kinds: list[str], sizes: list[int], rounds: int, batches: lis
     if any(k.startswith(("ps", "async")) for k in kinds) and not 0 < servers < comm.size:
         raise ValueError(f"ps needs 0 < servers < ranks, got {servers} of {comm.size}")
     from ..net import mlp
-    mlp.compile_kernels("aggregate", "update:sgd", "step")
+    mlp.compile_kernels("aggregate", "update:sgd", "step", "mp_step")
     H, B = STEP_PROBE
     out: dict = {}
     for kind in kinds:
@@ -183,29 +184,62 @@ def _allreduce_rounds(algorithm: str):
 
 
 def _replica_rounds(comm, batch: int, rounds: int, servers: int, work=None) -> None:
-    """One replica of all ranks; with work, replicas of 2 (an odd rank 0 idle, as a server)."""
+    """One replica of all ranks summing batch x 2 logits; with work (replica+step), model
+    partitioning as asgd.train runs it (_mp_rounds)."""
+    import numpy as np
+
+    from ..protocol.replica import Replica
+    if work is not None:
+        return _mp_rounds(comm, batch, rounds)
+    ep = _endpoint(comm)
+    Z = np.ones((batch, 2))
+    replica = Replica(ep, comm)
+    comm.Barrier()
+    for _ in range(rounds):
+        replica.sum(Z, 0, False)
+
+
+def _mp_rounds(comm, batch: int, rounds: int) -> None:
+    """Replicas of 2, each member its slice's 2-H-2 step with the replica's logit sum
+    inside it (net.mlp.make_mp_step, the sum where asgd.train has it: between the forward
+    and the backward), then, with an odd rank count, its slice's asynchronous push and
+    pull to a server on rank 0 that holds both slices (asgd.train's default mode); with
+    an even one, steps and sums only. A round: one member step."""
     import numpy as np
     from mpi4py import MPI
 
+    from ..data import problem
+    from ..net import mlp
+    from ..protocol.messages import Float64Link
     from ..protocol.replica import Replica
+    from ..protocol.server import Async, Server, serve_all
+    from ..protocol.worker import PushPull, run_worker
     ep = _endpoint(comm)
-    Z = np.ones((batch, 2))
-    if work is None:
-        replica = Replica(ep, comm)
-        comm.Barrier()
-        for _ in range(rounds):
-            replica.sum(Z, 0, False)
-        return
+    sliced = mlp.Sliced(mlp.Layout(2, STEP_PROBE[0], 2), 2)
     odd = comm.size % 2
     group = comm.Split(MPI.UNDEFINED if odd and comm.rank == 0 else (comm.rank - odd) // 2, comm.rank)
     comm.Barrier()
-    if group != MPI.COMM_NULL:
-        replica = Replica(ep, group)
+    if group == MPI.COMM_NULL:      # the server: slice k's pushers are every replica's member k
+        slices = [Server(ep, np.zeros(b - a), list(range(odd + k, comm.size, 2))) for k, (a, b) in
+                  enumerate(sliced.bounds)]
+        serve_all(slices, [Async() for _ in slices])
+        return
+    k = group.rank
+    a, b = sliced.bounds[k]
+    replica = Replica(ep, group)
+    step = mlp.make_mp_step(sliced, k, batch, lambda Z: replica.sum(Z, 0, False))
+    w = sliced.from_standard(mlp.init_params(sliced.layout, 0))[a:b].copy()
+    ds = problem.rings(batch, comm.rank)
+    if odd:
+        X, y, plan = _plan(rounds, comm.rank, overlap=True)
+        link = PushPull(ep, [(0, b - a)], Float64Link([(0, b - a)], w), servers=[0])
+        run_worker(link, X, y, lambda w_, X_, y_, lr, dw, progress=None: step(w_, ds.X, ds.y, 1e-9, dw, progress),
+                   plan)
+    else:
+        dw = np.zeros(b - a)
         for _ in range(rounds):
-            work()
-            replica.sum(Z, 0, False)
-        group.Free()
-    ep.waiter.barrier(comm, "the other replicas")   # the idle rank polls, as a server would
+            step(w, ds.X, ds.y, 1e-9, dw)
+    group.Free()
 
 
 _ROUNDS = {"ps": _ps_rounds, "async": _async_rounds, "p2p": _p2p_rounds, "ring": _allreduce_rounds("ring"),
