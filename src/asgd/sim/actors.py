@@ -99,6 +99,7 @@ class World:
         self.serve_start = None
         self.wall = 0.0
         self.rngs = [random_stream(spec.seed, r, "steps") for r in range(self.P)]
+        self.credit = [0.0] * self.P   # CPU seconds each rank's next steps are short of (crowd_turns)
 
     # -- helpers the actors use ------------------------------------------------------------
 
@@ -141,12 +142,25 @@ class World:
         if t > self.now():
             self.sg.this_actor.sleep_for(t - self.now())
 
-    def crowd_wait(self, rank: int, kind: str) -> None:
-        """A lockstep round's wait for partners the OS was not running, on a node whose
-        ranks outnumber its cores (Costs.crowd: measured, none otherwise)."""
-        t = self.costs.crowd[kind][self.node[rank]]
+    def crowd_turns(self, rank: int, kind: str) -> None:
+        """What a crowded round of `kind` adds or takes to meet calibrate's probe of it
+        (Costs.crowd, sim.probes), as the node's cores' time: CPU work shared among the
+        node's computing ranks (each takes its turn once a round), so that the node's round lasts that much longer whether its other
+        ranks wait too (a lockstep round) or compute meanwhile (a replica's sum, an
+        asynchronous worker); a negative one is taken from this rank's next steps."""
+        node = self.node[rank]
+        busy = max(self.costs.workers_on[node], 1)
+        t = self.costs.crowd[kind][node] * min(self.costs.cores, busy) / busy
         if t > 0:
-            self.sg.this_actor.sleep_for(t)
+            self.execute(t)
+        elif t < 0:
+            self.credit[rank] -= t
+
+    def step_work(self, rank: int, seconds: float) -> float:
+        """A step's CPU less this rank's credit (crowd_turns), which it uses up."""
+        used = min(self.credit[rank], seconds)
+        self.credit[rank] -= used
+        return seconds - used
 
     def barrier(self, rank: int, name: str) -> None:
         """asgd.mpiutil.Waiter.barrier over all ranks: an Ibarrier (log2 P message rounds), polled."""
@@ -426,7 +440,7 @@ def _replica_sum(world: World, rank: int, m: int) -> None:
         world.post(rank, first, f"r{first}", rank, nbytes)
         world.recv(f"r{rank}")
         world.notice(rank, t)
-    world.crowd_wait(rank, "replica")
+    world.crowd_turns(rank, "replica")
     clock.switch("compute")
 
 
@@ -434,7 +448,7 @@ def _compute(world: World, rank: int, m: int, factor: float) -> None:
     """One training step of m points: a model-parallel member's forward half, the replica's
     logit sum, its backward half; or the whole step."""
     c = world.costs
-    t = c.step(m) * factor
+    t = world.step_work(rank, c.step(m) * factor)
     if c.K > 1:
         world.execute(t / 2)
         _replica_sum(world, rank, m)
@@ -504,13 +518,15 @@ def worker(world: World, rank: int) -> None:
                     st["bytes_sent"] += nb
                     st["bytes_recv"] += c.pull_bytes(v)
             st["updates"] += 1
-            if run.mode != "sync" and spec.arch == "ps":   # an asynchronous worker's turns, measured alike
-                world.crowd_wait(rank, "async")
+            # an asynchronous update's crowding, measured alike (a replica's member: in its
+            # sum's; p2p's only probe is its sync round, whose messages are the same)
+            if run.mode != "sync" and c.K == 1:
+                world.crowd_turns(rank, "async" if spec.arch == "ps" else "p2p")
             if not rule.on:
                 t2 = world.now()
                 complete()
                 if run.mode == "sync":   # a lockstep round
-                    world.crowd_wait(rank, spec.arch)
+                    world.crowd_turns(rank, spec.arch)
                 rule.saw(t1 - t0, world.now() - t2)
         if spec.epoch_barrier:  # CNTK: every worker waits for the others at each epoch's end
             if pending:
@@ -707,7 +723,7 @@ def allreduce_rank(world: World, rank: int) -> None:
                     world.execute(c.allreduce_add(chunk[in_c]))
                 world.notice(rank, t)  # the schedule moves on only when the rank polls
             if P > 1:
-                world.crowd_wait(rank, run.allreduce)
+                world.crowd_turns(rank, run.allreduce)
             clock.switch("aggregate")
             world.execute(c.apply_update())
             updates += 1

@@ -31,12 +31,12 @@ import bisect
 import json
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from .. import wire
 from ..net.mlp import Layout
 from ..perf.analytic import Params, Run, extrapolate_linear, interpolate_log
-from ..perf.architectures import crowding
+from ..perf.exchanges import STEP, STEP_PROBE
 from ..wire import DOUBLE, shard_bounds
 from .machines import Machine
 
@@ -122,7 +122,9 @@ class Spec:
 class Costs:
     """Seconds of each simulated operation for one Spec (see the module docstring)."""
 
-    def __init__(self, p: Params, spec: Spec, raw: dict | None = None, spread: bool = True):
+    def __init__(self, p: Params, spec: Spec, raw: dict | None = None, spread: bool = True, corrected: bool = True):
+        """corrected: each crowded round meets calibrate's KIND+step probes (sim.probes;
+        False: the simulator's own rounds, what the corrections are measured against)."""
         self.p, self.spec, self.run = p, spec, spec.run
         r = spec.run
         self.n_w = r.n_w
@@ -156,12 +158,26 @@ class Costs:
         for k in range(spec.ranks):
             per_node[spec.node_of(k)] += 1
         self.ranks_on = per_node
+        self.workers_on = [0] * len(per_node)   # the ranks that compute (not a dedicated server)
+        for k in range(spec.servers, spec.ranks):
+            self.workers_on[spec.node_of(k)] += 1
         self.crowded = [n > self.cores for n in per_node]
-        # a lockstep round's waits for partners the OS is not running (ranks > cores), per
-        # node: asgd.perf.architectures.crowding, from the same KIND+step probes as the model
+        # per node, what each crowded round adds (or takes) to meet calibrate's probes
+        # (sim.probes), in proportion to the run's step where shorter than the probes'
         kinds = ("ps", "async", "p2p", "ring", "mpi", "replica")
-        own = p.mp_step(self.K, r.hidden, r.batch) if self.K > 1 else p.step(r.hidden, r.batch)
-        self.crowd = {k: [crowding(p, k, n, self.cores, own) for n in per_node] for k in kinds}
+        self.crowd = {k: [0.0] * len(per_node) for k in kinds}
+        if corrected and any(self.crowded) and spec.machine.calibrated and any(k.endswith(STEP) for k in p.exchange_s):
+            from .probes import corrections
+            table = corrections(p, raw if raw is not None else asdict(p))
+            own = p.mp_step(self.K, r.hidden, r.batch) if self.K > 1 else p.step(r.hidden, r.batch)
+            H, B = STEP_PROBE
+            share = min(own / (p.mp_step(2, H, B) if self.K > 1 else p.step(H, B)), 1.0)
+            for k, by_P in table.items():
+                by_P = {**by_P, p.cores: 0.0}   # every rank on a core of its own: nothing to meet
+                for i, n in enumerate(per_node):
+                    if n > self.cores:
+                        x = min(n * p.cores / self.cores, max(by_P))
+                        self.crowd[k][i] = extrapolate_linear(by_P, x) * share
 
     # -- computation -------------------------------------------------------------------
 
