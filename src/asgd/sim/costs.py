@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from .. import wire
 from ..net.mlp import Layout
 from ..perf.analytic import Params, Run, extrapolate_linear, interpolate_log
+from ..perf.architectures import crowding
 from ..perf.exchanges import STEP, STEP_PROBE
 from ..wire import DOUBLE, shard_bounds
 from .machines import Machine
@@ -166,10 +167,15 @@ class Costs:
         # (sim.probes), in proportion to the run's step where shorter than the probes'
         kinds = ("ps", "async", "p2p", "ring", "mpi", "replica")
         self.crowd = {k: [0.0] * len(per_node) for k in kinds}
-        if corrected and any(self.crowded) and spec.machine.calibrated and any(k.endswith(STEP) for k in p.exchange_s):
+        own = p.mp_step(self.K, r.hidden, r.batch) if self.K > 1 else p.step(r.hidden, r.batch)
+        if corrected and any(self.crowded) and spec.machine.name == "testbed":
+            # the probes ran on shared memory: across the testbed's links only the ranks'
+            # turns carry over, the model's crowding term (the probe less the model's round)
+            self.crowd = {k: [crowding(p, k, n, self.cores, own) for n in per_node] for k in kinds}
+        elif corrected and any(self.crowded) and spec.machine.name == "here" and \
+                any(k.endswith(STEP) for k in p.exchange_s):
             from .probes import corrections
             table = corrections(p, raw if raw is not None else asdict(p))
-            own = p.mp_step(self.K, r.hidden, r.batch) if self.K > 1 else p.step(r.hidden, r.batch)
             H, B = STEP_PROBE
             share = min(own / (p.mp_step(2, H, B) if self.K > 1 else p.step(H, B)), 1.0)
             for k, by_P in table.items():
