@@ -739,6 +739,12 @@ def test_evaluation_per_epoch_with_one_server_once_with_shards():
     one = pm.predict_train(make_params(), Run(**{**TRAIN, "epochs": 3}))
     two = pm.predict_train(make_params(), Run(**{**TRAIN, "epochs": 3, "servers": 2}))
     assert one["evaluate_s"] == approx(3e-4) and two["evaluate_s"] == approx(1e-4)
+    # model partitioning: one server holds both slices, so rank 0 evaluates every epoch as
+    # with one (asgd.run.roles.tracker_of); p2p's and allreduce's rank 0 holds a slice: once
+    mp = {**TRAIN, "epochs": 3, "workers": 2, "model_parallel": 2}
+    assert pm.evaluations(Run(**mp)) == 3
+    assert pm.evaluations(Run(**{**mp, "arch": "p2p"})) == pm.evaluations(Run(**{**mp, "arch": "allreduce"})) == 1
+    assert pm.evaluations(Run(**{**mp, "model_parallel": 1, "arch": "p2p"})) == 3
 
 
 # -- every architecture in Alqahtani & Demirbas's form (asgd.perf.architectures) ----------

@@ -453,3 +453,17 @@ def test_crowded_rounds_meet_the_probes_measured_rounds(params_file, tmp_path, m
     got = simulate_isolated(spec, Costs(q, spec, raw_q), None)["train_s"] / probes.ROUNDS
     assert got == pytest.approx(measured, rel=0.05) and abs(got - own) > 0.1 * own
     assert list((tmp_path / "cache" / "asgd").glob("sim-probes-*.json"))   # kept for the next simulation
+
+
+@needs_simgrid
+def test_one_server_evaluates_every_epoch_with_model_partitioning(params_file):
+    """Rank 0, the one server, holds both slices: it evaluates after every epoch, as
+    asgd.train's does (run.roles.tracker_of); with two servers, once at the end."""
+    epochs, test_points = 3, 4096
+    one = simulate(params_file(), workers=2, model_parallel=2, epochs=epochs, points=2 * 256 * 2,
+                   test_points=test_points)
+    per = test_points * 1e-5          # eval_s_per_point at hidden 10,000 (3 ranks share 2 cores: a bit more)
+    assert epochs * per <= one["ranks"][0]["phases"]["evaluate"] < (epochs + 0.5) * per
+    two = simulate(params_file(), workers=2, servers=2, model_parallel=2, epochs=epochs, points=2 * 256 * 2,
+                   test_points=test_points)
+    assert two["ranks"][0]["phases"].get("evaluate", 0.0) < 1.5 * per

@@ -603,10 +603,10 @@ def predict_train(p: Params, run: Run, turns: bool = True) -> dict:
 
 
 def evaluations(run: Run) -> int:
-    """Held-out evaluations a run's rank 0 makes: after every epoch where it holds all of w
-    (one server, a p2p peer's own w, allreduce; without model partitioning), else once, on
-    the w assembled at the end."""
-    whole = run.model_parallel == 1 and (run.arch != "ps" or run.servers == 1)
+    """Held-out evaluations a run's rank 0 makes (asgd.run.roles.tracker_of): after every
+    epoch where it holds all of w (one server, model-partitioned or not; a p2p peer's own
+    w, allreduce, without model partitioning), else once, on the w assembled at the end."""
+    whole = (run.arch == "ps" and run.servers == 1) or (run.model_parallel == 1 and run.arch != "ps")
     return run.epochs if whole else 1
 
 

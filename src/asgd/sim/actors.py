@@ -569,7 +569,8 @@ def server(world: World, rank: int, peer: bool = False) -> None:
     tracks = rank == 0 and 0 in mine
     if tracks:
         world.serve_start = world.now()
-    whole = topo.K == 1 and (spec.arch == "p2p" or topo.owners == 1)   # rank 0 holds all of w (or its own)
+    # rank 0 holds all of w (one server, model-partitioned or not) or its own (a p2p peer's)
+    whole = topo.owners == 1 if spec.arch == "ps" else topo.K == 1
     evaluate = (lambda: _evaluate(world, clock)) if tracks and whole else None
     st = {"updates": 0, "rounds": {v: 0 for v in mine}, "bytes_sent": 0, "bytes_recv": 0,
           "staleness": {}, "step_gap": {}}
