@@ -422,8 +422,8 @@ def main(argv=None) -> int:
     out = run.out
     if a.sweep:
         try:
-            sweep = json.loads(a.sweep.read_text())
-            sweep_rows, sweep_params = sweep["rows"], sweep["summary"]["params"]
+            earlier = json.loads(a.sweep.read_text())
+            sweep_rows, sweep_params = earlier["rows"], earlier["summary"]["params"]
         except (ValueError, KeyError, TypeError):
             raise SystemExit(f"bench_arch: --sweep {a.sweep}: not an arch.json that bench_arch wrote") from None
         a.params = a.params or Path(sweep_params)   # the calibration that sweep was predicted from
