@@ -564,7 +564,9 @@ UNITS = {
     "mp_step_s": "s per step of a model-parallel member (logits' sum excluded), [K][hidden][batch]",
     "exchange_s": "s per synchronous round with no compute, [ps|p2p|ring|mpi][ranks][n_w]; "
                   "[replica][K][batch]; [KIND+step][ranks][n_w or batch]: the round after a training "
-                  "step (async+step: s per update of one worker), ranks > cores only (asgd.perf.exchanges)",
+                  "step (async+step: s per update of one worker; replica+step: s per member step of "
+                  "model partitioning, the logit sum inside it, with a server on an odd rank 0), ranks > cores "
+                  "only (asgd.perf.exchanges)",
 }
 
 
