@@ -130,3 +130,23 @@ def test_predict_counts_the_points_of_an_npy_file(quick_params, tmp_path):
         p = perf(*cmd, "--params", str(quick_params), "--data", str(tmp_path / "d.npy"))
         assert p.returncode == 0, p.stderr
         assert "875 training points" in p.stdout or "875 points" in p.stdout, p.stdout
+
+
+def test_the_second_window_measures_the_crowded_rounds_alone():
+    """calibrate measures the rounds after a training step (KIND+step) twice, minutes
+    apart, as it does the step: the second pass starts only the crowded jobs (P > C) and
+    asks them for the stepped kinds alone; the first asks every kind at every count."""
+    from asgd.perf.calibrate import measure_exchanges
+
+    def fake(n, args, timeout):
+        kinds = args[args.index("--kinds") + 1].split(",")
+        calls.append((n, kinds))
+        return {"seconds": {k: {"256" if k.startswith("replica") else "5002": 1e-3} for k in kinds}}
+    calls = []
+    first = measure_exchanges(None, 2, [5002], False, say=lambda *a: None, run=fake)
+    assert [n for n, _ in calls] == [2, 3, 5, 9]
+    assert not any(k.endswith("+step") for k in calls[0][1]) and "ring+step" in calls[1][1] and "ring" in calls[1][1]
+    calls = []
+    again = measure_exchanges(None, 2, [5002], False, say=lambda *a: None, run=fake, stepped_only=True)
+    assert [n for n, _ in calls] == [3, 5, 9] and all(k.endswith("+step") for _, kinds in calls for k in kinds)
+    assert set(again) == {k for k in first if k.endswith("+step")} and set(again["async+step"]) == {3, 5, 9}

@@ -524,6 +524,10 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
     say(f"  the first window's steps took {drift:.2f}x the second's (median)")
     steps = _least(steps, again)
     steps_cpu = _least(steps_cpu, again_cpu)
+    if not quick:   # the crowded rounds hold a step each: the least of two windows too
+        say("calibrate: the rounds after a training step again (the least of the two windows)")
+        for kind, by_p in measure_exchanges(launcher, C, nws, quick, say, stepped_only=True).items():
+            exchange_s[kind] = _least(exchange_s[kind], by_p)
     say("calibrate: memory bandwidth, caches")
     params = {
         "cores": C, "effective_cores": worth,
@@ -573,19 +577,22 @@ UNITS = {
 EXCHANGE_KINDS = ("ps", "p2p", "ring", "mpi")
 
 
-def measure_exchanges(launcher: str | None, C: int, nws: list[int], quick: bool, say=print, run=None) -> dict:
+def measure_exchanges(launcher: str | None, C: int, nws: list[int], quick: bool, say=print, run=None,
+                      stepped_only: bool = False) -> dict:
     """exchange_s: each architecture's synchronous round with no compute (asgd.perf.exchanges),
     at P = 2, C + 1, 2C + 1, 4C + 1 ranks (quick: 2, 2C + 1) and every calibrated n_w, and a
     replica's logit sum (K = P) at a few batch sizes: one job per rank count. `run(n, args,
-    timeout)` starts a probe (default: under `launcher` on this machine)."""
+    timeout)` starts a probe (default: under `launcher` on this machine). stepped_only: the
+    KIND+step rounds alone (calibrate's second window of them)."""
     run = run or (lambda n, args, timeout: _launch(launcher, n, args, timeout))
     counts = sorted({2, 2 * C + 1} if quick else {2, C + 1, 2 * C + 1, 4 * C + 1})
     kinds = (*EXCHANGE_KINDS, "replica")
     out: dict = {}
-    for P in counts:
+    for P in [P for P in counts if P > C] if stepped_only else counts:
         # with more ranks than cores, each round once more after a training step (KIND+step)
         stepped = tuple(k + _exchanges().STEP for k in (*kinds, "async")) if P > C else ()
-        got = run(P, ["exchange", "--kinds", ",".join(kinds + stepped), "--nw", ",".join(map(str, nws)),
+        got = run(P, ["exchange", "--kinds", ",".join((() if stepped_only else kinds) + stepped),
+                      "--nw", ",".join(map(str, nws)),
                       "--batches", "16,256,1024", "--rounds", "8" if quick else "20"], 900)
         for kind, t in got["seconds"].items():
             out.setdefault(kind, {})[P] = {int(k): v for k, v in t.items()}
