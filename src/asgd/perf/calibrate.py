@@ -601,7 +601,8 @@ def measure_exchanges(launcher: str | None, C: int, nws: list[int], quick: bool,
         unit, scale = ("us", 1e6) if kind == "replica" else ("ms", 1e3)
         say(f"  {kind}: " + "; ".join(f"P={P} " + ", ".join(f"{scale * v:.2f} {unit}" for v in t.values())
                                      for P, t in by_p.items())
-            + (f" (a 2-{H // 2 if kind.startswith('replica') else H}-2 step at batch {B} before each)"
+            + ((f" (half a 2-{H}-2 step at batch {B} each, the sum inside it)" if kind.startswith("replica")
+                else f" (a 2-{H}-2 step at batch {B} before each)")
                if kind.endswith(_exchanges().STEP)
                else " (batch 16, 256, 1024)" if kind == "replica" else f" (n_w {nws})"))
     return out
