@@ -177,8 +177,9 @@ class Costs:
             from .probes import corrections
             table = corrections(p, raw if raw is not None else asdict(p))
             H, B = STEP_PROBE
-            share = min(own / (p.mp_step(2, H, B) if self.K > 1 else p.step(H, B)), 1.0)
             for k, by_P in table.items():
+                # the probe's step: a member's (replica) or the whole model's (the others)
+                share = min(own / (p.mp_step(2, H, B) if k == "replica" else p.step(H, B)), 1.0)
                 by_P = {**by_P, p.cores: 0.0}   # every rank on a core of its own: nothing to meet
                 for i, n in enumerate(per_node):
                     if n > self.cores:
