@@ -145,9 +145,10 @@ class World:
     def crowd_turns(self, rank: int, kind: str) -> None:
         """What a crowded round of `kind` adds or takes to meet calibrate's probe of it
         (Costs.crowd, sim.probes), as the node's cores' time: CPU work shared among the
-        node's computing ranks (each takes its turn once a round), so that the node's round lasts that much longer whether its other
-        ranks wait too (a lockstep round) or compute meanwhile (a replica's sum, an
-        asynchronous worker); a negative one is taken from this rank's next steps."""
+        node's computing ranks (each takes its turn once a round), so that the node's
+        round lasts that much longer whether its other ranks wait too (a lockstep round)
+        or compute meanwhile (a replica's sum, an asynchronous worker); a negative one is
+        taken from this rank's next steps."""
         node = self.node[rank]
         busy = max(self.costs.workers_on[node], 1)
         t = self.costs.crowd[kind][node] * min(self.costs.cores, busy) / busy
