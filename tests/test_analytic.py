@@ -733,6 +733,19 @@ def test_cores_worth_per_hidden_size():
     assert p.parallelism(2, hidden=100000) == approx(1.7)
 
 
+def test_a_clusters_nodes_each_bring_their_own_cores():
+    """20 ranks on 4 nodes of 16 cores (5 a node) are not crowded: an asynchronous run
+    trains as fast as on one node of 64 cores, not as 20 ranks on 16 (optimize's
+    --nodes; each node's cores its own)."""
+    p = make_params()
+    run = Run(**{**TRAIN, "workers": 16, "servers": 4, "points": 16 * 64 * 10})
+    cluster = pm.predict_train(p, dataclasses.replace(run, cores=16, node_ranks=5))
+    big = pm.predict_train(p, dataclasses.replace(run, cores=64))
+    crowded = pm.predict_train(p, dataclasses.replace(run, cores=16))
+    assert cluster["updates_per_s"] == approx(big["updates_per_s"]) and cluster["bound"] != "cores"
+    assert crowded["updates_per_s"] < cluster["updates_per_s"] and crowded["bound"] == "cores"   # one node: they crowd
+
+
 def test_evaluation_per_epoch_with_one_server_once_with_shards():
     # 100 held-out points x 1e-6 s (hidden 100): after each of 3 epochs with one server,
     # once at the end with two (rank 0 evaluates the assembled w only then)

@@ -537,7 +537,10 @@ def predict_train(p: Params, run: Run, turns: bool = True) -> dict:
     turns=False leaves out the crowding term (architectures.crowding: with more ranks than
     cores, an asynchronous ps worker's and a replica's measured waits for ranks not running)."""
     S, w, K = run.owners, run.workers, run.model_parallel
-    C = p.parallelism(run.ranks, run.cores, run.hidden)
+    # a cluster's nodes (run.node_ranks ranks each) have cores of their own: C is all of
+    # theirs, and ranks crowd a node's cores, not the job's
+    node = run.node_ranks or run.ranks
+    C = math.ceil(run.ranks / node) * p.parallelism(node, run.cores, run.hidden)
     share = math.ceil(run.points / run.replicas)
     steps = math.ceil(share / run.batch) * run.epochs       # per worker (the largest share)
     updates = steps * w
@@ -565,16 +568,15 @@ def predict_train(p: Params, run: Run, turns: bool = True) -> dict:
     X_mva, R = mva(w, Z, stations, overlap=overlap, delay_s=latency, transit_s=transits,
                    cap_s=[visits * link / w] if link else [],
                    overlap_within=OverlapRule.RATIO if run.overlap == "auto" else math.inf)
-    crowded = run.ranks > (run.cores or p.cores)
+    crowded = node > (run.cores or p.cores)
     # with ranks sharing cores, messaging costs what it measured under the same crowding
     msg = visits * (wm + c_u)
     if crowded and p.contended_update_s:
-        msg = visits * (p.contended(run.ranks, k) + p.optimizer_extra(run.optimizer, k))
+        msg = visits * (p.contended(node, k) + p.optimizer_extra(run.optimizer, k))
     cpu_per_update = step + msg
     X_cpu = C / cpu_per_update if crowded else math.inf
     if crowded and turns:   # the ranks' turns on shared cores: each update also waits for ranks not running
         from .architectures import crowding
-        node = run.node_ranks or run.ranks
         own = p.mp_step(K, run.hidden, b) if K > 1 else step
         # a replica's probe is an asynchronous model-partitioned job, its server's turns included
         lost = (crowding(p, "replica", node, run.cores, own) if K > 1 else
