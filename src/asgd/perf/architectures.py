@@ -131,31 +131,58 @@ def crowding(p: Params, kind: str, ranks: int, cores: int = 0, step_s: float | N
     t = p.exchange_s.get(kind + STEP)
     if not t or ranks <= (cores or p.cores):
         return 0.0
+    lost = {P: max(by_n[min(by_n)] - _probe_round(p, kind, P), 0.0) for P, by_n in t.items()}
+    return max(at_ranks(p, kind, lost, ranks, cores, step_s), 0.0)
+
+
+def at_ranks(p: Params, kind: str, by_probe: dict, ranks: float, cores: int = 0, step_s: float | None = None
+             ) -> float:
+    """Seconds a round of `kind` with `ranks` ranks on a node of `cores` (0: the calibrated
+    machine's) has of what by_probe[P] says a KIND+step probe of P ranks had: none while
+    every rank has a core, linear in ranks between the probes, none beyond the largest's;
+    in proportion to the run's step (step_s) where it is shorter than the probe's."""
     H, B = STEP_PROBE
-    lost = {P: max(by_n[min(by_n)] - _probe_round(p, kind, P, H, B), 0.0) for P, by_n in t.items()}
-    lost[p.cores] = 0.0   # every rank on a core of its own: nothing lost to turns
+    by_probe = {**by_probe, p.cores: 0.0}   # every rank on a core of its own: nothing
     x = ranks * p.cores / (cores or p.cores)   # as crowded as the probes' ranks on this machine's cores
     share = 1.0 if step_s is None else min(step_s / (p.mp_step(2, H, B) if kind == "replica" else p.step(H, B)), 1.0)
-    return max(extrapolate_linear(lost, min(x, max(lost))), 0.0) * share
+    return extrapolate_linear(by_probe, min(x, max(by_probe))) * share
 
 
-def _probe_round(p: Params, kind: str, P: int, H: int, B: int) -> float:
-    """This model's seconds for one round of exchanges' KIND+step probe among P ranks
-    (async: a worker's seconds per update)."""
-    if kind == "async":
-        probe = Run(workers=P - 1, servers=1, hidden=H, batch=B, points=B * (P - 1) * 20)
-        return (P - 1) / predict_train(p, probe, turns=False)["updates_per_s"]
-    if kind == "replica":   # replicas of 2, each member a 2-H-2 slice's step with the sum inside
+PROBE_ROUNDS = 20   # steps per worker of a probe_run (the probes' own means are over 20-80)
+
+
+def probe_run(kind: str, P: int, rounds: int = PROBE_ROUNDS) -> Run:
+    """The asgd.train run that exchanges' KIND+step probe among P ranks is, `rounds` steps
+    per worker, no held-out evaluation: what the model (crowding) and the simulator
+    (asgd.sim.probes) each set against the probe's measured round. replica: replicas of 2
+    with the logit sum inside each member's step; with an odd P, an asynchronous server on
+    rank 0; with an even one the probe has no server and no exchange, which no run lacks:
+    a synchronous one stands in."""
+    H, B = STEP_PROBE
+    common = dict(hidden=H, batch=B, epochs=1, test_points=0)
+    if kind in ("ps", "async"):
+        return Run(workers=P - 1, servers=1, points=B * (P - 1) * rounds, mode="sync" if kind == "ps" else "async",
+                   **common)
+    if kind == "p2p":
+        return Run(workers=P, servers=P, arch="p2p", mode="sync", points=B * P * rounds, **common)
+    if kind in ("ring", "mpi"):
+        return Run(workers=P, servers=0, arch="allreduce", allreduce=kind, points=B * P * rounds, **common)
+    if kind == "replica":
         members = P - P % 2
-        if P % 2:           # and an asynchronous server on rank 0: asgd.train's default run
-            probe = Run(workers=members, servers=1, hidden=H, batch=B, points=B * members * 20,
-                        model_parallel=2)
-            return members / predict_train(p, probe, turns=False)["updates_per_s"]
-        probe = Run(workers=members, servers=1, hidden=H, batch=B, points=B * members, mode="sync", model_parallel=2)
-        return p.mp_step(2, H, B) * _crowd(p, probe, members) + p.replica_sum(2, B)
-    arch = kind if kind in ("ps", "p2p") else "allreduce"
-    probe = Run(workers=P - 1 if kind == "ps" else P, servers=1, arch=arch, mode="sync",
-                allreduce=kind if arch == "allreduce" else "ring", hidden=H, batch=B, points=B * P)
+        return Run(workers=members, servers=1, model_parallel=2, mode="async" if P % 2 else "sync",
+                   points=B * members // 2 * rounds, **common)
+    raise ValueError(f"no probe {kind!r}")
+
+
+def _probe_round(p: Params, kind: str, P: int) -> float:
+    """This model's seconds for one round of exchanges' KIND+step probe among P ranks
+    (async, and replica with its server: a worker's seconds per update)."""
+    probe = probe_run(kind, P)
+    if not probe.lockstep:
+        return probe.workers / predict_train(p, probe, turns=False)["updates_per_s"]
+    if kind == "replica":   # steps and sums alone
+        H, B = STEP_PROBE
+        return p.mp_step(2, H, B) * _crowd(p, probe, probe.workers) + p.replica_sum(2, B)
     return iteration(p, probe, turns=False).iteration_s
 
 

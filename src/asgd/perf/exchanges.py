@@ -62,8 +62,8 @@ def probe_exchange(kinds: list[str], sizes: list[int], rounds: int, batches: lis
     out: dict = {}
     for kind in kinds:
         base, stepped = kind.removesuffix(STEP), kind.endswith(STEP)
-        one = _ROUNDS[base]
-        work = _stepper(H // 2 if base == "replica" else H, B, comm.rank) if stepped else None
+        one = _ROUNDS.get(kind, _ROUNDS[base])
+        work = _stepper(H, B, comm.rank) if stepped and base != "replica" else None   # replica's: its own
         for n in ([B] if stepped and base == "replica" else [5 * H + 2] if stepped
                   else batches if base == "replica" else sizes):
             r = (max(3, rounds // 4) if base != "replica" and n > 200_000    # long rounds, alike
@@ -184,13 +184,10 @@ def _allreduce_rounds(algorithm: str):
 
 
 def _replica_rounds(comm, batch: int, rounds: int, servers: int, work=None) -> None:
-    """One replica of all ranks summing batch x 2 logits; with work (replica+step), model
-    partitioning as asgd.train runs it (_mp_rounds)."""
+    """One replica of all ranks summing batch x 2 logits."""
     import numpy as np
 
     from ..protocol.replica import Replica
-    if work is not None:
-        return _mp_rounds(comm, batch, rounds)
     ep = _endpoint(comm)
     Z = np.ones((batch, 2))
     replica = Replica(ep, comm)
@@ -199,7 +196,7 @@ def _replica_rounds(comm, batch: int, rounds: int, servers: int, work=None) -> N
         replica.sum(Z, 0, False)
 
 
-def _mp_rounds(comm, batch: int, rounds: int) -> None:
+def _mp_rounds(comm, batch: int, rounds: int, servers: int, work=None) -> None:
     """Replicas of 2, each member its slice's 2-H-2 step with the replica's logit sum
     inside it (net.mlp.make_mp_step, the sum where asgd.train has it: between the forward
     and the backward), then, with an odd rank count, its slice's asynchronous push and
@@ -243,7 +240,8 @@ def _mp_rounds(comm, batch: int, rounds: int) -> None:
 
 
 _ROUNDS = {"ps": _ps_rounds, "async": _async_rounds, "p2p": _p2p_rounds, "ring": _allreduce_rounds("ring"),
-           "mpi": _allreduce_rounds("mpi"), "replica": _replica_rounds}
+           "mpi": _allreduce_rounds("mpi"), "replica": _replica_rounds,
+           "replica" + STEP: _mp_rounds}   # its own step, the sum inside it: no work() before the round
 
 
 # -- in process ----------------------------------------------------------------------------

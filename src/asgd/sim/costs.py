@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field
 from .. import wire
 from ..net.mlp import Layout
 from ..perf.analytic import Params, Run, extrapolate_linear, interpolate_log
-from ..perf.architectures import crowding
-from ..perf.exchanges import STEP, STEP_PROBE
+from ..perf.architectures import at_ranks, crowding
+from ..perf.exchanges import STEP
 from ..wire import DOUBLE, shard_bounds
 from .machines import Machine
 
@@ -176,15 +176,9 @@ class Costs:
                 any(k.endswith(STEP) for k in p.exchange_s):
             from .probes import corrections
             table = corrections(p, raw if raw is not None else asdict(p))
-            H, B = STEP_PROBE
             for k, by_P in table.items():
-                # the probe's step: a member's (replica) or the whole model's (the others)
-                share = min(own / (p.mp_step(2, H, B) if k == "replica" else p.step(H, B)), 1.0)
-                by_P = {**by_P, p.cores: 0.0}   # every rank on a core of its own: nothing to meet
-                for i, n in enumerate(per_node):
-                    if n > self.cores:
-                        x = min(n * p.cores / self.cores, max(by_P))
-                        self.crowd[k][i] = extrapolate_linear(by_P, x) * share
+                self.crowd[k] = [at_ranks(p, k, by_P, n, self.cores, own) if n > self.cores else 0.0
+                                 for n in per_node]
 
     # -- computation -------------------------------------------------------------------
 

@@ -17,34 +17,15 @@ hash of the calibration, so every later simulation from it reads them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 from pathlib import Path
 
-from ..perf.analytic import Params, Run
-from ..perf.exchanges import STEP, STEP_PROBE
-
-ROUNDS = 20   # simulated rounds of each probe (the probe's own mean is over 20-80)
-
-
-def probe_run(kind: str, P: int) -> Run:
-    """The asgd.train run each KIND+step probe of P ranks is (asgd.perf.exchanges), with
-    ROUNDS steps per worker and no held-out evaluation."""
-    H, B = STEP_PROBE
-    common = dict(hidden=H, batch=B, epochs=1, test_points=0)
-    if kind in ("ps", "async"):
-        return Run(workers=P - 1, servers=1, points=B * (P - 1) * ROUNDS, mode="sync" if kind == "ps" else "async",
-                   **common)
-    if kind == "p2p":
-        return Run(workers=P, servers=P, arch="p2p", mode="sync", points=B * P * ROUNDS, **common)
-    if kind in ("ring", "mpi"):
-        return Run(workers=P, servers=0, arch="allreduce", allreduce=kind, points=B * P * ROUNDS, **common)
-    if kind == "replica":    # odd P: a server and replicas of 2, asynchronous; even: replicas alone (sync)
-        members = P - P % 2
-        return Run(workers=members, servers=1, model_parallel=2, mode="async" if P % 2 else "sync",
-                   points=B * members // 2 * ROUNDS, **common)
-    raise ValueError(f"no probe {kind!r}")
+from ..perf.analytic import Params
+from ..perf.architectures import PROBE_ROUNDS as ROUNDS, probe_run
+from ..perf.exchanges import STEP
 
 
 def simulated_round(kind: str, P: int, p: Params, raw: dict) -> float:
@@ -59,8 +40,21 @@ def simulated_round(kind: str, P: int, p: Params, raw: dict) -> float:
     return res["train_s"] / ROUNDS
 
 
+@functools.cache
+def _code_digest() -> bytes:
+    """asgd's own source (the simulator, and the model's tables it reads), as bytes."""
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parents[1].rglob("*.py")):
+        h.update(f.read_bytes())
+    return h.digest()
+
+
 def _cache_path(raw: dict) -> Path:
-    key = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
+    """Keyed by the calibration and by asgd's code: a changed simulator simulates the
+    probes again."""
+    h = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode())
+    h.update(_code_digest())
+    key = h.hexdigest()[:16]
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "asgd"
     return root / f"sim-probes-{key}.json"
 
