@@ -78,7 +78,7 @@ def child(args) -> None:
     from asgd.net import kernels
     from asgd.net.optimizers import Optimizer
     from asgd.mpiutil import Waiter, oversubscribed
-    from asgd.wire import shard_bounds
+    from asgd.core.wire import shard_bounds
     from asgd.net.mlp import Layout
     from asgd.protocol.context import Endpoint, Schedule
     from asgd.protocol.messages import Float64Link

@@ -143,7 +143,7 @@ def child(args) -> None:
     from asgd.data import problem
     from asgd.net import mlp
     from asgd.mpiutil import Waiter, oversubscribed
-    from asgd.wire import shard_bounds
+    from asgd.core.wire import shard_bounds
     from asgd.protocol.context import Endpoint, Schedule
     from asgd.protocol.messages import Float64Link
     from asgd.protocol.server import Async, Server

@@ -43,7 +43,7 @@ from numba import njit  # noqa: E402
 
 from asgd.net import OPTIMIZERS, kernels  # noqa: E402
 from asgd.net.optimizers import BETAS, EPS, MOMENTUM, Optimizer  # noqa: E402
-from asgd.wire import PULL_HEADER, PUSH_HEADER  # noqa: E402
+from asgd.core.wire import PULL_HEADER, PUSH_HEADER  # noqa: E402
 from asgd.net.mlp import Layout  # noqa: E402
 
 UPDATES = {"sgd": (3, 0), "momentum": (5, 1), "adagrad": (5, 1), "adam": (7, 2)}   # (bytes in 8n, state arrays)

@@ -763,7 +763,7 @@ def test_evaluation_per_epoch_with_one_server_once_with_shards():
 # -- every architecture in Alqahtani & Demirbas's form (asgd.perf.architectures) ----------
 
 from asgd.perf import architectures as arch  # noqa: E402
-from asgd.wire import DOUBLE, PUSH_HEADER  # noqa: E402
+from asgd.core.wire import DOUBLE, PUSH_HEADER  # noqa: E402
 
 LOCK = dict(hidden=400, batch=64, points=960, test_points=0, epochs=1, mode="sync", node_ranks=1)
 

@@ -28,10 +28,10 @@ def test_sync_is_deterministic_across_servers_and_allreduce(lockstep_run):
 
 def test_the_ring_allreduce_counts_every_byte_it_moves(lockstep_run):
     """asgd's ring: each rank passes on 2 (P - 1) chunks an update, counted exactly
-    (asgd.wire.ring_bytes); with MPI's allreduce the least any algorithm moves. The runs
+    (asgd.core.wire.ring_bytes); with MPI's allreduce the least any algorithm moves. The runs
     are the sync determinism test's (3 ranks; hidden 300: 1,505 values, chunks of
     unequal sizes)."""
-    from asgd.wire import ring_bytes
+    from asgd.core.wire import ring_bytes
     for algorithm in ("ring", "mpi"):
         r = load_results(lockstep_run(3, "--arch", "allreduce", *(("--allreduce", "mpi") if algorithm == "mpi" else ())))
         assert r["config"]["allreduce"] == algorithm

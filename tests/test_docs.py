@@ -25,7 +25,7 @@ def test_files_the_docs_name_exist(doc):
 
 
 def test_the_design_page_describes_the_message_headers_the_code_sends():
-    from asgd import wire
+    from asgd.core import wire
     design = (ROOT / "docs" / "design.md").read_text()
     sizes = {int(n) for n in re.findall(r"(\d+)-double header", design)}
     assert sizes == {wire.PUSH_HEADER, wire.PULL_HEADER}, sizes
@@ -33,15 +33,15 @@ def test_the_design_page_describes_the_message_headers_the_code_sends():
 
 @pytest.mark.parametrize("doc", [ROOT / "README.md", *PAGES], ids=lambda p: p.name)
 def test_no_page_states_another_header_size(doc):
-    from asgd import wire
+    from asgd.core import wire
     sizes = {int(n) for n in re.findall(r"(\d+)-double header", doc.read_text())}
     assert sizes <= {wire.PUSH_HEADER, wire.PULL_HEADER}, sizes
 
 
 def test_the_design_page_states_the_bytes_the_code_sends():
-    """The 1-bit and float64 message sizes the design page quotes are asgd.wire's (they
+    """The 1-bit and float64 message sizes the design page quotes are asgd.core.wire's (they
     went stale when the headers grew a field)."""
-    from asgd import wire
+    from asgd.core import wire
     from asgd.net.mlp import Layout
     design = " ".join((ROOT / "docs" / "design.md").read_text().split())
     got = re.search(r"([\d,]+) bytes a push and ([\d,]+) a reply for 2-10K-2 on one server, "
@@ -55,7 +55,7 @@ def test_the_design_page_states_the_bytes_the_code_sends():
 
 
 def test_message_tags_are_distinct_and_defined_in_one_place():
-    from asgd import wire
+    from asgd.core import wire
     tags = {k: v for k, v in vars(wire).items() if k.startswith("TAG_")}
     assert len(set(tags.values())) == len(tags), tags
     for path in (ROOT / "src").rglob("*.py"):  # no module defines a tag of its own

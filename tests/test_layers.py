@@ -14,7 +14,7 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 # bottom to top; packages on one level must not import each other
 LAYERS = [
     ["asgd", "asgd.launch"],          # the root: BadInput, the version; finding mpiexec
-    ["asgd.wire"],                    # tags, headers, shards, byte counts, message ids
+    ["asgd.core"],                    # the protocol with no I/O: wire format, topology, policies, bookkeeping
     ["asgd.net"],                     # the flat layout, numba kernels, optimizers
     ["asgd.mpiutil"],                 # waiting without spinning, agreement, clocks
     ["asgd.data"],                    # formats, parsers, readers, shares, scaling
@@ -114,13 +114,13 @@ def test_the_layer_check_sees_what_it_must():
 
 
 def test_the_wire_format_is_written_once():
-    """Headers, tags and shard bounds are defined in asgd.wire only; protocol, the
+    """Headers, tags and shard bounds are defined in asgd.core.wire only; protocol, the
     simulator and the testbed model import it."""
     defs = re.compile(r"^(?:PUSH_HEADER|PULL_HEADER|TAG_\w+)\s*[,=]|^def (?:shard_bounds|shards)\b|"
                       r"^\s*edges = \[n_w \* s // ", re.M)
     offenders = [str(p.relative_to(SRC)) for p in (SRC / "asgd").rglob("*.py")
                  if p.name != "wire.py" and defs.search(p.read_text())]
     assert not offenders, offenders
-    users = {m for m, t, _ in edges() if t == "asgd.wire" or t.startswith("asgd.wire.")}
+    users = {m for m, t, _ in edges() if t == "asgd.core.wire" or t.startswith("asgd.core.wire.")}
     for package in ("asgd.protocol", "asgd.sim", "asgd.testbed"):
-        assert any(u.startswith(package + ".") for u in users), f"{package} does not import asgd.wire"
+        assert any(u.startswith(package + ".") for u in users), f"{package} does not import asgd.core.wire"

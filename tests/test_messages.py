@@ -7,7 +7,7 @@ import numpy as np
 from mpi4py import MPI
 
 from asgd.protocol.messages import Float64Shard
-from asgd.wire import PULL_HEADER
+from asgd.core.wire import PULL_HEADER
 
 
 class Reply:

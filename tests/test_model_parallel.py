@@ -13,7 +13,7 @@ import pytest
 
 from asgd.net import kernels
 from asgd.net.mlp import Layout, ModelParallelStep, Sliced, init_params, make_evaluate, make_mp_step, make_step
-from asgd.wire import column_bits_bytes
+from asgd.core.wire import column_bits_bytes
 
 # (d_in, d_hidden, d_out, batch): the fused path (d_in = d_out = 2) with several sample
 # blocks and chunks, a batch not a multiple of 4 and H not divisible by K; the generic path

@@ -7,8 +7,8 @@ import pytest
 from asgd.net import kernels as K
 from asgd.net.mlp import Layout
 from asgd.protocol import onebit
-from asgd.wire import PULL_HEADER, PUSH_HEADER, shard_bounds
-from asgd.wire import column_bits_bytes as onebit_bits_bytes
+from asgd.core.wire import PULL_HEADER, PUSH_HEADER, shard_bounds
+from asgd.core.wire import column_bits_bytes as onebit_bits_bytes
 
 
 def _indices(cols):

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from asgd import wire
+from asgd.core import wire
 from asgd.net.mlp import Layout
 from conftest import load_results, mpiexec
 

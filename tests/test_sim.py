@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from asgd import wire
+from asgd.core import wire
 from asgd.net.mlp import Layout
 from asgd.net.optimizers import default_lr
 from asgd.perf import analytic
@@ -139,7 +139,7 @@ def test_every_update_applied_once_async_and_sharded(params_file):
     assert [w["updates"] for w in workers] == steps
     assert [s["requests"] for s in servers] == [sum(steps)] * 3
     assert res["throughput"]["samples"] == 2 * 2003
-    edges = [5002 * s // 3 for s in range(4)]   # asgd.wire.shard_bounds
+    edges = [5002 * s // 3 for s in range(4)]   # asgd.core.wire.shard_bounds
     assert [s["shard"] for s in servers] == [[a, b] for a, b in zip(edges, edges[1:])]
     for w, n in zip(workers, steps):  # each server counted each of the worker's pushes
         assert sum(w["staleness"]["histogram"]) == 3 * n
@@ -228,7 +228,7 @@ def test_other_users_load_takes_its_share_of_the_cores(params_file):
 
 
 def wire_sizes(servers: int, compress: str) -> list[tuple[int, int]]:
-    """(push, reply) bytes per server shard of 2-10K-2, as asgd.wire counts them (the
+    """(push, reply) bytes per server shard of 2-10K-2, as asgd.core.wire counts them (the
     protocol's own count): float64, or 1-bit over the shard's columns."""
     layout = Layout(2, 10000, 2)
     return [(wire.push_bytes(hi - lo, layout.columns(lo, hi) if compress == "1bit" else None),
@@ -239,7 +239,7 @@ def wire_sizes(servers: int, compress: str) -> list[tuple[int, int]]:
 @needs_simgrid
 def test_the_simulated_ring_moves_the_bytes_a_real_ring_counts(params_file):
     """asgd's ring allreduce (the default --allreduce): each rank's simulated bytes are
-    asgd.wire.ring_bytes per update, as a real run counts them (test_architectures)."""
+    asgd.core.wire.ring_bytes per update, as a real run counts them (test_architectures)."""
     res = simulate(params_file(), workers=3, points=2048, arch="allreduce", servers=0)
     n = res["config"]["n_w"] + 3
     for x in res["ranks"]:
@@ -254,7 +254,7 @@ def test_messages_are_the_bytes_a_real_run_counts(params_file, servers, compress
     """Every push and reply has the size the protocol counts: on one server a 1-bit push of
     2-10K-2 is 6,395 bytes and a reply 6,371 (what a real run counts: test_train_e2e's
     1-bit test), float64 400,064 and 400,040 (50,002 values and 6 / 3 header values);
-    with 2 or 3 servers each shard's own size (asgd.wire over its columns)."""
+    with 2 or 3 servers each shard's own size (asgd.core.wire over its columns)."""
     sizes = wire_sizes(servers, compress)
     if servers == 1:
         assert sizes == [{"none": (400_064, 400_040), "1bit": (6395, 6371)}[compress]]

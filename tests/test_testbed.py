@@ -21,7 +21,7 @@ from asgd.launch import cores_available
 from asgd.testbed import launch, lifecycle, links, placement, procs, proof, state
 from asgd.testbed.sh import missing_requirements
 from asgd.testbed.spec import Spec, parse_rate
-from asgd.wire import DONE_BYTES, DOUBLE, PULL_HEADER, PUSH_HEADER
+from asgd.core.wire import DONE_BYTES, DOUBLE, PULL_HEADER, PUSH_HEADER
 from conftest import MPIEXEC
 
 REASON = missing_requirements() if sys.platform.startswith("linux") else "not Linux"

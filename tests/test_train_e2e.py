@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from asgd.data import __main__ as data_cli
-from asgd.wire import PULL_HEADER, PUSH_HEADER
+from asgd.core.wire import PULL_HEADER, PUSH_HEADER
 from conftest import load_results, mpiexec
 
 WORKER_PHASES = {"init", "compute", "comm_wait"}

@@ -2,7 +2,7 @@
 agreeing on a failure before the next collective (agree), loading something once per
 node first (once_per_node), telling whether ranks outnumber cores (oversubscribed), and
 putting every rank's clock on rank 0's (clock_offsets). Nothing here knows asgd's
-messages (asgd.wire) or roles (asgd.protocol).
+messages (asgd.core.wire) or roles (asgd.protocol).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from . import BadInput
 from .launch import OVERSUBSCRIBED_ENV, cores_available
-from .wire import TAG_CLOCK
+from .core.wire import TAG_CLOCK
 
 CLOCK_PINGS = 5   # clock_offsets: round trips per rank; the least delayed one wins
 

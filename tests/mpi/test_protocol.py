@@ -11,7 +11,7 @@ from mpi4py import MPI
 from asgd.net import mlp
 from asgd.data import problem
 from asgd.mpiutil import StallError, Waiter, oversubscribed
-from asgd.wire import shard_bounds
+from asgd.core.wire import shard_bounds
 from asgd.run.progress import EpochTracker
 from asgd.net.optimizers import Optimizer, worker_lr
 from asgd.protocol.context import Endpoint, Schedule

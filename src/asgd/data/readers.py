@@ -35,7 +35,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..mpiutil import StallError, Waiter, agree, describe
-from ..wire import TAG_TURN
+from ..core.wire import TAG_TURN
 from . import READERS, formats, parse
 from . import labels as lab
 from .formats import DataError, Dataset

@@ -675,7 +675,7 @@ def adam_update(w, m, v, d, out, m_out, v_out, lr, b1, b2, eps, t, scale):
 # the hidden dimension). Each element becomes one bit: x > 0 or not; a column's two
 # reconstruction values are the means of its positive and of its other elements (the least
 # squares choice for that split, Seide et al.'s). Each column's bits start a new byte
-# (asgd.wire.column_bits_bytes), its t-th element in bit t % 8 of its byte t // 8. The loops are
+# (asgd.core.wire.column_bits_bytes), its t-th element in bit t % 8 of its byte t // 8. The loops are
 # branch-free (selects) and go eight elements to a byte, so they run at about a
 # nanosecond a value; a column's sums may be added in any order (reassoc).
 

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..wire import column_bits_bytes, shard_bounds
+from ..core.wire import column_bits_bytes, shard_bounds
 from . import OPTIMIZERS
 
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from dataclasses import replace
 
 from ..net import OPTIMIZERS
-from ..wire import DOUBLE, PUSH_HEADER
+from ..core.wire import DOUBLE, PUSH_HEADER
 from .analytic import (Params, Run, cache_level, evaluations, extrapolate_linear, interpolate_log, predict_train,
                        working_set_bytes)
 from .exchanges import STEP, STEP_PROBE
@@ -275,7 +275,7 @@ def lockstep(p: Params, run: Run) -> dict:
 
 def cluster_links(p: Params, bytes_per_s: float, latency_s: float) -> Params:
     """Params for ranks on nodes joined by links of this rate (each way) and latency: a
-    message of k weights holds a link for its bytes (asgd.wire's: payload and header) over
+    message of k weights holds a link for its bytes (asgd.core.wire's: payload and header) over
     the rate; no token bucket; every exchange at the efficiency measured on a testbed
     where one was (p.link_efficiency), else 1. (asgd.testbed.model derives a testbed's
     links from its shaping and TCP/IP framing instead.)"""

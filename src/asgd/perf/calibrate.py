@@ -187,7 +187,7 @@ def exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
     from ..protocol.server import Async, Server
     from ..protocol.worker import PushPull, run_worker
     from ..run.trace import PhaseClock
-    from ..wire import shard_bounds
+    from ..core.wire import shard_bounds
     w = np.zeros(n_w)
     X, y = np.zeros((updates, 2)), np.zeros(updates, np.int64)
     waiter = Waiter(crowded, time.monotonic() + 120, f"calibrate rank {comm.rank}")

@@ -134,7 +134,7 @@ def _ps_rounds(comm, n_w: int, rounds: int, servers: int, work=None, asynchronou
     from ..protocol.messages import Float64Link
     from ..protocol.server import Async, Server, Sync
     from ..protocol.worker import PushPull, run_worker
-    from ..wire import shard_bounds
+    from ..core.wire import shard_bounds
     ep = _endpoint(comm)
     shards = shard_bounds(n_w, servers)
     comm.Barrier()
@@ -153,7 +153,7 @@ def _p2p_rounds(comm, n_w: int, rounds: int, servers: int, work=None) -> None:
     from ..protocol.messages import Float64Link, Float64Shard
     from ..protocol.p2p import peer_link, run_peer
     from ..protocol.server import Server, Sync
-    from ..wire import shard_bounds
+    from ..core.wire import shard_bounds
     ep = _endpoint(comm)
     N = comm.size
     shards = shard_bounds(n_w, N)

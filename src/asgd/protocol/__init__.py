@@ -2,4 +2,4 @@
 mini-batch schedule), how messages sit in memory (messages: float64, or 1-bit through
 onebit), the parameter server and its reply policies (server), the worker's push/pull
 link and loop (worker), and the allreduce baseline (allreduce). The message layout
-itself is asgd.wire's; nothing here reads options or writes files (asgd.run)."""
+itself is asgd.core.wire's; nothing here reads options or writes files (asgd.run)."""

@@ -8,7 +8,7 @@ applies the sample-weighted mean: the same update a sync server applies. The sum
         add the one from the previous) then an allgather (P - 1 steps: pass the summed
         chunks on), point to point through the Waiter. Each rank moves 2 (P - 1) / P of
         the vector each way whatever P, the traffic pattern of Alqahtani and Demirbas's
-        RA, and every byte is counted (asgd.wire.ring_bytes).
+        RA, and every byte is counted (asgd.core.wire.ring_bytes).
   mpi   MPI_Iallreduce, polled through the Waiter: the MPI library picks the algorithm
         (it switches with the size and the rank count), so asgd cannot know its bytes;
         results.json counts the least any allreduce moves, 2 (P - 1) / P of the vector.
@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from ..net import kernels
 from ..net.optimizers import Optimizer
-from ..wire import DOUBLE, TAG_RING, ring_bytes, shard_bounds
+from ..core.wire import DOUBLE, TAG_RING, ring_bytes, shard_bounds
 from .context import Endpoint, Schedule, WorkerStats
 from .server import DIVERGED_AFTER, DivergenceError
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .. import wire
-from ..wire import PULL_HEADER, PUSH_HEADER
+from ..core import wire
+from ..core.wire import PULL_HEADER, PUSH_HEADER
 from .onebit import OneBit, codecs
 
 

@@ -16,7 +16,7 @@ Columns (net.mlp.Layout.columns): each layer's lines along the hidden dimension,
 the shard's bounds, so every message is decoded with its shard's columns alone.
 
 A message is one contiguous byte buffer, sent as MPI.BYTE:
-    [ header (float64: a push's or a pull's, asgd.wire) | 2 float64 per column | bits ]
+    [ header (float64: a push's or a pull's, asgd.core.wire) | 2 float64 per column | bits ]
 (each column's bits from a byte boundary: its size is wire.onebit_bytes).
 For 2-10K-2 on one server: 6,395 bytes a push and 6,371 a reply, against 400,064 and
 400,040 in float64 (62.6x fewer).
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import wire
+from ..core import wire
 from ..net import kernels
 
 

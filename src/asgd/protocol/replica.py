@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..wire import DOUBLE, TAG_REPLICA
+from ..core.wire import DOUBLE, TAG_REPLICA
 from .context import Endpoint
 
 

@@ -55,7 +55,7 @@ from mpi4py import MPI
 from ..mpiutil import failed_ranks, failed_ranks_soon
 from ..net import kernels
 from ..net.optimizers import Optimizer
-from ..wire import (DONE_BYTES, DOUBLE, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, PULL_HEADER, R_CUT,
+from ..core.wire import (DONE_BYTES, DOUBLE, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, PULL_HEADER, R_CUT,
                     R_STOP, R_VERSION, RECV, SEND, STOP_ASKED, STOP_DONE, TAG_DONE, TAG_PULL, TAG_PUSH, TAG_SHARD,
                     flow_id)
 from .context import Endpoint

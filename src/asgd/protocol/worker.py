@@ -31,7 +31,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ..wire import (DONE_BYTES, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, PUSH_HEADER, R_CUT, R_STOP,
+from ..core.wire import (DONE_BYTES, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, PUSH_HEADER, R_CUT, R_STOP,
                     R_VERSION, RECV, SEND, STOP_ASKED, TAG_DONE, TAG_PULL, TAG_PUSH, flow_id)
 from .context import Endpoint, Schedule, WorkerStats
 from .overlap import OverlapRule

@@ -16,7 +16,7 @@ from ..protocol.context import Endpoint
 from . import signals
 from .config import Config
 from .progress import EpochTracker
-from .topology import Topology
+from ..core.topology import Topology
 from .trace import PhaseClock
 
 

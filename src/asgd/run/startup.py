@@ -26,12 +26,12 @@ from mpi4py import MPI
 from ..mpiutil import Waiter, once_per_node
 
 # what every rank of asgd.train imports (calibrate times it; a test keeps it true)
-RANK_MODULES = ("numpy", "mpi4py.MPI", "asgd.wire", "asgd.mpiutil", "asgd.data.shares", "asgd.data.standardize",
+RANK_MODULES = ("numpy", "mpi4py.MPI", "asgd.core.wire", "asgd.mpiutil", "asgd.data.shares", "asgd.data.standardize",
                 "asgd.net.mlp", "asgd.net.optimizers", "asgd.protocol.allreduce", "asgd.protocol.context",
                 "asgd.protocol.messages", "asgd.protocol.onebit", "asgd.protocol.p2p", "asgd.protocol.replica",
                 "asgd.protocol.server", "asgd.protocol.worker", "asgd.run.checkpoint", "asgd.run.config",
                 "asgd.run.folder", "asgd.run.job", "asgd.run.results", "asgd.run.roles", "asgd.run.signals",
-                "asgd.run.startup", "asgd.run.progress", "asgd.run.topology", "asgd.run.trace")
+                "asgd.run.startup", "asgd.run.progress", "asgd.core.topology", "asgd.run.trace")
 
 
 def loads(role: str, rank: int, reads_file: bool, allreduce: bool = False,

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from ..wire import SEND, flow_is_reply, flow_step
+from ..core.wire import SEND, flow_is_reply, flow_step
 
 PHASES = ("init", "read", "parse", "shuffle", "compute", "replica_sum", "push", "comm_wait", "aggregate",
           "evaluate", "idle")   # replica_sum: a model-parallel replica's members summing their logits

@@ -1,6 +1,6 @@
 """asgd's protocol as SimGrid actors: one actor per MPI rank, doing what asgd.train,
 asgd.protocol and asgd.data.readers do, with the calibrated costs (costs.py) in place of
-the work and SimGrid's mailboxes in place of MPI's messages (of asgd.wire's sizes).
+the work and SimGrid's mailboxes in place of MPI's messages (of asgd.core.wire's sizes).
 
 Every rank (asgd.train.main)
   init     start-up: imports (CPU shared with the node's other ranks, a wall floor for
@@ -50,7 +50,7 @@ import numpy as np
 
 from ..mpiutil import CLOCK_PINGS
 from ..protocol.overlap import OverlapRule
-from ..wire import DOUBLE, RECV, SEND, flow_id, shard_bounds
+from ..core.wire import DOUBLE, RECV, SEND, flow_id, shard_bounds
 from .clock import SimClock
 from .costs import Costs, Spec, worker_points
 from .platform import FLOPS
@@ -416,7 +416,7 @@ def finish(world: World, rank: int, record: dict) -> None:
 # -- the parameter-server protocol (ps servers, and p2p's owners) ---------------------------
 
 def _my_shards(world: World, rank: int) -> list[int]:
-    """The shards a worker rank pushes to: those of its slice (asgd.run.topology.Topology.link)."""
+    """The shards a worker rank pushes to: those of its slice (asgd.core.topology.Topology.link)."""
     topo = world.topo
     a, b = topo.slices[topo.member(rank)]
     return [v for v, (lo, hi) in enumerate(topo.shards) if a <= lo and hi <= b]
@@ -671,10 +671,10 @@ def allreduce_rank(world: World, rank: int) -> None:
     """asgd.protocol.allreduce.run_allreduce: every rank a worker; each step one allreduce
     of [m * Delta-w | m, loss, stop] (of its slice, among the ranks holding it: one per
     replica) by asgd's ring (asgd.protocol.allreduce.Ring: P - 1 rounds of reduce-scatter,
-    each passing one chunk of asgd.wire.shard_bounds to the next rank and adding the one
+    each passing one chunk of asgd.core.wire.shard_bounds to the next rank and adding the one
     received, then P - 1 rounds of allgather), or MPI_Iallreduce (its calibrated round),
     then the averaged update applied by the run's optimizer. The ring's bytes are
-    asgd.wire.ring_bytes, as a real run counts them."""
+    asgd.core.wire.ring_bytes, as a real run counts them."""
     run, c, clock, topo = world.run, world.costs, world.clocks[rank], world.topo
     init(world, rank)
     if rank == 0:

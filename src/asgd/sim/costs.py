@@ -33,12 +33,12 @@ import math
 import random
 from dataclasses import asdict, dataclass, field
 
-from .. import wire
+from ..core import wire
 from ..net.mlp import Layout
 from ..perf.analytic import Params, Run, extrapolate_linear, interpolate_log
 from ..perf.architectures import at_ranks, crowding
 from ..perf.exchanges import STEP
-from ..wire import DOUBLE, shard_bounds
+from ..core.wire import DOUBLE, shard_bounds
 from .machines import Machine
 
 
@@ -97,10 +97,10 @@ class Spec:
 
     @property
     def topology(self):
-        """The job's shape as asgd.train computes it (asgd.run.topology): shards, their
+        """The job's shape as asgd.train computes it (asgd.core.topology): shards, their
         owners, replicas and slices."""
         from ..net.mlp import Layout, Sliced
-        from ..run.topology import Topology
+        from ..core.topology import Topology
         r = self.run
         sliced = Sliced(Layout(r.features, r.hidden, r.classes), r.model_parallel)
         return Topology(self.arch, self.ranks, self.servers, tuple(sliced.bounds))
@@ -302,7 +302,7 @@ class Costs:
     # -- messages ------------------------------------------------------------------------
 
     def push_bytes(self, s: int) -> int:
-        """A push to server s, as asgd.wire counts it."""
+        """A push to server s, as asgd.core.wire counts it."""
         lo, hi = self.shards[s]
         return wire.push_bytes(hi - lo, self.shard_cols[s])
 

@@ -34,7 +34,7 @@ import math
 from dataclasses import replace
 
 from ..perf.analytic import Params
-from ..wire import DOUBLE, PUSH_HEADER, TAG_PROBE
+from ..core.wire import DOUBLE, PUSH_HEADER, TAG_PROBE
 from .links import FRAME_HEADERS, MSS
 from .shaping import burst_bytes
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..wire import DONE_BYTES, DOUBLE
+from ..core.wire import DONE_BYTES, DOUBLE
 from . import links
 from .spec import Spec
 

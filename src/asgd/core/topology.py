@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..wire import shard_bounds, slice_hosts, slice_shards
+from .wire import shard_bounds, slice_hosts, slice_shards
 
 
 @dataclass(frozen=True)
