@@ -13,14 +13,15 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 
 # bottom to top; packages on one level must not import each other
 LAYERS = [
-    ["asgd", "asgd.launch"],          # the root: BadInput, the version; finding mpiexec
+    ["asgd"],                         # the root: BadInput, the version
     ["asgd.core"],                    # the protocol with no I/O: wire format, topology, policies, bookkeeping
     ["asgd.net"],                     # the flat layout, numba kernels, optimizers
+    ["asgd.mpienv"],                  # finding mpiexec, its flags, the cores (no MPI)
     ["asgd.mpiutil"],                 # waiting without spinning, agreement, clocks
     ["asgd.data"],                    # formats, parsers, readers, shares, scaling
     ["asgd.protocol"],                # who talks to whom
     ["asgd.run"],                     # options, results.json, progress, checkpoints, signals, trace
-    ["asgd.train", "asgd.launch.__main__", "asgd.predict"],   # the run top to bottom; its restart supervisor; a trained run applied to new data (numpy only)
+    ["asgd.train", "asgd.launch", "asgd.predict"],   # the run top to bottom; its restart supervisor; a trained run applied to new data (numpy only)
     ["asgd.perf"],                    # the lab: analytical model, calibration, report
     ["asgd.sim", "asgd.testbed"],     # the simulator; the emulated cluster
 ]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from asgd.launch import cores_available
+from asgd.mpienv import cores_available
 from asgd.testbed import launch, lifecycle, links, placement, procs, proof, state
 from asgd.testbed.sh import missing_requirements
 from asgd.testbed.spec import Spec, parse_rate

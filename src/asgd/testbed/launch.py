@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..launch import OVERSUBSCRIBED_ENV, cores_available
+from ..mpienv import OVERSUBSCRIBED_ENV, cores_available
 from ..run.config import default_servers
 from . import placement, procs, proof, shaping, state
 from .sh import TestbedError

@@ -136,7 +136,7 @@ def measure_efficiency(tb, base: Params, rate_bit: float, sizes: list[int], kind
     import json
     import sys
 
-    from ..launch import find
+    from ..mpienv import find
     from ..perf.architectures import probe_link_time
     ranks = ranks or PROBE_RANKS
     p = testbed_params(base, rate_bit, sizes=[k for n in sizes for k in _probe_sizes(n, max(max(r) for r in ranks.values()))])
