@@ -22,8 +22,10 @@ LAYERS = [
     ["asgd.protocol"],                # who talks to whom
     ["asgd.run"],                     # options, results.json, progress, checkpoints, signals, trace
     ["asgd.train", "asgd.launch", "asgd.predict"],   # the run top to bottom; its restart supervisor; a trained run applied to new data (numpy only)
-    ["asgd.perf"],                    # the lab: analytical model, calibration, report
-    ["asgd.sim", "asgd.testbed"],     # the simulator; the emulated cluster
+    ["asgd.perf"],                    # the performance model, pure: analytic, architectures, report
+    ["asgd.probes"],                  # the measurements: calibrate, the MPI probes, the exchange rounds
+    ["asgd.perf.cli", "asgd.perf.calibrate"],   # the lab's command line; the probes at their old path
+    ["asgd.sim", "asgd.testbed", "asgd.perf.__main__"],   # the simulator; the emulated cluster; python -m asgd.perf
 ]
 
 

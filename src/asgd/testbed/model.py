@@ -1,6 +1,6 @@
 """The performance model on a testbed: a calibration of this machine (asgd.perf calibrate,
 shared memory between ranks) plus the testbed's link rate, burst and latency give the
-Params that asgd.perf.analytic.predict needs for a run across the testbed's hosts.
+Params that asgd.perf.architectures.predict needs for a run across the testbed's hosts.
 
 Only the network terms change; everything the cores do (steps, the server's CPU per
 update, the cores' worth of P ranks, the CPU cost of messaging under crowding) stays as
@@ -93,7 +93,7 @@ def probe(comm, n_w: int, pings: int = 10, updates: int = 20, repeat: int = 3) -
 
     import numpy as np
 
-    from ..perf.calibrate import exchange, spin_step
+    from ..probes.ranks import exchange, spin_step   # here: importing it initializes MPI, which only a probe's rank does
     buf = np.zeros(n_w)
     tries = []
     for _ in range(repeat):
@@ -125,7 +125,7 @@ PROBE_RANKS = {"ps": (4, 7, 11), "p2p": (3, 6, 10), "ring": (3, 6, 10), "mpi": (
 
 def measure_efficiency(tb, base: Params, rate_bit: float, sizes: list[int], kinds=("ps", "p2p", "ring"),
                        ranks: dict | None = None, rounds: int = 6, say=print) -> dict:
-    """Each exchange's link efficiency on this testbed: asgd.perf.exchanges' no-compute
+    """Each exchange's link efficiency on this testbed: asgd.probes.exchanges' no-compute
     rounds (one server and P - 1 workers; P peers; the ring, MPI_Iallreduce) run across
     its hosts at rank counts of their own (PROBE_RANKS: none a bench's worker count),
     their time less the same round on shared memory (base's exchange_s, the protocol's
@@ -143,7 +143,7 @@ def measure_efficiency(tb, base: Params, rate_bit: float, sizes: list[int], kind
     out: dict = {}
     for kind in kinds:
         for P in ranks[kind]:
-            cmd = [find(), "-n", str(P), sys.executable, "-m", "asgd.perf.calibrate", "exchange", "--kinds", kind,
+            cmd = [find(), "-n", str(P), sys.executable, "-m", "asgd.probes.ranks", "exchange", "--kinds", kind,
                    "--nw", ",".join(map(str, sizes)), "--rounds", str(rounds)]
             res = tb.run(cmd, servers=1 if kind == "ps" else 0, capture=True, timeout=900, say=lambda *a, **k: None)
             lines = [ln for ln in (res.stdout or "").splitlines() if ln.startswith("{")]
