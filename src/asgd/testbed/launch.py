@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import resource
 import shlex
 import signal
 import subprocess
@@ -311,7 +312,6 @@ def run(spec: Spec, cmd: list[str], servers: int | None = None, ranks_per_host: 
 def _children_cpu() -> float:
     """CPU seconds of this process's waited-for descendants: the launcher waits for its
     agents, which wait for the ranks, so after the job this includes every rank's."""
-    import resource
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
 

@@ -30,10 +30,17 @@ check these.
 
 from __future__ import annotations
 
+import json
 import math
+import sys
+import time
 from dataclasses import replace
 
+import numpy as np
+
+from ..mpienv import find
 from ..perf.analytic import Params
+from ..perf.architectures import probe_link_time
 from ..core.wire import DOUBLE, PUSH_HEADER, TAG_PROBE
 from .links import FRAME_HEADERS, MSS
 from .shaping import burst_bytes
@@ -89,10 +96,6 @@ def probe(comm, n_w: int, pings: int = 10, updates: int = 20, repeat: int = 3) -
     `updates`, through calibrate's exchange: the real Server and run_worker), each the
     least of `repeat` tries (a loaded machine delays single tries). Rank 0 returns
     {pingpong_s, round_trip_s, tries}."""
-    import time
-
-    import numpy as np
-
     from ..probes.ranks import exchange, spin_step   # here: importing it initializes MPI, which only a probe's rank does
     buf = np.zeros(n_w)
     tries = []
@@ -133,11 +136,6 @@ def measure_efficiency(tb, base: Params, rate_bit: float, sizes: list[int], kind
     busiest link's bytes, framed, less the bucket's burst). Params.link_efficiency:
     [kind][P][n] (1.0: the derived time exactly; 2.0: the links took twice as long).
     Only microbenchmarks: no training run is seen."""
-    import json
-    import sys
-
-    from ..mpienv import find
-    from ..perf.architectures import probe_link_time
     ranks = ranks or PROBE_RANKS
     p = testbed_params(base, rate_bit, sizes=[k for n in sizes for k in _probe_sizes(n, max(max(r) for r in ranks.values()))])
     out: dict = {}
