@@ -56,7 +56,6 @@ def probe_startup() -> dict:
     out, t = {}, T0_NS / 1e9
     for name in startup.RANK_MODULES:
         importlib.import_module(name)
-
     oversubscribed(MPI.COMM_WORLD)
     stages = (("imports", lambda: None),
               ("parsers", lambda: startup.load(("parsers",))),
@@ -80,7 +79,6 @@ def probe_job_startup() -> dict | None:
     rank's seconds since its start, as init_s counts them."""
     for name in startup.RANK_MODULES:
         importlib.import_module(name)
-
     comm = MPI.COMM_WORLD
     waiter = Waiter(oversubscribed(comm), time.monotonic() + 300, f"calibrate rank {comm.rank}")
     role = "server" if comm.rank == 0 else "worker"

@@ -93,7 +93,7 @@ def worker_ceiling(rate_bit: float, n_w: int, bytes_per_weight: float = 8.0, lat
 def probe(comm, n_w: int, pings: int = 10, updates: int = 20, repeat: int = 3) -> dict | None:
     """On 2 ranks (one per host): the raw MPI ping-pong of one Delta-w (8 n_w bytes, one
     way, least of `pings`) and asgd's own push/pull round trip with no compute (mean over
-    `updates`, through calibrate's exchange: the real Server and run_worker), each the
+    `updates`, through asgd.probes.ranks.exchange: the real Server and run_worker), each the
     least of `repeat` tries (a loaded machine delays single tries). Rank 0 returns
     {pingpong_s, round_trip_s, tries}."""
     from ..probes.ranks import exchange, spin_step   # here: importing it initializes MPI, which only a probe's rank does
