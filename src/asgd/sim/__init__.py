@@ -40,7 +40,7 @@ def simgrid():
     """The simgrid module, or SimgridMissing with how to install it."""
     try:
         with quiet_stderr():  # its C++ side logs a configuration line on import
-            import simgrid as sg
+            import simgrid as sg   # here: optional (the `sim` extra), needed only when a simulation runs
     except ImportError as e:
         raise SimgridMissing(f"{INSTALL_HINT} ({e})") from None
     return sg
