@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from asgd import launch
+from asgd import mpienv
 
 GOOD = [  # (ranks, options): expected to exit 0 with accuracy >= 0.95
     (2, []), (4, ["--mode", "ssp", "--staleness", "2"]), (16, []), (5, ["--servers", "2"]),
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         kind, case = next(cases)
         n, opts = case[0], case[1]
         out = tempfile.mkdtemp(prefix="asgd-soak-")
-        cmd = launch.command(n, sys.executable, "-m", "asgd.train", *opts, "--seed", str(i),
+        cmd = mpienv.command(n, sys.executable, "-m", "asgd.train", *opts, "--seed", str(i),
                              "--epochs", str(a.epochs), "--quiet", "--out", out, "--timeout", str(a.timeout - 10))
         t = time.monotonic()
         try:

@@ -12,17 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asgd import launch
+from asgd import mpienv
 
-MPIEXEC = launch.find()
+MPIEXEC = mpienv.find()
 REPO = Path(__file__).resolve().parents[1]
 
 
 def mpi(n: int, *program: str) -> list[str]:
-    """`mpiexec -n n <the flags this MPI needs here> program...` (asgd.launch)."""
+    """`mpiexec -n n <the flags this MPI needs here> program...` (asgd.mpienv)."""
     if MPIEXEC is None:
         pytest.skip("no mpiexec on PATH (pip install -e '.[mpich]')")
-    return launch.command(n, *program)
+    return mpienv.command(n, *program)
 
 
 # Open MPI's launcher's own exit status when it could not start the job at all (PRRTE's

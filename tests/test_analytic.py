@@ -15,6 +15,7 @@ import pytest
 
 from asgd.perf import analytic as pm
 from asgd.perf.analytic import Params, Run, Table1
+from asgd.perf.architectures import predict
 
 
 def approx(x):
@@ -639,7 +640,7 @@ def test_predict_train_with_messages_that_fit_the_links_burst():
 
 def test_predict_total_is_init_plus_train():
     p = make_params()
-    pr = pm.predict(p, Run(cores=2, **TRAIN))
+    pr = predict(p, Run(cores=2, **TRAIN))
     # embedded (no file), P=4 on 2 cores: startup 1.46 (test_predict_startup), generate 0.2 x 2
     assert pr.init_s == approx(1.86)
     assert pr.train_s == approx(6.325e-3)
@@ -651,7 +652,7 @@ def test_predict_total_is_init_plus_train():
 
 
 def test_predict_with_a_file():
-    pr = pm.predict(make_params(), Run(reader="sequential", **{**TRAIN, **FILE, "points": 960}))
+    pr = predict(make_params(), Run(reader="sequential", **{**TRAIN, **FILE, "points": 960}))
     # init: startup 1.1 + 4 x (8e-4 + 1e-7 x 960) = 1.1 + 4 x 8.96e-4 = 1.103584
     assert pr.init_s == approx(1.103584)
     assert pr.total_s == approx(pr.init_s + pr.train_s)
@@ -664,7 +665,7 @@ def test_predict_with_a_file():
 ])
 def test_predict_rejects(run, message):
     with pytest.raises(ValueError, match=message):
-        pm.predict(make_params(), run)
+        predict(make_params(), run)
 
 
 # -- measured core sharing and crowded messaging ----------------------------------------
@@ -814,9 +815,9 @@ def test_model_partitioning_steps_a_slice_and_sums_the_logits():
     assert it.compute_s == pytest.approx(3e-4)                         # the member's step, measured
     assert it.replica_s == pytest.approx(1e-5 + (64 - 16) * 2e-5 / 1008)
     with pytest.raises(ValueError, match="must divide the workers"):
-        pm.predict(p, Run(workers=3, arch="ps", model_parallel=2, **LOCK))
+        predict(p, Run(workers=3, arch="ps", model_parallel=2, **LOCK))
     with pytest.raises(ValueError, match="unknown architecture"):
-        pm.predict(p, Run(workers=2, arch="mesh", **LOCK))
+        predict(p, Run(workers=2, arch="mesh", **LOCK))
 
 
 def test_measured_exchanges_are_interpolated_in_size_and_extrapolated_in_ranks():
@@ -874,10 +875,11 @@ def test_a_crowded_async_worker_pays_its_measured_turns():
     period = 8 / pm.predict_train(p, probe)["updates_per_s"]
     q = dataclasses.replace(p, exchange_s={"async+step": {9: {5 * H + 2: period + 0.05}}})
     assert arch.crowding(q, "async", 9) == pytest.approx(0.05)
-    assert 8 / pm.predict_train(q, probe)["updates_per_s"] == pytest.approx(period + 0.05)
-    assert pm.predict_train(q, probe, turns=False) == pm.predict_train(p, probe)
+    assert 8 / pm.predict_train(q, probe, arch.crowding)["updates_per_s"] == pytest.approx(period + 0.05)
+    assert pm.predict_train(q, probe) == pm.predict_train(p, probe)   # no crowding passed: no turns
     run = Run(workers=6, hidden=400, batch=64, points=6 * 64 * 10)   # 7 ranks on 4 cores
-    assert pm.predict_train(q, run)["updates_per_s"] < pm.predict_train(p, run)["updates_per_s"]
+    assert pm.predict_train(q, run, arch.crowding)["updates_per_s"] < pm.predict_train(p, run)["updates_per_s"]
+    assert predict(q, run).detail["updates_per_s"] == pm.predict_train(q, run, arch.crowding)["updates_per_s"]
 
 
 def test_a_crowded_replica_pays_the_turns_its_probe_measured():
@@ -892,6 +894,6 @@ def test_a_crowded_replica_pays_the_turns_its_probe_measured():
     q = dataclasses.replace(p, exchange_s={"replica+step": {9: {B: period + 0.05}},
                                            "async+step": {9: {5 * H + 2: 1.0}}})
     assert arch.crowding(q, "replica", 9) == pytest.approx(0.05)
-    assert 8 / pm.predict_train(q, probe)["updates_per_s"] == pytest.approx(period + 0.05)
+    assert 8 / pm.predict_train(q, probe, arch.crowding)["updates_per_s"] == pytest.approx(period + 0.05)
     whole = Run(workers=8, servers=1, hidden=H, batch=B, points=8 * B * 20)
-    assert 8 / pm.predict_train(q, whole)["updates_per_s"] > 0.5   # a whole-model worker pays async's
+    assert 8 / pm.predict_train(q, whole, arch.crowding)["updates_per_s"] > 0.5   # a whole-model worker pays async's

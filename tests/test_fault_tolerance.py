@@ -14,18 +14,18 @@ import time
 import numpy as np
 import pytest
 
-from asgd import launch
+from asgd import mpienv
 from conftest import MPIEXEC, load_results, mpiexec, split_launcher_notes
 from test_reliability import rank_pids, wait_for
 
-OPEN_MPI = MPIEXEC is not None and launch.flavour(MPIEXEC) == "openmpi"
+OPEN_MPI = MPIEXEC is not None and mpienv.flavour(MPIEXEC) == "openmpi"
 needs_ulfm = pytest.mark.skipif(not OPEN_MPI, reason="a lost worker is survived only under Open MPI with ULFM "
                                                       "(CI runs these in its Open MPI venv: pytest -m openmpi)")
 
 
 def start_ft(n, args, out):
     """asgd.train --fault-tolerant under mpiexec --with-ft ulfm, in the background."""
-    cmd = launch.command(n, sys.executable, "-m", "asgd.train", "--fault-tolerant", *args, "--out", str(out),
+    cmd = mpienv.command(n, sys.executable, "-m", "asgd.train", "--fault-tolerant", *args, "--out", str(out),
                          fault_tolerant=True)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
@@ -112,7 +112,7 @@ def test_backup_workers_do_not_wait_for_a_straggler(tmp_path):
     import threading
     for b in (0, 1):
         out = tmp_path / f"b{b}"
-        proc = subprocess.Popen(launch.command(5, sys.executable, "-m", "asgd.train", "--mode", "sync",
+        proc = subprocess.Popen(mpienv.command(5, sys.executable, "-m", "asgd.train", "--mode", "sync",
                                                "--backup-workers", str(b), "--epochs", "80", "--hidden", "1000",
                                                "--progress", "0.1", "--checkpoint-every", "0.2s", "--out", str(out)),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -199,7 +199,7 @@ def test_a_restart_with_no_complete_cut_starts_over_in_its_own_folder(tmp_path):
     out, marker = tmp_path / "run", tmp_path / "failed-once"
     fake = tmp_path / "launcher.sh"   # fails its first job (not its --version, which launch asks first)
     fake.write_text(f"#!/bin/sh\nif [ \"$1\" = -n ] && [ ! -e {marker} ]; then touch {marker}; mkdir -p {out}/checkpoint; "
-                    f"touch {out}/checkpoint/shard-1.npz.tmp; exit 1; fi\nexec {launch.find()} \"$@\"\n")
+                    f"touch {out}/checkpoint/shard-1.npz.tmp; exit 1; fi\nexec {mpienv.find()} \"$@\"\n")
     fake.chmod(0o755)
     p = subprocess.run([sys.executable, "-m", "asgd.launch", "-n", "2", "--max-restarts", "1", "--launcher", str(fake),
                         "--", "--epochs", "1", "--hidden", "50", "--quiet", "--out", str(out)],

@@ -1,11 +1,15 @@
 """The package is a layered graph (docs: the design's layer table): a module imports only
-from its own package or from layers below it, never a private name of another package,
-and the wire format is defined once."""
+from its own package or from layers below it, never a private name of another package;
+no module imports itself back through others (no circle, inside a package too); and the
+wire format is defined once. Every import counts, function-level ones included."""
 
 import ast
 import functools
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -13,16 +17,19 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 
 # bottom to top; packages on one level must not import each other
 LAYERS = [
-    ["asgd", "asgd.launch"],          # the root: BadInput, the version; finding mpiexec
+    ["asgd"],                         # the root: BadInput, the version
     ["asgd.core"],                    # the protocol with no I/O: wire format, topology, policies, bookkeeping
     ["asgd.net"],                     # the flat layout, numba kernels, optimizers
+    ["asgd.mpienv"],                  # finding mpiexec, its flags, the cores (no MPI)
     ["asgd.mpiutil"],                 # waiting without spinning, agreement, clocks
     ["asgd.data"],                    # formats, parsers, readers, shares, scaling
     ["asgd.protocol"],                # who talks to whom
     ["asgd.run"],                     # options, results.json, progress, checkpoints, signals, trace
-    ["asgd.train", "asgd.launch.__main__", "asgd.predict"],   # the run top to bottom; its restart supervisor; a trained run applied to new data (numpy only)
-    ["asgd.perf"],                    # the lab: analytical model, calibration, report
-    ["asgd.sim", "asgd.testbed"],     # the simulator; the emulated cluster
+    ["asgd.train", "asgd.launch", "asgd.predict"],   # the run top to bottom; its restart supervisor; a trained run applied to new data (numpy only)
+    ["asgd.perf"],                    # the performance model, pure: analytic, architectures, report
+    ["asgd.probes"],                  # the measurements: calibrate, the MPI probes, the exchange rounds
+    ["asgd.perf.cli", "asgd.perf.calibrate"],   # the lab's command line; the probes at their old path
+    ["asgd.sim", "asgd.testbed", "asgd.perf.__main__"],   # the simulator; the emulated cluster; python -m asgd.perf
 ]
 
 
@@ -65,11 +72,12 @@ def imports(module: str, path: pathlib.Path, is_pkg: bool):
             else:
                 target = node.module
             names = [a.name for a in node.names]
-            if node.module is None:   # from . import x: x a module, or a name of the package
-                for n in names:
-                    yield (f"{target}.{n}", []) if f"{target}.{n}" in MODULES else (target, [n])
-            else:
-                yield target, names
+            # from P import x: x a module of package P (an import of that module), or a name of P
+            modules = [n for n in names if f"{target}.{n}" in MODULES]
+            for n in modules:
+                yield f"{target}.{n}", []
+            if len(modules) < len(names):
+                yield target, [n for n in names if n not in modules]
 
 
 @functools.cache
@@ -95,6 +103,51 @@ def test_no_module_imports_a_layer_above_it(module):
                                          f"(layer {LEVEL[dst]}, {dst}): imports run down the layers only")
 
 
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the asgd modules it imports, every import counted."""
+    graph = {m: set() for m in MODULES}
+    for m, target, _ in edges():
+        if target in MODULES and target != m:
+            graph[m].add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A circle in the graph as [a, b, ..., a] (a imports b, ..., which imports a), or None:
+    a depth-first search that meets a module still on its own path."""
+    state = {}    # module -> "open" while on the search's path, "done" after
+    for root in sorted(graph):
+        if root in state:
+            continue
+        path, todo = [root], [iter(sorted(graph[root]))]
+        state[root] = "open"
+        while todo:
+            nxt = next(todo[-1], None)
+            if nxt is None:
+                state[path.pop()] = "done"
+                todo.pop()
+            elif state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            elif nxt not in state:
+                state[nxt] = "open"
+                path.append(nxt)
+                todo.append(iter(sorted(graph.get(nxt, ()))))
+    return None
+
+
+def test_no_module_imports_itself_back_through_others():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "a circle of imports (function-level ones included): " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_circle():
+    """The detector itself, on graphs whose answer is known: a circle of three behind a
+    module outside it, one of two, and a diamond, which is none."""
+    assert find_cycle({"d": {"a"}, "a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"x": {"y"}, "y": {"x", "z"}, "z": set()}) == ["x", "y", "x"]
+    assert find_cycle({"top": {"l", "r"}, "l": {"bottom"}, "r": {"bottom"}, "bottom": set()}) is None
+
+
 def test_no_module_takes_a_private_name_from_another_package():
     bad = []
     for m, target, names in edges():
@@ -110,7 +163,24 @@ def test_the_layer_check_sees_what_it_must():
     assert ("asgd.run.roles", "asgd.protocol.worker") in got             # from ..protocol.worker import ...
     assert ("asgd.run.startup", "asgd.net.mlp") in got or \
         ("asgd.run.startup", "asgd.net") in got                           # a function-level import
+    assert ("asgd.testbed.model", "asgd.probes.ranks") in got             # one inside a function's body
+    assert ("asgd.probes.calibrate", "asgd.data.problem") in got          # from ..data import problem: the module
     assert LEVEL[unit_of("asgd.protocol.server")] < LEVEL[unit_of("asgd.run.trace")]
+    assert unit_of("asgd.perf.cli") == "asgd.perf.cli" and unit_of("asgd.perf.analytic") == "asgd.perf"
+
+
+def test_the_model_and_the_orchestrators_start_no_mpi():
+    """The performance model imports no MPI, no numba and runs no jobs; the processes that
+    start MPI jobs (python -m asgd.perf, the calibration's orchestrator, the supervisor)
+    never import mpi4py, whose import initializes MPI. Checked in a fresh interpreter:
+    what a module's imports pull in, transitively."""
+    def loaded(*modules):
+        code = (f"import sys; import {', '.join(modules)}; "
+                "print(' '.join(m for m in ('mpi4py', 'numba', 'subprocess') if m in sys.modules))")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=120).stdout.split()
+    assert loaded("asgd.perf.analytic", "asgd.perf.architectures", "asgd.perf.report") == []
+    assert "mpi4py" not in loaded("asgd.perf.cli", "asgd.probes.calibrate", "asgd.launch", "asgd.mpienv")
 
 
 def test_the_wire_format_is_written_once():

@@ -136,7 +136,7 @@ def test_the_second_window_measures_the_crowded_rounds_alone():
     """calibrate measures the rounds after a training step (KIND+step) twice, minutes
     apart, as it does the step: the second pass starts only the crowded jobs (P > C) and
     asks them for the stepped kinds alone; the first asks every kind at every count."""
-    from asgd.perf.calibrate import measure_exchanges
+    from asgd.probes.calibrate import measure_exchanges
 
     def fake(n, args, timeout):
         kinds = args[args.index("--kinds") + 1].split(",")

@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from asgd import launch
-from asgd.launch import rank_pids
+from asgd import mpienv
+from asgd.mpienv import rank_pids
 import conftest
 from conftest import MPIEXEC, load_results, mpi, mpiexec, split_launcher_notes
 
@@ -96,7 +96,7 @@ def request_stop(proc, run) -> None:
     """SIGTERM, as a batch system's time limit delivers it: MPICH's mpiexec passes it to
     every rank; Open MPI's mpiexec ends the job itself on SIGTERM, so there the ranks get
     it directly (as Slurm signals every process of a job step)."""
-    if launch.flavour(MPIEXEC) == "openmpi":
+    if mpienv.flavour(MPIEXEC) == "openmpi":
         for pid in rank_pids(run).values():
             os.kill(pid, signal.SIGTERM)
     else:
@@ -264,7 +264,7 @@ def test_a_job_the_launcher_could_not_start_is_told_from_the_ranks_failing():
     """conftest.mpiexec starts such a job once more, and fails the test with the launcher's
     message, which split_launcher_notes would hide: so Open MPI's exit status and form
     must be what launch_failed looks for."""
-    if launch.flavour(MPIEXEC) != "openmpi":
+    if mpienv.flavour(MPIEXEC) != "openmpi":
         pytest.skip("Open MPI's launcher (CI's second venv)")
     cmd = mpi(2, "--no-such-launcher-option", sys.executable, "-c", "pass")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)

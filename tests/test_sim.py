@@ -24,6 +24,7 @@ from asgd.run.config import Config
 from asgd.sim import INSTALL_HINT, available
 from asgd.sim.costs import Costs, Spec, worker_points
 from asgd.sim.machines import Machine, by_name
+from asgd.sim.probes import corrections
 
 needs_simgrid = pytest.mark.skipif(not available(), reason=INSTALL_HINT)
 
@@ -75,7 +76,7 @@ def simulate(params_path: str, out=None, trace=False, **spec_over) -> dict:
     run_over = {k: spec_over.pop(k) for k in list(spec_over) if k in analytic.Run.__dataclass_fields__}
     run = analytic.Run(**{"workers": 3, "epochs": 1, "cores": machine.cores_per_node, **run_over})
     spec = Spec(run=run, machine=machine, **spec_over)
-    return simulate_isolated(spec, Costs(p, spec, raw), out, trace, params_path=params_path)
+    return simulate_isolated(spec, Costs(p, spec, raw, corrections=corrections), out, trace, params_path=params_path)
 
 
 def sim_cli(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
@@ -438,7 +439,7 @@ def test_crowded_rounds_meet_the_probes_measured_rounds(params_file, tmp_path, m
     """Where calibrate's KIND+step probe of 5 ranks on the 2 cores measured a round longer
     or shorter than the simulator's own, the simulator's round of that probe is the
     measured one (sim.probes: the difference, added or taken per round)."""
-    from asgd.perf.exchanges import STEP_PROBE
+    from asgd.perf.architectures import STEP_PROBE
     from asgd.sim import probes
     from asgd.sim.costs import load_params
     from asgd.sim.run import simulate_isolated
@@ -450,7 +451,7 @@ def test_crowded_rounds_meet_the_probes_measured_rounds(params_file, tmp_path, m
     q, raw_q = load_params(params_file(exchange_s={f"{kind}+step": {"5": {str(B if kind == "replica" else 5 * H + 2):
                                                                            measured}}}))
     spec = Spec(run=probes.probe_run(kind, 5), machine=by_name("here", q.cores))
-    got = simulate_isolated(spec, Costs(q, spec, raw_q), None)["train_s"] / probes.ROUNDS
+    got = simulate_isolated(spec, Costs(q, spec, raw_q, corrections=probes.corrections), None)["train_s"] / probes.ROUNDS
     assert got == pytest.approx(measured, rel=0.05) and abs(got - own) > 0.1 * own
     assert list((tmp_path / "cache" / "asgd").glob("sim-probes-*.json"))   # kept for the next simulation
 

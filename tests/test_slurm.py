@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from asgd import launch
+from asgd import mpienv
 from conftest import no_local_slurm
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "slurmstepd")
@@ -147,6 +147,6 @@ def test_no_daemon_left_running(slurm):
 def test_results_record_the_launcher(slurm):
     jobs = slurm["work"] / "jobs"
     launcher = lambda d: json.loads((jobs / d / "results.json").read_text())["config"]["launcher"]
-    mpi = launch.flavour(launch.find())   # the MPI of the venv the jobs ran from
+    mpi = mpienv.flavour(mpienv.find())   # the MPI of the venv the jobs ran from
     assert launcher("sweep/n2") == {"openmpi": "mpirun (Open MPI)", "mpich": "mpiexec (Hydra)"}[mpi]
     assert launcher("train") == "srun"

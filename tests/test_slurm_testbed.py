@@ -106,27 +106,27 @@ def test_fail_refuses_a_host_it_does_not_have():
 
 
 def test_open_mpis_mpiexec_keeps_the_allocations_slots(monkeypatch, tmp_path):
-    """Inside a Slurm or PBS allocation whose tasks hold the ranks, asgd.launch gives Open
+    """Inside a Slurm or PBS allocation whose tasks hold the ranks, asgd.mpienv gives Open
     MPI's mpiexec no --oversubscribe: with it, `ASGD_LAUNCHER=mpiexec sbatch -N 4 -n 16
     slurm/train.sbatch` ran all 16 ranks on the first node. More ranks than the job's
     tasks (calibrate's probes in a one-task job) still need it."""
-    from asgd import launch
-    monkeypatch.setattr(launch, "flavour", lambda _launcher: "openmpi")
+    from asgd import mpienv
+    monkeypatch.setattr(mpienv, "flavour", lambda _launcher: "openmpi")
     for var in ("SLURM_JOB_ID", "SLURM_NTASKS", "PBS_JOBID", "PBS_NODEFILE"):
         monkeypatch.delenv(var, raising=False)
-    assert "--oversubscribe" in launch.flags("mpiexec", 16)    # a workstation: more ranks than cores
+    assert "--oversubscribe" in mpienv.flags("mpiexec", 16)    # a workstation: more ranks than cores
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_NTASKS", "16")
-    assert "--oversubscribe" not in launch.command(16, "python", launcher="mpiexec")
-    assert "--oversubscribe" in launch.flags("mpiexec", 17)
+    assert "--oversubscribe" not in mpienv.command(16, "python", launcher="mpiexec")
+    assert "--oversubscribe" in mpienv.flags("mpiexec", 17)
     for var in ("SLURM_JOB_ID", "SLURM_NTASKS"):
         monkeypatch.delenv(var)
     nodes = tmp_path / "nodefile"
     nodes.write_text("h0\nh0\nh1\nh1\n")
     monkeypatch.setenv("PBS_JOBID", "12.server")
     monkeypatch.setenv("PBS_NODEFILE", str(nodes))
-    assert "--oversubscribe" not in launch.flags("mpiexec", 4)
-    assert "--oversubscribe" in launch.flags("mpiexec", 8)
+    assert "--oversubscribe" not in mpienv.flags("mpiexec", 4)
+    assert "--oversubscribe" in mpienv.flags("mpiexec", 8)
 
 
 def test_a_jobs_end_as_an_exit_status():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from asgd.launch import cores_available
+from asgd.mpienv import cores_available
 from asgd.testbed import launch, lifecycle, links, placement, procs, proof, state
 from asgd.testbed.sh import missing_requirements
 from asgd.testbed.spec import Spec, parse_rate
@@ -336,7 +336,8 @@ def test_the_model_on_a_testbed_link():
     one server to its link's ceiling, S servers to S times it (the shards cross their
     servers' links at once: analytic.predict_train's extension e); a message crosses a
     paused link in its wire time less tbf's burst."""
-    from asgd.perf.analytic import Run, predict
+    from asgd.perf.analytic import Run
+    from asgd.perf.architectures import predict
     from asgd.testbed.model import link_ceiling, testbed_params, wire_bytes, worker_ceiling
     from asgd.testbed.shaping import burst_bytes
     from test_analytic import make_params
@@ -365,7 +366,8 @@ def test_the_model_on_a_testbed_link_with_messages_that_fit_the_burst():
     """1-bit's messages (a few KB) fit tbf's 16 KiB bucket: below the link's rate they
     cross at line speed, so a lone worker runs at its step's pace until its own link is
     full (all S shards cross it), and S servers' links cap the rate at S times one's."""
-    from asgd.perf.analytic import Run, predict
+    from asgd.perf.analytic import Run
+    from asgd.perf.architectures import predict
     from asgd.testbed.model import link_ceiling, testbed_params, wire_bytes
     from test_analytic import make_params
     base = make_params(cores=128, effective_cores={1: 1.0, 128: 128.0})

@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import BadInput
-from .launch import OVERSUBSCRIBED_ENV, cores_available
+from .mpienv import OVERSUBSCRIBED_ENV, cores_available
 from .core.wire import TAG_CLOCK
 
 CLOCK_PINGS = 5   # clock_offsets: round trips per rank; the least delayed one wins

@@ -27,7 +27,7 @@ import numpy as np
 from . import BadInput
 from .data import formats
 from .data import labels as lab
-from .data.dialect import DELIMITERS, Dialect
+from .data.dialect import DELIMITERS, Dialect, delimiter_option
 from .net.mlp import Layout
 from .net.reference import predict as forward
 from .run.folder import file_digest
@@ -90,8 +90,7 @@ def read(run: Run, path: str, delimiter: str = "auto", header: bool | None = Non
         X, y, tokens = formats.read_npz(path)
         return _check(run, path, X), (list(y.astype(str)) if tokens is None else list(tokens))
     if formats.is_binary(path):
-        from .data.formats import npy_header
-        _, _, cols = npy_header(path)
+        _, _, cols = formats.npy_header(path)
         A = np.load(path)
         if cols == run.features:
             return A, None
@@ -203,7 +202,6 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     a = p.parse_args(argv)
     try:
-        from .data.dialect import delimiter_option
         delimiter = delimiter_option(a.delimiter)
     except ValueError as e:
         p.error(str(e))

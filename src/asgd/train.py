@@ -46,7 +46,7 @@ from .run.progress import RunFacts, convergence_notes  # noqa: E402
 from .core.topology import Topology  # noqa: E402
 from .run.trace import PhaseClock, TraceClock  # noqa: E402
 from .run.trace import export as export_trace  # noqa: E402
-from .launch import RESTARTS_ENV  # noqa: E402
+from .mpienv import RESTARTS_ENV  # noqa: E402
 from .core.wire import TAG_RECORD, TAG_SHARE  # noqa: E402
 
 ABORT_GRACE_S = 0.5   # a failing rank's wait between its one line and MPI_Abort

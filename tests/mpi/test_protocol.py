@@ -141,7 +141,7 @@ def test_async_without_bound_runs_ahead_of_a_straggler():
 def test_oversubscribed_is_the_nodes_count_unless_the_environment_says(monkeypatch):
     """asgd.testbed's hosts each look like a node of their own; ASGD_OVERSUBSCRIBED tells
     their ranks that they share the machine's cores."""
-    from asgd.launch import cores_available
+    from asgd.mpienv import cores_available
     comm = MPI.COMM_WORLD
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     on_node = node.Get_size()

@@ -17,6 +17,8 @@ import os
 import sys
 import time
 
+import numpy as np
+
 from .formats import DataError, is_binary, test_path, write
 from .problem import DEFAULT_POINTS, rings
 
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         return check(a)
     try:
         if a.cmd == "convert":
-            from .parse import read_file  # the fast parser
+            from .parse import read_file  # the fast parser: numba, loaded by the commands that parse only
             d = read_file(a.input)
             write(a.output, d)
             print(f"wrote {len(d)} points from {a.input} to {a.output}")
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def check(a) -> int:
     """mpiexec ... check: both readers on every file and size; exit 1 if a cover fails."""
+    # here: only `check` runs under MPI, and importing mpi4py (these modules do) initializes it
     from mpi4py import MPI
 
     from ..mpiutil import Waiter, agree_on, once_per_node, oversubscribed
@@ -138,7 +141,6 @@ def check(a) -> int:
 def _report(path, reader, got, shares, servers, out, scaling=None) -> bool:
     """Rank 0: do the workers' shares (and a held-out part of the file) cover the file
     exactly once, with servers holding nothing? Print a line; save the arrays."""
-    import numpy as np
     held_from_file = not os.path.exists(test_path(path))
     parts = [s[0] for s in shares] + ([got.test_lines] if held_from_file else [])
     lines = np.concatenate(parts)

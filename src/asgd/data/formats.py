@@ -24,13 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import BadInput
+from . import DataError
 from . import labels as lab
-from .dialect import HEAD_BYTES, Dialect, DialectError, blank, sniff, split
-
-
-class DataError(BadInput):
-    """Bad input data; the message names the file and, where it can, the line."""
+from .dialect import HEAD_BYTES, Dialect, DialectError, blank, is_number, sniff, split
 
 
 @dataclass
@@ -192,7 +188,6 @@ def parse_reference(path: str, d: Dialect, classes: int | None = None):
 
 
 def _is_feature(f: str) -> bool:
-    from .dialect import is_number
     return f.isascii() and is_number(f)
 
 

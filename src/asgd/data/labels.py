@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from . import DataError
 from .dialect import MISSING, Dialect, is_number
 
 MAX_CLASSES = 1000   # more distinct labels than this: a measurement, or not what asgd is for
@@ -111,7 +112,6 @@ def decide(path: str, dialect: Dialect, train: FileLabels, rows: int, classes: i
            test: FileLabels | None = None, test_path: str | None = None) -> Labels:
     """The classes of a run from its files' label columns; raises DataError (one line,
     naming the column and the fix) for a missing label or a column that is no classes."""
-    from .formats import DataError
     for fl, p in ((train, path), (test, test_path)):
         if fl is None:
             continue

@@ -26,7 +26,7 @@ from numba import njit, types
 
 from . import labels as lab
 from .dialect import Dialect
-from .formats import DataError, Dataset, file_size, is_binary, npy_header
+from .formats import DataError, Dataset, dialect_of, file_size, is_binary, is_npz, npy_header, npz_labels, read_npz
 from .labels import MAX_CLASSES, MAX_LABEL
 
 # strtod from the C library, by symbol name: unlike a ctypes pointer this keeps the
@@ -560,7 +560,6 @@ def split_rows(A: np.ndarray, d: Dialect) -> tuple[np.ndarray, np.ndarray]:
 def read_file(path: str, classes: int | None = None, delimiter: str = "auto", header: bool | None = None,
               label_column: str | None = None) -> Dataset:
     """A whole data file of any format with the fast parser (one process, no MPI)."""
-    from .formats import dialect_of, is_npz, npz_labels, read_npz
     if is_npz(path):
         X, y, tokens = read_npz(path, classes, label_column)
         d = Dialect(None, X.shape[1] + 1, X.shape[1])

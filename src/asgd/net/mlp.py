@@ -10,6 +10,10 @@ With --model-parallel K a replica of K ranks splits the hidden layer: Sliced giv
 parameters' "sliced order" (one contiguous vector per rank) and its permutations to and
 from this one; ModelParallelStep / make_mp_step are one rank's step, cut where the
 replica sums its partial logits.
+
+The numba kernels are imported where a step, an evaluation or a compilation needs them,
+not at the top: the layout, the slicing and the initialization serve numpy-only users
+(asgd.predict, the performance model, the simulator), which need not import numba.
 """
 
 from __future__ import annotations
@@ -121,7 +125,7 @@ def make_step(layout: Layout, batch: int):
     same compiled kernels, step_begin, step_rows, step_end: sgd_step inlines them, and its
     compiled copy may contract other multiply-adds into FMAs); without it each is called
     once."""
-    from . import kernels
+    from . import kernels   # numba: see the module docstring
     scratch = kernels.make_scratch(batch, layout.d_hidden, layout.d_out)
     block = kernels.step_block(scratch)
 
@@ -276,7 +280,7 @@ class ModelParallelStep:
         self._B = 0   # the batch of the last forward, until its backward
 
     def _alloc(self, batch: int):
-        from . import kernels
+        from . import kernels   # numba: see the module docstring
         lay = self.sliced.layouts[self.k]
         self._rows = batch
         self._scratch = kernels.make_mp_scratch(batch, lay.d_hidden, lay.d_out)
@@ -292,7 +296,7 @@ class ModelParallelStep:
         return self._backward(X, y, lr, dw_k, progress)[0]
 
     def _forward(self, w_k, X, progress):
-        from . import kernels
+        from . import kernels   # numba: see the module docstring
         B = len(X)
         self._B = 0   # until this forward has run
         if B > self._rows:
@@ -306,7 +310,7 @@ class ModelParallelStep:
         return scratch[4][:B], progress
 
     def _backward(self, X, y, lr, dw_k, progress):
-        from . import kernels
+        from . import kernels   # numba: see the module docstring
         B = len(y)
         if B == 0 or B != self._B or len(X) != B:
             raise ValueError("ModelParallelStep.backward: not the batch of the last forward")
@@ -343,7 +347,7 @@ def make_mp_step(sliced: Sliced, k: int, batch: int, sum_logits):
 
 def make_evaluate(layout: Layout, w: np.ndarray, test):
     """evaluate() -> (mean loss, accuracy) of the current w on a held-out Dataset."""
-    from . import kernels
+    from . import kernels   # numba: see the module docstring
 
     def evaluate():
         loss, acc = kernels.evaluate(*layout.views(w), test.X, test.y)
@@ -365,8 +369,8 @@ def compile_kernels(*uses: str) -> None:
       aggregate  add_into, add_scaled, all_finite (a server; allreduce ranks)
       update:O   optimizer O's update (a server; allreduce ranks)
       onebit     quantize_1bit, quantize_diff_1bit, dequantize_1bit, all_finite (--compress 1bit)"""
-    from . import kernels
-    from .optimizers import Optimizer
+    from . import kernels   # numba: see the module docstring
+    from .optimizers import Optimizer   # it imports the kernels too
     unknown = set(uses) - set(KERNEL_USES)
     if unknown:
         raise ValueError(f"unknown kernel uses {sorted(unknown)}; choose from {KERNEL_USES}")

@@ -16,8 +16,9 @@ on the paper's own list of what its model misses:
   f. the other architectures (p2p, allreduce, model partitioning) and every lockstep run,
      in Alqahtani & Demirbas's per-iteration form T_comp + T_comm (asgd.perf.architectures),
      and each server-side optimizer's own update cost.
-`predict(params, Run(...))` combines them into init, compute, communication and total
-seconds for one configuration. Units everywhere: seconds, bytes, data points.
+asgd.perf.architectures.predict(params, Run(...)) combines them into init, compute,
+communication and total seconds for one configuration of any architecture. Units
+everywhere: seconds, bytes, data points.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def working_set_bytes(batch: int, n_w: int, hidden: int, n_f: int = 2) -> int:
     """Extension b: what one training step touches: w and Delta-w (8 n_w each), the batch,
     and the hidden activations of a block of samples (the kernel blocks samples so that
     they stay below kernels.H_BYTES)."""
-    from ..net.kernels import H_BYTES
+    from ..net.kernels import H_BYTES   # here: importing numba takes a second the model's users need not pay
     rows = max(4, min(32, H_BYTES // (DOUBLE * hidden), (batch + 3) // 4 * 4) // 4 * 4)  # kernels._block_rows
     return 2 * DOUBLE * n_w + DOUBLE * (n_f + 1) * batch + DOUBLE * rows * hidden
 
@@ -271,7 +272,7 @@ class Prediction:
 
 @dataclass
 class Params:
-    """Calibrated, machine-dependent parameters (asgd.perf.calibrate writes them; see its
+    """Calibrated, machine-dependent parameters (asgd.probes.calibrate writes them; see its
     docstring for how each is measured). Tables are keyed by hidden size and batch size."""
     cores: int
     effective_cores: dict          # [hidden][ranks] cores' worth of steps P ranks do at once (or [ranks])
@@ -512,7 +513,7 @@ def predict_init(p: Params, run: Run) -> dict:
     return {"startup_s": startup, "read_s": read, "init_s": startup + read}
 
 
-def predict_train(p: Params, run: Run, turns: bool = True) -> dict:
+def predict_train(p: Params, run: Run, crowding=None) -> dict:
     """The training phase: each worker's steps (think time Z), the servers' work per
     Delta-w (c_u, split over S shards), and the held-out evaluation after every epoch.
 
@@ -534,8 +535,11 @@ def predict_train(p: Params, run: Run, turns: bool = True) -> dict:
     stations' own transit, and the worker link's. Messages that fit the burst (1-bit's)
     then cost no time below the links' rate, and the links only cap the rate.
 
-    turns=False leaves out the crowding term (architectures.crowding: with more ranks than
-    cores, an asynchronous ps worker's and a replica's measured waits for ranks not running)."""
+    crowding(p, kind, ranks, cores, step_s): the seconds a round of the probe `kind` loses
+    to the ranks' turns on shared cores (architectures.crowding: with more ranks than cores,
+    an asynchronous ps worker's and a replica's measured waits for ranks not running);
+    None leaves that term out. Passed in, as that term is set against this model's own
+    prediction of the probe's round (architectures.predict passes it)."""
     S, w, K = run.owners, run.workers, run.model_parallel
     # a cluster's nodes (run.node_ranks ranks each) have cores of their own: C is all of
     # theirs, and ranks crowd a node's cores, not the job's
@@ -575,8 +579,7 @@ def predict_train(p: Params, run: Run, turns: bool = True) -> dict:
         msg = visits * (p.contended(node, k) + p.optimizer_extra(run.optimizer, k))
     cpu_per_update = step + msg
     X_cpu = C / cpu_per_update if crowded else math.inf
-    if crowded and turns:   # the ranks' turns on shared cores: each update also waits for ranks not running
-        from .architectures import crowding
+    if crowded and crowding:   # the ranks' turns on shared cores: each update also waits for ranks not running
         own = p.mp_step(K, run.hidden, b) if K > 1 else step
         # a replica's probe is an asynchronous model-partitioned job, its server's turns included
         lost = (crowding(p, "replica", node, run.cores, own) if K > 1 else
@@ -610,16 +613,3 @@ def evaluations(run: Run) -> int:
     w, allreduce, without model partitioning), else once, on the w assembled at the end."""
     whole = (run.arch == "ps" and run.servers == 1) or (run.model_parallel == 1 and run.arch != "ps")
     return run.epochs if whole else 1
-
-
-def predict(p: Params, run: Run) -> Prediction:
-    """Predicted phases of one run (see predict_init, predict_train, and for lockstep runs
-    and allreduce asgd.perf.architectures.lockstep)."""
-    from . import architectures
-    architectures.check(run)
-    if run.reader not in ("sequential", "parallel"):
-        raise ValueError(f"unknown reader {run.reader!r}")
-    i = predict_init(p, run)
-    t = architectures.lockstep(p, run) if run.lockstep else predict_train(p, run)
-    return Prediction(init_s=i["init_s"], compute_s=t["compute_s"], comm_s=t["comm_s"],
-                      train_s=t["train_s"], total_s=i["init_s"] + t["train_s"], detail={**i, **t})

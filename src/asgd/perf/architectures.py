@@ -18,7 +18,7 @@ carries over the bandwidth, plus per-message latency) and what asgd pays besides
     model partitioning (K)  each member exchanges its slice (n / K) with its slice's
                servers (or owners, or ring), and the replica sums its logits every step
 
-plus, measured rather than derived (asgd.perf.exchanges, through `calibrate`):
+plus, measured rather than derived (asgd.probes.exchanges, through `calibrate`):
     exchange   one synchronous round of the architecture with no compute, on this
                machine: the protocol's CPU, copies and waits (the server's Sync round and
                its replies; p2p's owners serving while they wait; the ring's 2 (P - 1)
@@ -36,23 +36,28 @@ of that exchange measured on the links (Params.efficiency: a no-compute round ac
 testbed's hosts against its derived wire time; 1 where none was measured).
 
 Asynchronous runs (ps, p2p: the next step computes while the exchange is in flight) are
-analytic.predict_train's queueing model.
+analytic.predict_train's queueing model. predict() is the whole model's entry: one run of
+any architecture, its initialization and its training.
+
+The exchange probes' names (KINDS, each also KIND+step after a training step at
+STEP_PROBE) are the model's vocabulary: params.json's exchange_s is keyed by them, and
+asgd.probes.exchanges runs them.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from ..net import OPTIMIZERS
 from ..core.wire import DOUBLE, PUSH_HEADER
-from .analytic import (Params, Run, cache_level, evaluations, extrapolate_linear, interpolate_log, predict_train,
-                       working_set_bytes)
-from .exchanges import STEP, STEP_PROBE
+from .analytic import (Params, Prediction, Run, cache_level, evaluations, extrapolate_linear, interpolate_log,
+                       predict_init, predict_train, working_set_bytes)
 
 ARCHES = ("ps", "p2p", "allreduce")
+KINDS = ("ps", "async", "p2p", "ring", "mpi", "replica")   # the exchange probes (asgd.probes.exchanges)
+STEP = "+step"                 # KIND+step: the same round after every computing rank's training step
+STEP_PROBE = (10_000, 256)     # hidden, batch of the step in KIND+step rounds (a default run's)
 
 
 def check(run: Run) -> None:
@@ -179,7 +184,7 @@ def _probe_round(p: Params, kind: str, P: int) -> float:
     (async, and replica with its server: a worker's seconds per update)."""
     probe = probe_run(kind, P)
     if not probe.lockstep:
-        return probe.workers / predict_train(p, probe, turns=False)["updates_per_s"]
+        return probe.workers / predict_train(p, probe)["updates_per_s"]   # no turns: the model's own round
     if kind == "replica":   # steps and sums alone
         H, B = STEP_PROBE
         return p.mp_step(2, H, B) * _crowd(p, probe, probe.workers) + p.replica_sum(2, B)
@@ -286,7 +291,7 @@ def cluster_links(p: Params, bytes_per_s: float, latency_s: float) -> Params:
 
 def probe_link_time(p: Params, kind: str, ranks: int, n: int) -> float:
     """The derived wire time of one no-compute round of an exchange probe
-    (asgd.perf.exchanges: ps with one server and ranks - 1 workers, p2p among `ranks`
+    (asgd.probes.exchanges: ps with one server and ranks - 1 workers, p2p among `ranks`
     peers, ring and mpi among `ranks`) of n weights, on p's links at efficiency 1: what
     the probe's time measured on the links is set against (their efficiency)."""
     arch = {"ps": "ps", "p2p": "p2p"}.get(kind, "allreduce")
@@ -294,3 +299,16 @@ def probe_link_time(p: Params, kind: str, ranks: int, n: int) -> float:
               allreduce=kind if arch == "allreduce" else "ring", hidden=max(1, round((n - 2) / 5)), batch=1,
               points=ranks)   # 2-H-2 has n_w = 5 H + 2
     return iteration(replace(p, link_efficiency={}), run).link_s
+
+
+def predict(p: Params, run: Run) -> Prediction:
+    """Predicted phases of one run of any architecture: analytic.predict_init, and
+    analytic.predict_train (the ranks' turns on shared cores: crowding) or, for a lockstep
+    run, lockstep."""
+    check(run)
+    if run.reader not in ("sequential", "parallel"):
+        raise ValueError(f"unknown reader {run.reader!r}")
+    i = predict_init(p, run)
+    t = lockstep(p, run) if run.lockstep else predict_train(p, run, crowding)
+    return Prediction(init_s=i["init_s"], compute_s=t["compute_s"], comm_s=t["comm_s"],
+                      train_s=t["train_s"], total_s=i["init_s"] + t["train_s"], detail={**i, **t})

@@ -1,7 +1,8 @@
 """python -m asgd.perf calibrate | predict | compare | optimize | report: the performance
-lab at the command line (the analytical model is asgd.perf.analytic).
+lab at the command line (the analytical model is asgd.perf.analytic and
+asgd.perf.architectures; the measurements asgd.probes).
 
-  calibrate   measure this machine's parameters (asgd.perf.calibrate) into params.json
+  calibrate   measure this machine's parameters (asgd.probes.calibrate) into params.json
   predict     predicted init, compute, communication and total seconds per configuration
   compare     predicted against measured for asgd.train runs (their results.json)
   optimize    the configurations with the least predicted time, ranked (Yan et al. 2015)
@@ -12,6 +13,7 @@ Every command but calibrate reads the parameters from --params (default params.j
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import os
@@ -25,6 +27,7 @@ from ..net import OPTIMIZERS
 from ..run.files import atomic_write
 from . import analytic, report
 from .analytic import Params, Run
+from .architectures import ARCHES, cluster_links, predict
 
 PHASES = ("init", "train", "total")  # the paper's two phases (Figure 9) and their sum: what runs measure
 DETAIL = ("compute", "comm")         # inside train: a worker's compute, and its waits and sends
@@ -156,7 +159,7 @@ def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
             skipped.append(f"{path}: {why}")
             continue
         run = run_of(res, p)
-        pr, me = predicted(analytic.predict(p, run)), measured(res)
+        pr, me = predicted(predict(p, run)), measured(res)
         row = {"run": path, "arch": run.arch, "workers": run.workers, "servers": run.dedicated_servers,
                "model_parallel": run.model_parallel, "optimizer": run.optimizer, "batch": run.batch,
                "hidden": run.hidden, "reader": run.reader if run.file_bytes else "embedded",
@@ -199,7 +202,7 @@ def optimize(p: Params, nodes: int, cores_per_node: int, base: Run, workers: lis
         need = memory_of(run) * (per_node or run.ranks) / run.ranks
         if memory_bytes and need > memory_bytes:
             continue
-        pr = analytic.predict(p, run)
+        pr = predict(p, run)
         out.append({"arch": run.arch, "workers": run.workers, "servers": run.dedicated_servers,
                     "model_parallel": run.model_parallel, "replicas": run.replicas, "batch": run.batch,
                     "reader": run.reader if base.file_bytes else "embedded", "ranks": run.ranks,
@@ -368,7 +371,9 @@ def main(argv=None) -> int:
 
 
 def _calibrate(a) -> int:
-    from .calibrate import CalibrationError, calibrate
+    # here: the measurements load numba, which the other commands need not wait for
+    from ..probes import CalibrationError
+    from ..probes.calibrate import calibrate
     folder = os.path.dirname(os.path.abspath(a.out))
     try:   # before minutes of measuring: a folder that cannot be made fails now
         os.makedirs(folder, exist_ok=True)
@@ -416,7 +421,7 @@ def _predict(a, p: Params) -> int:
                 run = replace(base, workers=w, servers=a.servers, hidden=h, batch=b, reader=a.reader,
                               mode=a.mode, cores=a.cores, arch=a.arch, model_parallel=a.model_parallel,
                               optimizer=a.optimizer, allreduce=a.allreduce)
-                pr = analytic.predict(p, run)
+                pr = predict(p, run)
                 if a.json:
                     print(json.dumps({"run": asdict(run), **pr.as_dict()}))
                     continue
@@ -445,7 +450,6 @@ def _compare(a, p: Params) -> int:
     print(f"the paper's own equations (eq. 9; 5.3's update for the sequential reader), same parameters: "
           f"total median {e['median']:.1f}% p90 {e['p90']:.1f}%")
     if a.csv:
-        import csv
         with open(a.csv, "w", newline="") as f:
             wr = csv.DictWriter(f, fieldnames=list(rows[0]))
             wr.writeheader()
@@ -455,7 +459,6 @@ def _compare(a, p: Params) -> int:
 
 
 def _optimize(a, p: Params) -> int:
-    from .architectures import ARCHES, cluster_links
     base = replace(_base_run(a, p), hidden=a.hidden, mode=a.mode, optimizer=a.optimizer, allreduce=a.allreduce)
     readers = _words(a.readers, ("sequential", "parallel"), "reader")
     archs = _words(a.archs, ARCHES, "architecture")

@@ -102,7 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def write_figures(run_dirs: list[str], out: str | None = None) -> int:
     """profile.png and timeline.png per run, scaling.png over several; 2 without matplotlib."""
-    try:
+    try:   # matplotlib: optional (the `plot` extra), and slow to import
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt

@@ -10,6 +10,7 @@ import socket
 
 import numpy as np
 
+from ..mpienv import cores_available
 from .files import atomic_write
 from .trace import PHASES
 
@@ -18,11 +19,12 @@ SCHEMA_VERSION = 1
 
 def machine(comm, oversubscribed: bool) -> dict:
     """Where the run ran; not collective (only rank 0 calls it)."""
+    # here, not at the top: the tools that read results.json import this module and must
+    # neither initialize MPI nor pay numba's import
     from mpi4py import MPI
     import mpi4py
     import numba
 
-    from ..launch import cores_available
     return {
         "world_size": comm.size,
         "host": socket.gethostname(),

@@ -23,7 +23,9 @@ import sys
 
 from mpi4py import MPI
 
+from ..data import shares
 from ..mpiutil import Waiter, once_per_node
+from ..net import mlp
 
 # what every rank of asgd.train imports (calibrate times it; a test keeps it true)
 RANK_MODULES = ("numpy", "mpi4py.MPI", "asgd.core.wire", "asgd.mpiutil", "asgd.data.shares", "asgd.data.standardize",
@@ -87,13 +89,11 @@ def _no_blas_probe():
 
 
 def _load(uses: tuple[str, ...]) -> None:
-    from ..net import mlp
     mlp.compile_kernels(*(u for u in uses if u in mlp.KERNEL_USES))
     if "parsers" in uses:
-        from ..data import parse
+        from ..data import parse   # the parsers' module: only a rank that reads a file imports it
         parse.compile_parsers()
     if "parsers" in uses or "shares" in uses:
-        from ..data import shares
         shares.assign(3, 0, 1, 1, False)
 
 

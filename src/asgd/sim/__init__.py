@@ -15,6 +15,7 @@ Modules, one job each:
   clock      per-rank phase accounting and trace events, in simulated time
   actors     the protocol: start-up, readers, worker, servers, allreduce
   run        one simulation: engine, platform, actors, results.json / trace.json
+  probes     calibrate's KIND+step probes simulated: the corrections Costs is given
   cli        python -m asgd.sim
 
 SimGrid is optional (the `sim` extra and scripts/install_simgrid.sh): nothing else in
@@ -39,7 +40,7 @@ def simgrid():
     """The simgrid module, or SimgridMissing with how to install it."""
     try:
         with quiet_stderr():  # its C++ side logs a configuration line on import
-            import simgrid as sg
+            import simgrid as sg   # here: optional (the `sim` extra), needed only when a simulation runs
     except ImportError as e:
         raise SimgridMissing(f"{INSTALL_HINT} ({e})") from None
     return sg

@@ -32,6 +32,8 @@ from . import SimgridMissing
 from .costs import Costs, Spec, load_params
 from ..net import OPTIMIZERS
 from .machines import MACHINES, TOPOLOGIES, by_name, testbed
+from .probes import corrections
+from .run import simulate, summary
 
 
 class SimError(ValueError):
@@ -217,8 +219,7 @@ def main(argv=None) -> int:
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise SimError(f"{a.params}: not a parameters file from 'asgd.perf calibrate' ({e})") from None
         spec, data_path = spec_from_args(a, p)
-        costs = Costs(p, spec, raw, spread=not a.no_spread)
-        from .run import simulate, summary
+        costs = Costs(p, spec, raw, spread=not a.no_spread, corrections=corrections)
         res = simulate(spec, costs, a.out, a.trace, a.trace_window, raw.get("sleep_overhead_s"),
                        data_path, os.path.abspath(a.params))
     except (SimError, SimgridMissing, ValueError, OSError) as e:

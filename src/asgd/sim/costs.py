@@ -31,13 +31,13 @@ import bisect
 import json
 import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..core import wire
-from ..net.mlp import Layout
+from ..core.topology import Topology
+from ..net.mlp import Layout, Sliced
 from ..perf.analytic import Params, Run, extrapolate_linear, interpolate_log
-from ..perf.architectures import at_ranks, crowding
-from ..perf.exchanges import STEP
+from ..perf.architectures import STEP, at_ranks, crowding
 from ..core.wire import DOUBLE, shard_bounds
 from .machines import Machine
 
@@ -83,7 +83,6 @@ class Spec:
 
     def __post_init__(self):
         """One architecture and one optimizer: the Spec's (the run's then follows it) or the run's."""
-        from dataclasses import replace
         for k in ("arch", "optimizer"):
             if getattr(self, k) is None:
                 object.__setattr__(self, k, getattr(self.run, k))
@@ -99,8 +98,6 @@ class Spec:
     def topology(self):
         """The job's shape as asgd.train computes it (asgd.core.topology): shards, their
         owners, replicas and slices."""
-        from ..net.mlp import Layout, Sliced
-        from ..core.topology import Topology
         r = self.run
         sliced = Sliced(Layout(r.features, r.hidden, r.classes), r.model_parallel)
         return Topology(self.arch, self.ranks, self.servers, tuple(sliced.bounds))
@@ -123,9 +120,13 @@ class Spec:
 class Costs:
     """Seconds of each simulated operation for one Spec (see the module docstring)."""
 
-    def __init__(self, p: Params, spec: Spec, raw: dict | None = None, spread: bool = True, corrected: bool = True):
-        """corrected: each crowded round meets calibrate's KIND+step probes (sim.probes;
-        False: the simulator's own rounds, what the corrections are measured against)."""
+    def __init__(self, p: Params, spec: Spec, raw: dict | None = None, spread: bool = True, *, corrections):
+        """corrections(p, raw) -> [kind][P]: the seconds each crowded round of `kind` among P
+        ranks adds (negative: takes away) so that it meets calibrate's KIND+step probe
+        (sim.probes.corrections, which simulates the probes: called only for a crowded run
+        on this machine; on a testbed the model's crowding term stands in). None: the
+        simulator's own rounds, what the corrections are measured against. Passed in, not
+        imported: the probes' simulation runs the simulator, which prices with this class."""
         self.p, self.spec, self.run = p, spec, spec.run
         r = spec.run
         self.n_w = r.n_w
@@ -168,13 +169,12 @@ class Costs:
         kinds = ("ps", "async", "p2p", "ring", "mpi", "replica")
         self.crowd = {k: [0.0] * len(per_node) for k in kinds}
         own = p.mp_step(self.K, r.hidden, r.batch) if self.K > 1 else p.step(r.hidden, r.batch)
-        if corrected and any(self.crowded) and spec.machine.name == "testbed":
+        if corrections is not None and any(self.crowded) and spec.machine.name == "testbed":
             # the probes ran on shared memory: across the testbed's links only the ranks'
             # turns carry over, the model's crowding term (the probe less the model's round)
             self.crowd = {k: [crowding(p, k, n, self.cores, own) for n in per_node] for k in kinds}
-        elif corrected and any(self.crowded) and spec.machine.name == "here" and \
+        elif corrections is not None and any(self.crowded) and spec.machine.name == "here" and \
                 any(k.endswith(STEP) for k in p.exchange_s):
-            from .probes import corrections
             table = corrections(p, raw if raw is not None else asdict(p))
             for k, by_P in table.items():
                 self.crowd[k] = [at_ranks(p, k, by_P, n, self.cores, own) if n > self.cores else 0.0

@@ -7,7 +7,7 @@ longer, and the simulator's per-message costs, measured one server at a time, ma
 round longer than a real one whose messages go out together. The analytical model meets
 the probes with its crowding term (asgd.perf.architectures.crowding: the probe less the
 model's own round of it). The simulator does the same against its own round: each probe
-(asgd.perf.exchanges: ps, async, p2p, ring, mpi, replica, after a 2-H-2 step at batch B of
+(asgd.probes.exchanges: ps, async, p2p, ring, mpi, replica, after a 2-H-2 step at batch B of
 STEP_PROBE, among P ranks on this machine's cores) is simulated without correction, and
 the measured round less the simulated one is the correction at P ranks, of either sign.
 
@@ -24,19 +24,18 @@ import os
 from pathlib import Path
 
 from ..perf.analytic import Params
-from ..perf.architectures import PROBE_ROUNDS as ROUNDS, probe_run
-from ..perf.exchanges import STEP
+from ..perf.architectures import PROBE_ROUNDS as ROUNDS, STEP, probe_run
+from .costs import Costs, Spec
+from .machines import here
+from .run import simulate_isolated
 
 
 def simulated_round(kind: str, P: int, p: Params, raw: dict) -> float:
     """Seconds of one round of the probe as the simulator has it, uncorrected (per member
     update for async and replica, as the probe counts them)."""
-    from .costs import Costs, Spec
-    from .machines import here
-    from .run import simulate_isolated
     run = probe_run(kind, P)
     spec = Spec(run=run, machine=here(p.cores))
-    res = simulate_isolated(spec, Costs(p, spec, raw, corrected=False), None)
+    res = simulate_isolated(spec, Costs(p, spec, raw, corrections=None), None)
     return res["train_s"] / ROUNDS
 
 

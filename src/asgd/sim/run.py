@@ -8,9 +8,11 @@ or `simulate` in a fresh subprocess).
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import platform as _platform
 import time
+import traceback
 
 import numpy as np
 
@@ -75,8 +77,6 @@ def simulate_isolated(*args, **kwargs) -> dict:
     """simulate() in a forked child process (SimGrid keeps one engine per process: a
     second simulation in the same process would inherit the first's clock and platform).
     A fork of a process that has imported everything costs milliseconds."""
-    import multiprocessing
-    import traceback
     simgrid()  # imported once, before forking
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)

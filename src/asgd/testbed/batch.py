@@ -20,6 +20,7 @@ the job's runs (asgd.testbed.proof.job_traffic).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -170,7 +171,6 @@ def _natural(name: str) -> list:
 
 
 def _load(folders: list[str]) -> list[dict]:
-    import json
     return [json.loads((Path(f) / "results.json").read_text()) for f in folders]
 
 

@@ -30,7 +30,7 @@ import os
 import signal
 import sys
 
-from . import batch, faults, lifecycle, slurm
+from . import batch, faults, lifecycle, slurm, state
 from .sh import TestbedError
 from .spec import format_rate, parse_rate
 
@@ -151,7 +151,6 @@ def _command(a: argparse.Namespace) -> int:
             lifecycle.up(a.name, a.hosts, a.bandwidth, a.latency, a.subnet,
                          slurm_cpus=(a.slurm_cpus or slurm.DEFAULT_CPUS) if a.slurm else None)
         elif a.command == "down":
-            from . import state
             names = sorted(set(state.names()) | {e["name"] for e in lifecycle.status()}) if a.all else [a.name]
             for n in names:
                 lifecycle.down(n)

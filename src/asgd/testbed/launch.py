@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import resource
 import shlex
 import signal
 import subprocess
@@ -36,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..launch import OVERSUBSCRIBED_ENV, cores_available
+from ..mpienv import OVERSUBSCRIBED_ENV, cores_available
 from ..run.config import default_servers
 from . import placement, procs, proof, shaping, state
 from .sh import TestbedError
@@ -311,7 +312,6 @@ def run(spec: Spec, cmd: list[str], servers: int | None = None, ranks_per_host: 
 def _children_cpu() -> float:
     """CPU seconds of this process's waited-for descendants: the launcher waits for its
     agents, which wait for the ranks, so after the job this includes every rank's."""
-    import resource
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
 

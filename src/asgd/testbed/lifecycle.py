@@ -10,6 +10,7 @@ bridge, the namespace files and the state directory, and checks that nothing is 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import zlib
@@ -220,7 +221,6 @@ def status(name: str | None = None) -> list[dict]:
 
 def _names_from_objects(namespaces: list[str], devs: list[str]) -> set[str]:
     """Testbed names whose objects exist without a state directory (after a crash)."""
-    import re
     got = set()
     for ns in namespaces:
         m = re.fullmatch(re.escape(PREFIX) + r"([a-z0-9]{1,6})-h\d+", ns)

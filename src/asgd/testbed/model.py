@@ -1,6 +1,6 @@
 """The performance model on a testbed: a calibration of this machine (asgd.perf calibrate,
 shared memory between ranks) plus the testbed's link rate, burst and latency give the
-Params that asgd.perf.analytic.predict needs for a run across the testbed's hosts.
+Params that asgd.perf.architectures.predict needs for a run across the testbed's hosts.
 
 Only the network terms change; everything the cores do (steps, the server's CPU per
 update, the cores' worth of P ranks, the CPU cost of messaging under crowding) stays as
@@ -30,10 +30,17 @@ check these.
 
 from __future__ import annotations
 
+import json
 import math
+import sys
+import time
 from dataclasses import replace
 
+import numpy as np
+
+from ..mpienv import find
 from ..perf.analytic import Params
+from ..perf.architectures import probe_link_time
 from ..core.wire import DOUBLE, PUSH_HEADER, TAG_PROBE
 from .links import FRAME_HEADERS, MSS
 from .shaping import burst_bytes
@@ -86,14 +93,10 @@ def worker_ceiling(rate_bit: float, n_w: int, bytes_per_weight: float = 8.0, lat
 def probe(comm, n_w: int, pings: int = 10, updates: int = 20, repeat: int = 3) -> dict | None:
     """On 2 ranks (one per host): the raw MPI ping-pong of one Delta-w (8 n_w bytes, one
     way, least of `pings`) and asgd's own push/pull round trip with no compute (mean over
-    `updates`, through calibrate's exchange: the real Server and run_worker), each the
+    `updates`, through asgd.probes.ranks.exchange: the real Server and run_worker), each the
     least of `repeat` tries (a loaded machine delays single tries). Rank 0 returns
     {pingpong_s, round_trip_s, tries}."""
-    import time
-
-    import numpy as np
-
-    from ..perf.calibrate import exchange, spin_step
+    from ..probes.ranks import exchange, spin_step   # here: importing it initializes MPI, which only a probe's rank does
     buf = np.zeros(n_w)
     tries = []
     for _ in range(repeat):
@@ -125,7 +128,7 @@ PROBE_RANKS = {"ps": (4, 7, 11), "p2p": (3, 6, 10), "ring": (3, 6, 10), "mpi": (
 
 def measure_efficiency(tb, base: Params, rate_bit: float, sizes: list[int], kinds=("ps", "p2p", "ring"),
                        ranks: dict | None = None, rounds: int = 6, say=print) -> dict:
-    """Each exchange's link efficiency on this testbed: asgd.perf.exchanges' no-compute
+    """Each exchange's link efficiency on this testbed: asgd.probes.exchanges' no-compute
     rounds (one server and P - 1 workers; P peers; the ring, MPI_Iallreduce) run across
     its hosts at rank counts of their own (PROBE_RANKS: none a bench's worker count),
     their time less the same round on shared memory (base's exchange_s, the protocol's
@@ -133,17 +136,12 @@ def measure_efficiency(tb, base: Params, rate_bit: float, sizes: list[int], kind
     busiest link's bytes, framed, less the bucket's burst). Params.link_efficiency:
     [kind][P][n] (1.0: the derived time exactly; 2.0: the links took twice as long).
     Only microbenchmarks: no training run is seen."""
-    import json
-    import sys
-
-    from ..launch import find
-    from ..perf.architectures import probe_link_time
     ranks = ranks or PROBE_RANKS
     p = testbed_params(base, rate_bit, sizes=[k for n in sizes for k in _probe_sizes(n, max(max(r) for r in ranks.values()))])
     out: dict = {}
     for kind in kinds:
         for P in ranks[kind]:
-            cmd = [find(), "-n", str(P), sys.executable, "-m", "asgd.perf.calibrate", "exchange", "--kinds", kind,
+            cmd = [find(), "-n", str(P), sys.executable, "-m", "asgd.probes.ranks", "exchange", "--kinds", kind,
                    "--nw", ",".join(map(str, sizes)), "--rounds", str(rounds)]
             res = tb.run(cmd, servers=1 if kind == "ps" else 0, capture=True, timeout=900, say=lambda *a, **k: None)
             lines = [ln for ln in (res.stdout or "").splitlines() if ln.startswith("{")]

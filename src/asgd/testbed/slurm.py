@@ -33,7 +33,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..launch import OVERSUBSCRIBED_ENV, cores_available
+from ..mpienv import OVERSUBSCRIBED_ENV, cores_available
 from . import procs
 from . import spec as specmod
 from .sh import TestbedError, run
@@ -132,7 +132,7 @@ def prolog_text(spec: Spec, cores: int) -> str:
     """The TaskProlog: its `export NAME=VALUE` lines go into each task's environment
     (batch scripts, srun's tasks, hydra's proxies). Every host looks like a node of its
     own but all share this machine's cores: a step of more tasks than cores is crowded
-    (asgd.launch.OVERSUBSCRIBED_ENV; the batch step counts the job's tasks)."""
+    (asgd.mpienv.OVERSUBSCRIBED_ENV; the batch step counts the job's tasks)."""
     lines = "".join(f"echo export {k}={v}\n" for k, v in {
         **TASK_ENV, "OMPI_MCA_btl_tcp_if_include": spec.cidr, "OMPI_MCA_oob_tcp_if_include": spec.control_cidr,
         "PRTE_MCA_oob_tcp_if_include": spec.control_cidr}.items())

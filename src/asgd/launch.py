@@ -24,10 +24,10 @@ import subprocess
 import sys
 import time
 
-from ..run import checkpoint
-from ..run.config import default_out
-from ..run.files import atomic_write
-from . import RESTARTS_ENV, command
+from .run import checkpoint
+from .run.config import default_out
+from .run.files import atomic_write
+from .mpienv import RESTARTS_ENV, command
 
 BAD_INPUT = 2   # asgd.train's status for a bad option or file: the same again on a restart
 

@@ -1,8 +1,9 @@
-"""Microbenchmarks of what each architecture pays per step besides its training step,
-through asgd's own protocol code (calibrate runs them; asgd.testbed.model runs the MPI
-ones across a testbed's hosts too):
+"""MPI microbenchmarks of what each architecture pays per step besides its training step,
+through asgd's own protocol code (calibrate runs them; asgd.testbed.model runs them
+across a testbed's hosts too). The probes' names and their step (KINDS, STEP,
+STEP_PROBE) are the model's vocabulary: asgd.perf.architectures.
 
-  MPI probes, `mpiexec -n N python -m asgd.perf.calibrate exchange --kinds K,K ...`: one
+  `mpiexec -n N python -m asgd.probes.ranks exchange --kinds K,K ...`: one
   synchronous round after another with no compute (a step that returns at once), the
   seconds per round of the slowest rank, after a warm-up pass (MPI connects its pairs on
   first use, over TCP a handshake each):
@@ -25,11 +26,6 @@ ones across a testbed's hosts too):
              than cores the OS runs them in turns, so a rank often waits at the sum for a
              partner that is not running; the no-compute round cannot show that. At
              n_w = 5 H + 2 (replica+step: batch B) only.
-  In process:
-    optimizers   each server-side optimizer's update (net.optimizers.Optimizer.step) of
-                 n values: what an update costs beyond sgd's
-    mp steps     one member's training step of a model split K ways (net.mlp.make_mp_step,
-                 the logits' sum left out: `replica` measures it)
 
 Units: seconds; sizes in weights (float64 values).
 """
@@ -38,9 +34,22 @@ from __future__ import annotations
 
 import time
 
-KINDS = ("ps", "async", "p2p", "ring", "mpi", "replica")
-STEP = "+step"
-STEP_PROBE = (10_000, 256)   # hidden, batch of the step in KIND+step rounds (a default run's)
+import numpy as np
+from mpi4py import MPI
+
+from ..core.wire import shard_bounds
+from ..data import problem
+from ..mpiutil import Waiter, oversubscribed
+from ..net import mlp
+from ..perf.architectures import KINDS, STEP, STEP_PROBE
+from ..protocol.allreduce import MPIAllreduce, Ring
+from ..protocol.context import Endpoint, Schedule
+from ..protocol.messages import Float64Link, Float64Shard
+from ..protocol.p2p import peer_link, run_peer
+from ..protocol.replica import Replica
+from ..protocol.server import Async, Server, Sync, serve_all
+from ..protocol.worker import PushPull, run_worker
+from ..run.trace import PhaseClock
 
 
 def probe_exchange(kinds: list[str], sizes: list[int], rounds: int, batches: list[int] = (), servers: int = 1
@@ -49,14 +58,12 @@ def probe_exchange(kinds: list[str], sizes: list[int], rounds: int, batches: lis
     logits of each of `batches` samples), the slowest rank's mean over `rounds` rounds
     after a warm-up of a few. All kinds in one job: a launch costs seconds, a probe
     milliseconds. Rank 0 returns {"seconds": {kind: {size: s}}, "ranks": N}; the others None."""
-    from mpi4py import MPI
     comm = MPI.COMM_WORLD
     bad = [k for k in kinds if k.removesuffix(STEP) not in KINDS]
     if bad:
         raise ValueError(f"unknown exchange(s) {bad}: one of {KINDS}, each also with {STEP}")
     if any(k.startswith(("ps", "async")) for k in kinds) and not 0 < servers < comm.size:
         raise ValueError(f"ps needs 0 < servers < ranks, got {servers} of {comm.size}")
-    from ..net import mlp
     mlp.compile_kernels("aggregate", "update:sgd", "step", "mp_step")
     H, B = STEP_PROBE
     out: dict = {}
@@ -80,10 +87,6 @@ def probe_exchange(kinds: list[str], sizes: list[int], rounds: int, batches: lis
 def _stepper(hidden: int, batch: int, rank: int):
     """work(): one training step of 2-hidden-2 at this batch on data of its own (the
     exchange's w and Delta-w are left alone)."""
-    import numpy as np
-
-    from ..data import problem
-    from ..net import mlp
     layout = mlp.Layout(2, hidden, 2)
     w, dw, ds = mlp.init_params(layout, rank), np.zeros(layout.n_w), problem.rings(batch, rank)
     step = mlp.make_step(layout, batch)
@@ -91,9 +94,6 @@ def _stepper(hidden: int, batch: int, rank: int):
 
 
 def _endpoint(comm):
-    from ..mpiutil import Waiter, oversubscribed
-    from ..protocol.context import Endpoint
-    from ..run.trace import PhaseClock
     waiter = Waiter(oversubscribed(comm), time.monotonic() + 300, f"calibrate rank {comm.rank}")
     return Endpoint(comm, waiter, PhaseClock("compute"))
 
@@ -101,9 +101,6 @@ def _endpoint(comm):
 def _plan(rounds: int, rank: int, overlap: bool = False):
     """`rounds` steps of one point each, the same count on every worker (a sync schedule;
     overlap: the next step computes while the exchange is in flight, as async's)."""
-    import numpy as np
-
-    from ..protocol.context import Schedule
     X, y = np.zeros((rounds, 2)), np.zeros(rounds, np.int64)
     return X, y, Schedule(batch=1, epochs=1, seed=(0, rank), lr=0.0, steps_per_epoch=rounds, overlap=overlap,
                           progress=overlap)
@@ -129,12 +126,7 @@ def _async_rounds(comm, n_w: int, rounds: int, servers: int, work=None) -> None:
 
 
 def _ps_rounds(comm, n_w: int, rounds: int, servers: int, work=None, asynchronous: bool = False) -> None:
-    import numpy as np
 
-    from ..protocol.messages import Float64Link
-    from ..protocol.server import Async, Server, Sync
-    from ..protocol.worker import PushPull, run_worker
-    from ..core.wire import shard_bounds
     ep = _endpoint(comm)
     shards = shard_bounds(n_w, servers)
     comm.Barrier()
@@ -148,12 +140,7 @@ def _ps_rounds(comm, n_w: int, rounds: int, servers: int, work=None, asynchronou
 
 
 def _p2p_rounds(comm, n_w: int, rounds: int, servers: int, work=None) -> None:
-    import numpy as np
 
-    from ..protocol.messages import Float64Link, Float64Shard
-    from ..protocol.p2p import peer_link, run_peer
-    from ..protocol.server import Server, Sync
-    from ..core.wire import shard_bounds
     ep = _endpoint(comm)
     N = comm.size
     shards = shard_bounds(n_w, N)
@@ -169,9 +156,7 @@ def _p2p_rounds(comm, n_w: int, rounds: int, servers: int, work=None) -> None:
 
 def _allreduce_rounds(algorithm: str):
     def rounds_of(comm, n_w: int, rounds: int, servers: int, work=None) -> None:
-        import numpy as np
 
-        from ..protocol.allreduce import MPIAllreduce, Ring
         ep = _endpoint(comm)
         part, total = np.ones(n_w + 3), np.zeros(n_w + 3)
         summer = (Ring if algorithm == "ring" else MPIAllreduce)(ep, n_w + 3)
@@ -185,9 +170,6 @@ def _allreduce_rounds(algorithm: str):
 
 def _replica_rounds(comm, batch: int, rounds: int, servers: int, work=None) -> None:
     """One replica of all ranks summing batch x 2 logits."""
-    import numpy as np
-
-    from ..protocol.replica import Replica
     ep = _endpoint(comm)
     Z = np.ones((batch, 2))
     replica = Replica(ep, comm)
@@ -202,15 +184,6 @@ def _mp_rounds(comm, batch: int, rounds: int, servers: int, work=None) -> None:
     and the backward), then, with an odd rank count, its slice's asynchronous push and
     pull to a server on rank 0 that holds both slices (asgd.train's default mode); with
     an even one, steps and sums only. A round: one member step."""
-    import numpy as np
-    from mpi4py import MPI
-
-    from ..data import problem
-    from ..net import mlp
-    from ..protocol.messages import Float64Link
-    from ..protocol.replica import Replica
-    from ..protocol.server import Async, Server, serve_all
-    from ..protocol.worker import PushPull, run_worker
     ep = _endpoint(comm)
     sliced = mlp.Sliced(mlp.Layout(2, STEP_PROBE[0], 2), 2)
     odd = comm.size % 2
@@ -242,55 +215,3 @@ def _mp_rounds(comm, batch: int, rounds: int, servers: int, work=None) -> None:
 _ROUNDS = {"ps": _ps_rounds, "async": _async_rounds, "p2p": _p2p_rounds, "ring": _allreduce_rounds("ring"),
            "mpi": _allreduce_rounds("mpi"), "replica": _replica_rounds,
            "replica" + STEP: _mp_rounds}   # its own step, the sum inside it: no work() before the round
-
-
-# -- in process ----------------------------------------------------------------------------
-
-def measure_optimizers(sizes: list[int], best) -> dict:
-    """[optimizer][n]: seconds per update of n values (Optimizer.update into another
-    buffer, scale 1: a server's update; allreduce's in place costs a little more), each the
-    least over repetitions (best: calibrate's _best(f, min_time))."""
-    import numpy as np
-
-    from ..net import OPTIMIZERS
-    from ..net import mlp
-    from ..net.optimizers import Optimizer
-    mlp.compile_kernels(*(f"update:{o}" for o in OPTIMIZERS))
-    out: dict = {}
-    for name in OPTIMIZERS:
-        for n in sizes:
-            w, d, out_buf = np.zeros(n), np.full(n, 1e-3), np.empty(n)
-            opt = Optimizer(name, 1e-3, n)
-            out.setdefault(name, {})[n] = best(lambda: opt.update(w, d, out_buf))
-    return out
-
-
-def measure_mp_steps(hidden: tuple, batches: tuple, Ks: tuple, best) -> dict:
-    """[K][hidden][batch]: seconds per step of member 0 of a replica of K (its slice's
-    forward and backward, the batch's gather; the logits' sum left out)."""
-    import numpy as np
-
-    from ..data import problem
-    from ..net import mlp
-    ds = problem.rings(65536, 0)
-    rng = np.random.default_rng(0)
-    out: dict = {}
-    for K in Ks:
-        for h in hidden:
-            if h % K:
-                continue
-            sliced = mlp.Sliced(mlp.Layout(2, h, 2), K)
-            w = sliced.from_standard(mlp.init_params(sliced.layout, 0))
-            a, b_ = sliced.bounds[0]
-            w0, dw = w[a:b_].copy(), np.zeros(b_ - a)
-            for b in batches:
-                step = mlp.make_mp_step(sliced, 0, b, lambda Z: None)
-                Xb, yb = np.empty((b, 2)), np.empty(b, np.int64)
-
-                def one():
-                    idx = rng.integers(0, len(ds.y), b)
-                    np.take(ds.X, idx, axis=0, out=Xb)
-                    np.take(ds.y, idx, out=yb)
-                    step(w0, Xb, yb, 1e-9, dw)
-                out.setdefault(K, {}).setdefault(h, {})[b] = best(one)
-    return out

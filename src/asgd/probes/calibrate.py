@@ -1,0 +1,424 @@
+"""Measure the performance model's machine-dependent parameters, as the paper did with
+STREAM, iperf and single-node runs: microbenchmarks of asgd's own parts, never runs of
+the configurations to be predicted.
+
+  startup      one rank of asgd.train up to its first data: imports, MPI_Init, numba
+               cache loads (wall and CPU seconds)                       mpiexec -n 1
+  step         the numba training step with its batch gather, per hidden and batch size
+               (c_p, c_b; the batch sizes span the caches: Figure 4), the least of
+               two windows, at the start and at the end                  in process
+  evaluate     held-out evaluation per point, per hidden size            in process
+  job startup  P ranks starting at once, with asgd.train's staged cache loads, no data
+                                                                         mpiexec -n P
+  cores        P ranks stepping at once (2-10K-2 and 2-100K-2): how many cores' worth of
+               work they get done                                        mpiexec -n P
+  messaging    raw ping-pong (r_net); asgd's push/pull: the round trip (no compute), the
+               server's CPU per update (c_u), the worker's time per update beyond a
+               stand-in step (its share of c_b)                          mpiexec -n 2
+  contention   1 server and P-1 no-compute workers on the node's cores: CPU per update of
+               the push/pull when ranks outnumber cores                 mpiexec -n P
+  readers      both readers on one rank, TSV and .npy: read + parse per byte (r_d), keep
+               or shuffle per point                                      mpiexec -n 1
+  memory       STREAM-like copy (r_m), and the cache sizes from sysfs    in process
+  optimizers   each server-side optimizer's update per size (sgd, momentum, adagrad,
+               adam: what a server's or allreduce rank's update costs)   in process
+  mp steps     a member's step of a model split K = 2, 4 ways            in process
+  exchanges    one synchronous round with no compute, per architecture: the parameter
+               server's, p2p's, the ring allreduce's, MPI_Iallreduce's (whatever
+               algorithm this MPI picks: measured, not assumed), a replica's logit sum
+               (asgd.probes.exchanges)                                   mpiexec -n P
+
+The orchestrating process (this module) never initializes MPI; the MPI probes run under
+the launcher (`--launcher`, default mpiexec) as `python -m asgd.probes.ranks PROBE ...`,
+each printing one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+
+from .. import mpienv
+from ..data import formats, problem
+from ..mpienv import cores_available
+from ..net import OPTIMIZERS, mlp
+from ..net.optimizers import Optimizer
+from ..perf.analytic import extrapolate_linear
+from ..perf.architectures import STEP, STEP_PROBE
+from . import CalibrationError
+
+HIDDEN = (1000, 10000, 100000)
+BATCHES = (1, 4, 16, 64, 256, 1024, 4096)
+QUICK_HIDDEN, QUICK_BATCHES = (1000, 10000), (1, 16, 256, 1024)
+
+
+# -- in-process microbenchmarks ------------------------------------------------------------
+
+def _best(f, min_time: float, max_reps: int = 1000, cpu: dict | None = None) -> float:
+    """Least seconds per call of f, over repetitions totalling about min_time. With
+    `cpu` (a dict), also the least CPU seconds per call of this thread, in cpu["s"]:
+    what the call costs its core, whatever other processes took from it meanwhile."""
+    f()
+    t0, c0 = time.perf_counter(), time.thread_time()
+    f()
+    one, one_cpu = time.perf_counter() - t0, time.thread_time() - c0
+    reps = max(3, min(max_reps, int(min_time / max(one, 1e-7))))
+    best, best_cpu = one, one_cpu
+    for _ in range(3):
+        k = max(1, reps // 3)
+        t, c = time.perf_counter(), time.thread_time()
+        for _ in range(k):
+            f()
+        best = min(best, (time.perf_counter() - t) / k)
+        best_cpu = min(best_cpu, (time.thread_time() - c) / k)
+    if cpu is not None:
+        cpu["s"] = best_cpu
+    return best
+
+
+def measure_steps(hidden: tuple, batches: tuple, min_time: float, cpu_out: dict | None = None) -> dict:
+    """Seconds per worker step (batch gather + numba step), as run_worker does it; with
+    cpu_out, its least CPU seconds per step too (cpu_out[hidden][batch])."""
+    ds = problem.rings(65536, 0)
+    out = {}
+    for h in hidden:
+        layout = mlp.Layout(2, h, 2)
+        w, dw = mlp.init_params(layout, 0), np.zeros(layout.n_w)
+        out[h] = {}
+        rng = np.random.default_rng(0)
+        for b in batches:
+            step = mlp.make_step(layout, b)
+            Xb, yb = np.empty((b, 2)), np.empty(b, np.int64)
+
+            def one():
+                idx = rng.integers(0, len(ds.y), b)
+                np.take(ds.X, idx, axis=0, out=Xb)
+                np.take(ds.y, idx, out=yb)
+                step(w, Xb, yb, 1e-9, dw)
+            got: dict = {}
+            out[h][b] = _best(one, min_time * (1 if b * h < 2e7 else 0.3), 2000, got)
+            if cpu_out is not None:
+                cpu_out.setdefault(h, {})[b] = got["s"]
+    return out
+
+
+def _least(a: dict, b: dict) -> dict:
+    """[hidden][batch] -> the lesser of a's and b's seconds."""
+    return {h: {k: min(a[h][k], b[h][k]) for k in a[h]} for h in a}
+
+
+SPREAD_P = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
+
+
+def measure_step_spread(hidden: tuple, batches: tuple, best: dict, budget_s: float) -> dict:
+    """How single steps spread around the best (step_s is the least time per step over
+    repetitions): [hidden][batch] -> {"p": probabilities, "ratio": quantiles of one step's
+    time over the least}, from individually timed steps (asgd.sim draws step times from
+    it). Each step's CPU time (the thread's clock), not its wall time: the spread of the
+    work itself, not of other processes taking the core (a simulator shares the cores
+    itself). Only where a step takes under 0.1 s; about budget_s per (hidden, batch)."""
+    ds = problem.rings(65536, 0)
+    out = {}
+    for h in hidden:
+        layout = mlp.Layout(2, h, 2)
+        w, dw = mlp.init_params(layout, 0), np.zeros(layout.n_w)
+        rng = np.random.default_rng(1)
+        for b in batches:
+            t_best = best[h][b]
+            if t_best >= 0.1:
+                continue
+            step = mlp.make_step(layout, b)
+            Xb, yb = np.empty((b, 2)), np.empty(b, np.int64)
+            times = []
+            for _ in range(max(10, min(300, int(budget_s / t_best)))):
+                idx = rng.integers(0, len(ds.y), b)
+                t = time.thread_time()
+                np.take(ds.X, idx, axis=0, out=Xb)
+                np.take(ds.y, idx, out=yb)
+                step(w, Xb, yb, 1e-9, dw)
+                times.append(time.thread_time() - t)
+            q = np.quantile(np.array(times) / max(min(times), 1e-9), SPREAD_P)
+            out.setdefault(h, {})[b] = {"p": list(SPREAD_P), "ratio": [round(float(x), 4) for x in q]}
+    return out
+
+
+def measure_sleep_overhead(reps: int = 200) -> float:
+    """How much longer than asked time.sleep(10 us) takes (the Waiter's backoff sleeps;
+    on this machine it does not go below about 60-100 us): the median overshoot."""
+    over = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        time.sleep(10e-6)
+        over.append(time.perf_counter() - t - 10e-6)
+    return statistics.median(over)
+
+
+def measure_evaluate(hidden: tuple, min_time: float) -> dict:
+    test = problem.rings(2048, 1)
+    out = {}
+    for h in hidden:
+        layout = mlp.Layout(2, h, 2)
+        ev = mlp.make_evaluate(layout, mlp.init_params(layout, 0), test)
+        out[h] = _best(ev, min_time, 50) / len(test.y)
+    return out
+
+
+def measure_memory(mib: int = 128) -> float:
+    """r_m: seconds per byte moved by a large numpy copy (read + write counted)."""
+    a = np.ones(mib << 17)
+    b = np.empty_like(a)
+    t = _best(lambda: np.copyto(b, a), 0.3, 10)
+    return t / (2 * a.nbytes)
+
+
+def caches() -> dict[str, int]:
+    """Cache sizes of cpu0 in bytes, from sysfs."""
+    out = {}
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for d in sorted(base.glob("index*")):
+        try:
+            level, kind = (d / "level").read_text().strip(), (d / "type").read_text().strip()
+            size = (d / "size").read_text().strip()
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1], 1)
+        out[f"L{level}{'d' if kind == 'Data' else ''}"] = int(size.rstrip("KMG")) * mult
+    return out
+
+
+def measure_optimizers(sizes: list[int], best) -> dict:
+    """[optimizer][n]: seconds per update of n values (Optimizer.update into another
+    buffer, scale 1: a server's update; allreduce's in place costs a little more), each the
+    least over repetitions (best: _best(f, min_time))."""
+    mlp.compile_kernels(*(f"update:{o}" for o in OPTIMIZERS))
+    out: dict = {}
+    for name in OPTIMIZERS:
+        for n in sizes:
+            w, d, out_buf = np.zeros(n), np.full(n, 1e-3), np.empty(n)
+            opt = Optimizer(name, 1e-3, n)
+            out.setdefault(name, {})[n] = best(lambda: opt.update(w, d, out_buf))
+    return out
+
+
+def measure_mp_steps(hidden: tuple, batches: tuple, Ks: tuple, best) -> dict:
+    """[K][hidden][batch]: seconds per step of member 0 of a replica of K (its slice's
+    forward and backward, the batch's gather; the logits' sum left out)."""
+    ds = problem.rings(65536, 0)
+    rng = np.random.default_rng(0)
+    out: dict = {}
+    for K in Ks:
+        for h in hidden:
+            if h % K:
+                continue
+            sliced = mlp.Sliced(mlp.Layout(2, h, 2), K)
+            w = sliced.from_standard(mlp.init_params(sliced.layout, 0))
+            a, b_ = sliced.bounds[0]
+            w0, dw = w[a:b_].copy(), np.zeros(b_ - a)
+            for b in batches:
+                step = mlp.make_mp_step(sliced, 0, b, lambda Z: None)
+                Xb, yb = np.empty((b, 2)), np.empty(b, np.int64)
+
+                def one():
+                    idx = rng.integers(0, len(ds.y), b)
+                    np.take(ds.X, idx, axis=0, out=Xb)
+                    np.take(ds.y, idx, out=yb)
+                    step(w0, Xb, yb, 1e-9, dw)
+                out.setdefault(K, {}).setdefault(h, {})[b] = best(one)
+    return out
+
+
+# -- the orchestrator ------------------------------------------------------------------------
+
+def _launch(launcher: str | None, n: int, args: list[str], timeout: float) -> dict:
+    try:
+        cmd = mpienv.command(n, sys.executable, "-m", "asgd.probes.ranks", *args, launcher=launcher)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError as e:
+        raise CalibrationError(f"cannot start MPI ({e}); is MPI installed? (or pass --launcher)") from None
+    except subprocess.TimeoutExpired:
+        raise CalibrationError(f"{' '.join(cmd)} took over {timeout:.0f} s") from None
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode or not lines:
+        raise CalibrationError(f"{' '.join(cmd)} failed (exit {p.returncode}): {p.stderr.strip()[-600:]}")
+    return json.loads(lines[-1])
+
+
+def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> dict:
+    """Every parameter, with units and the machine description: params.json's content."""
+    t_all = time.perf_counter()
+    hidden, batches = (QUICK_HIDDEN, QUICK_BATCHES) if quick else (HIDDEN, BATCHES)
+    min_time = 0.05 if quick else 0.25
+    say("calibrate: startup of one rank (imports, MPI_Init, numba cache loads)")
+    _launch(launcher, 1, ["startup"], 300)  # fills numba's cache if it is cold
+    starts = [_launch(launcher, 1, ["startup"], 300) for _ in range(1 if quick else 5)]
+    start = {k: statistics.median(s[k] for s in starts) for k in starts[0]}
+    say("  " + ", ".join(f"{k[:-2]} {v:.3f} s" for k, v in start.items()))
+    say(f"calibrate: training step, hidden {hidden} x batch {batches}")
+    steps_cpu: dict = {}
+    steps = measure_steps(hidden, batches, min_time, steps_cpu)
+    say("calibrate: the spread of single steps around the best")
+    spread = measure_step_spread(hidden, batches, steps, 0.1 if quick else 0.4)
+    say("calibrate: held-out evaluation")
+    evaluate = measure_evaluate(hidden, min_time)
+    nws = sorted({h * 3 + 2 * (h + 1) for h in hidden})  # Delta-w of each calibrated hidden size
+    say(f"calibrate: messaging, ping-pong and push/pull at n_w {nws}")
+    msg = _launch(launcher, 2, ["messaging", "--nw", ",".join(map(str, nws)),
+                                "--updates", "200" if quick else "1000"], 600)
+    C = cores_available()
+    counts = sorted({1, C, 2 * C + 1} if quick else {1, C, C + 1, 2 * C + 1, 4 * C + 1, 8 * C + 1})
+    say(f"calibrate: cores' worth of training steps done by {counts} ranks at once, batch 256")
+    worth = {}  # [hidden][ranks]: cores' worth of steps, against one rank's
+    for h in [x for x in hidden if x >= 10000]:
+        rates = {n: [] for n in counts}
+        for _ in range(1 if quick else 2):  # interleaved repetitions, medians: the machine drifts
+            for n in counts:
+                rates[n].append(_launch(launcher, n, ["cores", "--hidden", str(h), "--batch", "256",
+                                                      "--seconds", "0.5" if quick else "1.0"], 300)["steps_per_s"])
+        worth[h] = {n: statistics.median(r) / statistics.median(rates[1]) for n, r in rates.items()}
+        say(f"  hidden {h}: " + ", ".join(f"{n}: {v:.2f}" for n, v in worth[h].items()))
+    say(f"calibrate: a job's start-up (no data) with {counts} ranks")
+    job_start = {n: [] for n in counts}
+    for _ in range(1 if quick else 3):
+        for n in counts:
+            job_start[n].append(_launch(launcher, n, ["job-startup"], 300)["startup_s"])
+    job_start = {n: statistics.median(v) for n, v in job_start.items()}
+    say("  " + ", ".join(f"{n}: {v:.2f} s" for n, v in job_start.items()))
+    crowd = sorted({2 * C + 1} if quick else {C + 1, 2 * C + 1, 4 * C + 1})
+    say(f"calibrate: push/pull CPU per update with {crowd} ranks sharing the cores (no-compute workers)")
+    contended = {}
+    for n in crowd:
+        got = _launch(launcher, n, ["contention", "--nw", ",".join(map(str, nws)),
+                                    "--updates", str(max(50, (400 if quick else 2000) // (n - 1)))], 600)
+        c_eff = extrapolate_linear(worth[min(worth)], n)  # cores' worth the n ranks get
+        contended[n] = {int(k): c_eff / v for k, v in got["updates_per_s"].items()}
+    say("calibrate: the server-side optimizers' updates, and model-parallel members' steps")
+    sizes = sorted({n // d for n in nws for d in (1, 4)})  # whole Delta-w and a quarter shard
+    optimizer_s = measure_optimizers(sizes, lambda f: _best(f, min_time / 4, 2000))
+    mp_steps = measure_mp_steps(hidden, batches, (2, 4), lambda f: _best(f, min_time / 2, 2000))
+    say("  " + ", ".join(f"{o} {1e6 * t[max(t)]:.0f} us" for o, t in optimizer_s.items()) + f" at n={max(sizes):,}")
+    exchange_s = measure_exchanges(launcher, C, nws, quick, say)
+    say("calibrate: readers (TSV, .npy; sequential, parallel)")
+    with tempfile.TemporaryDirectory(prefix="asgd-calibrate-") as tmp:
+        ds = problem.rings(50_000 if quick else 400_000, 0)
+        files = [os.path.join(tmp, "cal.tsv"), os.path.join(tmp, "cal.npy")]
+        for f in files:
+            formats.write(f, ds)
+        rd = _launch(launcher, 1, ["readers", *files], 600)
+    # The step once more, minutes after the first: a VM's core can run 40-70 % slower for a
+    # minute (CPU seconds and wall alike: three calibrations of one quiet machine measured
+    # 7.9, 9.8 and 11.1 ms for the 2-10K-2 batch-256 step while the runs beside them took
+    # 8.0-9.1 ms), and step_s is the least time per step, so the least of both windows.
+    say("calibrate: the training step again (the least of the two windows)")
+    again_cpu: dict = {}
+    again = measure_steps(hidden, batches, min_time, again_cpu)
+    drift = statistics.median(steps[h][b] / again[h][b] for h in hidden for b in batches)
+    say(f"  the first window's steps took {drift:.2f}x the second's (median)")
+    steps = _least(steps, again)
+    steps_cpu = _least(steps_cpu, again_cpu)
+    if not quick:   # the crowded rounds hold a step each: the least of two windows too
+        say("calibrate: the rounds after a training step again (the least of the two windows)")
+        for kind, by_p in measure_exchanges(launcher, C, nws, quick, say, stepped_only=True).items():
+            exchange_s[kind] = _least(exchange_s[kind], by_p)
+    say("calibrate: memory bandwidth, caches")
+    params = {
+        "cores": C, "effective_cores": worth,
+        "startup": {k: v for k, v in start.items() if k != "embedded_s"}, "embedded_s": start["embedded_s"],
+        "startup_by_ranks": job_start,
+        "step_s": steps, "eval_s_per_point": evaluate,
+        "worker_msg_s": msg["worker_msg_s"], "server_update_s": msg["server_update_s"],
+        "round_trip_s": msg["round_trip_s"], "pingpong_s": msg["pingpong_s"], "contended_update_s": contended,
+        "read_s_per_byte": rd["read_s_per_byte"], "select_s_per_point": rd["select_s_per_point"],
+        "bytes_per_point": rd["bytes_per_point"],
+        "memory_s_per_byte": measure_memory(32 if quick else 128), "caches": caches(),
+        "step_spread": spread, "step_cpu_s": steps_cpu, "sleep_overhead_s": measure_sleep_overhead(),
+        "optimizer_s": optimizer_s, "mp_step_s": mp_steps, "exchange_s": exchange_s,
+    }
+    return {"schema": 1, "params": params, "units": UNITS, "machine": describe(launcher),
+            "quick": quick, "seconds": round(time.perf_counter() - t_all, 1)}
+
+
+UNITS = {
+    "cores": "cores this process may run on",
+    "effective_cores": "cores' worth of training steps done by P ranks at once, [hidden][P]",
+    "startup": "s (wall) and CPU s of one rank's imports, parser and kernel cache loads",
+    "embedded_s": "s per rank to generate the embedded problem",
+    "startup_by_ranks": "s, a job's start-up with P ranks and no data (slowest rank), [P]",
+    "step_s": "s per training step (the least of two windows), [hidden][batch]", "eval_s_per_point": "s per held-out point, [hidden]",
+    "worker_msg_s": "s a worker spends per push/pull beyond its step, 2 ranks, [n_w]",
+    "server_update_s": "c_u: server CPU s per update, [n_w]",
+    "round_trip_s": "s per push/pull round trip without compute, [n_w]",
+    "pingpong_s": "s one way, [bytes]",
+    "contended_update_s": "CPU s per push/pull, all ranks together, with P ranks sharing the cores, [P][n_w]",
+    "read_s_per_byte": "r_d: s/byte read + parsed by one rank, [reader][format]",
+    "select_s_per_point": "s per point of the file, [reader]", "bytes_per_point": "bytes/point, [format]",
+    "memory_s_per_byte": "r_m: s/byte (copy)", "caches": "bytes",
+    "step_spread": "one step's CPU time over the least, quantiles p -> ratio, [hidden][batch] (asgd.sim)",
+    "step_cpu_s": "least CPU s per training step (the thread's clock), [hidden][batch] (asgd.sim)",
+    "sleep_overhead_s": "s time.sleep(10 us) overshoots, median (the Waiter's backoff; asgd.sim)",
+    "optimizer_s": "s per server-side optimizer update of n values, [optimizer][n]",
+    "mp_step_s": "s per step of a model-parallel member (logits' sum excluded), [K][hidden][batch]",
+    "exchange_s": "s per synchronous round with no compute, [ps|p2p|ring|mpi][ranks][n_w]; "
+                  "[replica][K][batch]; [KIND+step][ranks][n_w or batch]: the round after a training "
+                  "step (async+step: s per update of one worker; replica+step: s per member step of "
+                  "model partitioning, the logit sum inside it, with a server on an odd rank 0), ranks > cores "
+                  "only (asgd.probes.exchanges)",
+}
+
+
+EXCHANGE_KINDS = ("ps", "p2p", "ring", "mpi")
+
+
+def measure_exchanges(launcher: str | None, C: int, nws: list[int], quick: bool, say=print, run=None,
+                      stepped_only: bool = False) -> dict:
+    """exchange_s: each architecture's synchronous round with no compute (asgd.probes.exchanges),
+    at P = 2, C + 1, 2C + 1, 4C + 1 ranks (quick: 2, 2C + 1) and every calibrated n_w, and a
+    replica's logit sum (K = P) at a few batch sizes: one job per rank count. `run(n, args,
+    timeout)` starts a probe (default: under `launcher` on this machine). stepped_only: the
+    KIND+step rounds alone (calibrate's second window of them)."""
+    run = run or (lambda n, args, timeout: _launch(launcher, n, args, timeout))
+    counts = sorted({2, 2 * C + 1} if quick else {2, C + 1, 2 * C + 1, 4 * C + 1})
+    kinds = (*EXCHANGE_KINDS, "replica")
+    out: dict = {}
+    for P in [P for P in counts if P > C] if stepped_only else counts:
+        # with more ranks than cores, each round once more after a training step (KIND+step)
+        stepped = tuple(k + STEP for k in (*kinds, "async")) if P > C else ()
+        got = run(P, ["exchange", "--kinds", ",".join((() if stepped_only else kinds) + stepped),
+                      "--nw", ",".join(map(str, nws)),
+                      "--batches", "16,256,1024", "--rounds", "8" if quick else "20"], 900)
+        for kind, t in got["seconds"].items():
+            out.setdefault(kind, {})[P] = {int(k): v for k, v in t.items()}
+    H, B = STEP_PROBE
+    for kind, by_p in out.items():
+        unit, scale = ("us", 1e6) if kind == "replica" else ("ms", 1e3)
+        say(f"  {kind}: " + "; ".join(f"P={P} " + ", ".join(f"{scale * v:.2f} {unit}" for v in t.values())
+                                     for P, t in by_p.items())
+            + ((f" (half a 2-{H}-2 step at batch {B} each, the sum inside it)" if kind.startswith("replica")
+                else f" (a 2-{H}-2 step at batch {B} before each)")
+               if kind.endswith(STEP)
+               else " (batch 16, 256, 1024)" if kind == "replica" else f" (n_w {nws})"))
+    return out
+
+
+def describe(launcher: str | None = None) -> dict:
+    """The machine, and the MPI the costs were measured with (its launcher's word)."""
+    words = (launcher or mpienv.find() or "").split()
+    cpu = "unknown"
+    try:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"host": platform.node(), "cpu": cpu, "python": platform.python_version(), "numpy": np.__version__,
+            "numba": version("numba"), "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "launcher": " ".join(words), "mpi": mpienv.flavour(words[0]) if words else None}

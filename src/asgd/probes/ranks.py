@@ -1,0 +1,269 @@
+"""The calibration probes that run as MPI jobs (asgd.probes.calibrate starts them):
+`mpiexec -n N python -m asgd.probes.ranks PROBE [--option value ...] [FILE ...]`, each
+printing one JSON line from rank 0 (`python -m asgd.perf.calibrate PROBE ...` too). This
+module initializes MPI on import; the orchestrating process never imports it.
+
+  startup      one rank of asgd.train up to its first data: imports, MPI_Init, numba
+               cache loads (wall and CPU seconds)                       mpiexec -n 1
+  job-startup  P ranks starting at once, with asgd.train's staged cache loads, no data
+  cores        P ranks stepping at once: how many cores' worth of work they get done
+  messaging    raw ping-pong; asgd's push/pull round trip, server CPU per update, the
+               worker's time per update beyond a stand-in step          mpiexec -n 2
+  contention   1 server and P-1 no-compute workers on the node's cores
+  readers      both readers on one rank, TSV and .npy                   mpiexec -n 1
+  exchange     one synchronous round per architecture (asgd.probes.exchanges)
+"""
+
+from __future__ import annotations
+
+import time
+
+T0_NS = time.perf_counter_ns()  # the startup probe times from here, as asgd.train does
+
+import importlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import resource  # noqa: E402
+import sys  # noqa: E402
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+from ..core.wire import shard_bounds  # noqa: E402
+from ..data import problem, readers, shares  # noqa: E402
+from ..mpiutil import Waiter, oversubscribed  # noqa: E402
+from ..net import mlp  # noqa: E402
+from ..protocol.context import Endpoint, Schedule  # noqa: E402
+from ..protocol.messages import Float64Link  # noqa: E402
+from ..protocol.server import Async, Server  # noqa: E402
+from ..protocol.worker import PushPull, run_worker  # noqa: E402
+from ..run import startup  # noqa: E402
+from ..run.trace import PhaseClock  # noqa: E402
+from . import CalibrationError  # noqa: E402
+
+PINGPONG_BYTES = (8, 1 << 16, 1 << 20, 1 << 22)
+
+
+def probe_startup() -> dict:
+    """What a worker rank of asgd.train does before its data, in three stages: imports
+    (numpy, mpi4py with MPI_Init, numba, the modules a rank runs: startup.RANK_MODULES),
+    then numba's cache loads of the readers' parsers, then of its training kernel (the
+    first load also pays numba's one-time set-up). Wall and CPU seconds of each, and the
+    embedded problem's generation."""
+    def cpu():
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return ru.ru_utime + ru.ru_stime
+    out, t = {}, T0_NS / 1e9
+    for name in startup.RANK_MODULES:
+        importlib.import_module(name)
+    oversubscribed(MPI.COMM_WORLD)
+    stages = (("imports", lambda: None),
+              ("parsers", lambda: startup.load(("parsers",))),
+              ("kernels", lambda: startup.load(startup.loads("worker", 1, True))))
+    for name, f in stages:
+        c = cpu() if name != "imports" else 0.0
+        f()
+        now = time.perf_counter()
+        out[f"{name}_wall_s"], out[f"{name}_cpu_s"] = now - t, cpu() - c
+        t = now
+    t = time.perf_counter()
+    problem.default_problem(0)
+    out["embedded_s"] = time.perf_counter() - t
+    return out
+
+
+def probe_job_startup() -> dict | None:
+    """A whole job's start with this many ranks, as asgd.train's with a data file up to
+    its first read: every rank's imports at once, then the staged numba cache loads of
+    its role (startup.warm_up: the node's first rank, then the others). The slowest
+    rank's seconds since its start, as init_s counts them."""
+    for name in startup.RANK_MODULES:
+        importlib.import_module(name)
+    comm = MPI.COMM_WORLD
+    waiter = Waiter(oversubscribed(comm), time.monotonic() + 300, f"calibrate rank {comm.rank}")
+    role = "server" if comm.rank == 0 else "worker"
+    error = startup.warm_up(comm, waiter, startup.loads(role, comm.rank, True), startup.node_loads(True))
+    if error:
+        raise error
+    slowest = comm.reduce((time.perf_counter_ns() - T0_NS) / 1e9, op=MPI.MAX)
+    return {"startup_s": slowest} if comm.rank == 0 else None
+
+
+def probe_messaging(sizes: list[int], updates: int) -> dict | None:
+    """Rank 0 and 1: raw ping-pong one way at each size; then asgd's real Server and
+    worker loop (with a stand-in step) at each n_w, in the three passes below."""
+    comm = MPI.COMM_WORLD
+    if comm.size != 2:
+        raise CalibrationError("the messaging probe needs exactly 2 ranks")
+    me, peer = comm.rank, 1 - comm.rank
+    mlp.compile_kernels()  # the server's add and check: loaded now, not in the timed loop
+    out = {"pingpong_s": {}, "round_trip_s": {}, "server_update_s": {}, "worker_msg_s": {}}
+    for nbytes in sorted(set(PINGPONG_BYTES) | {8 * n for n in sizes}):  # and Delta-w's own sizes
+        buf = np.zeros(max(nbytes // 8, 1))
+        reps = max(20, min(2000, int(2e8 // max(nbytes, 1))))
+        best = []
+        for _ in range(3):
+            comm.Barrier()
+            t = time.perf_counter()
+            for _ in range(reps):
+                if me == 0:
+                    comm.Send(buf, peer, 1)
+                    comm.Recv(buf, peer, 1)
+                else:
+                    comm.Recv(buf, peer, 1)
+                    comm.Send(buf, peer, 1)
+            best.append((time.perf_counter() - t) / reps / 2)
+        out["pingpong_s"][buf.nbytes] = min(best)
+    for n_w in sizes:
+        # 1: no compute, polling waits: the bare round trip. 2: no compute, sleeping waits
+        # (as when ranks share cores): the server is kept busy, its CPU per update is c_u.
+        # 3: polling waits (each rank has a core) and a step that computes for twice the
+        # round trip, as in async training: the worker's time per update beyond its step
+        # (the push/pull's share of c_b). MPI moves a large message only inside MPI calls,
+        # so part of the exchange still waits for the step to end: that is counted.
+        think = 0.0
+        for phase in ("round trip", "server", "worker"):
+            t, c = time.perf_counter(), time.process_time()
+            exchange(comm, n_w, updates, phase == "server", spin_step(think if phase == "worker" else 0.0))
+            wall, cpu = (time.perf_counter() - t) / updates, (time.process_time() - c) / updates
+            got = comm.bcast(comm.gather((wall, cpu)))
+            if phase == "round trip":
+                out["round_trip_s"][n_w] = got[1][0]
+                think = 2 * got[1][0]
+            elif phase == "server":
+                out["server_update_s"][n_w] = got[0][1]
+            else:
+                out["worker_msg_s"][n_w] = max(got[1][0] - think, 0.0)
+    return out if me == 0 else None
+
+
+def exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
+    """asgd's real protocol, after a barrier: rank 0 serves (Server.serve, async), every
+    other rank is a worker pushing `updates` Delta-w of n_w weights, computing with
+    `step`; waits sleep (crowded) or poll first, as mpiutil.Waiter does. (Also
+    asgd.testbed.model's probe.)"""
+    w = np.zeros(n_w)
+    X, y = np.zeros((updates, 2)), np.zeros(updates, np.int64)
+    waiter = Waiter(crowded, time.monotonic() + 120, f"calibrate rank {comm.rank}")
+    comm.Barrier()
+    if comm.rank == 0:
+        Server(Endpoint(comm, waiter, PhaseClock("idle")), w, 1).serve(Async())
+    else:
+        shards = shard_bounds(n_w, 1)
+        link = PushPull(Endpoint(comm, waiter, PhaseClock("compute")), shards, Float64Link(shards, w))
+        run_worker(link, X, y, step, Schedule(batch=1, epochs=1, seed=(0, comm.rank), lr=0.0, adaptive=False))
+
+
+def spin_step(seconds: float):
+    """A stand-in training step that keeps the core busy for `seconds` (0: returns at once),
+    calling `progress` about every millisecond until it returns True, as the real step
+    calls it between its sample blocks (mlp.make_step)."""
+    def step(w, X, y, lr, dw, progress=None):
+        now = time.perf_counter()
+        end, tick = now + seconds, now + 1e-3
+        while now < end:
+            if progress is not None and now >= tick:
+                progress = None if progress() else progress
+                tick = now + 1e-3
+            now = time.perf_counter()
+        return 0.0
+    return step
+
+
+def probe_cores(hidden: int, batch: int, seconds: float) -> dict | None:
+    """Every rank runs training steps for `seconds` at once; rank 0 reports the steps per
+    second of all of them together. Against one rank's, this is how many cores' worth of
+    work P ranks get done on this node (hyperthreads, sharing, context switches)."""
+    comm = MPI.COMM_WORLD
+    layout = mlp.Layout(2, hidden, 2)
+    w, dw, ds = mlp.init_params(layout, 0), np.zeros(layout.n_w), problem.rings(batch, comm.rank)
+    step = mlp.make_step(layout, batch)
+    step(w, ds.X, ds.y, 1e-9, dw)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    n = 0
+    while time.perf_counter() - t0 < seconds:
+        step(w, ds.X, ds.y, 1e-9, dw)
+        n += 1
+    rates = comm.gather(n / (time.perf_counter() - t0))
+    return {"steps_per_s": sum(rates)} if comm.rank == 0 else None
+
+
+def probe_contention(sizes: list[int], updates: int) -> dict | None:
+    """Rank 0 serves, every other rank is a no-compute worker pushing `updates` Delta-w:
+    the updates/s the whole job gets through at each n_w when its ranks share the cores
+    (message copies, wake-ups, caches shared), which 2 ranks alone do not show."""
+    comm = MPI.COMM_WORLD
+    mlp.compile_kernels()
+    crowded = oversubscribed(comm)
+    out = {}
+    for n_w in sizes:
+        t = time.perf_counter()
+        exchange(comm, n_w, updates, crowded, spin_step(0.0))
+        out[n_w] = (comm.size - 1) * updates / (time.perf_counter() - t)
+    return {"updates_per_s": out} if comm.rank == 0 else None
+
+
+def probe_readers(files: list[str]) -> dict:
+    """One rank, both readers, each file: read+parse seconds per byte ([reader][format]),
+    and the keep (sequential) or shuffle (parallel) seconds per point."""
+    comm, out = MPI.COMM_WORLD, {"read_s_per_byte": {}, "select_s_per_point": {}, "bytes_per_point": {}}
+    for path in files:
+        fmt = "npy" if path.endswith(".npy") else "tsv"
+        size = os.path.getsize(path)
+        for reader in ("sequential", "parallel"):
+            best = None
+            for _ in range(3):
+                got = readers.load(comm, Waiter(False, time.monotonic() + 120), path, None, reader, shares.Job(0))
+                t = got.times
+                n = got.train_points + len(got.test.y)
+                cost = (t.get("read", 0) + t.get("parse", 0), t.get("shuffle", 0))
+                best = cost if best is None or sum(cost) < sum(best) else best
+            out["read_s_per_byte"].setdefault(reader, {})[fmt] = best[0] / size
+            out["bytes_per_point"][fmt] = size / n
+            out["select_s_per_point"].setdefault(reader, []).append(best[1] / n)
+    out["select_s_per_point"] = {k: min(v) for k, v in out["select_s_per_point"].items()}
+    return out
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x]
+
+
+# probe name -> its function of the options (--name value pairs) and positional arguments
+PROBES = {
+    "startup": lambda o, rest: probe_startup(),
+    "job-startup": lambda o, rest: probe_job_startup(),
+    "messaging": lambda o, rest: probe_messaging(_ints(o["--nw"]), int(o["--updates"])),
+    "cores": lambda o, rest: probe_cores(int(o["--hidden"]), int(o["--batch"]), float(o["--seconds"])),
+    "contention": lambda o, rest: probe_contention(_ints(o["--nw"]), int(o["--updates"])),
+    "readers": lambda o, rest: probe_readers(rest),
+    "exchange": lambda o, rest: probe_exchange(o["--kinds"].split(","), _ints(o.get("--nw", "")), int(o["--rounds"]),
+                                               _ints(o.get("--batches", "")), int(o.get("--servers", "1"))),
+}
+
+
+def probe_exchange(*args):
+    """asgd.probes.exchanges.probe_exchange, imported by its probe alone: its modules are
+    not a training rank's, and the startup probes time this module's imports."""
+    from .exchanges import probe_exchange as probe
+    return probe(*args)
+
+
+def main(argv: list[str]) -> int:
+    """mpiexec -n N python -m asgd.probes.ranks PROBE [--option value ...] [FILE ...]: one JSON
+    line from rank 0 (internal: `python -m asgd.perf calibrate` runs these)."""
+    if not argv or argv[0] not in PROBES:
+        print(f"usage: mpiexec -n N python -m asgd.probes.ranks {{{','.join(PROBES)}}} ...  (internal: "
+              "use python -m asgd.perf calibrate)", file=sys.stderr)
+        return 2
+    args = argv[1:]
+    options = dict(zip(args[0::2], args[1::2])) if args and args[0].startswith("--") else {}
+    got = PROBES[argv[0]](options, args)
+    if got:  # MPI probes answer on rank 0 only
+        print(json.dumps(got), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
