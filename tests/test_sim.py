@@ -18,7 +18,7 @@ import pytest
 
 from asgd.core import wire
 from asgd.net.mlp import Layout
-from asgd.net.optimizers import default_lr
+from asgd.net.optimizers import default_lr, worker_lr
 from asgd.perf import analytic
 from asgd.run.config import Config
 from asgd.sim import INSTALL_HINT, available
@@ -321,8 +321,8 @@ def options_of(config: dict) -> dict:
 @pytest.mark.parametrize("mode, averaged", [("async", 1), ("sync", 3)])
 def test_config_is_what_was_simulated(params_file, tmp_path, mode, averaged):
     """results.json's config describes the simulated run: its messages (--compress, as
-    asgd.train spells it), and the optimizer whose costs were charged (calibrate's sgd
-    update) with sgd's default lr for its workers and mode; every other option of
+    asgd.train spells it), and the optimizer whose costs were charged (asgd.train's default,
+    adagrad) with its default lr for the workers and mode; every other option of
     asgd.train at its default."""
     out = tmp_path / "r"
     p = sim_cli(["--params", params_file(), "-n", "4", "--mode", mode, "--compress", "1bit", "--hidden", "1000",
@@ -330,15 +330,15 @@ def test_config_is_what_was_simulated(params_file, tmp_path, mode, averaged):
     assert p.returncode == 0, p.stderr
     res = json.loads((out / "results.json").read_text())
     c = res["config"]
-    lr = default_lr("sgd", 1000, averaged)
-    assert (c["optimizer"], c["lr"], c["compress"]) == ("sgd", lr, "1bit")
-    assert c["worker_lr"] == lr
+    lr = default_lr(Config.optimizer, 1000, averaged)
+    assert (c["optimizer"], c["lr"], c["compress"]) == (Config.optimizer, lr, "1bit")
+    assert c["worker_lr"] == worker_lr(Config.optimizer, lr)   # adagrad: the server applies lr
     assert (c["mode"], c["hidden"], c["workers"], c["servers"]) == (mode, 1000, 3, 1)
     worker = res["ranks"][1]
     layout = Layout(2, 1000, 2)
     push = wire.push_bytes(layout.n_w, layout.columns(0, layout.n_w))
     assert worker["bytes_sent"] == worker["updates"] * push   # what config says is what was sent
-    told = {"mode": mode, "hidden": 1000, "epochs": 1, "compress": "1bit", "optimizer": "sgd", "lr": lr,
+    told = {"mode": mode, "hidden": 1000, "epochs": 1, "compress": "1bit", "optimizer": Config.optimizer, "lr": lr,
             "classes": 2, "data": "simulated-2048.tsv", "out": str(out)}
     assert options_of(c) == {**Config().to_dict(), **told}
 

@@ -130,8 +130,8 @@ def init(job: Job) -> Model:
     got = load_data(job)  # collective; a bad file raises the same DataError on every rank
     job.count("init", got.traffic["sent"], got.traffic["recv"])
     if cfg.epochs is None:   # a file's default: its size says how many (every rank knows it)
-        job.cfg = cfg = dataclasses.replace(cfg, epochs=config.EMBEDDED_EPOCHS if cfg.data is None
-                                            else config.file_epochs(got.train_points))
+        job.cfg = cfg = dataclasses.replace(cfg, epochs=config.default_epochs(
+            None if cfg.data is None else got.train_points))
     stats = feature_stats(got.test.X) if got.test is not None else (0.0, 1.0)
     scaling = None
     if cfg.standardize:  # collective: the statistics of the workers' shares together

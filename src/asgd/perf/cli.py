@@ -24,10 +24,13 @@ from dataclasses import asdict, replace
 from ..data import formats, problem
 from ..data.shares import HOLDOUT
 from ..net import OPTIMIZERS
+from ..run import config
 from ..run.files import atomic_write
 from . import analytic, report
 from .analytic import Params, Run
 from .architectures import ARCHES, cluster_links, predict
+
+TRAIN = config.Config()   # asgd.train's defaults: a prediction of a default run predicts that run
 
 PHASES = ("init", "train", "total")  # the paper's two phases (Figure 9) and their sum: what runs measure
 DETAIL = ("compute", "comm")         # inside train: a worker's compute, and its waits and sends
@@ -277,7 +280,8 @@ def _data_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--points", type=positive_int, help="training points of a file that need not exist")
     g.add_argument("--format", choices=("tsv", "npy", "embedded"), default=None,
                    help="with --points: tsv or npy file, or the embedded problem (default tsv with --points)")
-    g.add_argument("--epochs", type=positive_int, default=1, help="passes over the data (default 1)")
+    g.add_argument("--epochs", type=positive_int, help="passes over the data (default as asgd.train's: "
+                   f"{config.EMBEDDED_EPOCHS} on the embedded problem; a file's by its size)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -293,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     pp = sub.add_parser("predict", help="predicted phase times per configuration")
     pp.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 16], help="comma-separated (default 1,2,4,8,16)")
     pp.add_argument("--servers", type=positive_int, default=1, help="parameter servers (default 1)")
-    pp.add_argument("--hidden", type=int_list, default=[10000], help="hidden units, comma-separated (default 10000)")
+    pp.add_argument("--hidden", type=int_list, help="hidden units, comma-separated (default as asgd.train's: "
+                    f"{config.EMBEDDED_HIDDEN} on the embedded problem, {config.FILE_HIDDEN} for a file)")
     pp.add_argument("--batch", type=int_list, default=[256], help="batch sizes, comma-separated (default 256)")
     pp.add_argument("--reader", choices=("sequential", "parallel"), default="parallel",
                     help="data reader, as asgd.train's (default parallel; no effect on the embedded problem)")
@@ -301,8 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="consistency mode, as asgd.train's (default async; ssp is predicted as async)")
     pp.add_argument("--arch", choices=("ps", "p2p", "allreduce"), default="ps", help="as asgd.train's (default ps)")
     pp.add_argument("--model-parallel", type=positive_int, default=1, help="as asgd.train's (default 1)")
-    pp.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
-                    help="the servers' optimizer, as asgd.train's (default here: sgd, the paper's)")
+    pp.add_argument("--optimizer", choices=OPTIMIZERS, default=TRAIN.optimizer,
+                    help="the servers' optimizer, as asgd.train's (default %(default)s)")
     pp.add_argument("--allreduce", choices=("ring", "mpi"), default="ring", help="as asgd.train's (default ring)")
     pp.add_argument("--cores", type=positive_int, default=0, help="cores the ranks share (default: the calibrated machine's)")
     pp.add_argument("--params", **params)
@@ -325,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "us (default 50)")
     op.add_argument("--memory-gb", type=float, help="memory per node, GB (default: this machine's); "
                     "configurations that do not fit are left out")
-    op.add_argument("--hidden", type=positive_int, default=10000, help="hidden units (default 10000)")
+    op.add_argument("--hidden", type=positive_int, help="hidden units (default as asgd.train's: "
+                    f"{config.EMBEDDED_HIDDEN} on the embedded problem, {config.FILE_HIDDEN} for a file)")
     op.add_argument("--archs", default="ps,p2p,allreduce", help="architectures to try (default ps,p2p,allreduce)")
     op.add_argument("--workers", type=int_list, help="worker counts to try (default 1 .. ranks)")
     op.add_argument("--servers", type=int_list, default=[1, 2, 4], help="server counts to try with ps (default 1,2,4)")
@@ -334,7 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--readers", default="parallel", help="default parallel (also: sequential)")
     op.add_argument("--mode", choices=("async", "ssp", "sync"), default="async",
                     help="consistency mode of ps and p2p, as asgd.train's (default async; allreduce is lockstep)")
-    op.add_argument("--optimizer", choices=OPTIMIZERS, default="adagrad", help="as asgd.train's (default adagrad)")
+    op.add_argument("--optimizer", choices=OPTIMIZERS, default=TRAIN.optimizer,
+                    help="as asgd.train's (default %(default)s)")
     op.add_argument("--allreduce", choices=("ring", "mpi"), default="ring", help="as asgd.train's (default ring)")
     op.add_argument("--max-ranks", type=positive_int,
                     help="most ranks to start (default: one per core, or per host of a testbed)")
@@ -401,8 +408,17 @@ def _calibrate(a) -> int:
 
 
 def _base_run(a, p: Params) -> Run:
+    """The data's run fields; --epochs and --hidden, when not given, by asgd.train's rule
+    (written into `a`, so the headers print what was predicted)."""
     fmt = a.format or ("tsv" if a.points else "embedded")
-    return Run(workers=1, epochs=a.epochs, **data_of(a.data, a.points, fmt, p))
+    data = data_of(a.data, a.points, fmt, p)
+    embedded = fmt == "embedded" and not a.data
+    if a.epochs is None:
+        a.epochs = config.default_epochs(None if embedded else data["points"])
+    if a.hidden is None:
+        h = config.default_hidden(embedded)
+        a.hidden = [h] if a.cmd == "predict" else h
+    return Run(workers=1, epochs=a.epochs, **data)
 
 
 def _predict(a, p: Params) -> int:

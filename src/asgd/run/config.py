@@ -81,12 +81,25 @@ def file_epochs(train_points: int) -> int:
     return max(lo, min(hi, math.ceil(FILE_SAMPLES / max(train_points, 1))))
 
 
+def default_hidden(embedded: bool) -> int:
+    """--hidden when not given: the paper's 2-10K-2 on the embedded problem, FILE_HIDDEN
+    for a file. asgd.perf and asgd.sim use this rule too, so a prediction of a default run
+    predicts the run asgd.train makes."""
+    return EMBEDDED_HIDDEN if embedded else FILE_HIDDEN
+
+
+def default_epochs(train_points: int | None) -> int:
+    """--epochs when not given: EMBEDDED_EPOCHS for the embedded problem (train_points
+    None), file_epochs() for a file of that many training points."""
+    return EMBEDDED_EPOCHS if train_points is None else file_epochs(train_points)
+
+
 def with_defaults(cfg: Config) -> Config:
     """The defaults that depend on whether there is a data file (the embedded problem
     keeps the paper's 2-10K-2 and 5 epochs, unscaled)."""
     embedded = cfg.data is None
     return dataclasses.replace(
-        cfg, hidden=cfg.hidden if cfg.hidden is not None else EMBEDDED_HIDDEN if embedded else FILE_HIDDEN,
+        cfg, hidden=cfg.hidden if cfg.hidden is not None else default_hidden(embedded),
         standardize=(not embedded) if cfg.standardize is None else cfg.standardize)
 
 

@@ -12,9 +12,9 @@ The options of asgd.train keep their meaning and spelling (-n is the rank count:
 + workers, or all workers with --arch allreduce). Times in results.json are simulated
 seconds; `python -m asgd.perf report` and `compare` read it as they read a real run's. Its
 config is the run simulated: asgd.train's options given here, else the --like run's, else
-asgd.train's defaults, except the optimizer: sgd (the paper's) unless --optimizer or the
---like run names another; each optimizer's update costs what calibrate measured of it
-(an older params.json without those costs: sgd's, with a warning).
+asgd.train's defaults (run.config: the optimizer, --hidden and --epochs by the same rule);
+each optimizer's update costs what calibrate measured of it (an older params.json without
+those costs: sgd's, with a warning).
 """
 
 from __future__ import annotations
@@ -27,13 +27,15 @@ import sys
 
 from ..perf import cli as perf_cli
 from ..perf.analytic import Run
-from ..run.config import Config
+from ..run.config import EMBEDDED_EPOCHS, EMBEDDED_HIDDEN, FILE_HIDDEN, Config, default_epochs, default_hidden
 from . import SimgridMissing
 from .costs import Costs, Spec, load_params
 from ..net import OPTIMIZERS
 from .machines import MACHINES, TOPOLOGIES, by_name, testbed
 from .probes import corrections
 from .run import simulate, summary
+
+TRAIN = Config()   # asgd.train's defaults: simulating a default run simulates that run
 
 
 class SimError(ValueError):
@@ -64,13 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--allreduce", choices=("ring", "mpi"), default=None, help="--arch allreduce's algorithm "
                    "(default ring; mpi: its calibrated MPI_Iallreduce round)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help="the servers' (allreduce: every "
-                   "rank's) optimizer, its update at its calibrated cost (default sgd; with --like, the run's)")
+                   "rank's) optimizer, its update at its calibrated cost (default as asgd.train's: "
+                   f"{Config.optimizer}; with --like, the run's)")
     g.add_argument("--mode", choices=("async", "ssp", "sync"), default=None, help="default async")
     g.add_argument("--staleness", type=positive, default=None, help="ssp's bound K (default 3)")
     g.add_argument("--reader", choices=("sequential", "parallel"), default=None, help="default parallel")
-    g.add_argument("--hidden", type=positive, default=None, help="hidden units (default 10000)")
+    g.add_argument("--hidden", type=positive, default=None, help="hidden units (default as asgd.train's: "
+                   f"{EMBEDDED_HIDDEN} on the embedded problem, {FILE_HIDDEN} for a file)")
     g.add_argument("--batch", type=positive, default=None, help="mini-batch (default 256)")
-    g.add_argument("--epochs", type=positive, default=None, help="passes over the data (default 5, as asgd.train)")
+    g.add_argument("--epochs", type=positive, default=None, help="passes over the data (default as "
+                   f"asgd.train's: {EMBEDDED_EPOCHS} on the embedded problem, a file's by its size)")
     g.add_argument("--compress", choices=("none", "1bit"), default=None,
                    help="none (default; with --like, the run's): float64 messages; 1bit: Delta-w and w' as one "
                         "bit per value plus two scales per column (parameter servers only)")
@@ -162,12 +167,15 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
     fields = {k: v for k, v in base.items() if k in {f.name for f in dataclasses.fields(Run)}}
     fields.update(workers=workers, servers=max(servers, 1) if arch == "ps" else (workers if arch == "p2p" else 0),
                   arch=arch, model_parallel=K, allreduce=a.allreduce or like.get("allreduce") or "ring",
-                  optimizer=a.optimizer or like.get("optimizer", "sgd"))
+                  optimizer=a.optimizer or like.get("optimizer", TRAIN.optimizer))
     for k in ("mode", "reader", "hidden", "batch", "epochs"):
         v = getattr(a, k)
         if v is not None:
             fields[k] = v
-    fields.setdefault("epochs", 5)
+    if not like:   # asgd.train's defaults for what neither the options nor a run say
+        embedded = not base.get("file_bytes")
+        fields.setdefault("hidden", default_hidden(embedded))
+        fields.setdefault("epochs", default_epochs(None if embedded else base["points"]))
     run = Run(**fields)
     if workers % K or run.hidden % K:
         raise SimError(f"--model-parallel {K} must divide the workers ({workers}) and --hidden ({run.hidden})")
