@@ -299,7 +299,7 @@ def save(job: Job, m: Model, record: dict) -> None:
                 f"{info['dropped']:,} dropped)")
     tracker = job.tracker
     w = m.standard(m.w)   # all of w on rank 0, in the layout's order
-    loss, accuracy = (None, None) if cfg.dry_run else tracker.final_metrics(mlp.make_evaluate(m.layout, w, m.test))
+    loss, accuracy = (None, None) if cfg.dry_run else tracker.final_metrics(w, mlp.make_evaluate(m.layout, w, m.test))
     stopped = any(r.get("stopped") for r in records)
     res = results.build(
         config={**cfg.to_dict(), "out": job.out, "lr": m.lr, "servers": job.topo.owners, "workers": job.workers,
