@@ -60,7 +60,8 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
     history, final loss/accuracy."""
     _staleness(ranks)
     init_s = max(r["phases"].get("init", 0.0) for r in ranks)
-    train_s = max(wall_s - init_s, 1e-9)
+    train_s = max(wall_s - init_s, 0.0)   # rank 0's wall less the slowest init: may not be positive
+    no_rate = why_no_rate(train_s)
     out = {
         "schema": SCHEMA_VERSION,
         "config": {**config, **meta},
@@ -69,13 +70,37 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
         "train_s": train_s,
         "metrics": {"loss": server["loss"], "accuracy": server["accuracy"],
                     "history": server["history"]},
-        "throughput": {"samples_per_s": server.get("samples_run", server["samples"]) / train_s,
-                       "updates_per_s": server["updates"] / train_s,
-                       "samples": server["samples"], "updates": server["updates"]},
+        "throughput": {"samples_per_s": None if no_rate else server.get("samples_run", server["samples"]) / train_s,
+                       "updates_per_s": None if no_rate else server["updates"] / train_s,
+                       "samples": server["samples"], "updates": server["updates"], "no_rate": no_rate},
         "ranks": ranks,
     }
     out["profile"] = profile(out)
     return out
+
+
+MIN_TRAIN_S = 0.01   # a shorter training phase gives no rate: see why_no_rate
+
+
+def why_no_rate(train_s: float) -> str | None:
+    """Why a training time gives no samples/s or updates/s (None: it gives them). train_s
+    is rank 0's wall time less the slowest rank's init, each on its own clock from its own
+    start: a few milliseconds of it are the ranks' start-up skew and the final barrier, so
+    below MIN_TRAIN_S a rate would be that noise divided into the samples (issue 39: 701
+    samples in "0.00 s" gave 701,000,000,000 samples/s); at or below zero the slowest
+    rank's init ended after rank 0's wall and the training time is not known at all."""
+    if train_s <= 0:
+        return "the slowest rank's init ended after rank 0's wall time: training too short to time"
+    if train_s < MIN_TRAIN_S:
+        return f"training took {1e3 * train_s:.2f} ms, under {1e3 * MIN_TRAIN_S:.0f} ms: too short to time"
+    return None
+
+
+def rates_text(throughput: dict) -> str:
+    """The summary's rates: '350,500 samples/s  1,500.0 updates/s', or 'n/a' and why."""
+    if throughput.get("samples_per_s") is None:
+        return f"samples/s n/a, updates/s n/a ({throughput.get('no_rate') or 'no training time'})"
+    return f"{throughput['samples_per_s']:,.0f} samples/s  {throughput['updates_per_s']:,.1f} updates/s"
 
 
 def _staleness(records: list[dict]) -> None:
@@ -198,7 +223,7 @@ def summary(results: dict, path: str) -> str:
         + (f", {c['compress']} messages" if c.get("compress", "none") != "none" else ""),
         f"held-out loss {results['metrics']['loss']:.4f}  accuracy {results['metrics']['accuracy']:.4f}",
         f"wall {results['wall_s']:.2f} s (init {results['init_s']:.2f} s, train {results['train_s']:.2f} s)  "
-        f"{t['samples_per_s']:,.0f} samples/s  {t['updates_per_s']:,.1f} updates/s",
+        + rates_text(t),
         "time split, seconds (mean over the role's ranks):",
     ]
     split = role_split(results)
