@@ -150,3 +150,39 @@ def test_a_training_time_long_enough_gives_rates():
     assert t["samples_per_s"] == pytest.approx(701_000 / 2.0) and t["updates_per_s"] == pytest.approx(3000 / 2.0)
     assert t["no_rate"] is None
     assert "350,500 samples/s  1,500.0 updates/s" in results.summary(r, "results.json")
+
+
+def _crowded_start(ranks=16, cores=2, init=9.0, read=0.3, parse=0.5, shuffle=0.4):
+    """A default-like run of `ranks` ranks on one node of `cores` cores, 10 s of wall time,
+    init `init` s on every rank but the last (0.5 s more: the slowest), its read, parse
+    and shuffle as given."""
+    out = []
+    for r in range(ranks):
+        slow = 0.5 if r == ranks - 1 else 0.0
+        phases = {"init": init + slow, "read": read, "parse": parse, "shuffle": shuffle + slow,
+                  "idle": 10 - init - slow - 0.5}
+        if r == 0:
+            out.append({"rank": 0, "role": "server", "host": "n0", "phases": {**phases, "aggregate": 0.5}})
+        else:
+            out.append({"rank": r, "role": "worker", "host": "n0",
+                        "phases": {**phases, "compute": 0.3, "comm_wait": 0.2}})
+    return {"ranks": out, "init_s": init + 0.5, "wall_s": 10.0,
+            "config": {"oversubscribed": ranks > cores, "cores": cores, "world_size": ranks}}
+
+
+def test_an_initialization_verdict_names_the_part_of_init_and_the_crowding():
+    """Issue 39: a default run on 2 cores said only "init is 80-92 %"; most of it was 16
+    interpreters importing numpy, mpi4py and numba. The verdict names the largest part of
+    the slowest rank's init (start-up: imports and numba's cache, what is left of init
+    besides read, parse and shuffle) and, with more ranks than cores, says how many on how
+    few; results.json's profile has the parts and the crowding."""
+    prof = results.profile(_crowded_start())
+    assert prof["bound"] == "initialization"
+    assert prof["why"] == ("init is 95% of the wall time, mostly start-up (imports and numba's cache: "
+                           "78% of the wall time); 16 ranks on 2 cores")
+    assert prof["init_rank"] == 15
+    assert prof["init_parts"] == pytest.approx({"start-up": 7.8, "read": 0.3, "parse": 0.5, "shuffle": 0.9})
+    assert prof["crowding"] == {"ranks": 16, "cores": 2}
+    reading = results.profile(_crowded_start(ranks=2, cores=4, init=8.0, read=6.0, parse=0.5, shuffle=0.2))
+    assert reading["why"] == "init is 85% of the wall time, mostly read (60% of the wall time)"
+    assert reading["crowding"] is None

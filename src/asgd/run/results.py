@@ -161,18 +161,54 @@ def profile(results: dict) -> dict:
             training = total - p.get("init", 0.0)
             row.update(busy_pct=100.0 * (p.get("aggregate", 0.0) + p.get("evaluate", 0.0)) / max(training, 1e-9))
         rows.append(row)
-    return {"ranks": rows, **verdict(results, rows)}
+    slowest = slowest_init(results)
+    return {"ranks": rows, "init_rank": slowest["rank"], "init_parts": init_parts(slowest["phases"]),
+            "crowding": crowding(results), **verdict(results, rows)}
+
+
+def slowest_init(results: dict) -> dict:
+    """The rank whose init is the job's (init_s)."""
+    return max(results["ranks"], key=lambda r: r["phases"].get("init", 0.0))
+
+
+def init_parts(phases: dict) -> dict[str, float]:
+    """A rank's init in seconds by part: start-up (what the recorded sub-phases leave:
+    nearly all of it the interpreter's imports and numba's cache), read, parse, shuffle."""
+    parts = {k: phases.get(k, 0.0) for k in _INIT_PARTS}
+    return {"start-up": max(phases.get("init", 0.0) - sum(parts.values()), 0.0), **parts}
+
+
+def crowding(results: dict) -> dict | None:
+    """{ranks, cores} of rank 0's node when its ranks outnumber its cores, else None (also
+    where the ranks' hosts are not recorded: asgd.sim's)."""
+    cores = results["config"].get("cores")
+    host = results["ranks"][0].get("host")
+    ranks = sum(r.get("host") == host for r in results["ranks"])
+    return {"ranks": ranks, "cores": cores} if host and cores and ranks > cores else None
 
 
 def verdict(results: dict, rows: list[dict]) -> dict:
-    """Initialization-, server-, communication- or computation-bound, and why."""
-    init = results["init_s"] / max(results["wall_s"], 1e-9)
+    """Initialization-, server-, communication- or computation-bound, and why. An
+    initialization verdict names the largest part of the slowest rank's init (profile's
+    init_parts) and, with more ranks than cores on rank 0's node, how many on how few."""
+    wall = max(results["wall_s"], 1e-9)
+    init = results["init_s"] / wall
     busy = max((r["busy_pct"] for r in rows if "busy_pct" in r), default=0.0)
     workers = [r for r in rows if "compute_pct" in r]
     compute = float(np.mean([r["compute_pct"] for r in workers]))
     wait = float(np.mean([r["comm_wait_pct"] for r in workers]))
     if init >= 0.5:
-        return {"bound": "initialization", "why": f"init is {100 * init:.0f}% of the wall time"}
+        parts = init_parts(slowest_init(results)["phases"])
+        part = max(parts, key=parts.get)
+        most = "mostly" if parts[part] >= 0.5 * sum(parts.values()) else "its largest part"
+        share = f"{100 * parts[part] / wall:.0f}% of the wall time"
+        named = f"start-up (imports and numba's cache: {share})" if part == "start-up" else f"{part} ({share})"
+        why = f"init is {100 * init:.0f}% of the wall time, {most} {named}"
+        crowded = crowding(results)
+        if crowded:
+            several = len({r.get("host") for r in results["ranks"]}) > 1
+            why += f"; {crowded['ranks']} ranks on {crowded['cores']} cores" + (" (rank 0's node)" if several else "")
+        return {"bound": "initialization", "why": why}
     if busy >= 80.0:
         return {"bound": "server", "why": f"the server is busy {busy:.0f}% of the training time"}
     if wait > compute:
