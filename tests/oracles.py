@@ -28,3 +28,13 @@ def optimizer_steps(name: str, lr: float, w: np.ndarray, ds, scales) -> np.ndarr
             v = b2 * v + (1 - b2) * d * d
             w += lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + EPS)
     return w
+
+
+def held_out_metrics(w: np.ndarray, hidden: int = 10000, seed: int = 0) -> tuple[float, float]:
+    """(loss, accuracy) of weights w on the embedded problem's held-out set, with the numpy
+    forward pass (asgd.net.reference): the oracle of a run's final metrics."""
+    from asgd.data import problem
+    from asgd.net import mlp, reference
+    test = problem.default_problem(seed)[1]
+    p = reference.predict(mlp.Layout(2, hidden, 2), w, test.X)
+    return float(-np.log(p[np.arange(len(test.y)), test.y]).mean()), float((p.argmax(1) == test.y).mean())

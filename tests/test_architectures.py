@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from asgd.run import config
-from conftest import load_results, mpiexec
+from conftest import LOCKSTEP, load_results, mpiexec
+from oracles import held_out_metrics
 
 
 def test_sync_is_deterministic_across_servers_and_allreduce(lockstep_run):
@@ -24,6 +25,25 @@ def test_sync_is_deterministic_across_servers_and_allreduce(lockstep_run):
     np.testing.assert_array_equal(w["s1"], w["s3"])  # same arithmetic, shard by shard
     np.testing.assert_allclose(w["ar"], w["s1"], rtol=1e-9, atol=1e-12)  # allreduce sums in its own order
     np.testing.assert_allclose(w["mpi"], w["s1"], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("n, args", [
+    (4, ()),                                   # 1 server, 3 workers
+    (3, ("--arch", "p2p")),                    # 3 owners, each a worker
+    (3, ("--arch", "allreduce")),
+    (5, ("--model-parallel", "2")),            # 1 server, 2 replicas of 2
+], ids=["ps", "p2p", "allreduce", "model-parallel"])
+def test_final_metrics_are_those_of_the_saved_weights(lockstep_run, n, args):
+    """Every architecture's results.json reports the held-out loss and accuracy of the
+    weights.npy it wrote (issue 39: p2p's were its rank 0 worker's copy of w, one
+    exchange behind the owners' shards that weights.npy gathers). The runs are the sync
+    determinism tests'."""
+    out = lockstep_run(n, *args)
+    r = load_results(out)
+    seed, hidden = (int(LOCKSTEP[LOCKSTEP.index(flag) + 1]) for flag in ("--seed", "--hidden"))
+    loss, accuracy = held_out_metrics(np.load(out / "weights.npy"), hidden=hidden, seed=seed)
+    assert r["metrics"]["loss"] == pytest.approx(loss, rel=1e-9)
+    assert r["metrics"]["accuracy"] == accuracy
 
 
 def test_the_ring_allreduce_counts_every_byte_it_moves(lockstep_run):

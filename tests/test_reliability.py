@@ -16,6 +16,7 @@ from asgd import mpienv
 from asgd.mpienv import rank_pids
 import conftest
 from conftest import MPIEXEC, load_results, mpi, mpiexec, split_launcher_notes
+from oracles import held_out_metrics
 
 
 def start(n, args, program=("-m", "asgd.train")):
@@ -299,16 +300,6 @@ def test_sync_with_several_servers_stops_when_one_server_is_signalled(tmp_path, 
     rounds = {x["rounds"] for x in r["ranks"] if x["role"] == "server"}
     assert len(rounds) == 1  # every shard stopped after the same round: one consistent model
 
-
-
-def held_out_metrics(w, hidden=10000, seed=0):
-    """(loss, accuracy) of weights w on the embedded problem's held-out set, with numpy."""
-    from asgd.data import problem
-    from asgd.net import mlp
-    test = problem.default_problem(seed)[1]
-    from asgd.net import reference
-    p = reference.predict(mlp.Layout(2, hidden, 2), w, test.X)
-    return float(-np.log(p[np.arange(len(test.y)), test.y]).mean()), float((p.argmax(1) == test.y).mean())
 
 
 def test_final_metrics_describe_the_saved_weights(stopped_run):

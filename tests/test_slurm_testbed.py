@@ -202,6 +202,48 @@ def test_a_sweeps_runs_add_up_on_the_links():
     assert "app - 2048 <=" in proof.check(t, t, spec.host, runs=2)["rule"]
 
 
+# A stand-in for a Slurm daemon: its command line names the Slurm directory (argv[1]), as
+# slurm.daemons finds them; it ignores SIGTERM for argv[2] seconds, then exits.
+FAKE_DAEMON = """
+import signal, sys, time
+if float(sys.argv[2]):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ready", flush=True)
+time.sleep(float(sys.argv[2]))
+time.sleep(60) if not float(sys.argv[2]) else None
+"""
+
+
+def _fake_daemon(kind: str, d: Path, ignore_term_s: float) -> subprocess.Popen:
+    p = subprocess.Popen([kind, "-c", FAKE_DAEMON, str(d / "slurm.conf"), str(ignore_term_s)],
+                         executable=sys.executable, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert p.stdout.readline() == "ready\n"
+    return p
+
+
+def test_stopping_slurm_returns_once_every_daemon_is_gone(tmp_path, monkeypatch):
+    """Issue 39: three slurmd were found right after `down --slurm` returned. Its daemons,
+    started by an `up` in the same process (a test's, bench's), were signalled but their
+    pids not yet gone: exited and never reaped. slurm.stop returns only once each pid is
+    gone: one that ends on SIGTERM, one that ignores it for a moment, one that ignores
+    it for good (SIGKILL after the grace)."""
+    monkeypatch.setattr(slurm.specmod, "STATE_ROOT", tmp_path)
+    d = slurm.directory("fake")
+    d.mkdir(parents=True)
+    made = [_fake_daemon("slurmctld", d, 0), _fake_daemon("slurmd", d, 0.5), _fake_daemon("slurmd", d, 600)]
+    pids = [p.pid for p in made]
+    try:
+        assert slurm.daemons("fake") == sorted(pids)
+        stopped = slurm.stop("fake")
+        assert [p for p in pids if Path(f"/proc/{p}").exists()] == [], "pids not gone when stop returned"
+        assert sorted(stopped.gone) == sorted(pids) and stopped.killed == [pids[2]] and not d.exists()
+    finally:
+        for p in made:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
 # -- as root, with namespaces and Slurm ------------------------------------------------------
 
 def _name(tag: str) -> str:

@@ -602,3 +602,34 @@ def test_open_mpi_job_with_two_workers_per_host(name, tmp_path):
     assert "PASS" in p.stdout
     lifecycle.down(name, say=lambda *a, **k: None)
     _nothing_left(name)
+
+
+def test_ending_processes_waits_until_they_are_gone_and_names_an_unreaped_one():
+    """procs.end (down's, and slurm.stop's): TERM, KILL after the grace, back only once
+    each pid is gone (reaped: no zombie left for `ps` to list, issue 39); a process
+    whose parent (not this one) does not reap it is named with that parent, and not
+    waited for without bound."""
+    code = ("import signal, subprocess, time\n"
+            "child = subprocess.Popen(['sleep', '600'])\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "signal.signal(signal.SIGUSR1, lambda *_: child.wait())\n"
+            "print(child.pid, flush=True)\n"
+            "while True: time.sleep(600)\n")   # ignores TERM, reaps its child only when told (USR1)
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        child = int(holder.stdout.readline())
+        t0 = time.monotonic()
+        ended = procs.end([child], grace_s=0.3, reap_wait_s=0.3)   # exits on TERM; the holder keeps it a zombie
+        assert (ended.gone, ended.killed, ended.running, ended.unreaped) == ([], [], [], {child: holder.pid})
+        assert ended.survivors() == [f"process {child} (exited, not reaped by its parent {holder.pid})"]
+        os.kill(holder.pid, signal.SIGUSR1)   # reaped now: no zombie left behind by this test
+        assert procs.end([child], reap_wait_s=5).gone == [child]
+        ended = procs.end([holder.pid], grace_s=0.3)   # ignores TERM: KILLed, then reaped (my child)
+        assert (ended.gone, ended.killed, ended.running, ended.unreaped) == ([holder.pid], [holder.pid], [], {})
+        assert not os.path.exists(f"/proc/{holder.pid}")
+        assert time.monotonic() - t0 < 5
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait()

@@ -111,3 +111,78 @@ def test_staleness_of_p2p_peers_is_their_own_pushes_and_their_shards():
     assert records[1]["staleness"]["histogram"] == [2, 0, 3]
     assert records[0]["staleness_applied"]["histogram"] == [2, 1]  # what owner 0's shard took
     assert records[1]["staleness_applied"]["histogram"] == [1, 0, 3]
+
+
+def _built(wall_s, init_s, samples=701_000, updates=3000):
+    """results.build over a one-server, one-worker run with the given wall and init times."""
+    ranks = [{"rank": 0, "role": "server", "staleness_hist": {1: [updates]}, "step_gap_hist": {1: [updates]},
+              "phases": {"init": init_s, "aggregate": 0.0, "idle": wall_s - init_s}},
+             {"rank": 1, "role": "worker", "phases": {"init": init_s, "compute": 0.0, "comm_wait": 0.0,
+                                                      "idle": wall_s - init_s}}]
+    config = {"world_size": 2, "servers": 1, "workers": 1, "features": 2, "hidden": 10, "classes": 2, "n_w": 52,
+              "batch": 64, "lr": 0.1, "epochs": 1}
+    return results.build(config=config, ranks=ranks, wall_s=wall_s, meta={"oversubscribed": False},
+                         server={"updates": updates, "samples": samples, "history": [], "loss": 0.5,
+                                 "accuracy": 0.75})
+
+
+@pytest.mark.parametrize("wall_s, init_s", [(1.0, 1.0), (1.0, 0.9996), (1.0, 1.2)],
+                         ids=["zero", "under a millisecond", "init longer than the wall"])
+def test_a_training_time_too_short_to_time_gives_no_rate(wall_s, init_s):
+    """Issue 39: 701 rows, 1 epoch, 2 ranks printed `train 0.00 s  701,000,000,000
+    samples/s` (a division by a clamp of 1e-9 s). A training time near zero, or none at
+    all (init, the slowest rank's, ending after rank 0's wall), gives no rate: null in
+    results.json with the reason, and "n/a (reason)" in the summary."""
+    r = _built(wall_s, init_s)
+    t = r["throughput"]
+    assert t["samples_per_s"] is None and t["updates_per_s"] is None
+    assert t["samples"] == 701_000 and t["updates"] == 3000
+    assert "too short to time" in t["no_rate"]
+    assert r["train_s"] == pytest.approx(max(wall_s - init_s, 0.0))
+    line = next(x for x in results.summary(r, "results.json").splitlines() if x.startswith("wall "))
+    assert "samples/s n/a" in line and t["no_rate"] in line
+    assert "701,000,000,000" not in line
+
+
+def test_a_training_time_long_enough_gives_rates():
+    r = _built(wall_s=3.0, init_s=1.0)
+    t = r["throughput"]
+    assert t["samples_per_s"] == pytest.approx(701_000 / 2.0) and t["updates_per_s"] == pytest.approx(3000 / 2.0)
+    assert t["no_rate"] is None
+    assert "350,500 samples/s  1,500.0 updates/s" in results.summary(r, "results.json")
+
+
+def _crowded_start(ranks=16, cores=2, init=9.0, read=0.3, parse=0.5, shuffle=0.4):
+    """A default-like run of `ranks` ranks on one node of `cores` cores, 10 s of wall time,
+    init `init` s on every rank but the last (0.5 s more: the slowest), its read, parse
+    and shuffle as given."""
+    out = []
+    for r in range(ranks):
+        slow = 0.5 if r == ranks - 1 else 0.0
+        phases = {"init": init + slow, "read": read, "parse": parse, "shuffle": shuffle + slow,
+                  "idle": 10 - init - slow - 0.5}
+        if r == 0:
+            out.append({"rank": 0, "role": "server", "host": "n0", "phases": {**phases, "aggregate": 0.5}})
+        else:
+            out.append({"rank": r, "role": "worker", "host": "n0",
+                        "phases": {**phases, "compute": 0.3, "comm_wait": 0.2}})
+    return {"ranks": out, "init_s": init + 0.5, "wall_s": 10.0,
+            "config": {"oversubscribed": ranks > cores, "cores": cores, "world_size": ranks}}
+
+
+def test_an_initialization_verdict_names_the_part_of_init_and_the_crowding():
+    """Issue 39: a default run on 2 cores said only "init is 80-92 %"; most of it was 16
+    interpreters importing numpy, mpi4py and numba. The verdict names the largest part of
+    the slowest rank's init (start-up: imports and numba's cache, what is left of init
+    besides read, parse and shuffle) and, with more ranks than cores, says how many on how
+    few; results.json's profile has the parts and the crowding."""
+    prof = results.profile(_crowded_start())
+    assert prof["bound"] == "initialization"
+    assert prof["why"] == ("init is 95% of the wall time, mostly start-up (imports and numba's cache: "
+                           "78% of the wall time); 16 ranks on 2 cores")
+    assert prof["init_rank"] == 15
+    assert prof["init_parts"] == pytest.approx({"start-up": 7.8, "read": 0.3, "parse": 0.5, "shuffle": 0.9})
+    assert prof["crowding"] == {"ranks": 16, "cores": 2}
+    reading = results.profile(_crowded_start(ranks=2, cores=4, init=8.0, read=6.0, parse=0.5, shuffle=0.2))
+    assert reading["why"] == "init is 85% of the wall time, mostly read (60% of the wall time)"
+    assert reading["crowding"] is None

@@ -139,3 +139,48 @@ def test_npz_with_string_labels_trains(tmp_path):
     assert p.returncode == 0, p.stderr
     r = load_results(out)
     assert r["data"]["labels"] == ["inner", "outer"] and r["config"]["classes"] == 2
+
+
+def labelled(path, labels):
+    """A small CSV: two features and a label column (last) holding `labels`, row by row."""
+    rng = np.random.default_rng(1)
+    lines = ["x1,x2,label"] + [f"{rng.normal():.3f},{rng.normal():.3f},{t}" for t in labels]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_stray_label_value_gets_a_note_naming_it_and_its_rows(tmp_path):
+    """Issue 39: a 0/1 label column with one -1 trained a 3-class model (the real classes
+    shifted to 1 and 2) without a word. A value that looks like a missing-value code, or
+    a class of a handful of rows, gets a note naming it and its rows; a balanced 3-class
+    file none."""
+    from asgd.data import formats, labels
+    stray = labelled(tmp_path / "stray.csv", ["0", "1"] * 150 + ["-1"] + ["1", "0"] * 50)
+    d = formats.read_text(str(stray))
+    said = labels.notes(labels.Labels(d.classes, d.names), np.bincount(d.y, minlength=d.classes), str(stray))
+    assert len(said) == 1 and "label '-1'" in said[0] and " 1 row of 401" in said[0], said
+    assert "missing-value code" in said[0] and "3 classes" in said[0]
+    rare = labelled(tmp_path / "rare.csv", ["0", "1"] * 200 + ["2"] * 3)
+    d = formats.read_text(str(rare))
+    said = labels.notes(labels.Labels(d.classes, d.names), np.bincount(d.y, minlength=d.classes), str(rare))
+    assert len(said) == 1 and "label '2'" in said[0] and " 3 rows of 403" in said[0], said
+    for name, column in (("balanced", ["0", "1", "2"] * 100),
+                         ("binary -1/+1", ["-1"] + ["+1"] * 9),   # a binary encoding, not a stray -1
+                         ("sentiment", ["-1"] * 12 + ["0", "1"] * 50)):   # -1 on an eighth of the rows: a class
+        d = formats.read_text(str(labelled(tmp_path / "ok.csv", column * 10)))
+        assert labels.notes(labels.Labels(d.classes, d.names), np.bincount(d.y), "ok.csv") == [], name
+
+
+def test_a_stray_label_values_note_reaches_the_user(tmp_path):
+    """The note of the test above, where a user sees it: a run's (--dry-run: before any
+    training) notes, printed and in results.json, and asgd.data check's report."""
+    stray = labelled(tmp_path / "stray.csv", ["0", "1"] * 150 + ["-1"] + ["1", "0"] * 50)
+    p = mpiexec(2, ["--data", str(stray), "--dry-run", "--out", str(tmp_path / "o")])
+    assert p.returncode == 0, p.stderr
+    notes = [line for line in p.stdout.splitlines() if line.startswith("asgd.train: note: ")]
+    assert len(notes) == 1 and "label '-1'" in notes[0] and " 1 row of 401" in notes[0], p.stdout
+    assert load_results(tmp_path / "o")["notes"] == [notes[0].removeprefix("asgd.train: note: ")]
+    p = mpiexec(2, ["check", str(stray), "--reader", "parallel"], module="asgd.data")
+    assert p.returncode == 0, p.stderr
+    assert any(line.startswith("asgd.data check: note: ") and "label '-1'" in line and " 1 row of 401" in line
+               for line in p.stdout.splitlines()), p.stdout

@@ -36,6 +36,7 @@ from .data import shares  # noqa: E402
 from .data.formats import DataError, Dataset, test_path  # noqa: E402
 from .data import standardize  # noqa: E402
 from .data.dialect import delimiter_option  # noqa: E402
+from .data.labels import notes as label_notes  # noqa: E402
 from .mpiutil import (Waiter, agree, agree_on, clock_bytes, clock_offsets, describe,  # noqa: E402
                       end_fault_tolerant_job, gather_objects, leave_without_finalize,
                       oversubscribed, ulfm_missing)
@@ -263,6 +264,23 @@ def data_record(cfg, m: Model) -> dict:
             "labels": list(m.labels.names) if m.labels is not None and m.labels.names else None}
 
 
+def class_counts(job: Job, m: Model) -> list[int]:
+    """My training rows of each class (a model-parallel replica's members train copies of
+    its first member's rows: only that one counts them)."""
+    mine = job.rank >= job.servers and (job.rank - job.servers) % job.cfg.model_parallel == 0
+    return np.bincount(m.train.y if mine else np.zeros(0, np.int64), minlength=m.layout.d_out).tolist()
+
+
+def data_notes(cfg, m: Model, counts: list) -> list[str]:
+    """Rank 0: the notes on the file's labels (data.labels.notes) from every rank's
+    class_counts and the held-out rows; none for the embedded problem."""
+    if m.labels is None or any(c is None for c in counts):
+        return []
+    rows = np.sum(counts, axis=0) + np.bincount(m.test.y, minlength=m.layout.d_out)
+    separate = cfg.test is not None or os.path.exists(test_path(cfg.data))
+    return label_notes(m.labels, rows, f"{cfg.data} and {cfg.test or test_path(cfg.data)}" if separate else cfg.data)
+
+
 def save(job: Job, m: Model, record: dict) -> None:
     """Every rank's record to rank 0, which writes the weights, results.json (its final
     metrics are those of the weights saved), the trace and the summary. Every byte of
@@ -274,6 +292,8 @@ def save(job: Job, m: Model, record: dict) -> None:
     job.waiter.barrier(comm, "the other ranks to finish")
     job.count("train", record.pop("bytes_sent"), record.pop("bytes_recv"))
     job.count("finish", *clock_bytes(comm.rank, comm.size))
+    if m.labels is not None:   # a file's labels: my rows of each class, for rank 0's label notes
+        record["class_counts"] = class_counts(job, m)
     record.update(rank=job.rank, host=socket.gethostname(),
                   phases={**clock.seconds(), **m.read_times},  # + init's read/parse/shuffle
                   clock_ns=(T0_NS, m.init_end_ns, end_ns), bytes=job.traffic)
@@ -282,6 +302,7 @@ def save(job: Job, m: Model, record: dict) -> None:
     if job.rank != 0:
         return
     records, events = [g[0] for g in gathered], [g[1] for g in gathered]
+    notes = data_notes(cfg, m, [r.pop("class_counts", None) for r in records])
     for r, nbytes in zip(records, sent):   # the gather's own bytes: each rank's pickle, rank 0's receipt
         r["bytes"]["finish"]["sent"] += nbytes
         records[0]["bytes"]["finish"]["recv"] += nbytes
@@ -299,7 +320,7 @@ def save(job: Job, m: Model, record: dict) -> None:
                 f"{info['dropped']:,} dropped)")
     tracker = job.tracker
     w = m.standard(m.w)   # all of w on rank 0, in the layout's order
-    loss, accuracy = (None, None) if cfg.dry_run else tracker.final_metrics(mlp.make_evaluate(m.layout, w, m.test))
+    loss, accuracy = (None, None) if cfg.dry_run else tracker.final_metrics(w, mlp.make_evaluate(m.layout, w, m.test))
     stopped = any(r.get("stopped") for r in records)
     res = results.build(
         config={**cfg.to_dict(), "out": job.out, "lr": m.lr, "servers": job.topo.owners, "workers": job.workers,
@@ -325,10 +346,13 @@ def save(job: Job, m: Model, record: dict) -> None:
         res["standardize"] = {"mean": m.scaling[0].tolist(), "std": m.scaling[1].tolist()}
     path = os.path.join(job.out, "results.json")
     if cfg.dry_run:
+        res["notes"] = notes
         results.write(path, res)
         print(f"asgd.train: dry run: {comm.size} ranks started, {m.n_train:,} training and {len(m.test):,} "
               f"held-out points read, the {m.layout.d_in}-{m.layout.d_hidden}-{m.layout.d_out} MLP built in "
               f"{res['init_s']:.2f} s; nothing trained. results: {path}", flush=True)
+        for note in notes:
+            print(f"asgd.train: note: {note}", flush=True)
         return
     if m.scaling:
         folder.write_scaling(job.out, *m.scaling)
@@ -337,7 +361,7 @@ def save(job: Job, m: Model, record: dict) -> None:
     facts = RunFacts(accuracy=accuracy, chance=chance, workers=1 if lockstep else job.topo.replicas,
                      standardized=bool(cfg.standardize), feature_max=m.feature_stats[0],
                      std_ratio=m.feature_stats[1], guard_cuts=tracker.guard_cuts, stale_step=cfg.stale_step)
-    res["notes"] = convergence_notes(tracker.history, sum(r.get("refused", 0) for r in records), facts)
+    res["notes"] = notes + convergence_notes(tracker.history, sum(r.get("refused", 0) for r in records), facts)
     if m.labels is not None and m.labels.names:
         folder.write_labels(job.out, m.labels.names)
     if res["data"].get("heldout") and m.test_lines is not None:

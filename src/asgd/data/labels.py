@@ -11,6 +11,8 @@ is given. A column whose values look like a measurement rather than classes is r
 --classes says how many classes there are: more than MAX_CLASSES classes, most values
 distinct, integers spread thinly over 0..max (a year: 2,010 classes for 3 values), or
 numbers with decimals. A missing label (empty, NA, nan, ...) is an error naming its line.
+A label value that may be no class (a handful of rows, or a code such as -1 or 999 that
+files write for "unknown") is a class all the same, with a note naming it (`notes`).
 """
 
 from __future__ import annotations
@@ -176,6 +178,38 @@ def decide(path: str, dialect: Dialect, train: FileLabels, rows: int, classes: i
     if k < 2:
         raise DataError(f"{path}: all labels are 0; need at least 2 classes")
     return Labels(k, None)
+
+
+HANDFUL = 5           # a class of this many rows or fewer ...
+RARE_SHARE = 0.1      # ... and under this share of an even split of the rows: a stray value, likely
+CODE_SHARE = 0.1      # a missing-value code with under this share of an even split (and 2 classes
+                      # besides it: -1/+1 is a binary encoding) is noted, however many its rows
+MISSING_CODES = {-1.0, -9.0, -99.0, -999.0, -9999.0, 99.0, 999.0, 9999.0, 99999.0}   # written for "unknown"
+
+
+def notes(labels: Labels, counts, where: str) -> list[str]:
+    """One line for each label value that may not be a class at all, and was made one:
+    a class of a handful of rows (at most HANDFUL, under RARE_SHARE of an even split),
+    or a value written for "unknown" (MISSING_CODES; the NA-like words are refused as
+    missing labels) on fewer than CODE_SHARE of an even split, beside 2 classes or more.
+    counts[k]: the rows of class k in the data (all of it: every rank's share and the
+    held-out rows)."""
+    rows = int(sum(counts))
+    even = rows / max(labels.classes, 1)
+    out = []
+    for k, n in enumerate(int(c) for c in counts):
+        token = labels.label(k)
+        code = is_number(token) and float(token) in MISSING_CODES and labels.classes > 2
+        if not n or not ((n <= HANDFUL and n < RARE_SHARE * even) or (code and n < CODE_SHARE * even)):
+            continue
+        shown = (", ".join(labels.label(j) for j in range(labels.classes)) if labels.classes <= 10
+                 else f"{labels.label(0)} .. {labels.label(labels.classes - 1)}")
+        out.append(f"{where}: label {token!r} is on {n:,} row{'s' if n != 1 else ''} of {rows:,}"
+                   + (" and looks like a missing-value code" if code else "")
+                   + f", yet it is a class of its own: the model has {labels.classes} classes ({shown}"
+                   + (f", as classes 0 .. {labels.classes - 1}" if labels.names else "")
+                   + "); drop or fix those rows if they are not a class")
+    return out
 
 
 def _fix(d: Dialect) -> str:

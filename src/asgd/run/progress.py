@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from .trace import PhaseClock
 
 
@@ -15,7 +17,8 @@ from .trace import PhaseClock
 class EpochTracker:
     n_train: int
     epochs: int
-    # held-out (loss, accuracy) of the current w; None where this rank holds only a shard
+    # held-out (loss, accuracy) of the current w; None where this rank holds only a shard.
+    # It may leave a copy of the w it evaluated in `evaluated_w` (final_metrics uses it).
     evaluate: Callable[[], tuple[float, float]] | None
     report: Callable[[str], None]
     every_s: float
@@ -32,7 +35,7 @@ class EpochTracker:
 
     def __post_init__(self):
         self.first_samples = self.samples  # a resumed run starts past zero: rates count from here
-        self.evaluated_at = None  # samples when the last held-out evaluation was made
+        self.evaluated_w = None   # a copy of the w the last held-out evaluation was of
         self.size = float(self.n_train)                       # samples an epoch brings
         self.ends = (self.epoch + 1) * float(self.n_train)   # the samples at which this epoch ends
         self.lost = 0                                         # workers lost (--fault-tolerant)
@@ -53,11 +56,14 @@ class EpochTracker:
         if self.lost and self.epoch < self.epochs and self.samples > self.ends - self.size:
             self._end_epoch(time.perf_counter())
 
-    def final_metrics(self, evaluate: Callable[[], tuple[float, float]]) -> tuple[float, float]:
-        """Held-out (loss, accuracy) of the final weights: the last epoch's evaluation if no
-        update was applied since (every applied update brings samples), else evaluate()
-        now (a run stopped mid-epoch, sharded servers, updates refused at the end)."""
-        if self.evaluated_at == self.samples and self.history and self.history[-1]["test_loss"] is not None:
+    def final_metrics(self, w: np.ndarray, evaluate: Callable[[], tuple[float, float]]) -> tuple[float, float]:
+        """Held-out (loss, accuracy) of the final weights w (those saved): the last epoch's
+        evaluation if it was of exactly these weights, else evaluate() now. Counting
+        samples cannot tell: p2p's rank 0 evaluates its worker's copy of w, one exchange
+        behind the owners' shards, and a model-parallel server's later slices take a
+        round's pushes after the first slice's version ends the epoch."""
+        if (self.evaluated_w is not None and self.history and self.history[-1]["test_loss"] is not None
+                and np.array_equal(self.evaluated_w, w)):
             return self.history[-1]["test_loss"], self.history[-1]["test_accuracy"]
         return evaluate()
 
@@ -86,7 +92,6 @@ class EpochTracker:
             prev = self.clock.phase
             self.clock.switch("evaluate")
             test_loss, test_acc = self.evaluate()
-            self.evaluated_at = self.samples
             self.clock.switch(prev)
         elapsed = now - self.t_start
         h = {"epoch": self.epoch, "samples": self.samples, "time_s": round(elapsed, 4),

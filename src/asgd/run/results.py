@@ -62,7 +62,8 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
     history, final loss/accuracy."""
     _staleness(ranks)
     init_s = max(r["phases"].get("init", 0.0) for r in ranks)
-    train_s = max(wall_s - init_s, 1e-9)
+    train_s = max(wall_s - init_s, 0.0)   # rank 0's wall less the slowest init: may not be positive
+    no_rate = why_no_rate(train_s)
     out = {
         "schema": SCHEMA_VERSION,
         "config": {**config, **meta},
@@ -71,13 +72,37 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
         "train_s": train_s,
         "metrics": {"loss": server["loss"], "accuracy": server["accuracy"],
                     "history": server["history"]},
-        "throughput": {"samples_per_s": server.get("samples_run", server["samples"]) / train_s,
-                       "updates_per_s": server["updates"] / train_s,
-                       "samples": server["samples"], "updates": server["updates"]},
+        "throughput": {"samples_per_s": None if no_rate else server.get("samples_run", server["samples"]) / train_s,
+                       "updates_per_s": None if no_rate else server["updates"] / train_s,
+                       "samples": server["samples"], "updates": server["updates"], "no_rate": no_rate},
         "ranks": ranks,
     }
     out["profile"] = profile(out)
     return out
+
+
+MIN_TRAIN_S = 0.01   # a shorter training phase gives no rate: see why_no_rate
+
+
+def why_no_rate(train_s: float) -> str | None:
+    """Why a training time gives no samples/s or updates/s (None: it gives them). train_s
+    is rank 0's wall time less the slowest rank's init, each on its own clock from its own
+    start: a few milliseconds of it are the ranks' start-up skew and the final barrier, so
+    below MIN_TRAIN_S a rate would be that noise divided into the samples (issue 39: 701
+    samples in "0.00 s" gave 701,000,000,000 samples/s); at or below zero the slowest
+    rank's init ended after rank 0's wall and the training time is not known at all."""
+    if train_s <= 0:
+        return "the slowest rank's init ended after rank 0's wall time: training too short to time"
+    if train_s < MIN_TRAIN_S:
+        return f"training took {1e3 * train_s:.2f} ms, under {1e3 * MIN_TRAIN_S:.0f} ms: too short to time"
+    return None
+
+
+def rates_text(throughput: dict) -> str:
+    """The summary's rates: '350,500 samples/s  1,500.0 updates/s', or 'n/a' and why."""
+    if throughput.get("samples_per_s") is None:
+        return f"samples/s n/a, updates/s n/a ({throughput.get('no_rate') or 'no training time'})"
+    return f"{throughput['samples_per_s']:,.0f} samples/s  {throughput['updates_per_s']:,.1f} updates/s"
 
 
 def _staleness(records: list[dict]) -> None:
@@ -138,18 +163,54 @@ def profile(results: dict) -> dict:
             training = total - p.get("init", 0.0)
             row.update(busy_pct=100.0 * (p.get("aggregate", 0.0) + p.get("evaluate", 0.0)) / max(training, 1e-9))
         rows.append(row)
-    return {"ranks": rows, **verdict(results, rows)}
+    slowest = slowest_init(results)
+    return {"ranks": rows, "init_rank": slowest["rank"], "init_parts": init_parts(slowest["phases"]),
+            "crowding": crowding(results), **verdict(results, rows)}
+
+
+def slowest_init(results: dict) -> dict:
+    """The rank whose init is the job's (init_s)."""
+    return max(results["ranks"], key=lambda r: r["phases"].get("init", 0.0))
+
+
+def init_parts(phases: dict) -> dict[str, float]:
+    """A rank's init in seconds by part: start-up (what the recorded sub-phases leave:
+    nearly all of it the interpreter's imports and numba's cache), read, parse, shuffle."""
+    parts = {k: phases.get(k, 0.0) for k in _INIT_PARTS}
+    return {"start-up": max(phases.get("init", 0.0) - sum(parts.values()), 0.0), **parts}
+
+
+def crowding(results: dict) -> dict | None:
+    """{ranks, cores} of rank 0's node when its ranks outnumber its cores, else None (also
+    where the ranks' hosts are not recorded: asgd.sim's)."""
+    cores = results["config"].get("cores")
+    host = results["ranks"][0].get("host")
+    ranks = sum(r.get("host") == host for r in results["ranks"])
+    return {"ranks": ranks, "cores": cores} if host and cores and ranks > cores else None
 
 
 def verdict(results: dict, rows: list[dict]) -> dict:
-    """Initialization-, server-, communication- or computation-bound, and why."""
-    init = results["init_s"] / max(results["wall_s"], 1e-9)
+    """Initialization-, server-, communication- or computation-bound, and why. An
+    initialization verdict names the largest part of the slowest rank's init (profile's
+    init_parts) and, with more ranks than cores on rank 0's node, how many on how few."""
+    wall = max(results["wall_s"], 1e-9)
+    init = results["init_s"] / wall
     busy = max((r["busy_pct"] for r in rows if "busy_pct" in r), default=0.0)
     workers = [r for r in rows if "compute_pct" in r]
     compute = float(np.mean([r["compute_pct"] for r in workers]))
     wait = float(np.mean([r["comm_wait_pct"] for r in workers]))
     if init >= 0.5:
-        return {"bound": "initialization", "why": f"init is {100 * init:.0f}% of the wall time"}
+        parts = init_parts(slowest_init(results)["phases"])
+        part = max(parts, key=parts.get)
+        most = "mostly" if parts[part] >= 0.5 * sum(parts.values()) else "its largest part"
+        share = f"{100 * parts[part] / wall:.0f}% of the wall time"
+        named = f"start-up (imports and numba's cache: {share})" if part == "start-up" else f"{part} ({share})"
+        why = f"init is {100 * init:.0f}% of the wall time, {most} {named}"
+        crowded = crowding(results)
+        if crowded:
+            several = len({r.get("host") for r in results["ranks"]}) > 1
+            why += f"; {crowded['ranks']} ranks on {crowded['cores']} cores" + (" (rank 0's node)" if several else "")
+        return {"bound": "initialization", "why": why}
     if busy >= 80.0:
         return {"bound": "server", "why": f"the server is busy {busy:.0f}% of the training time"}
     if wait > compute:
@@ -200,7 +261,7 @@ def summary(results: dict, path: str) -> str:
         + (f", {c['compress']} messages" if c.get("compress", "none") != "none" else ""),
         f"held-out loss {results['metrics']['loss']:.4f}  accuracy {results['metrics']['accuracy']:.4f}",
         f"wall {results['wall_s']:.2f} s (init {results['init_s']:.2f} s, train {results['train_s']:.2f} s)  "
-        f"{t['samples_per_s']:,.0f} samples/s  {t['updates_per_s']:,.1f} updates/s",
+        + rates_text(t),
         "time split, seconds (mean over the role's ranks):",
     ]
     split = role_split(results)

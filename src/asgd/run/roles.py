@@ -55,18 +55,24 @@ def tracker_of(job: Job, m: Model, w=None, publish=None) -> EpochTracker | None:
     if m.first_epoch:
         job.say(f"resuming from {cfg.resume} after epoch {m.first_epoch}")
     whole = (cfg.arch == "allreduce" and topo.K == 1) or (cfg.arch == "ps" and set(topo.hosts) == {0})
-    evaluate = None
+    current = None   # all of w as rank 0 holds it now, in the layout's order
     if w is not None and topo.K == 1:
-        evaluate = lambda: mlp.make_evaluate(m.layout, w(), m.test)()  # noqa: E731
+        current = w
     elif whole:
-        def evaluate():
+        def current():
             if publish:
                 publish()
-            return mlp.make_evaluate(m.layout, m.standard(m.w), m.test)()
+            return m.standard(m.w)
+
+    def evaluate():
+        now = current()
+        tracker.evaluated_w = now.copy()   # the final metrics reuse this evaluation only for these weights
+        return mlp.make_evaluate(m.layout, now, m.test)()
     lockstep = cfg.mode == "sync" or cfg.arch == "allreduce"
-    return EpochTracker(m.n_train, cfg.epochs, evaluate, job.say, cfg.progress, job.clock,
-                        history=list(m.resumed.get("history", [])), epoch=m.first_epoch,
-                        samples=m.first_epoch * m.n_train, step_losses=[] if lockstep else None)
+    tracker = EpochTracker(m.n_train, cfg.epochs, evaluate if current else None, job.say, cfg.progress, job.clock,
+                           history=list(m.resumed.get("history", [])), epoch=m.first_epoch,
+                           samples=m.first_epoch * m.n_train, step_losses=[] if lockstep else None)
+    return tracker
 
 
 def state_of(job: Job, m: Model, index: int, count: int, lo: int, hi: int, w: np.ndarray):

@@ -161,7 +161,7 @@ def summary(res: dict) -> str:
              f"cores), {c['features']}-{c['hidden']}-{c['classes']}, batch {c['batch']}, {c['epochs']} epoch(s), "
              f"reader {c['reader'] if c['data'] else 'embedded'}",
              f"simulated wall {res['wall_s']:.3f} s (init {res['init_s']:.3f} s, train {res['train_s']:.3f} s)  "
-             f"{t['samples_per_s']:,.0f} samples/s  {t['updates_per_s']:,.1f} updates/s",
+             + _results.rates_text(t),
              f"verdict: {res['profile']['bound']}-bound: {res['profile']['why']}",
              f"simulated in {sim['sim_wall_s']:.2f} s with {sim['engine']}"]
     return "\n".join(lines)

@@ -3,8 +3,10 @@
 up records its progress in state.json before each object it makes, and on any failure
 takes down what it made; a killed up leaves objects that down finds by their names.
 down is idempotent: it ends the launchers recorded by `run`, every process inside the
-testbed's namespaces, then removes namespaces, veths (their qdiscs go with them), the
-bridge, the namespace files and the state directory, and checks that nothing is left.
+testbed's namespaces and its Slurm daemons (TERM, then KILL; it returns only once each is
+gone, or names the zombies a parent does not reap), then removes namespaces, veths (their
+qdiscs go with them), the bridge, the namespace files and the state directory, and checks
+that nothing is left.
 """
 
 from __future__ import annotations
@@ -120,9 +122,13 @@ def down(name: str, say=print) -> dict:
             and info["pid"] != os.getpid():
         procs.kill([info["pid"]])   # an `up` still under way (or stalled)
         removed["launchers"].append(info["pid"])
+    # TERM, KILL after a grace, and back only once each is gone: reaped, not a zombie
     inside = procs.of_testbed(name)
-    left = procs.kill(inside)
-    removed["daemons"] = slurm.stop(name)   # slurmctld, munged (slurmd went with its host's processes)
+    ended = procs.end(inside)
+    left = ended.running
+    stopped = slurm.stop(name)   # slurmctld, munged (slurmd went with its host's processes)
+    removed["daemons"] = sorted(stopped.gone + list(stopped.unreaped))
+    removed["unreaped"] = {**ended.unreaped, **stopped.unreaped}   # exited; their parent does not reap
     namespaces = netns_names(name, links.list_netns())
     removed["processes"] = inside
     # links before namespaces: a namespace's deletion takes its veth pair with it, but
@@ -154,7 +160,10 @@ def down(name: str, say=print) -> dict:
     if any(removed.values()):
         say(f"asgd.testbed: {name} down: removed {len(removed['netns'])} namespaces, {len(removed['links'])} "
             f"interfaces, {len(removed['processes'])} processes, {len(removed['launchers'])} launchers"
-            + (f", {len(removed['daemons'])} Slurm daemons" if removed["daemons"] else ""))
+            + (f", {len(removed['daemons'])} Slurm daemons" if removed["daemons"] else "")
+            + (f"; {len(removed['unreaped'])} exited but their parent has not reaped them (pid/parent "
+               + ", ".join(f"{p}/{pp}" for p, pp in removed["unreaped"].items())
+               + "): zombies until it does" if removed["unreaped"] else ""))
     else:
         say(f"asgd.testbed: {name}: nothing to remove")
     return removed

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass, field
 
 from . import hostns, links, state
 from .spec import netns_names
@@ -100,6 +101,87 @@ def kill(pids: list[int], wait_s: float = 5.0) -> list[int]:
         if left:
             time.sleep(0.02)
     return left
+
+
+TERM_GRACE_S = 3.0   # end(): a process's time to exit on SIGTERM before it gets SIGKILL
+KILL_WAIT_S = 5.0    # end(): after SIGKILL, how long to wait for it to exit
+REAP_WAIT_S = 1.0    # end(): then how long to wait for the exited ones' parents to reap them
+
+
+def parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def gone(pid: int, start: int | None = None) -> bool:
+    """The process has exited and been reaped: its pid no longer names it (absent, or a
+    later process's). A zombie is not gone: `ps` and pgrep still list it. This process's
+    own children (daemons an `up` in this process started) are reaped here; any other's
+    is its parent's to reap (an orphan's, init's: a container's pid 1 may never do it)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:   # not my child
+        pass
+    now = start_time(pid)
+    return now is None or (start is not None and now != start)
+
+
+def _wait(pids: list[int], done, wait_s: float) -> list[int]:
+    """Those of pids for which done(pid) is not true within wait_s."""
+    deadline = time.monotonic() + wait_s
+    left = [p for p in pids if not done(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        left = [p for p in left if not done(p)]
+    return left
+
+
+@dataclass
+class Ended:
+    """What end() did: every pid it was given is in `gone`, `running` or `unreaped`."""
+    gone: list[int] = field(default_factory=list)       # exited and reaped: the pid is free
+    killed: list[int] = field(default_factory=list)     # those SIGTERM did not end within the grace
+    running: list[int] = field(default_factory=list)    # still running after SIGKILL and its wait
+    unreaped: dict[int, int | None] = field(default_factory=dict)   # exited, not reaped: pid -> its parent
+
+    def survivors(self) -> list[str]:
+        """One phrase per process that is not gone, for an error or a report."""
+        return ([f"process {p} (still running after SIGKILL)" for p in self.running]
+                + [f"process {p} (exited, not reaped by its parent {pp})" for p, pp in self.unreaped.items()])
+
+
+def end(pids: list[int], grace_s: float = TERM_GRACE_S, kill_wait_s: float = KILL_WAIT_S,
+        reap_wait_s: float = REAP_WAIT_S) -> Ended:
+    """SIGTERM each process; SIGKILL those still running after grace_s; wait (bounded)
+    until each has exited and then until each is gone (gone(): reaped, its pid free), so
+    that a caller that returns leaves none behind, not even a zombie for `ps` to list a
+    moment later, unless its parent will not reap it (Ended.unreaped says whose). A pid is
+    signalled only while it names the process it named on entry (its start time)."""
+    starts = {p: start_time(p) for p in pids}
+
+    def exited(p):
+        return gone(p, starts[p]) or not alive(p, starts[p])
+    for pid in pids:
+        _signal(pid, starts[pid], signal.SIGTERM)
+    killed = _wait(pids, exited, grace_s)
+    for pid in killed:
+        _signal(pid, starts[pid], signal.SIGKILL)
+    running = _wait(killed, exited, kill_wait_s)
+    unreaped = _wait([p for p in pids if p not in running], lambda p: gone(p, starts[p]), reap_wait_s)
+    return Ended(gone=[p for p in pids if p not in running and p not in unreaped], killed=killed,
+                 running=running, unreaped={p: parent(p) for p in unreaped})
+
+
+def _signal(pid: int, start: int | None, sig: int) -> None:
+    if start is None or not alive(pid, start):
+        return
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def kill_group(pid: int, start: int | None, sig: int = signal.SIGKILL) -> bool:

@@ -247,25 +247,19 @@ def daemons(name: str) -> list[int]:
     return sorted(out)
 
 
-def stop(name: str) -> list[int]:
-    """End the daemons (TERM, then KILL after 3 s) and remove the Slurm directory. Returns
-    the PIDs ended; idempotent."""
-    pids = daemons(name)
-    for pid in pids:
-        try:
-            os.kill(pid, 15)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and any(procs.alive(p) for p in pids):
-        time.sleep(0.05)
-    left = procs.kill([p for p in pids if procs.alive(p)])
-    if left:
-        raise TestbedError(f"Slurm daemons {left} of testbed {name} did not end")
+def stop(name: str) -> procs.Ended:
+    """End the daemons (TERM, then KILL after procs.TERM_GRACE_S), wait until each is gone
+    (procs.end: reaped, not a zombie that `ps` still lists), and remove the Slurm
+    directory; idempotent. Returns what procs.end saw: a daemon exited but left unreaped
+    by a parent other than this process is in its `unreaped`; one still running raises
+    TestbedError."""
+    got = procs.end(daemons(name))
+    if got.running:
+        raise TestbedError(f"Slurm daemons of testbed {name} did not end: {', '.join(got.survivors())}")
     d = directory(name)
     if d.exists():
         shutil.rmtree(d)
-    return pids
+    return got
 
 
 def submit_kind(cmd: list[str]) -> str | None:
