@@ -182,7 +182,8 @@ def exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
     import numpy as np
 
     from ..mpiutil import Waiter
-    from ..protocol.context import Endpoint, Schedule
+    from ..core.schedule import Schedule
+    from ..protocol.context import Endpoint
     from ..protocol.messages import Float64Link
     from ..protocol.server import Async, Server
     from ..protocol.worker import PushPull, run_worker

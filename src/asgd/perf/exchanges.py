@@ -103,7 +103,7 @@ def _plan(rounds: int, rank: int, overlap: bool = False):
     overlap: the next step computes while the exchange is in flight, as async's)."""
     import numpy as np
 
-    from ..protocol.context import Schedule
+    from ..core.schedule import Schedule
     X, y = np.zeros((rounds, 2)), np.zeros(rounds, np.int64)
     return X, y, Schedule(batch=1, epochs=1, seed=(0, rank), lr=0.0, steps_per_epoch=rounds, overlap=overlap,
                           progress=overlap)
