@@ -114,7 +114,7 @@ def _complete(link, ticket: int, plan: Schedule) -> None:
     numbered by the servers' round, so a worker whose push came too late catches up."""
     link.wait(ticket)
     if plan.open_ended:
-        link.step = max(link.step, *(int(v) for v in link.versions))
+        link.step = max([link.step, *map(int, link.versions)])
 
 
 def allreduce_loop(reducer, compute, clock, plan: Schedule, n: int, stop_requested=_never,
