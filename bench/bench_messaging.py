@@ -80,7 +80,8 @@ def child(args) -> None:
     from asgd.mpiutil import Waiter, oversubscribed
     from asgd.core.wire import shard_bounds
     from asgd.net.mlp import Layout
-    from asgd.protocol.context import Endpoint, Schedule
+    from asgd.core.schedule import Schedule
+    from asgd.protocol.context import Endpoint
     from asgd.protocol.messages import Float64Link
     from asgd.protocol.server import Async, Server
     from asgd.protocol.worker import PushPull, run_worker

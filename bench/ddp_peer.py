@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     from asgd.run.config import Config
     from asgd.data import problem
     from asgd.data.shares import assign
-    from asgd.protocol.context import Schedule
+    from asgd.core.schedule import Schedule
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ Like asgd's default parameter server (`asgd.train`, --arch ps, --mode async, one
 at N ranks: the same data (asgd.data.shares.embedded: worker rank r's share of the default
 problem's 16384 training points, none on the server; 4096 held out), the same model (2-H-2,
 sigmoid hidden, softmax cross-entropy, float64, asgd.net.mlp.init_params), the same batches
-(asgd.protocol.context.Schedule: batch B, each epoch a permutation seeded by (seed, worker
+(asgd.core.schedule.Schedule: batch B, each epoch a permutation seeded by (seed, worker
 index, epoch)), and the same optimizer on the server at asgd's default lr for an async
 parameter server (asgd.net.optimizers.default_lr(O, H, 1); ddp_peer.torch_optimizer gives
 the torch.optim class with asgd's update). Rank 0 evaluates the held-out accuracy each time
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
 
     from asgd.data import shares
     from asgd.net import mlp, optimizers
-    from asgd.protocol.context import Schedule
+    from asgd.core.schedule import Schedule
     from asgd.run.config import Config
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)

@@ -194,3 +194,13 @@ def test_the_wire_format_is_written_once():
     users = {m for m, t, _ in edges() if t == "asgd.core.wire" or t.startswith("asgd.core.wire.")}
     for package in ("asgd.protocol", "asgd.sim", "asgd.testbed"):
         assert any(u.startswith(package + ".") for u in users), f"{package} does not import asgd.core.wire"
+
+
+def test_core_imports_nothing_but_numpy_and_the_standard_library():
+    """asgd.core is the protocol with no I/O in it: no MPI, numba or SimGrid below it, so
+    the model, the simulator and tests without mpiexec run it as the real run does."""
+    import sys
+    bad = [f"{module} imports {target}" for module, path, is_pkg in modules() if unit_of(module) == "asgd.core"
+           for target, _ in imports(module, path, is_pkg)
+           if target.split(".")[0] not in {"asgd", "numpy"} | set(sys.stdlib_module_names)]
+    assert not bad, bad

@@ -1,5 +1,5 @@
 """The worker loop overlaps a step with the exchange in flight only while the exchange is
-short against the step (protocol.overlap.OverlapRule): the rule's thresholds, and
+short against the step (asgd.core.schedule.OverlapRule): the rule's thresholds, and
 run_worker driven through a stand-in link whose exchanges take as long as a test says,
 recording for each step whether its w had the previous exchange's reply."""
 
@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
-from asgd.protocol.context import Schedule, WorkerStats
-from asgd.protocol.overlap import OverlapRule
+from asgd.core.schedule import OverlapRule, Schedule
+from asgd.core.worker import WorkerStats
 from asgd.protocol.worker import run_worker
 
 

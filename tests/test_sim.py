@@ -168,6 +168,18 @@ def test_sync_rounds_and_ssp_bound(params_file):
 
 
 @needs_simgrid
+def test_the_simulated_worker_overlaps_as_the_real_one_does(params_file):
+    """The simulated worker runs the real one's loop (asgd.core.worker): with --overlap
+    off every push is waited for before the next step (the simulator used to overlap
+    anyway), with on none is."""
+    for overlap, waits in (("off", True), ("on", False)):
+        res = simulate(params_file(), overlap=overlap)
+        workers = [r for r in res["ranks"] if r["role"] == "worker"]
+        assert len(workers) == 3
+        assert all(r["waited"] == (r["updates"] if waits else 0) and r["updates"] > 0 for r in workers), workers
+
+
+@needs_simgrid
 def test_sequential_init_grows_linearly_with_ranks(params_file):
     """The sequential reader passes a token: every rank reads and parses the whole file
     in turn, so init grows by one file's read per rank (eq. 12), while the parallel

@@ -14,7 +14,8 @@ from asgd.mpiutil import StallError, Waiter, oversubscribed
 from asgd.core.wire import shard_bounds
 from asgd.run.progress import EpochTracker
 from asgd.net.optimizers import Optimizer, worker_lr
-from asgd.protocol.context import Endpoint, Schedule
+from asgd.core.schedule import Schedule
+from asgd.protocol.context import Endpoint
 from asgd.protocol.messages import Float64Link, link_messages, shard_messages
 from asgd.protocol.server import Server, policy
 from asgd.run.trace import PhaseClock

@@ -27,7 +27,7 @@ import bisect
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-from ..protocol.overlap import OverlapRule
+from ..core.schedule import OverlapRule
 
 # -- Part 1: the paper's model ---------------------------------------------------------
 
@@ -135,7 +135,7 @@ def mva(customers: int, think_s: float, service_s: list[float], overlap: bool = 
     overlap (asgd's async workers): the next batch is computed while the exchange is in
     flight, so a cycle lasts max(think, exchange) rather than their sum; only while the
     exchange lasts at most overlap_within think times (--overlap auto waits beyond that:
-    asgd.protocol.overlap.OverlapRule).
+    asgd.core.schedule.OverlapRule).
     transit_s (links, extension e): a customer's own time through a station it finds idle,
     where that is less than the service it takes of the station's capacity (a token
     bucket passes its burst at line speed): response = transit + s x queue, no longer exact.

@@ -43,7 +43,8 @@ from ..mpiutil import Waiter, oversubscribed
 from ..net import mlp
 from ..perf.architectures import KINDS, STEP, STEP_PROBE
 from ..protocol.allreduce import MPIAllreduce, Ring
-from ..protocol.context import Endpoint, Schedule
+from ..core.schedule import Schedule
+from ..protocol.context import Endpoint
 from ..protocol.messages import Float64Link, Float64Shard
 from ..protocol.p2p import peer_link, run_peer
 from ..protocol.replica import Replica

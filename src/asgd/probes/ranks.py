@@ -33,7 +33,8 @@ from ..core.wire import shard_bounds  # noqa: E402
 from ..data import problem, readers, shares  # noqa: E402
 from ..mpiutil import Waiter, oversubscribed  # noqa: E402
 from ..net import mlp  # noqa: E402
-from ..protocol.context import Endpoint, Schedule  # noqa: E402
+from ..core.schedule import Schedule  # noqa: E402
+from ..protocol.context import Endpoint  # noqa: E402
 from ..protocol.messages import Float64Link  # noqa: E402
 from ..protocol.server import Async, Server  # noqa: E402
 from ..protocol.worker import PushPull, run_worker  # noqa: E402

@@ -22,8 +22,10 @@ from mpi4py import MPI
 
 from ..net import kernels
 from ..net.optimizers import Optimizer
+from ..core.schedule import Schedule
 from ..core.wire import DOUBLE, TAG_RING, ring_bytes, shard_bounds
-from .context import Endpoint, Schedule, WorkerStats
+from ..core.worker import WorkerStats, allreduce_loop
+from .context import Endpoint
 from .server import DIVERGED_AFTER, DivergenceError
 
 
@@ -72,55 +74,68 @@ class MPIAllreduce:
         self.ep.waiter.all([self.ep.comm.Iallreduce(part, total, op=MPI.SUM)], "the other ranks' allreduce")
 
 
+class Summed:
+    """An allreduce rank's side of asgd.core.worker.allreduce_loop over MPI: each step's
+    [m * Delta-w | m, loss_sum, stop] summed by `summer` (Ring, MPIAllreduce), then w
+    moved by the optimizer along the sample-weighted mean, every rank alike."""
+
+    def __init__(self, w: np.ndarray, summer, optimizer: Optimizer, on_version=None):
+        self.w, self.summer, self.optimizer, self.on_version = w, summer, optimizer, on_version
+        self.n_w = n_w = len(w)
+        self.part, self.total = np.zeros(n_w + 3), np.zeros(n_w + 3)  # [m * Delta-w | m, loss_sum, stop]
+        self.refused = 0   # non-finite sums in a row
+        self.told_to_stop = False
+        self.stats = WorkerStats()
+
+    def delta(self) -> np.ndarray:
+        return self.part[:self.n_w]
+
+    def sum(self, dw: np.ndarray, loss_sum: float, m: int, stop: bool) -> None:
+        """Sum my [m * dw | m, loss_sum, stop] (dw: delta()'s buffer) with every rank's."""
+        n_w = self.n_w
+        self.part[:n_w] *= m
+        self.part[n_w:] = (m, loss_sum, stop)
+        self.summer.sum(self.part, self.total)
+        self.stats.bytes_sent += self.summer.bytes[0]
+        self.stats.bytes_recv += self.summer.bytes[1]
+
+    def apply(self, m: int) -> bool:
+        """Apply the summed update, or refuse it (False) if it has NaN or inf: every rank
+        sees the same sum, so all refuse it alike."""
+        n_w, total, st = self.n_w, self.total, self.stats
+        if not kernels.all_finite(total[:n_w + 2]):
+            self.refused += 1
+            st.refused += 1
+            if self.refused >= DIVERGED_AFTER:
+                raise DivergenceError(f"{self.refused} allreduced updates in a row had NaN or inf values: "
+                                      "training diverged; lower --lr")
+            return False
+        self.refused = 0
+        if total[n_w]:
+            self.optimizer.step(self.w, total[:n_w], 1.0 / total[n_w])
+        st.updates += 1
+        st.samples += m
+        if self.on_version:
+            self.on_version(st.updates, total[n_w + 1], total[n_w])
+        self.told_to_stop = bool(total[n_w + 2])
+        return True
+
+
 def run_allreduce(ep: Endpoint, w: np.ndarray, X: np.ndarray, y: np.ndarray, step, optimizer: Optimizer,
                   plan: Schedule, on_version=None, algorithm: str = "ring") -> WorkerStats:
-    """Train in place on w: each step's Delta-w at plan.lr, then the optimizer moves w
-    along the sample-weighted mean of every rank's (every rank alike, its own optimizer
-    state for all of w), summed by `algorithm` (ring, mpi). on_version(updates, loss_sum,
-    samples) sees every applied step's sums. A stop request on any rank rides in the sum:
-    every rank stops after the same step."""
-    clock = ep.clock
-    n_w = len(w)
-    st = WorkerStats()
-    part, total = np.zeros(n_w + 3), np.zeros(n_w + 3)  # [m * Delta-w | m, loss_sum, stop]
-    summer = (Ring if algorithm == "ring" else MPIAllreduce)(ep, n_w + 3)
+    """Train in place on w (asgd.core.worker.allreduce_loop over MPI): each step's
+    Delta-w at plan.lr, then the optimizer moves w along the sample-weighted mean of
+    every rank's (every rank alike, its own optimizer state for all of w), summed by
+    `algorithm` (ring, mpi). on_version(updates, loss_sum, samples) sees every applied
+    step's sums. A stop request on any rank rides in the sum: every rank stops after the
+    same step."""
+    reducer = Summed(w, (Ring if algorithm == "ring" else MPIAllreduce)(ep, len(w) + 3), optimizer, on_version)
     Xb = np.empty((plan.batch, X.shape[1]))
     yb = np.empty(plan.batch, dtype=np.int64)
-    refused = 0  # non-finite updates in a row
-    for epoch in range(plan.first_epoch, plan.epochs):
-        for idx in plan.batches(len(y), epoch):
-            clock.step = st.updates
-            clock.switch("compute")
-            m = len(idx)
-            if m:
-                np.take(X, idx, axis=0, out=Xb[:m])
-                np.take(y, idx, out=yb[:m])
-                loss = step(w, Xb[:m], yb[:m], plan.lr, part[:n_w])
-                part[:n_w] *= m
-            else:  # an empty last batch: contribute nothing, but take part
-                part[:n_w] = 0.0
-                loss = 0.0
-            part[n_w:] = (m, loss * m, ep.stop_requested())
-            clock.switch("comm_wait")
-            summer.sum(part, total)
-            st.bytes_sent += summer.bytes[0]
-            st.bytes_recv += summer.bytes[1]
-            clock.switch("aggregate")
-            if not kernels.all_finite(total[:n_w + 2]):  # every rank sees the same sum: all refuse it alike
-                refused += 1
-                st.refused += 1
-                if refused >= DIVERGED_AFTER:
-                    raise DivergenceError(f"{refused} allreduced updates in a row had NaN or inf values: "
-                                          "training diverged; lower --lr")
-                continue
-            refused = 0
-            if total[n_w]:
-                optimizer.step(w, total[:n_w], 1.0 / total[n_w])
-            st.updates += 1
-            st.samples += m
-            if on_version:
-                on_version(st.updates, total[n_w + 1], total[n_w])
-            if total[n_w + 2]:
-                st.stopped = True
-                return st
-    return st
+
+    def compute(idx: np.ndarray, dw: np.ndarray) -> float:
+        m = len(idx)
+        np.take(X, idx, axis=0, out=Xb[:m])
+        np.take(y, idx, out=yb[:m])
+        return step(w, Xb[:m], yb[:m], plan.lr, dw)
+    return allreduce_loop(reducer, compute, ep.clock, plan, len(y), ep.stop_requested)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import Schedule, WorkerStats
+from ..core.schedule import Schedule
+from ..core.worker import WorkerStats
 from .server import Policy, Server, ServerStats
 from .worker import PushPull, run_worker
 

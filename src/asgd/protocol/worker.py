@@ -1,4 +1,5 @@
-"""The worker: its link to the servers (PushPull), and the training loop on top of it.
+"""The worker over MPI: its link to the servers (PushPull), which drives the worker's loop
+written once in asgd.core.worker (run_worker: the loop with MPI's link and numba's step).
 
 PushPull is the worker's side of the protocol, in the spirit of ps-lite's KVWorker: write
 Delta-w into `delta()`, `push_pull(...)` sends it to every server and posts the receive of
@@ -7,14 +8,14 @@ sit in memory (float64 without copies, or 1-bit) is its strategy's (protocol.mes
 what is sent when, the versions staleness is counted from, stops and byte counts are
 the link's, once for both.
 
-With `overlap` (async and ssp) the loop computes batch k+1 while batch k's exchange is in
+With `overlap` (async and ssp) the core loop computes batch k+1 while batch k's exchange is in
 flight; without it (sync) each step waits for its reply, so every step starts from the
 same w on every worker. Overlap hides an exchange about as long as a step; one that lasts
 many steps (a slow link, a crowded server) it barely shortens, and the step it runs is
 computed on w one exchange staler: measured on 8 Mbit/s links, 8 workers' first epoch
 reached 0.71-0.79 held-out accuracy with it, where a trainer that waited reached 1.000.
 So the loop overlaps while the exchange lasts under OverlapRule.RATIO steps, and waits
-for w' first beyond that (OverlapRule; --overlap auto, the default: on always overlaps,
+for w' first beyond that (asgd.core.schedule.OverlapRule; --overlap auto, the default: on always overlaps,
 off never).
 
 Progress while computing: MPI moves a large (rendezvous-sized) message only inside MPI
@@ -26,15 +27,15 @@ then the rest of the batch runs in one call. Nothing in flight: the step is one 
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from mpi4py import MPI
 
 from ..core.wire import (DONE_BYTES, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, PUSH_HEADER, R_CUT, R_STOP,
                     R_VERSION, RECV, SEND, STOP_ASKED, TAG_DONE, TAG_PULL, TAG_PUSH, flow_id)
-from .context import Endpoint, Schedule, WorkerStats
-from .overlap import OverlapRule
+from ..core import worker
+from ..core.schedule import Schedule
+from ..core.worker import WorkerStats
+from .context import Endpoint
 
 
 class PushPull:
@@ -55,14 +56,13 @@ class PushPull:
         self.routes = [ep.route(r) for r in self.servers]    # (communicator, rank) per server
         self.cut_source = None   # model-parallel: the cut its replica agreed on this step (protocol.replica)
         self.stop_source = None  # model-parallel: whether its replica agreed to stop
-        self.follow_rounds = False  # sync with backup workers: my next push goes to the servers' round
         # per server, Python floats (read every step: no numpy scalars on the hot path)
         self.versions = [0.0] * self.S     # each shard's version of `w` (0: the initial w)
         self.stamp = [0.0] * self.S        # the versions of the w the Delta-w being written comes from
         self.stops = [0.0] * self.S        # each server's last reply's stop (wire.STOP_ASKED, STOP_DONE)
         self.cut = 0             # the last checkpoint cut server 0 said it started (wire: a push's cut)
         self.pending: list[MPI.Request] = []
-        self.step = 0            # the number of the next push (names it in traces)
+        self.step = 0            # the number of the next push (names it in traces; core.worker may move it on)
         self.stats = WorkerStats()
         self.traced = getattr(ep.clock, "traces", True)   # whether clock.message records (off: skip its arguments)
         # what one exchange moves over the wire (a p2p rank's own shard: nothing), counted per push
@@ -142,8 +142,6 @@ class PushPull:
         for s, rank in enumerate(self.servers):
             head = self.msgs.pulled(s).tolist()
             self.versions[s], self.stops[s] = head[R_VERSION], head[R_STOP]
-            if self.follow_rounds:   # a reply to a late push tells the round to catch up with
-                self.step = max(self.step, int(head[R_VERSION]))
             if s == 0:   # the leader's shard comes first: the others learn of its cuts from my pushes
                 self.cut = int(head[R_CUT])
             if self.traced:
@@ -164,58 +162,20 @@ class PushPull:
 
 
 def run_worker(link: PushPull, X: np.ndarray, y: np.ndarray, step, plan: Schedule) -> WorkerStats:
-    """Train on my share (X, y) through `link`, from the link's w, as `plan` says.
-    step(w, X, y, lr, dw[, progress]) -> mean loss writes Delta-w into dw (mlp.make_step).
-    A stop request ends the loop at a step boundary: at once in async/ssp (this rank's
-    signal); in sync when the servers' replies say so, after the same round on every
-    worker. With plan.progress the step lets MPI move the exchange in flight between its
-    sample blocks (step(..., progress=link.progress))."""
-    ep = link.ep
-    clock = ep.clock
+    """Train on my share (X, y) through `link`, from the link's w, as `plan` says: the
+    worker's loop (asgd.core.worker.loop) over MPI. step(w, X, y, lr, dw[, progress]) ->
+    mean loss writes Delta-w into dw (mlp.make_step); with plan.progress it lets MPI move
+    the exchange in flight between its sample blocks (step(..., progress=link.progress))."""
     kw = {"progress": link.progress} if plan.progress else {}
     Xb = np.empty((plan.batch, X.shape[1]))
     yb = np.empty(plan.batch, dtype=np.int64)
-    ticket, stop = None, False
-    rule = OverlapRule(plan.overlap, plan.adaptive)
-    for epoch in plan.epoch_numbers():
-        for idx in plan.batches(len(y), epoch):
-            stop = stop or (plan.overlap and ep.stop_requested())
-            if stop:
-                break
-            clock.step = link.step  # the trace window counts steps
-            clock.switch("compute")
-            t0 = time.perf_counter()
-            m = len(idx)
-            dw = link.delta()
-            if m:
-                np.take(X, idx, axis=0, out=Xb[:m])
-                np.take(y, idx, out=yb[:m])
-                loss = step(link.w, Xb[:m], yb[:m], plan.lr, dw, **kw)
-            else:  # an empty last batch (sync): a zero-weight Delta-w keeps the workers in step
-                dw[:] = 0.0
-                loss = 0.0
-            t1 = time.perf_counter()
-            if ticket is not None:   # the exchange ran beside this step
-                clock.switch("comm_wait")
-                link.wait(ticket)
-                rule.saw(t1 - t0, time.perf_counter() - t0)
-            clock.switch("push")
-            ticket = link.push_pull(dw, loss * m, m, stop=ep.stop_requested())
-            if not rule.on:
-                clock.switch("comm_wait")
-                t2 = time.perf_counter()
-                link.wait(ticket)
-                ticket = None
-                link.stats.waited += 1
-                rule.saw(t1 - t0, time.perf_counter() - t2)
-            stop = link.told_to_stop
-        if stop:
-            break
-    if ticket is not None:
-        clock.switch("comm_wait")
-        link.wait(ticket)
-    link.stats.stopped = ep.stop_requested() or link.asked_to_stop   # early, not because the epochs are done
-    return link.close()
+
+    def compute(idx: np.ndarray, dw: np.ndarray) -> float:
+        m = len(idx)
+        np.take(X, idx, axis=0, out=Xb[:m])
+        np.take(y, idx, out=yb[:m])
+        return step(link.w, Xb[:m], yb[:m], plan.lr, dw, **kw)
+    return worker.loop(link, compute, link.ep.clock, plan, len(y), link.ep.stop_requested)
 
 
 def _ranks(ranks: list[int]) -> str:

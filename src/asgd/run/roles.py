@@ -16,13 +16,13 @@ K pushes are always one step.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from ..core.schedule import Schedule, schedule
+from ..core.worker import WorkerStats
 from ..net import mlp, optimizers
 from ..protocol.allreduce import run_allreduce
-from ..protocol.context import Endpoint, Schedule, WorkerStats
+from ..protocol.context import Endpoint
 from ..protocol.messages import link_messages, shard_messages
 from ..protocol.p2p import peer_link, run_peer
 from ..protocol.replica import Replica
@@ -110,13 +110,10 @@ def schedule_of(job: Job, m: Model) -> Schedule:
     take the same number of steps on every worker (the largest share's), async and ssp
     their own share's."""
     cfg, topo = job.cfg, job.topo
-    lockstep = cfg.mode == "sync" or cfg.arch == "allreduce"
-    steps = math.ceil(math.ceil(m.n_train / topo.replicas) / cfg.batch)  # per epoch of the largest share
-    return Schedule(cfg.batch, cfg.epochs, (cfg.seed, topo.replica(job.rank)),
-                    optimizers.worker_lr(cfg.optimizer, m.lr), first_epoch=m.first_epoch,
-                    steps_per_epoch=steps if lockstep else None, overlap=not lockstep and cfg.overlap != "off",
-                    adaptive=cfg.overlap == "auto",
-                    progress=cfg.mpi_progress == "step", open_ended=cfg.backup_workers > 0)
+    return schedule(cfg.arch, cfg.mode, cfg.overlap, cfg.batch, cfg.epochs, m.n_train, topo.replicas,
+                    (cfg.seed, topo.replica(job.rank)), optimizers.worker_lr(cfg.optimizer, m.lr),
+                    first_epoch=m.first_epoch, progress=cfg.mpi_progress == "step",
+                    open_ended=cfg.backup_workers > 0)
 
 
 def my_w(job: Job, m: Model) -> np.ndarray:
@@ -252,7 +249,6 @@ def work(job: Job, m: Model) -> dict:
                     servers=hosts)
     if replica is not None:
         link.cut_source, link.stop_source = (lambda: replica.cut), (lambda: replica.stop)
-    link.follow_rounds = cfg.backup_workers > 0
     step = step_of(job, m, replica, cut=lambda: link.cut, heard_stop=lambda: link.heard_stop)
     weights = link.msgs.nbytes
     del w

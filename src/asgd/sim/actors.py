@@ -21,18 +21,16 @@ Readers (asgd.data.readers)
   On a machine with a shared file system, bytes travel from its host over the network
   (SimGrid shares its bandwidth among the readers); otherwise they are in memory.
 
-Worker (asgd.protocol.worker.run_worker): per step, compute (the step's time, drawn from
-the measured spread), then in async and ssp wait for the previous exchange's replies (one
-outstanding: batch k+1 is computed while batch k's exchange is in flight), then push
-Delta-w's slices to the servers; in sync, wait for the replies at once. A `done` message
-to each server at the end.
+Worker (asgd.protocol.worker.run_worker): the real worker's loop (asgd.core.worker.loop:
+its schedule, overlap rule, epoch end and `done`) over mailboxes (links.MailboxLink), each
+step's compute charged at the step's time, drawn from the measured spread.
 Server (asgd.protocol.server): a permanent receiver per server (the persistent Irecvs):
   async  apply each Delta-w as it arrives (c_u), reply at once
   ssp    hold the reply while the worker's next push would be more than K steps ahead of
          the slowest active worker
   sync   rounds: every worker's push, one averaged update, every reply
-Allreduce (asgd.protocol.allreduce): each step, one Iallreduce of [m * Delta-w | m, loss,
-stop], simulated as a ring.
+Allreduce (asgd.protocol.allreduce): the real rank's loop (asgd.core.worker.allreduce_loop);
+each step one allreduce of [m * Delta-w | m, loss, stop] (links.RingSum).
 Not simulated: --standardize's statistics, checkpoints, stop requests.
 
 Waiting (asgd.mpiutil.Waiter): a rank notices a completed message only when it polls:
@@ -49,10 +47,12 @@ import random
 import numpy as np
 
 from ..mpiutil import CLOCK_PINGS
-from ..protocol.overlap import OverlapRule
-from ..core.wire import DOUBLE, RECV, SEND, flow_id, shard_bounds
+from ..core.schedule import Schedule, schedule
+from ..core.wire import DOUBLE, RECV, SEND, flow_id
+from ..core.worker import allreduce_loop, loop
 from .clock import SimClock
 from .costs import Costs, Spec, worker_points
+from .links import MailboxLink, RingSum
 from .platform import FLOPS
 
 SPIN_S, MAX_SLEEP_S, CROWDED_MAX_SLEEP_S, FIRST_SLEEP_S = 200e-6, 100e-6, 1e-3, 10e-6
@@ -450,7 +450,7 @@ def _compute(world: World, rank: int, m: int, factor: float) -> None:
     logit sum, its backward half; or the whole step."""
     c = world.costs
     t = world.step_work(rank, c.step(m) * factor)
-    if c.K > 1:
+    if c.K > 1 and m:   # an empty batch: no step, so no sum (asgd.core.worker.zero_delta)
         world.execute(t / 2)
         _replica_sum(world, rank, m)
         world.execute(t / 2)
@@ -458,96 +458,52 @@ def _compute(world: World, rank: int, m: int, factor: float) -> None:
         world.execute(t)
 
 
+def _charged(world: World, rank: int, slow: float = 1.0):
+    """core.worker's compute here: a step of m points charged at its drawn spread (times
+    `slow`: a straggler's); an empty batch charges only the zeroing of Delta-w."""
+    rng = world.rngs[rank]
+
+    def compute(batch, dw) -> float:
+        _compute(world, rank, len(batch), world.costs.spread_draw(rng) * slow)
+        return 0.0
+
+    def empty(dw) -> float:
+        _compute(world, rank, 0, slow)
+        return 0.0
+    return compute, empty
+
+
+def _schedule(world: World, rank: int) -> tuple[Schedule, int]:
+    """My schedule, as asgd.run.roles.schedule_of makes it (the batches' sizes only), and
+    my share's points (my replica's)."""
+    run, replica = world.run, world.topo.replica(rank)
+    plan = schedule(world.spec.arch, run.mode, run.overlap, run.batch, run.epochs, run.points, run.replicas,
+                    (world.spec.seed, replica), 0.0, shuffle=False)
+    return plan, worker_points(run.points, run.replicas, replica)
+
+
 def worker(world: World, rank: int) -> None:
-    """asgd.protocol.worker.run_worker (a ps worker, or a p2p peer's worker side)."""
-    spec, run, c, topo = world.spec, world.run, world.costs, world.topo
-    clock = world.clocks[rank]
+    """asgd.protocol.worker.run_worker (a ps worker, or a p2p peer's worker side): the
+    worker's loop (asgd.core.worker.loop) over mailboxes (links.MailboxLink)."""
+    spec, topo, clock = world.spec, world.topo, world.clocks[rank]
     init(world, rank)
     owner = None
     if spec.arch == "p2p":   # the peer's owner serves its shard on the same rank (protocol.p2p)
         owner = world.sg.Actor.create(f"owner{rank}", world.hosts[world.node[rank]], server, world, rank, True)
-    node = world.node[rank]
-    overlap = run.mode != "sync"
-    rule = OverlapRule(overlap, run.overlap == "auto")   # as the worker's loop: --overlap
-    R = run.replicas
-    mine = worker_points(run.points, R, topo.replica(rank))
-    if overlap:
-        steps = math.ceil(mine / run.batch)
-        sizes = [min(run.batch, mine - k * run.batch) for k in range(steps)]
-    else:  # sync: every worker the same number of steps, the last ones short or empty
-        steps = math.ceil(math.ceil(run.points / R) / run.batch)
-        sizes = [max(0, min(run.batch, mine - k * run.batch)) for k in range(steps)]
-    shards = _my_shards(world, rank)
-    hosts = [topo.hosts[v] for v in shards]
-    msg = sum(c.worker_message(node, topo.shards[v][1] - topo.shards[v][0]) for v in shards)
-    slow = spec.straggler if topo.worker_index(rank) == run.workers - 1 else 1.0
-    rng = world.rngs[rank]
-    me = f"w{rank}"
-    versions = {v: 0 for v in shards}
-    pending: list = []
-    st = {"updates": 0, "bytes_sent": 0, "bytes_recv": 0}
-
-    def complete():
-        t = clock.switch("comm_wait")
-        for _ in shards:
-            v, version = world.recv(me)
-            versions[v] = version
-        world.notice(rank, t)
-        for v, h in zip(shards, hosts):
-            clock.message(RECV, h, c.pull_bytes(v), flow_id(rank, h, st["updates"] - 1, True))
-        pending.clear()
-
-    for epoch in range(run.epochs):
-        for k in range(steps):
-            m = sizes[k]
-            clock.step = st["updates"]
-            t0 = clock.switch("compute")
-            _compute(world, rank, m, (c.spread_draw(rng) if m else 1.0) * slow)
-            t1 = world.now()
-            used = dict(versions)
-            if pending:   # the exchange ran beside this step
-                complete()
-                rule.saw(t1 - t0, world.now() - t0)
-            clock.switch("push")
-            world.execute(msg, rank)
-            for v, h in zip(shards, hosts):
-                nb = c.push_bytes(v)  # the reply implies its arrival: no need to wait on it
-                world.post(rank, h, f"s{h}", ("push", v, rank, used[v], m, st["updates"]), nb)
-                pending.append(v)
-                clock.message(SEND, h, nb, flow_id(rank, h, st["updates"], False))
-                if h != rank:
-                    st["bytes_sent"] += nb
-                    st["bytes_recv"] += c.pull_bytes(v)
-            st["updates"] += 1
-            # an asynchronous update's crowding, measured alike (a replica's member: in its
-            # sum's; p2p's only probe is its sync round, whose messages are the same)
-            if run.mode != "sync" and c.K == 1:
-                world.crowd_turns(rank, "async" if spec.arch == "ps" else "p2p")
-            if not rule.on:
-                t2 = world.now()
-                complete()
-                if run.mode == "sync":   # a lockstep round
-                    world.crowd_turns(rank, spec.arch)
-                rule.saw(t1 - t0, world.now() - t2)
-        if spec.epoch_barrier:  # CNTK: every worker waits for the others at each epoch's end
-            if pending:
-                complete()
-            clock.switch("comm_wait")
-            world.worker_barrier(rank, epoch)
-    if pending:
-        complete()
-    done = [world.send(rank, h, f"s{h}", ("done", rank), DOUBLE) for h in sorted(set(hosts))]
-    for d in done:
-        d.wait()
-    record = {"role": "worker", "updates": st["updates"], "bytes_sent": st["bytes_sent"],
-              "bytes_recv": st["bytes_recv"], "stopped": False}
+    slow = spec.straggler if topo.worker_index(rank) == world.run.workers - 1 else 1.0
+    compute, empty = _charged(world, rank, slow)
+    meet = (lambda epoch: world.worker_barrier(rank, epoch)) if spec.epoch_barrier else None   # CNTK's
+    plan, points = _schedule(world, rank)
+    st = loop(MailboxLink(world, rank, _my_shards(world, rank)), compute, clock, plan, points, now=world.now,
+              empty=empty, epoch_end=meet)
+    record = st.record()
     if owner is not None:   # the peer serves until every peer is done, then reports both sides
         clock.switch("idle")
         owner.join()
         served = world.served[rank]
-        record = {**served, "role": "peer", "updates": st["updates"], "rounds": served["rounds"],
-                  "bytes_sent": st["bytes_sent"] + served["bytes_sent"],
-                  "bytes_recv": st["bytes_recv"] + served["bytes_recv"]}
+        record = {**served, "role": "peer", "updates": st.updates, "rounds": served["rounds"],
+                  "bytes_sent": st.bytes_sent + served["bytes_sent"],
+                  "bytes_recv": st.bytes_recv + served["bytes_recv"]}
     finish(world, rank, record)
 
 
@@ -668,68 +624,17 @@ def _evaluate(world: World, clock: SimClock) -> None:
 # -- allreduce -------------------------------------------------------------------------------
 
 def allreduce_rank(world: World, rank: int) -> None:
-    """asgd.protocol.allreduce.run_allreduce: every rank a worker; each step one allreduce
-    of [m * Delta-w | m, loss, stop] (of its slice, among the ranks holding it: one per
-    replica) by asgd's ring (asgd.protocol.allreduce.Ring: P - 1 rounds of reduce-scatter,
-    each passing one chunk of asgd.core.wire.shard_bounds to the next rank and adding the one
-    received, then P - 1 rounds of allgather), or MPI_Iallreduce (its calibrated round),
-    then the averaged update applied by the run's optimizer. The ring's bytes are
-    asgd.core.wire.ring_bytes, as a real run counts them."""
-    run, c, clock, topo = world.run, world.costs, world.clocks[rank], world.topo
+    """asgd.protocol.allreduce.run_allreduce: every rank a worker (asgd.core.worker's
+    allreduce_loop); each step one allreduce of [m * Delta-w | m, loss, stop] (of its
+    slice, among the ranks holding it: one per replica) by asgd's ring or
+    MPI_Iallreduce (links.RingSum), then the averaged update."""
     init(world, rank)
     if rank == 0:
         world.serve_start = world.now()
-    group = topo.slice_group(rank)
-    P = len(group)
-    pos = group.index(rank)
-    R = run.replicas
-    steps = math.ceil(math.ceil(run.points / R) / run.batch)
-    mine = worker_points(run.points, R, topo.replica(rank))
-    sizes = [max(0, min(run.batch, mine - k * run.batch)) for k in range(steps)]
-    a, b = topo.slices[topo.member(rank)]
-    values = b - a + 3
-    chunk = [hi - lo for lo, hi in shard_bounds(values, P)]
-    rng = world.rngs[rank]
-    me = f"ar{rank}"
-    totals = world.step_samples(steps)
-    right = group[(pos + 1) % P]
-    mpi = run.allreduce == "mpi"
-    updates = 0
-    sent = recv = 0
-    for epoch in range(run.epochs):
-        for k in range(steps):
-            m = sizes[k]
-            clock.step = updates
-            clock.switch("compute")
-            _compute(world, rank, m, c.spread_draw(rng) if m else 1.0)
-            t = clock.switch("comm_wait")
-            if mpi and P > 1:   # the library's algorithm: its calibrated round, once every rank is in it
-                key = ("mpi", topo.member(rank), updates)
-                bar = world.barriers.get(key) or world.barriers.setdefault(key, world.sg.Barrier(P))
-                bar.wait()
-                world.sg.this_actor.sleep_for(c.mpi_allreduce(P, values))
-                world.notice(rank, t)
-                least = int(DOUBLE * 2 * (P - 1) * values / P)
-                sent += least
-                recv += least
-            for rnd in (range(2 * (P - 1)) if not mpi else ()):   # Ring.sum's chunks: sent, then received
-                j = rnd % (P - 1)
-                out_c, in_c = ((pos - j) % P, (pos - j - 1) % P) if rnd < P - 1 else \
-                    ((pos + 1 - j) % P, (pos - j) % P)
-                out = world.send(rank, right, f"ar{right}", rnd, DOUBLE * chunk[out_c])
-                world.recv(me)
-                out.wait()
-                sent += DOUBLE * chunk[out_c]
-                recv += DOUBLE * chunk[in_c]
-                if rnd < P - 1:
-                    world.execute(c.allreduce_add(chunk[in_c]))
-                world.notice(rank, t)  # the schedule moves on only when the rank polls
-            if P > 1:
-                world.crowd_turns(rank, run.allreduce)
-            clock.switch("aggregate")
-            world.execute(c.apply_update())
-            updates += 1
-            if rank == 0:
-                world.track(totals[k], (lambda: _evaluate(world, clock)) if topo.K == 1 else None)
-    finish(world, rank, {"role": "worker", "updates": updates, "bytes_sent": sent, "bytes_recv": recv,
-                         "stopped": False})
+    clock = world.clocks[rank]
+    plan, points = _schedule(world, rank)
+    evaluate = (lambda: _evaluate(world, clock)) if world.topo.K == 1 else None
+    compute, empty = _charged(world, rank)
+    st = allreduce_loop(RingSum(world, rank, plan.steps_per_epoch, evaluate), compute, clock, plan, points,
+                        empty=empty)
+    finish(world, rank, st.record())
