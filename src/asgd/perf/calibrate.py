@@ -184,7 +184,8 @@ def exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
     from ..mpiutil import Waiter
     from ..protocol.context import Endpoint, Schedule
     from ..protocol.messages import Float64Link
-    from ..protocol.server import Async, Server
+    from ..core.policy import Async
+    from ..protocol.server import Server
     from ..protocol.worker import PushPull, run_worker
     from ..run.trace import PhaseClock
     from ..core.wire import shard_bounds

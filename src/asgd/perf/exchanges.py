@@ -132,7 +132,8 @@ def _ps_rounds(comm, n_w: int, rounds: int, servers: int, work=None, asynchronou
     import numpy as np
 
     from ..protocol.messages import Float64Link
-    from ..protocol.server import Async, Server, Sync
+    from ..core.policy import Async, Sync
+    from ..protocol.server import Server
     from ..protocol.worker import PushPull, run_worker
     from ..core.wire import shard_bounds
     ep = _endpoint(comm)
@@ -152,7 +153,8 @@ def _p2p_rounds(comm, n_w: int, rounds: int, servers: int, work=None) -> None:
 
     from ..protocol.messages import Float64Link, Float64Shard
     from ..protocol.p2p import peer_link, run_peer
-    from ..protocol.server import Server, Sync
+    from ..core.policy import Sync
+    from ..protocol.server import Server
     from ..core.wire import shard_bounds
     ep = _endpoint(comm)
     N = comm.size
@@ -209,7 +211,8 @@ def _mp_rounds(comm, batch: int, rounds: int, servers: int, work=None) -> None:
     from ..net import mlp
     from ..protocol.messages import Float64Link
     from ..protocol.replica import Replica
-    from ..protocol.server import Async, Server, serve_all
+    from ..core.policy import Async
+    from ..protocol.server import Server, serve_all
     from ..protocol.worker import PushPull, run_worker
     ep = _endpoint(comm)
     sliced = mlp.Sliced(mlp.Layout(2, STEP_PROBE[0], 2), 2)

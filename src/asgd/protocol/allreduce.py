@@ -24,7 +24,7 @@ from ..net import kernels
 from ..net.optimizers import Optimizer
 from ..core.wire import DOUBLE, TAG_RING, ring_bytes, shard_bounds
 from .context import Endpoint, Schedule, WorkerStats
-from .server import DIVERGED_AFTER, DivergenceError
+from ..core.shard import DIVERGED_AFTER, DivergenceError
 
 
 class Ring:

@@ -21,7 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from .context import Schedule, WorkerStats
-from .server import Policy, Server, ServerStats
+from ..core.policy import Policy
+from ..core.stats import ServerStats
+from .server import Server
 from .worker import PushPull, run_worker
 
 
