@@ -90,7 +90,7 @@ def on_version_of(job: Job, ckpt: checkpoint.Checkpointing | None = None, cuts_d
     """What a new version of w (or of a shard) does: rank 0's progress; with `ckpt`
     (allreduce's ranks, which checkpoint by their own count) a checkpoint when one is
     due, after the progress, so a checkpoint's progress matches its weights. (Servers
-    checkpoint at the cuts they agree on: protocol.server.)"""
+    checkpoint at the cuts they agree on: asgd.core.shard.)"""
     tracker = job.tracker
 
     def on_version(rounds: int, loss_sum: float, samples: float) -> None:
