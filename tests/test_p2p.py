@@ -92,10 +92,10 @@ def test_a_ranks_messages_to_itself_go_over_a_communicator_of_its_own():
 
     from mpi4py import MPI
 
+    from asgd.core.policy import Async
     from asgd.mpiutil import Waiter
     from asgd.protocol.context import Endpoint
     from asgd.protocol.messages import Float64Link
-    from asgd.core.policy import Async
     from asgd.protocol.server import Server
     from asgd.protocol.worker import PushPull
     from asgd.run.trace import PhaseClock

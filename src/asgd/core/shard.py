@@ -14,6 +14,9 @@ was found dead) and it makes the transport act, in order, through a small effect
                            buffer may take the next one
     save(rounds, cut)      save the shard as checkpoint cut `cut`
 
+and the loop's end: `live` (the workers not yet retired) is 0 once every worker said it
+was done or was found dead, whatever the policy.
+
 Why effects called in order rather than a list of actions returned: an apply's outcome
 (finite or refused) decides what follows it at once (the refused count, the divergence
 guard, the samples a version reports, the version number the next reply carries), so

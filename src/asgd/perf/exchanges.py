@@ -131,11 +131,11 @@ def _async_rounds(comm, n_w: int, rounds: int, servers: int, work=None) -> None:
 def _ps_rounds(comm, n_w: int, rounds: int, servers: int, work=None, asynchronous: bool = False) -> None:
     import numpy as np
 
-    from ..protocol.messages import Float64Link
     from ..core.policy import Async, Sync
+    from ..core.wire import shard_bounds
+    from ..protocol.messages import Float64Link
     from ..protocol.server import Server
     from ..protocol.worker import PushPull, run_worker
-    from ..core.wire import shard_bounds
     ep = _endpoint(comm)
     shards = shard_bounds(n_w, servers)
     comm.Barrier()
@@ -151,11 +151,11 @@ def _ps_rounds(comm, n_w: int, rounds: int, servers: int, work=None, asynchronou
 def _p2p_rounds(comm, n_w: int, rounds: int, servers: int, work=None) -> None:
     import numpy as np
 
+    from ..core.policy import Sync
+    from ..core.wire import shard_bounds
     from ..protocol.messages import Float64Link, Float64Shard
     from ..protocol.p2p import peer_link, run_peer
-    from ..core.policy import Sync
     from ..protocol.server import Server
-    from ..core.wire import shard_bounds
     ep = _endpoint(comm)
     N = comm.size
     shards = shard_bounds(n_w, N)
@@ -207,11 +207,11 @@ def _mp_rounds(comm, batch: int, rounds: int, servers: int, work=None) -> None:
     import numpy as np
     from mpi4py import MPI
 
+    from ..core.policy import Async
     from ..data import problem
     from ..net import mlp
     from ..protocol.messages import Float64Link
     from ..protocol.replica import Replica
-    from ..core.policy import Async
     from ..protocol.server import Server, serve_all
     from ..protocol.worker import PushPull, run_worker
     ep = _endpoint(comm)

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import Schedule, WorkerStats
 from ..core.policy import Policy
 from ..core.stats import ServerStats
+from .context import Schedule, WorkerStats
 from .server import Server
 from .worker import PushPull, run_worker
 
