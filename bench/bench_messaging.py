@@ -83,7 +83,8 @@ def child(args) -> None:
     from asgd.core.schedule import Schedule
     from asgd.protocol.context import Endpoint
     from asgd.protocol.messages import Float64Link
-    from asgd.protocol.server import Async, Server
+    from asgd.core.policy import Async
+    from asgd.protocol.server import Server
     from asgd.protocol.worker import PushPull, run_worker
     from asgd.run.trace import PhaseClock
 

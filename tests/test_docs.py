@@ -199,8 +199,8 @@ def test_the_code_map_names_every_module():
 def test_the_formats_page_describes_every_results_key():
     """Every key results.json has (asgd.run.results.build's, and each rank's record's) is
     in docs/formats.md's results.json section."""
+    from asgd.core.stats import ServerStats
     from asgd.core.worker import WorkerStats
-    from asgd.protocol.server import ServerStats
     from asgd.run import results
     base = {"phases": {"init": 0.5, "compute": 0.3, "comm_wait": 0.2}, "host": "h", "timeline": {}}
     server = {**ServerStats(staleness=[[0]], step_gap=[[0]]).record((0, 4), [1]), "rank": 0, "weight_bytes": 0,

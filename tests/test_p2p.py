@@ -92,10 +92,11 @@ def test_a_ranks_messages_to_itself_go_over_a_communicator_of_its_own():
 
     from mpi4py import MPI
 
+    from asgd.core.policy import Async
     from asgd.mpiutil import Waiter
     from asgd.protocol.context import Endpoint
     from asgd.protocol.messages import Float64Link
-    from asgd.protocol.server import Async, Server
+    from asgd.protocol.server import Server
     from asgd.protocol.worker import PushPull
     from asgd.run.trace import PhaseClock
 
@@ -123,7 +124,7 @@ def test_a_ranks_messages_to_itself_go_over_a_communicator_of_its_own():
     assert np.all(link.w == 0.5) and owner.st.updates == 1 and owner.st.bytes_recv == 0
     link.close()
     for _ in range(100_000):
-        if not owner.live:
+        if not owner.shard.live:
             break
         owner.poll(policy)
     assert owner.finish().updates == 1

@@ -480,3 +480,25 @@ def test_one_server_evaluates_every_epoch_with_model_partitioning(params_file):
     two = simulate(params_file(), workers=2, servers=2, model_parallel=2, epochs=epochs, points=2 * 256 * 2,
                    test_points=test_points)
     assert two["ranks"][0]["phases"].get("evaluate", 0.0) < 1.5 * per
+
+
+@needs_simgrid
+def test_the_simulated_async_server_answers_before_it_applies(params_file, tmp_path):
+    """The simulator's server drives asgd.core's shard and policy, as the real one does:
+    async answers a push the moment it arrives and applies it after, so the update's cost
+    (c_u, 1 ms here) is off the worker's round trip, and a lone worker overlapping its
+    steps sees every push from the third on two versions behind (the first 0, the second
+    1), the histogram a real run records (test_train_e2e's
+    test_staleness_is_counted_from_the_w_a_push_was_computed_from). Applying first, the
+    simulation had one version less and c_u in every round trip."""
+    out = tmp_path / "run"
+    res = simulate(params_file(), out=str(out), trace=True, workers=1, batch=256, points=2560, hidden=10000)
+    pushes = res["ranks"][1]["updates"]
+    assert pushes == 10
+    assert res["ranks"][0]["staleness"]["histogram"] == [1, 1, pushes - 2]
+    events = json.loads((out / "trace.json").read_text())["traceEvents"]
+    arrived = {e["id"]: e["ts"] for e in events if e.get("ph") == "f" and e["pid"] == 0}
+    answered = {e["id"]: e["ts"] for e in events if e.get("ph") == "s" and e["pid"] == 0}
+    for k in range(pushes):
+        push, reply = wire.flow_id(1, 0, k, False), wire.flow_id(1, 0, k, True)
+        assert answered[reply] == pytest.approx(arrived[push], abs=1.0)   # µs: no c_u between

@@ -17,7 +17,8 @@ from asgd.net.optimizers import Optimizer, worker_lr
 from asgd.core.schedule import Schedule
 from asgd.protocol.context import Endpoint
 from asgd.protocol.messages import Float64Link, link_messages, shard_messages
-from asgd.protocol.server import Server, policy
+from asgd.core.policy import policy
+from asgd.protocol.server import Server
 from asgd.run.trace import PhaseClock
 from asgd.protocol.worker import PushPull, run_worker
 from oracles import optimizer_steps as reference
@@ -197,7 +198,7 @@ def test_one_bit_exchanges_lose_nothing_and_keep_the_copies_equal(servers):
     shard ends at w0 plus every push it decoded, once; what a worker pushed plus its
     residual is every Delta-w it computed (error feedback loses nothing); and each worker's
     w is, bit for bit, the copy its servers keep of it."""
-    from asgd.protocol.server import Async
+    from asgd.core.policy import Async
     comm = MPI.COMM_WORLD
     layout = mlp.Layout(2, 30, 2)
     w0 = mlp.init_params(layout, 0)
@@ -356,7 +357,7 @@ def test_async_answers_before_it_applies_so_a_worker_sees_its_own_update_one_exc
     """One worker, no overlap: answered before its push is applied (the default), each
     push after the first comes from a w one version behind the server's (staleness 1);
     answered after (reply_first=False), from the current one (staleness 0)."""
-    from asgd.protocol.server import Async
+    from asgd.core.policy import Async
     world = MPI.COMM_WORLD
     comm = world.Split(0 if world.rank < 2 else MPI.UNDEFINED, world.rank)
     if comm != MPI.COMM_NULL:

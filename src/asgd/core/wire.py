@@ -13,7 +13,7 @@ version at apply - push version; `stop` 1.0 carries a stop request, a signal (a 
 trained, with --backup-workers, whose workers train until told); `cut` is
 the number of the last checkpoint cut the worker had heard of from server 0 when it
 pushed (a push past cut c is not in cut c), and a reply's the last cut its server
-started: protocol.server's consistent checkpoints). With
+started: asgd.core.shard's consistent checkpoints). With
 --compress 1bit a message is bytes: [ header | 2 float64 scales per column | bits, each
 column's from a byte boundary ] (protocol.onebit).
 

@@ -43,7 +43,7 @@ class Optimizer:
     def update(self, w: np.ndarray, d: np.ndarray, out: np.ndarray | None, scale: float = 1.0,
                lr_scale: float = 1.0) -> bool:
         """out = w moved along scale * d with the learning rate times lr_scale (a stale
-        update's smaller step: protocol.server; for sgd, whose d carries the worker's lr,
+        update's smaller step: asgd.core.shard; for sgd, whose d carries the worker's lr,
         both scale d), and the state moved with it, in one pass that also checks d: False,
         with w, the state and t as they were (out is scratch), if d has NaN or inf. d is
         never written. out None moves w itself, only for a d known to be finite (a bad

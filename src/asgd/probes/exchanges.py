@@ -48,7 +48,8 @@ from ..protocol.context import Endpoint
 from ..protocol.messages import Float64Link, Float64Shard
 from ..protocol.p2p import peer_link, run_peer
 from ..protocol.replica import Replica
-from ..protocol.server import Async, Server, Sync, serve_all
+from ..core.policy import Async, Sync
+from ..protocol.server import Server, serve_all
 from ..protocol.worker import PushPull, run_worker
 from ..run.trace import PhaseClock
 

@@ -36,7 +36,8 @@ from ..net import mlp  # noqa: E402
 from ..core.schedule import Schedule  # noqa: E402
 from ..protocol.context import Endpoint  # noqa: E402
 from ..protocol.messages import Float64Link  # noqa: E402
-from ..protocol.server import Async, Server  # noqa: E402
+from ..core.policy import Async  # noqa: E402
+from ..protocol.server import Server  # noqa: E402
 from ..protocol.worker import PushPull, run_worker  # noqa: E402
 from ..run import startup  # noqa: E402
 from ..run.trace import PhaseClock  # noqa: E402

@@ -24,9 +24,9 @@ from ..net import kernels
 from ..net.optimizers import Optimizer
 from ..core.schedule import Schedule
 from ..core.wire import DOUBLE, TAG_RING, ring_bytes, shard_bounds
+from ..core.shard import DIVERGED_AFTER, DivergenceError
 from ..core.worker import WorkerStats, allreduce_loop
 from .context import Endpoint
-from .server import DIVERGED_AFTER, DivergenceError
 
 
 class Ring:

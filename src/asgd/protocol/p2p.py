@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.policy import Policy
 from ..core.schedule import Schedule
+from ..core.stats import ServerStats
 from ..core.worker import WorkerStats
-from .server import Policy, Server, ServerStats
+from .server import Server
 from .worker import PushPull, run_worker
 
 

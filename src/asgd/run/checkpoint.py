@@ -7,7 +7,7 @@ it (opt_* arrays) and a JSON header (the cut's number, progress, layout, the opt
 a sha256 of it all). A file is written to a temporary file, fsynced and renamed over the
 previous one, so a crash leaves complete files only.
 
-A cut (protocol.server: the servers agree on it through the workers' pushes) is the
+A cut (asgd.core.shard: the servers agree on it through the workers' pushes) is the
 same set of pushes applied on every shard, so every server's file of cut c describes
 one model. Servers write cut c at different moments, but a server completes cut c + 1
 only after every other has completed c (a worker's push past c + 1 follows the replies

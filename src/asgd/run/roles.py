@@ -26,7 +26,9 @@ from ..protocol.context import Endpoint
 from ..protocol.messages import link_messages, shard_messages
 from ..protocol.p2p import peer_link, run_peer
 from ..protocol.replica import Replica
-from ..protocol.server import Server, ServerStats, gather_shards, policy, serve_all
+from ..core.policy import policy
+from ..core.stats import ServerStats, merge_shards
+from ..protocol.server import Server, gather_shards, serve_all
 from ..protocol.worker import PushPull, run_worker
 from . import checkpoint, config, signals
 from .job import Job, Model
@@ -94,7 +96,7 @@ def on_version_of(job: Job, ckpt: checkpoint.Checkpointing | None = None, cuts_d
     """What a new version of w (or of a shard) does: rank 0's progress; with `ckpt`
     (allreduce's ranks, which checkpoint by their own count) a checkpoint when one is
     due, after the progress, so a checkpoint's progress matches its weights. (Servers
-    checkpoint at the cuts they agree on: protocol.server.)"""
+    checkpoint at the cuts they agree on: asgd.core.shard.)"""
     tracker = job.tracker
 
     def on_version(rounds: int, loss_sum: float, samples: float) -> None:
@@ -172,22 +174,6 @@ def merge_records(worked: dict, served: dict) -> dict:
             "stopped": worked["stopped"] or served["stopped"]}
 
 
-def merge_shards(records: list[dict]) -> dict:
-    """One server's entry for the shards it served (with more slices than servers: a few,
-    consecutive): their counts added, their bounds joined."""
-    if len(records) == 1:
-        return records[0]
-    out = dict(records[0])
-    for k in ("updates", "requests", "bytes_sent", "bytes_recv", "refused", "weight_bytes"):
-        out[k] = sum(r[k] for r in records)
-    # rounds stay the first shard's: every step of a replica makes one version of each
-    for k in ("staleness_hist", "step_gap_hist"):
-        out[k] = {rank: h for r in records for rank, h in r[k].items()}
-    out["shard"] = [records[0]["shard"][0], records[-1]["shard"][1]]
-    out["stopped"] = any(r["stopped"] for r in records)
-    return out
-
-
 def servers_of(job: Job, m: Model, shards: list[int], on_version) -> tuple[list[Server], list]:
     """A Server (and its checkpoints) for each of my shards; the one of shard 0 leads the
     checkpoint cuts and reports the progress."""
@@ -225,9 +211,9 @@ def serve(job: Job, m: Model) -> dict:
     mine = topo.shards_of(job.rank)
     servers, ckpts = servers_of(job, m, mine, on_version_of(job))
     if job.tracker and cfg.lr_guard and len(topo.shards) == 1:   # one server holds every update's step
-        job.tracker.guard = servers[0].halve_step
+        job.tracker.guard = servers[0].shard.halve_step
     if job.tracker and cfg.backup_workers:   # workers train until the epochs' samples are applied
-        servers[0].goal = lambda: job.tracker.epoch >= job.tracker.epochs
+        servers[0].shard.goal = lambda: job.tracker.epoch >= job.tracker.epochs
     drop_w(job, m)
     stats = serve_all(servers, [policy(cfg.mode, cfg.staleness, cfg.backup_workers) for _ in servers])
     if job.tracker:

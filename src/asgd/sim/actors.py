@@ -24,11 +24,11 @@ Readers (asgd.data.readers)
 Worker (asgd.protocol.worker.run_worker): the real worker's loop (asgd.core.worker.loop:
 its schedule, overlap rule, epoch end and `done`) over mailboxes (links.MailboxLink), each
 step's compute charged at the step's time, drawn from the measured spread.
-Server (asgd.protocol.server): a permanent receiver per server (the persistent Irecvs):
-  async  apply each Delta-w as it arrives (c_u), reply at once
-  ssp    hold the reply while the worker's next push would be more than K steps ahead of
-         the slowest active worker
-  sync   rounds: every worker's push, one averaged update, every reply
+Server (asgd.protocol.server): a permanent receiver per server (the persistent Irecvs)
+driving the same bookkeeping and reply policies as the real server (asgd.core.shard,
+asgd.core.policy): async answers each push, then applies it (c_u); ssp applies, then holds
+the reply while the worker's next push would be more than K steps ahead of the slowest
+active worker; sync's rounds apply one averaged update, then answer every worker.
 Allreduce (asgd.protocol.allreduce): the real rank's loop (asgd.core.worker.allreduce_loop);
 each step one allreduce of [m * Delta-w | m, loss, stop] (links.RingSum).
 Not simulated: --standardize's statistics, checkpoints, stop requests.
@@ -44,11 +44,12 @@ from __future__ import annotations
 import math
 import random
 
-import numpy as np
-
 from ..mpiutil import CLOCK_PINGS
+from ..core.policy import policy
 from ..core.schedule import Schedule, schedule
-from ..core.wire import DOUBLE, RECV, SEND, flow_id
+from ..core.shard import Shard
+from ..core.stats import merge_shards
+from ..core.wire import DOUBLE, R_VERSION, RECV, SEND, flow_id
 from ..core.worker import allreduce_loop, loop
 from .clock import SimClock
 from .costs import Costs, Spec, worker_points
@@ -507,107 +508,108 @@ def worker(world: World, rank: int) -> None:
     finish(world, rank, record)
 
 
-def server(world: World, rank: int, peer: bool = False) -> None:
-    """asgd.protocol.server's Server for each shard this rank holds (serve_all): a ps
-    server, or (peer) a p2p rank's owner, beside its worker on the same rank."""
-    spec, run, c, topo = world.spec, world.run, world.costs, world.topo
-    clock = world.owner_clocks[rank] if peer else world.clocks[rank]
-    node = world.node[rank]
-    if peer:
-        world.receive_on(f"s{rank}")
-    else:
-        init(world, rank)
-    name = f"s{rank}"
-    mine = topo.shards_of(rank)
-    size = {v: topo.shards[v][1] - topo.shards[v][0] for v in mine}
-    pushers = {v: topo.pushers(v) for v in mine}
-    c_u = {v: c.server_update(node, size[v]) for v in mine}
-    extra = {v: c.optimizer_extra(size[v]) for v in mine}
-    tracks = rank == 0 and 0 in mine
+class ShardCosts:
+    """A simulated shard's effects (asgd.core.shard's transport): an apply charges the
+    calibrated cost of an update (a sync round's: one per pusher), a reply goes to the
+    worker's mailbox with the reply's bytes; nothing is ever refused, nor saved
+    (checkpoints are not simulated)."""
+
+    def __init__(self, world: World, rank: int, v: int, clock: SimClock):
+        c, (lo, hi) = world.costs, world.topo.shards[v]
+        self.world, self.rank, self.v, self.clock, self.shard = world, rank, v, clock, None
+        self.c_u, self.extra = c.server_update(world.node[rank], hi - lo), c.optimizer_extra(hi - lo)
+        self.push_bytes, self.pull_bytes = c.push_bytes(v), c.pull_bytes(v)
+        self.sends: list = []
+
+    def received(self, q: int, step: int) -> None:
+        """Worker rank q's push of `step` has arrived: traced and counted."""
+        self.clock.step = step
+        self.clock.message(RECV, q, self.push_bytes, flow_id(q, self.rank, step, False))
+        self.shard.st.bytes_recv += self.push_bytes if q != self.rank else 0
+
+    def reply(self, j: int, head: list) -> None:
+        q = self.shard.ranks[j]
+        self.sends.append(self.world.send(self.rank, q, f"w{q}", (self.v, int(head[R_VERSION])), self.pull_bytes))
+        self.clock.message(SEND, q, self.pull_bytes, flow_id(q, self.rank, int(self.shard.pushed_step[j]), True))
+        self.shard.st.bytes_sent += self.pull_bytes if q != self.rank else 0
+
+    def apply(self, j: int, share: float) -> bool:
+        self.world.execute(self.c_u + self.extra, self.rank)
+        return True
+
+    def apply_mean(self, weights: list, share: float) -> bool:
+        self.world.execute(len(weights) * self.c_u + self.extra, self.rank)
+        return True
+
+    def finite(self, j: int) -> bool:
+        return True
+
+    def release(self, j: int) -> None:
+        pass
+
+    def save(self, rounds: int, cut: int) -> None:
+        pass
+
+
+def _shards_of(world: World, rank: int, clock: SimClock) -> dict[int, Shard]:
+    """This rank's shards, each the core's bookkeeping over ShardCosts; shard 0's, on rank
+    0, reports the progress (evaluating when rank 0 holds all of w: one server,
+    model-partitioned or not, or a p2p peer's own)."""
+    topo, run = world.topo, world.run
+    tracks = rank == 0 and 0 in topo.shards_of(rank)
+    whole = topo.owners == 1 if world.spec.arch == "ps" else topo.K == 1
+    evaluate = (lambda: _evaluate(world, clock)) if tracks and whole else None
     if tracks:
         world.serve_start = world.now()
-    # rank 0 holds all of w (one server, model-partitioned or not) or its own (a p2p peer's)
-    whole = topo.owners == 1 if spec.arch == "ps" else topo.K == 1
-    evaluate = (lambda: _evaluate(world, clock)) if tracks and whole else None
-    st = {"updates": 0, "rounds": {v: 0 for v in mine}, "bytes_sent": 0, "bytes_recv": 0,
-          "staleness": {}, "step_gap": {}}
-    replies: list = []
-    steps = {v: {q: 0 for q in pushers[v]} for v in mine}
-    active = {q for v in mine for q in pushers[v]}
-    K_ssp = spec.staleness if run.mode == "ssp" else None
-    held: dict[int, list[int]] = {v: [] for v in mine}
-    rounds_of: dict[int, list] = {v: [] for v in mine}   # sync: the pushes of the round in progress
+    shards = {}
+    for v in topo.shards_of(rank):
+        fx = ShardCosts(world, rank, v, clock)
+        progress = (lambda rounds, loss_sum, m: world.track(m, evaluate)) if tracks and v == 0 else None
+        fx.shard = shards[v] = Shard(topo.pushers(v), fx, policy(run.mode, world.spec.staleness), on_version=progress)
+    return shards
 
-    def reply(v: int, q: int) -> None:
-        replies.append(world.send(rank, q, f"w{q}", (v, st["rounds"][v]), c.pull_bytes(v)))
-        clock.message(SEND, q, c.pull_bytes(v), flow_id(q, rank, steps[v][q] - 1, True))
-        if q != rank:
-            st["bytes_sent"] += c.pull_bytes(v)
 
-    def slowest(v: int) -> int:
-        live = [steps[v][q] for q in pushers[v] if q in active]
-        return min(live) if live else 0
-
-    def may_reply(v: int, q: int) -> bool:
-        return K_ssp is None or steps[v][q] + 1 - slowest(v) <= K_ssp
-
-    while active:
-        t = clock.switch("idle")
-        msg = world.recv(name)
-        world.notice(rank, t)
-        clock.switch("aggregate")
-        if msg[0] == "done":
-            active.discard(msg[1])
-        else:
-            _, v, q, version, m, step = msg
-            clock.step = step
-            clock.message(RECV, q, c.push_bytes(v), flow_id(q, rank, step, False))
-            st["staleness"].setdefault(q, []).append(st["rounds"][v] - version)
-            st["updates"] += 1
-            if q != rank:
-                st["bytes_recv"] += c.push_bytes(v)
-            steps[v][q] += 1
-            if run.mode == "sync":
-                rounds_of[v].append((q, m))
-                if len(rounds_of[v]) == len(pushers[v]):   # every pusher's push: one averaged update
-                    world.execute(len(pushers[v]) * c_u[v] + extra[v], rank)
-                    st["rounds"][v] += 1
-                    total = 0
-                    for qq, mm in sorted(rounds_of[v]):
-                        st["step_gap"].setdefault(qq, []).append(0)
-                        total += mm
-                        reply(v, qq)
-                    rounds_of[v] = []
-                    if tracks and v == 0:
-                        world.track(total, evaluate)
-            else:
-                world.execute(c_u[v] + extra[v], rank)
-                st["rounds"][v] += 1
-                st["step_gap"].setdefault(q, []).append(int(steps[v][q] - slowest(v)))
-                if may_reply(v, q):
-                    reply(v, q)
-                else:
-                    held[v].append(q)
-                if tracks and v == 0:
-                    world.track(m, evaluate)
-        for v in mine:
-            for q in [q for q in held[v] if not active or may_reply(v, q)]:
-                held[v].remove(q)
-                reply(v, q)
-    clock.switch("idle")
-    for r in replies:
-        r.wait()
+def _served(world: World, rank: int, shards: dict[int, Shard]) -> dict:
+    """Serving is over: every reply delivered, the shards sent to rank 0
+    (asgd.protocol.server.gather_shards); this rank's record, merged as a real server's."""
+    topo, mine = world.topo, list(shards)
+    for s in shards.values():
+        for r in s.fx.sends:
+            r.wait()
     lo, hi = topo.shards[mine[0]][0], topo.shards[mine[-1]][1]
-    record = {"role": "server", "stopped": False, "refused": 0, "updates": st["updates"],
-              "rounds": st["rounds"][mine[0]], "bytes_sent": st["bytes_sent"], "bytes_recv": st["bytes_recv"],
-              "shard": [lo, hi], "requests": st["updates"],
-              "staleness_hist": {q: np.bincount(v).tolist() for q, v in st["staleness"].items()},
-              "step_gap_hist": {q: np.bincount(v).tolist() for q, v in st["step_gap"].items()}}
-    if rank != 0 and topo.owners > 1:   # asgd.protocol.server.gather_shards: the shards go to rank 0
+    if rank != 0 and topo.owners > 1:
         world.send(rank, 0, "shards", rank, DOUBLE * (hi - lo)).wait()
     elif rank == 0:
         for _ in range(len({h for h in topo.hosts if h != 0})):
             world.recv("shards")
+    return merge_shards([s.st.record(topo.shards[v], s.ranks) for v, s in shards.items()])
+
+
+def server(world: World, rank: int, peer: bool = False) -> None:
+    """asgd.protocol.server's Server for each shard this rank holds (serve_all), driving the
+    same core bookkeeping: a ps server, or (peer) a p2p rank's owner beside its worker."""
+    clock = world.owner_clocks[rank] if peer else world.clocks[rank]
+    if peer:
+        world.receive_on(f"s{rank}")
+    else:
+        init(world, rank)
+    shards = _shards_of(world, rank, clock)
+    while any(s.live for s in shards.values()):
+        t = clock.switch("idle")
+        msg = world.recv(f"s{rank}")
+        world.notice(rank, t)
+        clock.switch("aggregate")
+        if msg[0] == "done":   # to each of this rank's shards the worker pushed to
+            for s in shards.values():
+                if msg[1] in s.ranks:
+                    s.done(s.ranks.index(msg[1]))
+        else:
+            _, v, q, version, m, step = msg
+            s = shards[v]
+            s.fx.received(q, step)
+            s.pushed(s.ranks.index(q), version, step, 0, 0.0, m)
+    clock.switch("idle")
+    record = _served(world, rank, shards)
     if peer:
         world.served[rank] = record
         return
