@@ -207,7 +207,7 @@ def run_torch(name: str, seed: int, optimizer: str | None = None, lr: float | No
         for param, v in zip(model.parameters(), (lambda W1, b1, W2, b2: (W1.T, b1, W2.T, b2))(
                 *layout.views(mlp.init_params(layout, seed)))):
             param.copy_(torch.from_numpy(np.ascontiguousarray(v)))
-    from ddp_peer import torch_optimizer   # asgd's updates as torch.optim spells them
+    from peers.ddp_peer import torch_optimizer   # asgd's updates as torch.optim spells them
     opt = torch_optimizer(optimizer, model.parameters(), lr)
     X, y = torch.from_numpy(Xtr), torch.from_numpy(ytr)
     t0 = time.perf_counter()

@@ -1,8 +1,8 @@
 """End to end: time to held-out accuracy >= 0.95, samples/s and updates/s at 2, 4, 8 and 16
 ranks, for asgd's parameter server (default options), asgd's allreduce (--arch allreduce),
 PyTorch's RPC parameter server (torch.distributed.rpc, one server and N-1 trainers as in
-PyTorch's tutorial: bench/rpc_peer.py, the same shares, batches, optimizer and lr as asgd's
-parameter server) and PyTorch DistributedDataParallel (gloo, CPU: bench/ddp_peer.py), each
+PyTorch's tutorial: bench/peers/rpc_peer.py, the same shares, batches, optimizer and lr as asgd's
+parameter server) and PyTorch DistributedDataParallel (gloo, CPU: bench/peers/ddp_peer.py), each
 launched the same way
 (`mpiexec -n N python ...`), same data, model, init, batch 256 per rank, optimizer and lr
 rule: the DDP peer runs asgd's default optimizer (--optimizer's default) as the torch.optim
@@ -59,7 +59,7 @@ import statistics  # noqa: E402
 import tempfile  # noqa: E402
 
 IMPLS = {"asgd ps": ["-m", "asgd.train"], "asgd allreduce": ["-m", "asgd.train", "--arch", "allreduce"],
-         "pytorch rpc ps": [str(common.BENCH / "rpc_peer.py")], "pytorch ddp": [str(common.BENCH / "ddp_peer.py")]}
+         "pytorch rpc ps": [str(common.PEERS / "rpc_peer.py")], "pytorch ddp": [str(common.PEERS / "ddp_peer.py")]}
 TORCH = ("pytorch rpc ps", "pytorch ddp")
 
 

@@ -7,7 +7,7 @@ The baseline is checked out into a git worktree (bench/results/startup/baseline-
 and run from its own src/ (PYTHONPATH), so both trees run with the same Python, MPI and
 numba; each tree's numba cache is warmed first. Repetitions interleave the trees.
 
-  per-rank CPU  `mpiexec -n R python bench/cpu_of.py asgd.train --hidden 10 --epochs 1`:
+  per-rank CPU  `mpiexec -n R python bench/peers/cpu_of.py asgd.train --hidden 10 --epochs 1`:
                 each rank's process CPU (user + system) at exit. With a 2-10-2 MLP and one
                 epoch, training is a few ms: the rest is start-up (imports, MPI_Init,
                 numba's loads, the data) and the end (gathering the records, MPI_Finalize).
@@ -36,7 +36,7 @@ def per_rank_cpu(tree: Path, ranks: int) -> list[dict]:
     """Each rank's process CPU seconds, for a run whose training is negligible."""
     with tempfile.TemporaryDirectory(prefix="asgd-bench-startup-") as tmp:
         env = {"PYTHONPATH": str(tree / "src"), "ASGD_CPU_OUT": tmp}
-        common.mpiexec(ranks, [str(common.BENCH / "cpu_of.py"), "asgd.train", "--hidden", "10", "--epochs", "1",
+        common.mpiexec(ranks, [str(common.PEERS / "cpu_of.py"), "asgd.train", "--hidden", "10", "--epochs", "1",
                                "--quiet", "--out", os.path.join(tmp, "run")], timeout=300, env=env)
         got = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("cpu-*.json"))]
         roles = {r["rank"]: r["role"] for r in json.loads((Path(tmp) / "run" / "results.json").read_text())["ranks"]}

@@ -21,29 +21,35 @@ import os
 for _v in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")   # one core per process, like one MPI rank; must precede numpy
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import csv  # noqa: E402
-import fcntl  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import signal  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import contextlib
+import csv
+import fcntl
+import json
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+PEERS = BENCH / "peers"   # the references run beside asgd: PyTorch DDP and RPC, the per-rank CPU probe
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))   # run from a checkout without installing
 RESULTS = BENCH / "results"
 
-from asgd import launch  # noqa: E402  (the mpiexec beside this Python, with the flags its MPI needs)
+from asgd import launch
+
+mpiexec_path = launch.find          # the mpiexec beside this Python (None: none)
+mpiexec_command = launch.command    # [mpiexec, -n, n, <the flags its MPI needs>, *program]
+rank_pids = launch.rank_pids        # a running job's rank -> pid, from its run folder
 
 
 def results_dir(name: str, out: str | Path | None = None) -> Path:
@@ -113,9 +119,21 @@ def _mpi_library() -> dict:
         from mpi4py import MPI
         return {"mpi_library": " ".join(MPI.Get_library_version().split()),
                 "mpi_version": "%d.%d" % MPI.Get_version(), "mpi4py": mpi4py.__version__,
-                "mpiexec": launch.find()}
+                "mpiexec": mpiexec_path()}
     except Exception as e:  # noqa: BLE001  (a description, never a failure)
         return {"mpi_library": f"unavailable ({e})"}
+
+
+def _lscpu() -> dict:
+    """lscpu's description of the CPU (sockets, cores, threads, clock, NUMA); {} without lscpu."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    keep = ("Architecture", "Model name", "Socket(s)", "Core(s) per socket", "Thread(s) per core", "CPU max MHz",
+            "NUMA node(s)", "Hypervisor vendor", "Virtualization type")
+    pairs = (line.split(":", 1) for line in out.splitlines() if ":" in line)
+    return {k.strip(): v.strip() for k, v in pairs if k.strip() in keep}
 
 
 def _version(pkg: str) -> str | None:
@@ -160,7 +178,7 @@ def machine(bandwidth: bool = True) -> dict:
     except AttributeError:
         cores_usable = os.cpu_count()
     m = {"cpu": _cpu_model(), "llvm_cpu": llvm_cpu, "cores": os.cpu_count(), "cores_usable": cores_usable,
-         "caches": _caches(), "memory_gib": _mem_total_gib(), "host": platform.node(),
+         "caches": _caches(), "lscpu": _lscpu(), "memory_gib": _mem_total_gib(), "host": platform.node(),
          "platform": platform.platform(), "python": platform.python_version(),
          "numpy": np.__version__, "numba": _version("numba"), "torch": _version("torch"),
          "matplotlib": _version("matplotlib"), **_mpi_library(),
@@ -228,9 +246,10 @@ def interleaved(fns: dict, repeat: int, min_time: float = 0.05, warmup: int = 1)
             for name, ts in times.items()}
 
 
-# -- the machine's CPU lock -----------------------------------------------------------------
+# -- the machine's CPU lock, and the shape of a micro-benchmark ------------------------------
 
-CPU_LOCK = "/tmp/asgd-cpu.lock"   # every engineer's timed runs take it (flock), one at a time
+# every engineer's timed runs take it (flock), one at a time; ASGD_CPU_LOCK=none: no lock (tests time nothing)
+CPU_LOCK = os.environ.get("ASGD_CPU_LOCK", "/tmp/asgd-cpu.lock")
 
 
 @contextlib.contextmanager
@@ -241,7 +260,7 @@ def cpu_lock(path: str | None = CPU_LOCK):
     The descriptor is not inherited, so a daemon started meanwhile cannot keep the lock.
     (A bench that takes it must not itself run under `flock` of the same file: it would
     wait for itself.)"""
-    if not path:
+    if not path or path == "none":
         yield os.getloadavg()[0]
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -251,6 +270,29 @@ def cpu_lock(path: str | None = CPU_LOCK):
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def rel_diff(got, ref) -> float:
+    """max |got - ref| / max |ref|: how far a variant's result is from the reference's."""
+    got, ref = np.asarray(got, dtype=float), np.asarray(ref, dtype=float)
+    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-300))
+
+
+def rotated(names: list, rep: int) -> list:
+    """names rotated by rep: no variant always first (or last) in a repetition."""
+    k = rep % len(names) if names else 0
+    return list(names[k:]) + list(names[:k])
+
+
+def micro(variants: dict, repeat: int, min_time: float = 0.05, *, checks: dict | None = None, warmup: int = 1,
+          lock: str | None = CPU_LOCK) -> dict:
+    """Every micro-benchmark's shape: the variants (name -> callable, the reference among
+    them), their correctness (checks: name -> max relative difference from the reference's
+    result, computed before any timing), and the timing: interleaved() under the machine's
+    CPU lock. {name: {median_s, min_s, max_s, cpu_median_s, loops, repeat, max_rel_diff}}."""
+    with cpu_lock(lock):
+        got = interleaved(variants, repeat, min_time, warmup)
+    return {name: {**t, "max_rel_diff": (checks or {}).get(name)} for name, t in got.items()}
 
 
 # -- MPI jobs --------------------------------------------------------------------------
@@ -269,11 +311,17 @@ def worktree(rev: str, out: Path) -> Path:
     return path
 
 
+def fresh_dir(path: Path) -> Path:
+    """`path` emptied (asgd.train refuses to write over a run; a stale results.json misleads)."""
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
 def mpiexec(n: int, argv: list[str], timeout: float, env: dict | None = None, check: bool = True) -> dict:
     """Run `mpiexec -n n python <argv>` with a time limit; on timeout the whole process group
     (mpiexec and its ranks) is killed. Returns {rc, wall_s, stdout, stderr}; check: raise on rc != 0."""
     try:
-        cmd = launch.command(n, sys.executable, *argv)
+        cmd = mpiexec_command(n, sys.executable, *argv)
     except FileNotFoundError as e:
         raise JobFailed(str(e)) from None
     t0 = time.perf_counter()
@@ -380,15 +428,20 @@ def save_figure(fig, path: Path, dpi: int = 120, rect: tuple | None = None, **sa
 
 # -- a bench's command line and run ------------------------------------------------------
 
-def parser(doc: str, name: str | None = None, plot: bool = True, mpi_child: bool = False) -> argparse.ArgumentParser:
+def parser(doc: str, name: str | None = None, plot: bool = True, mpi_child: bool = False,
+           lock: bool = False) -> argparse.ArgumentParser:
     """A bench's command line: its docstring as --help and, for a bench that writes results
     named `name`, --out (default bench/results/<name>) and --no-plot (skip <name>.png);
-    mpi_child: the hidden --mpi-child of a bench that starts itself under mpiexec."""
+    mpi_child: the hidden --mpi-child of a bench that starts itself under mpiexec; lock:
+    --cpu-lock, the lock each timed run holds (run such a bench without an outer flock)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     if name:
         p.add_argument("--out", type=Path, default=RESULTS / name, help=f"output folder (default bench/results/{name})")
         if plot:
             p.add_argument("--no-plot", action="store_true", help=f"skip {name}.png")
+    if lock:
+        p.add_argument("--cpu-lock", default=CPU_LOCK, help=f"the CPU lock each timed run holds (none: none; "
+                       f"default {CPU_LOCK}, or $ASGD_CPU_LOCK)")
     if mpi_child:
         p.add_argument("--mpi-child", action="store_true", help=argparse.SUPPRESS)
     return p

@@ -109,7 +109,7 @@ def test_messaging_bench(tmp_path):
 @pytest.mark.skipif(MPIEXEC is None or not HAS_TORCH, reason="needs mpiexec and torch (the bench extra)")
 def test_ddp_peer(tmp_path):
     """The DDP peer trains 2 ranks for one epoch and writes asgd's results.json keys."""
-    p = subprocess.run([*mpi(2, sys.executable, str(BENCH / "ddp_peer.py")), "--hidden", "50",
+    p = subprocess.run([*mpi(2, sys.executable, str(BENCH / "peers" / "ddp_peer.py")), "--hidden", "50",
                         "--epochs", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
@@ -124,7 +124,7 @@ def test_rpc_peer(tmp_path):
     """The RPC parameter server trains 1 server and 2 trainers for one epoch on asgd's
     shares and batches (asgd's 3-rank run: 2 workers x 32 pushes) and writes the keys
     bench_e2e reads."""
-    p = subprocess.run([*mpi(3, sys.executable, str(BENCH / "rpc_peer.py")), "--hidden", "50",
+    p = subprocess.run([*mpi(3, sys.executable, str(BENCH / "peers" / "rpc_peer.py")), "--hidden", "50",
                         "--epochs", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
@@ -169,13 +169,13 @@ def test_model_bench(tmp_path, quick_params):
 
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch (the bench extra)")
 def test_the_pytorch_peers_optimizers_make_asgds_updates():
-    """bench/ddp_peer.py's torch.optim optimizers (also bench_data.py's PyTorch loop) take
+    """bench/peers/ddp_peer.py's torch.optim optimizers (also bench_data.py's PyTorch loop) take
     the same steps as asgd's Optimizer from the same gradients, so the peers compare like
     with like whatever asgd's default optimizer is."""
     code = """
 import sys, numpy as np, torch
 sys.path.insert(0, sys.argv[1])
-from ddp_peer import torch_optimizer
+from peers.ddp_peer import torch_optimizer
 from asgd.net import OPTIMIZERS
 from asgd.net.optimizers import Optimizer
 rng = np.random.default_rng(0)

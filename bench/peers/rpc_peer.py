@@ -1,7 +1,7 @@
 """A PyTorch RPC parameter server (torch.distributed.rpc, CPU) on asgd's problem: what a user
 wanting an asynchronous parameter server in Python would pick instead of asgd.
 
-    mpiexec -n N python bench/rpc_peer.py [--epochs 4] [--out DIR] [--stop-at 0.95]
+    mpiexec -n N python bench/peers/rpc_peer.py [--epochs 4] [--out DIR] [--stop-at 0.95]
 
 The pattern of PyTorch's tutorial "Implementing a Parameter Server Using Distributed RPC
 Framework": rank 0 holds the model and the optimizer; each of the N-1 trainers computes a
@@ -48,7 +48,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mpi4py  # noqa: E402

@@ -1,6 +1,6 @@
 """PyTorch DistributedDataParallel (gloo, CPU) on asgd's problem: the peer a user would pick instead.
 
-    mpiexec -n N python bench/ddp_peer.py [--epochs 5] [--out DIR] [--stop-at 0.95]
+    mpiexec -n N python bench/peers/ddp_peer.py [--epochs 5] [--out DIR] [--stop-at 0.95]
 
 Same data (asgd.data.problem.default_problem(): 16384 training / 4096 held-out rings, each rank
 the share asgd's allreduce gives it, shuffled with the same per-epoch seeds), same model
@@ -38,7 +38,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 import mpi4py  # noqa: E402
 
