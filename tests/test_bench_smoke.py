@@ -23,7 +23,7 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 def bench(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     p = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
-                       timeout=timeout, cwd=BENCH.parent, env={**os.environ, "ASGD_BENCH_STREAM_MIB": "8"})
+                       timeout=timeout, cwd=BENCH.parent, env={**os.environ, "ASGD_BENCH_STREAM_MIB": "8", "ASGD_CPU_LOCK": "none"})
     assert p.returncode == 0, f"{script} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
     return p
 
