@@ -4,30 +4,21 @@ from --seed; per fault kind, what became of the runs.
 Fault kinds (--kinds):
   worker     SIGKILL of one worker, --fault-tolerant (Open MPI with ULFM: --ompi-venv)
   workers    SIGKILL of a third of the workers at once, --fault-tolerant (Open MPI)
-  server     SIGKILL of a server, under the restart supervisor (python -m asgd.launch
-             --max-restarts 2), MPICH; paired with the same run undisturbed, so its accuracy
-             is compared with an uninterrupted run's
-  straggler  SIGSTOP of a worker for --stop-s seconds, then SIGCONT, sync mode; each such
-             run is paired with the same run undisturbed, with and without --backup-workers
-             1, so the straggler's cost in seconds is measured (MPICH)
-  link       on the emulated cluster (root): a worker host's link set down for --stop-s
-             seconds, then up again, under the supervisor (MPICH)
-Each run draws its mode (async, ssp; sync for the straggler), its servers (1 or 2), its
-victims and the moment of the fault from the seed: 10-60 % of the training time after the
-first checkpoint (a straggler's 3-20 %), the training time measured first by an
-undisturbed pilot run (a fault that came after training ended would test only the job's
-ending; the straggler's runs need training longer than --stop-s, which the bench checks).
-After each run: its exit status, whether it hung (killed at the time limit: must never
-happen), whether it completed (status 0) and was restarted, its held-out accuracy, the
-ranks lost, the training lost (from the cut it resumed from to the kill, beside the
-interval between the last two cuts; the supervisor's lost_s also counts the failed job's
-ending), and its checkpoint checked: every shard file of the newest common cut loads, with
-its checksum, and (no worker lost) holds the same number of versions.
+  server     SIGKILL of a server under the restart supervisor (python -m asgd.launch
+             --max-restarts 2), MPICH; beside the same run undisturbed (its twin)
+  straggler  SIGSTOP of a worker for --stop-s seconds, sync mode, with and without
+             --backup-workers 1; its cost: train_s less its twin's (MPICH)
+  link       on the emulated cluster (root): a worker host's link down for --stop-s seconds
+Each run draws its mode, servers, victims and the fault's moment (10-60 % of the training
+time after the first checkpoint, a straggler's 3-20 %; the training time from an undisturbed
+pilot run) from the seed. Per run: exit status, hung (killed at the time limit: must never
+happen), completed, restarted, accuracy, ranks lost, training lost (from the cut resumed
+from to the kill) and its checkpoint checked (every shard of the newest common cut loads,
+with its checksum, at the same versions if no worker was lost).
 
-Writes bench/results/chaos/chaos.csv (a row per run), chaos.json (rows, the per-kind table
-and the straggler's costs) and prints the table. A run that hung, failed or left a bad
-checkpoint is kept in kept/<kind>-<run>/ with its stderr (a hung run's ranks first print
-their stacks there: SIGUSR2).
+Writes bench/results/chaos/chaos.csv (a row per run), chaos.json (rows, the per-kind table,
+the straggler's costs) and prints the table. A run that hung, failed or left a bad
+checkpoint is kept in kept/<kind>-<run>/ with its stderr (a hung run's stacks: SIGUSR2).
 """
 
 from __future__ import annotations

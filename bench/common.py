@@ -340,6 +340,29 @@ def mpiexec(n: int, argv: list[str], timeout: float, env: dict | None = None, ch
     return res
 
 
+def train_job(n: int, argv: list[str], timeout: float, env: dict | None = None, check: bool = True,
+              tb=None) -> tuple[dict | None, dict]:
+    """`mpiexec -n n python argv --out DIR` (argv: `-m asgd.train ...` or a peer's script), DIR
+    a temporary folder removed after; on the testbed `tb` (a rank per host) if given.
+    (DIR/results.json, or None when the job failed and not check; the job: rc, wall_s, ...)."""
+    out = Path(tempfile.mkdtemp(prefix="asgd-bench-"))
+    try:
+        if tb is None:
+            job = mpiexec(n, [*argv, "--out", str(out)], timeout, env, check)
+        else:
+            res = tb.run([mpiexec_path(), "-n", str(n), sys.executable, *argv, "--out", str(out)], servers=0,
+                         ranks_per_host=1, timeout=timeout, capture=True, env=env, say=lambda *a, **k: None)
+            if res.rc and check:
+                raise JobFailed(f"exit {res.rc} on the testbed: {' '.join(res.cmd)}\n{(res.stderr or '')[-2000:]}")
+            job = {"rc": res.rc, "wall_s": res.wall_s, "stderr": res.stderr or "", "wire": res.wire}
+        path = out / "results.json"
+        if check and not path.exists():
+            raise JobFailed(f"no results.json from: mpiexec -n {n} python {' '.join(argv)}")
+        return (json.loads(path.read_text()) if path.exists() else None), job
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def time_to_accuracy(history: list[dict], target: float, clock: str = "wall_s") -> float | None:
     """`clock` (wall_s: since the process started; time_s: since training started) of the
     first epoch whose held-out accuracy reaches target (None: never)."""
