@@ -89,7 +89,7 @@ def child(args) -> None:
     comm = MPI.COMM_WORLD
     if comm.size != 2:
         raise SystemExit("bench_messaging runs on exactly 2 ranks")
-    me, other = comm.rank, 1 - comm.rank
+    me = comm.rank
     crowded = oversubscribed(comm)
     deadline = time.monotonic() + args.timeout
     waiter = Waiter(crowded, deadline, f"rank {me}")
@@ -98,7 +98,7 @@ def child(args) -> None:
 
     def pingpong(n, iters, aggregate, versioned=False, reply_first=False):
         out, back = np.ones(n), np.empty(n)
-        w, dw, reply = np.zeros(n), np.full(n, 1e-12), np.empty(n)
+        w, reply = np.zeros(n), np.empty(n)
         vers = [np.zeros(n), np.zeros(n)]
         rtt = np.empty(iters)
         if me == 1:
