@@ -486,7 +486,7 @@ def paper_verdicts(rows: list[dict]) -> list[dict]:
             continue
         ns = sorted(sc)
         inits = [sc[n]["init_s"] for n in ns]
-        slope, icpt, r2 = _linfit(ns, inits)
+        slope, _, r2 = common.linear_fit(ns, inits)
         train_min = min(ns, key=lambda n: sc[n]["train_s"])
         rises = sc[64]["train_s"] > sc[train_min]["train_s"] * 1.05
         out += [
@@ -514,17 +514,6 @@ def paper_verdicts(rows: list[dict]) -> list[dict]:
 
 def _near(x: float, target: float, rel: float) -> bool:
     return abs(x - target) <= rel * target
-
-
-def _linfit(xs, ys):
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    icpt = my - slope * mx
-    ss = sum((y - my) ** 2 for y in ys)
-    r2 = 1 - sum((y - (slope * x + icpt)) ** 2 for x, y in zip(xs, ys)) / ss if ss else 1.0
-    return slope, icpt, r2
 
 
 def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:

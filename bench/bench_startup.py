@@ -44,11 +44,8 @@ def per_rank_cpu(tree: Path, ranks: int) -> list[dict]:
 
 
 def default_run(tree: Path, ranks: int) -> dict:
-    with tempfile.TemporaryDirectory(prefix="asgd-bench-startup-") as tmp:
-        res = common.mpiexec(ranks, ["-m", "asgd.train", "--quiet", "--out", tmp], timeout=600,
-                             env={"PYTHONPATH": str(tree / "src")})
-        r = json.loads((Path(tmp) / "results.json").read_text())
-    return {"launcher_wall_s": res["wall_s"], "wall_s": r["wall_s"], "init_s": r["init_s"], "train_s": r["train_s"],
+    r, job = common.train_job(ranks, ["-m", "asgd.train", "--quiet"], 600, env={"PYTHONPATH": str(tree / "src")})
+    return {"launcher_wall_s": job["wall_s"], "wall_s": r["wall_s"], "init_s": r["init_s"], "train_s": r["train_s"],
             "accuracy": r["metrics"]["accuracy"]}
 
 
@@ -78,7 +75,7 @@ def main(argv=None) -> int:
         default_run(tree, 2)
     rows = []
     for i in range(a.repeat):
-        for name in (list(trees) if i % 2 == 0 else list(reversed(trees))):
+        for name in common.rotated(list(trees), i):
             cpu = per_rank_cpu(trees[name], a.ranks)
             rows += [{"tree": name, "rep": i, "measure": "rank_cpu", **c} for c in cpu]
             job = default_run(trees[name], a.ranks)

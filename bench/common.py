@@ -373,6 +373,14 @@ def time_to_accuracy(history: list[dict], target: float, clock: str = "wall_s") 
     return None
 
 
+def linear_fit(x, y) -> tuple[float, float, float]:
+    """Least-squares line y = a + b x: (b, a, R^2)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    b, a = np.polyfit(x, y, 1)
+    ss = float(np.sum((y - y.mean()) ** 2))
+    return float(b), float(a), 1 - float(np.sum((y - (a + b * x)) ** 2)) / ss if ss else 1.0
+
+
 # -- outputs ---------------------------------------------------------------------------
 
 def write_csv(path: Path, rows: list[dict]) -> Path:
