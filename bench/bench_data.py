@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001
 from common import int_list  # noqa: E402
 
-import json  # noqa: E402
+import os  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -114,22 +114,17 @@ def asgd_argv(name: str, seed: int, data: Path | None, extra=()) -> list[str]:
 def run_asgd(name: str, seed: int, ranks: int, data: Path | None, timeout: float, extra=()) -> dict:
     """One asgd run under mpiexec: accuracy, loss, lr, notes; a failed run (diverged, timed
     out) is a row too, with its error, never an exception."""
-    out = Path(tempfile.mkdtemp(prefix="asgd-bench-data-"))
-    argv = ["-m", "asgd.train", *asgd_argv(name, seed, data, extra), "--out", str(out), "--quiet",
-            "--timeout", str(max(timeout - 15, 10))]
+    argv = ["-m", "asgd.train", *asgd_argv(name, seed, data, extra), "--quiet", "--timeout", str(max(timeout - 15, 10))]
     row = {"impl": "asgd", "dataset": name, "seed": seed, "ranks": ranks, "workers": ranks - 1,
-           "command": f"mpiexec -n {ranks} python {' '.join(argv).replace(str(out), 'DIR')}"}
+           "command": f"mpiexec -n {ranks} python {' '.join(argv)} --out DIR"}
     try:
-        job = common.mpiexec(ranks, argv, timeout=timeout, check=False)
-        row["job_wall_s"] = round(job["wall_s"], 2)
-        if job["rc"] != 0 or not (out / "results.json").exists():
-            err = [ln for ln in job["stderr"].splitlines() if "asgd.train" in ln]
-            return {**row, "accuracy": None, "failed": (err[-1] if err else job["stderr"][-300:]).strip()}
-        r = json.loads((out / "results.json").read_text())
+        r, job = common.train_job(ranks, argv, timeout, check=False)
     except common.JobFailed as e:
         return {**row, "accuracy": None, "failed": str(e).splitlines()[0]}
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+    row["job_wall_s"] = round(job["wall_s"], 2)
+    if job["rc"] != 0 or r is None:
+        err = [ln for ln in job["stderr"].splitlines() if "asgd.train" in ln]
+        return {**row, "accuracy": None, "failed": (err[-1] if err else job["stderr"][-300:]).strip()}
     c, hist = r["config"], r["metrics"]["history"]
     tta = common.time_to_accuracy(hist, 0.95)
     return {**row, "accuracy": round(r["metrics"]["accuracy"], 4), "loss": round(r["metrics"]["loss"], 4),
@@ -140,7 +135,7 @@ def run_asgd(name: str, seed: int, ranks: int, data: Path | None, timeout: float
             "wall_s": round(r["wall_s"], 2), "init_s": round(r["init_s"], 2), "train_s": round(r["train_s"], 2),
             "time_to_095_s": round(tta, 2) if tta is not None else None, "failed": None,
             "stale_step": c.get("stale_step"), "lr_guard": c.get("lr_guard"),
-            "guard_cuts": sum(1 for h in hist if "lr_scale" in h), "loadavg_1min": round(__import__("os").getloadavg()[0], 2),
+            "guard_cuts": sum(1 for h in hist if "lr_scale" in h), "loadavg_1min": round(os.getloadavg()[0], 2),
             "test_loss_by_epoch": " ".join(f"{h['test_loss']:.4g}" for h in hist if h.get("test_loss") is not None),
             "train_loss_by_epoch": " ".join(f"{h['train_loss']:.4g}" for h in hist if h.get("train_loss") is not None)}
 
@@ -172,7 +167,7 @@ def run_sklearn(name: str, seed: int) -> dict:
     row["accuracy"] = max(row["accuracy_raw"], row["accuracy_standardized"])
     row["reference"] = "raw" if row["accuracy_raw"] >= row["accuracy_standardized"] else "standardized"
     row["train_s"] = row[f"train_s_{row['reference']}"]
-    row["loadavg_1min"] = round(__import__("os").getloadavg()[0], 2)
+    row["loadavg_1min"] = round(os.getloadavg()[0], 2)
     return row
 
 

@@ -220,7 +220,7 @@ def main(argv=None):
                                "hidden": r.get("hidden", p.hidden), "epochs": r.get("epochs", p.epochs),
                                "sklearn": sk, "gap": round(acc - sk, 4) if acc is not None else None,
                                "chance_loss": round(chance_l, 4), "diverged": diverged(r),
-                               "loadavg_1min": round(__import__("os").getloadavg()[0], 2)}
+                               "loadavg_1min": round(os.getloadavg()[0], 2)}
                         append_row(path, row)
                         print(f"  s{seed} {name:<13} W={w:<2} {opt:<8} {rule:<8} lr {row['lr'] or 0:<9.3g} acc "
                               f"{common.fmt(acc, '.3f')} (sklearn {sk:.3f}, gap {common.fmt(row['gap'], '+.3f')})"
