@@ -30,6 +30,7 @@ from common import int_list  # noqa: E402
 import csv  # noqa: E402
 import functools  # noqa: E402
 import math  # noqa: E402
+import os  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
