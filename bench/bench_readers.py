@@ -1,33 +1,25 @@
 """Initialization against workers for the two readers: the paper's finding and its fix.
 
-The paper (sec. 5.2.2, 5.3) found CNTK's init dominated by reading: every rank reads
-and parses the whole file, one rank after another, so T_disk_new(w, n) = w x T_disk(n x w)
-(eq. 12) with T_disk(n) = r_d x 8 x n_f x n (eq. 5): init grows linearly with the nodes.
-asgd's `--reader sequential` does that on purpose; `--reader parallel` (the default) reads
-each rank's part of the file at once and shuffles with one all-to-all.
+The paper (sec. 5.2.2, 5.3) found CNTK's init dominated by reading: every rank reads and
+parses the whole file, one after another, so init grows linearly with the nodes (eq. 12:
+T_disk_new(w, n) = w x T_disk(n x w), T_disk(n) = r_d x 8 x n_f x n). asgd's `--reader
+sequential` does that on purpose; `--reader parallel` (the default) reads each rank's part
+at once and shuffles with one all-to-all.
 
 For each workers w and reader: `mpiexec -n w+1 python -m asgd.train --data FILE --reader R
---epochs 1 --hidden 100`; from its results.json: init_s (the job's init, slowest rank)
-and, per rank, init's sub-phases read/parse/shuffle. "data" is the slowest rank's
-read+parse+shuffle: the reader's part of init (sequential: `read` includes waiting for the
-other ranks' turns). Runs of the two readers alternate, so a change in the machine's load
-hits both alike; the load average is recorded.
-
-The model: every one of the w+1 ranks reads the whole file of d points (asgd's server is
-a rank of its own, where CNTK's shared node 1 with a worker), so eq. 12 reads
-data(w) = (w+1) x T_disk(d), T_disk(d) = r_d x 8 x n_f x d, with r_d calibrated from the
-1-worker sequential run (its data time is two turns). Writes readers.csv, readers.json
-(with the machine), readers.png; prints a table, the sequential reader's slope and R^2 of
-init vs workers, and the parallel/sequential ratio at 8 workers.
+--epochs 1 --hidden 100`; from results.json: init_s and, per rank, read/parse/shuffle ("data":
+the slowest rank's sum, the reader's part of init). The readers alternate (the machine's
+load hits both alike). The model: data(w) = (w+1) x T_disk(d), r_d calibrated on the
+1-worker sequential run. Writes readers.csv, readers.json, readers.png; prints a table, the
+sequential reader's slope and R^2 of init against workers, and parallel / sequential at 8.
 
     python bench/bench_readers.py                 # 1,000,000 points, workers 1,2,4,8,16
     python bench/bench_readers.py --quick         # 100,000 points, workers 1,2,4,8
     python bench/bench_readers.py --format tsv,npy
     python bench/bench_readers.py --workers 1 --repeat 3 --baseline 7e950d0   # the parser before/after
 
---baseline REV runs every job of this tree again from a checkout of REV (its own src/ on
-PYTHONPATH: same Python, MPI and packages), interleaved, and prints this tree's parse time
-over the baseline's per format, reader and workers (the model and plot are this tree's).
+--baseline REV runs every job again from a checkout of REV (its src/ on PYTHONPATH),
+interleaved, and prints this tree's parse time over the baseline's.
 """
 
 from __future__ import annotations

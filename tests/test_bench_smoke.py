@@ -88,6 +88,8 @@ def test_server_bench(tmp_path):
     assert {(r["optimizer"], r["path"]) for r in rows} == {(o, p) for o in ("sgd", "momentum", "adagrad", "adam")
                                                            for p in ("asgd", "before")}
     assert all(0 < float(r["pct_of_floor"]) and float(r["bound_gb_per_s"]) > 0 for r in rows)
+    # the server's update moves w exactly as the kernels before issue 29 did
+    assert all(float(r["max_rel_diff_vs_before"]) < 1e-12 for r in rows if r["path"] == "asgd")
     assert "how far from the floor" in p.stdout
 
 
