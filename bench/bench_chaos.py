@@ -34,11 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import common  # noqa: F401  (pins one thread per process before numpy)
+import common  # noqa: F401,I001  (pins one thread per process before numpy)
 import numpy as np  # noqa: E402
 
-from asgd import launch  # noqa: E402
-from asgd.launch import rank_pids  # noqa: E402
+from common import mpiexec_command, mpiexec_path, rank_pids  # noqa: E402
 
 KINDS = ("worker", "workers", "server", "straggler", "link")
 
@@ -94,7 +93,7 @@ def pilot(a, work: Path) -> float:
     out = work / "pilot"
     train = ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden", str(a.hidden),
              "--checkpoint-every", "0.5s", "--quiet", "--out", str(out)]
-    p = subprocess.run(launch.command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
+    p = subprocess.run(mpiexec_command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
                        text=True, timeout=a.limit_s)
     if p.returncode != 0:
         last = p.stderr.strip().splitlines()[-1:] or ["no message"]
@@ -130,18 +129,18 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, te
         if not a.ompi_venv:
             return {"kind": kind, "run": k, "skipped": "needs --ompi-venv (Open MPI with ULFM)"}
         py = str(Path(a.ompi_venv) / "bin" / "python")
-        cmd = launch.command(a.ranks, py, "-m", "asgd.train", "--fault-tolerant", *train,
+        cmd = mpiexec_command(a.ranks, py, "-m", "asgd.train", "--fault-tolerant", *train,
                              launcher=str(Path(a.ompi_venv) / "bin" / "mpiexec"), fault_tolerant=True)
     elif kind in ("server", "link"):
         launcher = None
         if kind == "link":
             launcher = (f"{sys.executable} -m asgd.testbed run --name {testbed} --timeout {a.limit_s:g} -- "
-                        f"{launch.find()}")
+                        f"{mpiexec_path()}")
             train += ["--stall-timeout", "20"]
         cmd = [sys.executable, "-m", "asgd.launch", "-n", str(a.ranks), "--max-restarts", "2",
                *(["--launcher", launcher] if launcher else []), "--", *train]
     else:
-        cmd = launch.command(a.ranks, sys.executable, "-m", "asgd.train", *train)
+        cmd = mpiexec_command(a.ranks, sys.executable, "-m", "asgd.train", *train)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env=env)
@@ -238,7 +237,7 @@ def undisturbed(a, work: Path, row: dict) -> dict | None:
     out = work / f"twin-{row['kind']}-{row['run']}"
     shutil.rmtree(out, ignore_errors=True)
     train = [*row["train"][:row["train"].index("--out")], "--out", str(out)]
-    p = subprocess.run(launch.command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
+    p = subprocess.run(mpiexec_command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
                        text=True, timeout=a.limit_s)
     if p.returncode != 0 or not (out / "results.json").exists():
         print(f"bench_chaos: the twin of {row['kind']} run {row['run']} failed (exit {p.returncode})", flush=True)

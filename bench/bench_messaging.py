@@ -165,9 +165,7 @@ def child(args) -> None:
         for o in args.optimizers:
             protocol(n_w, 5, o)                             # warm up the protocol path
         for rep in range(args.repeat):
-            k = rep % len(args.variants)
-            order = args.variants[k:] + args.variants[:k]   # rotate: no variant always first
-            for v in order:
+            for v in common.rotated(args.variants, rep):   # no variant always first
                 comm.Barrier()
                 if v.startswith("asgd "):
                     got = protocol(n_w, iters, v.split()[1])
