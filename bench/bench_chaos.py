@@ -223,8 +223,8 @@ def work_lost(restarts: list[dict], killed_at: float | None) -> float | None:
 
 def testbed_host_of(name: str, out: Path, rank: int) -> str:
     """The root-side veth of the testbed host that runs `rank` (from its process's hostname)."""
-    from asgd.testbed import Testbed
-    spec = Testbed.open(name).spec
+    import validate
+    spec = validate.open_testbed(name).spec
     pid = rank_pids(out)[rank]
     host = subprocess.run(["nsenter", f"--uts=/proc/{pid}/ns/uts", "hostname"], capture_output=True,
                           text=True).stdout.strip()

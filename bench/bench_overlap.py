@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
+import validate  # noqa: E402
 from common import int_list  # noqa: E402
 
 import json  # noqa: E402
@@ -296,30 +297,21 @@ def main(argv=None):
         job = common.mpiexec(2, child_argv(args), timeout=args.timeout)
         got = parse_child(job["stdout"])
         rows += [{"where": "shm", **r} for r in got["rows"]]
-    if "testbed" in args.where:
-        from asgd.testbed import lifecycle, missing_requirements, parse_rate
-        from asgd.testbed.spec import format_rate
-        reason = missing_requirements()
-        if reason:
-            print(f"testbed skipped: {reason}", flush=True)
-        else:
-            rate = parse_rate(args.bandwidth)
-            name = args.name
-            if lifecycle.exists(name):
-                lifecycle.down(name, say=lambda *a, **k: None)
-            tb = lifecycle.up(name, 2, rate, say=lambda *a, **k: None)
-            testbed = {"hosts": 2, "rate": format_rate(rate), "rate_bit": rate, "placement": "server h0, worker h1"}
-            try:
-                print(f"testbed: server and worker on two hosts, {format_rate(rate)} links ...", flush=True)
-                res = tb.run([common.launch.find(), "-n", "2", sys.executable, *child_argv(args)], servers=1,
-                             capture=True, timeout=args.timeout, say=lambda *a, **k: None)
-                if res.rc:
-                    raise RuntimeError(f"testbed job failed (exit {res.rc}): {(res.stderr or '')[-1500:]}")
-                got = parse_child(res.stdout)
-                testbed["wire_bytes"] = res.wire
-                rows += [{"where": f"testbed {format_rate(rate)}", **r} for r in got["rows"]]
-            finally:
-                tb.down()
+    reason = "testbed" in args.where and validate.testbed_missing()
+    if reason:
+        print(f"testbed skipped: {reason}", flush=True)
+    elif "testbed" in args.where:
+        rate = validate.format_rate(validate.parse_rate(args.bandwidth))
+        testbed = {"hosts": 2, "rate": rate, "rate_bit": validate.parse_rate(args.bandwidth),
+                   "placement": "server h0, worker h1"}
+        with validate.testbed(args.name, 2, args.bandwidth) as tb:
+            print(f"testbed: server and worker on two hosts, {rate} links ...", flush=True)
+            res = tb.run([validate.launcher(), "-n", "2", sys.executable, *child_argv(args)], servers=1,
+                         capture=True, timeout=args.timeout, say=lambda *a, **k: None)
+            if res.rc:
+                raise RuntimeError(f"testbed job failed (exit {res.rc}): {(res.stderr or '')[-1500:]}")
+            testbed["wire_bytes"] = res.wire
+            rows += [{"where": f"testbed {rate}", **r} for r in parse_child(res.stdout)["rows"]]
     summary = summarize(rows)
     headline = 2.0 if 2.0 in args.ratios else args.ratios[-1]
     info = run.meta(testbed=testbed, summary=summary, headline_ratio=headline, columns=COLUMNS)

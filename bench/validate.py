@@ -286,12 +286,24 @@ def optimizer_check(ranked: list[dict], measured: list[dict], key, cost, limit: 
 
 # -- the emulated cluster ------------------------------------------------------------------------
 
+def testbed_missing() -> str | None:
+    """Why there can be no emulated cluster here (None: there can)."""
+    from asgd.testbed import missing_requirements
+    return missing_requirements()
+
+
+def open_testbed(name: str):
+    """The handle of a running testbed (its spec: hosts, veths)."""
+    from asgd.testbed import Testbed
+    return Testbed.open(name)
+
+
 @contextlib.contextmanager
 def testbed(name: str, hosts: int, rate: str, latency_us: float = 0.0):
     """An emulated cluster of `hosts` hosts, links shaped to `rate` each way (one left over by
     a killed run is taken down first); taken down on the way out. Exits without root."""
-    from asgd.testbed import TestbedError, lifecycle, missing_requirements
-    reason = missing_requirements()
+    from asgd.testbed import TestbedError, lifecycle
+    reason = testbed_missing()
     if reason:
         raise SystemExit(f"{Path(sys.argv[0]).stem}: no testbed here: {reason}")
     try:
