@@ -184,12 +184,8 @@ def run_torch(name: str, seed: int, optimizer: str | None = None, lr: float | No
     Xtr, ytr, Xte, yte = _scaled(name, seed)
     k = int(max(ytr.max(), yte.max())) + 1
     layout = mlp.Layout(Xtr.shape[1], p.hidden, k)
-    model = nn.Sequential(nn.Linear(layout.d_in, p.hidden), nn.Sigmoid(), nn.Linear(p.hidden, k)).double()
-    with torch.no_grad():
-        for param, v in zip(model.parameters(), (lambda W1, b1, W2, b2: (W1.T, b1, W2.T, b2))(
-                *layout.views(mlp.init_params(layout, seed)))):
-            param.copy_(torch.from_numpy(np.ascontiguousarray(v)))
-    from peers.ddp_peer import torch_optimizer   # asgd's updates as torch.optim spells them
+    from peers.torch_mlp import torch_mlp, torch_optimizer   # asgd's model and updates as torch spells them
+    model = torch_mlp(layout, mlp.init_params(layout, seed))
     opt = torch_optimizer(optimizer, model.parameters(), lr)
     X, y = torch.from_numpy(Xtr), torch.from_numpy(ytr)
     t0 = time.perf_counter()

@@ -1,45 +1,35 @@
 """Validation sweep of the performance model (asgd.perf.analytic, `python -m asgd.perf`):
-its predictions against measured asgd.train runs on this machine.
+its predictions against measured asgd.train runs on this machine, on bench/validate.py.
 
-The model's parameters come from `python -m asgd.perf calibrate` alone (microbenchmarks
-of asgd's parts, run here BEFORE the sweep), or from --params FILE; nothing is fitted to
-the sweep's runs. calibrate measures a job's start-up and the cores' worth of work at
-some rank counts (1, C, C+1, 2C+1, 4C+1, 8C+1 for C cores; --quick: 1, C, 2C+1): a run
-at one of those counts is IN-SAMPLE (the model interpolates nothing there), any other is
-OUT-OF-SAMPLE, and the pass/fail limits apply to the out-of-sample runs. Then:
+The parameters come from `python -m asgd.perf calibrate` alone (microbenchmarks, run here
+BEFORE the sweep), or --params FILE; nothing is fitted to the sweep. calibrate measures a
+job's start-up and the cores' worth of work at some rank counts (1, C, C+1, 2C+1, 4C+1,
+8C+1 for C cores; --quick: 1, C, 2C+1): a run at one of those counts is IN-SAMPLE, any other
+OUT-OF-SAMPLE, and the pass/fail limits apply to the out-of-sample runs.
 
-  data      `python -m asgd.data generate --points P --test-points T --out OUT/data/d.tsv`, once
-  warm-up   one run (numba's caches), discarded
-  sweep     hidden 10000: workers {1,2,3,4,6,8} x batch {16,64,256,1024} x reader
-            {sequential, parallel} (48 runs; with 2 cores, 3 and 6 workers are 4 and 7 ranks:
-            out of sample); hidden 100000: workers {1,2,3,4,6,8} x batch {64,1024}, the readers
-            alternating over the workers (12 runs); 3 epochs each. Each run is
-            `mpiexec -n w+1 python -m asgd.train --optimizer sgd --data D --reader R --batch B --hidden H
-            --epochs E --quiet --out OUT/runs/h{H}-w{W}-b{B}-{R}`, in an order shuffled with a
-            fixed seed (--seed), with a time limit; a run that fails is reported and skipped.
-  compare   asgd.perf.cli.compare over the runs: predicted and measured seconds and the
-            absolute percentage error, APE = |pred - meas| / meas, per phase:
-              init, train, total  the phases the model validates (pass/fail, on the
-                                  out-of-sample runs): median APE of total <= 15%, of
-                                  init and of train <= 25%; in-sample reported beside
-              compute, comm       a worker's compute and its communication inside train:
-                                  reported as detail (median, p90), NOT pass/fail
-  optimizer per hidden size, asgd.perf.cli.optimize over exactly the grid measured at that
-            hidden (its workers, batches and readers; 1 server, 1 node of params.cores
-            cores, at most max(workers) + 1 ranks). Its top configuration's measured total
-            (run now, and added, if the sweep did not measure it) against the best
-            measured total at that hidden: pass if top / best <= 1.10.
+  grid       hidden 10000: workers {1,2,3,4,6,8} x batch {16,64,256,1024} x reader
+             {sequential, parallel}; hidden 100000: workers x batch {64,1024}, the readers
+             alternating over the workers; 3 epochs each, on one generated TSV file, after a
+             discarded warm-up run, in an order shuffled with --seed. Each run is
+             `mpiexec -n w+1 python -m asgd.train --optimizer sgd --data D --reader R --batch B
+             --hidden H --epochs E --quiet --out OUT/runs/h{H}-w{W}-b{B}-{R}`, holding the CPU
+             lock; a run that fails is reported and skipped.
+  score      per phase, APE = |pred - meas| / meas: init, train, total are validated (median
+             APE of total <= 15%, of init and of train <= 25%, out of sample; in-sample
+             beside it); a worker's compute and comm inside train are detail (not pass/fail);
+             by reader, workers, batch and hidden too. For contrast, paper_total_pred_s and
+             paper_total_ape: the paper's own equations (eq. 9; section 5.3's T_total_new)
+             with the same parameters.
+  optimizer  per hidden size, asgd.perf optimize over exactly the grid measured there (1
+             server, one node of params.cores cores, at most max(workers) + 1 ranks): its top
+             configuration's measured total (run now if the sweep did not) against the best
+             measured total: pass if top / best <= 1.10.
 
-For contrast, each row also has paper_total_pred_s and paper_total_ape: the paper's own
-equations (eq. 9; section 5.3's T_total_new for the sequential reader) with the same
-calibrated parameters.
-
-Writes OUT/model.csv (one row per run: configuration, {phase}_pred_s, {phase}_meas_s,
-{phase}_ape), OUT/model.json (rows, APE summary, the paper equations' APE, breakdown
-by reader/workers/batch/hidden, optimizer check, pass/fail, machine, load, parameters
-file, command line) and
-OUT/model.png (predicted against measured; APE of total by workers, batch and hidden).
-The exit status is 0 whether or not the model passes (the verdict is in the output).
+Writes OUT/model.csv (a row per run: configuration, {phase}_pred_s, _meas_s, _ape),
+OUT/model.json (rows, the APE summary, the paper equations' APE, the breakdown, the
+optimizer check, pass/fail, machine, load, parameters file, command line) and OUT/model.png
+(predicted against measured; APE of total by workers, batch and hidden). The exit status is
+0 whether or not the model passes (the verdict is in the output).
 
     python bench/bench_model.py                           # the sweep above: 60 runs, about 15 minutes
     python bench/bench_model.py --params params.json      # reuse a calibration (no calibrate step)

@@ -171,13 +171,13 @@ def test_model_bench(tmp_path, quick_params):
 
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch (the bench extra)")
 def test_the_pytorch_peers_optimizers_make_asgds_updates():
-    """bench/peers/ddp_peer.py's torch.optim optimizers (also bench_data.py's PyTorch loop) take
-    the same steps as asgd's Optimizer from the same gradients, so the peers compare like
+    """bench/peers/torch_mlp.py's torch.optim optimizers (the DDP and RPC peers', bench_data's
+    PyTorch loop) take the same steps as asgd's Optimizer from the same gradients, so the peers compare like
     with like whatever asgd's default optimizer is."""
     code = """
 import sys, numpy as np, torch
 sys.path.insert(0, sys.argv[1])
-from peers.ddp_peer import torch_optimizer
+from peers.torch_mlp import torch_optimizer
 from asgd.net import OPTIMIZERS
 from asgd.net.optimizers import Optimizer
 rng = np.random.default_rng(0)

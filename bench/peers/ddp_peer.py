@@ -8,7 +8,7 @@ the share asgd's allreduce gives it, shuffled with the same per-epoch seeds), sa
 asgd.net.mlp.init_params), batch B per rank, and asgd's optimizer with asgd's default
 learning rate for --arch allreduce at N ranks (asgd.net.optimizers.default_lr(O, H, N)):
 --optimizer (default: asgd's default, asgd.run.config.Config.optimizer) picks the
-torch.optim class with the same update and hyper-parameters (torch_optimizer below: SGD;
+torch.optim class with the same update and hyper-parameters (torch_mlp.torch_optimizer: SGD;
 SGD with momentum 0.9, whose velocity is asgd's divided by lr; Adagrad with eps 1e-8 and
 no lr decay; Adam with betas 0.9, 0.999 and eps 1e-8), so bench_e2e compares like with
 like whatever the default. One thread per rank; rank and size come from the
@@ -44,21 +44,7 @@ import mpi4py  # noqa: E402
 
 mpi4py.rc.initialize = mpi4py.rc.finalize = False   # asgd's modules import mpi4py.MPI; gloo talks, not MPI
 
-
-def torch_optimizer(name: str, params, lr: float):
-    """The torch.optim optimizer that makes asgd.net.optimizers' update `name` (same
-    hyper-parameters; torch's momentum keeps v/lr where asgd keeps v, the same steps)."""
-    import torch
-    from asgd.net import optimizers
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=optimizers.MOMENTUM)
-    if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=lr, eps=optimizers.EPS)   # torch's default eps is 1e-10
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=optimizers.BETAS, eps=optimizers.EPS)
-    raise ValueError(f"optimizer must be one of {optimizers.OPTIMIZERS}, got {name!r}")
+from torch_mlp import torch_mlp, torch_optimizer  # noqa: E402
 
 
 def rank_and_size() -> tuple[int, int]:
@@ -118,12 +104,7 @@ def main(argv=None) -> int:
     Xt, yt = torch.from_numpy(test.X), torch.from_numpy(test.y)
 
     layout = mlp.Layout(train.features, args.hidden, train.classes)
-    W1, b1, W2, b2 = layout.views(mlp.init_params(layout, args.seed))
-    model = nn.Sequential(nn.Linear(layout.d_in, layout.d_hidden), nn.Sigmoid(),
-                          nn.Linear(layout.d_hidden, layout.d_out)).double()
-    with torch.no_grad():
-        for p, v in zip(model.parameters(), (W1.T, b1, W2.T, b2)):
-            p.copy_(torch.from_numpy(np.ascontiguousarray(v)))
+    model = torch_mlp(layout, mlp.init_params(layout, args.seed))
     ddp = DDP(model)
     optimizer = args.optimizer or Config().optimizer
     lr = args.lr or optimizers.default_lr(optimizer, args.hidden, size)

@@ -16,7 +16,7 @@ problem's 16384 training points, none on the server; 4096 held out), the same mo
 sigmoid hidden, softmax cross-entropy, float64, asgd.net.mlp.init_params), the same batches
 (asgd.protocol.context.Schedule: batch B, each epoch a permutation seeded by (seed, worker
 index, epoch)), and the same optimizer on the server at asgd's default lr for an async
-parameter server (asgd.net.optimizers.default_lr(O, H, 1); ddp_peer.torch_optimizer gives
+parameter server (asgd.net.optimizers.default_lr(O, H, 1); torch_mlp.torch_optimizer gives
 the torch.optim class with asgd's update). Rank 0 evaluates the held-out accuracy each time
 the pushes have brought an epoch's worth of samples (on a copy taken under the lock, in its
 main thread: the RPC threads go on serving) and writes <out>/results.json in the schema
@@ -55,23 +55,11 @@ import mpi4py  # noqa: E402
 
 mpi4py.rc.initialize = mpi4py.rc.finalize = False   # asgd's modules import mpi4py.MPI; TensorPipe talks, not MPI
 
-from ddp_peer import rank_and_size, torch_optimizer  # noqa: E402
+from ddp_peer import rank_and_size  # noqa: E402
+from torch_mlp import torch_mlp as model_of, torch_optimizer  # noqa: E402
 
 SERVER = "ps"
 PS = None   # rank 0's ParameterServer: the RPC handlers run in the server's process and find it here
-
-
-def model_of(layout, w):
-    """torch's 2-H-2 MLP with asgd's weights w (float64)."""
-    from torch import nn
-    import torch
-    W1, b1, W2, b2 = layout.views(w)
-    model = nn.Sequential(nn.Linear(layout.d_in, layout.d_hidden), nn.Sigmoid(),
-                          nn.Linear(layout.d_hidden, layout.d_out)).double()
-    with torch.no_grad():
-        for p, v in zip(model.parameters(), (W1.T, b1, W2.T, b2)):
-            p.copy_(torch.from_numpy(np.ascontiguousarray(v)))
-    return model
 
 
 class ParameterServer:

@@ -1,7 +1,37 @@
-"""The PyTorch peers of asgd's worker step (bench_kernel): the same 2-H-2 MLP step from the
-same weights, as a typical PyTorch user writes it and by hand on preallocated tensors."""
+"""asgd's MLP and optimizers as PyTorch spells them, for the PyTorch peers: the model with
+asgd's weights, the torch.optim class that makes asgd's update, and the worker's step as a
+typical PyTorch user writes it and by hand on preallocated tensors (bench_kernel)."""
 
 import numpy as np
+
+
+def torch_mlp(layout, w):
+    """torch's d_in-H-d_out MLP (sigmoid hidden layer, float64) with asgd's weights w."""
+    import torch
+    from torch import nn
+    W1, b1, W2, b2 = layout.views(w)
+    model = nn.Sequential(nn.Linear(layout.d_in, layout.d_hidden), nn.Sigmoid(),
+                          nn.Linear(layout.d_hidden, layout.d_out)).double()
+    with torch.no_grad():
+        for p, v in zip(model.parameters(), (W1.T, b1, W2.T, b2)):
+            p.copy_(torch.from_numpy(np.ascontiguousarray(v)))
+    return model
+
+
+def torch_optimizer(name: str, params, lr: float):
+    """The torch.optim optimizer that makes asgd.net.optimizers' update `name` (same
+    hyper-parameters; torch's momentum keeps v/lr where asgd keeps v, the same steps)."""
+    import torch
+    from asgd.net import optimizers
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=optimizers.MOMENTUM)
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr, eps=optimizers.EPS)   # torch's default eps is 1e-10
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=optimizers.BETAS, eps=optimizers.EPS)
+    raise ValueError(f"optimizer must be one of {optimizers.OPTIMIZERS}, got {name!r}")
 
 
 def torch_steps(layout, w, X, y, lr):
@@ -10,11 +40,7 @@ def torch_steps(layout, w, X, y, lr):
     from torch import nn
     torch.set_num_threads(1)
     W1, b1, W2, b2 = layout.views(w)
-    model = nn.Sequential(nn.Linear(layout.d_in, layout.d_hidden), nn.Sigmoid(),
-                          nn.Linear(layout.d_hidden, layout.d_out)).double()
-    with torch.no_grad():
-        for p, v in zip(model.parameters(), (W1.T, b1, W2.T, b2)):
-            p.copy_(torch.from_numpy(np.ascontiguousarray(v)))
+    model = torch_mlp(layout, w)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()
     Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
