@@ -251,15 +251,27 @@ def need_simulator() -> None:
         sys.exit(f"{Path(sys.argv[0]).stem}: {INSTALL_HINT}")
 
 
-def simulate(params_path, run_dir=None, spec=None, *, out=None, machine=None, background: float = 0.0,
-             data_name: str | None = None) -> dict:
+def sim_params(path) -> tuple[Params, dict]:
+    """A params.json as the simulator reads it: (Params, the raw file)."""
+    from asgd.sim.costs import load_params
+    return load_params(str(path))
+
+
+def sim_spec():
+    """asgd.sim's Spec (a simulated run on a machine) and its machines module."""
+    from asgd.sim import costs, machines
+    return costs.Spec, machines
+
+
+def simulate(params_path, run_dir=None, spec=None, *, params: tuple | None = None, out=None, machine=None,
+             background: float = 0.0, data_name: str | None = None) -> dict:
     """asgd.sim in a forked child: a run like `run_dir` (python -m asgd.sim --like RUN_DIR
-    [--machine M] [--background CORES]) or `spec`; its results."""
+    [--machine M] [--background CORES]) or `spec`, with params_path's costs or `params`
+    ((Params, raw): inferred ones); its results."""
     from asgd.sim import cli as sim_cli
     from asgd.sim.costs import Costs
-    from asgd.sim.costs import load_params as sim_params
     from asgd.sim.run import simulate_isolated
-    p, raw = sim_params(str(params_path))
+    p, raw = params or sim_params(params_path)
     data_path = data_name
     if spec is None:
         argv = ["--like", str(run_dir), "--params", str(params_path), "--background", f"{background:.3f}"]
