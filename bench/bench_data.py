@@ -280,27 +280,17 @@ def plot(summary, tolerance, path):
     names = list(dict.fromkeys(s["dataset"] for s in summary))
     ranks = sorted({s["ranks"] for s in summary})
     fig, ax = plt.subplots(figsize=(max(7, 1.9 * len(names)), 4.5))
-    x = np.arange(len(names))
-    bars = [(f"asgd, {n} ranks", n) for n in ranks] + [("sklearn MLPClassifier", "sklearn"), ("PyTorch, 1 process", "pytorch")]
-    wd = 0.8 / len(bars)
-    blues = plt.cm.Blues(np.linspace(0.45, 0.9, len(ranks)))
-    for i, (label, key) in enumerate(bars):
-        ys = []
-        for name in names:
-            if isinstance(key, int):
-                s = next((s for s in summary if s["dataset"] == name and s["ranks"] == key), None)
-                ys.append((s or {}).get("asgd") or 0)
-            else:
-                s = next((s for s in summary if s["dataset"] == name), None)
-                ys.append((s or {}).get(key) or 0)
-        color = blues[i] if isinstance(key, int) else {"sklearn": "tab:orange", "pytorch": "tab:red"}[key]
-        b = ax.bar(x - 0.4 + wd * (i + 0.5), ys, wd, color=color, label=label)
-        for rect, yv in zip(b, ys):
-            ax.annotate(f"{yv:.3f}", (rect.get_x() + rect.get_width() / 2, yv), ha="center", va="bottom",
-                        fontsize=6, rotation=90)
+    labels = {**{n: f"asgd, {n} ranks" for n in ranks}, "sklearn": "sklearn MLPClassifier", "pytorch": "PyTorch, 1 process"}
+    colors = {**dict(zip(ranks, plt.cm.Blues(np.linspace(0.45, 0.9, len(ranks))))), "sklearn": "tab:orange",
+              "pytorch": "tab:red"}
+
+    def height(name, key):   # asgd at a rank count, or a reference (the same at every rank count)
+        s = next((s for s in summary if s["dataset"] == name and (s["ranks"] == key or not isinstance(key, int))), {})
+        return s.get("asgd" if isinstance(key, int) else key) or 0
+    common.bars(ax, names, [*ranks, "sklearn", "pytorch"], height, colors, lambda n, k, y: f"{y:.3f}", labels,
+                rotation=90)
     lo = min([s["asgd"] for s in summary if s["asgd"]] + [s["sklearn"] for s in summary if s["sklearn"]] + [1.0])
     ax.set_ylim(max(0.0, lo - 0.1), 1.06)
-    ax.set_xticks(x, names)
     ax.set_ylabel("held-out accuracy (mean over seeds)")
     ax.set_title(f"asgd with its defaults vs scikit-learn and PyTorch (measured here; pass: within {tolerance} "
                  "of sklearn)", fontsize=9)

@@ -148,27 +148,18 @@ def summarize(rows, impls, ranks, rate_bit=None):
 
 def plot(summary, target, where, path):
     plt = common.pyplot()
-    import numpy as np
     ranks = sorted({s["ranks"] for s in summary})
     impls = list(dict.fromkeys(s["impl"] for s in summary))
     colors = {"asgd ps": "tab:blue", "asgd allreduce": "tab:cyan", "pytorch rpc ps": "tab:red", "pytorch ddp": "tab:orange"}
+    by = {(s["ranks"], s["impl"]): s for s in summary}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
-    x = np.arange(len(ranks))
-    wd = 0.8 / len(impls)
-    for i, impl in enumerate(impls):
-        for ax, key, fmt in ((axes[0], "time_to_accuracy_s", "{:.1f} s"), (axes[1], "samples_per_s", "{:,.0f}")):
-            ss = [next((s for s in summary if s["ranks"] == n and s["impl"] == impl), None) for n in ranks]
-            ys = [(s or {}).get(key) or 0 for s in ss]
-            bars = ax.bar(x - 0.4 + wd * (i + 0.5), ys, wd, color=colors.get(impl), label=impl)
-            for b, yv in zip(bars, ys):
-                ax.annotate(fmt.format(yv) if yv else "not\nreached", (b.get_x() + b.get_width() / 2, yv),
-                            ha="center", va="bottom", fontsize=7)
-    axes[0].set_ylabel(f"seconds from start to held-out accuracy ≥ {target} (median)")
-    axes[1].set_ylabel("training samples/s (median)")
-    for ax in axes:
-        ax.set_xticks(x, [str(n) for n in ranks])
+    for ax, key, fmt in ((axes[0], "time_to_accuracy_s", "{:.1f} s"), (axes[1], "samples_per_s", "{:,.0f}")):
+        common.bars(ax, ranks, impls, lambda n, i, key=key: by.get((n, i), {}).get(key), colors,
+                    lambda n, i, y, fmt=fmt: fmt.format(y) if y else "not\nreached", fontsize=7)
         ax.set_xlabel("MPI ranks (asgd ps: 1 server + N-1 workers)")
         ax.legend(fontsize=8)
+    axes[0].set_ylabel(f"seconds from start to held-out accuracy ≥ {target} (median)")
+    axes[1].set_ylabel("training samples/s (median)")
     axes[0].set_title("Time to accuracy, 2-10K-2, batch 256/rank", fontsize=10)
     axes[1].set_title("Throughput during training", fontsize=10)
     fig.suptitle(where[0].upper() + where[1:], fontsize=10)

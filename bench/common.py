@@ -450,6 +450,24 @@ def pyplot():
     return plt
 
 
+def bars(ax, groups: list, series: list, height, colors: dict | None = None, note=None, labels=None,
+         fontsize: float = 6, rotation: float = 0, **bar) -> dict:
+    """One bar per series in each group, the groups along x: height(group, series) (None: no
+    bar); note(group, series, height) -> the text over the bar (None: none); labels: the
+    legend's names (default str(series)). Returns each series' bar positions."""
+    x, wd, at = np.arange(len(groups)), 0.8 / max(len(series), 1), {}
+    for i, s in enumerate(series):
+        at[s] = pos = x - 0.4 + wd * (i + 0.5)
+        ys = [height(g, s) for g in groups]
+        ax.bar(pos, [y or 0 for y in ys], wd, color=(colors or {}).get(s), label=(labels or {}).get(s, str(s)), **bar)
+        for xi, g, y in zip(pos, groups, ys):
+            text = note(g, s, y) if note else None
+            if text:
+                ax.annotate(text, (xi, y or 0), ha="center", va="bottom", fontsize=fontsize, rotation=rotation)
+    ax.set_xticks(x, [str(g) for g in groups])
+    return at
+
+
 def save_figure(fig, path: Path, dpi: int = 120, rect: tuple | None = None, **savefig) -> None:
     """Lay the figure out (inside `rect`, leaving room for text placed below it), write it
     and close it: pyplot keeps every figure it made until closed."""
