@@ -1,17 +1,23 @@
-"""Helpers every benchmark shares: one core per process, the machine's description,
-launching MPI jobs with a time limit, load sampling, interleaved timing, the command-line
-conventions, and the CSV/JSON/PNG/table outputs. Import it before numpy (it pins
-BLAS/numba to one thread). A bench's main() reads
+"""Helpers every benchmark shares: one core per process, the machine's description (lscpu,
+caches, memory bandwidth, MPI, the load average), the CPU lock, launching MPI jobs with a
+time limit, the command-line conventions, and the CSV/JSON/PNG/table outputs. Import it
+before numpy (it pins BLAS/numba to one thread). A bench's main() reads
 
-    args = common.parser(__doc__, "kernel").parse_args(argv)   # --out, --no-plot
+    args = common.parser(__doc__, "kernel", lock=True).parse_args(argv)   # --out, --no-plot, --cpu-lock
     run = common.Run("kernel", args)        # its folder, the machine, the load while it runs
-    ...                                     # what the bench measures
+    got = common.micro(variants, repeat, checks=...)   # the shape of a micro-benchmark
     run.write(rows, run.meta(columns=...))  # kernel.csv, kernel.json
     run.plot(plot, rows)                    # kernel.png (unless --no-plot)
     run.print_machine(); ...; run.wrote()
 
+Every micro-benchmark has one shape (micro): its variants, the reference among them, each
+variant's correctness against the reference (rel_diff), and the timing (interleaved, under
+the CPU lock). A bench of whole jobs runs its variants in rotated order per repetition
+(rotated) with train_job. Validation sweeps live in validate.py; the PyTorch peers in peers/.
+
 ASGD_BENCH_STREAM_MIB (default 128) sizes the arrays of the memory-bandwidth measurement
-that every benchmark's machine description carries (the smoke test makes it small).
+that every benchmark's machine description carries (the smoke test makes it small);
+ASGD_CPU_LOCK (default /tmp/asgd-cpu.lock; none: no lock) the lock timed runs hold.
 """
 
 from __future__ import annotations
