@@ -239,8 +239,9 @@ def summarize(rows, args) -> dict:
         out["onebit_vs_none_one_server"] = round(a / b, 2) if a and b else None
     e = validate.score(rows, "ape_pct")
     out["model_median_ape_pct"], out["model_max_ape_pct"] = (round(e["median"], 1), e["max"]) if e else (None, None)
-    for c, ec in validate.score(rows, "ape_pct", by="compress").items():
-        out[c]["model_median_ape_pct"] = round(ec["median"], 1)
+    by = validate.score(rows, "ape_pct", by="compress")
+    for c in args.compress:
+        out[c]["model_median_ape_pct"] = round(by[c]["median"], 1) if c in by else None
     return out
 
 
