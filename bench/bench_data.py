@@ -176,7 +176,7 @@ def run_torch(name: str, seed: int, optimizer: str | None = None, lr: float | No
     import torch
     from torch import nn
 
-    from asgd.protocol.worker import batches
+    from asgd.protocol.context import Schedule
     torch.set_num_threads(1)
     p = protocol(name)
     optimizer = optimizer or config.Config().optimizer
@@ -190,7 +190,7 @@ def run_torch(name: str, seed: int, optimizer: str | None = None, lr: float | No
     X, y = torch.from_numpy(Xtr), torch.from_numpy(ytr)
     t0 = time.perf_counter()
     for epoch in range(p.epochs):
-        for idx in batches(len(y), p.batch, None, np.random.default_rng([seed, 0, epoch])):   # as worker 0
+        for idx in Schedule(p.batch, p.epochs, (seed, 0), 1.0).batches(len(y), epoch):   # as worker 0
             idx = torch.from_numpy(idx)
             opt.zero_grad()
             nn.functional.cross_entropy(model(X[idx]), y[idx]).backward()
