@@ -345,8 +345,9 @@ def main(argv=None) -> int:
     warm = dict(hidden=min(c["hidden"] for c in configs), workers=1, batch=max(c["batch"] for c in configs),
                 reader="parallel")
     validate.sweep([warm], lambda c: validate.run_job(2, [
-        "-m", "asgd.train", "--data", str(data), "--hidden", str(c["hidden"]), "--batch", str(c["batch"]),
-        "--epochs", "1", "--quiet", "--out", str(common.fresh_dir((out / "warmup").resolve()))], a.timeout), label)
+        "-m", "asgd.train", "--optimizer", "sgd", "--data", str(data), "--reader", c["reader"], "--hidden",
+        str(c["hidden"]), "--batch", str(c["batch"]), "--epochs", str(a.epochs), "--quiet", "--out",
+        str(common.fresh_dir((out / "warmup").resolve()))], a.timeout), label)
 
     run.sample_load()
     failed: list[dict] = []
