@@ -262,27 +262,15 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(15, 5.8), gridspec_kw={"width_ratios": [1, 1.15]})
     colors = {"init": "tab:blue", "train": "tab:orange", "total": "tab:green"}
     markers = {"sequential": "o", "parallel": "s"}
-    vals = [r[f"{k}_{s}_s"] for r in rows for k in PHASES for s in ("pred", "meas")]
-    lo, hi = min(v for v in vals if v > 0) / 1.5, max(vals) * 1.5
-    x = [lo, hi]
-    ax.fill_between(x, [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.85", label="±15%")
-    ax.plot(x, x, "k-", lw=0.8, label="predicted = measured")
-    for k in PHASES:
-        for rd, mk in markers.items():
-            sub = [r for r in rows if r["reader"] == rd]
-            if sub:
-                ax.scatter([r[f"{k}_meas_s"] for r in sub], [r[f"{k}_pred_s"] for r in sub], marker=mk,
-                           s=30, color=colors[k], alpha=0.75, edgecolor="k", linewidth=0.3, label=f"{k}, {rd}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_aspect("equal")
-    ax.set_xlabel("measured seconds")
-    ax.set_ylabel("predicted seconds")
     meds = ", ".join(f"{k} {statistics.median(r[f'{k}_ape'] for r in rows):.0f}%" for k in PHASES)
-    ax.set_title(f"predicted against measured, per phase and reader\n(median APE: {meds})", fontsize=10)
-    ax.grid(alpha=0.3, which="both")
+    validate.pred_vs_meas(ax, [([r[f"{k}_meas_s"] for r in sub], [r[f"{k}_pred_s"] for r in sub],
+                                dict(marker=mk, s=30, color=colors[k], alpha=0.75, edgecolor="k", linewidth=0.3,
+                                     label=f"{k}, {rd}"))
+                               for k in PHASES for rd, mk in markers.items()
+                               if (sub := [r for r in rows if r["reader"] == rd])],
+                          0.15, 1.5, "measured seconds", "predicted seconds",
+                          f"predicted against measured, per phase and reader\n(median APE: {meds})")
+    ax.set_aspect("equal")
     ax.legend(fontsize=7.5, loc="upper left", ncol=2)
 
     cmap = plt.get_cmap("viridis")

@@ -242,27 +242,19 @@ def plot_validate(rows: list[dict], summary: dict, path: Path, title: str) -> No
     plt = common.pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.4))
     for ax, k, name in ((axes[0], "train", "training time (train_s)"), (axes[1], "init", "initialization (init_s)")):
-        vals = [r[f"{w}_{k}"] for r in rows for w in ("meas", "sim", "model") if r[f"{w}_{k}"]]
-        lo, hi = min(vals) / 1.3, max(vals) * 1.3
-        ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.88", label="±10%")
-        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-        ax.scatter([r[f"meas_{k}"] for r in rows], [r[f"sim_{k}"] for r in rows], s=28, color="tab:blue",
-                   edgecolor="k", lw=0.3, label=f"{SRC['sim']}: median APE {summary['sim_' + k]['median']:.1f}%")
-        ax.scatter([r[f"meas_{k}"] for r in rows], [r[f"simq_{k}"] for r in rows], s=22, marker="^",
-                   facecolor="none", edgecolor="tab:blue", lw=0.8,
-                   label=f"simulated without the others' load: median APE {summary['simq_' + k]['median']:.1f}%")
         m = [r for r in rows if r[f"model_{k}"] is not None]
-        ax.scatter([r[f"meas_{k}"] for r in m], [r[f"model_{k}"] for r in m], s=28, marker="s", color="tab:orange",
-                   edgecolor="k", lw=0.3, label=f"{SRC['model']}: median APE {summary['model_' + k]['median']:.1f}%")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.set_xlabel(f"{SRC['meas']}, s")
-        ax.set_ylabel("predicted, s")
-        ax.set_title(name, fontsize=10)
+        validate.pred_vs_meas(ax, [
+            ([r[f"meas_{k}"] for r in rows], [r[f"sim_{k}"] for r in rows],
+             dict(s=28, color="tab:blue", edgecolor="k", lw=0.3,
+                  label=f"{SRC['sim']}: median APE {summary['sim_' + k]['median']:.1f}%")),
+            ([r[f"meas_{k}"] for r in rows], [r[f"simq_{k}"] for r in rows],
+             dict(s=22, marker="^", facecolor="none", edgecolor="tab:blue", lw=0.8,
+                  label=f"simulated without the others' load: median APE {summary['simq_' + k]['median']:.1f}%")),
+            ([r[f"meas_{k}"] for r in m], [r[f"model_{k}"] for r in m],
+             dict(s=28, marker="s", color="tab:orange", edgecolor="k", lw=0.3,
+                  label=f"{SRC['model']}: median APE {summary['model_' + k]['median']:.1f}%"))],
+            0.10, 1.3, f"{SRC['meas']}, s", "predicted, s", name)
         ax.legend(fontsize=7.5, loc="upper left")
-        ax.grid(alpha=0.3, which="both")
     ax = axes[2]
     order = sorted(rows, key=lambda r: (r["arch"], r["mode"], r["servers"], r["ranks"]))
     x = range(len(order))

@@ -66,6 +66,21 @@ def score(rows: list[dict], key: str, by: str | None = None) -> dict | None:
     return groups
 
 
+def pred_vs_meas(ax, series: list[tuple], band: float, margin: float, xlabel: str, ylabel: str, title: str) -> None:
+    """The validation figure: predicted against measured on log axes, the diagonal and a
+    +-band share around it; series: (measured, predicted, scatter's keywords)."""
+    vals = [v for xs, ys, _ in series for v in (*xs, *ys) if v]
+    lo, hi = min(vals) / margin, max(vals) * margin
+    ax.fill_between([lo, hi], [lo * (1 - band), hi * (1 - band)], [lo * (1 + band), hi * (1 + band)], color="0.87",
+                    label=f"±{100 * band:.0f}%")
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = measured")
+    for xs, ys, kw in series:
+        ax.scatter(xs, ys, **kw)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel=xlabel, ylabel=ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+
+
 # -- measuring ---------------------------------------------------------------------------------
 
 def _procs() -> dict[int, tuple[int, int]]:
