@@ -13,6 +13,8 @@ repetitions interleaved, medians reported:
   ceiling       this core's DGEMM rate (numpy matmul, 1 thread, measured in the same run)
                 over the step's FLOPs: 4*d_in*H + 6*H*d_out (matmuls) + 9*H (elementwise,
                 exp counted as 1 FLOP) per sample
+numpy's step is the reference: numba's and torch's Delta-w are checked against it
+(max_rel_diff_vs_numpy) before the timing (common.micro: interleaved, under the CPU lock).
 Writes kernel.csv, kernel.json (with the machine) and kernel.png under --out.
 
     python bench/bench_kernel.py                      # 2-10K-2, batch 256
