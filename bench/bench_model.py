@@ -1,45 +1,35 @@
 """Validation sweep of the performance model (asgd.perf.analytic, `python -m asgd.perf`):
-its predictions against measured asgd.train runs on this machine.
+its predictions against measured asgd.train runs on this machine, on bench/validate.py.
 
-The model's parameters come from `python -m asgd.perf calibrate` alone (microbenchmarks
-of asgd's parts, run here BEFORE the sweep), or from --params FILE; nothing is fitted to
-the sweep's runs. calibrate measures a job's start-up and the cores' worth of work at
-some rank counts (1, C, C+1, 2C+1, 4C+1, 8C+1 for C cores; --quick: 1, C, 2C+1): a run
-at one of those counts is IN-SAMPLE (the model interpolates nothing there), any other is
-OUT-OF-SAMPLE, and the pass/fail limits apply to the out-of-sample runs. Then:
+The parameters come from `python -m asgd.perf calibrate` alone (microbenchmarks, run here
+BEFORE the sweep), or --params FILE; nothing is fitted to the sweep. calibrate measures a
+job's start-up and the cores' worth of work at some rank counts (1, C, C+1, 2C+1, 4C+1,
+8C+1 for C cores; --quick: 1, C, 2C+1): a run at one of those counts is IN-SAMPLE, any other
+OUT-OF-SAMPLE, and the pass/fail limits apply to the out-of-sample runs.
 
-  data      `python -m asgd.data generate --points P --test-points T --out OUT/data/d.tsv`, once
-  warm-up   one run (numba's caches), discarded
-  sweep     hidden 10000: workers {1,2,3,4,6,8} x batch {16,64,256,1024} x reader
-            {sequential, parallel} (48 runs; with 2 cores, 3 and 6 workers are 4 and 7 ranks:
-            out of sample); hidden 100000: workers {1,2,3,4,6,8} x batch {64,1024}, the readers
-            alternating over the workers (12 runs); 3 epochs each. Each run is
-            `mpiexec -n w+1 python -m asgd.train --optimizer sgd --data D --reader R --batch B --hidden H
-            --epochs E --quiet --out OUT/runs/h{H}-w{W}-b{B}-{R}`, in an order shuffled with a
-            fixed seed (--seed), with a time limit; a run that fails is reported and skipped.
-  compare   asgd.perf.cli.compare over the runs: predicted and measured seconds and the
-            absolute percentage error, APE = |pred - meas| / meas, per phase:
-              init, train, total  the phases the model validates (pass/fail, on the
-                                  out-of-sample runs): median APE of total <= 15%, of
-                                  init and of train <= 25%; in-sample reported beside
-              compute, comm       a worker's compute and its communication inside train:
-                                  reported as detail (median, p90), NOT pass/fail
-  optimizer per hidden size, asgd.perf.cli.optimize over exactly the grid measured at that
-            hidden (its workers, batches and readers; 1 server, 1 node of params.cores
-            cores, at most max(workers) + 1 ranks). Its top configuration's measured total
-            (run now, and added, if the sweep did not measure it) against the best
-            measured total at that hidden: pass if top / best <= 1.10.
+  grid       hidden 10000: workers {1,2,3,4,6,8} x batch {16,64,256,1024} x reader
+             {sequential, parallel}; hidden 100000: workers x batch {64,1024}, the readers
+             alternating over the workers; 3 epochs each, on one generated TSV file, after a
+             discarded warm-up run, in an order shuffled with --seed. Each run is
+             `mpiexec -n w+1 python -m asgd.train --optimizer sgd --data D --reader R --batch B
+             --hidden H --epochs E --quiet --out OUT/runs/h{H}-w{W}-b{B}-{R}`, holding the CPU
+             lock; a run that fails is reported and skipped.
+  score      per phase, APE = |pred - meas| / meas: init, train, total are validated (median
+             APE of total <= 15%, of init and of train <= 25%, out of sample; in-sample
+             beside it); a worker's compute and comm inside train are detail (not pass/fail);
+             by reader, workers, batch and hidden too. For contrast, paper_total_pred_s and
+             paper_total_ape: the paper's own equations (eq. 9; section 5.3's T_total_new)
+             with the same parameters.
+  optimizer  per hidden size, asgd.perf optimize over exactly the grid measured there (1
+             server, one node of params.cores cores, at most max(workers) + 1 ranks): its top
+             configuration's measured total (run now if the sweep did not) against the best
+             measured total: pass if top / best <= 1.10.
 
-For contrast, each row also has paper_total_pred_s and paper_total_ape: the paper's own
-equations (eq. 9; section 5.3's T_total_new for the sequential reader) with the same
-calibrated parameters.
-
-Writes OUT/model.csv (one row per run: configuration, {phase}_pred_s, {phase}_meas_s,
-{phase}_ape), OUT/model.json (rows, APE summary, the paper equations' APE, breakdown
-by reader/workers/batch/hidden, optimizer check, pass/fail, machine, load, parameters
-file, command line) and
-OUT/model.png (predicted against measured; APE of total by workers, batch and hidden).
-The exit status is 0 whether or not the model passes (the verdict is in the output).
+Writes OUT/model.csv (a row per run: configuration, {phase}_pred_s, _meas_s, _ape),
+OUT/model.json (rows, the APE summary, the paper equations' APE, the breakdown, the
+optimizer check, pass/fail, machine, load, parameters file, command line) and OUT/model.png
+(predicted against measured; APE of total by workers, batch and hidden). The exit status is
+0 whether or not the model passes (the verdict is in the output).
 
     python bench/bench_model.py                           # the sweep above: 60 runs, about 15 minutes
     python bench/bench_model.py --params params.json      # reuse a calibration (no calibrate step)
@@ -50,31 +40,26 @@ The exit status is 0 whether or not the model passes (the verdict is in the outp
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import common  # first: pins threads, puts src/ on the path
-from common import JobFailed, command_line, describe, int_list, mpiexec, print_table
+import validate
+from common import describe, int_list, print_table
 
-PHASES = ("init", "train", "total")     # asgd.perf.cli.PHASES: validated, pass/fail
-DETAIL = ("compute", "comm")            # asgd.perf.cli.DETAIL: reported only
+PHASES = ("init", "train", "total")     # validated, pass/fail (asgd.perf's PHASES)
+DETAIL = ("compute", "comm")            # reported only (asgd.perf's DETAIL)
 LIMITS = {"total": 15.0, "init": 25.0, "train": 25.0}  # median APE, %
-OPTIMIZER_LIMIT = 1.10                  # top predicted config's measured wall / best measured wall
 BIG_HIDDEN = 100_000                    # from this size on, the reduced grid (batches 64, 1024; one reader)
 BIG_BATCHES = (64, 1024)
 READERS = ("sequential", "parallel")
 
 
 def parse_args(argv=None):
-    p = common.parser(__doc__, "model")
+    p = common.parser(__doc__, "model", lock=True)
     p.add_argument("--points", type=int, default=100_000, help="training points (default 100,000)")
     p.add_argument("--test-points", type=int, default=2000, help="held-out points (default 2000)")
     p.add_argument("--workers", type=int_list, default=[1, 2, 3, 4, 6, 8], help="comma list (default 1,2,3,4,6,8)")
@@ -96,7 +81,7 @@ def parse_args(argv=None):
 
 
 def plan(a) -> list[dict]:
-    """The runs, in the order they are measured (shuffled with a fixed seed)."""
+    """The grid (measured in an order shuffled with --seed)."""
     ws, bs = sorted(set(a.workers)), sorted(set(a.batches))
     runs = []
     for h in sorted(set(a.hidden)):
@@ -107,7 +92,6 @@ def plan(a) -> list[dict]:
             runs += [(h, w, b, READERS[i % 2]) for i, w in enumerate(ws) for b in big]
         else:
             runs += [(h, w, b, r) for w in ws for b in bs for r in READERS]
-    random.Random(a.seed).shuffle(runs)
     return [dict(hidden=h, workers=w, batch=b, reader=r) for h, w, b, r in runs]
 
 
@@ -115,143 +99,67 @@ def label(c: dict) -> str:
     return f"h{c['hidden']}-w{c['workers']}-b{c['batch']}-{c['reader']}"
 
 
-# -- steps -------------------------------------------------------------------------------
+def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: list, params) -> list[dict]:
+    """Run each configuration (one asgd.train job) and compare it with the model: asgd.perf
+    compare's row, with the order, source, launcher wall and sample (in: a rank count
+    calibrate measured; out: any other)."""
+    calibrated = validate.calibrated_ranks(params)
 
-def python(argv: list[str], timeout: float, what: str) -> float:
-    """`python argv` from the repository root, output to ours, the whole process group
-    killed after `timeout` s (calibrate starts mpiexec jobs of its own). Returns the wall."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, *argv], cwd=common.ROOT, start_new_session=True)
-    try:
-        rc = p.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)   # our own child's group
-        p.wait()
-        sys.exit(f"bench_model: {what} did not finish within {timeout:.0f} s")
-    if rc:
-        sys.exit(f"bench_model: {what} failed (exit {rc}): python {' '.join(argv)}")
-    return time.perf_counter() - t0
-
-
-def generate(out: Path, a) -> Path:
-    path = (out / "data" / "d.tsv").resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    print(f"writing {path} ({a.points:,} + {a.test_points:,} points) ...", flush=True)
-    python(["-m", "asgd.data", "generate", "--points", str(a.points), "--test-points", str(a.test_points),
-            "--out", str(path)], 300, "asgd.data generate")
-    return path
-
-
-def calibrate(out: Path, quick: bool) -> tuple[Path, float]:
-    path = (out / "params.json").resolve()
-    print(f"calibrating the model's parameters ({'--quick' if quick else 'full'}), before any run ...", flush=True)
-    wall = python(["-m", "asgd.perf", "calibrate", "--out", str(path), *(["--quick"] if quick else [])],
-                  300 if quick else 3600, "asgd.perf calibrate")
-    return path, wall
-
-
-def run_one(c: dict, data: Path, run_dir: Path, a) -> dict:
-    """One asgd.train job; its results.json's walls, and the launcher's."""
-    if run_dir.exists():
-        shutil.rmtree(run_dir)   # never read a stale results.json
-    res = mpiexec(c["workers"] + 1, ["-m", "asgd.train", "--optimizer", "sgd", "--data", str(data), "--reader", c["reader"],
-                                     "--batch", str(c["batch"]), "--hidden", str(c["hidden"]),
-                                     "--epochs", str(a.epochs), "--quiet", "--out", str(run_dir),
-                                     "--timeout", str(a.timeout)], timeout=a.timeout + 30)
-    got = json.loads((run_dir / "results.json").read_text())
-    return {"launch_wall_s": res["wall_s"], "wall_s": got["wall_s"], "init_s": got["init_s"],
-            "train_s": got["train_s"], "accuracy": got["metrics"].get("accuracy")}
-
-
-def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: list) -> list[dict]:
-    """Run each configuration; the ones that ran, with their run folder."""
-    done = []
-    for i, c in enumerate(configs, 1):
-        run_dir = (out / "runs" / label(c)).resolve()
-        tag = f"[{i:2d}/{len(configs)}]" if source == "sweep" else "[optimizer]"
-        try:
-            m = run_one(c, data, run_dir, a)
-        except (JobFailed, OSError, ValueError, KeyError) as e:
-            msg = str(e).strip().splitlines()
-            print(f"{tag} {label(c):32s} FAILED: {msg[0] if msg else e!r}", flush=True)
-            failed.append({**c, "source": source, "error": str(e)[-2000:]})
-            continue
-        print(f"{tag} {label(c):32s} wall {m['launch_wall_s']:6.2f} s (job {m['wall_s']:.2f}: "
-              f"init {m['init_s']:.2f} + train {m['train_s']:.2f})", flush=True)
-        done.append({**c, "run_dir": str(run_dir), "source": source, "order": i, **m})
-    return done
-
-
-def calibrated_ranks(params) -> set[int]:
-    """The rank counts calibrate measured a job at (start-up, cores' worth, crowded messaging)."""
-    keys = set(params.startup_by_ranks) | set(params.contended_update_s)
-    for kind, table in params.exchange_s.items():   # each architecture's no-compute round (a replica's: K ranks)
-        keys |= set(table)
-    worth = params.effective_cores
-    for table in (worth.values() if worth and isinstance(next(iter(worth.values())), dict) else [worth]):
-        keys |= set(table)
-    return {int(k) for k in keys}
-
-
-def compared(done: list[dict], params) -> list[dict]:
-    """asgd.perf.cli.compare's rows for the runs, with the order, source, launcher wall and
-    whether the run's rank count was calibrated (sample: in / out)."""
-    import asgd.perf.cli
-    calibrated = calibrated_ranks(params)
-    rows, skipped = asgd.perf.cli.compare([d["run_dir"] for d in done], params)
-    for s in skipped:
-        print(f"compare skipped {s}", flush=True)
-    by_dir = {d["run_dir"]: d for d in done}
-    for r in rows:
-        d = by_dir[r["run"]]
-        r.update(label=label(d), source=d["source"], order=d["order"], launch_wall_s=d["launch_wall_s"],
-                 accuracy=d["accuracy"], sample="in" if d["workers"] + 1 in calibrated else "out")
+    def one(c):
+        d = (out / "runs" / label(c)).resolve()
+        common.fresh_dir(d)   # never read a stale results.json
+        job = validate.run_job(c["workers"] + 1, [
+            "-m", "asgd.train", "--optimizer", "sgd", "--data", str(data), "--reader", c["reader"], "--batch",
+            str(c["batch"]), "--hidden", str(c["hidden"]), "--epochs", str(a.epochs), "--quiet", "--out", str(d),
+            "--timeout", str(a.timeout)], a.timeout + 30)
+        res = validate.results(d)
+        (row,) = validate.compare([str(d)], params) or [None]
+        return row and {**row, "label": label(c), "source": source, "launch_wall_s": job["wall_s"],
+                        "others_cores": job["others_cores"], "accuracy": res["metrics"].get("accuracy"),
+                        "sample": "in" if c["workers"] + 1 in calibrated else "out"}
+    say = lambda r: (f"wall {r['launch_wall_s']:6.2f} s (job {r['total_meas_s']:.2f}: init {r['init_meas_s']:.2f} "
+                     f"+ train {r['train_meas_s']:.2f})")
+    lost: list[dict] = []
+    rows = validate.sweep(configs, one, label, say, lock=a.cpu_lock, failed=lost,
+                          tag="[optimizer] " if source == "optimizer" else "")
+    failed += [{**f, "source": source} for f in lost]
     return rows
 
 
 def optimizer_check(rows: list[dict], params, data: Path, out: Path, a, failed: list) -> list[dict]:
-    """Per hidden size: asgd.perf.cli.optimize over the grid measured at it; its top configuration's
-    measured total (run now if the sweep did not measure it; the row is added to `rows`)
-    against the best measured total."""
-    import asgd.perf.cli
-    from asgd.perf.analytic import Run
+    """Per hidden size: asgd.perf's optimize over exactly the grid measured at it (1 server, 1
+    node of params.cores cores, at most max(workers) + 1 ranks); its top configuration
+    (measured now, and added to `rows`, if the sweep did not) against the best measured."""
     checks = []
+    key = lambda r: (r["workers"], r["batch"], r["reader"])
     for h in sorted({r["hidden"] for r in rows}):
         at = [r for r in rows if r["hidden"] == h]
         ws, bs = sorted({r["workers"] for r in at}), sorted({r["batch"] for r in at})
         rs = [x for x in READERS if any(r["reader"] == x for r in at)]
-        base = Run(workers=1, hidden=h, epochs=a.epochs, **asgd.perf.cli.data_of(str(data), None, "tsv", params))
-        ranked = asgd.perf.cli.optimize(params, 1, params.cores, base, ws, [1], bs, rs, max(ws) + 1)
+        base = validate.Run(workers=1, hidden=h, epochs=a.epochs, **validate.data_of(str(data), None, "tsv", params))
+        ranked = validate.optimize(params, 1, params.cores, base, ws, [1], bs, rs, max(ws) + 1)
         top = ranked[0]
-        key = lambda r: (r["workers"], r["batch"], r["reader"])  # noqa: E731
-        found = [r for r in at if key(r) == key(top)]
-        added = not found
+        added = not any(key(r) == key(top) for r in at)
         if added:
             c = dict(hidden=h, workers=top["workers"], batch=top["batch"], reader=top["reader"])
             print(f"optimizer's top at hidden {h}, {label(c)}, was not measured: running it", flush=True)
-            new = compared(measure([c], data, out, a, "optimizer", failed), params)
+            new = measure([c], data, out, a, "optimizer", failed, params)
             rows += new
             at += new
-            found = new
-        best = min(at, key=lambda r: r["total_meas_s"])
-        pred_rank = [key(x) for x in ranked]
-        chk = {"hidden": h, "grid": {"workers": ws, "batches": bs, "readers": rs, "servers": [1],
-                                     "nodes": 1, "cores_per_node": params.cores, "max_ranks": max(ws) + 1},
+        got = validate.optimizer_check(ranked, at, key, lambda r: r["total_meas_s"])
+        t = got["measured"] if got["first"] and key(got["first"]) == key(top) else None   # None: top failed to run
+        best = got["best"]
+        chk = {"hidden": h, "grid": {"workers": ws, "batches": bs, "readers": rs, "servers": [1], "nodes": 1,
+                                     "cores_per_node": params.cores, "max_ranks": max(ws) + 1},
                "configurations": len(ranked),
-               "top": {k: top[k] for k in ("workers", "servers", "batch", "reader", "ranks", "init_s", "train_s",
-                                           "total_s", "bound")},
+               "top": {**{k: top[k] for k in ("workers", "servers", "batch", "reader", "ranks", "init_s", "train_s",
+                                              "total_s", "bound")},
+                       "label": t and t["label"], "total_meas_s": t and t["total_meas_s"]},
                "top_added_run": added,
                "best_measured": {k: best[k] for k in ("label", "workers", "batch", "reader", "total_meas_s",
                                                       "total_pred_s")},
-               "best_measured_predicted_rank": pred_rank.index(key(best)) + 1 if key(best) in pred_rank else None,
-               "top5_predicted": ranked[:5]}
-        if found:
-            t = found[0]
-            chk["top"]["label"], chk["top"]["total_meas_s"] = t["label"], t["total_meas_s"]
-            chk["ratio"] = t["total_meas_s"] / best["total_meas_s"]
-            chk["pass"] = chk["ratio"] <= OPTIMIZER_LIMIT
-        else:   # the top configuration failed to run
-            chk["top"]["total_meas_s"], chk["ratio"], chk["pass"] = None, None, False
+               "best_measured_predicted_rank": got["best_predicted_rank"], "top5_predicted": got["top5"],
+               "ratio": t and got["ratio"], "pass": bool(t) and got["pass"]}
         checks.append(chk)
     return checks
 
@@ -261,30 +169,37 @@ def optimizer_check(rows: list[dict], params, data: Path, out: Path, a, failed: 
 def summarize(rows: list[dict]) -> dict:
     """APE per phase over the out-of-sample runs (pass/fail), with the in-sample runs' and
     all runs' beside it (`in_sample`, `all`, for information)."""
-    import asgd.perf.cli
     out = [r for r in rows if r["sample"] == "out"]
-    s = asgd.perf.cli.error_summary(out, PHASES + DETAIL)
-    ins = asgd.perf.cli.error_summary([r for r in rows if r["sample"] == "in"], PHASES + DETAIL)
-    every = asgd.perf.cli.error_summary(rows, PHASES + DETAIL)
-    for k, e in s.items():
-        e.update(runs=len(out), in_sample=ins.get(k), all=every.get(k), limit_median=LIMITS.get(k),
-                 **{"pass": e["median"] <= LIMITS[k] if k in LIMITS else None,
-                    "role": "validated (out of sample)" if k in LIMITS else "detail (not pass/fail)"})
+    s = {}
+    for k in PHASES + DETAIL:
+        e = validate.score(out, f"{k}_ape")
+        if e:
+            s[k] = {**e, "in_sample": validate.score([r for r in rows if r["sample"] == "in"], f"{k}_ape"),
+                    "all": validate.score(rows, f"{k}_ape"), "limit_median": LIMITS.get(k),
+                    "pass": e["median"] <= LIMITS[k] if k in LIMITS else None,
+                    "role": "validated (out of sample)" if k in LIMITS else "detail (not pass/fail)"}
     return s
 
 
 def breakdown(rows: list[dict]) -> dict:
-    """Median APE of init, train and total by each of reader, workers, batch, hidden."""
+    """Median APE of every phase, and the signed median error of init, train and total, by
+    each of reader, workers, batch, hidden."""
+    for r in rows:
+        for k in PHASES:
+            r[f"{k}_signed_pct"] = (r[f"{k}_pred_s"] - r[f"{k}_meas_s"]) / r[f"{k}_meas_s"] * 100 \
+                if r[f"{k}_meas_s"] > 0 else None
     out = {}
     for dim in ("reader", "workers", "batch", "hidden"):
         out[dim] = {}
         for v in sorted({r[dim] for r in rows}):
             sub = [r for r in rows if r[dim] == v]
-            out[dim][str(v)] = {"runs": len(sub), **{f"{k}_median_ape": statistics.median(r[f"{k}_ape"] for r in sub)
+            out[dim][str(v)] = {"runs": len(sub), **{f"{k}_median_ape": validate.score(sub, f"{k}_ape")["median"]
                                                       for k in PHASES + DETAIL},
-                                **{f"{k}_median_signed_pct": statistics.median(
-                                    (r[f"{k}_pred_s"] - r[f"{k}_meas_s"]) / r[f"{k}_meas_s"] * 100
-                                    for r in sub if r[f"{k}_meas_s"] > 0) for k in PHASES}}
+                                **{f"{k}_median_signed_pct": validate.score(sub, f"{k}_signed_pct")["median"]
+                                   for k in PHASES}}
+    for r in rows:
+        for k in PHASES:
+            del r[f"{k}_signed_pct"]
     return out
 
 
@@ -326,7 +241,7 @@ def report(rows, summary, parts, checks, meta) -> None:
               f"{', run for this check' if c['top_added_run'] else ''}); best measured {b['label']} "
               f"{b['total_meas_s']:.2f} s (predicted rank {c['best_measured_predicted_rank']})")
         ratio = f"{c['ratio']:.3f}" if c["ratio"] is not None else "-"
-        print(f"  top measured / best measured = {ratio} (<= {OPTIMIZER_LIMIT:.2f}): "
+        print(f"  top measured / best measured = {ratio} (<= {validate.OPTIMIZER_LIMIT:.2f}): "
               f"{'PASS' if c['pass'] else 'FAIL'}")
     print()
     for k in PHASES:
@@ -337,7 +252,7 @@ def report(rows, summary, parts, checks, meta) -> None:
         print(f"info: median APE of {k} {summary[k]['median']:.1f}% (detail, not pass/fail)")
     for c in checks:
         print(f"{'PASS' if c['pass'] else 'FAIL'}: optimizer at hidden {c['hidden']}, top / best measured "
-              f"{c['ratio'] if c['ratio'] is None else round(c['ratio'], 3)} <= {OPTIMIZER_LIMIT:.2f}")
+              f"{c['ratio'] if c['ratio'] is None else round(c['ratio'], 3)} <= {validate.OPTIMIZER_LIMIT:.2f}")
 
 
 # -- the figure ------------------------------------------------------------------------------
@@ -347,27 +262,15 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(15, 5.8), gridspec_kw={"width_ratios": [1, 1.15]})
     colors = {"init": "tab:blue", "train": "tab:orange", "total": "tab:green"}
     markers = {"sequential": "o", "parallel": "s"}
-    vals = [r[f"{k}_{s}_s"] for r in rows for k in PHASES for s in ("pred", "meas")]
-    lo, hi = min(v for v in vals if v > 0) / 1.5, max(vals) * 1.5
-    x = [lo, hi]
-    ax.fill_between(x, [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.85", label="±15%")
-    ax.plot(x, x, "k-", lw=0.8, label="predicted = measured")
-    for k in PHASES:
-        for rd, mk in markers.items():
-            sub = [r for r in rows if r["reader"] == rd]
-            if sub:
-                ax.scatter([r[f"{k}_meas_s"] for r in sub], [r[f"{k}_pred_s"] for r in sub], marker=mk,
-                           s=30, color=colors[k], alpha=0.75, edgecolor="k", linewidth=0.3, label=f"{k}, {rd}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_aspect("equal")
-    ax.set_xlabel("measured seconds")
-    ax.set_ylabel("predicted seconds")
     meds = ", ".join(f"{k} {statistics.median(r[f'{k}_ape'] for r in rows):.0f}%" for k in PHASES)
-    ax.set_title(f"predicted against measured, per phase and reader\n(median APE: {meds})", fontsize=10)
-    ax.grid(alpha=0.3, which="both")
+    validate.pred_vs_meas(ax, [([r[f"{k}_meas_s"] for r in sub], [r[f"{k}_pred_s"] for r in sub],
+                                dict(marker=mk, s=30, color=colors[k], alpha=0.75, edgecolor="k", linewidth=0.3,
+                                     label=f"{k}, {rd}"))
+                               for k in PHASES for rd, mk in markers.items()
+                               if (sub := [r for r in rows if r["reader"] == rd])],
+                          0.15, 1.5, "measured seconds", "predicted seconds",
+                          f"predicted against measured, per phase and reader\n(median APE: {meds})")
+    ax.set_aspect("equal")
     ax.legend(fontsize=7.5, loc="upper left", ncol=2)
 
     cmap = plt.get_cmap("viridis")
@@ -409,40 +312,37 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     run = common.Run("model", a, load_every_s=None)   # the load: sampled during the sweep only
     out = run.out
-    meta = {"machine": run.machine, "command": command_line(), "points": a.points, "test_points": a.test_points,
-            "epochs": a.epochs, "quick": a.quick, "seed": a.seed, "timeout_s": a.timeout,
-            "limits": {"median_ape_pct": LIMITS, "optimizer_ratio": OPTIMIZER_LIMIT},
+    meta = {"machine": run.machine, "command": common.command_line(), "points": a.points,
+            "test_points": a.test_points, "epochs": a.epochs, "quick": a.quick, "seed": a.seed, "timeout_s": a.timeout,
+            "limits": {"median_ape_pct": LIMITS, "optimizer_ratio": validate.OPTIMIZER_LIMIT},
             "run_command": "mpiexec -n W+1 python -m asgd.train --optimizer sgd --data D --reader R --batch B --hidden H "
                            f"--epochs {a.epochs} --quiet --out OUT/runs/hH-wW-bB-R"}
     configs = plan(a)
     if not configs:
         sys.exit("bench_model: nothing to run")
-    data = generate(out, a)
+    data = validate.generate(out / "data" / "d.tsv", a.points, a.test_points)
     if a.params:   # the parameters first, and never from the sweep's runs
         params_path, meta["calibrate_s"] = a.params.resolve(), None
     else:
-        params_path, meta["calibrate_s"] = calibrate(out, a.quick)
-    import asgd.perf.cli
-    try:
-        params = asgd.perf.cli.load_params(str(params_path))
-    except asgd.perf.cli.PerfError as e:
-        sys.exit(f"bench_model: {e}")
+        params_path, meta["calibrate_s"] = validate.calibrate(out, a.quick, a.cpu_lock)
+    params = validate.load_params(params_path)
     meta["params_file"] = str(params_path)
     meta["params_calibrated_here"] = a.params is None
 
     print("warm-up run (numba's caches; discarded) ...", flush=True)
     warm = dict(hidden=min(c["hidden"] for c in configs), workers=1, batch=max(c["batch"] for c in configs),
                 reader="parallel")
-    try:
-        run_one(warm, data, (out / "warmup").resolve(), a)
-    except (JobFailed, OSError, ValueError, KeyError) as e:
-        print(f"warm-up failed (going on): {str(e).strip()[:300]}", flush=True)
+    validate.sweep([warm], lambda c: validate.run_job(2, [
+        "-m", "asgd.train", "--optimizer", "sgd", "--data", str(data), "--reader", c["reader"], "--hidden",
+        str(c["hidden"]), "--batch", str(c["batch"]), "--epochs", str(a.epochs), "--quiet", "--out",
+        str(common.fresh_dir((out / "warmup").resolve()))], a.timeout), label)
 
     run.sample_load()
     failed: list[dict] = []
     t_sweep = time.perf_counter()
     print(f"{len(configs)} runs, in an order shuffled with seed {a.seed}:", flush=True)
-    rows = compared(measure(configs, data, out, a, "sweep", failed), params)
+    random.Random(a.seed).shuffle(configs)
+    rows = measure(configs, data, out, a, "sweep", failed, params)
     if not rows:
         sys.exit("bench_model: no run finished")
     checks = optimizer_check(rows, params, data, out, a, failed)
@@ -450,7 +350,7 @@ def main(argv=None) -> int:
     meta["load"] = run.load
     summary = summarize(rows)
     parts = breakdown(rows)
-    paper = asgd.perf.cli.error_summary(rows, ("paper_total",))["paper_total"]
+    paper = validate.score(rows, "paper_total_ape")
     meta.update(paper_equations_total_ape=paper, summary=summary, breakdown=parts, optimizer=checks, failed=failed, runs=len(rows),
                 passed={"median_ape": {k: summary[k]["pass"] for k in PHASES},
                         "optimizer": {str(c["hidden"]): c["pass"] for c in checks}})

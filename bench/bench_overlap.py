@@ -1,43 +1,22 @@
-"""How much of a worker's push/pull exchange hides behind its compute: for Delta-w of
-2-10K-2 (50,002 doubles, 400 KB) and 2-100K-2 (500,002 doubles, 4.0 MB), on shared memory
-(plain mpiexec, 2 ranks on this machine) and on the emulated cluster (asgd.testbed: server
-and worker on two hosts, TCP through links shaped to --bandwidth).
+"""How much of a worker's push/pull exchange hides behind its compute: Delta-w of 2-10K-2
+(400 KB) and 2-100K-2 (4.0 MB), on shared memory (mpiexec, 2 ranks) and on the emulated
+cluster (asgd.testbed: server and worker on two hosts, TCP through links at --bandwidth).
 
-Both ranks run asgd's real protocol through its public signatures: rank 0
-`protocol.server.Server(...).serve(Async())`, rank 1 `protocol.worker.run_worker(...)`
-with the real numba training step (`net.mlp.make_step`) on real data, exactly as
-asgd.train calls them; --progress on,off measures before and after in one run: with
-`on` the worker's step tests the exchange in flight between its sample blocks (asgd.train's
-default --mpi-progress step), with `off` only its waits move the messages (before issue
-#16 phase 2). The modes cycle step by step within each run (`alone`: no compute, the
-exchange alone; `off`; `on`), so all three see the same load of a shared machine and the
-same batch.
+Both ranks run asgd's real protocol (rank 0 `Server(...).serve(Async())`, rank 1
+`run_worker(...)` with the real numba step on real data, as asgd.train calls them). The
+modes cycle step by step within each run, so all see the same load and batch: `alone` (no
+compute: the exchange alone), `off` (only the waits move the messages) and `on` (the step
+tests the exchange between its sample blocks: asgd.train's default --mpi-progress step).
 
-Definitions, per configuration (model size x transport), all per step on the worker:
-  E           the exchange alone: the worker's time per step with a step that returns at
-              once (no compute): push, the server's work, the reply, the waits; measured
-              in the same run as c (the `alone` steps), and once before, alone, to size
-              the batches
-  c           the compute: the worker's `compute` phase per step with the real step at a
-              batch size timed here to take about r x E, for r in --ratios
-  exposed(c)  the exchange time the worker still sees with that compute: its `push` and
-              `comm_wait` phases per step (posting the exchange, then waiting for the
-              previous one to complete, after the step)
-  All per step, medians over the run's steps of each mode (from a TraceClock of the
-  worker), so that a loaded machine's occasional long preemptions do not decide the figure.
-  hidden(c)   = (c0 + E - T) / min(E, c0), clipped to [0, 1]: the fraction of the
-              exchange the step's period T does not show, of what could hide (with
-              c >= E all of it can; with c < E at most c of it); c0 is the step's compute
-              with progress off (same batch, same run). 0: nothing moved while the
-              worker computed (MPI moves a rendezvous-sized message only inside MPI
-              calls, and a step without progress makes none); 1: perfect overlap.
-              With progress off T = c0 + exposed, so this is phase 1's measure
-              (E - exposed) / min(E, c), still reported as hidden_frac_exposed; with
-              progress on the step does MPI's copying and protocol work between its
-              blocks, which its compute phase then counts, so only T tells the gain.
-  headline    hidden at r = 2 (a compute twice the exchange: everything could hide)
-Also per row: T = the worker's time per step, and the two bounds max(c, E) (perfect
-overlap) and c + E (none).
+Per step on the worker, medians over the run's steps of each mode (a TraceClock):
+  E         the exchange alone (the `alone` steps of the same run)
+  c         the compute, at a batch timed here to take about r x E, r in --ratios
+  exposed   its push and comm_wait phases with that compute
+  T         its time per step; max(c, E) (perfect overlap) and c + E (none) beside it
+  hidden    (c0 + E - T) / min(E, c0), clipped to [0, 1], c0 the compute with progress off
+            (same batch, same run): the share of the exchange the step's period does not
+            show (with progress off, (E - exposed) / min(E, c): hidden_frac_exposed)
+  headline  hidden at r = 2 (a compute twice the exchange: everything could hide)
 
 Writes overlap.csv, overlap.json (machine, load, testbed), overlap.png under --out.
 
@@ -50,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
+import validate  # noqa: E402
 from common import int_list  # noqa: E402
 
 import json  # noqa: E402
@@ -319,30 +299,21 @@ def main(argv=None):
         job = common.mpiexec(2, child_argv(args), timeout=args.timeout)
         got = parse_child(job["stdout"])
         rows += [{"where": "shm", **r} for r in got["rows"]]
-    if "testbed" in args.where:
-        from asgd.testbed import lifecycle, missing_requirements, parse_rate
-        from asgd.testbed.spec import format_rate
-        reason = missing_requirements()
-        if reason:
-            print(f"testbed skipped: {reason}", flush=True)
-        else:
-            rate = parse_rate(args.bandwidth)
-            name = args.name
-            if lifecycle.exists(name):
-                lifecycle.down(name, say=lambda *a, **k: None)
-            tb = lifecycle.up(name, 2, rate, say=lambda *a, **k: None)
-            testbed = {"hosts": 2, "rate": format_rate(rate), "rate_bit": rate, "placement": "server h0, worker h1"}
-            try:
-                print(f"testbed: server and worker on two hosts, {format_rate(rate)} links ...", flush=True)
-                res = tb.run([common.launch.find(), "-n", "2", sys.executable, *child_argv(args)], servers=1,
-                             capture=True, timeout=args.timeout, say=lambda *a, **k: None)
-                if res.rc:
-                    raise RuntimeError(f"testbed job failed (exit {res.rc}): {(res.stderr or '')[-1500:]}")
-                got = parse_child(res.stdout)
-                testbed["wire_bytes"] = res.wire
-                rows += [{"where": f"testbed {format_rate(rate)}", **r} for r in got["rows"]]
-            finally:
-                tb.down()
+    reason = "testbed" in args.where and validate.testbed_missing()
+    if reason:
+        print(f"testbed skipped: {reason}", flush=True)
+    elif "testbed" in args.where:
+        rate = validate.format_rate(validate.parse_rate(args.bandwidth))
+        testbed = {"hosts": 2, "rate": rate, "rate_bit": validate.parse_rate(args.bandwidth),
+                   "placement": "server h0, worker h1"}
+        with validate.testbed(args.name, 2, args.bandwidth) as tb:
+            print(f"testbed: server and worker on two hosts, {rate} links ...", flush=True)
+            res = tb.run([validate.launcher(), "-n", "2", sys.executable, *child_argv(args)], servers=1,
+                         capture=True, timeout=args.timeout, say=lambda *a, **k: None)
+            if res.rc:
+                raise RuntimeError(f"testbed job failed (exit {res.rc}): {(res.stderr or '')[-1500:]}")
+            testbed["wire_bytes"] = res.wire
+            rows += [{"where": f"testbed {rate}", **r} for r in parse_child(res.stdout)["rows"]]
     summary = summarize(rows)
     headline = 2.0 if 2.0 in args.ratios else args.ratios[-1]
     info = run.meta(testbed=testbed, summary=summary, headline_ratio=headline, columns=COLUMNS)

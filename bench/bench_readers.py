@@ -1,45 +1,35 @@
 """Initialization against workers for the two readers: the paper's finding and its fix.
 
-The paper (sec. 5.2.2, 5.3) found CNTK's init dominated by reading: every rank reads
-and parses the whole file, one rank after another, so T_disk_new(w, n) = w x T_disk(n x w)
-(eq. 12) with T_disk(n) = r_d x 8 x n_f x n (eq. 5): init grows linearly with the nodes.
-asgd's `--reader sequential` does that on purpose; `--reader parallel` (the default) reads
-each rank's part of the file at once and shuffles with one all-to-all.
+The paper (sec. 5.2.2, 5.3) found CNTK's init dominated by reading: every rank reads and
+parses the whole file, one after another, so init grows linearly with the nodes (eq. 12:
+T_disk_new(w, n) = w x T_disk(n x w), T_disk(n) = r_d x 8 x n_f x n). asgd's `--reader
+sequential` does that on purpose; `--reader parallel` (the default) reads each rank's part
+at once and shuffles with one all-to-all.
 
 For each workers w and reader: `mpiexec -n w+1 python -m asgd.train --data FILE --reader R
---epochs 1 --hidden 100`; from its results.json: init_s (the job's init, slowest rank)
-and, per rank, init's sub-phases read/parse/shuffle. "data" is the slowest rank's
-read+parse+shuffle: the reader's part of init (sequential: `read` includes waiting for the
-other ranks' turns). Runs of the two readers alternate, so a change in the machine's load
-hits both alike; the load average is recorded.
-
-The model: every one of the w+1 ranks reads the whole file of d points (asgd's server is
-a rank of its own, where CNTK's shared node 1 with a worker), so eq. 12 reads
-data(w) = (w+1) x T_disk(d), T_disk(d) = r_d x 8 x n_f x d, with r_d calibrated from the
-1-worker sequential run (its data time is two turns). Writes readers.csv, readers.json
-(with the machine), readers.png; prints a table, the sequential reader's slope and R^2 of
-init vs workers, and the parallel/sequential ratio at 8 workers.
+--epochs 1 --hidden 100`; from results.json: init_s and, per rank, read/parse/shuffle ("data":
+the slowest rank's sum, the reader's part of init). The readers alternate (the machine's
+load hits both alike). The model: data(w) = (w+1) x T_disk(d), r_d calibrated on the
+1-worker sequential run. Writes readers.csv, readers.json, readers.png; prints a table, the
+sequential reader's slope and R^2 of init against workers, and parallel / sequential at 8.
 
     python bench/bench_readers.py                 # 1,000,000 points, workers 1,2,4,8,16
     python bench/bench_readers.py --quick         # 100,000 points, workers 1,2,4,8
     python bench/bench_readers.py --format tsv,npy
     python bench/bench_readers.py --workers 1 --repeat 3 --baseline 7e950d0   # the parser before/after
 
---baseline REV runs every job of this tree again from a checkout of REV (its own src/ on
-PYTHONPATH: same Python, MPI and packages), interleaved, and prints this tree's parse time
-over the baseline's per format, reader and workers (the model and plot are this tree's).
+--baseline REV runs every job again from a checkout of REV (its src/ on PYTHONPATH),
+interleaved, and prints this tree's parse time over the baseline's.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import common  # first: pins threads, puts src/ on the path
-from common import int_list, mpiexec, print_table
+import validate
+from common import int_list, print_table
 
 import numpy as np  # noqa: E402
 
@@ -63,37 +53,19 @@ def parse_args(argv=None):
     return a
 
 
-def data_file(out: Path, points: int, fmt: str) -> Path:
-    """The rings problem with `points` points, written once (reused by later runs)."""
-    path = out / f"rings-{points}.{fmt}"
-    if not path.exists():
-        print(f"writing {path} ...", flush=True)
-        cmd = [sys.executable, "-m", "asgd.data", "generate", "--points", str(points),
-               "--test-points", str(TEST_POINTS), "--out", str(path)]
-        if subprocess.run(cmd, cwd=common.ROOT).returncode:
-            sys.exit(f"bench_readers: could not write {path}")
-    return path
-
-
-def run_once(path: Path, reader: str, workers: int, out: Path, timeout: float, tree: str = "this",
+def run_once(path: Path, reader: str, workers: int, timeout: float, tree: str = "this",
              src: Path | None = None) -> dict:
     """One job, of this tree or (src: its src/ folder) a baseline's."""
-    run_dir = out / "runs" / f"{path.suffix[1:]}-{reader}-w{workers}" / tree.replace(" ", "-")
-    shutil.rmtree(run_dir, ignore_errors=True)   # asgd.train refuses to write over a run
-    mpiexec(workers + 1, ["-m", "asgd.train", "--data", str(path), "--reader", reader, "--epochs", "1",
-                          "--hidden", "100", "--batch", "1024", "--quiet", "--out", str(run_dir),
-                          "--timeout", str(timeout)], timeout=timeout + 30,
-            env={"PYTHONPATH": str(src)} if src else None)
-    res = json.loads((run_dir / "results.json").read_text())
+    res, _ = common.train_job(workers + 1, ["-m", "asgd.train", "--data", str(path), "--reader", reader, "--epochs", "1",
+                                            "--hidden", "100", "--batch", "1024", "--quiet", "--timeout", str(timeout)],
+                              timeout + 30, env={"PYTHONPATH": str(src)} if src else None)
     ranks = res["ranks"]
     sub = lambda r: sum(r["phases"].get(k, 0.0) for k in ("read", "parse", "shuffle"))  # noqa: E731
     slowest = max(ranks, key=lambda r: r["phases"]["init"])
     return {"tree": tree, "format": path.suffix[1:], "reader": reader, "workers": workers, "ranks": len(ranks),
             "points": res["config"]["train_points"], "features": res["config"]["features"],
             "init_s": res["init_s"], "data_s": max(sub(r) for r in ranks),
-            "read_s": max(r["phases"]["read"] for r in ranks),
-            "parse_s": max(r["phases"]["parse"] for r in ranks),
-            "shuffle_s": max(r["phases"]["shuffle"] for r in ranks),
+            **{f"{k}_s": max(r["phases"][k] for r in ranks) for k in ("read", "parse", "shuffle")},
             "rest_s": slowest["phases"]["init"] - sub(slowest),  # imports, JIT, model: not the reader
             "wall_s": res["wall_s"], "accuracy": res["metrics"]["accuracy"]}
 
@@ -104,12 +76,8 @@ def median_run(runs: list[dict]) -> dict:
 
 
 def fit(x, y) -> dict:
-    """Least-squares line y = a + b x: slope b, intercept a, R^2."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    b, a = np.polyfit(x, y, 1)
-    ss_res = float(np.sum((y - (a + b * x)) ** 2))
-    ss_tot = float(np.sum((y - y.mean()) ** 2)) or 1e-12
-    return {"slope_s_per_worker": float(b), "intercept_s": float(a), "r2": 1 - ss_res / ss_tot}
+    b, a, r2 = common.linear_fit(x, y)
+    return {"slope_s_per_worker": b, "intercept_s": a, "r2": r2}
 
 
 def model(rows: list[dict], fmt: str) -> dict | None:
@@ -177,7 +145,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     run = common.Run("readers", a, load_every_s=None, bandwidth=False)   # the load: sampled after the warm-up
     out = run.out
-    files = {fmt: data_file(out, a.points, fmt) for fmt in a.format}
+    files = {fmt: validate.generate(out / f"rings-{a.points}.{fmt}", a.points, TEST_POINTS) for fmt in a.format}
     meta = {"machine": run.machine, "points": a.points, "test_points": TEST_POINTS,
             "workers": a.workers, "formats": a.format, "repeat": a.repeat,
             "command": "mpiexec -n w+1 python -m asgd.train --data FILE --reader R --epochs 1 "
@@ -187,7 +155,7 @@ def main(argv=None) -> int:
         trees[f"baseline {a.baseline}"] = common.worktree(a.baseline, out) / "src"
     print("warming numba's caches (not timed) ...", flush=True)
     for tree, src in trees.items():
-        run_once(files[a.format[0]], "parallel", 1, out / "warmup", a.timeout, tree, src)
+        run_once(files[a.format[0]], "parallel", 1, a.timeout, tree, src)
     run.sample_load()
     all_rows = []
     for w in a.workers:
@@ -195,7 +163,7 @@ def main(argv=None) -> int:
             runs = {(tree, reader): [] for tree in trees for reader in ("sequential", "parallel")}
             for _ in range(a.repeat):
                 for tree, reader in runs:  # alternate: load changes hit every tree and reader alike
-                    runs[tree, reader].append(run_once(files[fmt], reader, w, out, a.timeout, tree, trees[tree]))
+                    runs[tree, reader].append(run_once(files[fmt], reader, w, a.timeout, tree, trees[tree]))
             for (tree, reader), rs in runs.items():
                 all_rows.append(median_run(rs))
                 r = all_rows[-1]

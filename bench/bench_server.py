@@ -3,26 +3,17 @@ and GB/s, one core, float64, against a STREAM-like bound measured in the same ru
 
 Per push, for each optimizer (--optimizers, default sgd, momentum, adagrad, adam), on a
 shard of n_w doubles, each push's d from the next of W workers' receive buffers:
-  asgd     asgd.net.optimizers.Optimizer.update (the call the server makes): one pass that
-           checks d for NaN and inf, writes the next version of the shard into a buffer of
-           the version pool (W + 1 of them, [w | header], rotating as
-           asgd.protocol.messages.Float64Shard's do) and the optimizer's state into its next
-           buffers. Nothing else: the reply goes out of that version.
-  before   what the server did before issue 29, kept here to compare: kernels.all_finite(d),
-           the optimizer's update in place (the old kernels, copied below), then w copied into
-           that worker's reply buffer [w | header]: three passes.
-The floor of each update is the bytes it must move, reads and writes, no write-allocate:
-  sgd       reads w, d; writes w'                               3 x 8n bytes
-  momentum  reads w, v, d; writes w', v'                        5 x 8n
-  adagrad   reads w, G, d; writes w', G'                        5 x 8n
-  adam      reads w, m, v, d; writes w', m', v'                 7 x 8n
-over the best of numpy copy (16n), add (24n) and triad (two numpy passes, 40n) at the
-update's own footprint (numpy's arrays of n doubles rotating over enough sets to hold as
-many bytes as the update's buffers, so the same cache level): floor_us is those bytes at
-that rate, pct_of_floor = floor_us / us_per_push (100: the update runs at the bandwidth of
-the cache level its buffers live in). `before` is measured against the same floor (it
-moves 3 x 8n more bytes than it needs: the check's and the copy's). pct_of_memory_bound:
-the same bytes against copy/add/triad on ASGD_BENCH_STREAM_MIB arrays (memory).
+  asgd     asgd.net.optimizers.Optimizer.update (the server's call): one pass that checks d
+           for NaN and inf, writes the next version of the shard into the version pool (W + 1
+           buffers [w | header], rotating as Float64Shard's do) and the optimizer's state into
+           its next buffers. Checked against `before` (the same w' from the same w and d).
+  before   the server before issue 29 (its kernels copied below): kernels.all_finite(d), the
+           update in place, then w copied into that worker's reply buffer: three passes.
+The floor of an update is the bytes it must move (reads and writes, no write-allocate: sgd
+3 x 8n, momentum and adagrad 5 x 8n, adam 7 x 8n) at the best of numpy copy/add/triad
+rotating over the update's own footprint (the same cache level): floor_us, and
+pct_of_floor = floor_us / us_per_push. pct_of_memory_bound: the same bytes against
+copy/add/triad on ASGD_BENCH_STREAM_MIB arrays (memory).
 Writes server.csv, server.json, server.png under --out.
 
     python bench/bench_server.py                        # 2-10K-2 and 2-100K-2, 1 and 8 workers
@@ -34,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001
-from common import int_list, interleaved  # noqa: E402
+from common import int_list  # noqa: E402
 
 import math  # noqa: E402
 
@@ -58,7 +49,8 @@ COLUMNS = {"path": "asgd: Optimizer.update into the next version (what the serve
            "gb_per_s": "bytes_per_op / median time (the floor's bytes: comparable across paths)",
            "bound_gb_per_s": "best of numpy copy/add/triad rotating over the path's footprint",
            "floor_us": "bytes_per_op at bound_gb_per_s", "pct_of_floor": "floor_us / us_per_op",
-           "pct_of_memory_bound": "gb_per_s vs the best of copy/add/triad on machine.memory_bandwidth_gbs arrays"}
+           "pct_of_memory_bound": "gb_per_s vs the best of copy/add/triad on machine.memory_bandwidth_gbs arrays",
+           "max_rel_diff_vs_before": "asgd: max |w' - before's w'| / max |before's w'| after one push from the same w, d"}
 
 
 # -- the server's kernels before issue 29 (in place; the check and the reply's copy apart) --
@@ -99,9 +91,9 @@ def _before_adam(w, m, v, d, lr, b1, b2, eps, t):
         w[i] += lr * (mi * c1) / (math.sqrt(vi * c2) + eps)
 
 
-def before_update(name, n, lr=1e-3):
-    """The old per-push work: check, update in place, copy into the reply buffer."""
-    w = np.random.default_rng(5).normal(size=n)
+def before_update(name, n, lr=1e-3, w=None):
+    """The old per-push work: check, update in place (of w), copy into the reply buffer."""
+    w = np.random.default_rng(5).normal(size=n) if w is None else w
     state = [np.zeros(n) for _ in range(UPDATES[name][1])]
     t = [0]
 
@@ -124,7 +116,7 @@ def before_update(name, n, lr=1e-3):
 # -- the measurements --------------------------------------------------------------------
 
 def parse_args(argv=None):
-    p = common.parser(__doc__, "server")
+    p = common.parser(__doc__, "server", lock=True)
     p.add_argument("--hidden", type=int_list, default=[10000, 100000], help="2-H-2 models, comma list (default 10000,100000)")
     p.add_argument("--workers", type=int_list, default=[1, 8], help="workers the pushes rotate over (default 1,8)")
     p.add_argument("--repeat", type=int, default=15, help="interleaved repetitions (default 15)")
@@ -171,9 +163,18 @@ def footprint(name, path, W):
     return (W + 1) + 2 * state + W if path == "asgd" else 1 + state + 2 * W
 
 
-def bench_updates(n, W, optimizers, repeat, min_time):
-    """Each optimizer's per-push work, both paths, and the bound at each one's footprint,
-    interleaved."""
+def same_update(name, n) -> float:
+    """The check: one push from the same w and d, asgd's next version against before's w."""
+    rng = np.random.default_rng(2)
+    w, d, out = rng.normal(size=n), rng.normal(scale=1e-3, size=n), np.empty(n)
+    Optimizer(name, 1e-3, n).update(w, d, out)
+    before_update(name, n, w=w)(d, np.empty(n))   # moves w in place
+    return common.rel_diff(out, w)
+
+
+def bench_updates(n, W, optimizers, repeat, min_time, lock=None):
+    """Each optimizer's per-push work, both paths (asgd's checked against before's), and the
+    bound at each one's footprint, interleaved."""
     rng = np.random.default_rng(1)
     recv = [rng.normal(scale=1e-9, size=n + PUSH_HEADER) for _ in range(W)]   # as the server's receive buffers
     fns = {}
@@ -198,7 +199,8 @@ def bench_updates(n, W, optimizers, repeat, min_time):
         fns[f"asgd {name}"], fns[f"before {name}"] = asgd, before
         for path in PATHS:
             fns.update(stream_fns(n, footprint(name, path, W), f" @{path} {name}"))
-    return interleaved(fns, repeat, min_time, warmup=2)
+    checks = {f"asgd {name}": same_update(name, n) for name in optimizers}
+    return common.micro(fns, repeat, min_time, checks=checks, warmup=2, lock=lock)
 
 
 def plot(rows, path):
@@ -235,7 +237,7 @@ def main(argv=None):
     for hid in args.hidden:
         n = Layout(2, hid, 2).n_w
         for W in args.workers:
-            res = bench_updates(n, W, args.optimizers, args.repeat, args.min_time)
+            res = bench_updates(n, W, args.optimizers, args.repeat, args.min_time, args.cpu_lock)
             for name in args.optimizers:
                 units, state = UPDATES[name]
                 for path in PATHS:
@@ -255,7 +257,8 @@ def main(argv=None):
                                  "bound_gb_per_s": round(bound, 3), "bound_kernel": max(bounds, key=bounds.get),
                                  "floor_us": round(1e6 * floor_s, 2),
                                  "pct_of_floor": round(100 * floor_s / r["median_s"], 1),
-                                 "pct_of_memory_bound": round(100 * gbs / bound_mem, 1)})
+                                 "pct_of_memory_bound": round(100 * gbs / bound_mem, 1),
+                                 "max_rel_diff_vs_before": r["max_rel_diff"]})
             print(f"  2-{hid}-2 W={W}: " + ", ".join(
                 f"{r['optimizer']} {r['us_per_op']:,.0f} µs ({r['pct_of_floor']:.0f}% of floor; before "
                 f"{b['us_per_op']:,.0f})" for r in rows if r["n_w"] == n and r["workers"] == W and r["path"] == "asgd"

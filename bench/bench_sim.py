@@ -41,17 +41,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
-from common import JobFailed, LoadSampler, command_line, mpiexec, print_table, save_figure, write_outputs  # noqa: E402
-from asgd import launch  # noqa: E402
+import validate  # noqa: E402
+from common import JobFailed, LoadSampler, command_line, print_table, save_figure, write_outputs  # noqa: E402
 
-import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
-import random  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
 import time  # noqa: E402
 
 METRICS = ("train", "init", "total", "updates_per_s")
@@ -60,7 +56,7 @@ SRC = {"meas": "measured here", "sim": "simulated (asgd.sim, with the CPU other 
 
 
 def parse_args(argv=None):
-    p = common.parser(__doc__, "sim", plot=False)
+    p = common.parser(__doc__, "sim", plot=False, lock=True)
     p.add_argument("part", nargs="?", choices=("all", "validate", "paper", "scale"), default="all")
     p.add_argument("--params", type=Path, help="calibration to use (default: calibrate into OUT/params.json first)")
     p.add_argument("--quick", action="store_true", help="validate: calibrate --quick and 8 short runs; "
@@ -69,11 +65,7 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=2, help="validate: epochs of the embedded-problem runs (default 2)")
     p.add_argument("--timeout", type=float, default=300, help="seconds one run may take (default 300)")
     p.add_argument("--seed", type=int, default=0, help="seed of the run order's shuffle (default 0)")
-    p.add_argument("--cpu-lock", default=common.CPU_LOCK, help="the CPU lock each timed run holds (none: none); "
-                   "run this bench without an outer flock")
-    a = p.parse_args(argv)
-    a.cpu_lock = None if a.cpu_lock == "none" else a.cpu_lock
-    return a
+    return p.parse_args(argv)
 
 
 # -- validate ---------------------------------------------------------------------------------
@@ -139,133 +131,28 @@ def plan(a) -> list[dict]:
     return runs
 
 
-def _procs() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, CPU ticks used so far: utime + stime) of every process, from /proc."""
-    out = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    st = f.read()
-            except OSError:
-                continue
-            rest = st[st.rindex(")") + 2:].split()   # fields from the 3rd: state, ppid, ...
-            out[int(d)] = (int(rest[1]), int(rest[11]) + int(rest[12]))
-    return out
-
-
-class OthersCPU:
-    """Cores' worth of CPU that processes other than this one and our job (everything
-    under `root`, our mpiexec) used while the job ran: the other users' load, from their
-    CPU counters, sampled every 0.2 s (a process's ticks count from its first sample;
-    one that started during the job from 0). Counting runnable processes instead
-    overstates it: on a crowded machine a task that wants a little CPU waits long
-    in the run queue, runnable all the while."""
-
-    def __init__(self, root: int):
-        self.root, self.me = root, os.getpid()
-        self.first: dict[int, int] = {}
-        self.last: dict[int, int] = {}
-        self.t0 = time.perf_counter()
-        self.sample(initial=True)
-
-    def sample(self, initial: bool = False) -> None:
-        procs = _procs()
-        for pid, (_, ticks) in procs.items():
-            if self._ours(pid, procs):
-                continue
-            self.first.setdefault(pid, ticks if initial else 0)
-            self.last[pid] = ticks
-
-    def _ours(self, pid: int, procs) -> bool:
-        for _ in range(64):
-            if pid in (self.root, self.me):
-                return True
-            if pid not in procs or pid <= 1:
-                return False
-            pid = procs[pid][0]
-        return False
-
-    def cores(self) -> float:
-        ticks = sum(self.last[p] - self.first[p] for p in self.last)
-        return ticks / os.sysconf("SC_CLK_TCK") / max(time.perf_counter() - self.t0, 1e-9)
-
-
-def mpiexec_sampled(n: int, argv: list[str], timeout: float) -> dict:
-    """common.mpiexec, and the cores' worth of CPU the other users' processes took
-    meanwhile (OthersCPU)."""
-    import signal
-    import subprocess
-    cmd = launch.command(n, sys.executable, *argv)   # main's launcher and the flags its MPI needs
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         cwd=common.ROOT)
-    others = OthersCPU(p.pid)
-    while p.poll() is None:
-        time.sleep(0.2)
-        others.sample()
-        if time.perf_counter() - t0 > timeout:
-            os.killpg(p.pid, signal.SIGKILL)   # our own child's group
-            p.wait()
-            raise JobFailed(f"timed out after {timeout:.0f} s: {' '.join(cmd)}")
-    out, err = p.communicate()
-    if p.returncode:
-        raise JobFailed(f"exit {p.returncode}: {' '.join(cmd)}\n{err[-2000:]}")
-    return {"wall_s": time.perf_counter() - t0, "others_cores": others.cores()}
-
-
 def measure(runs: list[dict], data: Path, out: Path, a) -> list[dict]:
-    order = list(runs)
-    random.Random(a.seed).shuffle(order)
-    done = []
-    for i, r in enumerate(order, 1):
-        d = (out / "runs" / r["label"]).resolve()
-        if d.exists():
-            shutil.rmtree(d)
+    """Each run (shuffled with --seed), holding the CPU lock, with the cores' worth of CPU the
+    other users took meanwhile (an input of the simulation, like the machine's cores)."""
+    def one(r):
+        d = common.fresh_dir((out / "runs" / r["label"]).resolve())
         opts = r["opts"] if "--optimizer" in r["opts"] else ["--optimizer", "sgd", *r["opts"]]
         argv = ["-m", "asgd.train", *opts, "--quiet", "--out", str(d), "--timeout", str(a.timeout)]
-        if r["data"]:
-            argv += ["--data", str(data)]
-        try:
-            with common.cpu_lock(a.cpu_lock) as load:   # each run holds the machine's CPU lock
-                got = mpiexec_sampled(r["ranks"], argv, timeout=a.timeout + 30)
-        except (JobFailed, OSError) as e:
-            print(f"[{i:2d}/{len(order)}] {r['label']:14s} FAILED: {str(e).splitlines()[0]}", flush=True)
-            continue
-        res = json.loads((d / "results.json").read_text())
-        print(f"[{i:2d}/{len(order)}] {r['label']:14s} wall {res['wall_s']:6.2f} s (init {res['init_s']:5.2f}, "
-              f"train {res['train_s']:6.2f})  load {load:.1f}, others used {got['others_cores']:.2f} cores  "
-              f"launch {got['wall_s']:.1f} s", flush=True)
-        done.append({**r, "run_dir": str(d), "load_1min": load, "others_cores": got["others_cores"]})
-    return done
+        job = validate.run_job(r["ranks"], argv + (["--data", str(data)] if r["data"] else []), a.timeout + 30)
+        return {"run_dir": str(d), "others_cores": job["others_cores"], "launch_s": job["wall_s"]}
 
-
-def simulate_like(run_dir: str, params: Path, out_dir: Path, background: float = 0.0) -> dict:
-    """python -m asgd.sim --like RUN_DIR [--background CORES], in a forked child; its results.json."""
-    from asgd.sim import cli
-    from asgd.sim.costs import Costs, load_params
-    from asgd.sim.run import simulate_isolated
-    p, raw = load_params(str(params))
-    args = cli.parse_args(["--like", run_dir, "--params", str(params), "--out", str(out_dir),
-                           "--background", f"{background:.3f}"])
-    spec, data_path = cli.spec_from_args(args, p)
-    return simulate_isolated(spec, Costs(p, spec, raw), str(out_dir), False, (0, 200), raw.get("sleep_overhead_s"),
-                             data_path, str(params))
-
-
-def ape(pred: float, meas: float) -> float:
-    return abs(pred - meas) / meas * 100 if meas > 0 else math.inf
+    def say(r):
+        res = validate.results(r["run_dir"])
+        return (f"wall {res['wall_s']:6.2f} s (init {res['init_s']:5.2f}, train {res['train_s']:6.2f})  load "
+                f"{r['load_1min']:.1f}, others used {r['others_cores']:.2f} cores  launch {r['launch_s']:.1f} s")
+    return validate.sweep(runs, one, lambda r: r["label"], say, seed=a.seed, lock=a.cpu_lock)
 
 
 def compare_runs(done: list[dict], params: Path, out: Path) -> list[dict]:
     """Per run: measured, simulated and analytical-model seconds and APEs."""
-    import asgd.perf.cli as pcli
-    from asgd.perf import analytic
-    from bench_model import calibrated_ranks
-    p = pcli.load_params(str(params))
-    # the same calibration without its KIND+step probes: the model without its crowding term
-    bare = dataclasses.replace(p, exchange_s={k: t for k, t in p.exchange_s.items() if not k.endswith("+step")})
-    calibrated = calibrated_ranks(p)   # rank counts calibrate started jobs at (start-up, cores' worth)
+    p = validate.load_params(params)
+    bare = validate.without_crowding(p)
+    calibrated = validate.calibrated_ranks(p)   # rank counts calibrate started jobs at (start-up, cores' worth)
     rows = []
     for d in done:
         res = json.loads((Path(d["run_dir"]) / "results.json").read_text())
@@ -273,9 +160,9 @@ def compare_runs(done: list[dict], params: Path, out: Path) -> list[dict]:
         t = time.perf_counter()
         # the simulator with the other users' load measured during the run (an input about the
         # machine, like its cores), and without it (the analytical model's inputs exactly)
-        sim = simulate_like(d["run_dir"], params, Path(d["run_dir"] + "-sim"), d.get("others_cores", 0.0))
+        sim = validate.simulate(params, d["run_dir"], out=d["run_dir"] + "-sim", background=d.get("others_cores", 0.0))
         sim_wall = time.perf_counter() - t
-        simq = simulate_like(d["run_dir"], params, Path(d["run_dir"] + "-simq"), 0.0)
+        simq = validate.simulate(params, d["run_dir"], out=d["run_dir"] + "-simq")
         row = {"label": d["label"], "ranks": c["world_size"], "workers": c["workers"], "servers": c["servers"],
                "arch": c["arch"], "architecture": architecture(c), "optimizer": c["optimizer"],
                "mode": c["mode"], "reader": c["reader"] if c.get("data") else "embedded",
@@ -289,20 +176,20 @@ def compare_runs(done: list[dict], params: Path, out: Path) -> list[dict]:
                 "updates_per_s": sim["throughput"]["updates_per_s"]}
         simq_v = {"train": simq["train_s"], "init": simq["init_s"], "total": simq["wall_s"],
                   "updates_per_s": simq["throughput"]["updates_per_s"]}
-        pr = analytic.predict(p, pcli.run_of(res, p))
+        pr = validate.predict(p, res)
         # the model's rate: the run's own update count over its predicted training time
         model = {"train": pr.train_s, "init": pr.init_s, "total": pr.total_s,
                  "updates_per_s": res["throughput"]["updates"] / pr.train_s}
         for k in METRICS:
             row[f"meas_{k}"] = meas[k]
             row[f"sim_{k}"] = simv[k]
-            row[f"sim_ape_{k}"] = ape(simv[k], meas[k])
+            row[f"sim_ape_{k}"] = validate.ape(simv[k], meas[k])
             row[f"simq_{k}"] = simq_v[k]
-            row[f"simq_ape_{k}"] = ape(simq_v[k], meas[k])
+            row[f"simq_ape_{k}"] = validate.ape(simq_v[k], meas[k])
             row[f"model_{k}"] = model[k] if model else None
-            row[f"model_ape_{k}"] = ape(model[k], meas[k]) if model else None
-        row["model_no_crowding_train"] = analytic.predict(bare, pcli.run_of(res, bare)).train_s
-        row["model_no_crowding_ape_train"] = ape(row["model_no_crowding_train"], meas["train"])
+            row[f"model_ape_{k}"] = validate.ape(model[k], meas[k]) if model else None
+        row["model_no_crowding_train"] = validate.predict(bare, res).train_s
+        row["model_no_crowding_ape_train"] = validate.ape(row["model_no_crowding_train"], meas["train"])
         row["sim_startup_check_s"] = sim["simulated"]["startup_check"]["calibrated_job_startup_s"]
         rows.append(row)
         print(f"  {d['label']:14s} train meas {meas['train']:6.2f} sim {simv['train']:6.2f} "
@@ -322,43 +209,27 @@ def architecture(c: dict) -> str:
     return c["arch"]
 
 
-def pct(xs: list[float], q: float) -> float:
-    """The q-quantile as compare reports it (nearest rank)."""
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, math.ceil(q * len(xs)) - 1)]
-
-
 def summarize(rows: list[dict]) -> dict:
+    """APE medians and p90s: per metric and predictor over the runs both predict; the
+    simulator's over allreduce's; train's per architecture and per optimizer (the targets:
+    <= 15 % per architecture, model and simulator; adagrad's <= 10 %, like sgd's); and over
+    the runs at rank counts calibrate never started a job at (bench_model's out of sample)."""
     ps = [r for r in rows if r["model_train"] is not None]   # runs both predict
-    out = {"runs": len(rows), "runs_both": len(ps), "allreduce_runs": len(rows) - len(ps)}
-    for who in ("sim", "simq", "model"):
-        for k in METRICS:
-            e = [r[f"{who}_ape_{k}"] for r in ps]
-            if e:
-                out[f"{who}_{k}"] = {"median": statistics.median(e), "p90": pct(e, 0.9)}
     ar = [r for r in rows if r["model_train"] is None]
+    out = {"runs": len(rows), "runs_both": len(ps), "allreduce_runs": len(ar)}
     for k in METRICS:
-        e = [r[f"sim_ape_{k}"] for r in ar]
-        if e:
-            out[f"sim_allreduce_{k}"] = {"median": statistics.median(e), "p90": pct(e, 0.9)}
+        for who in ("sim", "simq", "model"):
+            out[f"{who}_{k}"] = validate.score(ps, f"{who}_ape_{k}")
+        out[f"sim_allreduce_{k}"] = validate.score(ar, f"sim_ape_{k}")
     for who in ("sim", "simq", "model"):
-        e = [r[f"{who}_ape_train"] for r in rows]
-        out[f"{who}_all_train"] = {"median": statistics.median(e), "p90": pct(e, 0.9)}
-    # per architecture and per optimizer: the targets (median train APE <= 15 % per
-    # architecture, model and simulator; adagrad's <= 10 %, like sgd's)
+        out[f"{who}_all_train"] = validate.score(rows, f"{who}_ape_train")
     for key, field in (("by_architecture", "architecture"), ("by_optimizer", "optimizer")):
-        for v in sorted({r[field] for r in rows}):
-            sub = [r for r in rows if r[field] == v]
-            out.setdefault(key, {})[v] = {who: {"median": statistics.median(r[f"{who}_ape_train"] for r in sub),
-                                                "p90": pct([r[f"{who}_ape_train"] for r in sub], 0.9),
-                                                "runs": len(sub)} for who in ("sim", "model", "model_no_crowding")}
-    # the runs were never calibration runs; these also have a rank count calibrate never
-    # started a job at (bench_model's stricter sense of out of sample)
+        out[key] = {v: {who: validate.score([r for r in rows if r[field] == v], f"{who}_ape_train")
+                        for who in ("sim", "model", "model_no_crowding")} for v in sorted({r[field] for r in rows})}
     for who in ("sim", "model"):
         for k in ("train", "init"):
-            e = [r[f"{who}_ape_{k}"] for r in ps if r["sample"] == "out"]
-            if e:
-                out[f"{who}_{k}_rank_count_out"] = {"median": statistics.median(e), "p90": pct(e, 0.9), "runs": len(e)}
+            out[f"{who}_{k}_rank_count_out"] = validate.score([r for r in ps if r["sample"] == "out"], f"{who}_ape_{k}")
+    out = {k: v for k, v in out.items() if v is not None}
     out["target"] = {"sim_train_median_ape_le_10": out["sim_all_train"]["median"] <= 10.0,
                      "every_architecture_le_15": all(v[w]["median"] <= 15 for v in out["by_architecture"].values()
                                                      for w in ("sim", "model")),
@@ -371,27 +242,19 @@ def plot_validate(rows: list[dict], summary: dict, path: Path, title: str) -> No
     plt = common.pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.4))
     for ax, k, name in ((axes[0], "train", "training time (train_s)"), (axes[1], "init", "initialization (init_s)")):
-        vals = [r[f"{w}_{k}"] for r in rows for w in ("meas", "sim", "model") if r[f"{w}_{k}"]]
-        lo, hi = min(vals) / 1.3, max(vals) * 1.3
-        ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.88", label="±10%")
-        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-        ax.scatter([r[f"meas_{k}"] for r in rows], [r[f"sim_{k}"] for r in rows], s=28, color="tab:blue",
-                   edgecolor="k", lw=0.3, label=f"{SRC['sim']}: median APE {summary['sim_' + k]['median']:.1f}%")
-        ax.scatter([r[f"meas_{k}"] for r in rows], [r[f"simq_{k}"] for r in rows], s=22, marker="^",
-                   facecolor="none", edgecolor="tab:blue", lw=0.8,
-                   label=f"simulated without the others' load: median APE {summary['simq_' + k]['median']:.1f}%")
         m = [r for r in rows if r[f"model_{k}"] is not None]
-        ax.scatter([r[f"meas_{k}"] for r in m], [r[f"model_{k}"] for r in m], s=28, marker="s", color="tab:orange",
-                   edgecolor="k", lw=0.3, label=f"{SRC['model']}: median APE {summary['model_' + k]['median']:.1f}%")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.set_xlabel(f"{SRC['meas']}, s")
-        ax.set_ylabel("predicted, s")
-        ax.set_title(name, fontsize=10)
+        validate.pred_vs_meas(ax, [
+            ([r[f"meas_{k}"] for r in rows], [r[f"sim_{k}"] for r in rows],
+             dict(s=28, color="tab:blue", edgecolor="k", lw=0.3,
+                  label=f"{SRC['sim']}: median APE {summary['sim_' + k]['median']:.1f}%")),
+            ([r[f"meas_{k}"] for r in rows], [r[f"simq_{k}"] for r in rows],
+             dict(s=22, marker="^", facecolor="none", edgecolor="tab:blue", lw=0.8,
+                  label=f"simulated without the others' load: median APE {summary['simq_' + k]['median']:.1f}%")),
+            ([r[f"meas_{k}"] for r in m], [r[f"model_{k}"] for r in m],
+             dict(s=28, marker="s", color="tab:orange", edgecolor="k", lw=0.3,
+                  label=f"{SRC['model']}: median APE {summary['model_' + k]['median']:.1f}%"))],
+            0.10, 1.3, f"{SRC['meas']}, s", "predicted, s", name)
         ax.legend(fontsize=7.5, loc="upper left")
-        ax.grid(alpha=0.3, which="both")
     ax = axes[2]
     order = sorted(rows, key=lambda r: (r["arch"], r["mode"], r["servers"], r["ranks"]))
     x = range(len(order))
@@ -410,13 +273,13 @@ def plot_validate(rows: list[dict], summary: dict, path: Path, title: str) -> No
     save_figure(fig, path)
 
 
-def validate(a, out: Path, params: Path, meta: dict) -> dict:
-    from bench_model import generate
-    data = generate(out, argparse.Namespace(points=a.points, test_points=a.points // 20))
+def run_validate(a, out: Path, params: Path, meta: dict) -> dict:
+    data = validate.generate(out / "data" / "d.tsv", a.points, a.points // 20)
     runs = plan(a)
     print("warm-up run (numba's caches; discarded) ...", flush=True)
     try:
-        mpiexec(2, ["-m", "asgd.train", "--epochs", "1", "--quiet", "--out", str(out / "warmup")], a.timeout)
+        common.mpiexec(2, ["-m", "asgd.train", "--epochs", "1", "--quiet", "--out",
+                           str(common.fresh_dir(out / "warmup"))], a.timeout)
     except JobFailed as e:
         print(f"warm-up failed (going on): {str(e)[:200]}")
     load = LoadSampler()
@@ -533,15 +396,13 @@ def cntk_params(p_raw: dict, file_bytes: int) -> tuple[dict, dict]:
 
 
 def _interp_step(raw: dict, hidden: int, batch: int) -> float:
-    from asgd.perf.analytic import Params
-    return Params.from_dict(raw).step(hidden, batch)
+    return validate.Params.from_dict(raw).step(hidden, batch)
 
 
 def paper_specs(p, raw: dict, cost: str, a) -> list[tuple[str, object, dict]]:
     """(experiment, Spec, what the row is) of the paper's scaling study and of the fixes."""
-    from asgd.perf.analytic import Run
-    from asgd.sim.costs import Spec
-    from asgd.sim.machines import BLUE_WATERS, MUSTANG
+    Spec, machines = validate.sim_spec()
+    BLUE_WATERS, MUSTANG, Run = machines.BLUE_WATERS, machines.MUSTANG, validate.Run
     per = p.bytes_per_point["tsv"]
     fb, tb = int(PAPER_POINTS * per), int(PAPER_POINTS // 4 * per)
     base = Run(workers=1, servers=1, batch=256, hidden=10000, epochs=1, reader="sequential", points=PAPER_POINTS,
@@ -577,21 +438,17 @@ def paper_specs(p, raw: dict, cost: str, a) -> list[tuple[str, object, dict]]:
 
 
 def run_paper(a, out: Path, params: Path, meta: dict) -> dict:
-    from asgd.sim.costs import Costs, load_params
-    from asgd.sim.run import simulate_isolated
-    p, raw = load_params(str(params))
+    p, raw = validate.sim_params(params)
     fb = int(PAPER_POINTS * p.bytes_per_point["tsv"])
     cntk_raw, derivation = cntk_params(raw, fb)
     (out / "paper-cntk-params.json").write_text(json.dumps({"schema": 1, "params": cntk_raw,
                                                              "derivation": derivation}, indent=1))
-    from asgd.perf.analytic import Params
-    models = {"asgd": (p, raw), "cntk": (Params.from_dict(cntk_raw), cntk_raw)}
+    models = {"asgd": (p, raw), "cntk": (validate.Params.from_dict(cntk_raw), cntk_raw)}
     rows = []
     for cost, (pp, rr) in models.items():
         for exp, spec, what in paper_specs(pp, rr, cost, a):
             t = time.perf_counter()
-            res = simulate_isolated(spec, Costs(pp, spec, rr), None, False, (0, 200), rr.get("sleep_overhead_s"),
-                                    f"paper-{PAPER_POINTS}.tsv", str(params))
+            res = validate.simulate(params, spec=spec, params=(pp, rr), data_name=f"paper-{PAPER_POINTS}.tsv")
             row = {"experiment": exp, "costs": cost, **what, "machine": spec.machine.name, "nodes_sim": spec.nodes,
                    "workers": spec.run.workers, "servers": spec.servers, "reader": spec.run.reader,
                    "compression": spec.compress, "init_s": res["init_s"], "train_s": res["train_s"],
@@ -621,7 +478,7 @@ def paper_verdicts(rows: list[dict]) -> list[dict]:
             continue
         ns = sorted(sc)
         inits = [sc[n]["init_s"] for n in ns]
-        slope, icpt, r2 = _linfit(ns, inits)
+        slope, _, r2 = common.linear_fit(ns, inits)
         train_min = min(ns, key=lambda n: sc[n]["train_s"])
         rises = sc[64]["train_s"] > sc[train_min]["train_s"] * 1.05
         out += [
@@ -649,17 +506,6 @@ def paper_verdicts(rows: list[dict]) -> list[dict]:
 
 def _near(x: float, target: float, rel: float) -> bool:
     return abs(x - target) <= rel * target
-
-
-def _linfit(xs, ys):
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    icpt = my - slope * mx
-    ss = sum((y - my) ** 2 for y in ys)
-    r2 = 1 - sum((y - (slope * x + icpt)) ** 2 for x, y in zip(xs, ys)) / ss if ss else 1.0
-    return slope, icpt, r2
 
 
 def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
@@ -759,16 +605,12 @@ def main(argv=None) -> int:
     if a.params:
         params = a.params.resolve()
     else:
-        from bench_model import calibrate
-        with common.cpu_lock(a.cpu_lock):
-            params, meta["calibrate_s"] = calibrate(out, a.quick)
+        params, meta["calibrate_s"] = validate.calibrate(out, a.quick, a.cpu_lock)
     meta["params_file"] = str(params)
-    from asgd.sim import available, INSTALL_HINT
-    if not available():
-        sys.exit(f"bench_sim: {INSTALL_HINT}")
+    validate.need_simulator()
     got = {}
     if a.part in ("all", "validate"):
-        got["validate"] = validate(a, out, params, dict(meta))
+        got["validate"] = run_validate(a, out, params, dict(meta))
     if a.part in ("all", "paper"):
         print("the paper's experiments, simulated:", flush=True)
         got["paper"] = run_paper(a, out, params, dict(meta))

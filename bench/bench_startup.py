@@ -7,7 +7,7 @@ The baseline is checked out into a git worktree (bench/results/startup/baseline-
 and run from its own src/ (PYTHONPATH), so both trees run with the same Python, MPI and
 numba; each tree's numba cache is warmed first. Repetitions interleave the trees.
 
-  per-rank CPU  `mpiexec -n R python bench/cpu_of.py asgd.train --hidden 10 --epochs 1`:
+  per-rank CPU  `mpiexec -n R python bench/peers/cpu_of.py asgd.train --hidden 10 --epochs 1`:
                 each rank's process CPU (user + system) at exit. With a 2-10-2 MLP and one
                 epoch, training is a few ms: the rest is start-up (imports, MPI_Init,
                 numba's loads, the data) and the end (gathering the records, MPI_Finalize).
@@ -36,7 +36,7 @@ def per_rank_cpu(tree: Path, ranks: int) -> list[dict]:
     """Each rank's process CPU seconds, for a run whose training is negligible."""
     with tempfile.TemporaryDirectory(prefix="asgd-bench-startup-") as tmp:
         env = {"PYTHONPATH": str(tree / "src"), "ASGD_CPU_OUT": tmp}
-        common.mpiexec(ranks, [str(common.BENCH / "cpu_of.py"), "asgd.train", "--hidden", "10", "--epochs", "1",
+        common.mpiexec(ranks, [str(common.PEERS / "cpu_of.py"), "asgd.train", "--hidden", "10", "--epochs", "1",
                                "--quiet", "--out", os.path.join(tmp, "run")], timeout=300, env=env)
         got = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("cpu-*.json"))]
         roles = {r["rank"]: r["role"] for r in json.loads((Path(tmp) / "run" / "results.json").read_text())["ranks"]}
@@ -44,11 +44,8 @@ def per_rank_cpu(tree: Path, ranks: int) -> list[dict]:
 
 
 def default_run(tree: Path, ranks: int) -> dict:
-    with tempfile.TemporaryDirectory(prefix="asgd-bench-startup-") as tmp:
-        res = common.mpiexec(ranks, ["-m", "asgd.train", "--quiet", "--out", tmp], timeout=600,
-                             env={"PYTHONPATH": str(tree / "src")})
-        r = json.loads((Path(tmp) / "results.json").read_text())
-    return {"launcher_wall_s": res["wall_s"], "wall_s": r["wall_s"], "init_s": r["init_s"], "train_s": r["train_s"],
+    r, job = common.train_job(ranks, ["-m", "asgd.train", "--quiet"], 600, env={"PYTHONPATH": str(tree / "src")})
+    return {"launcher_wall_s": job["wall_s"], "wall_s": r["wall_s"], "init_s": r["init_s"], "train_s": r["train_s"],
             "accuracy": r["metrics"]["accuracy"]}
 
 
@@ -78,7 +75,7 @@ def main(argv=None) -> int:
         default_run(tree, 2)
     rows = []
     for i in range(a.repeat):
-        for name in (list(trees) if i % 2 == 0 else list(reversed(trees))):
+        for name in common.rotated(list(trees), i):
             cpu = per_rank_cpu(trees[name], a.ranks)
             rows += [{"tree": name, "rep": i, "measure": "rank_cpu", **c} for c in cpu]
             job = default_run(trees[name], a.ranks)

@@ -2,61 +2,32 @@
 (asgd.testbed) whose links, not the cores, are the bottleneck; 1, 2 and 4 servers, each on
 a host of its own, and the performance model's prediction drawn over the measurements.
 
-Why a testbed: on this 2-core machine every multi-worker run is bound by the cores, so a
-single server's saturation could only be predicted. Here every rank gets a host (network
-namespace) of its own and every host's link is shaped to --bandwidth each way (tc tbf),
-so a server's link fills long before the cores do.
+Why a testbed: on this 2-core machine every multi-worker run is bound by the cores. Here
+every rank gets a host (network namespace) of its own and every host's link is shaped to
+--bandwidth each way (tc tbf), so a server's link fills long before the cores do.
 
-Choosing the bandwidth (default 8mbit). A 2-10K-2 update moves Delta-w (400,064 B) in
-and w' (400,040 B) out of the server; on the wire 6.9 % more (TCP/IP frames and the ACKs
-of the other direction: asgd.testbed.model.wire_bytes, which the byte proof bounds).
-At R bytes/s per direction a server's link is full at R / 428 KB updates/s, S servers
-(each carrying 1/S of every message) at S times that, and one worker (push, then reply,
-one exchange outstanding) at about R / 820 KB. With --compress 1bit the messages are
-6.4 KB (62.6x fewer bytes), so 1-bit's link ceiling is 62x higher and the cores, not
-the link, may cap it: this bench measures the cores' ceiling on shared memory for both
-(no links: `cores_ceiling`; uncompressed S = 4 and 1-bit S = 1, the most workers); on
-this machine it was 280-360 updates/s on a quiet machine, 50-210 shared with other jobs.
-So the rate must put:
-  * one uncompressed server's ceiling at most a tenth of 1-bit's cores' ceiling, with
-    room for a loaded machine: R / 428 KB <= ~5/s (then 1-bit can show >= 10x);
-  * 4 servers' ceiling (4x) well under the cores' ceiling too: <= ~20/s;
-  * but not so low that the sweep takes hours: each run has 64 x epochs updates, and
-    one worker's runs go at R / 820 KB.
-8 Mbit/s (1 MB/s) gives ceilings of 2.34 (S=1), 4.7 (S=2) and 9.4 (S=4) updates/s and
-1.22 per worker: the knees fall at about 2, 4 and 8 workers on the links alone; 1-bit's
-link ceiling is 145/s, near the cores' when the machine is loaded. Measured (docs/benchmarks.md):
-one float64 server flat at 2.3/s from 8 workers, 2 and 4 servers still rising at 16
-workers (1.66-1.81x and 3.45-3.61x one server's over two runs: a worker waits for all
-its shards, so one server's link idles while workers wait on another's; 1.84x and 3.77x
-with --workers ...,24), one 1-bit server at its link (145/s, 61-63x). Phase 1's
-32 Mbit/s (9.9/19.8/39.5) left 1-bit no room under the cores (it would need >= 99/s).
---bandwidth changes it (the table says where the ceilings then are).
+The bandwidth (default 8mbit). A 2-10K-2 update moves Delta-w in and w' out of the server
+(400 KB each way, 6.9 % more on the wire: asgd.testbed.model.wire_bytes); at R bytes/s a
+server's link is full at R / 428 KB updates/s, S servers at S times that, one worker at
+about R / 820 KB. 1-bit messages are 62.6x smaller, so its ceiling may be the cores' (this
+bench measures them on shared memory: `cores_ceiling`; 280-360 updates/s quiet, 50-210
+loaded). The rate must put one float64 server's ceiling at most a tenth of that (<= ~5/s)
+and 4 servers' well under it, without making the sweep take hours: 8 Mbit/s gives 2.34,
+4.7 and 9.4 updates/s for 1, 2 and 4 servers, 1.22 per worker, 145/s for 1-bit.
 
-Measured per run (`asgd.testbed run --check-bytes -- mpiexec -n W+S python -m asgd.train --optimizer sgd
---servers S --epochs E --trace ...`):
-  updates_per_s   steady state: server 0 receives one message per update; its receipts
-                  (from trace.json) between the 10th and the 90th percentile of the run,
-                  over the time between them (no start-up ramp, no end-of-run tail)
-  updates_per_s_run  results.json's updates / train_s (with ramp, tail and, for S = 1,
-                  the held-out evaluation the server does after every epoch)
-  link_util       updates_per_s / link_ceiling_updates_per_s: 1.0 is a full link (the
-                  server's wire bytes per update from TCP/IP framing, asgd.testbed.model)
-  proof           each host's veth bytes against results.json (asgd.testbed.proof)
-  pred_updates_per_s, ape_pct   asgd.perf.analytic.predict with asgd.testbed.model's
-                  testbed_params (this machine's calibration + R, tbf's burst, latency and
-                  TCP/IP framing), APE = |pred - meas| / meas
-The model's network terms are derived, not fitted (the runs' own wire/app is reported, not
-used); a two-host probe (raw ping-pong of one
-Delta-w and asgd's push/pull round trip) is measured first and printed beside the derived
-values, as a check.
-
---compress none,1bit runs every (workers, servers) point both ways, interleaved; the
-model is told the 1-bit messages' size (asgd.protocol.onebit.bytes_per_weight into
-testbed_params). --accuracy-epochs E (default 5: asgd.train's default) adds two runs of
-the default problem, one server and the most workers, none and 1bit: held-out accuracy
-after each epoch, time to accuracy >= 0.95 (from the start of training), bytes on the
-wire, updates/s.
+Measured per run (`asgd.testbed run --check-bytes -- mpiexec -n W+S python -m asgd.train
+--optimizer sgd --servers S --epochs E --trace ...`):
+  updates_per_s       steady state: server 0's receipts (trace.json) between the 10th and
+                      90th percentile of the run, over the time between them
+  updates_per_s_run   results.json's updates / train_s (ramp, tail and evaluations in)
+  link_util           updates_per_s / link_ceiling_updates_per_s (1.0: a full link)
+  proof               each host's veth bytes against results.json (asgd.testbed.proof)
+  pred_updates_per_s, ape_pct   asgd.perf.architectures.predict with asgd.testbed.model's
+                      testbed_params (calibration + rate, burst, latency, TCP/IP framing:
+                      derived, not fitted; a two-host probe is printed beside them)
+--compress none,1bit runs every (workers, servers) point both ways, back to back.
+--accuracy-epochs E (default 5) adds two runs of the default problem (one server, the most
+workers, none and 1bit): held-out accuracy per epoch, time to >= 0.95, wire bytes.
 
 Writes testbed.csv, testbed.json (rows, summary: ceilings, ratios, median APE; the probe,
 the testbed, the machine, the load), testbed.png under --out (bench/results/testbed).
@@ -71,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
+import validate  # noqa: E402
 from common import int_list  # noqa: E402
 
 import json  # noqa: E402
@@ -88,7 +60,7 @@ COLUMNS = {"updates_per_s": "steady state: server 0's receipts between the 10th 
            "link_util": "updates_per_s / link_ceiling_updates_per_s",
            "link_ceiling_updates_per_s": "link bytes/s / a server's wire bytes per update (TCP/IP "
                                          "framing: asgd.testbed.model.wire_bytes)",
-           "pred_updates_per_s": "asgd.perf.analytic.predict with asgd.testbed.model.testbed_params",
+           "pred_updates_per_s": "asgd.perf.architectures.predict with asgd.testbed.model.testbed_params",
            "ape_pct": "|pred - meas| / meas, %",
            "cpu_ms_per_update": "CPU of every rank (init included) / updates",
            "server_bytes_per_update": "server 0's application bytes (sent or received, the larger) per update",
@@ -98,7 +70,7 @@ COLUMNS = {"updates_per_s": "steady state: server 0's receipts between the 10th 
 
 
 def parse_args(argv=None):
-    p = common.parser(__doc__, "testbed", mpi_child=True)
+    p = common.parser(__doc__, "testbed", mpi_child=True, lock=True)
     p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 12, 16],
                    help="comma list (default 1,2,4,8,12,16)")
     p.add_argument("--servers", type=int_list, default=[1, 2, 4], help="comma list (default 1,2,4)")
@@ -132,10 +104,8 @@ def child(args) -> None:
     from mpi4py import MPI
 
     from asgd.net import mlp
-    from asgd.net.mlp import Layout
-    from asgd.testbed import model
     mlp.compile_kernels()
-    got = model.probe(MPI.COMM_WORLD, Layout(2, args.hidden, 2).n_w)
+    got = validate.testbed_model().probe(MPI.COMM_WORLD, mlp.Layout(2, args.hidden, 2).n_w)
     if got:
         print(json.dumps(got), flush=True)
 
@@ -170,19 +140,17 @@ def train_cmd(mpiexec: str, S: int, W: int, compress: str, args, out: Path, epoc
     return cmd + (["--compress", compress] if compress != "none" else [])
 
 
-def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | None = None) -> dict | None:
-    from asgd.testbed import model
+def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | None = None) -> dict:
+    model = validate.testbed_model()
     out = tmp / f"s{S}-w{W}-{compress}-{time.monotonic_ns()}"
     load0 = os.getloadavg()[0]
     try:
-        res = tb.run(train_cmd(common.launch.find(), S, W, compress, args, out, epochs), check_bytes=True,
+        res = tb.run(train_cmd(validate.launcher(), S, W, compress, args, out, epochs), check_bytes=True,
                      timeout=args.timeout, capture=True, say=lambda *a, **k: None)
     except Exception as e:  # noqa: BLE001  (a failed run is reported and skipped)
-        print(f"  S={S} W={W} {compress}: failed: {str(e)[-400:]}", flush=True)
-        return None
+        raise common.JobFailed(f"failed: {str(e)[-400:]}") from None
     if res.rc or res.results is None:
-        print(f"  S={S} W={W} {compress}: exit {res.rc}: {(res.stderr or '')[-400:]}", flush=True)
-        return None
+        raise common.JobFailed(f"exit {res.rc}: {(res.stderr or '')[-400:]}")
     r = res.results
     rate, n = steady_rate(out / "trace.json")
     ev = r["ranks"][0]["phases"].get("evaluate", 0.0)
@@ -216,7 +184,7 @@ def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | No
 def cores_ceiling(S: int, W: int, args, tmp: Path, compress: str = "none") -> dict | None:
     """The same job on shared memory (plain mpiexec, no links): what the cores allow."""
     out = tmp / f"cores-{compress}"
-    cmd = train_cmd(common.launch.find(), S, W, compress, args, out)
+    cmd = train_cmd(validate.launcher(), S, W, compress, args, out)
     try:
         subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=True)
     except (subprocess.SubprocessError, OSError) as e:
@@ -228,34 +196,20 @@ def cores_ceiling(S: int, W: int, args, tmp: Path, compress: str = "none") -> di
             "updates_per_s_run": round(r["throughput"]["updates_per_s"], 2), "load_1min": round(os.getloadavg()[0], 2)}
 
 
-def calibration(args, out: Path) -> tuple[Path, str]:
-    if args.params:
-        return args.params, f"given: {args.params}"
-    path = out / "params.json"
-    print("calibrating this machine (python -m asgd.perf calibrate --quick) ...", flush=True)
-    p = subprocess.run([sys.executable, "-m", "asgd.perf", "calibrate", "--quick", "--out", str(path)],
-                       capture_output=True, text=True, timeout=900)
-    if p.returncode:
-        raise SystemExit(f"calibrate failed:\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
-    return path, "python -m asgd.perf calibrate --quick (this run)"
-
-
 def predict(base, rows, args, rate_bit) -> None:
     """pred_updates_per_s and ape_pct on every row (the model never sees the measurements:
     the network terms are the link's rate and burst and TCP/IP framing, not the runs' bytes)."""
-    from asgd.perf.analytic import Run, predict as model_predict
-    from asgd.testbed.model import testbed_params
     for r in rows:
         S, W = r["servers"], r["workers"]
         n_w = r["n_w"]
-        prm = testbed_params(base, rate_bit, args.latency * 1e-6,
+        prm = validate.testbed_model().testbed_params(base, rate_bit, args.latency * 1e-6,
                              bytes_per_weight=bytes_per_weight(r["compress"], args.hidden, S), sizes=[-(-n_w // S), n_w])
-        pred = model_predict(prm, Run(workers=W, servers=S, batch=args.batch, hidden=args.hidden,
-                                      epochs=args.epochs))
+        pred = validate.model_predict(prm, validate.Run(workers=W, servers=S, batch=args.batch,
+                                                           hidden=args.hidden, epochs=args.epochs))
         X = pred.detail["updates_per_s"]
         r["pred_updates_per_s"] = round(X, 3)
         r["pred_bound"] = pred.detail["bound"]
-        r["ape_pct"] = round(100 * abs(X - r["updates_per_s"]) / r["updates_per_s"], 1)
+        r["ape_pct"] = round(validate.ape(X, r["updates_per_s"]), 1)
 
 
 # -- reporting --------------------------------------------------------------------------------
@@ -283,12 +237,11 @@ def summarize(rows, args) -> dict:
     if "none" in out and "1bit" in out:   # 1-bit against float64 messages, one server's ceilings
         a, b = (out[c]["ceilings"].get(1, {}).get("ceiling_updates_per_s") for c in ("1bit", "none"))
         out["onebit_vs_none_one_server"] = round(a / b, 2) if a and b else None
-    apes = [r["ape_pct"] for r in rows if r.get("ape_pct") is not None]
-    out["model_median_ape_pct"] = round(statistics.median(apes), 1) if apes else None
-    out["model_max_ape_pct"] = max(apes) if apes else None
+    e = validate.score(rows, "ape_pct")
+    out["model_median_ape_pct"], out["model_max_ape_pct"] = (round(e["median"], 1), e["max"]) if e else (None, None)
+    by = validate.score(rows, "ape_pct", by="compress")
     for c in args.compress:
-        ca = [r["ape_pct"] for r in rows if r.get("ape_pct") is not None and r["compress"] == c]
-        out[c]["model_median_ape_pct"] = round(statistics.median(ca), 1) if ca else None
+        out[c]["model_median_ape_pct"] = round(by[c]["median"], 1) if c in by else None
     return out
 
 
@@ -352,65 +305,55 @@ def main(argv=None):
     args = parse_args(argv)
     if common.as_mpi_child(args, child):
         return 0
-    from asgd.testbed import TestbedError, missing_requirements, parse_rate
-    from asgd.testbed import lifecycle
-    from asgd.testbed.spec import format_rate
-    from asgd.perf.cli import load_params
-    reason = missing_requirements()
-    if reason:
-        raise SystemExit(f"bench_testbed: no testbed here: {reason}")
     run = common.Run("testbed", args, end_on_signals=True)   # timeout/kill -TERM: the testbed goes down too
-    rate_bit = parse_rate(args.bandwidth)
-    params_path, params_src = calibration(args, run.out)
-    base = load_params(str(params_path))
+    rate_bit, format_rate = validate.parse_rate(args.bandwidth), validate.format_rate
+    if args.params:
+        params_path, params_src = args.params, f"given: {args.params}"
+    else:
+        params_path, params_src = validate.calibrate(run.out, True, args.cpu_lock)[0], \
+            "python -m asgd.perf calibrate --quick (this run)"
+    base = validate.load_params(params_path)
     hosts = max(args.servers) + max(args.workers)
-    if lifecycle.exists(args.name):
-        lifecycle.down(args.name, say=lambda *a, **k: None)
-    tb = lifecycle.up(args.name, hosts, rate_bit, args.latency)
-    rows, accuracy, probe = [], [], None
-    t_all = time.perf_counter()
-    try:
-        with tempfile.TemporaryDirectory(prefix="asgd-bench-testbed-") as tmp:
-            tmp = Path(tmp)
-            # the two-host probe: raw ping-pong and asgd's round trip over one link pair
-            res = tb.run([common.launch.find(), "-n", "2", sys.executable, str(Path(__file__).resolve()),
-                          "--mpi-child", "--hidden", str(args.hidden)], servers=0, capture=True, timeout=300,
-                         say=lambda *a, **k: None)
-            lines = [ln for ln in (res.stdout or "").splitlines() if ln.startswith("{")]
-            probe = json.loads(lines[-1]) if res.rc == 0 and lines else {"error": (res.stderr or "")[-500:]}
-            print(f"probe over two hosts: {probe}", flush=True)
-            cores = []   # float64: the most servers and workers; 1-bit: one server, the most workers
-            for c in ([] if args.no_cores_check else args.compress):
-                got = cores_ceiling(max(args.servers) if c == "none" else 1, max(args.workers), args, tmp, c)
-                if got:
-                    cores.append(got)
-                    print(f"cores' ceiling, {c} (shared memory, S={got['servers']} W={got['workers']}): "
-                          f"{got['updates_per_s']} updates/s, load {got['load_1min']}", flush=True)
-            # each (workers, servers) point with every compression in a row: they see the same load
-            configs = [(c, S, W) for W in args.workers for S in args.servers for c in args.compress]
-            for rep in range(args.repeat):
-                for c, S, W in (configs if rep % 2 == 0 else configs[::-1]):
-                    row = one_run(tb, S, W, c, args, tmp, rate_bit)
-                    if row:
-                        row["rep"] = rep
-                        rows.append(row)
-                        print(f"  {c:<5} S={S} W={W:>2}: {row['updates_per_s']:7.2f} updates/s steady "
-                              f"({row['updates_per_s_run']:.2f} whole run), link {row['link_util']:.2f} full, "
-                              f"proof {'ok' if row['proof_ok'] else 'FAILED'} ({row['wire_over_app_sent']:.3f}), "
-                              f"acc {row['accuracy']:.3f}, load {row['load_1min']}", flush=True)
-            for c in (args.compress if args.accuracy_epochs else []):   # the default problem, to accuracy
-                row = one_run(tb, 1, max(args.workers), c, args, tmp, rate_bit, epochs=args.accuracy_epochs)
-                if row:
-                    accuracy.append(row)
-                    print(f"  accuracy run, {c}: S=1 W={max(args.workers)} {args.accuracy_epochs} epochs: acc "
-                          f"{row['accuracy']:.4f}, >= {TARGET_ACCURACY} after {row['time_to_accuracy_s']} s of "
-                          f"training, {row['updates_per_s']:.2f} updates/s, {row['wire_bytes_sent'] / 1e6:.1f} MB "
-                          f"on the wire, proof {'ok' if row['proof_ok'] else 'FAILED'}, load {row['load_1min']}",
-                          flush=True)
-    except TestbedError as e:
-        raise SystemExit(f"bench_testbed: {e}")
-    finally:
-        tb.down()
+    accuracy, t_all = [], time.perf_counter()
+    with validate.testbed(args.name, hosts, args.bandwidth, args.latency) as tb, \
+            tempfile.TemporaryDirectory(prefix="asgd-bench-testbed-") as tmp:
+        tmp = Path(tmp)
+        # the two-host probe: raw ping-pong and asgd's round trip over one link pair
+        res = tb.run([validate.launcher(), "-n", "2", sys.executable, str(Path(__file__).resolve()),
+                      "--mpi-child", "--hidden", str(args.hidden)], servers=0, capture=True, timeout=300,
+                     say=lambda *a, **k: None)
+        lines = [ln for ln in (res.stdout or "").splitlines() if ln.startswith("{")]
+        probe = json.loads(lines[-1]) if res.rc == 0 and lines else {"error": (res.stderr or "")[-500:]}
+        print(f"probe over two hosts: {probe}", flush=True)
+        cores = []   # float64: the most servers and workers; 1-bit: one server, the most workers
+        for c in ([] if args.no_cores_check else args.compress):
+            got = cores_ceiling(max(args.servers) if c == "none" else 1, max(args.workers), args, tmp, c)
+            if got:
+                cores.append(got)
+                print(f"cores' ceiling, {c} (shared memory, S={got['servers']} W={got['workers']}): "
+                      f"{got['updates_per_s']} updates/s, load {got['load_1min']}", flush=True)
+        # each (workers, servers) point with every compression in a row: they see the same load
+        configs = [{"compress": c, "servers": S, "workers": W} for W in args.workers for S in args.servers
+                   for c in args.compress]
+        name = lambda c: f"{c['compress']:<5} S={c['servers']} W={c['workers']:>2}"  # noqa: E731
+        say = lambda r: (f"{r['updates_per_s']:7.2f} updates/s steady ({r['updates_per_s_run']:.2f} whole run), "  # noqa: E731
+                         f"link {r['link_util']:.2f} full, proof {'ok' if r['proof_ok'] else 'FAILED'} "
+                         f"({r['wire_over_app_sent']:.3f}), acc {r['accuracy']:.3f}, load {r['load_1min']}")
+        rows = []
+        for rep in range(args.repeat):
+            rows += validate.sweep([{**c, "rep": rep} for c in (configs if rep % 2 == 0 else configs[::-1])],
+                                   lambda c: one_run(tb, c["servers"], c["workers"], c["compress"], args, tmp, rate_bit),
+                                   name, say, lock=args.cpu_lock)
+        if args.accuracy_epochs:   # the default problem, to accuracy
+            say = lambda r: (f"accuracy {r['accuracy']:.4f} after {args.accuracy_epochs} epochs, >= {TARGET_ACCURACY} "  # noqa: E731
+                             f"after {r['time_to_accuracy_s']} s of training, {r['updates_per_s']:.2f} updates/s, "
+                             f"{r['wire_bytes_sent'] / 1e6:.1f} MB on the wire, proof "
+                             f"{'ok' if r['proof_ok'] else 'FAILED'}, load {r['load_1min']}")
+            accuracy = validate.sweep([{"compress": c, "servers": 1, "workers": max(args.workers)} for c in args.compress],
+                                      lambda c: one_run(tb, 1, c["workers"], c["compress"], args, tmp, rate_bit,
+                                                        epochs=args.accuracy_epochs), name, say, lock=args.cpu_lock,
+                                      tag="accuracy run ")
+        netem = tb.info.get("netem")
     if not rows:
         raise SystemExit("bench_testbed: no run succeeded")
     # measured wire/app per compression, whole runs (reported; the model derives its own)
@@ -418,12 +361,12 @@ def main(argv=None):
          for c in dict.fromkeys(r["compress"] for r in rows)}
     predict(base, rows, args, rate_bit)
     n_w = rows[0]["n_w"]
-    from asgd.testbed.model import testbed_params, worker_ceiling
-    derived = testbed_params(base, rate_bit, args.latency * 1e-6, sizes=[n_w])
+    model = validate.testbed_model()
+    derived = model.testbed_params(base, rate_bit, args.latency * 1e-6, sizes=[n_w])
     info = run.meta(
         testbed={"hosts": hosts, "rate_bit": rate_bit, "rate": format_rate(rate_bit),
-                 "latency_us": args.latency, "netem": tb.info.get("netem"), "wire_overhead": f,
-                 "worker_ceiling_updates_per_s": {c: round(worker_ceiling(rate_bit, n_w, bytes_per_weight(
+                 "latency_us": args.latency, "netem": netem, "wire_overhead": f,
+                 "worker_ceiling_updates_per_s": {c: round(model.worker_ceiling(rate_bit, n_w, bytes_per_weight(
                      c, args.hidden, 1)), 2) for c in f}},
         params=params_src, probe=probe,
         probe_vs_derived={"pingpong_s": [probe.get("pingpong_s"), derived.per_nw(
@@ -438,7 +381,7 @@ def main(argv=None):
     run.plot(plot, rows, info)
     run.print_machine()
     print(f"testbed: {hosts} hosts, {format_rate(rate_bit)} each way per link, latency "
-          f"{'%g us' % args.latency if args.latency and tb.info.get('netem') else 'none added'}; "
+          f"{'%g us' % args.latency if args.latency and netem else 'none added'}; "
           "wire/app " + ", ".join(f"{c} {v:.4f}" for c, v in f.items()) + f"; calibration: {params_src}")
     if info["probe_vs_derived"]:
         pv = info["probe_vs_derived"]

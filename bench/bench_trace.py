@@ -4,28 +4,16 @@
 
 Writes trace.csv and trace.json and prints median wall and training time per mode."""
 
-import json
-import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (first: one core per process, src on the path)
-from asgd import launch  # noqa: E402  (the mpiexec beside this Python, with its flags)
 
 
 def run(ranks: int, trace: bool, extra: list[str]) -> dict:
-    out = tempfile.mkdtemp(prefix="asgd-bench-trace-")
-    cmd = launch.command(ranks, sys.executable, "-m", "asgd.train", "--quiet", "--out", out, *extra)
-    if trace:
-        cmd.append("--trace")
-    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
-    with open(os.path.join(out, "results.json")) as f:
-        r = json.load(f)
-    shutil.rmtree(out)
+    r, _ = common.train_job(ranks, ["-m", "asgd.train", "--quiet", *extra, *(["--trace"] if trace else [])], 300)
     return {"trace": trace, "wall_s": r["wall_s"], "train_s": r["train_s"], "accuracy": r["metrics"]["accuracy"]}
 
 
@@ -39,7 +27,7 @@ def main(argv=None) -> int:
     rows = []
     run(a.ranks, False, a.train_args)  # warm numba's cache
     for i in range(a.repeat):
-        for trace in (False, True) if i % 2 == 0 else (True, False):
+        for trace in common.rotated([False, True], i):
             rows.append(run(a.ranks, trace, a.train_args))
             print(f"  {i + 1}/{a.repeat} trace={'on ' if trace else 'off'} wall {rows[-1]['wall_s']:.2f} s "
                   f"train {rows[-1]['train_s']:.2f} s", flush=True)

@@ -1,17 +1,23 @@
-"""Helpers every benchmark shares: one core per process, the machine's description,
-launching MPI jobs with a time limit, load sampling, interleaved timing, the command-line
-conventions, and the CSV/JSON/PNG/table outputs. Import it before numpy (it pins
-BLAS/numba to one thread). A bench's main() reads
+"""Helpers every benchmark shares: one core per process, the machine's description (lscpu,
+caches, memory bandwidth, MPI, the load average), the CPU lock, launching MPI jobs with a
+time limit, the command-line conventions, and the CSV/JSON/PNG/table outputs. Import it
+before numpy (it pins BLAS/numba to one thread). A bench's main() reads
 
-    args = common.parser(__doc__, "kernel").parse_args(argv)   # --out, --no-plot
+    args = common.parser(__doc__, "kernel", lock=True).parse_args(argv)   # --out, --no-plot, --cpu-lock
     run = common.Run("kernel", args)        # its folder, the machine, the load while it runs
-    ...                                     # what the bench measures
+    got = common.micro(variants, repeat, checks=...)   # the shape of a micro-benchmark
     run.write(rows, run.meta(columns=...))  # kernel.csv, kernel.json
     run.plot(plot, rows)                    # kernel.png (unless --no-plot)
     run.print_machine(); ...; run.wrote()
 
+Every micro-benchmark has one shape (micro): its variants, the reference among them, each
+variant's correctness against the reference (rel_diff), and the timing (interleaved, under
+the CPU lock). A bench of whole jobs runs its variants in rotated order per repetition
+(rotated) with train_job. Validation sweeps live in validate.py; the PyTorch peers in peers/.
+
 ASGD_BENCH_STREAM_MIB (default 128) sizes the arrays of the memory-bandwidth measurement
-that every benchmark's machine description carries (the smoke test makes it small).
+that every benchmark's machine description carries (the smoke test makes it small);
+ASGD_CPU_LOCK (default /tmp/asgd-cpu.lock; none: no lock) the lock timed runs hold.
 """
 
 from __future__ import annotations
@@ -21,29 +27,36 @@ import os
 for _v in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")   # one core per process, like one MPI rank; must precede numpy
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import csv  # noqa: E402
-import fcntl  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import signal  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import contextlib
+import csv
+import fcntl
+import json
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+PEERS = BENCH / "peers"   # the references run beside asgd: PyTorch DDP and RPC, the per-rank CPU probe
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))   # run from a checkout without installing
 RESULTS = BENCH / "results"
 
-from asgd import launch  # noqa: E402  (the mpiexec beside this Python, with the flags its MPI needs)
+from asgd import mpienv as launch
+
+mpiexec_path = launch.find          # the mpiexec beside this Python (None: none)
+mpiexec_command = launch.command    # [mpiexec, -n, n, <the flags its MPI needs>, *program]
+rank_pids = launch.rank_pids        # a running job's rank -> pid, from its run folder
 
 
 def results_dir(name: str, out: str | Path | None = None) -> Path:
@@ -99,7 +112,7 @@ def _mem_total_gib() -> float | None:
 
 def _caches() -> dict:
     """Cache sizes of cpu0, as sysfs writes them: {'L1d': '32K', 'L2': '1024K', 'L3': '32768K'}."""
-    from asgd.perf.calibrate import caches
+    from asgd.probes.calibrate import caches
     return {name: f"{size >> 10}K" for name, size in caches().items()}
 
 
@@ -113,9 +126,21 @@ def _mpi_library() -> dict:
         from mpi4py import MPI
         return {"mpi_library": " ".join(MPI.Get_library_version().split()),
                 "mpi_version": "%d.%d" % MPI.Get_version(), "mpi4py": mpi4py.__version__,
-                "mpiexec": launch.find()}
+                "mpiexec": mpiexec_path()}
     except Exception as e:  # noqa: BLE001  (a description, never a failure)
         return {"mpi_library": f"unavailable ({e})"}
+
+
+def _lscpu() -> dict:
+    """lscpu's description of the CPU (sockets, cores, threads, clock, NUMA); {} without lscpu."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    keep = ("Architecture", "Model name", "Socket(s)", "Core(s) per socket", "Thread(s) per core", "CPU max MHz",
+            "NUMA node(s)", "Hypervisor vendor", "Virtualization type")
+    pairs = (line.split(":", 1) for line in out.splitlines() if ":" in line)
+    return {k.strip(): v.strip() for k, v in pairs if k.strip() in keep}
 
 
 def _version(pkg: str) -> str | None:
@@ -160,7 +185,7 @@ def machine(bandwidth: bool = True) -> dict:
     except AttributeError:
         cores_usable = os.cpu_count()
     m = {"cpu": _cpu_model(), "llvm_cpu": llvm_cpu, "cores": os.cpu_count(), "cores_usable": cores_usable,
-         "caches": _caches(), "memory_gib": _mem_total_gib(), "host": platform.node(),
+         "caches": _caches(), "lscpu": _lscpu(), "memory_gib": _mem_total_gib(), "host": platform.node(),
          "platform": platform.platform(), "python": platform.python_version(),
          "numpy": np.__version__, "numba": _version("numba"), "torch": _version("torch"),
          "matplotlib": _version("matplotlib"), **_mpi_library(),
@@ -228,9 +253,10 @@ def interleaved(fns: dict, repeat: int, min_time: float = 0.05, warmup: int = 1)
             for name, ts in times.items()}
 
 
-# -- the machine's CPU lock -----------------------------------------------------------------
+# -- the machine's CPU lock, and the shape of a micro-benchmark ------------------------------
 
-CPU_LOCK = "/tmp/asgd-cpu.lock"   # every engineer's timed runs take it (flock), one at a time
+# every engineer's timed runs take it (flock), one at a time; ASGD_CPU_LOCK=none: no lock (tests time nothing)
+CPU_LOCK = os.environ.get("ASGD_CPU_LOCK", "/tmp/asgd-cpu.lock")
 
 
 @contextlib.contextmanager
@@ -241,7 +267,7 @@ def cpu_lock(path: str | None = CPU_LOCK):
     The descriptor is not inherited, so a daemon started meanwhile cannot keep the lock.
     (A bench that takes it must not itself run under `flock` of the same file: it would
     wait for itself.)"""
-    if not path:
+    if not path or path == "none":
         yield os.getloadavg()[0]
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -251,6 +277,29 @@ def cpu_lock(path: str | None = CPU_LOCK):
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def rel_diff(got, ref) -> float:
+    """max |got - ref| / max |ref|: how far a variant's result is from the reference's."""
+    got, ref = np.asarray(got, dtype=float), np.asarray(ref, dtype=float)
+    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-300))
+
+
+def rotated(names: list, rep: int) -> list:
+    """names rotated by rep: no variant always first (or last) in a repetition."""
+    k = rep % len(names) if names else 0
+    return list(names[k:]) + list(names[:k])
+
+
+def micro(variants: dict, repeat: int, min_time: float = 0.05, *, checks: dict | None = None, warmup: int = 1,
+          lock: str | None = CPU_LOCK) -> dict:
+    """Every micro-benchmark's shape: the variants (name -> callable, the reference among
+    them), their correctness (checks: name -> max relative difference from the reference's
+    result, computed before any timing), and the timing: interleaved() under the machine's
+    CPU lock. {name: {median_s, min_s, max_s, cpu_median_s, loops, repeat, max_rel_diff}}."""
+    with cpu_lock(lock):
+        got = interleaved(variants, repeat, min_time, warmup)
+    return {name: {**t, "max_rel_diff": (checks or {}).get(name)} for name, t in got.items()}
 
 
 # -- MPI jobs --------------------------------------------------------------------------
@@ -269,11 +318,17 @@ def worktree(rev: str, out: Path) -> Path:
     return path
 
 
+def fresh_dir(path: Path) -> Path:
+    """`path` emptied (asgd.train refuses to write over a run; a stale results.json misleads)."""
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
 def mpiexec(n: int, argv: list[str], timeout: float, env: dict | None = None, check: bool = True) -> dict:
     """Run `mpiexec -n n python <argv>` with a time limit; on timeout the whole process group
     (mpiexec and its ranks) is killed. Returns {rc, wall_s, stdout, stderr}; check: raise on rc != 0."""
     try:
-        cmd = launch.command(n, sys.executable, *argv)
+        cmd = mpiexec_command(n, sys.executable, *argv)
     except FileNotFoundError as e:
         raise JobFailed(str(e)) from None
     t0 = time.perf_counter()
@@ -292,6 +347,29 @@ def mpiexec(n: int, argv: list[str], timeout: float, env: dict | None = None, ch
     return res
 
 
+def train_job(n: int, argv: list[str], timeout: float, env: dict | None = None, check: bool = True,
+              tb=None) -> tuple[dict | None, dict]:
+    """`mpiexec -n n python argv --out DIR` (argv: `-m asgd.train ...` or a peer's script), DIR
+    a temporary folder removed after; on the testbed `tb` (a rank per host) if given.
+    (DIR/results.json, or None when the job failed and not check; the job: rc, wall_s, ...)."""
+    out = Path(tempfile.mkdtemp(prefix="asgd-bench-"))
+    try:
+        if tb is None:
+            job = mpiexec(n, [*argv, "--out", str(out)], timeout, env, check)
+        else:
+            res = tb.run([mpiexec_path(), "-n", str(n), sys.executable, *argv, "--out", str(out)], servers=0,
+                         ranks_per_host=1, timeout=timeout, capture=True, env=env, say=lambda *a, **k: None)
+            if res.rc and check:
+                raise JobFailed(f"exit {res.rc} on the testbed: {' '.join(res.cmd)}\n{(res.stderr or '')[-2000:]}")
+            job = {"rc": res.rc, "wall_s": res.wall_s, "stderr": res.stderr or "", "wire": res.wire}
+        path = out / "results.json"
+        if check and not path.exists():
+            raise JobFailed(f"no results.json from: mpiexec -n {n} python {' '.join(argv)}")
+        return (json.loads(path.read_text()) if path.exists() else None), job
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def time_to_accuracy(history: list[dict], target: float, clock: str = "wall_s") -> float | None:
     """`clock` (wall_s: since the process started; time_s: since training started) of the
     first epoch whose held-out accuracy reaches target (None: never)."""
@@ -299,6 +377,14 @@ def time_to_accuracy(history: list[dict], target: float, clock: str = "wall_s") 
         if h.get("test_accuracy") is not None and h["test_accuracy"] >= target:
             return h[clock]
     return None
+
+
+def linear_fit(x, y) -> tuple[float, float, float]:
+    """Least-squares line y = a + b x: (b, a, R^2)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    b, a = np.polyfit(x, y, 1)
+    ss = float(np.sum((y - y.mean()) ** 2))
+    return float(b), float(a), 1 - float(np.sum((y - (a + b * x)) ** 2)) / ss if ss else 1.0
 
 
 # -- outputs ---------------------------------------------------------------------------
@@ -370,6 +456,24 @@ def pyplot():
     return plt
 
 
+def bars(ax, groups: list, series: list, height, colors: dict | None = None, note=None, labels=None,
+         fontsize: float = 6, rotation: float = 0, **bar) -> dict:
+    """One bar per series in each group, the groups along x: height(group, series) (None: no
+    bar); note(group, series, height) -> the text over the bar (None: none); labels: the
+    legend's names (default str(series)). Returns each series' bar positions."""
+    x, wd, at = np.arange(len(groups)), 0.8 / max(len(series), 1), {}
+    for i, s in enumerate(series):
+        at[s] = pos = x - 0.4 + wd * (i + 0.5)
+        ys = [height(g, s) for g in groups]
+        ax.bar(pos, [y or 0 for y in ys], wd, color=(colors or {}).get(s), label=(labels or {}).get(s, str(s)), **bar)
+        for xi, g, y in zip(pos, groups, ys):
+            text = note(g, s, y) if note else None
+            if text:
+                ax.annotate(text, (xi, y or 0), ha="center", va="bottom", fontsize=fontsize, rotation=rotation)
+    ax.set_xticks(x, [str(g) for g in groups])
+    return at
+
+
 def save_figure(fig, path: Path, dpi: int = 120, rect: tuple | None = None, **savefig) -> None:
     """Lay the figure out (inside `rect`, leaving room for text placed below it), write it
     and close it: pyplot keeps every figure it made until closed."""
@@ -380,15 +484,20 @@ def save_figure(fig, path: Path, dpi: int = 120, rect: tuple | None = None, **sa
 
 # -- a bench's command line and run ------------------------------------------------------
 
-def parser(doc: str, name: str | None = None, plot: bool = True, mpi_child: bool = False) -> argparse.ArgumentParser:
+def parser(doc: str, name: str | None = None, plot: bool = True, mpi_child: bool = False,
+           lock: bool = False) -> argparse.ArgumentParser:
     """A bench's command line: its docstring as --help and, for a bench that writes results
     named `name`, --out (default bench/results/<name>) and --no-plot (skip <name>.png);
-    mpi_child: the hidden --mpi-child of a bench that starts itself under mpiexec."""
+    mpi_child: the hidden --mpi-child of a bench that starts itself under mpiexec; lock:
+    --cpu-lock, the lock each timed run holds (run such a bench without an outer flock)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     if name:
         p.add_argument("--out", type=Path, default=RESULTS / name, help=f"output folder (default bench/results/{name})")
         if plot:
             p.add_argument("--no-plot", action="store_true", help=f"skip {name}.png")
+    if lock:
+        p.add_argument("--cpu-lock", default=CPU_LOCK, help=f"the CPU lock each timed run holds (none: none; "
+                       f"default {CPU_LOCK}, or $ASGD_CPU_LOCK)")
     if mpi_child:
         p.add_argument("--mpi-child", action="store_true", help=argparse.SUPPRESS)
     return p

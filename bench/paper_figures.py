@@ -25,12 +25,10 @@ import common  # noqa: E402,I001
 from common import int_list  # noqa: E402
 
 import json  # noqa: E402
-import subprocess  # noqa: E402
-import random  # noqa: E402
-import shutil  # noqa: E402
 import statistics  # noqa: E402
-import tempfile  # noqa: E402
 import textwrap  # noqa: E402
+
+import validate  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -64,17 +62,13 @@ def plan(a) -> list[tuple[int, int, int]]:
     return sorted(pts)
 
 
-def run_once(n, hidden, batch, a) -> dict:
-    out = Path(tempfile.mkdtemp(prefix="asgd-bench-paper-"))
-    argv = ["-m", "asgd.train", "--optimizer", "sgd", "--hidden", str(hidden), "--batch", str(batch), "--epochs", str(a.epochs),
-            "--quiet", "--out", str(out), "--timeout", str(a.timeout - 10)]
-    try:
-        job = common.mpiexec(n, argv, timeout=a.timeout)
-        r = json.loads((out / "results.json").read_text())
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+def run_once(c: dict, a) -> dict:
+    n, hidden, batch = c["ranks"], c["hidden"], c["batch"]
+    r, job = common.train_job(n, ["-m", "asgd.train", "--optimizer", "sgd", "--hidden", str(hidden), "--batch",
+                                  str(batch), "--epochs", str(a.epochs), "--quiet", "--timeout", str(a.timeout - 10)],
+                              a.timeout)
     busy = [x.get("busy_pct") for x in r["profile"]["ranks"] if x.get("busy_pct") is not None]
-    return {"ranks": n, "workers": r["config"]["workers"], "hidden": hidden, "batch": batch, "epochs": a.epochs,
+    return {"workers": r["config"]["workers"], "epochs": a.epochs,
             "wall_s": round(r["wall_s"], 3), "init_s": round(r["init_s"], 3), "train_s": round(r["train_s"], 3),
             "train_s_per_epoch": round(r["train_s"] / a.epochs, 3), "job_wall_s": round(job["wall_s"], 3),
             "samples_per_s": round(r["throughput"]["samples_per_s"], 1),
@@ -103,27 +97,20 @@ def pick(rows, **kw):
 def perf_model(a):
     """(params file, Params) for the Figure 9 overlay: --params, or a fresh calibration
     into <out>/params.json (--quick: a quick one), or (None, why not)."""
-    from asgd.perf import cli
     path = a.params or a.out / "params.json"
-    if not a.params and not (a.replot and path.exists()):
-        cmd = [sys.executable, "-m", "asgd.perf", "calibrate", "--out", str(path)] + (["--quick"] if a.quick else [])
-        print("calibrating the performance model: " + " ".join(cmd[1:]), flush=True)
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        if p.returncode:
-            return None, f"calibration failed: {p.stderr.strip()[-300:]}"
     try:
-        return str(path), cli.load_params(str(path))
-    except cli.PerfError as e:
+        if not a.params and not (a.replot and path.exists()):
+            path = validate.calibrate(a.out, a.quick)[0]
+        return str(path), validate.load_params(path)
+    except SystemExit as e:   # the figures without the model's overlay, and why
         return None, str(e)
 
 
 def predict(params, row) -> dict:
     """asgd.perf.analytic's init/train/total seconds for one row (the embedded problem)."""
-    from asgd.perf import analytic
-    from asgd.perf import cli
-    run = analytic.Run(workers=row["workers"], servers=1, hidden=row["hidden"], batch=row["batch"],
-                        epochs=row["epochs"], **cli.data_of(None, None, "embedded", params))
-    pr = analytic.predict(params, run)
+    pr = validate.model_predict(params, validate.Run(workers=row["workers"], servers=1, hidden=row["hidden"],
+                                                        batch=row["batch"], epochs=row["epochs"],
+                                                        **validate.data_of(None, None, "embedded", params)))
     return {"init_s": pr.init_s, "train_s": pr.train_s, "wall_s": pr.total_s}
 
 
@@ -235,23 +222,14 @@ def figure9(rows, model, path):
 
 
 def measure(a) -> list[dict]:
-    common.mpiexec(2, ["-m", "asgd.train", "--epochs", "1", "--quiet", "--out", str(a.out / ".warm")],
-                   timeout=a.timeout)   # numba's cache warm before the first timed run
-    shutil.rmtree(a.out / ".warm", ignore_errors=True)
-    points = plan(a) * a.repeat
-    random.Random(0).shuffle(points)
-    raw = []
-    for i, (n, h, b) in enumerate(points):
-        try:
-            r = run_once(n, h, b, a)
-        except common.JobFailed as e:
-            print(f"  n={n} 2-{h}-2 batch {b}: FAILED {str(e)[:300]}", flush=True)
-            continue
-        raw.append(r)
-        print(f"  [{i + 1}/{len(points)}] n={n:>2} 2-{h}-2 batch {b:>4}: wall {r['wall_s']:6.2f} s "
-              f"(init {r['init_s']:.2f}, train {r['train_s']:.2f}), {r['samples_per_s']:,.0f} samples/s, "
-              f"bound: {r['bound']}", flush=True)
-    return raw
+    common.mpiexec(2, ["-m", "asgd.train", "--epochs", "1", "--quiet", "--out",
+                       str(common.fresh_dir(a.out / ".warm"))], timeout=a.timeout)   # numba's cache warm first
+    common.fresh_dir(a.out / ".warm")
+    say = lambda r: (f"wall {r['wall_s']:6.2f} s (init {r['init_s']:.2f}, train {r['train_s']:.2f}), "  # noqa: E731
+                     f"{r['samples_per_s']:,.0f} samples/s, bound: {r['bound']}")
+    return validate.sweep([{"ranks": n, "hidden": h, "batch": b} for n, h, b in plan(a) * a.repeat],
+                          lambda c: run_once(c, a), lambda c: f"n={c['ranks']:>2} 2-{c['hidden']}-2 batch {c['batch']:>4}",
+                          say, seed=0)
 
 
 def main(argv=None):

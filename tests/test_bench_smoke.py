@@ -23,7 +23,7 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 def bench(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     p = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
-                       timeout=timeout, cwd=BENCH.parent, env={**os.environ, "ASGD_BENCH_STREAM_MIB": "8"})
+                       timeout=timeout, cwd=BENCH.parent, env={**os.environ, "ASGD_BENCH_STREAM_MIB": "8", "ASGD_CPU_LOCK": "none"})
     assert p.returncode == 0, f"{script} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
     return p
 
@@ -88,6 +88,8 @@ def test_server_bench(tmp_path):
     assert {(r["optimizer"], r["path"]) for r in rows} == {(o, p) for o in ("sgd", "momentum", "adagrad", "adam")
                                                            for p in ("asgd", "before")}
     assert all(0 < float(r["pct_of_floor"]) and float(r["bound_gb_per_s"]) > 0 for r in rows)
+    # the server's update moves w exactly as the kernels before issue 29 did
+    assert all(float(r["max_rel_diff_vs_before"]) < 1e-12 for r in rows if r["path"] == "asgd")
     assert "how far from the floor" in p.stdout
 
 
@@ -109,7 +111,7 @@ def test_messaging_bench(tmp_path):
 @pytest.mark.skipif(MPIEXEC is None or not HAS_TORCH, reason="needs mpiexec and torch (the bench extra)")
 def test_ddp_peer(tmp_path):
     """The DDP peer trains 2 ranks for one epoch and writes asgd's results.json keys."""
-    p = subprocess.run([*mpi(2, sys.executable, str(BENCH / "ddp_peer.py")), "--hidden", "50",
+    p = subprocess.run([*mpi(2, sys.executable, str(BENCH / "peers" / "ddp_peer.py")), "--hidden", "50",
                         "--epochs", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
@@ -124,7 +126,7 @@ def test_rpc_peer(tmp_path):
     """The RPC parameter server trains 1 server and 2 trainers for one epoch on asgd's
     shares and batches (asgd's 3-rank run: 2 workers x 32 pushes) and writes the keys
     bench_e2e reads."""
-    p = subprocess.run([*mpi(3, sys.executable, str(BENCH / "rpc_peer.py")), "--hidden", "50",
+    p = subprocess.run([*mpi(3, sys.executable, str(BENCH / "peers" / "rpc_peer.py")), "--hidden", "50",
                         "--epochs", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
@@ -169,13 +171,13 @@ def test_model_bench(tmp_path, quick_params):
 
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch (the bench extra)")
 def test_the_pytorch_peers_optimizers_make_asgds_updates():
-    """bench/ddp_peer.py's torch.optim optimizers (also bench_data.py's PyTorch loop) take
-    the same steps as asgd's Optimizer from the same gradients, so the peers compare like
+    """bench/peers/torch_mlp.py's torch.optim optimizers (the DDP and RPC peers', bench_data's
+    PyTorch loop) take the same steps as asgd's Optimizer from the same gradients, so the peers compare like
     with like whatever asgd's default optimizer is."""
     code = """
 import sys, numpy as np, torch
 sys.path.insert(0, sys.argv[1])
-from ddp_peer import torch_optimizer
+from peers.torch_mlp import torch_optimizer
 from asgd.net import OPTIMIZERS
 from asgd.net.optimizers import Optimizer
 rng = np.random.default_rng(0)
@@ -194,9 +196,10 @@ print("ok")
     assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-3000:]
 
 
-LIBRARY = BENCH / "common.py"   # no script: every bench imports it, so each --help below loads it
-SCRIPTS = sorted(str(p.relative_to(ROOT)) for p in [*BENCH.glob("*.py"), *(ROOT / "scripts").glob("*.py")]
-                 if p != LIBRARY)
+# no scripts: modules the benches import (so each --help below loads them)
+LIBRARIES = {BENCH / "common.py", BENCH / "validate.py", BENCH / "peers" / "torch_mlp.py"}
+SCRIPTS = sorted(str(p.relative_to(ROOT)) for p in [*BENCH.glob("*.py"), *BENCH.glob("peers/*.py"),
+                                                      *(ROOT / "scripts").glob("*.py")] if p not in LIBRARIES)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -207,6 +210,61 @@ def test_every_bench_and_script_answers_help(script):
     p = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 0, f"{script} --help: exit {p.returncode}\n{p.stderr[-2000:]}"
     assert p.stdout.startswith(f"usage: {Path(script).name} "), p.stdout[:500]
+
+
+def test_the_validation_harness_scores_a_grid():
+    """bench/validate.py's scoring on a tiny synthetic grid, no MPI: the APE of each row is
+    |pred - meas| / meas in %, medians and 90th percentiles per group by nearest rank, None
+    where nothing was predicted; the optimizer check takes the first ranked configuration
+    that was measured and sets its measured cost against the best measured."""
+    code = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import validate as v
+grid = [dict(arch=a, w=w, meas=m, pred=p) for a, w, m, p in
+        [("ps", 1, 10.0, 11.0), ("ps", 2, 8.0, 6.0), ("ps", 4, 5.0, 5.0), ("ring", 2, 4.0, 5.0), ("ring", 4, 2.0, None)]]
+for r in grid:
+    r["ape"] = v.ape(r["pred"], r["meas"]) if r["pred"] is not None else None
+assert [r["ape"] for r in grid] == [10.0, 25.0, 0.0, 25.0, None]
+assert v.ape(1.0, 0.0) == float("inf")
+every = v.score(grid, "ape")
+assert every == {"median": 17.5, "p90": 25.0, "max": 25.0, "runs": 4}, every
+by = v.score(grid, "ape", by="arch")
+assert by == {"ps": {"median": 10.0, "p90": 25.0, "max": 25.0, "runs": 3},
+              "ring": {"median": 25.0, "p90": 25.0, "max": 25.0, "runs": 1}}, by
+assert v.score([], "ape") is None and v.quantile([3, 1, 2, 4], 0.5) == 2 and v.quantile([5], 0.9) == 5
+ranked = [dict(arch="ring", w=8), dict(arch="ps", w=2), dict(arch="ps", w=4)]   # best predicted first
+chk = v.optimizer_check(ranked, grid, lambda r: (r["arch"], r["w"]), lambda r: r["meas"])
+assert chk["first"] == ranked[1] and chk["measured"]["meas"] == 8.0 and chk["best"]["meas"] == 2.0
+assert chk["ratio"] == 4.0 and chk["pass"] is False and chk["best_predicted_rank"] is None
+chk = v.optimizer_check(ranked[2:], grid, lambda r: (r["arch"], r["w"]), lambda r: r["meas"] if r["arch"] == "ps" else 99)
+assert chk["ratio"] == 1.0 and chk["pass"] is True and chk["best_predicted_rank"] == 1
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", code, str(BENCH)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-3000:]
+
+
+def test_the_micro_benchmark_shape():
+    """common.micro times every variant interleaved (no CPU lock: "none") and carries each
+    variant's correctness check; rel_diff is relative to the reference's largest value;
+    rotated puts no variant first twice in a row."""
+    code = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import common
+ref = np.array([1.0, -4.0, 2.0])
+assert abs(common.rel_diff(ref + [0, 0.04, 0], ref) - 0.01) < 1e-12 and common.rel_diff(ref, ref) == 0.0
+got = common.micro({"a": lambda: sum(range(10)), "b": lambda: sum(range(20))}, repeat=2, min_time=0.001,
+                   checks={"b": 0.5}, lock="none")
+assert set(got) == {"a", "b"} and got["b"]["max_rel_diff"] == 0.5 and got["a"]["max_rel_diff"] is None
+assert all(t["median_s"] > 0 and t["repeat"] == 2 and t["min_s"] <= t["median_s"] <= t["max_s"] for t in got.values())
+assert [common.rotated(["x", "y", "z"], k)[0] for k in range(4)] == ["x", "y", "z", "x"]
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", code, str(BENCH)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-3000:]
 
 
 def test_the_chaos_benchs_bookkeeping(tmp_path):

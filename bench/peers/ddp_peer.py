@@ -1,24 +1,17 @@
 """PyTorch DistributedDataParallel (gloo, CPU) on asgd's problem: the peer a user would pick instead.
 
-    mpiexec -n N python bench/ddp_peer.py [--epochs 5] [--out DIR] [--stop-at 0.95]
+    mpiexec -n N python bench/peers/ddp_peer.py [--epochs 5] [--out DIR] [--stop-at 0.95]
 
-Same data (asgd.data.problem.default_problem(): 16384 training / 4096 held-out rings, each rank
-the share asgd's allreduce gives it, shuffled with the same per-epoch seeds), same model
-(2-H-2, sigmoid hidden, softmax cross-entropy, float64, initialized by
-asgd.net.mlp.init_params), batch B per rank, and asgd's optimizer with asgd's default
-learning rate for --arch allreduce at N ranks (asgd.net.optimizers.default_lr(O, H, N)):
---optimizer (default: asgd's default, asgd.run.config.Config.optimizer) picks the
-torch.optim class with the same update and hyper-parameters (torch_optimizer below: SGD;
-SGD with momentum 0.9, whose velocity is asgd's divided by lr; Adagrad with eps 1e-8 and
-no lr decay; Adam with betas 0.9, 0.999 and eps 1e-8), so bench_e2e compares like with
-like whatever the default. One thread per rank; rank and size come from the
-launcher's environment (PMI_RANK/PMI_SIZE, or Open MPI's, or mpi4py as a fallback); the
-process group meets through a file in --out. Rank 0 evaluates held-out accuracy at each
-epoch end and writes <out>/results.json in asgd's schema (the keys bench/ reads): config,
-wall_s (since rank 0's process start), init_s, train_s, metrics.history (per epoch:
-epoch, samples, wall_s, time_s, train_loss, test_loss, test_accuracy),
-metrics.accuracy, throughput.samples_per_s and updates_per_s (over train_s; an update is
-one synchronous step of all ranks).
+As asgd's allreduce at N ranks: the same data (asgd.data.problem.default_problem(), each
+rank its allreduce share, the same per-epoch shuffles), model (2-H-2, sigmoid, softmax
+cross-entropy, float64, asgd.net.mlp.init_params), batch B per rank, and asgd's optimizer
+(--optimizer, default asgd's) at allreduce's default lr (asgd.net.optimizers.default_lr(O,
+H, N)) as the torch.optim class with the same update (torch_mlp.torch_optimizer). One
+thread per rank; rank and size from the launcher's environment (or mpi4py); the process
+group meets through a file in --out. Rank 0 evaluates held-out accuracy each epoch and
+writes <out>/results.json in asgd's schema (the keys bench/ reads: config, wall_s since
+process start, init_s, train_s, metrics.history, metrics.accuracy, throughput.samples_per_s
+and updates_per_s, an update being one synchronous step of all ranks).
 """
 
 import time
@@ -38,27 +31,13 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 import mpi4py  # noqa: E402
 
 mpi4py.rc.initialize = mpi4py.rc.finalize = False   # asgd's modules import mpi4py.MPI; gloo talks, not MPI
 
-
-def torch_optimizer(name: str, params, lr: float):
-    """The torch.optim optimizer that makes asgd.net.optimizers' update `name` (same
-    hyper-parameters; torch's momentum keeps v/lr where asgd keeps v, the same steps)."""
-    import torch
-    from asgd.net import optimizers
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=optimizers.MOMENTUM)
-    if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=lr, eps=optimizers.EPS)   # torch's default eps is 1e-10
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=optimizers.BETAS, eps=optimizers.EPS)
-    raise ValueError(f"optimizer must be one of {optimizers.OPTIMIZERS}, got {name!r}")
+from torch_mlp import torch_mlp, torch_optimizer  # noqa: E402
 
 
 def rank_and_size() -> tuple[int, int]:
@@ -118,12 +97,7 @@ def main(argv=None) -> int:
     Xt, yt = torch.from_numpy(test.X), torch.from_numpy(test.y)
 
     layout = mlp.Layout(train.features, args.hidden, train.classes)
-    W1, b1, W2, b2 = layout.views(mlp.init_params(layout, args.seed))
-    model = nn.Sequential(nn.Linear(layout.d_in, layout.d_hidden), nn.Sigmoid(),
-                          nn.Linear(layout.d_hidden, layout.d_out)).double()
-    with torch.no_grad():
-        for p, v in zip(model.parameters(), (W1.T, b1, W2.T, b2)):
-            p.copy_(torch.from_numpy(np.ascontiguousarray(v)))
+    model = torch_mlp(layout, mlp.init_params(layout, args.seed))
     ddp = DDP(model)
     optimizer = args.optimizer or Config().optimizer
     lr = args.lr or optimizers.default_lr(optimizer, args.hidden, size)

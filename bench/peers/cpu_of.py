@@ -1,4 +1,4 @@
-"""mpiexec -n N python bench/cpu_of.py MODULE [args...]: run MODULE as __main__ and, at
+"""mpiexec -n N python bench/peers/cpu_of.py MODULE [args...]: run MODULE as __main__ and, at
 exit, write this rank's process CPU seconds (user + system) to $ASGD_CPU_OUT/cpu-<rank>.json.
 Registered first, the handler runs last: MPI_Finalize's CPU is counted too."""
 

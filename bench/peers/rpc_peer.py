@@ -1,33 +1,22 @@
 """A PyTorch RPC parameter server (torch.distributed.rpc, CPU) on asgd's problem: what a user
 wanting an asynchronous parameter server in Python would pick instead of asgd.
 
-    mpiexec -n N python bench/rpc_peer.py [--epochs 4] [--out DIR] [--stop-at 0.95]
+    mpiexec -n N python bench/peers/rpc_peer.py [--epochs 4] [--out DIR] [--stop-at 0.95]
 
-The pattern of PyTorch's tutorial "Implementing a Parameter Server Using Distributed RPC
-Framework": rank 0 holds the model and the optimizer; each of the N-1 trainers computes a
-gradient on its mini-batch and calls rpc_async on the server, which sets the gradients,
-steps the optimizer under a lock (its RPC threads serve the trainers concurrently), and
-returns the parameters (cloned under the lock: no torn read), which the trainer loads
-before its next step (no overlap of compute and exchange: the tutorial's trainer waits).
+PyTorch's tutorial "Implementing a Parameter Server Using Distributed RPC Framework": rank 0
+holds the model and optimizer; each of the N-1 trainers computes a gradient on its batch and
+rpc_asyncs it to the server, which steps the optimizer under a lock and returns the
+parameters (cloned under the lock), which the trainer loads before its next step (no
+overlap). As asgd's default parameter server at N ranks: the same shares (asgd.data.shares),
+model (asgd.net.mlp.init_params), batches (asgd.protocol.context.Schedule) and optimizer at
+the async default lr (torch_mlp.torch_optimizer). Rank 0 evaluates held-out accuracy each
+epoch's worth of pushes (on a copy, in its main thread) and writes <out>/results.json
+(ddp_peer.py's keys, plus throughput.updates_per_s). One thread per rank; the RPC group
+meets through a file in --out.
 
-Like asgd's default parameter server (`asgd.train`, --arch ps, --mode async, one server)
-at N ranks: the same data (asgd.data.shares.embedded: worker rank r's share of the default
-problem's 16384 training points, none on the server; 4096 held out), the same model (2-H-2,
-sigmoid hidden, softmax cross-entropy, float64, asgd.net.mlp.init_params), the same batches
-(asgd.core.schedule.Schedule: batch B, each epoch a permutation seeded by (seed, worker
-index, epoch)), and the same optimizer on the server at asgd's default lr for an async
-parameter server (asgd.net.optimizers.default_lr(O, H, 1); ddp_peer.torch_optimizer gives
-the torch.optim class with asgd's update). Rank 0 evaluates the held-out accuracy each time
-the pushes have brought an epoch's worth of samples (on a copy taken under the lock, in its
-main thread: the RPC threads go on serving) and writes <out>/results.json in the schema
-bench_e2e reads (ddp_peer.py's keys, plus throughput.updates_per_s). One thread per rank
-for torch's kernels; the RPC group meets through a file in --out.
-
---tcp-only: TensorPipe's TCP transport (uv) and its basic channel only. By default TensorPipe
-also offers shared memory (shm) and cross-memory attach (cma) between processes of one
-machine, which the emulated cluster's hosts are (namespaces share the kernel): its tensors
-would then bypass the shaped links. bench_e2e --testbed passes it; on shared memory the peer
-keeps TensorPipe's defaults, as a user would.
+--tcp-only: TensorPipe's TCP transport and basic channel only (by default it also uses
+shared memory and cross-memory attach between one machine's processes, which the emulated
+cluster's hosts are: tensors would bypass the shaped links). bench_e2e --testbed passes it.
 """
 
 import time
@@ -48,30 +37,18 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mpi4py  # noqa: E402
 
 mpi4py.rc.initialize = mpi4py.rc.finalize = False   # asgd's modules import mpi4py.MPI; TensorPipe talks, not MPI
 
-from ddp_peer import rank_and_size, torch_optimizer  # noqa: E402
+from ddp_peer import rank_and_size  # noqa: E402
+from torch_mlp import torch_mlp as model_of, torch_optimizer  # noqa: E402
 
 SERVER = "ps"
 PS = None   # rank 0's ParameterServer: the RPC handlers run in the server's process and find it here
-
-
-def model_of(layout, w):
-    """torch's 2-H-2 MLP with asgd's weights w (float64)."""
-    from torch import nn
-    import torch
-    W1, b1, W2, b2 = layout.views(w)
-    model = nn.Sequential(nn.Linear(layout.d_in, layout.d_hidden), nn.Sigmoid(),
-                          nn.Linear(layout.d_hidden, layout.d_out)).double()
-    with torch.no_grad():
-        for p, v in zip(model.parameters(), (W1.T, b1, W2.T, b2)):
-            p.copy_(torch.from_numpy(np.ascontiguousarray(v)))
-    return model
 
 
 class ParameterServer:

@@ -1,0 +1,369 @@
+"""The validation harness: a grid of configurations -> measured (mpiexec here, or the emulated
+cluster) -> predicted (asgd.perf's analytical model) -> simulated (asgd.sim) -> scored (one
+error: the absolute percentage error, medians per group) -> reported (common's table,
+CSV/JSON and PNG). bench_sim validate, bench_model, bench_arch and bench_testbed are each a
+grid and its targets on top of it.
+
+bench/'s doors into asgd's model, simulator and testbed are all here (asgd.launch's in
+common.py): when those modules move, this file follows them."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import common
+from common import JobFailed
+
+from asgd.perf import analytic
+from asgd.perf.architectures import predict as model_predict   # one run of any architecture
+from asgd.perf import cli as perf
+
+Run, Params = analytic.Run, analytic.Params   # a configuration the model predicts; its parameters
+optimize, data_of, PerfError = perf.optimize, perf.data_of, perf.PerfError
+OPTIMIZER_LIMIT = 1.10   # the optimizer's pick, measured, against the best measured
+
+
+# -- scoring: one error, its medians ------------------------------------------------------
+
+def ape(pred: float, meas: float) -> float:
+    """Absolute percentage error, % of the measured value (asgd.perf's definition)."""
+    return perf.ape(pred, meas)
+
+
+def quantile(xs: list[float], q: float) -> float:
+    """The q-quantile by nearest rank (as asgd.perf compare reports it)."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, math.ceil(q * len(xs)) - 1)]
+
+
+def errors(xs) -> dict | None:
+    """Median, 90th percentile and max of some APEs, and how many (None: none)."""
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None
+    return {"median": statistics.median(xs), "p90": quantile(xs, 0.9), "max": max(xs), "runs": len(xs)}
+
+
+def score(rows: list[dict], key: str, by: str | None = None) -> dict | None:
+    """errors() of every row's `key`, or per value of `by` ({value: errors})."""
+    if by is None:
+        return errors(r.get(key) for r in rows)
+    groups = {}
+    for v in sorted({r[by] for r in rows}, key=str):
+        got = errors(r.get(key) for r in rows if r[by] == v)
+        if got:
+            groups[str(v)] = got
+    return groups
+
+
+def pred_vs_meas(ax, series: list[tuple], band: float, margin: float, xlabel: str, ylabel: str, title: str) -> None:
+    """The validation figure: predicted against measured on log axes, the diagonal and a
+    +-band share around it; series: (measured, predicted, scatter's keywords)."""
+    vals = [v for xs, ys, _ in series for v in (*xs, *ys) if v]
+    lo, hi = min(vals) / margin, max(vals) * margin
+    ax.fill_between([lo, hi], [lo * (1 - band), hi * (1 - band)], [lo * (1 + band), hi * (1 + band)], color="0.87",
+                    label=f"±{100 * band:.0f}%")
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = measured")
+    for xs, ys, kw in series:
+        ax.scatter(xs, ys, **kw)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel=xlabel, ylabel=ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+
+
+# -- measuring ---------------------------------------------------------------------------------
+
+def _procs() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, CPU ticks used so far: utime + stime) of every process, from /proc."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    st = f.read()
+            except OSError:
+                continue
+            rest = st[st.rindex(")") + 2:].split()   # fields from the 3rd: state, ppid, ...
+            out[int(d)] = (int(rest[1]), int(rest[11]) + int(rest[12]))
+    return out
+
+
+class OthersCPU:
+    """Cores' worth of CPU that processes other than this one and our job (everything under
+    `root`) used while the job ran: the other users' load, from their CPU counters. Counting
+    runnable processes instead overstates it: on a crowded machine a task that wants a
+    little CPU waits long in the run queue, runnable all the while."""
+
+    def __init__(self, root: int):
+        self.root, self.me, self.t0 = root, os.getpid(), time.perf_counter()
+        self.first: dict[int, int] = {}
+        self.last: dict[int, int] = {}
+        self.sample(initial=True)
+
+    def sample(self, initial: bool = False) -> None:
+        procs = _procs()
+        for pid, (_, ticks) in procs.items():
+            if not self._ours(pid, procs):
+                self.first.setdefault(pid, ticks if initial else 0)   # one born meanwhile counts from 0
+                self.last[pid] = ticks
+
+    def _ours(self, pid: int, procs) -> bool:
+        for _ in range(64):
+            if pid in (self.root, self.me):
+                return True
+            if pid not in procs or pid <= 1:
+                return False
+            pid = procs[pid][0]
+        return False
+
+    def cores(self) -> float:
+        ticks = sum(self.last[p] - self.first[p] for p in self.last)
+        return ticks / os.sysconf("SC_CLK_TCK") / max(time.perf_counter() - self.t0, 1e-9)
+
+
+def run_job(n: int, argv: list[str], timeout: float) -> dict:
+    """`mpiexec -n n python argv` with a time limit (its process group killed after it);
+    {wall_s, others_cores}: the launcher's wall and the other users' CPU meanwhile."""
+    cmd = common.mpiexec_command(n, sys.executable, *argv)
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         cwd=common.ROOT)
+    others = OthersCPU(p.pid)
+    while p.poll() is None:
+        time.sleep(0.2)
+        others.sample()
+        if time.perf_counter() - t0 > timeout:
+            os.killpg(p.pid, signal.SIGKILL)   # our own child's group
+            p.wait()
+            raise JobFailed(f"timed out after {timeout:.0f} s: {' '.join(cmd)}")
+    _, err = p.communicate()
+    if p.returncode:
+        raise JobFailed(f"exit {p.returncode}: {' '.join(cmd)}\n{err[-2000:]}")
+    return {"wall_s": time.perf_counter() - t0, "others_cores": others.cores()}
+
+
+def python(argv: list[str], timeout: float, what: str) -> float:
+    """`python argv` from the repository root, its output to ours, its process group killed
+    after `timeout` s (calibrate starts mpiexec jobs of its own); its wall. Exits on failure."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, *argv], cwd=common.ROOT, start_new_session=True)
+    try:
+        rc = p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        sys.exit(f"{Path(sys.argv[0]).stem}: {what} did not finish within {timeout:.0f} s")
+    if rc:
+        sys.exit(f"{Path(sys.argv[0]).stem}: {what} failed (exit {rc}): python {' '.join(argv)}")
+    return time.perf_counter() - t0
+
+
+def calibrate(out: Path, quick: bool, lock: str | None = None) -> tuple[Path, float]:
+    """`python -m asgd.perf calibrate` (microbenchmarks only, never a sweep's run) into
+    out/params.json, holding the CPU lock; (its path, its wall)."""
+    path = (out / "params.json").resolve()
+    print(f"calibrating the model's parameters ({'--quick' if quick else 'full'}), before any run ...", flush=True)
+    with common.cpu_lock(lock):
+        wall = python(["-m", "asgd.perf", "calibrate", "--out", str(path), *(["--quick"] if quick else [])],
+                      900 if quick else 3600, "asgd.perf calibrate")
+    return path, wall
+
+
+def generate(path: Path, points: int, test_points: int) -> Path:
+    """A file of the rings problem (`python -m asgd.data generate`), written once."""
+    path = path.resolve()
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"writing {path} ({points:,} + {test_points:,} points) ...", flush=True)
+        python(["-m", "asgd.data", "generate", "--points", str(points), "--test-points", str(test_points),
+                "--out", str(path)], 600, "asgd.data generate")
+    return path
+
+
+def sweep(configs: list[dict], one, label, say=None, *, seed: int | None = None, lock: str | None = None,
+          failed: list | None = None, tag: str = "") -> list[dict]:
+    """Measure every configuration with one(c) -> dict (None: skipped), in an order shuffled
+    with `seed` (None: as given), each holding the CPU lock (the 1-minute load beside it).
+    A run that fails is printed, added to `failed` and left out; say(row): its line."""
+    order = list(configs)
+    if seed is not None:
+        random.Random(seed).shuffle(order)
+    rows = []
+    for i, c in enumerate(order, 1):
+        head = f"{tag}[{i:2d}/{len(order)}] {label(c):30s}"
+        try:
+            with common.cpu_lock(lock) as load:
+                got = one(c)
+        except (JobFailed, OSError, ValueError, KeyError) as e:
+            print(f"{head} FAILED: {(str(e).strip().splitlines() or [repr(e)])[0]}", flush=True)
+            if failed is not None:
+                failed.append({**c, "error": str(e)[-2000:]})
+            continue
+        if got is None:
+            continue
+        rows.append({**c, "order": i, "load_1min": round(load, 2), **got})
+        print(f"{head} {say(rows[-1]) if say else ''}", flush=True)
+    return rows
+
+
+# -- the model and the simulator -----------------------------------------------------------------
+
+def load_params(path) -> Params:
+    try:
+        return perf.load_params(str(path))
+    except PerfError as e:
+        sys.exit(f"{Path(sys.argv[0]).stem}: {e}")
+
+
+def results(run_dir) -> dict:
+    return json.loads((Path(run_dir) / "results.json").read_text())
+
+
+def predict(params: Params, res: dict):
+    """The analytical model's prediction of a run, from its results.json's configuration."""
+    return model_predict(params, perf.run_of(res, params))
+
+
+def compare(run_dirs: list[str], params: Params) -> list[dict]:
+    """asgd.perf compare's rows ({phase}_pred_s, _meas_s, _ape, and paper_total_*)."""
+    rows, skipped = perf.compare(run_dirs, params)
+    for s in skipped:
+        print(f"compare skipped {s}", flush=True)
+    return rows
+
+
+def calibrated_ranks(params: Params) -> set[int]:
+    """The rank counts calibrate measured a job at (start-up, cores' worth, no-compute rounds):
+    a run at any other count is out of sample in the strict sense."""
+    keys = set(params.startup_by_ranks) | set(params.contended_update_s)
+    for table in params.exchange_s.values():
+        keys |= set(table)
+    worth = params.effective_cores
+    for table in (worth.values() if worth and isinstance(next(iter(worth.values())), dict) else [worth]):
+        keys |= set(table)
+    return {int(k) for k in keys}
+
+
+def without_crowding(params: Params) -> Params:
+    """The same calibration without its KIND+step probes: the model without its crowding term."""
+    return dataclasses.replace(params, exchange_s={k: t for k, t in params.exchange_s.items()
+                                                   if not k.endswith("+step")})
+
+
+def need_simulator() -> None:
+    from asgd.sim import INSTALL_HINT, available
+    if not available():
+        sys.exit(f"{Path(sys.argv[0]).stem}: {INSTALL_HINT}")
+
+
+def sim_params(path) -> tuple[Params, dict]:
+    """A params.json as the simulator reads it: (Params, the raw file)."""
+    from asgd.sim.costs import load_params
+    return load_params(str(path))
+
+
+def sim_spec():
+    """asgd.sim's Spec (a simulated run on a machine) and its machines module."""
+    from asgd.sim import costs, machines
+    return costs.Spec, machines
+
+
+def simulate(params_path, run_dir=None, spec=None, *, params: tuple | None = None, out=None, machine=None,
+             background: float = 0.0, data_name: str | None = None) -> dict:
+    """asgd.sim in a forked child: a run like `run_dir` (python -m asgd.sim --like RUN_DIR
+    [--machine M] [--background CORES]) or `spec`, with params_path's costs or `params`
+    ((Params, raw): inferred ones); its results."""
+    from asgd.sim import cli as sim_cli
+    from asgd.sim.costs import Costs
+    from asgd.sim.probes import corrections
+    from asgd.sim.run import simulate_isolated
+    p, raw = params or sim_params(params_path)
+    data_path = data_name
+    if spec is None:
+        argv = ["--like", str(run_dir), "--params", str(params_path), "--background", f"{background:.3f}"]
+        argv += ["--machine", machine] if machine else []
+        spec, data_path = sim_cli.spec_from_args(sim_cli.parse_args(argv + (["--out", str(out)] if out else [])), p)
+    return simulate_isolated(spec, Costs(p, spec, raw, corrections=corrections), str(out) if out else None, False, (0, 200),
+                             raw.get("sleep_overhead_s"), data_path, str(params_path))
+
+
+def optimizer_check(ranked: list[dict], measured: list[dict], key, cost, limit: float = OPTIMIZER_LIMIT) -> dict:
+    """Yan et al.'s optimizer against the measurements: the first of its ranked configurations
+    that was measured (key(row) names a configuration in both lists), its measured cost
+    against the best measured; pass if the ratio <= limit."""
+    by = {key(r): r for r in measured}
+    first = next((r for r in ranked if key(r) in by), None)
+    best = min(measured, key=cost)
+    got = by[key(first)] if first else None
+    ratio = cost(got) / cost(best) if got else None
+    keys = [key(r) for r in ranked]
+    return {"configurations": len(ranked), "first": first, "measured": got, "best": best, "ratio": ratio,
+            "pass": ratio is not None and ratio <= limit,
+            "best_predicted_rank": keys.index(key(best)) + 1 if key(best) in keys else None, "top5": ranked[:5]}
+
+
+# -- the emulated cluster ------------------------------------------------------------------------
+
+def testbed_missing() -> str | None:
+    """Why there can be no emulated cluster here (None: there can)."""
+    from asgd.testbed import missing_requirements
+    return missing_requirements()
+
+
+def open_testbed(name: str):
+    """The handle of a running testbed (its spec: hosts, veths)."""
+    from asgd.testbed import Testbed
+    return Testbed.open(name)
+
+
+@contextlib.contextmanager
+def testbed(name: str, hosts: int, rate: str, latency_us: float = 0.0):
+    """An emulated cluster of `hosts` hosts, links shaped to `rate` each way (one left over by
+    a killed run is taken down first); taken down on the way out. Exits without root."""
+    from asgd.testbed import TestbedError, lifecycle
+    reason = testbed_missing()
+    if reason:
+        raise SystemExit(f"{Path(sys.argv[0]).stem}: no testbed here: {reason}")
+    try:
+        if lifecycle.exists(name):
+            lifecycle.down(name, say=lambda *a, **k: None)
+        tb = lifecycle.up(name, hosts, parse_rate(rate), latency_us, say=lambda *a, **k: None)
+    except TestbedError as e:
+        raise SystemExit(f"{Path(sys.argv[0]).stem}: {e}") from None
+    try:
+        yield tb
+    except TestbedError as e:
+        raise SystemExit(f"{Path(sys.argv[0]).stem}: {e}") from None
+    finally:
+        tb.down()
+
+
+def parse_rate(rate: str) -> int:
+    from asgd.testbed import parse_rate as parse
+    return parse(rate)
+
+
+def format_rate(rate_bit: float) -> str:
+    from asgd.testbed.spec import format_rate as fmt
+    return fmt(rate_bit)
+
+
+def testbed_model():
+    """asgd.testbed.model: the links' ceilings, wire bytes, testbed_params, the probes."""
+    from asgd.testbed import model
+    return model
+
+
+def launcher() -> str:
+    return common.mpiexec_path()
