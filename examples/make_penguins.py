@@ -6,9 +6,11 @@ Each species' rows are drawn from a normal distribution per feature, with the pe
 means and standard deviations of the real data (rounded); the counts are the real table's
 (152 Adelie, 68 Chinstrap, 124 Gentoo). The labels are text, as in the real file.
 
-    python examples/make_penguins.py        # rewrites both files, same bytes every time
+    python examples/make_penguins.py [FOLDER]   # both files, the same bytes every time
+                                                # (default: beside this script)
 """
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,7 @@ SPECIES = {
     "Gentoo": (124, (47.5, 15.0, 217.0, 5076.0), (3.1, 1.0, 6.5, 504.0)),
 }
 NEW_ROWS = 6  # rows without a label, for asgd.predict
+HERE = Path(__file__).resolve().parent
 
 
 def rows(rng):
@@ -36,8 +39,7 @@ def line(values):
     return ",".join([f"{x:.1f}" for x in lengths] + [f"{mass:.0f}"])
 
 
-def main():
-    here = Path(__file__).resolve().parent
+def main(here: Path = HERE):
     rng = np.random.default_rng(0)
     data = rows(rng)
     with open(here / "penguins.csv", "w") as f:
@@ -49,4 +51,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(*(Path(a) for a in sys.argv[1:2]))
