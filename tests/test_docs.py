@@ -246,7 +246,8 @@ def test_the_options_page_lists_every_option_of_every_parser():
         start = page.index(f"{{#{anchor}}}")
         end = page.find("\n#", start)
         rows = re.findall(r"^\| `([^`]+)` \|", page[start:end if end >= 0 else len(page)], re.M)
-        shown = {word for row in rows for word in re.split(r"[ ,]+", row)}  # '-n RANKS, --ranks RANKS'
+        # '-n RANKS, --ranks RANKS' by word; a metavar with a space ('-- OPTIONS') whole
+        shown = {word for row in rows for word in re.split(r"[ ,]+", row)} | set(rows)
         for a in p._actions:
             if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
                 continue

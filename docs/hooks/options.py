@@ -26,6 +26,7 @@ COMMANDS = [
     ("asgd-perf", "python -m asgd.perf", "asgd.perf.cli", "build_parser"),
     ("asgd-sim", "python -m asgd.sim", "asgd.sim.cli", "build_parser"),
     ("asgd-testbed", "python -m asgd.testbed", "asgd.testbed.cli", "parser"),
+    ("asgd-launch", "python -m asgd.launch", "asgd.launch", "parser"),
 ]
 
 
