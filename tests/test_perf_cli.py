@@ -64,8 +64,10 @@ def test_compare_against_real_runs(quick_params, tmp_path):
     runs = []
     for n, reader, arch in ((2, "sequential", "ps"), (3, "parallel", "ps"), (2, "parallel", "allreduce")):
         out = tmp_path / f"run-{n}-{reader}-{arch}"
+        # 20 epochs: on a fast core (znver5) one epoch trained in 3-6 ms, and a 3-rank run's
+        # slowest init ended after rank 0's wall time: a train_s of 0, too short to compare
         r = mpiexec(n, ["--data", str(data), "--reader", reader, "--arch", arch, "--hidden", "1000",
-                        "--epochs", "1", "--quiet", "--out", str(out)], timeout=90)
+                        "--epochs", "20", "--quiet", "--out", str(out)], timeout=90)
         assert r.returncode == 0, r.stderr
         runs.append(str(out))
     p = perf("compare", *runs, "--params", str(quick_params), "--csv", str(tmp_path / "rows.csv"))
