@@ -14,6 +14,8 @@ import math
 import pytest
 
 from asgd.perf import analytic as pm
+from asgd.core.wire import DOUBLE, PUSH_HEADER
+from asgd.perf import architectures as arch
 from asgd.perf.analytic import Params, Run, Table1
 from asgd.perf.architectures import predict
 
@@ -763,9 +765,6 @@ def test_evaluation_per_epoch_with_one_server_once_with_shards():
 
 # -- every architecture in Alqahtani & Demirbas's form (asgd.perf.architectures) ----------
 
-from asgd.perf import architectures as arch  # noqa: E402
-from asgd.core.wire import DOUBLE, PUSH_HEADER  # noqa: E402
-
 LOCK = dict(hidden=400, batch=64, points=960, test_points=0, epochs=1, mode="sync", node_ranks=1)
 
 
@@ -776,7 +775,8 @@ def test_iteration_link_terms_are_the_papers_bytes_over_bandwidth():
     B, L = 1e7, 1e-4
     p = arch.cluster_links(make_params(cores=64), B, L)
     W, n = 8, Run(workers=1, **LOCK).n_w
-    wire = lambda k: DOUBLE * (math.ceil(k) + PUSH_HEADER) / B   # noqa: E731
+    def wire(k):
+        return DOUBLE * (math.ceil(k) + PUSH_HEADER) / B
     ps = arch.iteration(p, Run(workers=W, servers=2, arch="ps", **LOCK))
     assert ps.link_s == pytest.approx(2 * W * wire(n / 2)) and ps.latency_s == pytest.approx(2 * L)
     p2p = arch.iteration(p, Run(workers=W, arch="p2p", **LOCK))

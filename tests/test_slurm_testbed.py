@@ -130,7 +130,8 @@ def test_open_mpis_mpiexec_keeps_the_allocations_slots(monkeypatch, tmp_path):
 
 
 def test_a_jobs_end_as_an_exit_status():
-    end = lambda state, code: batch.JobEnd("1", state, code, "n", "").rc  # noqa: E731
+    def end(state, code):
+        return batch.JobEnd("1", state, code, "n", "").rc
     assert end("COMPLETED", "0:0") == 0
     assert end("FAILED", "2:0") == 2
     assert end("CANCELLED", "0:15") == 128 + 15

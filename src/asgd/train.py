@@ -21,34 +21,34 @@ import time
 
 T0_NS = time.perf_counter_ns()  # init starts when the process does: imports and JIT count
 
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import socket  # noqa: E402
-import sys  # noqa: E402
-import traceback  # noqa: E402
+import dataclasses
+import json
+import os
+import socket
+import sys
+import traceback
 
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
+from mpi4py import MPI
 
-from . import BadInput  # noqa: E402
-from .data import shares  # noqa: E402
-from .data.formats import DataError, Dataset, test_path  # noqa: E402
-from .data import standardize  # noqa: E402
-from .data.dialect import delimiter_option  # noqa: E402
-from .data.labels import notes as label_notes  # noqa: E402
-from .mpiutil import (Waiter, agree, agree_on, clock_bytes, clock_offsets, describe,  # noqa: E402
+from . import BadInput
+from .data import shares
+from .data.formats import DataError, Dataset, test_path
+from .data import standardize
+from .data.dialect import delimiter_option
+from .data.labels import notes as label_notes
+from .mpiutil import (Waiter, agree, agree_on, clock_bytes, clock_offsets, describe,
                       end_fault_tolerant_job, gather_objects, leave_without_finalize,
                       oversubscribed, ulfm_missing)
-from .net import mlp, optimizers  # noqa: E402
-from .run import checkpoint, config, folder, results, roles, signals, startup  # noqa: E402
-from .run.job import Job, Model  # noqa: E402
-from .run.progress import RunFacts, convergence_notes  # noqa: E402
-from .core.topology import Topology  # noqa: E402
-from .run.trace import PhaseClock, TraceClock  # noqa: E402
-from .run.trace import export as export_trace  # noqa: E402
-from .mpienv import RESTARTS_ENV  # noqa: E402
-from .core.wire import TAG_RECORD, TAG_SHARE  # noqa: E402
+from .net import mlp, optimizers
+from .run import checkpoint, config, folder, results, roles, signals, startup
+from .run.job import Job, Model
+from .run.progress import RunFacts, convergence_notes
+from .core.topology import Topology
+from .run.trace import PhaseClock, TraceClock
+from .run.trace import export as export_trace
+from .mpienv import RESTARTS_ENV
+from .core.wire import TAG_RECORD, TAG_SHARE
 
 ABORT_GRACE_S = 0.5   # a failing rank's wait between its one line and MPI_Abort
 

@@ -117,7 +117,8 @@ def measured(results: dict) -> dict:
     peers') mean compute and communication (push, waits, the replica's logit sums, and
     what a peer serves or an allreduce rank applies: everything of training but the step)."""
     workers = [r for r in results["ranks"] if r["role"] in ("worker", "peer")]
-    mean = lambda *keys: statistics.fmean(sum(r["phases"].get(k, 0.0) for k in keys) for r in workers)  # noqa: E731
+    def mean(*keys):
+        return statistics.fmean(sum(r["phases"].get(k, 0.0) for k in keys) for r in workers)
     return {"init": results["init_s"], "train": results["train_s"], "total": results["wall_s"],
             "compute": mean("compute"), "comm": mean(*COMM_PHASES)}
 

@@ -20,28 +20,28 @@ import time
 
 T0_NS = time.perf_counter_ns()  # the startup probe times from here, as asgd.train does
 
-import importlib  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import resource  # noqa: E402
-import sys  # noqa: E402
+import importlib
+import json
+import os
+import resource
+import sys
 
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
+from mpi4py import MPI
 
-from ..core.wire import shard_bounds  # noqa: E402
-from ..data import problem, readers, shares  # noqa: E402
-from ..mpiutil import Waiter, oversubscribed  # noqa: E402
-from ..net import mlp  # noqa: E402
-from ..core.schedule import Schedule  # noqa: E402
-from ..protocol.context import Endpoint  # noqa: E402
-from ..protocol.messages import Float64Link  # noqa: E402
-from ..core.policy import Async  # noqa: E402
-from ..protocol.server import Server  # noqa: E402
-from ..protocol.worker import PushPull, run_worker  # noqa: E402
-from ..run import startup  # noqa: E402
-from ..run.trace import PhaseClock  # noqa: E402
-from . import CalibrationError  # noqa: E402
+from ..core.wire import shard_bounds
+from ..data import problem, readers, shares
+from ..mpiutil import Waiter, oversubscribed
+from ..net import mlp
+from ..core.schedule import Schedule
+from ..protocol.context import Endpoint
+from ..protocol.messages import Float64Link
+from ..core.policy import Async
+from ..protocol.server import Server
+from ..protocol.worker import PushPull, run_worker
+from ..run import startup
+from ..run.trace import PhaseClock
+from . import CalibrationError
 
 PINGPONG_BYTES = (8, 1 << 16, 1 << 20, 1 << 22)
 

@@ -153,7 +153,8 @@ def profile(results: dict) -> dict:
     for r in results["ranks"]:
         p = r["phases"]
         total = sum(v for k, v in p.items() if k not in _INIT_PARTS) or 1e-9
-        pct = lambda *names: 100.0 * sum(p.get(n, 0.0) for n in names) / total  # noqa: E731
+        def pct(*names):
+            return 100.0 * sum(p.get(n, 0.0) for n in names) / total
         row = {"rank": r["rank"], "role": r["role"], "init_pct": pct("init"), "barrier_pct": pct("idle")}
         if r["role"] in ("worker", "peer"):
             row.update(compute_pct=pct("compute"), comm_wait_pct=pct("comm_wait", "push"))
@@ -275,7 +276,8 @@ def summary(results: dict, path: str) -> str:
     replica = any("replica_pct" in row for row in rows)   # model-parallel: the replica's logit sums
     lines.append(f"  {'rank':>4} {'role':7} {'init':>6} {'compute':>8} {'wait':>6} "
                  + (f"{'replica':>8} " if replica else "") + f"{'barrier':>8} {'busy':>6}")
-    f = lambda row, k: f"{row[k]:.1f}" if k in row else "-"  # noqa: E731
+    def f(row, k):
+        return f"{row[k]:.1f}" if k in row else "-"
     for row in rows:
         lines.append(f"  {row['rank']:>4} {row['role']:7} {f(row, 'init_pct'):>6} {f(row, 'compute_pct'):>8} "
                      f"{f(row, 'comm_wait_pct'):>6} " + (f"{f(row, 'replica_pct'):>8} " if replica else "")

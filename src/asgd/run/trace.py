@@ -102,7 +102,8 @@ def export(path: str, per_rank: list[dict], names: list[str], offsets_ns: list[i
     for r, (rec, name) in enumerate(zip(per_rank, names)):
         ev.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": name}})
         ev.append({"ph": "M", "name": "process_sort_index", "pid": r, "args": {"sort_index": r}})
-        us = lambda t: (int(t) + offsets_ns[r] - t0_ns) / 1e3  # noqa: E731
+        def us(t):
+            return (int(t) + offsets_ns[r] - t0_ns) / 1e3
         for start, end, code in rec["intervals"]:
             ev.append({"ph": "X", "name": rec["phases"][code], "cat": "phase", "pid": r, "tid": 0,
                        "ts": us(start), "dur": max((int(end) - int(start)) / 1e3, 0.001)})

@@ -78,7 +78,8 @@ class World:
         self.P, self.S, self.W = spec.ranks, spec.servers, spec.run.workers
         self.hosts, self.fs_host = hosts, fs_host
         self.sleep_overhead = sleep_overhead
-        now = lambda: sg.Engine.clock  # noqa: E731
+        def now():
+            return sg.Engine.clock
         self.now = now
         self.clocks = [SimClock(now, "init", trace, window) for _ in range(self.P)]
         self.owner_clocks = [SimClock(now, "idle", trace, window) for _ in range(self.P)]   # p2p's owners

@@ -338,7 +338,8 @@ class Costs:
         if not table or not self.spec.machine.calibrated:
             return wall, cpu
         P = node_ranks
-        worth = lambda n: self.cores_worth(n, calibrated=True)  # noqa: E731  (the table's conditions)
+        def worth(n):  # under the table's conditions: calibrated
+            return self.cores_worth(n, calibrated=True)
         for stage in ("parsers", "kernels"):
             w, c = self.startup()[stage]
             caches += max(w, c) + (max(w, c * (P - 1) / worth(P - 1)) if P > 1 else 0.0)
@@ -373,7 +374,8 @@ def _spread_table(table, hidden: int, batch: int):
     the batch nearest (in log) to the run's, or None where none was measured."""
     if not table:
         return None
-    near = lambda keys, x: min(keys, key=lambda k: abs(math.log(int(k) / x)))  # noqa: E731
+    def near(keys, x):
+        return min(keys, key=lambda k: abs(math.log(int(k) / x)))
     by_batch = table[near(table, hidden)]
     if not by_batch:
         return None

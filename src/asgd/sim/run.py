@@ -84,7 +84,7 @@ def simulate_isolated(*args, **kwargs) -> dict:
     def body():
         try:
             child.send(("ok", simulate(*args, **kwargs)))
-        except BaseException as e:  # noqa: BLE001  (reported in the parent)
+        except BaseException as e:  # everything, on purpose: the parent reports it
             child.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         finally:
             child.close()

@@ -31,6 +31,8 @@ Modules, one job each, each importing only those listed above it:
   cli        python -m asgd.testbed
 """
 
-from .lifecycle import Testbed, down, status, up  # noqa: F401
-from .sh import TestbedError, missing_requirements  # noqa: F401
-from .spec import Spec, parse_rate  # noqa: F401
+from .lifecycle import Testbed, down, status, up
+from .sh import TestbedError, missing_requirements
+from .spec import Spec, parse_rate
+
+__all__ = ["Testbed", "down", "status", "up", "TestbedError", "missing_requirements", "Spec", "parse_rate"]
