@@ -77,7 +77,8 @@ def main(argv=None) -> int:
                      "seconds": round(secs, 2), "accuracy": acc, "last_stderr": err[-1] if err else "",
                      "leftovers": len(left), "ok": ok})
         print(f"{i + 1:>4} {'ok ' if ok else 'BAD'} n={n:<2} {' '.join(opts):<34} rc={rc} "
-              f"{secs:5.1f}s acc={acc if acc is None else round(acc, 4)} {err[-1][:70] if kind == 'bad' and err else ''}",
+              f"{secs:5.1f}s acc={acc if acc is None else round(acc, 4)} "
+              f"{err[-1][:70] if kind == 'bad' and err else ''}",
               flush=True)
     with open(a.log, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))

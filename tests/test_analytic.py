@@ -770,8 +770,8 @@ LOCK = dict(hidden=400, batch=64, points=960, test_points=0, epochs=1, mode="syn
 
 def test_iteration_link_terms_are_the_papers_bytes_over_bandwidth():
     """With nothing measured but the step, T_comm is the busiest link's bytes over B: ps
-    2 W M / (S B) (every worker pushes a shard to each server), p2p 2 (N - 1) M / (N B), the ring 2 (P - 1) M / (P B) plus its
-    2 (P - 1) latencies (M: the message, asgd's header included)."""
+    2 W M / (S B) (every worker pushes a shard to each server), p2p 2 (N - 1) M / (N B), the ring
+    2 (P - 1) M / (P B) plus its 2 (P - 1) latencies (M: the message, asgd's header included)."""
     B, L = 1e7, 1e-4
     p = arch.cluster_links(make_params(cores=64), B, L)
     W, n = 8, Run(workers=1, **LOCK).n_w
@@ -782,7 +782,8 @@ def test_iteration_link_terms_are_the_papers_bytes_over_bandwidth():
     p2p = arch.iteration(p, Run(workers=W, arch="p2p", **LOCK))
     assert p2p.link_s == pytest.approx(2 * (W - 1) * wire(n / W))
     ring = arch.iteration(p, Run(workers=W, arch="allreduce", **LOCK))
-    assert ring.link_s == pytest.approx(2 * (W - 1) * wire((n + 3) / W)) and ring.latency_s == pytest.approx(2 * (W - 1) * L)
+    assert ring.link_s == pytest.approx(2 * (W - 1) * wire((n + 3) / W))
+    assert ring.latency_s == pytest.approx(2 * (W - 1) * L)
     # one server's link carries every worker's whole w: the worst where links bind; p2p and
     # the ring move the same bytes, the ring in 2 (P - 1) steps of latency
     one = arch.iteration(p, Run(workers=W, servers=1, arch="ps", **LOCK))
@@ -803,7 +804,8 @@ def test_each_optimizer_pays_its_measured_update():
     assert ada["c_u_s"] - sgd["c_u_s"] == pytest.approx(p.per_nw(opt["adagrad"], n) - p.per_nw(opt["sgd"], n))
     assert ada["train_s"] > sgd["train_s"]
     bare = make_params(cores=64)
-    assert pm.predict_train(bare, Run(optimizer="adagrad", **base)) == pm.predict_train(bare, Run(optimizer="sgd", **base))
+    assert (pm.predict_train(bare, Run(optimizer="adagrad", **base))
+            == pm.predict_train(bare, Run(optimizer="sgd", **base)))
     ring = arch.iteration(p, Run(workers=2, arch="allreduce", optimizer="adagrad", **LOCK))
     assert ring.optimizer_s == pytest.approx(p.per_nw(opt["adagrad"], n))
 

@@ -53,7 +53,8 @@ def test_the_ring_allreduce_counts_every_byte_it_moves(lockstep_run):
     unequal sizes)."""
     from asgd.core.wire import ring_bytes
     for algorithm in ("ring", "mpi"):
-        r = load_results(lockstep_run(3, "--arch", "allreduce", *(("--allreduce", "mpi") if algorithm == "mpi" else ())))
+        r = load_results(lockstep_run(3, "--arch", "allreduce",
+                                      *(("--allreduce", "mpi") if algorithm == "mpi" else ())))
         assert r["config"]["allreduce"] == algorithm
         n = r["config"]["n_w"] + 3   # [m * Delta-w | m, loss_sum, stop]
         assert n % 3

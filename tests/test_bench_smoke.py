@@ -23,7 +23,8 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 def bench(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     p = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
-                       timeout=timeout, cwd=BENCH.parent, env={**os.environ, "ASGD_BENCH_STREAM_MIB": "8", "ASGD_CPU_LOCK": "none"})
+                       timeout=timeout, cwd=BENCH.parent,
+                       env={**os.environ, "ASGD_BENCH_STREAM_MIB": "8", "ASGD_CPU_LOCK": "none"})
     assert p.returncode == 0, f"{script} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
     return p
 
@@ -222,7 +223,8 @@ import sys
 sys.path.insert(0, sys.argv[1])
 import validate as v
 grid = [dict(arch=a, w=w, meas=m, pred=p) for a, w, m, p in
-        [("ps", 1, 10.0, 11.0), ("ps", 2, 8.0, 6.0), ("ps", 4, 5.0, 5.0), ("ring", 2, 4.0, 5.0), ("ring", 4, 2.0, None)]]
+        [("ps", 1, 10.0, 11.0), ("ps", 2, 8.0, 6.0), ("ps", 4, 5.0, 5.0),
+         ("ring", 2, 4.0, 5.0), ("ring", 4, 2.0, None)]]
 for r in grid:
     r["ape"] = v.ape(r["pred"], r["meas"]) if r["pred"] is not None else None
 assert [r["ape"] for r in grid] == [10.0, 25.0, 0.0, 25.0, None]
@@ -237,7 +239,8 @@ ranked = [dict(arch="ring", w=8), dict(arch="ps", w=2), dict(arch="ps", w=4)]   
 chk = v.optimizer_check(ranked, grid, lambda r: (r["arch"], r["w"]), lambda r: r["meas"])
 assert chk["first"] == ranked[1] and chk["measured"]["meas"] == 8.0 and chk["best"]["meas"] == 2.0
 assert chk["ratio"] == 4.0 and chk["pass"] is False and chk["best_predicted_rank"] is None
-chk = v.optimizer_check(ranked[2:], grid, lambda r: (r["arch"], r["w"]), lambda r: r["meas"] if r["arch"] == "ps" else 99)
+chk = v.optimizer_check(ranked[2:], grid, lambda r: (r["arch"], r["w"]),
+                        lambda r: r["meas"] if r["arch"] == "ps" else 99)
 assert chk["ratio"] == 1.0 and chk["pass"] is True and chk["best_predicted_rank"] == 1
 print("ok")
 """
@@ -291,7 +294,8 @@ for cut in (1, 2):
 assert bc.last_interval(out) == 0.5, bc.last_interval(out)
 rows = [dict(kind="server", faulted_at_s=1.0, completed=True, hung=False, checkpoint="ok", accuracy=0.97,
              twin_accuracy=0.99, restarted=1, lost_s=1.2, work_lost_s=0.4, cut_interval_s=0.5),
-        dict(kind="server", faulted_at_s=None, completed=False, hung=True, checkpoint="cut 3: shards at versions [4, 5]")]
+        dict(kind="server", faulted_at_s=None, completed=False, hung=True,
+             checkpoint="cut 3: shards at versions [4, 5]")]
 (t,) = bc.summarize(rows)
 assert (t["runs"], t["faulted"], t["completed"], t["hung"], t["bad_checkpoints"]) == (2, 1, 1, 1, 1), t
 assert abs(t["accuracy_below_twin_max"] - 0.02) < 1e-12 and t["work_lost_s_max"] == 0.4, t

@@ -176,12 +176,14 @@ def test_the_pages_print_commands_at_all():
 
 @pytest.mark.parametrize("text, expected", [
     ("```\nmpiexec -n 4 python -m asgd.train --epochs 2 --servrs 2\n```", "asgd.train has no option --servrs"),
-    ("```bash\npython -m asgd.perf optimize --params p.json \\\n    --nodess 4\n```", "asgd.perf optimize has no option --nodess"),
+    ("```bash\npython -m asgd.perf optimize --params p.json \\\n    --nodess 4\n```",
+     "asgd.perf optimize has no option --nodess"),
     ("```\npython -m asgd_train --epochs 1\n```", "no command 'asgd_train'"),
     ("```\nsbatch -N 4 slurm/train.sbatch --hiden 10\n```", "asgd.train has no option --hiden"),
     ("```\npython -m asgd.testbed run --name sl -- sbatch slurm/nope.sbatch\n```", "slurm/nope.sbatch is not"),
     ("```\npython -m asgd.launch -n 4 --max-restarts 1 -- --checkpoint-evry 2\n```", "no option --checkpoint-evry"),
-    ("```\nmpiexec -n 2 python -m asgd.train --data examples/nope.csv\n```", "examples/nope.csv is not in the repository"),
+    ("```\nmpiexec -n 2 python -m asgd.train --data examples/nope.csv\n```",
+     "examples/nope.csv is not in the repository"),
 ])
 def test_a_misspelled_command_is_caught(text, expected):
     problems = problems_in(text, "page.md")

@@ -200,7 +200,8 @@ def test_a_restart_with_no_complete_cut_starts_over_in_its_own_folder(tmp_path):
     which asgd.train would refuse as holding a run unless the supervisor says --force."""
     out, marker = tmp_path / "run", tmp_path / "failed-once"
     fake = tmp_path / "launcher.sh"   # fails its first job (not its --version, which launch asks first)
-    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = -n ] && [ ! -e {marker} ]; then touch {marker}; mkdir -p {out}/checkpoint; "
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = -n ] && [ ! -e {marker} ]; then "
+                    f"touch {marker}; mkdir -p {out}/checkpoint; "
                     f"touch {out}/checkpoint/shard-1.npz.tmp; exit 1; fi\nexec {mpienv.find()} \"$@\"\n")
     fake.chmod(0o755)
     p = subprocess.run([sys.executable, "-m", "asgd.launch", "-n", "2", "--max-restarts", "1", "--launcher", str(fake),

@@ -90,7 +90,8 @@ def test_evaluate_matches_reference_predict(d_in, d_h, d_out, n):
     assert loss == pytest.approx(np.mean(-np.log(p[np.arange(n), y])), rel=1e-12)
     # the same count of correct predictions (acc is count/n, np.mean sums pairwise: the two
     # quotients may differ in the last bit)
-    assert round(acc * n) == np.sum(p.argmax(axis=1) == y) and acc == pytest.approx(np.mean(p.argmax(axis=1) == y), rel=1e-15)
+    assert round(acc * n) == np.sum(p.argmax(axis=1) == y)
+    assert acc == pytest.approx(np.mean(p.argmax(axis=1) == y), rel=1e-15)
     assert 0.0 < acc < 1.0
 
 

@@ -25,7 +25,8 @@ LAYERS = [
     ["asgd.data"],                    # formats, parsers, readers, shares, scaling
     ["asgd.protocol"],                # who talks to whom
     ["asgd.run"],                     # options, results.json, progress, checkpoints, signals, trace
-    ["asgd.train", "asgd.launch", "asgd.predict"],   # the run top to bottom; its restart supervisor; a trained run applied to new data (numpy only)
+    # the run top to bottom; its restart supervisor; a trained run applied to new data (numpy only)
+    ["asgd.train", "asgd.launch", "asgd.predict"],
     ["asgd.perf"],                    # the performance model, pure: analytic, architectures, report
     ["asgd.probes"],                  # the measurements: calibrate, the MPI probes, the exchange rounds
     ["asgd.perf.cli", "asgd.perf.calibrate"],   # the lab's command line; the probes at their old path

@@ -218,7 +218,7 @@ def test_a_split_by_progress_changes_no_bit(d_in, d_h, d_out, batch):
         split, split_losses = _replica_step(s, members, v, X, y, 0.05, (progress, progress))
         np.testing.assert_array_equal(split, whole)
         assert split_losses == losses
-        assert 6 <= len(calls) <= 6 * blocks                            # each half of each member asks, at most a block at a time
+        assert 6 <= len(calls) <= 6 * blocks   # each half of each member asks, at most a block at a time
 
 
 def test_the_step_asks_progress_until_it_says_true_never_after():

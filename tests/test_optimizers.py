@@ -145,7 +145,8 @@ def test_chance_level_accuracy_names_the_unscaled_features():
     assert notes[0].startswith("the training loss climbed from 1.1 to 151: training diverged; the step is too "
                                "large: use a smaller --lr")
     assert "held-out accuracy 0.143 is chance level" in notes[1]
-    assert "likely cause: the features are not scaled (values up to 2.01e+03" in notes[1] and "--standardize" in notes[1]
+    assert "likely cause: the features are not scaled (values up to 2.01e+03" in notes[1]
+    assert "--standardize" in notes[1]
 
 
 def test_divergence_with_many_workers_names_staleness_not_a_larger_lr():
@@ -159,8 +160,10 @@ def test_divergence_with_many_workers_names_staleness_not_a_larger_lr():
 
 
 @pytest.mark.parametrize("train, test, workers, cause", [
-    ([1.0, 0.5, 0.3, 0.2, 0.1], [1.0, 0.5, 0.4, 0.6, 0.8], 1, "the model overfits the training data: use fewer --epochs"),
-    ([1.0, 0.5, 0.4, 0.6, 0.8], [1.0, 0.5, 0.4, 0.6, 0.8], 1, "the step is too large late in training: use a smaller --lr"),
+    ([1.0, 0.5, 0.3, 0.2, 0.1], [1.0, 0.5, 0.4, 0.6, 0.8], 1,
+     "the model overfits the training data: use fewer --epochs"),
+    ([1.0, 0.5, 0.4, 0.6, 0.8], [1.0, 0.5, 0.4, 0.6, 0.8], 1,
+     "the step is too large late in training: use a smaller --lr"),
     ([1.0, 0.5, 0.4, 0.6, 0.8], [1.0, 0.5, 0.4, 0.6, 0.8], 31, "stale updates overshoot: use --stale-step sqrt"),
 ])
 def test_a_rising_loss_names_its_likely_cause(train, test, workers, cause):

@@ -102,7 +102,8 @@ def test_optimize_ranks_by_predicted_time(quick_params):
     assert t.returncode == 0 and f"best: --arch {best['arch']}" in t.stdout and f"binds it: {best['bound']}" in t.stdout
     p = perf(*args, "--archs", "p2p", "--json")
     assert p.returncode == 0 and {json.loads(ln)["arch"] for ln in p.stdout.splitlines()} == {"p2p"}
-    for bad, says in ((["--nodes", "2"], "needs the links between them"), (["--archs", "ps,mesh"], "unknown architecture")):
+    for bad, says in ((["--nodes", "2"], "needs the links between them"),
+                      (["--archs", "ps,mesh"], "unknown architecture")):
         p = perf("optimize", "--params", str(quick_params), "--cores-per-node", "2", *bad)
         assert p.returncode == 2 and says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 

@@ -465,7 +465,8 @@ def test_crowded_rounds_meet_the_probes_measured_rounds(params_file, tmp_path, m
     q, raw_q = load_params(params_file(exchange_s={f"{kind}+step": {"5": {str(B if kind == "replica" else 5 * H + 2):
                                                                            measured}}}))
     spec = Spec(run=probes.probe_run(kind, 5), machine=by_name("here", q.cores))
-    got = simulate_isolated(spec, Costs(q, spec, raw_q, corrections=probes.corrections), None)["train_s"] / probes.ROUNDS
+    costs = Costs(q, spec, raw_q, corrections=probes.corrections)
+    got = simulate_isolated(spec, costs, None)["train_s"] / probes.ROUNDS
     assert got == pytest.approx(measured, rel=0.05) and abs(got - own) > 0.1 * own
     assert list((tmp_path / "cache" / "asgd").glob("sim-probes-*.json"))   # kept for the next simulation
 

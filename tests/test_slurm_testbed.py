@@ -162,7 +162,8 @@ def _ps(spec, where, S, updates=10, push=1000, reply=990, dry=False):
         finish = {"sent": 40 * n, "recv": 400 * n} if r == 0 else {"sent": 400, "recv": 40}
         b = {"init": {"sent": 0, "recv": 0}, "train": {"sent": 0, "recv": 0} if dry else train, "finish": finish}
         ranks.append({"rank": r, "host": spec.host(k), "updates": u, "refused": 0, "bytes": b,
-                      "bytes_sent": sum(x["sent"] for x in b.values()), "bytes_recv": sum(x["recv"] for x in b.values())})
+                      "bytes_sent": sum(x["sent"] for x in b.values()),
+                      "bytes_recv": sum(x["recv"] for x in b.values())})
         if r < S:
             ranks[-1]["shard"] = [r * 100, (r + 1) * 100]
     return {"config": {"arch": "ps", "allreduce": "ring", "servers": S}, "dry_run": dry, "ranks": ranks}

@@ -16,7 +16,8 @@ def _loaded(code: str) -> set:
     probe = code + """
 import json, sys
 from numba.core.registry import CPUDispatcher
-compiled = sorted(f"{m.__name__}.{k}" for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("asgd")
+compiled = sorted(f"{m.__name__}.{k}" for m in list(sys.modules.values())
+                  if getattr(m, "__name__", "").startswith("asgd")
                   for k, v in vars(m).items() if isinstance(v, CPUDispatcher) and v.signatures)
 print(json.dumps({"modules": sorted(m for m in sys.modules if m.startswith("asgd")), "compiled": compiled}))
 """
@@ -50,10 +51,10 @@ def test_each_role_loads_only_its_kernels(role, rank, reads_file, compress, kern
     got = _loaded(f"from asgd.run import startup\nstartup.load({uses!r})")["compiled"]
     public = {name.rsplit(".", 1)[1] for name in got} - {"_mix", "_sigmoid", "vexp", "_fwd22", "_bwd22", "_fwd_any",
                                                          "_bwd_any", "_forward_block", "_transpose_into",
-                                                         "_check_labels", "_block_rows", "_split_means", "_space", "_digit",
-                                                         "_special", "_float_kind", "_fail",
-                                                         "_finite_block", "_sizes_agree", "_sgd_block", "_momentum_block",
-                                                         "_adagrad_block", "_adam_block"}  # callees
+                                                         "_check_labels", "_block_rows", "_split_means", "_space",
+                                                         "_digit", "_special", "_float_kind", "_fail",
+                                                         "_finite_block", "_sizes_agree", "_sgd_block",
+                                                         "_momentum_block", "_adagrad_block", "_adam_block"}  # callees
     assert public == kernels
 
 

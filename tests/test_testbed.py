@@ -144,7 +144,8 @@ def _ps_run(spec, S, W, updates, push, reply, dry=False, arch="ps", allreduce="r
         train = {"sent": 0, "recv": 0} if dry else train
         b = {"init": {"sent": 0, "recv": 0}, "train": train, "finish": finish}
         ranks.append({"rank": r, "host": spec.host(where[r]), "updates": u, "refused": 0, "bytes": b,
-                      "bytes_sent": sum(x["sent"] for x in b.values()), "bytes_recv": sum(x["recv"] for x in b.values())})
+                      "bytes_sent": sum(x["sent"] for x in b.values()),
+                      "bytes_recv": sum(x["recv"] for x in b.values())})
         if r < S:
             ranks[-1]["shard"] = [r * 1000, (r + 1) * 1000]
     return {"config": {"arch": arch, "allreduce": allreduce, "servers": S, "workers": W}, "dry_run": dry,
@@ -269,7 +270,8 @@ def test_the_proofs_messages_follow_the_protocol():
         r["bytes"]["train"] = {"sent": 6 * (r["updates"] + r["refused"]) * 250, "recv": 6 * (r["updates"] + 1) * 250}
     got = proof.added_messages(ring)
     assert got[0]["sent"] == {250: 60} and got[1]["sent"] == {250: 66}
-    assert all(not x["sent"] and not x["recv"] for x in proof.added_messages(_ps_run(spec, 2, 3, 10, 100, 90, dry=True)[0]))
+    dry = _ps_run(spec, 2, 3, 10, 100, 90, dry=True)[0]
+    assert all(not x["sent"] and not x["recv"] for x in proof.added_messages(dry))
 
 
 def test_the_proof_leaves_out_what_stays_in_a_host():

@@ -23,7 +23,8 @@ def penguins(path, rows=96, bad=None):
     lines = ["species,bill_length_mm,bill_depth_mm,flipper_length_mm,year"]
     for i in range(rows):
         k = i % 3
-        f = [f"{v:.1f}" for v in (38 + 8 * k + rng.normal(), 18 - 2 * k + rng.normal(0, .3), 190 + 15 * k + rng.normal())]
+        f = [f"{v:.1f}" for v in (38 + 8 * k + rng.normal(), 18 - 2 * k + rng.normal(0, .3),
+                                   190 + 15 * k + rng.normal())]
         fields = [species[k], *f, str(2007 + i % 3)]
         if bad and bad[0] == i:
             fields[bad[1]] = bad[2]
@@ -135,7 +136,8 @@ def test_npz_with_string_labels_trains(tmp_path):
     d = problem.rings(400, 1, classes=2)
     np.savez(tmp_path / "d.npz", X=d.X, y=np.array(["inner", "outer"])[d.y])
     out = tmp_path / "run"
-    p = mpiexec(2, ["--data", str(tmp_path / "d.npz"), "--epochs", "2", "--hidden", "100", "--out", str(out), "--quiet"])
+    p = mpiexec(2, ["--data", str(tmp_path / "d.npz"), "--epochs", "2", "--hidden", "100",
+                    "--out", str(out), "--quiet"])
     assert p.returncode == 0, p.stderr
     r = load_results(out)
     assert r["data"]["labels"] == ["inner", "outer"] and r["config"]["classes"] == 2

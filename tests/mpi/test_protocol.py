@@ -188,7 +188,8 @@ def test_each_server_applies_its_optimizer_to_every_push_in_arrival_order(optimi
         for s in counts[:2]:
             lo, hi = s["shard"]
             ds, scales = zip(*s["applied"])
-            np.testing.assert_allclose(w[lo:hi], reference(optimizer, 0.01, w0[lo:hi], ds, scales), rtol=1e-12, atol=1e-14)
+            np.testing.assert_allclose(w[lo:hi], reference(optimizer, 0.01, w0[lo:hi], ds, scales),
+                                       rtol=1e-12, atol=1e-14)
             np.testing.assert_allclose(sum(ds), total_sent[lo:hi], rtol=1e-9, atol=1e-12)
 
 

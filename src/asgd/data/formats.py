@@ -173,7 +173,8 @@ def parse_reference(path: str, d: Dialect, classes: int | None = None):
                 continue
             if not _is_feature(f):
                 if any(ord(ch) >= 128 for ch in f):
-                    raise DataError(f"{path}:{lineno}: not a text file (byte {next(ord(ch) for ch in f if ord(ch) >= 128):#x})")
+                    byte = next(ord(ch) for ch in f if ord(ch) >= 128)
+                    raise DataError(f"{path}:{lineno}: not a text file (byte {byte:#x})")
                 raise DataError(f"{path}:{lineno}: {d.empty(c) if f == '' else d.not_a_number(c, f)}")
             row.append(float(f))
         X[i] = row

@@ -355,7 +355,8 @@ def step_block(scratch) -> int:
 
 @njit(**_FAST)
 def sgd_step(W1, b1, W2, b2, X, y, lr, dW1, db1, dW2, db2, scratch):
-    """Write Delta-w = -lr * grad(mean softmax cross-entropy) into dW1, db1, dW2, db2; return the mean loss (= net.reference.step).
+    """Write Delta-w = -lr * grad(mean softmax cross-entropy) into dW1, db1, dW2, db2; return the
+    mean loss (= net.reference.step).
     One call of step_begin, step_rows over the whole batch and step_end; the worker calls
     those three itself (mlp.make_step), splitting the middle one while an exchange is in
     flight."""
@@ -452,7 +453,8 @@ def mp_backward_rows(X, y, lr, r0, r1, S, dW1, db1, db2, scratch, loss):
 
 @njit(**_FAST)
 def evaluate(W1, b1, W2, b2, X, y):
-    """(mean cross-entropy, accuracy) over a whole held-out set, in blocks so memory is O(d_hidden), not O(n d_hidden)."""
+    """(mean cross-entropy, accuracy) over a whole held-out set, in blocks so memory is
+    O(d_hidden), not O(n d_hidden)."""
     n = X.shape[0]
     H = W1.shape[1]
     d_out = W2.shape[1]
@@ -494,7 +496,8 @@ def add_into(w, dw):
         w[i] += dw[i]
 
 
-@njit(fastmath={"reassoc"}, boundscheck=False, cache=True)   # reassoc vectorizes the sum; without nnan x*0 is not folded
+# reassoc vectorizes the sum; without nnan x*0 is not folded
+@njit(fastmath={"reassoc"}, boundscheck=False, cache=True)
 def all_finite(a):
     """True iff a has no NaN or inf: x*0 is 0 for finite x and NaN otherwise, summed branch-free."""
     s = 0.0

@@ -276,7 +276,8 @@ class ModelParallelStep:
         self.sliced, self.k = sliced, k
         self._alloc(max(1, batch))
         d_out = sliced.layout.d_out
-        self._zero_b2, self._db2_sink = np.zeros(d_out), np.empty(d_out)   # b2 of slices k > 0: zeros; gradient discarded
+        # b2 of slices k > 0: zeros; its gradient discarded
+        self._zero_b2, self._db2_sink = np.zeros(d_out), np.empty(d_out)
         self._B = 0   # the batch of the last forward, until its backward
 
     def _alloc(self, batch: int):
@@ -355,7 +356,8 @@ def make_evaluate(layout: Layout, w: np.ndarray, test):
     return evaluate
 
 
-KERNEL_USES = ("step", "mp_step", "evaluate", "aggregate", *(f"update:{o}" for o in OPTIMIZERS), "onebit")  # see compile_kernels
+KERNEL_USES = ("step", "mp_step", "evaluate", "aggregate", *(f"update:{o}" for o in OPTIMIZERS),
+               "onebit")  # see compile_kernels
 
 
 def compile_kernels(*uses: str) -> None:

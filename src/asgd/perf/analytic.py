@@ -563,7 +563,8 @@ def predict_train(p: Params, run: Run, crowding=None) -> dict:
     rtt_free = p.per_nw(p.round_trip_s, k)   # transfer both ways, no queueing
     link = p.per_nw(p.link_s, k) if p.link_s else 0.0
     # the measured round trip holds sgd's add, not the optimizer's extra (a station's demand)
-    latency = max(rtt_free - p.per_nw(p.server_update_s, k), 0.0) + 2 * (p.link_transit(visits * link) - p.link_transit(link))
+    latency = (max(rtt_free - p.per_nw(p.server_update_s, k), 0.0)
+               + 2 * (p.link_transit(visits * link) - p.link_transit(link)))
     stations = [D] * S + ([link * visits / S] * 2 if link else [])
     transits = [D] * S + ([p.link_transit(link)] * 2 if link else [])
     overlap = run.mode != "sync" and run.overlap != "off"
@@ -602,7 +603,8 @@ def predict_train(p: Params, run: Run, crowding=None) -> dict:
         bound = "server" if sum(R) >= Z else "workers"
     return {"train_s": train, "compute_s": min(compute, steps_s), "comm_s": max(steps_s - compute, 0.0),
             "evaluate_s": evaluate, "updates": updates, "updates_per_s": X, "bound": bound,
-            "think_s": Z, "c_u_s": c_u, "knee_workers": saturation_workers(Z + sum(stations) - max(stations), max(stations)),
+            "think_s": Z, "c_u_s": c_u,
+            "knee_workers": saturation_workers(Z + sum(stations) - max(stations), max(stations)),
             "working_set_bytes": (ws := working_set_bytes(run.batch, run.n_w // K, run.hidden // K, run.features)),
             "cache_level": cache_level(ws, p.caches)}
 

@@ -310,7 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--optimizer", choices=OPTIMIZERS, default=TRAIN.optimizer,
                     help="the servers' optimizer, as asgd.train's (default %(default)s)")
     pp.add_argument("--allreduce", choices=("ring", "mpi"), default="ring", help="as asgd.train's (default ring)")
-    pp.add_argument("--cores", type=positive_int, default=0, help="cores the ranks share (default: the calibrated machine's)")
+    pp.add_argument("--cores", type=positive_int, default=0,
+                    help="cores the ranks share (default: the calibrated machine's)")
     pp.add_argument("--params", **params)
     pp.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     _data_args(pp)
@@ -442,7 +443,8 @@ def _predict(a, p: Params) -> int:
                 if a.json:
                     print(json.dumps({"run": asdict(run), **pr.as_dict()}))
                     continue
-                print(f"{w:7d} {run.dedicated_servers:7d} {h:7d} {b:6d}  {a.reader if base.file_bytes else 'embedded':10s}"
+                print(f"{w:7d} {run.dedicated_servers:7d} {h:7d} {b:6d}  "
+                      f"{a.reader if base.file_bytes else 'embedded':10s}"
                       f"{_fmt_s(pr.init_s)} {_fmt_s(pr.compute_s)} {_fmt_s(pr.comm_s)} {_fmt_s(pr.train_s)} "
                       f"{_fmt_s(pr.total_s)}  {pr.detail['bound']:8s} {pr.detail['cache_level']}")
     return 0
@@ -458,7 +460,8 @@ def _compare(a, p: Params) -> int:
     print(f"{'run':28s} {'w':>2s} {'S':>2s} {'hidden':>6s} {'batch':>5s} {'reader':10s}" +
           "".join(f" {k:>22s}" for k in PHASES + DETAIL))
     for r in rows:
-        cells = "".join(f" {r[f'{k}_pred_s']:7.2f}/{r[f'{k}_meas_s']:6.2f} {r[f'{k}_ape']:5.0f}%" for k in PHASES + DETAIL)
+        cells = "".join(f" {r[f'{k}_pred_s']:7.2f}/{r[f'{k}_meas_s']:6.2f} {r[f'{k}_ape']:5.0f}%"
+                        for k in PHASES + DETAIL)
         print(f"{os.path.basename(os.path.normpath(r['run']))[-28:]:28s} {r['workers']:2d} {r['servers']:2d} "
               f"{r['hidden']:6d} {r['batch']:5d} {r['reader']:10s}{cells}")
     print(f"APE over {len(rows)} runs:  " + "   ".join(
@@ -506,7 +509,8 @@ def _optimize(a, p: Params) -> int:
     print(" rank  arch       servers  K  workers  batch     init_s   train_s   total_s  s/epoch  bound")
     for i, r in enumerate(ranked[:a.top], 1):
         print(f"{i:5d}  {r['arch']:9s} {r['servers']:7d} {r['model_parallel']:2d} {r['workers']:8d} {r['batch']:6d} "
-              f"{_fmt_s(r['init_s'])} {_fmt_s(r['train_s'])} {_fmt_s(r['total_s'])} {r['per_epoch_s']:8.3f}  {r['bound']}")
+              f"{_fmt_s(r['init_s'])} {_fmt_s(r['train_s'])} {_fmt_s(r['total_s'])} "
+              f"{r['per_epoch_s']:8.3f}  {r['bound']}")
     w = ranked[0]
     print(f"best: --arch {w['arch']}" + (f" --servers {w['servers']}" if w["arch"] == "ps" else "")
           + (f" --model-parallel {w['model_parallel']}" if w["model_parallel"] > 1 else "")

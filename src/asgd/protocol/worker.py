@@ -112,7 +112,8 @@ class PushPull:
             self.pending.append(c.Isend(self.msgs.push(s, dw), r, TAG_PUSH))
             self.pending.append(c.Irecv(self.msgs.pull(s), r, TAG_PULL))
             if self.traced:
-                self.ep.clock.message(SEND, rank, self.msgs.push_bytes[s], flow_id(self.ep.rank, rank, self.step, False))
+                self.ep.clock.message(SEND, rank, self.msgs.push_bytes[s],
+                                      flow_id(self.ep.rank, rank, self.step, False))
         self.msgs.pushed()
         st = self.stats
         st.updates += 1

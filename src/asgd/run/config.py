@@ -61,7 +61,7 @@ class Config:
     staleness: int = 3           # ssp: at most this many steps ahead of the slowest worker
     compress: str = "none"       # none | 1bit: 1-bit messages with error feedback (protocol.onebit)
     mpi_progress: str = "step"   # step: the worker's step tests the exchange in flight between its sample blocks; off
-    overlap: str = "auto"        # async, ssp: compute beside the exchange in flight: auto (while it is short) | on | off
+    overlap: str = "auto"        # async, ssp: compute beside the exchange in flight: auto (while short) | on | off
     stall_timeout: float = 0.0   # seconds one wait may take; 0: no limit
     checkpoint_every: str | None = None  # "N" updates or "Ns" seconds
     resume: str | None = None    # run folder to continue from its last checkpoint
@@ -164,9 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(the updates applied since): off (default: all of it), sqrt (1/sqrt(s)), inverse (1/s: "
                         "Zhang et al. 2016's staleness-aware async SGD)")
     t.add_argument("--lr-guard", action=argparse.BooleanOptionalAction, default=d.lr_guard,
-                   help="halve the step when the held-out loss climbs well above its best and is still rising (said in the progress "
-                        "line; one server, --arch ps) (default: on)")
-    t.add_argument("--seed", type=int, default=d.seed, help="seed of the data split, shuffles and initial weights (default %(default)s)")
+                   help="halve the step when the held-out loss climbs well above its best and is still rising "
+                        "(said in the progress line; one server, --arch ps) (default: on)")
+    t.add_argument("--seed", type=int, default=d.seed,
+                   help="seed of the data split, shuffles and initial weights (default %(default)s)")
     a = p.add_argument_group("parallelism")
     a.add_argument("--arch", choices=["ps", "p2p", "allreduce"], default=d.arch,
                    help="ps: parameter servers and workers (default); p2p: every rank a worker and the "

@@ -181,8 +181,10 @@ class Platform:
 
     def describe(self) -> dict:
         m = self.machine
-        return {"machine": m.name, "topology": m.topology if len(self.nodes) > 1 or self.fs or self.nics else "one-node",
-                "nodes": len(self.nics) or len(self.nodes), "cores_per_node": m.cores_per_node, "core_speed": m.core_speed,
+        return {"machine": m.name,
+                "topology": m.topology if len(self.nodes) > 1 or self.fs or self.nics else "one-node",
+                "nodes": len(self.nics) or len(self.nodes), "cores_per_node": m.cores_per_node,
+                "core_speed": m.core_speed,
                 "link_bandwidth_Bps": m.link_bw or self.costs.bandwidth(),
                 "link_latency_s": m.link_lat or self.costs.latency(),
                 "file_system_Bps": m.fs_bw or None, "stated": m.stated, "assumed": m.assumed}

@@ -24,7 +24,8 @@ from . import actors, quiet_stderr, simgrid
 from .costs import Costs, Spec
 from .platform import Platform
 
-DEFAULT_SLEEP_OVERHEAD = 60e-6  # time.sleep's overshoot when calibrate did not measure it (about 60-100 us on a 2-core Debian 12 machine)
+# time.sleep's overshoot when calibrate did not measure it (about 60-100 us on a 2-core Debian 12 machine)
+DEFAULT_SLEEP_OVERHEAD = 60e-6
 
 
 def engine_config(costs: Costs) -> list[str]:
@@ -143,7 +144,8 @@ def build_results(world: actors.World, spec: Spec, costs: Costs, plat: Platform,
         "engine": f"SimGrid {version}", "sim_wall_s": sim_wall, "params": params_path,
         "platform": plat.describe(), "placement": spec.placement, "nodes": spec.nodes,
         "ranks_per_node": costs.ranks_on, "epoch_barrier": spec.epoch_barrier,
-        "seed": spec.seed, "straggler": spec.straggler, "background_load": spec.background, "step_spread": costs.spread_q is not None, "mean_step_over_best": costs.mean_spread(),
+        "seed": spec.seed, "straggler": spec.straggler, "background_load": spec.background,
+        "step_spread": costs.spread_q is not None, "mean_step_over_best": costs.mean_spread(),
         "sleep_overhead_s": world.sleep_overhead,
         "data_bytes": {"train": r.file_bytes, "test": r.test_bytes, "binary": r.binary},
         "startup_check": {"calibrated_job_startup_s": costs.measured_job_startup(spec.ranks)

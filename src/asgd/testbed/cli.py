@@ -70,8 +70,9 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("down", help="remove a testbed (idempotent)",
                        description="Remove everything of a testbed, also after a killed up or run.")
     d.add_argument("--name", default="tb", help=name_help)
-    d.add_argument("--all", action="store_true", help="every asgd testbed on this machine (state directory or asgd-<name> objects), "
-                   "including other users' testbeds: use with care")
+    d.add_argument("--all", action="store_true",
+                   help="every asgd testbed on this machine (state directory or asgd-<name> objects), "
+                        "including other users' testbeds: use with care")
 
     s = sub.add_parser("status", help="show testbeds")
     s.add_argument("--name", help="only this testbed")

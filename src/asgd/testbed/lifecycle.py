@@ -209,7 +209,8 @@ def status(name: str | None = None) -> list[dict]:
                     entry["problems"].append(f"netns {spec.host(k)} missing")
                 if spec.veth(k) in devs:
                     c = links.counters(spec.veth(k))
-                    h.update(recv_bytes=c["tx_bytes"], sent_bytes=c["rx_bytes"], qdisc=shaping.qdisc_stats(spec.veth(k))["kinds"])
+                    h.update(recv_bytes=c["tx_bytes"], sent_bytes=c["rx_bytes"],
+                             qdisc=shaping.qdisc_stats(spec.veth(k))["kinds"])
                 else:
                     entry["problems"].append(f"veth {spec.veth(k)} missing")
                 if spec.control_veth(k) not in devs:

@@ -96,7 +96,7 @@ def probe(comm, n_w: int, pings: int = 10, updates: int = 20, repeat: int = 3) -
     `updates`, through asgd.probes.ranks.exchange: the real Server and run_worker), each the
     least of `repeat` tries (a loaded machine delays single tries). Rank 0 returns
     {pingpong_s, round_trip_s, tries}."""
-    from ..probes.ranks import exchange, spin_step   # here: importing it initializes MPI, which only a probe's rank does
+    from ..probes.ranks import exchange, spin_step   # here: importing it initializes MPI (a probe's rank only)
     buf = np.zeros(n_w)
     tries = []
     for _ in range(repeat):
@@ -137,7 +137,8 @@ def measure_efficiency(tb, base: Params, rate_bit: float, sizes: list[int], kind
     [kind][P][n] (1.0: the derived time exactly; 2.0: the links took twice as long).
     Only microbenchmarks: no training run is seen."""
     ranks = ranks or PROBE_RANKS
-    p = testbed_params(base, rate_bit, sizes=[k for n in sizes for k in _probe_sizes(n, max(max(r) for r in ranks.values()))])
+    most = max(max(r) for r in ranks.values())
+    p = testbed_params(base, rate_bit, sizes=[k for n in sizes for k in _probe_sizes(n, most)])
     out: dict = {}
     for kind in kinds:
         for P in ranks[kind]:

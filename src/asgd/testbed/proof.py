@@ -228,7 +228,8 @@ def traffic(results: dict, spec: Spec, planned: list[int], wire_bytes: list[dict
     hosts = app(results, spec, planned)
     where = [_host_of(r, spec, planned) for r in results["ranks"]]
     for h, w in zip(hosts, wire_bytes):
-        h.update(wire={"sent": w["sent"], "recv": w["recv"]}, frames={"sent": w["frames_sent"], "recv": w["frames_recv"]},
+        h.update(wire={"sent": w["sent"], "recv": w["recv"]},
+                 frames={"sent": w["frames_sent"], "recv": w["frames_recv"]},
                  twice={"sent": w.get("resent", 0), "recv": w.get("received_twice", 0)},
                  app={"sent": h.pop("sent"), "recv": h.pop("recv")}, msgs={"sent": Counter(), "recv": Counter()},
                  records={"sent": 0, "recv": 0})
@@ -346,7 +347,8 @@ def table(proof: dict) -> str:
             frames = f"{r[f'frames_{d}']:,} (<= {r[f'frames_bound_{d}']:,})"
             twice = "/".join(map(str, r[f"twice_{d}"]))
             first = d == "sent"
-            lines.append(f"{r['host'] if first else '':<14} {(','.join(map(str, r['ranks'])) or '-') if first else '':<10} "
+            lines.append(f"{r['host'] if first else '':<14} "
+                         f"{(','.join(map(str, r['ranks'])) or '-') if first else '':<10} "
                          f"{d:<4} {r[f'app_{d}'] / 1e6:>9,.3f} {r[f'wire_{d}'] / 1e6:>9,.3f} {ratio:>8}  "
                          f"{excess:<31} {frames:<19} {twice:<7} {'yes' if r[f'ok_{d}'] else 'NO'}")
     rs, rr = proof["ratio_sent"], proof["ratio_recv"]

@@ -15,7 +15,8 @@ class TestbedError(RuntimeError):
     """A testbed operation failed; the message says which command and why."""
 
 
-def run(args: list[str], timeout: float = 20, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+def run(args: list[str], timeout: float = 20, check: bool = True,
+        input: str | None = None) -> subprocess.CompletedProcess:
     """Run a command (stdin: `input`); on failure (check) raise TestbedError with its stderr."""
     try:
         p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=input)
