@@ -47,16 +47,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
-import validate  # noqa: E402
-from common import int_list  # noqa: E402
+import common  # first: pins threads, puts src/ on the path
+import validate
+from common import int_list
 
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
+import dataclasses
+import json
+import math
+import os
+import statistics
+import time
 
 ARCHS = ("1-PS", "PS S=W/4", "P2P", "RA", "PS K=2")
 ORDERED = ("1-PS", "PS S=W/4", "P2P", "RA")          # the four Alqahtani compared

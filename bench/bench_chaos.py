@@ -34,10 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import common  # noqa: F401,I001  (pins one thread per process before numpy)
-import numpy as np  # noqa: E402
+import common  # noqa: F401  (pins one thread per process before numpy)
+import numpy as np
 
-from common import mpiexec_command, mpiexec_path, rank_pids  # noqa: E402
+from common import mpiexec_command, mpiexec_path, rank_pids
 
 KINDS = ("worker", "workers", "server", "straggler", "link")
 

@@ -30,23 +30,23 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001
-from common import int_list  # noqa: E402
+import common
+from common import int_list
 
-import os  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from asgd.data import problem  # noqa: E402
-from asgd.data.formats import Dataset, write_tsv  # noqa: E402
-from asgd.net import mlp, optimizers  # noqa: E402
-from asgd.run import config  # noqa: E402
+from asgd.data import problem
+from asgd.data.formats import Dataset, write_tsv
+from asgd.net import mlp, optimizers
+from asgd.run import config
 
 SKLEARN_SETS = ("iris", "wine", "breast_cancer", "digits")
 DATASETS = (*SKLEARN_SETS, "mnist", "rings")

@@ -24,18 +24,18 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001
-from common import int_list  # noqa: E402
+import common
+from common import int_list
 
-import csv  # noqa: E402
-import functools  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
+import csv
+import functools
+import math
+import os
+import shutil
+import statistics
+import tempfile
 
-import bench_data  # noqa: E402
+import bench_data
 
 RULES = ("sgd=3/H,10/H,30/H,100/H;momentum=0.3/H,1/H,3/H,10/H;"
          "adagrad=0.003,0.01,0.03,0.1;adam=0.0003,0.001,0.003,0.01")

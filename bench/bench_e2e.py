@@ -29,12 +29,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001
-import validate  # noqa: E402
-from common import int_list  # noqa: E402
+import common
+import validate
+from common import int_list
 
-import contextlib  # noqa: E402
-import statistics  # noqa: E402
+import contextlib
+import statistics
 
 IMPLS = {"asgd ps": ["-m", "asgd.train"], "asgd allreduce": ["-m", "asgd.train", "--arch", "allreduce"],
          "pytorch rpc ps": [str(common.PEERS / "rpc_peer.py")], "pytorch ddp": [str(common.PEERS / "ddp_peer.py")]}

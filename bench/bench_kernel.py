@@ -26,17 +26,17 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001  (pins one thread per process before numpy loads)
-from common import int_list  # noqa: E402
+import common  # pins one thread per process before numpy loads
+from common import int_list
 
-import time  # noqa: E402
+import time
 
-import numpy as np  # noqa: E402
-from numba import njit  # noqa: E402
+import numpy as np
+from numba import njit
 
-from asgd.net import kernels  # noqa: E402
-from asgd.net.mlp import Layout, init_params, make_step  # noqa: E402
-from asgd.net.reference import step as reference_step  # noqa: E402
+from asgd.net import kernels
+from asgd.net.mlp import Layout, init_params, make_step
+from asgd.net.reference import step as reference_step
 
 IMPLS = ("numba", "numpy", "torch", "torch_manual", "exp_only")
 COLUMNS = {"samples_per_s": "median over repetitions, wall clock (min/max beside it)",

@@ -28,14 +28,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
-import validate  # noqa: E402
-from common import int_list  # noqa: E402
+import common  # first: pins threads, puts src/ on the path
+import validate
+from common import int_list
 
-import json  # noqa: E402
-import time  # noqa: E402
+import json
+import time
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 COLUMNS = {"E_ms": "the exchange alone: worker ms per step with no compute (median over steps)",

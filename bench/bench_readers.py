@@ -31,7 +31,7 @@ import common  # first: pins threads, puts src/ on the path
 import validate
 from common import int_list, print_table
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 TEST_POINTS = 4096  # a small held-out file: the bench is about the training file
 

@@ -24,18 +24,18 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001
-from common import int_list  # noqa: E402
+import common
+from common import int_list
 
-import math  # noqa: E402
+import math
 
-import numpy as np  # noqa: E402
-from numba import njit  # noqa: E402
+import numpy as np
+from numba import njit
 
-from asgd.net import OPTIMIZERS, kernels  # noqa: E402
-from asgd.net.optimizers import BETAS, EPS, MOMENTUM, Optimizer  # noqa: E402
-from asgd.core.wire import PULL_HEADER, PUSH_HEADER  # noqa: E402
-from asgd.net.mlp import Layout  # noqa: E402
+from asgd.net import OPTIMIZERS, kernels
+from asgd.net.optimizers import BETAS, EPS, MOMENTUM, Optimizer
+from asgd.core.wire import PULL_HEADER, PUSH_HEADER
+from asgd.net.mlp import Layout
 
 UPDATES = {"sgd": (3, 0), "momentum": (5, 1), "adagrad": (5, 1), "adam": (7, 2)}   # (bytes in 8n, state arrays)
 STREAM_BYTES = {"stream copy": 2, "stream add": 3, "stream triad": 5}

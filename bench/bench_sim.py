@@ -40,15 +40,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
-import validate  # noqa: E402
-from common import JobFailed, LoadSampler, command_line, print_table, save_figure, write_outputs  # noqa: E402
+import common  # first: pins threads, puts src/ on the path
+import validate
+from common import JobFailed, LoadSampler, command_line, print_table, save_figure, write_outputs
 
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import time  # noqa: E402
+import dataclasses
+import json
+import math
+import os
+import time
 
 METRICS = ("train", "init", "total", "updates_per_s")
 SRC = {"meas": "measured here", "sim": "simulated (asgd.sim, with the CPU other users took during the run)", "model": "analytical model (asgd.perf)",

@@ -21,14 +21,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001
-from common import int_list  # noqa: E402
+import common
+from common import int_list
 
-import json  # noqa: E402
-import statistics  # noqa: E402
-import textwrap  # noqa: E402
+import json
+import statistics
+import textwrap
 
-import validate  # noqa: E402
+import validate
 
 
 def parse_args(argv=None):

@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001
+import common
 
-import json  # noqa: E402
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
+import json
+import os
+import subprocess
+import time
 
 # name: (script, full-suite arguments, --quick arguments)
 SUITE = {
