@@ -179,8 +179,9 @@ def sweep(tb, a, out: Path, points: list[dict]) -> list[dict]:
     is the 1-PS run, not run twice."""
     same = [c for c in points if c["label"] == "PS S=W/4" and c["workers"] // 4 < 2]
     todo = [c for c in points if c not in same and configuration(c["label"], c["workers"]) is not None]
-    say = lambda r: (f"{1e3 * r['iteration_s']:9.1f} ms/iteration (compute {1e3 * r['compute_s']:7.1f}, comm "  # noqa: E731
-                     f"{1e3 * r['comm_s']:8.1f})  proof {r['proof_ok']}  wire/app {r['wire_over_app']}")
+    def say(r):
+        return (f"{1e3 * r['iteration_s']:9.1f} ms/iteration (compute {1e3 * r['compute_s']:7.1f}, comm "
+                f"{1e3 * r['comm_s']:8.1f})  proof {r['proof_ok']}  wire/app {r['wire_over_app']}")
     rows = validate.sweep(todo, lambda c: one_run(tb, c, a, out),
                           lambda c: f"[{c['rate']}] 2-{c['hidden']}-2 W={c['workers']:2d} {c['label']}", say,
                           lock=a.cpu_lock)
@@ -257,7 +258,8 @@ def optimizer_check(params, rows: list[dict], hidden: int, a, hosts: int) -> dic
     those measured, against the best measured."""
     ranked = ranked_configurations(params, hidden, a, hosts, {r["workers"] for r in rows},
                                    {r["servers"] for r in rows if r["arch"] == "ps"})
-    key = lambda r: (r["arch"], r["servers"] if r["arch"] == "ps" else 0, r["model_parallel"], r["workers"])  # noqa: E731
+    def key(r):
+        return (r["arch"], r["servers"] if r["arch"] == "ps" else 0, r["model_parallel"], r["workers"])
     swept = list({key(r): r for r in rows if r["hidden"] == hidden}.values())
     got = validate.optimizer_check(ranked, swept, key, lambda r: epoch_time(r, a))
     first, m, best = got["first"], got["measured"], got["best"]

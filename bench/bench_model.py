@@ -117,8 +117,9 @@ def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: 
         return row and {**row, "label": label(c), "source": source, "launch_wall_s": job["wall_s"],
                         "others_cores": job["others_cores"], "accuracy": res["metrics"].get("accuracy"),
                         "sample": "in" if c["workers"] + 1 in calibrated else "out"}
-    say = lambda r: (f"wall {r['launch_wall_s']:6.2f} s (job {r['total_meas_s']:.2f}: init {r['init_meas_s']:.2f} "
-                     f"+ train {r['train_meas_s']:.2f})")
+    def say(r):
+        return (f"wall {r['launch_wall_s']:6.2f} s (job {r['total_meas_s']:.2f}: init {r['init_meas_s']:.2f} "
+                f"+ train {r['train_meas_s']:.2f})")
     lost: list[dict] = []
     rows = validate.sweep(configs, one, label, say, lock=a.cpu_lock, failed=lost,
                           tag="[optimizer] " if source == "optimizer" else "")
@@ -131,7 +132,8 @@ def optimizer_check(rows: list[dict], params, data: Path, out: Path, a, failed: 
     node of params.cores cores, at most max(workers) + 1 ranks); its top configuration
     (measured now, and added to `rows`, if the sweep did not) against the best measured."""
     checks = []
-    key = lambda r: (r["workers"], r["batch"], r["reader"])
+    def key(r):
+        return (r["workers"], r["batch"], r["reader"])
     for h in sorted({r["hidden"] for r in rows}):
         at = [r for r in rows if r["hidden"] == h]
         ws, bs = sorted({r["workers"] for r in at}), sorted({r["batch"] for r in at})

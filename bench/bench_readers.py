@@ -60,7 +60,8 @@ def run_once(path: Path, reader: str, workers: int, timeout: float, tree: str = 
                                             "--hidden", "100", "--batch", "1024", "--quiet", "--timeout", str(timeout)],
                               timeout + 30, env={"PYTHONPATH": str(src)} if src else None)
     ranks = res["ranks"]
-    sub = lambda r: sum(r["phases"].get(k, 0.0) for k in ("read", "parse", "shuffle"))  # noqa: E731
+    def sub(r):
+        return sum(r["phases"].get(k, 0.0) for k in ("read", "parse", "shuffle"))
     slowest = max(ranks, key=lambda r: r["phases"]["init"])
     return {"tree": tree, "format": path.suffix[1:], "reader": reader, "workers": workers, "ranks": len(ranks),
             "points": res["config"]["train_points"], "features": res["config"]["features"],

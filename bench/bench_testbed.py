@@ -335,20 +335,23 @@ def main(argv=None):
         # each (workers, servers) point with every compression in a row: they see the same load
         configs = [{"compress": c, "servers": S, "workers": W} for W in args.workers for S in args.servers
                    for c in args.compress]
-        name = lambda c: f"{c['compress']:<5} S={c['servers']} W={c['workers']:>2}"  # noqa: E731
-        say = lambda r: (f"{r['updates_per_s']:7.2f} updates/s steady ({r['updates_per_s_run']:.2f} whole run), "  # noqa: E731
-                         f"link {r['link_util']:.2f} full, proof {'ok' if r['proof_ok'] else 'FAILED'} "
-                         f"({r['wire_over_app_sent']:.3f}), acc {r['accuracy']:.3f}, load {r['load_1min']}")
+        def name(c):
+            return f"{c['compress']:<5} S={c['servers']} W={c['workers']:>2}"
+        def say(r):
+            return (f"{r['updates_per_s']:7.2f} updates/s steady ({r['updates_per_s_run']:.2f} whole run), "
+                    f"link {r['link_util']:.2f} full, proof {'ok' if r['proof_ok'] else 'FAILED'} "
+                    f"({r['wire_over_app_sent']:.3f}), acc {r['accuracy']:.3f}, load {r['load_1min']}")
         rows = []
         for rep in range(args.repeat):
             rows += validate.sweep([{**c, "rep": rep} for c in (configs if rep % 2 == 0 else configs[::-1])],
                                    lambda c: one_run(tb, c["servers"], c["workers"], c["compress"], args, tmp, rate_bit),
                                    name, say, lock=args.cpu_lock)
         if args.accuracy_epochs:   # the default problem, to accuracy
-            say = lambda r: (f"accuracy {r['accuracy']:.4f} after {args.accuracy_epochs} epochs, >= {TARGET_ACCURACY} "  # noqa: E731
-                             f"after {r['time_to_accuracy_s']} s of training, {r['updates_per_s']:.2f} updates/s, "
-                             f"{r['wire_bytes_sent'] / 1e6:.1f} MB on the wire, proof "
-                             f"{'ok' if r['proof_ok'] else 'FAILED'}, load {r['load_1min']}")
+            def say(r):
+                return (f"accuracy {r['accuracy']:.4f} after {args.accuracy_epochs} epochs, >= {TARGET_ACCURACY} "
+                        f"after {r['time_to_accuracy_s']} s of training, {r['updates_per_s']:.2f} updates/s, "
+                        f"{r['wire_bytes_sent'] / 1e6:.1f} MB on the wire, proof "
+                        f"{'ok' if r['proof_ok'] else 'FAILED'}, load {r['load_1min']}")
             accuracy = validate.sweep([{"compress": c, "servers": 1, "workers": max(args.workers)} for c in args.compress],
                                       lambda c: one_run(tb, 1, c["workers"], c["compress"], args, tmp, rate_bit,
                                                         epochs=args.accuracy_epochs), name, say, lock=args.cpu_lock,

@@ -225,8 +225,9 @@ def measure(a) -> list[dict]:
     common.mpiexec(2, ["-m", "asgd.train", "--epochs", "1", "--quiet", "--out",
                        str(common.fresh_dir(a.out / ".warm"))], timeout=a.timeout)   # numba's cache warm first
     common.fresh_dir(a.out / ".warm")
-    say = lambda r: (f"wall {r['wall_s']:6.2f} s (init {r['init_s']:.2f}, train {r['train_s']:.2f}), "  # noqa: E731
-                     f"{r['samples_per_s']:,.0f} samples/s, bound: {r['bound']}")
+    def say(r):
+        return (f"wall {r['wall_s']:6.2f} s (init {r['init_s']:.2f}, train {r['train_s']:.2f}), "
+                f"{r['samples_per_s']:,.0f} samples/s, bound: {r['bound']}")
     return validate.sweep([{"ranks": n, "hidden": h, "batch": b} for n, h, b in plan(a) * a.repeat],
                           lambda c: run_once(c, a), lambda c: f"n={c['ranks']:>2} 2-{c['hidden']}-2 batch {c['batch']:>4}",
                           say, seed=0)
