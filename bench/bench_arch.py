@@ -123,7 +123,8 @@ def configuration(label: str, W: int) -> dict | None:
 
 def train_args(cfg: dict, hidden: int, batch: int, data: Path, out: Path, timeout: float) -> list[str]:
     args = ["--arch", cfg["arch"], "--mode", "sync", "--optimizer", "sgd", "--hidden", str(hidden), "--batch",
-            str(batch), "--epochs", "1", "--data", str(data), "--quiet", "--out", str(out), "--timeout", str(int(timeout))]
+            str(batch), "--epochs", "1", "--data", str(data), "--quiet", "--out", str(out), "--timeout",
+            str(int(timeout))]
     if cfg["arch"] == "ps":
         args += ["--servers", str(cfg["servers"])]
     if cfg["model_parallel"] > 1:
@@ -265,7 +266,8 @@ def optimizer_check(params, rows: list[dict], hidden: int, a, hosts: int) -> dic
     first, m, best = got["first"], got["measured"], got["best"]
     return {"hidden": hidden, "optimize_first_overall": {k: ranked[0][k] for k in ("arch", "servers", "model_parallel",
                                                                                   "workers", "bound")},
-            "optimize_first_swept": m and {"label": m["label"], "workers": m["workers"], "predicted_s": first["total_s"],
+            "optimize_first_swept": m and {"label": m["label"], "workers": m["workers"],
+                                           "predicted_s": first["total_s"],
                                            "measured_s": epoch_time(m, a), "bound": first["bound"]},
             "best_measured": {"label": best["label"], "workers": best["workers"], "measured_s": epoch_time(best, a)},
             "ratio": got["ratio"], "pass": got["pass"],
@@ -420,7 +422,8 @@ def second_rate(a, base, base_raw, rows, params, out: Path, hosts: int) -> dict:
         for h, it in zip(a.hidden, a.iterations):
             labels_of = {}
             for p_, tag in ((params, a.rate), (params2, a.second_rate)):
-                ranked = ranked_configurations(p_, h, a, hosts, a.workers, {1, *(W // 4 for W in a.workers if W // 4 > 1)})
+                ranked = ranked_configurations(p_, h, a, hosts, a.workers,
+                                               {1, *(W // 4 for W in a.workers if W // 4 > 1)})
                 top = next(r for r in ranked if _label(r) is not None)
                 labels_of[tag] = (_label(top), top["workers"], top["total_s"], top["bound"])
             winners = {labels_of[a.rate][:2], labels_of[a.second_rate][:2]}
@@ -430,8 +433,8 @@ def second_rate(a, base, base_raw, rows, params, out: Path, hosts: int) -> dict:
             measured = {}
             for rate in (a.rate, a.second_rate):
                 for lab, W in winners:
-                    r = next((r for r in rows if (r["rate"], r["hidden"], r["label"], r["workers"]) == (rate, h, lab, W)),
-                             None)
+                    r = next((r for r in rows
+                              if (r["rate"], r["hidden"], r["label"], r["workers"]) == (rate, h, lab, W)), None)
                     measured.setdefault(rate, {})[f"{lab} W={W}"] = epoch_time(r, a) if r else None
             got[h] = {"model_winner": {k: {"label": v[0], "workers": v[1], "predicted_s": v[2], "bound": v[3]}
                                        for k, v in labels_of.items()},
@@ -462,7 +465,8 @@ def report(rows: list[dict], info: dict, a) -> None:
     common.print_table(rows, [("rate", "rate", ""), ("hidden", "hidden", "d"), ("W", "workers", "d"),
                               ("arch", "label", ""), ("ms/it", "iteration_s", ".4f"), ("compute", "compute_s", ".4f"),
                               ("comm", "comm_s", ".4f"), ("model", "pred_iteration_s", ".4f"),
-                              ("APE%", "pred_ape", ".1f"), ("sim", "sim_iteration_s", ".4f"), ("APE%", "sim_ape", ".1f"),
+                              ("APE%", "pred_ape", ".1f"), ("sim", "sim_iteration_s", ".4f"),
+                              ("APE%", "sim_ape", ".1f"),
                               ("bound", "pred_bound", ""), ("proof", "proof_ok", ""), ("load", "load_1min", ".1f")],
                        title="\nseconds per iteration: measured on the emulated cluster / predicted / simulated")
     for h, by_w in info["orderings"].items():
@@ -475,8 +479,8 @@ def report(rows: list[dict], info: dict, a) -> None:
               + ", ".join(f"{lab} {v['median']}% (max {v['max']}%, {v['runs']} runs)" for lab, v in by.items()))
     for h, o in info["optimizer"].items():
         f, b = o["optimize_first_swept"], o["best_measured"]
-        print(f"optimize, 2-{h}-2: first {f and f['label']} W={f and f['workers']} ({f and f['bound']}-bound), measured "
-              f"{f and round(f['measured_s'], 1)} s; best measured {b['label']} W={b['workers']} "
+        print(f"optimize, 2-{h}-2: first {f and f['label']} W={f and f['workers']} ({f and f['bound']}-bound), "
+              f"measured {f and round(f['measured_s'], 1)} s; best measured {b['label']} W={b['workers']} "
               f"{round(b['measured_s'], 1)} s: ratio {o['ratio'] and round(o['ratio'], 3)} "
               f"({'PASS' if o['pass'] else 'FAIL'}, <= 1.10)")
 

@@ -224,7 +224,8 @@ def report(rows, summary, parts, checks, meta) -> None:
                         ("p90", "p90", ".1f"), ("in-sample median APE%", "in_median", ".1f"), ("p90", "in_p90", ".1f"),
                         ("median limit", "limit", ""), ("verdict", "verdict", "")],
                 title=f"\nAPE over {n_out} out-of-sample runs (rank counts calibrate never measured) and "
-                      f"{len(rows) - n_out} in-sample runs (validated: init, train, total; compute and comm are detail)")
+                      f"{len(rows) - n_out} in-sample runs (validated: init, train, total; "
+                      "compute and comm are detail)")
     print("\nmedian APE% (signed median error of total, + = predicted slower) by:")
     for dim, groups in parts.items():
         cells = "   ".join(f"{v}: init {g['init_median_ape']:.0f} train {g['train_median_ape']:.0f} "
@@ -317,8 +318,8 @@ def main(argv=None) -> int:
     meta = {"machine": run.machine, "command": common.command_line(), "points": a.points,
             "test_points": a.test_points, "epochs": a.epochs, "quick": a.quick, "seed": a.seed, "timeout_s": a.timeout,
             "limits": {"median_ape_pct": LIMITS, "optimizer_ratio": validate.OPTIMIZER_LIMIT},
-            "run_command": "mpiexec -n W+1 python -m asgd.train --optimizer sgd --data D --reader R --batch B --hidden H "
-                           f"--epochs {a.epochs} --quiet --out OUT/runs/hH-wW-bB-R"}
+            "run_command": "mpiexec -n W+1 python -m asgd.train --optimizer sgd --data D --reader R --batch B "
+                           f"--hidden H --epochs {a.epochs} --quiet --out OUT/runs/hH-wW-bB-R"}
     configs = plan(a)
     if not configs:
         sys.exit("bench_model: nothing to run")
@@ -353,7 +354,8 @@ def main(argv=None) -> int:
     summary = summarize(rows)
     parts = breakdown(rows)
     paper = validate.score(rows, "paper_total_ape")
-    meta.update(paper_equations_total_ape=paper, summary=summary, breakdown=parts, optimizer=checks, failed=failed, runs=len(rows),
+    meta.update(paper_equations_total_ape=paper, summary=summary, breakdown=parts, optimizer=checks, failed=failed,
+                runs=len(rows),
                 passed={"median_ape": {k: summary[k]["pass"] for k in PHASES},
                         "optimizer": {str(c["hidden"]): c["pass"] for c in checks}})
     meta["passed"]["all"] = (all(meta["passed"]["median_ape"].values())

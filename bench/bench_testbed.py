@@ -74,7 +74,8 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 12, 16],
                    help="comma list (default 1,2,4,8,12,16)")
     p.add_argument("--servers", type=int_list, default=[1, 2, 4], help="comma list (default 1,2,4)")
-    p.add_argument("--compress", type=common.word_list, default="none,1bit", help="comma list of none,1bit (default both)")
+    p.add_argument("--compress", type=common.word_list, default="none,1bit",
+                   help="comma list of none,1bit (default both)")
     p.add_argument("--bandwidth", default="8mbit", help="each link, each direction (default 8mbit; see above)")
     p.add_argument("--latency", type=float, default=0.0, help="one-way latency, us (netem; default 0)")
     p.add_argument("--hidden", type=int, default=10000, help="2-H-2 model (default 10000: 400 KB Delta-w)")
@@ -172,7 +173,8 @@ def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | No
             "proof_ok": p["ok"], "wire_over_app_sent": round(p["ratio_sent"], 4),
             "wire_over_app_recv": round(p["ratio_recv"], 4),
             "qdisc_drops": sum(q["dropped"] for q in res.qdisc),
-            "job_cpu_s": round(res.cpu_s, 1), "cpu_ms_per_update": round(1e3 * res.cpu_s / r["throughput"]["updates"], 2),
+            "job_cpu_s": round(res.cpu_s, 1),
+            "cpu_ms_per_update": round(1e3 * res.cpu_s / r["throughput"]["updates"], 2),
             "hosts": sorted(set(x["host"] for x in r["ranks"])).__len__(),
             "load_1min": round((load0 + os.getloadavg()[0]) / 2, 2), "n_w": n_w,
             "history": [{"epoch": h["epoch"], "time_s": round(h["time_s"], 2), "test_accuracy": h.get("test_accuracy")}
@@ -203,7 +205,8 @@ def predict(base, rows, args, rate_bit) -> None:
         S, W = r["servers"], r["workers"]
         n_w = r["n_w"]
         prm = validate.testbed_model().testbed_params(base, rate_bit, args.latency * 1e-6,
-                             bytes_per_weight=bytes_per_weight(r["compress"], args.hidden, S), sizes=[-(-n_w // S), n_w])
+                             bytes_per_weight=bytes_per_weight(r["compress"], args.hidden, S),
+                             sizes=[-(-n_w // S), n_w])
         pred = validate.model_predict(prm, validate.Run(workers=W, servers=S, batch=args.batch,
                                                            hidden=args.hidden, epochs=args.epochs))
         X = pred.detail["updates_per_s"]
@@ -344,7 +347,8 @@ def main(argv=None):
         rows = []
         for rep in range(args.repeat):
             rows += validate.sweep([{**c, "rep": rep} for c in (configs if rep % 2 == 0 else configs[::-1])],
-                                   lambda c: one_run(tb, c["servers"], c["workers"], c["compress"], args, tmp, rate_bit),
+                                   lambda c: one_run(tb, c["servers"], c["workers"], c["compress"], args, tmp,
+                                                     rate_bit),
                                    name, say, lock=args.cpu_lock)
         if args.accuracy_epochs:   # the default problem, to accuracy
             def say(r):
@@ -352,7 +356,8 @@ def main(argv=None):
                         f"after {r['time_to_accuracy_s']} s of training, {r['updates_per_s']:.2f} updates/s, "
                         f"{r['wire_bytes_sent'] / 1e6:.1f} MB on the wire, proof "
                         f"{'ok' if r['proof_ok'] else 'FAILED'}, load {r['load_1min']}")
-            accuracy = validate.sweep([{"compress": c, "servers": 1, "workers": max(args.workers)} for c in args.compress],
+            accuracy = validate.sweep([{"compress": c, "servers": 1,
+                                        "workers": max(args.workers)} for c in args.compress],
                                       lambda c: one_run(tb, 1, c["workers"], c["compress"], args, tmp, rate_bit,
                                                         epochs=args.accuracy_epochs), name, say, lock=args.cpu_lock,
                                       tag="accuracy run ")
@@ -405,7 +410,8 @@ def main(argv=None):
     if s.get("onebit_vs_none_one_server"):
         print(f"1bit against float64, one server's ceiling: {s['onebit_vs_none_one_server']}x")
     print(f"model: median APE {s['model_median_ape_pct']} % ("
-          + ", ".join(f"{c} {s[c]['model_median_ape_pct']} %" for c in args.compress) + f"), max {s['model_max_ape_pct']} %")
+          + ", ".join(f"{c} {s[c]['model_median_ape_pct']} %" for c in args.compress)
+          + f"), max {s['model_max_ape_pct']} %")
     for cc in cores:
         print(f"cores' ceiling, {cc['compress']}: {cc['updates_per_s']} updates/s (S={cc['servers']}, "
               f"W={cc['workers']}, shared memory, load {cc['load_1min']})")

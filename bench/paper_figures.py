@@ -1,7 +1,8 @@
 """The paper's Figures 2, 3, 4 and 9 (Hashemi et al. 2016) measured on this machine with asgd.train.
 
 Every point is one `mpiexec -n N python -m asgd.train --optimizer sgd --epochs E` run (default
-problem; the paper's ASGD, whose server update calibrate measures; asgd's defaults otherwise); the numbers come from its results.json (wall_s, init_s, train_s).
+problem; the paper's ASGD, whose server update calibrate measures; asgd's defaults otherwise);
+the numbers come from its results.json (wall_s, init_s, train_s).
   figure2.png  total time against ranks, 2-10K-2, several batch sizes
   figure3.png  total time against ranks, 2-10K-2 against 2-100K-2, batch 256
   figure4.png  training time per epoch against batch size, several rank counts; says whether
@@ -229,7 +230,8 @@ def measure(a) -> list[dict]:
         return (f"wall {r['wall_s']:6.2f} s (init {r['init_s']:.2f}, train {r['train_s']:.2f}), "
                 f"{r['samples_per_s']:,.0f} samples/s, bound: {r['bound']}")
     return validate.sweep([{"ranks": n, "hidden": h, "batch": b} for n, h, b in plan(a) * a.repeat],
-                          lambda c: run_once(c, a), lambda c: f"n={c['ranks']:>2} 2-{c['hidden']}-2 batch {c['batch']:>4}",
+                          lambda c: run_once(c, a),
+                          lambda c: f"n={c['ranks']:>2} 2-{c['hidden']}-2 batch {c['batch']:>4}",
                           say, seed=0)
 
 

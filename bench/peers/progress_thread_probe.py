@@ -10,7 +10,8 @@ once, so on a loaded machine c is only nominal: compare the modes within a repet
 
     mpiexec -n 2 python bench/peers/progress_thread_probe.py 500002 30          # shared memory
     python -m asgd.testbed up --hosts 2 --bandwidth 1gbit --name pt
-    python -m asgd.testbed run --name pt --servers 1 -- mpiexec -n 2 python bench/peers/progress_thread_probe.py 500002 30
+    python -m asgd.testbed run --name pt --servers 1 -- \\
+        mpiexec -n 2 python bench/peers/progress_thread_probe.py 500002 30
     python -m asgd.testbed down --name pt
 
 Measured here (load 14-17, 3 repetitions, T in ms, off / block / thread): shared memory
