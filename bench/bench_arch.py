@@ -15,11 +15,7 @@ Architectures (asgd.train --mode sync --optimizer sgd, every rank on a host of i
 P2P (--arch p2p); RA (--arch allreduce, asgd's ring); PS K=2 (--model-parallel 2: W worker
 ranks in W/2 replicas of 2, Yan et al.'s model partitioning).
 
-The rate (--rate, default 100mbit) must make the network bind for every architecture at every
-worker count: at 100 Mbit/s the least an iteration moves over its busiest link (allreduce's
-and p2p's 2 (W - 1) / W x 428 KB each way) takes 6-50x the steps' computation on this
-machine's 2 cores, both models; 1-PS at 16 workers (1.1 s an iteration at 2-10K-2, 11 s at
-2-100K-2) sets the sweep's length (--iterations 20,6).
+Why 100 Mbit/s (--rate): docs/benchmarks.md.
 
   measured   `asgd.testbed run [--check-bytes] -- mpiexec -n N python -m asgd.train --mode sync
              ...` on a file of replicas x batch x iterations points: per iteration = (train_s -
@@ -79,7 +75,8 @@ def parse_args(argv=None):
     p.add_argument("--iterations", type=int_list, default=[20, 6],
                    help="iterations per run, one per --hidden (default 20,6)")
     p.add_argument("--batch", type=int, default=16, help="per-worker batch (default 16)")
-    p.add_argument("--rate", default="100mbit", help="each link, each direction (default 100mbit; see above)")
+    p.add_argument("--rate", default="100mbit",
+                   help="each link, each direction (default 100mbit; why: docs/benchmarks.md)")
     p.add_argument("--second-rate", default="1gbit", help="the optimizer's second rate (default 1gbit; none: skip)")
     p.add_argument("--epochs", type=int, default=10, help="optimize: epochs of --points points (default 10)")
     p.add_argument("--points", type=int, default=16384, help="optimize: training points (default 16384)")

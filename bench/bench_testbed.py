@@ -2,18 +2,7 @@
 (asgd.testbed) whose links, not the cores, are the bottleneck; 1, 2 and 4 servers, each on
 a host of its own, and the performance model's prediction drawn over the measurements.
 
-Why a testbed: on this 2-core machine every multi-worker run is bound by the cores. Here
-every rank gets a host (network namespace) of its own and every host's link is shaped to
---bandwidth each way (tc tbf), so a server's link fills long before the cores do.
-
-The bandwidth (default 8mbit). A 2-10K-2 update moves Delta-w in and w' out of the server
-(400 KB each way, 6.9 % more on the wire: asgd.testbed.model.wire_bytes); at R bytes/s a
-server's link is full at R / 428 KB updates/s, S servers at S times that, one worker at
-about R / 820 KB. 1-bit messages are 62.6x smaller, so its ceiling may be the cores' (this
-bench measures them on shared memory: `cores_ceiling`; 280-360 updates/s quiet, 50-210
-loaded). The rate must put one float64 server's ceiling at most a tenth of that (<= ~5/s)
-and 4 servers' well under it, without making the sweep take hours: 8 Mbit/s gives 2.34,
-4.7 and 9.4 updates/s for 1, 2 and 4 servers, 1.22 per worker, 145/s for 1-bit.
+Why a testbed, and why 8 Mbit/s: docs/benchmarks.md.
 
 Measured per run (`asgd.testbed run --check-bytes -- mpiexec -n W+S python -m asgd.train
 --optimizer sgd --servers S --epochs E --trace ...`):
@@ -76,7 +65,8 @@ def parse_args(argv=None):
     p.add_argument("--servers", type=int_list, default=[1, 2, 4], help="comma list (default 1,2,4)")
     p.add_argument("--compress", type=common.word_list, default="none,1bit",
                    help="comma list of none,1bit (default both)")
-    p.add_argument("--bandwidth", default="8mbit", help="each link, each direction (default 8mbit; see above)")
+    p.add_argument("--bandwidth", default="8mbit",
+                   help="each link, each direction (default 8mbit; why: docs/benchmarks.md)")
     p.add_argument("--latency", type=float, default=0.0, help="one-way latency, us (netem; default 0)")
     p.add_argument("--hidden", type=int, default=10000, help="2-H-2 model (default 10000: 400 KB Delta-w)")
     p.add_argument("--batch", type=int, default=256, help="batch size (default 256)")
