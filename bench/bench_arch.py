@@ -15,11 +15,7 @@ Architectures (asgd.train --mode sync --optimizer sgd, every rank on a host of i
 P2P (--arch p2p); RA (--arch allreduce, asgd's ring); PS K=2 (--model-parallel 2: W worker
 ranks in W/2 replicas of 2, Yan et al.'s model partitioning).
 
-The rate (--rate, default 100mbit) must make the network bind for every architecture at every
-worker count: at 100 Mbit/s the least an iteration moves over its busiest link (allreduce's
-and p2p's 2 (W - 1) / W x 428 KB each way) takes 6-50x the steps' computation on this
-machine's 2 cores, both models; 1-PS at 16 workers (1.1 s an iteration at 2-10K-2, 11 s at
-2-100K-2) sets the sweep's length (--iterations 20,6).
+Why 100 Mbit/s (--rate): docs/benchmarks.md.
 
   measured   `asgd.testbed run [--check-bytes] -- mpiexec -n N python -m asgd.train --mode sync
              ...` on a file of replicas x batch x iterations points: per iteration = (train_s -
@@ -47,16 +43,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
-import validate  # noqa: E402
-from common import int_list  # noqa: E402
+import common  # first: pins threads, puts src/ on the path
+import validate
+from common import int_list
 
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
+import dataclasses
+import json
+import math
+import os
+import statistics
+import time
 
 ARCHS = ("1-PS", "PS S=W/4", "P2P", "RA", "PS K=2")
 ORDERED = ("1-PS", "PS S=W/4", "P2P", "RA")          # the four Alqahtani compared
@@ -79,7 +75,8 @@ def parse_args(argv=None):
     p.add_argument("--iterations", type=int_list, default=[20, 6],
                    help="iterations per run, one per --hidden (default 20,6)")
     p.add_argument("--batch", type=int, default=16, help="per-worker batch (default 16)")
-    p.add_argument("--rate", default="100mbit", help="each link, each direction (default 100mbit; see above)")
+    p.add_argument("--rate", default="100mbit",
+                   help="each link, each direction (default 100mbit; why: docs/benchmarks.md)")
     p.add_argument("--second-rate", default="1gbit", help="the optimizer's second rate (default 1gbit; none: skip)")
     p.add_argument("--epochs", type=int, default=10, help="optimize: epochs of --points points (default 10)")
     p.add_argument("--points", type=int, default=16384, help="optimize: training points (default 16384)")
@@ -123,7 +120,8 @@ def configuration(label: str, W: int) -> dict | None:
 
 def train_args(cfg: dict, hidden: int, batch: int, data: Path, out: Path, timeout: float) -> list[str]:
     args = ["--arch", cfg["arch"], "--mode", "sync", "--optimizer", "sgd", "--hidden", str(hidden), "--batch",
-            str(batch), "--epochs", "1", "--data", str(data), "--quiet", "--out", str(out), "--timeout", str(int(timeout))]
+            str(batch), "--epochs", "1", "--data", str(data), "--quiet", "--out", str(out), "--timeout",
+            str(int(timeout))]
     if cfg["arch"] == "ps":
         args += ["--servers", str(cfg["servers"])]
     if cfg["model_parallel"] > 1:
@@ -179,8 +177,9 @@ def sweep(tb, a, out: Path, points: list[dict]) -> list[dict]:
     is the 1-PS run, not run twice."""
     same = [c for c in points if c["label"] == "PS S=W/4" and c["workers"] // 4 < 2]
     todo = [c for c in points if c not in same and configuration(c["label"], c["workers"]) is not None]
-    say = lambda r: (f"{1e3 * r['iteration_s']:9.1f} ms/iteration (compute {1e3 * r['compute_s']:7.1f}, comm "  # noqa: E731
-                     f"{1e3 * r['comm_s']:8.1f})  proof {r['proof_ok']}  wire/app {r['wire_over_app']}")
+    def say(r):
+        return (f"{1e3 * r['iteration_s']:9.1f} ms/iteration (compute {1e3 * r['compute_s']:7.1f}, comm "
+                f"{1e3 * r['comm_s']:8.1f})  proof {r['proof_ok']}  wire/app {r['wire_over_app']}")
     rows = validate.sweep(todo, lambda c: one_run(tb, c, a, out),
                           lambda c: f"[{c['rate']}] 2-{c['hidden']}-2 W={c['workers']:2d} {c['label']}", say,
                           lock=a.cpu_lock)
@@ -257,13 +256,15 @@ def optimizer_check(params, rows: list[dict], hidden: int, a, hosts: int) -> dic
     those measured, against the best measured."""
     ranked = ranked_configurations(params, hidden, a, hosts, {r["workers"] for r in rows},
                                    {r["servers"] for r in rows if r["arch"] == "ps"})
-    key = lambda r: (r["arch"], r["servers"] if r["arch"] == "ps" else 0, r["model_parallel"], r["workers"])  # noqa: E731
+    def key(r):
+        return (r["arch"], r["servers"] if r["arch"] == "ps" else 0, r["model_parallel"], r["workers"])
     swept = list({key(r): r for r in rows if r["hidden"] == hidden}.values())
     got = validate.optimizer_check(ranked, swept, key, lambda r: epoch_time(r, a))
     first, m, best = got["first"], got["measured"], got["best"]
     return {"hidden": hidden, "optimize_first_overall": {k: ranked[0][k] for k in ("arch", "servers", "model_parallel",
                                                                                   "workers", "bound")},
-            "optimize_first_swept": m and {"label": m["label"], "workers": m["workers"], "predicted_s": first["total_s"],
+            "optimize_first_swept": m and {"label": m["label"], "workers": m["workers"],
+                                           "predicted_s": first["total_s"],
                                            "measured_s": epoch_time(m, a), "bound": first["bound"]},
             "best_measured": {"label": best["label"], "workers": best["workers"], "measured_s": epoch_time(best, a)},
             "ratio": got["ratio"], "pass": got["pass"],
@@ -418,7 +419,8 @@ def second_rate(a, base, base_raw, rows, params, out: Path, hosts: int) -> dict:
         for h, it in zip(a.hidden, a.iterations):
             labels_of = {}
             for p_, tag in ((params, a.rate), (params2, a.second_rate)):
-                ranked = ranked_configurations(p_, h, a, hosts, a.workers, {1, *(W // 4 for W in a.workers if W // 4 > 1)})
+                ranked = ranked_configurations(p_, h, a, hosts, a.workers,
+                                               {1, *(W // 4 for W in a.workers if W // 4 > 1)})
                 top = next(r for r in ranked if _label(r) is not None)
                 labels_of[tag] = (_label(top), top["workers"], top["total_s"], top["bound"])
             winners = {labels_of[a.rate][:2], labels_of[a.second_rate][:2]}
@@ -428,8 +430,8 @@ def second_rate(a, base, base_raw, rows, params, out: Path, hosts: int) -> dict:
             measured = {}
             for rate in (a.rate, a.second_rate):
                 for lab, W in winners:
-                    r = next((r for r in rows if (r["rate"], r["hidden"], r["label"], r["workers"]) == (rate, h, lab, W)),
-                             None)
+                    r = next((r for r in rows
+                              if (r["rate"], r["hidden"], r["label"], r["workers"]) == (rate, h, lab, W)), None)
                     measured.setdefault(rate, {})[f"{lab} W={W}"] = epoch_time(r, a) if r else None
             got[h] = {"model_winner": {k: {"label": v[0], "workers": v[1], "predicted_s": v[2], "bound": v[3]}
                                        for k, v in labels_of.items()},
@@ -460,7 +462,8 @@ def report(rows: list[dict], info: dict, a) -> None:
     common.print_table(rows, [("rate", "rate", ""), ("hidden", "hidden", "d"), ("W", "workers", "d"),
                               ("arch", "label", ""), ("ms/it", "iteration_s", ".4f"), ("compute", "compute_s", ".4f"),
                               ("comm", "comm_s", ".4f"), ("model", "pred_iteration_s", ".4f"),
-                              ("APE%", "pred_ape", ".1f"), ("sim", "sim_iteration_s", ".4f"), ("APE%", "sim_ape", ".1f"),
+                              ("APE%", "pred_ape", ".1f"), ("sim", "sim_iteration_s", ".4f"),
+                              ("APE%", "sim_ape", ".1f"),
                               ("bound", "pred_bound", ""), ("proof", "proof_ok", ""), ("load", "load_1min", ".1f")],
                        title="\nseconds per iteration: measured on the emulated cluster / predicted / simulated")
     for h, by_w in info["orderings"].items():
@@ -473,8 +476,8 @@ def report(rows: list[dict], info: dict, a) -> None:
               + ", ".join(f"{lab} {v['median']}% (max {v['max']}%, {v['runs']} runs)" for lab, v in by.items()))
     for h, o in info["optimizer"].items():
         f, b = o["optimize_first_swept"], o["best_measured"]
-        print(f"optimize, 2-{h}-2: first {f and f['label']} W={f and f['workers']} ({f and f['bound']}-bound), measured "
-              f"{f and round(f['measured_s'], 1)} s; best measured {b['label']} W={b['workers']} "
+        print(f"optimize, 2-{h}-2: first {f and f['label']} W={f and f['workers']} ({f and f['bound']}-bound), "
+              f"measured {f and round(f['measured_s'], 1)} s; best measured {b['label']} W={b['workers']} "
               f"{round(b['measured_s'], 1)} s: ratio {o['ratio'] and round(o['ratio'], 3)} "
               f"({'PASS' if o['pass'] else 'FAIL'}, <= 1.10)")
 

@@ -34,10 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import common  # noqa: F401,I001  (pins one thread per process before numpy)
-import numpy as np  # noqa: E402
+import common  # noqa: F401  (pins one thread per process before numpy)
+import numpy as np
 
-from common import mpiexec_command, mpiexec_path, rank_pids  # noqa: E402
+from common import mpiexec_command, mpiexec_path, rank_pids
 
 KINDS = ("worker", "workers", "server", "straggler", "link")
 
@@ -182,7 +182,8 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, te
         _, err = proc.communicate()
         hung = True
     row.update(wall_s=time.monotonic() - t0, faulted_at_s=faulted, status=proc.returncode, hung=hung,
-               completed=proc.returncode == 0 and not hung, error=err.strip().splitlines()[-1][:200] if err.strip() else "")
+               completed=proc.returncode == 0 and not hung,
+               error=err.strip().splitlines()[-1][:200] if err.strip() else "")
     res = out / "results.json"
     if res.exists() and row["completed"]:
         r = json.loads(res.read_text())
@@ -295,7 +296,8 @@ def main(argv=None) -> int:
         for k in range(a.runs):
             for kind in kinds:
                 row = one(kind, k, rng, a, work, train_s, testbed)
-                if kind in ("straggler", "server") and row.get("train_s") is not None and row["faulted_at_s"] is not None:
+                if (kind in ("straggler", "server") and row.get("train_s") is not None
+                        and row["faulted_at_s"] is not None):
                     twin = undisturbed(a, work, row)
                     if twin is not None:
                         row.update(twin_train_s=twin["train_s"], twin_accuracy=twin["metrics"]["accuracy"])
@@ -320,12 +322,14 @@ def main(argv=None) -> int:
     cost = {f"backup_{b}": {"runs": len(v), "median_s": float(np.median(v)) if v else None,
                             "max_s": max(v) if v else None} for b, v in straggler.items()}
     run.write(rows, run.meta(table=table, straggler_cost=cost, columns={
-        "kind": "the fault", "train": "the run's asgd.train options", "status": "the job's (or the supervisor's) exit status", "hung": "killed at --limit-s",
+        "kind": "the fault", "train": "the run's asgd.train options",
+        "status": "the job's (or the supervisor's) exit status", "hung": "killed at --limit-s",
         "completed": "status 0", "restarted": "restarts the supervisor made", "lost": "ranks results.json names lost",
         "lost_s": "the supervisor's: from the cut resumed from to the failed job's end, seconds",
         "work_lost_s": "training lost: from the cut resumed from to the kill, seconds",
         "cut_interval_s": "seconds between server 0's last two cuts when the fault came (--checkpoint-every 0.5s)",
-        "twin_accuracy": "the same run's without a fault (server and straggler kinds)", "checkpoint": "the newest common cut: ok, none, or why not",
+        "twin_accuracy": "the same run's without a fault (server and straggler kinds)",
+        "checkpoint": "the newest common cut: ok, none, or why not",
         "straggler_cost_s": "train_s with the straggler less its undisturbed twin's"}))
     common.print_table(table, [("kind", "kind", ""), ("runs", "runs", "d"), ("faulted", "faulted", "d"),
                                ("completed", "completed", "d"), ("restarted", "restarted", "d"), ("hung", "hung", "d"),

@@ -30,23 +30,23 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001
-from common import int_list  # noqa: E402
+import common
+from common import int_list
 
-import os  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from asgd.data import problem  # noqa: E402
-from asgd.data.formats import Dataset, write_tsv  # noqa: E402
-from asgd.net import mlp, optimizers  # noqa: E402
-from asgd.run import config  # noqa: E402
+from asgd.data import problem
+from asgd.data.formats import Dataset, write_tsv
+from asgd.net import mlp, optimizers
+from asgd.run import config
 
 SKLEARN_SETS = ("iris", "wine", "breast_cancer", "digits")
 DATASETS = (*SKLEARN_SETS, "mnist", "rings")
@@ -208,8 +208,10 @@ def run_torch(name: str, seed: int, optimizer: str | None = None, lr: float | No
 
 def parse_args(argv=None):
     p = common.parser(__doc__, "data")
-    p.add_argument("--datasets", type=common.word_list, default=",".join(DATASETS), help=f"comma list of {', '.join(DATASETS)} (default all)")
-    p.add_argument("--ranks", type=int_list, default=[2, 4, 16, 32], help="MPI ranks of asgd, comma list (default 2,4,16,32)")
+    p.add_argument("--datasets", type=common.word_list, default=",".join(DATASETS),
+                   help=f"comma list of {', '.join(DATASETS)} (default all)")
+    p.add_argument("--ranks", type=int_list, default=[2, 4, 16, 32],
+                   help="MPI ranks of asgd, comma list (default 2,4,16,32)")
     p.add_argument("--seeds", type=int_list, default=[0], help="splits and initializations (default 0)")
     p.add_argument("--tolerance", type=float, default=0.03, help="pass: asgd within this of sklearn (default 0.03)")
     p.add_argument("--no-torch", action="store_true", help="leave the PyTorch loop out")
@@ -280,7 +282,8 @@ def plot(summary, tolerance, path):
     names = list(dict.fromkeys(s["dataset"] for s in summary))
     ranks = sorted({s["ranks"] for s in summary})
     fig, ax = plt.subplots(figsize=(max(7, 1.9 * len(names)), 4.5))
-    labels = {**{n: f"asgd, {n} ranks" for n in ranks}, "sklearn": "sklearn MLPClassifier", "pytorch": "PyTorch, 1 process"}
+    labels = {**{n: f"asgd, {n} ranks" for n in ranks}, "sklearn": "sklearn MLPClassifier",
+              "pytorch": "PyTorch, 1 process"}
     colors = {**dict(zip(ranks, plt.cm.Blues(np.linspace(0.45, 0.9, len(ranks))))), "sklearn": "tab:orange",
               "pytorch": "tab:red"}
 
@@ -349,7 +352,8 @@ def main(argv=None):
         print(f"default run (rings, 16 ranks, seed {min(args.seeds)}): accuracy "
               f"{common.fmt(ring['default_run_accuracy'], '.4f')} in {common.fmt(ring['default_run_s'], '.1f')} s "
               f"(mpiexec start to exit): {'pass' if ring['default_run_pass'] else 'FAIL'} (>= 0.95 within 60 s)")
-    print(f"{'PASSED' if info['passed'] else 'FAILED'}: every data set and rank count within {args.tolerance} of sklearn")
+    print(f"{'PASSED' if info['passed'] else 'FAILED'}: every data set and rank count "
+          f"within {args.tolerance} of sklearn")
     run.wrote()
     return 0
 

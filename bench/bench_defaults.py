@@ -16,7 +16,8 @@ size. Rows are appended to defaults.csv as they finish (an interrupted study res
 
     python bench/bench_defaults.py                               # the whole grid, seed 0 (hours on 2 cores)
     python bench/bench_defaults.py --seeds 1 --rules "adam=0.001,0.003;adagrad=0.01,0.03"
-    python bench/bench_defaults.py --datasets mnist,digits --workers 1,15,31 --variants "defaults=;sqrt=--stale-step sqrt"
+    python bench/bench_defaults.py --datasets mnist,digits --workers 1,15,31 \\
+        --variants "defaults=;sqrt=--stale-step sqrt"
     python bench/bench_defaults.py --summarize                   # the table from the rows already there
 """
 
@@ -24,18 +25,18 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001
-from common import int_list  # noqa: E402
+import common
+from common import int_list
 
-import csv  # noqa: E402
-import functools  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
+import csv
+import functools
+import math
+import os
+import shutil
+import statistics
+import tempfile
 
-import bench_data  # noqa: E402
+import bench_data
 
 RULES = ("sgd=3/H,10/H,30/H,100/H;momentum=0.3/H,1/H,3/H,10/H;"
          "adagrad=0.003,0.01,0.03,0.1;adam=0.0003,0.001,0.003,0.01")
@@ -63,7 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--rules", default=RULES, help=f"optimizer=lr rule,...;... in H and W (default {RULES!r})")
     p.add_argument("--variants", help="NAME=asgd.train options;... to compare instead of --rules "
                    "(e.g. \"defaults=;sqrt=--stale-step sqrt\")")
-    p.add_argument("--tolerance", type=float, default=0.03, help="a run fails more than this below sklearn (default 0.03)")
+    p.add_argument("--tolerance", type=float, default=0.03,
+                   help="a run fails more than this below sklearn (default 0.03)")
     p.add_argument("--timeout", type=float, default=300, help="seconds one run may take (default 300)")
     p.add_argument("--summarize", action="store_true", help="run nothing: the summary of the rows in --out")
     p.add_argument("--fresh", action="store_true", help="discard the rows already in --out")
@@ -240,7 +242,8 @@ def main(argv=None):
         columns={"gap": "asgd accuracy - sklearn MLPClassifier's on the same split and seed",
                  "diverged": "non-zero exit, refused updates, or held-out accuracy <= the majority class's share",
                  "overconfident": "held-out loss above chance_loss (predicting the class frequencies)",
-                 "worst_gap": "min gap over data sets, workers and seeds", "failing": f"runs with gap < -{args.tolerance}"},
+                 "worst_gap": "min gap over data sets, workers and seeds",
+                 "failing": f"runs with gap < -{args.tolerance}"},
         **summary, by_hidden=by_h)
     run.paths += [path, common.write_json(run.out / "defaults.json", info)]
     if rows:

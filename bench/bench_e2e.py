@@ -29,12 +29,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001
-import validate  # noqa: E402
-from common import int_list  # noqa: E402
+import common
+import validate
+from common import int_list
 
-import contextlib  # noqa: E402
-import statistics  # noqa: E402
+import contextlib
+import statistics
 
 IMPLS = {"asgd ps": ["-m", "asgd.train"], "asgd allreduce": ["-m", "asgd.train", "--arch", "allreduce"],
          "pytorch rpc ps": [str(common.PEERS / "rpc_peer.py")], "pytorch ddp": [str(common.PEERS / "ddp_peer.py")]}
@@ -124,8 +124,8 @@ def summarize(rows, impls, ranks, rate_bit=None):
                         "epochs_to_accuracy": statistics.median([r["epochs_to_accuracy"] for r in rs
                                                                  if r["epochs_to_accuracy"]] or [0]) or None,
                         "samples_per_s": round(statistics.median(r["samples_per_s"] for r in rs), 1),
-                        "updates_per_s": round(statistics.median(ups), 3) if (ups := [r["updates_per_s"] for r in rs
-                                                                                        if r["updates_per_s"]]) else None,
+                        "updates_per_s": round(statistics.median(ups), 3)
+                        if (ups := [r["updates_per_s"] for r in rs if r["updates_per_s"]]) else None,
                         "init_s": round(statistics.median(r["init_s"] for r in rs), 3),
                         "job_wall_s": round(statistics.median(r["job_wall_s"] for r in rs), 3)})
             if rate_bit:
@@ -139,7 +139,8 @@ def summarize(rows, impls, ranks, rate_bit=None):
         rpc = next((s for s in out if s["ranks"] == n and s["impl"] == "pytorch rpc ps"), None)
         for s in out:
             if s["ranks"] == n:
-                for key, ratio in (("time_to_accuracy_s", "tta_vs_ddp"), ("train_time_to_accuracy_s", "train_tta_vs_ddp")):
+                for key, ratio in (("time_to_accuracy_s", "tta_vs_ddp"),
+                                   ("train_time_to_accuracy_s", "train_tta_vs_ddp")):
                     s[ratio] = round(s[key] / ddp[key], 3) if ddp and ddp[key] and s[key] else None
                 s["updates_vs_rpc"] = (round(s["updates_per_s"] / rpc["updates_per_s"], 2)
                                        if rpc and rpc["updates_per_s"] and s["updates_per_s"] else None)
@@ -150,7 +151,8 @@ def plot(summary, target, where, path):
     plt = common.pyplot()
     ranks = sorted({s["ranks"] for s in summary})
     impls = list(dict.fromkeys(s["impl"] for s in summary))
-    colors = {"asgd ps": "tab:blue", "asgd allreduce": "tab:cyan", "pytorch rpc ps": "tab:red", "pytorch ddp": "tab:orange"}
+    colors = {"asgd ps": "tab:blue", "asgd allreduce": "tab:cyan", "pytorch rpc ps": "tab:red",
+              "pytorch ddp": "tab:orange"}
     by = {(s["ranks"], s["impl"]): s for s in summary}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
     for ax, key, fmt in ((axes[0], "time_to_accuracy_s", "{:.1f} s"), (axes[1], "samples_per_s", "{:,.0f}")):
@@ -226,7 +228,8 @@ def main(argv=None):
     run.print_machine()
     common.print_table(summary, [("ranks", "ranks", "d"), ("implementation", "impl", ""),
                                  (f"time to {args.target}: whole process s", "time_to_accuracy_s", ".2f"),
-                                 ("min", "tta_min_s", ".2f"), ("max", "tta_max_s", ".2f"), ("x DDP", "tta_vs_ddp", ".2f"),
+                                 ("min", "tta_min_s", ".2f"), ("max", "tta_max_s", ".2f"),
+                                 ("x DDP", "tta_vs_ddp", ".2f"),
                                  ("training only s", "train_time_to_accuracy_s", ".2f"),
                                  ("x DDP", "train_tta_vs_ddp", ".2f"), ("epochs", "epochs_to_accuracy", ".0f"),
                                  ("samples/s", "samples_per_s", ",.0f"), ("updates/s", "updates_per_s", ",.1f"),

@@ -26,17 +26,17 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001  (pins one thread per process before numpy loads)
-from common import int_list  # noqa: E402
+import common  # pins one thread per process before numpy loads
+from common import int_list
 
-import time  # noqa: E402
+import time
 
-import numpy as np  # noqa: E402
-from numba import njit  # noqa: E402
+import numpy as np
+from numba import njit
 
-from asgd.net import kernels  # noqa: E402
-from asgd.net.mlp import Layout, init_params, make_step  # noqa: E402
-from asgd.net.reference import step as reference_step  # noqa: E402
+from asgd.net import kernels
+from asgd.net.mlp import Layout, init_params, make_step
+from asgd.net.reference import step as reference_step
 
 IMPLS = ("numba", "numpy", "torch", "torch_manual", "exp_only")
 COLUMNS = {"samples_per_s": "median over repetitions, wall clock (min/max beside it)",
@@ -194,7 +194,8 @@ def main(argv=None):
             nb = next(r for r in rows[-len(res):] if r["impl"] == "numba")   # how much of its step is the exp
             t_step, t_exp = 1 / res["numba"]["samples_per_s"], 1 / res["exp_only"]["samples_per_s"]
             nb["exp_share_pct"] = round(100 * t_exp / t_step, 1)
-            nb["gflops_without_exp"] = round((flops - hid) / max(t_step - t_exp, 1e-12) / 1e9, 2) if t_step > t_exp else None
+            nb["gflops_without_exp"] = (round((flops - hid) / max(t_step - t_exp, 1e-12) / 1e9, 2)
+                                        if t_step > t_exp else None)
             print(f"  {args.d_in}-{hid}-{args.d_out} batch {batch}: "
                   + ", ".join(f"{i} {res[i]['samples_per_s']:,.0f}" for i in IMPLS if i in res), flush=True)
     gflops = max(gflops, dgemm_gflops(args.dgemm_n))   # again at the end: best of both
@@ -218,7 +219,8 @@ def main(argv=None):
                           **{i: by[i]["samples_per_s"] if i in by else None for i in IMPLS},
                           "ceiling": nb["ceiling_samples_per_s"], "pct": nb["pct_of_ceiling"],
                           "x_numpy": nb["speedup_vs_numpy"], "x_torch": nb["vs_torch"],
-                          "x_torch_cpu": nb["samples_per_s_cpu"] / by["torch"]["samples_per_s_cpu"] if "torch" in by else None,
+                          "x_torch_cpu": (nb["samples_per_s_cpu"] / by["torch"]["samples_per_s_cpu"]
+                                          if "torch" in by else None),
                           "exp_pct": nb.get("exp_share_pct"), "gf_noexp": nb.get("gflops_without_exp")})
     common.print_table(table, [("model", "model", ""), ("batch", "batch", "d"), ("numba s/s", "numba", ",.0f"),
                                ("numpy", "numpy", ",.0f"), ("torch", "torch", ",.0f"),

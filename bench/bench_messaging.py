@@ -26,14 +26,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001
-from common import int_list  # noqa: E402
+import common
+from common import int_list
 
-import json  # noqa: E402
-import time  # noqa: E402
+import json
+import time
 
-import numpy as np  # noqa: E402
-from numba import njit  # noqa: E402
+import numpy as np
+from numba import njit
 
 PINGPONGS = ("pingpong", "pingpong+aggregate", "pingpong+versioned", "pingpong+reply-first")
 COLUMNS = {"rtt_us": "median over repetitions of each repetition's median exchange (µs)",

@@ -117,8 +117,9 @@ def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: 
         return row and {**row, "label": label(c), "source": source, "launch_wall_s": job["wall_s"],
                         "others_cores": job["others_cores"], "accuracy": res["metrics"].get("accuracy"),
                         "sample": "in" if c["workers"] + 1 in calibrated else "out"}
-    say = lambda r: (f"wall {r['launch_wall_s']:6.2f} s (job {r['total_meas_s']:.2f}: init {r['init_meas_s']:.2f} "
-                     f"+ train {r['train_meas_s']:.2f})")
+    def say(r):
+        return (f"wall {r['launch_wall_s']:6.2f} s (job {r['total_meas_s']:.2f}: init {r['init_meas_s']:.2f} "
+                f"+ train {r['train_meas_s']:.2f})")
     lost: list[dict] = []
     rows = validate.sweep(configs, one, label, say, lock=a.cpu_lock, failed=lost,
                           tag="[optimizer] " if source == "optimizer" else "")
@@ -131,7 +132,8 @@ def optimizer_check(rows: list[dict], params, data: Path, out: Path, a, failed: 
     node of params.cores cores, at most max(workers) + 1 ranks); its top configuration
     (measured now, and added to `rows`, if the sweep did not) against the best measured."""
     checks = []
-    key = lambda r: (r["workers"], r["batch"], r["reader"])
+    def key(r):
+        return (r["workers"], r["batch"], r["reader"])
     for h in sorted({r["hidden"] for r in rows}):
         at = [r for r in rows if r["hidden"] == h]
         ws, bs = sorted({r["workers"] for r in at}), sorted({r["batch"] for r in at})
@@ -222,7 +224,8 @@ def report(rows, summary, parts, checks, meta) -> None:
                         ("p90", "p90", ".1f"), ("in-sample median APE%", "in_median", ".1f"), ("p90", "in_p90", ".1f"),
                         ("median limit", "limit", ""), ("verdict", "verdict", "")],
                 title=f"\nAPE over {n_out} out-of-sample runs (rank counts calibrate never measured) and "
-                      f"{len(rows) - n_out} in-sample runs (validated: init, train, total; compute and comm are detail)")
+                      f"{len(rows) - n_out} in-sample runs (validated: init, train, total; "
+                      "compute and comm are detail)")
     print("\nmedian APE% (signed median error of total, + = predicted slower) by:")
     for dim, groups in parts.items():
         cells = "   ".join(f"{v}: init {g['init_median_ape']:.0f} train {g['train_median_ape']:.0f} "
@@ -315,8 +318,8 @@ def main(argv=None) -> int:
     meta = {"machine": run.machine, "command": common.command_line(), "points": a.points,
             "test_points": a.test_points, "epochs": a.epochs, "quick": a.quick, "seed": a.seed, "timeout_s": a.timeout,
             "limits": {"median_ape_pct": LIMITS, "optimizer_ratio": validate.OPTIMIZER_LIMIT},
-            "run_command": "mpiexec -n W+1 python -m asgd.train --optimizer sgd --data D --reader R --batch B --hidden H "
-                           f"--epochs {a.epochs} --quiet --out OUT/runs/hH-wW-bB-R"}
+            "run_command": "mpiexec -n W+1 python -m asgd.train --optimizer sgd --data D --reader R --batch B "
+                           f"--hidden H --epochs {a.epochs} --quiet --out OUT/runs/hH-wW-bB-R"}
     configs = plan(a)
     if not configs:
         sys.exit("bench_model: nothing to run")
@@ -351,7 +354,8 @@ def main(argv=None) -> int:
     summary = summarize(rows)
     parts = breakdown(rows)
     paper = validate.score(rows, "paper_total_ape")
-    meta.update(paper_equations_total_ape=paper, summary=summary, breakdown=parts, optimizer=checks, failed=failed, runs=len(rows),
+    meta.update(paper_equations_total_ape=paper, summary=summary, breakdown=parts, optimizer=checks, failed=failed,
+                runs=len(rows),
                 passed={"median_ape": {k: summary[k]["pass"] for k in PHASES},
                         "optimizer": {str(c["hidden"]): c["pass"] for c in checks}})
     meta["passed"]["all"] = (all(meta["passed"]["median_ape"].values())

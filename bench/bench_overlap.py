@@ -28,14 +28,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
-import validate  # noqa: E402
-from common import int_list  # noqa: E402
+import common  # first: pins threads, puts src/ on the path
+import validate
+from common import int_list
 
-import json  # noqa: E402
-import time  # noqa: E402
+import json
+import time
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 COLUMNS = {"E_ms": "the exchange alone: worker ms per step with no compute (median over steps)",
@@ -55,9 +55,11 @@ def float_list(s: str) -> list[float]:
 def parse_args(argv=None):
     p = common.parser(__doc__, "overlap", mpi_child=True)
     p.add_argument("--hidden", type=int_list, default=[10000, 100000], help="2-H-2 sizes (default 10000,100000)")
-    p.add_argument("--where", type=common.word_list, default="shm,testbed", help="comma list of shm, testbed (default both; testbed: root)")
+    p.add_argument("--where", type=common.word_list, default="shm,testbed",
+                   help="comma list of shm, testbed (default both; testbed: root)")
     p.add_argument("--bandwidth", default="1gbit", help="the testbed's links, each way (default 1gbit)")
-    p.add_argument("--progress", type=common.word_list, default="on,off", help="comma list of on, off: the worker's step tests the "
+    p.add_argument("--progress", type=common.word_list, default="on,off",
+                   help="comma list of on, off: the worker's step tests the "
                    "exchange between its sample blocks, or not (default both, alternating)")
     p.add_argument("--name", default="ov", help="testbed name (default ov)")
     p.add_argument("--ratios", type=float_list, default=[0.5, 1.0, 2.0, 4.0],
@@ -197,7 +199,8 @@ def child(args) -> None:
                                 "E_exposed_ms": 1e3 * got["alone"]["exposed"], "c_ms": 1e3 * c,
                                 "exposed_ms": 1e3 * exposed, "T_ms": 1e3 * g["T"],
                                 "perfect_ms": 1e3 * max(c, E), "serial_ms": 1e3 * (c + E),
-                                "hidden_frac_exposed": float(np.clip((E - exposed) / min(E, c), 0, 1)) if c > 0 else None,
+                                "hidden_frac_exposed": (float(np.clip((E - exposed) / min(E, c), 0, 1))
+                                                        if c > 0 else None),
                                 "steps": g["steps"]})
     if comm.rank == 1:
         print(json.dumps({"oversubscribed": crowded, "rows": out}), flush=True)
@@ -238,7 +241,8 @@ def summarize(rows: list[dict]) -> list[dict]:
     keys = sorted({(r["where"], r["hidden"], r["progress"], r["ratio"]) for r in rows})
     out = []
     for where, hidden, progress, ratio in keys:
-        rs = [r for r in rows if (r["where"], r["hidden"], r["progress"], r["ratio"]) == (where, hidden, progress, ratio)]
+        rs = [r for r in rows
+              if (r["where"], r["hidden"], r["progress"], r["ratio"]) == (where, hidden, progress, ratio)]
         med = {k: float(np.median([r[k] for r in rs])) for k in ("E_ms", "c_ms", "c0_ms", "exposed_ms", "T_ms",
                                                                    "perfect_ms", "serial_ms", "hidden_frac",
                                                                    "hidden_frac_exposed")}
@@ -321,14 +325,16 @@ def main(argv=None):
     for s in summary:
         if s["ratio"] == headline:
             heads.setdefault((s["where"], s["mbytes"]), {})[s["progress"]] = s
-    info["headline"] = {f"{where} {mb:.1f} MB": {p: {"hidden_frac": v["hidden_frac"], "c_ms": v["c_ms"], "T_ms": v["T_ms"]}
+    info["headline"] = {f"{where} {mb:.1f} MB": {p: {"hidden_frac": v["hidden_frac"], "c_ms": v["c_ms"],
+                                                     "T_ms": v["T_ms"]}
                                                  for p, v in h.items()} for (where, mb), h in heads.items()}
     run.write(rows, info)
     run.plot(plot, summary, headline)
     run.print_machine()
     common.print_table(summary, [("where", "where", ""), ("MB", "mbytes", ".1f"), ("progress", "progress", ""),
                                  ("c/E", "ratio", "g"),
-                                 ("batch", "batch", "d"), ("c/E got", "c_over_E", ".2f"), ("E ms", "E_ms", ".2f"), ("c ms", "c_ms", ".2f"),
+                                 ("batch", "batch", "d"), ("c/E got", "c_over_E", ".2f"), ("E ms", "E_ms", ".2f"),
+                                 ("c ms", "c_ms", ".2f"),
                                  ("exposed ms", "exposed_ms", ".2f"), ("T ms", "T_ms", ".2f"),
                                  ("max(c,E)", "perfect_ms", ".2f"), ("c+E", "serial_ms", ".2f"),
                                  ("hidden", "hidden_frac", ".2f"), ("min", "hidden_frac_min", ".2f"),

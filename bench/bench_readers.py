@@ -31,7 +31,7 @@ import common  # first: pins threads, puts src/ on the path
 import validate
 from common import int_list, print_table
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 TEST_POINTS = 4096  # a small held-out file: the bench is about the training file
 
@@ -56,11 +56,13 @@ def parse_args(argv=None):
 def run_once(path: Path, reader: str, workers: int, timeout: float, tree: str = "this",
              src: Path | None = None) -> dict:
     """One job, of this tree or (src: its src/ folder) a baseline's."""
-    res, _ = common.train_job(workers + 1, ["-m", "asgd.train", "--data", str(path), "--reader", reader, "--epochs", "1",
-                                            "--hidden", "100", "--batch", "1024", "--quiet", "--timeout", str(timeout)],
+    res, _ = common.train_job(workers + 1,
+                              ["-m", "asgd.train", "--data", str(path), "--reader", reader, "--epochs", "1",
+                               "--hidden", "100", "--batch", "1024", "--quiet", "--timeout", str(timeout)],
                               timeout + 30, env={"PYTHONPATH": str(src)} if src else None)
     ranks = res["ranks"]
-    sub = lambda r: sum(r["phases"].get(k, 0.0) for k in ("read", "parse", "shuffle"))  # noqa: E731
+    def sub(r):
+        return sum(r["phases"].get(k, 0.0) for k in ("read", "parse", "shuffle"))
     slowest = max(ranks, key=lambda r: r["phases"]["init"])
     return {"tree": tree, "format": path.suffix[1:], "reader": reader, "workers": workers, "ranks": len(ranks),
             "points": res["config"]["train_points"], "features": res["config"]["features"],
@@ -181,10 +183,11 @@ def main(argv=None) -> int:
     run.write(all_rows, meta)
     print()
     run.print_machine()
-    print_table(all_rows, [("tree", "tree", ""), ("format", "format", ""), ("reader", "reader", ""), ("workers", "workers", "d"),
-                       ("init_s", "init_s", ".2f"), ("reader_s", "data_s", ".2f"), ("read", "read_s", ".2f"),
-                       ("parse", "parse_s", ".2f"), ("shuffle", "shuffle_s", ".2f"), ("rest", "rest_s", ".2f"),
-                       ("accuracy", "accuracy", ".3f")],
+    print_table(all_rows,
+                [("tree", "tree", ""), ("format", "format", ""), ("reader", "reader", ""), ("workers", "workers", "d"),
+                 ("init_s", "init_s", ".2f"), ("reader_s", "data_s", ".2f"), ("read", "read_s", ".2f"),
+                 ("parse", "parse_s", ".2f"), ("shuffle", "shuffle_s", ".2f"), ("rest", "rest_s", ".2f"),
+                 ("accuracy", "accuracy", ".3f")],
                 title=f"init (s) by reader and workers, {a.points:,} points (reader_s: slowest rank's "
                       "read+parse+shuffle; rest: the slowest rank's init less that)")
     for fmt, s in summary.items():

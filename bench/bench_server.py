@@ -24,18 +24,18 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001
-from common import int_list  # noqa: E402
+import common
+from common import int_list
 
-import math  # noqa: E402
+import math
 
-import numpy as np  # noqa: E402
-from numba import njit  # noqa: E402
+import numpy as np
+from numba import njit
 
-from asgd.net import OPTIMIZERS, kernels  # noqa: E402
-from asgd.net.optimizers import BETAS, EPS, MOMENTUM, Optimizer  # noqa: E402
-from asgd.core.wire import PULL_HEADER, PUSH_HEADER  # noqa: E402
-from asgd.net.mlp import Layout  # noqa: E402
+from asgd.net import OPTIMIZERS, kernels
+from asgd.net.optimizers import BETAS, EPS, MOMENTUM, Optimizer
+from asgd.core.wire import PULL_HEADER, PUSH_HEADER
+from asgd.net.mlp import Layout
 
 UPDATES = {"sgd": (3, 0), "momentum": (5, 1), "adagrad": (5, 1), "adam": (7, 2)}   # (bytes in 8n, state arrays)
 STREAM_BYTES = {"stream copy": 2, "stream add": 3, "stream triad": 5}
@@ -50,7 +50,8 @@ COLUMNS = {"path": "asgd: Optimizer.update into the next version (what the serve
            "bound_gb_per_s": "best of numpy copy/add/triad rotating over the path's footprint",
            "floor_us": "bytes_per_op at bound_gb_per_s", "pct_of_floor": "floor_us / us_per_op",
            "pct_of_memory_bound": "gb_per_s vs the best of copy/add/triad on machine.memory_bandwidth_gbs arrays",
-           "max_rel_diff_vs_before": "asgd: max |w' - before's w'| / max |before's w'| after one push from the same w, d"}
+           "max_rel_diff_vs_before": "asgd: max |w' - before's w'| / max |before's w'| "
+                                     "after one push from the same w, d"}
 
 
 # -- the server's kernels before issue 29 (in place; the check and the reply's copy apart) --
@@ -117,7 +118,8 @@ def before_update(name, n, lr=1e-3, w=None):
 
 def parse_args(argv=None):
     p = common.parser(__doc__, "server", lock=True)
-    p.add_argument("--hidden", type=int_list, default=[10000, 100000], help="2-H-2 models, comma list (default 10000,100000)")
+    p.add_argument("--hidden", type=int_list, default=[10000, 100000],
+                   help="2-H-2 models, comma list (default 10000,100000)")
     p.add_argument("--workers", type=int_list, default=[1, 8], help="workers the pushes rotate over (default 1,8)")
     p.add_argument("--repeat", type=int, default=15, help="interleaved repetitions (default 15)")
     p.add_argument("--min-time", type=float, default=0.05, help="seconds per repetition (default 0.05)")
@@ -253,7 +255,8 @@ def main(argv=None):
                                  "footprint_bytes": footprint(name, path, W) * 8 * n,
                                  "us_per_op": round(1e6 * r["median_s"], 2), "ops_per_s": round(1 / r["median_s"], 1),
                                  "us_per_op_min": round(1e6 * r["min_s"], 2),
-                                 "gb_per_s": round(gbs, 3), "gb_per_s_cpu": round(units * 8 * n / r["cpu_median_s"] / 1e9, 3),
+                                 "gb_per_s": round(gbs, 3),
+                                 "gb_per_s_cpu": round(units * 8 * n / r["cpu_median_s"] / 1e9, 3),
                                  "bound_gb_per_s": round(bound, 3), "bound_kernel": max(bounds, key=bounds.get),
                                  "floor_us": round(1e6 * floor_s, 2),
                                  "pct_of_floor": round(100 * floor_s / r["median_s"], 1),
@@ -281,7 +284,8 @@ def main(argv=None):
                        title="the server's per-push work, one core (floor: the update's bytes at the bound of its "
                              "footprint)")
     print("how far from the floor (asgd): " + "; ".join(
-        f"{r['model']} W={r['workers']} {r['optimizer']} {r['pct_of_floor']:.0f}%" for r in rows if r["path"] == "asgd"))
+        f"{r['model']} W={r['workers']} {r['optimizer']} {r['pct_of_floor']:.0f}%"
+        for r in rows if r["path"] == "asgd"))
     run.wrote()
     return 0
 

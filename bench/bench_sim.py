@@ -40,18 +40,19 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
-import validate  # noqa: E402
-from common import JobFailed, LoadSampler, command_line, print_table, save_figure, write_outputs  # noqa: E402
+import common  # first: pins threads, puts src/ on the path
+import validate
+from common import JobFailed, LoadSampler, command_line, print_table, save_figure, write_outputs
 
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import time  # noqa: E402
+import dataclasses
+import json
+import math
+import os
+import time
 
 METRICS = ("train", "init", "total", "updates_per_s")
-SRC = {"meas": "measured here", "sim": "simulated (asgd.sim, with the CPU other users took during the run)", "model": "analytical model (asgd.perf)",
+SRC = {"meas": "measured here", "sim": "simulated (asgd.sim, with the CPU other users took during the run)",
+       "model": "analytical model (asgd.perf)",
        "paper": "stated in the paper"}
 
 
@@ -126,7 +127,8 @@ def plan(a) -> list[dict]:
     for label, n, opts in (("async-n3", 3, ()), ("async-n5", 5, ()), ("async-n9", 9, ()), ("async-n17", 17, ()),
                            ("S2-n10", 10, ("--servers", "2")), ("S4-n6", 6, ("--servers", "4")),
                            ("sync-n5", 5, ("--mode", "sync")), ("ssp-n9", 9, ("--mode", "ssp")),
-                           ("allreduce-n4", 4, ("--arch", "allreduce")), ("p2p-sync-n4", 4, ("--arch", "p2p", "--mode", "sync"))):
+                           ("allreduce-n4", 4, ("--arch", "allreduce")),
+                           ("p2p-sync-n4", 4, ("--arch", "p2p", "--mode", "sync"))):
         add(f"adagrad-{label}", n, *opts, "--optimizer", "adagrad")
     return runs
 
@@ -293,7 +295,8 @@ def run_validate(a, out: Path, params: Path, meta: dict) -> dict:
     rows = compare_runs(done, params, out)
     meta["simulate_s"] = time.perf_counter() - t1
     summary = summarize(rows)
-    cols = [("run", "label", ""), ("ranks", "ranks", "d"), ("calib. P", "sample", ""), ("S", "servers", "d"), ("mode", "mode", ""),
+    cols = [("run", "label", ""), ("ranks", "ranks", "d"), ("calib. P", "sample", ""), ("S", "servers", "d"),
+            ("mode", "mode", ""),
             ("reader", "reader", "")]
     for k in ("train", "init"):
         cols += [(f"{k} meas", f"meas_{k}", ".2f"), ("sim", f"sim_{k}", ".2f"), ("APE%", f"sim_ape_{k}", ".0f"),

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
 BASELINE = "7584051"  # the last commit before the redesign (issue 15)
 
@@ -86,7 +86,8 @@ def main(argv=None) -> int:
     for name in trees:
         cpu = [r for r in rows if r["tree"] == name and r["measure"] == "rank_cpu"]
         runs = [r for r in rows if r["tree"] == name and r["measure"] == "default_run"]
-        med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
+        def med(rs, k):
+            return statistics.median(r[k] for r in rs)
         summary.append({"tree": name,
                         "worker_cpu_s": med([r for r in cpu if r["role"] == "worker"], "cpu_s"),
                         "server_cpu_s": med([r for r in cpu if r["role"] == "server"], "cpu_s"),

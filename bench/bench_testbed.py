@@ -2,18 +2,7 @@
 (asgd.testbed) whose links, not the cores, are the bottleneck; 1, 2 and 4 servers, each on
 a host of its own, and the performance model's prediction drawn over the measurements.
 
-Why a testbed: on this 2-core machine every multi-worker run is bound by the cores. Here
-every rank gets a host (network namespace) of its own and every host's link is shaped to
---bandwidth each way (tc tbf), so a server's link fills long before the cores do.
-
-The bandwidth (default 8mbit). A 2-10K-2 update moves Delta-w in and w' out of the server
-(400 KB each way, 6.9 % more on the wire: asgd.testbed.model.wire_bytes); at R bytes/s a
-server's link is full at R / 428 KB updates/s, S servers at S times that, one worker at
-about R / 820 KB. 1-bit messages are 62.6x smaller, so its ceiling may be the cores' (this
-bench measures them on shared memory: `cores_ceiling`; 280-360 updates/s quiet, 50-210
-loaded). The rate must put one float64 server's ceiling at most a tenth of that (<= ~5/s)
-and 4 servers' well under it, without making the sweep take hours: 8 Mbit/s gives 2.34,
-4.7 and 9.4 updates/s for 1, 2 and 4 servers, 1.22 per worker, 145/s for 1-bit.
+Why a testbed, and why 8 Mbit/s: docs/benchmarks.md.
 
 Measured per run (`asgd.testbed run --check-bytes -- mpiexec -n W+S python -m asgd.train
 --optimizer sgd --servers S --epochs E --trace ...`):
@@ -41,16 +30,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001  (first: pins threads, puts src/ on the path)
-import validate  # noqa: E402
-from common import int_list  # noqa: E402
+import common  # first: pins threads, puts src/ on the path
+import validate
+from common import int_list
 
-import json  # noqa: E402
-import os  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
 
 COMPRESSIONS = ("none", "1bit")
 TARGET_ACCURACY = 0.95
@@ -74,8 +63,10 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 12, 16],
                    help="comma list (default 1,2,4,8,12,16)")
     p.add_argument("--servers", type=int_list, default=[1, 2, 4], help="comma list (default 1,2,4)")
-    p.add_argument("--compress", type=common.word_list, default="none,1bit", help="comma list of none,1bit (default both)")
-    p.add_argument("--bandwidth", default="8mbit", help="each link, each direction (default 8mbit; see above)")
+    p.add_argument("--compress", type=common.word_list, default="none,1bit",
+                   help="comma list of none,1bit (default both)")
+    p.add_argument("--bandwidth", default="8mbit",
+                   help="each link, each direction (default 8mbit; why: docs/benchmarks.md)")
     p.add_argument("--latency", type=float, default=0.0, help="one-way latency, us (netem; default 0)")
     p.add_argument("--hidden", type=int, default=10000, help="2-H-2 model (default 10000: 400 KB Delta-w)")
     p.add_argument("--batch", type=int, default=256, help="batch size (default 256)")
@@ -172,7 +163,8 @@ def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | No
             "proof_ok": p["ok"], "wire_over_app_sent": round(p["ratio_sent"], 4),
             "wire_over_app_recv": round(p["ratio_recv"], 4),
             "qdisc_drops": sum(q["dropped"] for q in res.qdisc),
-            "job_cpu_s": round(res.cpu_s, 1), "cpu_ms_per_update": round(1e3 * res.cpu_s / r["throughput"]["updates"], 2),
+            "job_cpu_s": round(res.cpu_s, 1),
+            "cpu_ms_per_update": round(1e3 * res.cpu_s / r["throughput"]["updates"], 2),
             "hosts": sorted(set(x["host"] for x in r["ranks"])).__len__(),
             "load_1min": round((load0 + os.getloadavg()[0]) / 2, 2), "n_w": n_w,
             "history": [{"epoch": h["epoch"], "time_s": round(h["time_s"], 2), "test_accuracy": h.get("test_accuracy")}
@@ -203,7 +195,8 @@ def predict(base, rows, args, rate_bit) -> None:
         S, W = r["servers"], r["workers"]
         n_w = r["n_w"]
         prm = validate.testbed_model().testbed_params(base, rate_bit, args.latency * 1e-6,
-                             bytes_per_weight=bytes_per_weight(r["compress"], args.hidden, S), sizes=[-(-n_w // S), n_w])
+                             bytes_per_weight=bytes_per_weight(r["compress"], args.hidden, S),
+                             sizes=[-(-n_w // S), n_w])
         pred = validate.model_predict(prm, validate.Run(workers=W, servers=S, batch=args.batch,
                                                            hidden=args.hidden, epochs=args.epochs))
         X = pred.detail["updates_per_s"]
@@ -335,21 +328,26 @@ def main(argv=None):
         # each (workers, servers) point with every compression in a row: they see the same load
         configs = [{"compress": c, "servers": S, "workers": W} for W in args.workers for S in args.servers
                    for c in args.compress]
-        name = lambda c: f"{c['compress']:<5} S={c['servers']} W={c['workers']:>2}"  # noqa: E731
-        say = lambda r: (f"{r['updates_per_s']:7.2f} updates/s steady ({r['updates_per_s_run']:.2f} whole run), "  # noqa: E731
-                         f"link {r['link_util']:.2f} full, proof {'ok' if r['proof_ok'] else 'FAILED'} "
-                         f"({r['wire_over_app_sent']:.3f}), acc {r['accuracy']:.3f}, load {r['load_1min']}")
+        def name(c):
+            return f"{c['compress']:<5} S={c['servers']} W={c['workers']:>2}"
+        def say(r):
+            return (f"{r['updates_per_s']:7.2f} updates/s steady ({r['updates_per_s_run']:.2f} whole run), "
+                    f"link {r['link_util']:.2f} full, proof {'ok' if r['proof_ok'] else 'FAILED'} "
+                    f"({r['wire_over_app_sent']:.3f}), acc {r['accuracy']:.3f}, load {r['load_1min']}")
         rows = []
         for rep in range(args.repeat):
             rows += validate.sweep([{**c, "rep": rep} for c in (configs if rep % 2 == 0 else configs[::-1])],
-                                   lambda c: one_run(tb, c["servers"], c["workers"], c["compress"], args, tmp, rate_bit),
+                                   lambda c: one_run(tb, c["servers"], c["workers"], c["compress"], args, tmp,
+                                                     rate_bit),
                                    name, say, lock=args.cpu_lock)
         if args.accuracy_epochs:   # the default problem, to accuracy
-            say = lambda r: (f"accuracy {r['accuracy']:.4f} after {args.accuracy_epochs} epochs, >= {TARGET_ACCURACY} "  # noqa: E731
-                             f"after {r['time_to_accuracy_s']} s of training, {r['updates_per_s']:.2f} updates/s, "
-                             f"{r['wire_bytes_sent'] / 1e6:.1f} MB on the wire, proof "
-                             f"{'ok' if r['proof_ok'] else 'FAILED'}, load {r['load_1min']}")
-            accuracy = validate.sweep([{"compress": c, "servers": 1, "workers": max(args.workers)} for c in args.compress],
+            def say(r):
+                return (f"accuracy {r['accuracy']:.4f} after {args.accuracy_epochs} epochs, >= {TARGET_ACCURACY} "
+                        f"after {r['time_to_accuracy_s']} s of training, {r['updates_per_s']:.2f} updates/s, "
+                        f"{r['wire_bytes_sent'] / 1e6:.1f} MB on the wire, proof "
+                        f"{'ok' if r['proof_ok'] else 'FAILED'}, load {r['load_1min']}")
+            accuracy = validate.sweep([{"compress": c, "servers": 1,
+                                        "workers": max(args.workers)} for c in args.compress],
                                       lambda c: one_run(tb, 1, c["workers"], c["compress"], args, tmp, rate_bit,
                                                         epochs=args.accuracy_epochs), name, say, lock=args.cpu_lock,
                                       tag="accuracy run ")
@@ -402,7 +400,8 @@ def main(argv=None):
     if s.get("onebit_vs_none_one_server"):
         print(f"1bit against float64, one server's ceiling: {s['onebit_vs_none_one_server']}x")
     print(f"model: median APE {s['model_median_ape_pct']} % ("
-          + ", ".join(f"{c} {s[c]['model_median_ape_pct']} %" for c in args.compress) + f"), max {s['model_max_ape_pct']} %")
+          + ", ".join(f"{c} {s[c]['model_median_ape_pct']} %" for c in args.compress)
+          + f"), max {s['model_max_ape_pct']} %")
     for cc in cores:
         print(f"cores' ceiling, {cc['compress']}: {cc['updates_per_s']} updates/s (S={cc['servers']}, "
               f"W={cc['workers']}, shared memory, load {cc['load_1min']})")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402  (first: one core per process, src on the path)
+import common  # first: one core per process, src on the path
 
 
 def run(ranks: int, trace: bool, extra: list[str]) -> dict:

@@ -1,7 +1,8 @@
 """The paper's Figures 2, 3, 4 and 9 (Hashemi et al. 2016) measured on this machine with asgd.train.
 
 Every point is one `mpiexec -n N python -m asgd.train --optimizer sgd --epochs E` run (default
-problem; the paper's ASGD, whose server update calibrate measures; asgd's defaults otherwise); the numbers come from its results.json (wall_s, init_s, train_s).
+problem; the paper's ASGD, whose server update calibrate measures; asgd's defaults otherwise);
+the numbers come from its results.json (wall_s, init_s, train_s).
   figure2.png  total time against ranks, 2-10K-2, several batch sizes
   figure3.png  total time against ranks, 2-10K-2 against 2-100K-2, batch 256
   figure4.png  training time per epoch against batch size, several rank counts; says whether
@@ -21,14 +22,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001
-from common import int_list  # noqa: E402
+import common
+from common import int_list
 
-import json  # noqa: E402
-import statistics  # noqa: E402
-import textwrap  # noqa: E402
+import json
+import statistics
+import textwrap
 
-import validate  # noqa: E402
+import validate
 
 
 def parse_args(argv=None):
@@ -225,10 +226,12 @@ def measure(a) -> list[dict]:
     common.mpiexec(2, ["-m", "asgd.train", "--epochs", "1", "--quiet", "--out",
                        str(common.fresh_dir(a.out / ".warm"))], timeout=a.timeout)   # numba's cache warm first
     common.fresh_dir(a.out / ".warm")
-    say = lambda r: (f"wall {r['wall_s']:6.2f} s (init {r['init_s']:.2f}, train {r['train_s']:.2f}), "  # noqa: E731
-                     f"{r['samples_per_s']:,.0f} samples/s, bound: {r['bound']}")
+    def say(r):
+        return (f"wall {r['wall_s']:6.2f} s (init {r['init_s']:.2f}, train {r['train_s']:.2f}), "
+                f"{r['samples_per_s']:,.0f} samples/s, bound: {r['bound']}")
     return validate.sweep([{"ranks": n, "hidden": h, "batch": b} for n, h, b in plan(a) * a.repeat],
-                          lambda c: run_once(c, a), lambda c: f"n={c['ranks']:>2} 2-{c['hidden']}-2 batch {c['batch']:>4}",
+                          lambda c: run_once(c, a),
+                          lambda c: f"n={c['ranks']:>2} 2-{c['hidden']}-2 batch {c['batch']:>4}",
                           say, seed=0)
 
 

@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402,I001
+import common
 
-import json  # noqa: E402
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
+import json
+import os
+import subprocess
+import time
 
 # name: (script, full-suite arguments, --quick arguments)
 SUITE = {
@@ -114,14 +114,16 @@ HEADLINES = {
                 ("samples/s", "samples_per_s", ",.0f"), ("ceiling", "ceiling_samples_per_s", ",.0f"),
                 ("% of ceiling", "pct_of_ceiling", ".1f"), ("x PyTorch", "vs_torch", ".1f")]),
     "server": ("Server per-push work against its floor (the update's bytes at its footprint's bandwidth)", "rows",
-               [("model", "model", ""), ("workers", "workers", "d"), ("optimizer", "optimizer", ""), ("path", "path", ""),
+               [("model", "model", ""), ("workers", "workers", "d"), ("optimizer", "optimizer", ""),
+                ("path", "path", ""),
                 ("µs/push", "us_per_op", ",.1f"), ("GB/s", "gb_per_s", ".1f"), ("% of floor", "pct_of_floor", ".0f")]),
     "messaging": ("Push/pull round trip, 2 ranks, µs", "rows",
                   [("model", "model", ""), ("variant", "variant", ""), ("median", "rtt_us", ",.1f"),
                    ("min", "rtt_us_min", ",.1f"), ("x ping-pong", "vs_pingpong", ".2f")]),
     "e2e": ("Time to held-out accuracy, s (median of runs; from process start)", "summary",
             [("ranks", "ranks", "d"), ("implementation", "impl", ""), ("time to accuracy", "time_to_accuracy_s", ".2f"),
-             ("epochs", "epochs_to_accuracy", ".0f"), ("samples/s", "samples_per_s", ",.0f"), ("init s", "init_s", ".2f"),
+             ("epochs", "epochs_to_accuracy", ".0f"), ("samples/s", "samples_per_s", ",.0f"),
+             ("init s", "init_s", ".2f"),
              ("runs", "runs", "d")]),
 }
 

@@ -294,8 +294,8 @@ def simulate(params_path, run_dir=None, spec=None, *, params: tuple | None = Non
         argv = ["--like", str(run_dir), "--params", str(params_path), "--background", f"{background:.3f}"]
         argv += ["--machine", machine] if machine else []
         spec, data_path = sim_cli.spec_from_args(sim_cli.parse_args(argv + (["--out", str(out)] if out else [])), p)
-    return simulate_isolated(spec, Costs(p, spec, raw, corrections=corrections), str(out) if out else None, False, (0, 200),
-                             raw.get("sleep_overhead_s"), data_path, str(params_path))
+    return simulate_isolated(spec, Costs(p, spec, raw, corrections=corrections), str(out) if out else None, False,
+                             (0, 200), raw.get("sleep_overhead_s"), data_path, str(params_path))
 
 
 def optimizer_check(ranked: list[dict], measured: list[dict], key, cost, limit: float = OPTIMIZER_LIMIT) -> dict:

@@ -18,26 +18,26 @@ import time
 
 T0 = time.perf_counter()   # wall is measured from process start: imports count, as in asgd.train
 
-import os  # noqa: E402
+import os
 
 for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ[_v] = "1"
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-import mpi4py  # noqa: E402
+import mpi4py
 
 mpi4py.rc.initialize = mpi4py.rc.finalize = False   # asgd's modules import mpi4py.MPI; gloo talks, not MPI
 
-from torch_mlp import torch_mlp, torch_optimizer  # noqa: E402
+from torch_mlp import torch_mlp, torch_optimizer
 
 
 def rank_and_size() -> tuple[int, int]:

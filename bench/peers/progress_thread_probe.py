@@ -10,7 +10,8 @@ once, so on a loaded machine c is only nominal: compare the modes within a repet
 
     mpiexec -n 2 python bench/peers/progress_thread_probe.py 500002 30          # shared memory
     python -m asgd.testbed up --hosts 2 --bandwidth 1gbit --name pt
-    python -m asgd.testbed run --name pt --servers 1 -- mpiexec -n 2 python bench/peers/progress_thread_probe.py 500002 30
+    python -m asgd.testbed run --name pt --servers 1 -- \\
+        mpiexec -n 2 python bench/peers/progress_thread_probe.py 500002 30
     python -m asgd.testbed down --name pt
 
 Measured here (load 14-17, 3 repetitions, T in ms, off / block / thread): shared memory
@@ -20,7 +21,12 @@ Measured here (load 14-17, 3 repetitions, T in ms, off / block / thread): shared
 often worse (its wake-ups compete for the two cores); block is deterministic and needs
 no thread level: asgd uses it (mlp.make_step, PushPull.progress).
 """
-import argparse, json, math, threading, time
+import argparse
+import json
+import math
+import threading
+import time
+
 _p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 _p.add_argument("n", nargs="?", type=int, default=500_002, help="doubles per message (default 500002)")
 _p.add_argument("steps", nargs="?", type=int, default=30, help="steps per mode and repetition (default 30)")
@@ -45,7 +51,9 @@ def poll(reqs, sleep=50e-6):
         time.sleep(sleep)
 
 spin(10)
-t = time.perf_counter(); spin(2_000_000); per_iter = (time.perf_counter() - t) / 2_000_000
+t = time.perf_counter()
+spin(2_000_000)
+per_iter = (time.perf_counter() - t) / 2_000_000
 
 def server(total):
     for _ in range(total):
@@ -67,7 +75,8 @@ def worker(mode, c_s):
                 if not done:
                     done = MPI.Request.Testall(reqs)
                 m = left if done else min(chunk, left)
-                spin(m); left -= m
+                spin(m)
+                left -= m
         elif mode == "thread":
             stop = threading.Event()
             def prog():
@@ -75,9 +84,11 @@ def worker(mode, c_s):
                     if MPI.Request.Testall(reqs):
                         return
                     time.sleep(0.5e-3)
-            th = threading.Thread(target=prog); th.start()
+            th = threading.Thread(target=prog)
+            th.start()
             spin(iters)
-            stop.set(); th.join()
+            stop.set()
+            th.join()
         poll(reqs)
         T.append(time.perf_counter() - t0)
     return float(np.median(T[3:]))
