@@ -149,9 +149,9 @@ class Server:
             self.clock.message(SEND, self.ranks[j], self.msgs.pull_nbytes, flow)
         self.st.bytes_sent += self.wire[j] * self.msgs.pull_nbytes
 
-    def release(self, j: int) -> None:
+    def release(self, j: int) -> None:   # a failure (j died) is kept for after the event, as reply's is
         if not self.dead[j]:
-            self.pushes[j].Start()
+            self.error = _failed(self.pushes[j].Start) or self.error   # always tried
 
     def save(self, rounds: int, cut: int) -> None:
         self.publish()
@@ -188,6 +188,17 @@ class Server:
         self.waiter.all(self.replies, "workers to take their last replies", self.watch)
         self.publish()
         return self.st
+
+
+def _failed(call) -> MPI.Exception | None:
+    """call(); the MPI error it raised, or None. A re-armed receive from a worker that has
+    just died fails; raised at once, it left the rest of a completed cut's held pushes
+    unanswered (their workers then waited forever: one chaos run hung so)."""
+    try:
+        call()
+    except MPI.Exception as e:
+        return e
+    return None
 
 
 def withdraw(receives: list) -> None:
