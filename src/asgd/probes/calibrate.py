@@ -64,6 +64,19 @@ QUICK_HIDDEN, QUICK_BATCHES = (1000, 10000), (1, 16, 256, 1024)
 
 # -- in-process microbenchmarks ------------------------------------------------------------
 
+def gathered_step(step, ds, rng, b: int, w: np.ndarray, dw: np.ndarray):
+    """One timed training step as a run takes it: b random points gathered into the batch
+    buffers, then the step on them (lr 1e-9: w barely moves between repetitions)."""
+    Xb, yb = np.empty((b, ds.X.shape[1])), np.empty(b, np.int64)
+
+    def one():
+        idx = rng.integers(0, len(ds.y), b)
+        np.take(ds.X, idx, axis=0, out=Xb)
+        np.take(ds.y, idx, out=yb)
+        step(w, Xb, yb, 1e-9, dw)
+    return one
+
+
 def _best(f, min_time: float, max_reps: int = 1000, cpu: dict | None = None) -> float:
     """Least seconds per call of f, over repetitions totalling about min_time. With
     `cpu` (a dict), also the least CPU seconds per call of this thread, in cpu["s"]:
@@ -98,13 +111,7 @@ def measure_steps(hidden: tuple, batches: tuple, min_time: float, cpu_out: dict 
         rng = np.random.default_rng(0)
         for b in batches:
             step = mlp.make_step(layout, b)
-            Xb, yb = np.empty((b, 2)), np.empty(b, np.int64)
-
-            def one():
-                idx = rng.integers(0, len(ds.y), b)
-                np.take(ds.X, idx, axis=0, out=Xb)
-                np.take(ds.y, idx, out=yb)
-                step(w, Xb, yb, 1e-9, dw)
+            one = gathered_step(step, ds, rng, b, w, dw)
             got: dict = {}
             out[h][b] = _best(one, min_time * (1 if b * h < 2e7 else 0.3), 2000, got)
             if cpu_out is not None:
@@ -228,13 +235,7 @@ def measure_mp_steps(hidden: tuple, batches: tuple, Ks: tuple, best) -> dict:
             w0, dw = w[a:b_].copy(), np.zeros(b_ - a)
             for b in batches:
                 step = mlp.make_mp_step(sliced, 0, b, lambda Z: None)
-                Xb, yb = np.empty((b, 2)), np.empty(b, np.int64)
-
-                def one():
-                    idx = rng.integers(0, len(ds.y), b)
-                    np.take(ds.X, idx, axis=0, out=Xb)
-                    np.take(ds.y, idx, out=yb)
-                    step(w0, Xb, yb, 1e-9, dw)
+                one = gathered_step(step, ds, rng, b, w0, dw)
                 out.setdefault(K, {}).setdefault(h, {})[b] = best(one)
     return out
 
