@@ -62,7 +62,7 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
     history, final loss/accuracy."""
     _staleness(ranks)
     init_s = max(r["phases"].get("init", 0.0) for r in ranks)
-    train_s = max(wall_s - init_s, 0.0)   # rank 0's wall less the slowest init: may not be positive
+    train_s = training_span(ranks)
     no_rate = why_no_rate(train_s)
     out = {
         "schema": SCHEMA_VERSION,
@@ -84,15 +84,22 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
 MIN_TRAIN_S = 0.01   # a shorter training phase gives no rate: see why_no_rate
 
 
+def training_span(ranks: list[dict]) -> float:
+    """Seconds from the last rank's end of init to the last rank's end of training, on the
+    job's one clock (each record's `timeline`, offset-corrected to rank 0's clock). Not
+    rank 0's wall less the slowest init: ranks start seconds apart under a loaded launcher
+    (a Slurm step, an oversubscribed node), and a late rank's init then overlaps rank 0's
+    wait, so that difference undercounts training, to zero and below."""
+    return max(max(r["timeline"]["end"] for r in ranks) - max(r["timeline"]["init_end"] for r in ranks), 0.0)
+
+
 def why_no_rate(train_s: float) -> str | None:
-    """Why a training time gives no samples/s or updates/s (None: it gives them). train_s
-    is rank 0's wall time less the slowest rank's init, each on its own clock from its own
-    start: a few milliseconds of it are the ranks' start-up skew and the final barrier, so
-    below MIN_TRAIN_S a rate would be that noise divided into the samples (issue 39: 701
-    samples in "0.00 s" gave 701,000,000,000 samples/s); at or below zero the slowest
-    rank's init ended after rank 0's wall and the training time is not known at all."""
+    """Why a training time gives no samples/s or updates/s (None: it gives them). Below
+    MIN_TRAIN_S a rate would be clock noise (the offsets' microseconds, the switch to
+    idle) divided into the samples (issue 39: 701 samples in "0.00 s" gave 701,000,000,000
+    samples/s); at zero no training was timed at all."""
     if train_s <= 0:
-        return "the slowest rank's init ended after rank 0's wall time: training too short to time"
+        return "no training time: the last rank ended training as the last init ended"
     if train_s < MIN_TRAIN_S:
         return f"training took {1e3 * train_s:.2f} ms, under {1e3 * MIN_TRAIN_S:.0f} ms: too short to time"
     return None
