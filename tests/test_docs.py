@@ -202,7 +202,8 @@ def test_the_formats_page_describes_every_results_key():
     from asgd.core.stats import ServerStats
     from asgd.core.worker import WorkerStats
     from asgd.run import results
-    base = {"phases": {"init": 0.5, "compute": 0.3, "comm_wait": 0.2}, "host": "h", "timeline": {}}
+    base = {"phases": {"init": 0.5, "compute": 0.3, "comm_wait": 0.2}, "host": "h",
+            "timeline": {"start": 0.0, "init_end": 0.5, "end": 1.0}}
     server = {**ServerStats(staleness=[[0]], step_gap=[[0]]).record((0, 4), [1]), "rank": 0, "weight_bytes": 0,
               **base}
     worker = {**WorkerStats().record(), "rank": 1, **base}
