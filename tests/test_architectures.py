@@ -117,7 +117,8 @@ BAD_COMBINATIONS = [
     (3, ["--model-parallel", "4", "--hidden", "100"], "--model-parallel 4 needs at least 4 workers"),
     (4, ["--model-parallel", "2", "--servers", "1"], "--model-parallel 2 does not divide the 3 workers"),
     (4, ["--arch", "allreduce", "--model-parallel", "2", "--checkpoint-every", "5s"],
-     "checkpoints every N updates, not every N seconds")]
+     "checkpoints every N updates, not every N seconds"),
+    (3, ["--allreduce", "mpi"], "--allreduce chooses --arch allreduce's algorithm; with --arch ps it does not apply")]
 
 
 @pytest.mark.parametrize("n, args, msg", BAD_COMBINATIONS)

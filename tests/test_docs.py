@@ -218,6 +218,37 @@ def test_the_formats_page_describes_every_results_key():
     assert not missing, f"docs/formats.md's results.json section does not describe {missing}"
 
 
+def compat_hook():
+    spec = importlib.util.spec_from_file_location("docs_compat_hook", ROOT / "docs" / "hooks" / "compat.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    return hook
+
+
+def test_the_compatibility_table_is_the_validators():
+    """docs/options.md's table of which asgd.train options combine: a row and a column per
+    feature, and each refusal in the validator's words: --arch allreduce with --mode ssp is
+    refused, --mode sync --backup-workers 1 with --servers 2 is taken."""
+    hook = compat_hook()
+    assert hook.MARKER in (ROOT / "docs" / hook.PAGE).read_text()
+    page = hook.render()
+    header, _, *rows = page.splitlines()
+    labels = [label for label, _ in hook.FEATURES]
+    assert [c.strip(" `") for c in header.split("|")[2:-1]] == labels
+    table = {r.split("|")[1].strip(" `"): [c.strip() for c in r.split("|")[2:-1]] for r in rows[:len(labels)]}
+    assert list(table) == labels
+
+    def cell(a, b):
+        return table[a][labels.index(b)]
+    ssp = cell("--arch allreduce", "--mode ssp")
+    assert ssp.startswith("✗")
+    assert f"{ssp.split()[1]}. --arch allreduce is synchronous; --mode ssp does not apply" in page
+    assert cell("--mode sync --backup-workers 1", "--servers 2") == "✓"
+    assert cell("--mode ssp", "--mode sync") == "·"
+    for a in labels:   # symmetric: a pair is one parse whichever option comes first
+        assert [cell(a, b)[0] for b in labels] == [cell(b, a)[0] for b in labels], a
+
+
 def options_hook():
     spec = importlib.util.spec_from_file_location("docs_options_hook", ROOT / "docs" / "hooks" / "options.py")
     hook = importlib.util.module_from_spec(spec)

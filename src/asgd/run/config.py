@@ -290,6 +290,8 @@ def validate(cfg: Config, world_size: int) -> None:
     else:
         need(cfg.servers == 1, f"--servers does not apply to --arch {cfg.arch} ("
                                + ("every rank owns 1/N of w)" if cfg.arch == "p2p" else "it has no servers)"))
+    need(cfg.allreduce == "ring" or cfg.arch == "allreduce",
+         f"--allreduce chooses --arch allreduce's algorithm; with --arch {cfg.arch} it does not apply")
     if cfg.arch == "allreduce":
         need(cfg.mode in ("async", "sync"), "--arch allreduce is synchronous; --mode ssp does not apply")
         need(cfg.compress == "none", "--compress 1bit needs --arch ps or p2p (allreduce sums float64 Delta-w)")
