@@ -13,30 +13,26 @@ optimizer checked against the measurements, at this rate and at a second one.
 Architectures (asgd.train --mode sync --optimizer sgd, every rank on a host of its own):
 1-PS (--arch ps --servers 1); PS S=W/4 (--servers W/4; at 2 and 4 workers the 1-PS run);
 P2P (--arch p2p); RA (--arch allreduce, asgd's ring); PS K=2 (--model-parallel 2: W worker
-ranks in W/2 replicas of 2, Yan et al.'s model partitioning).
-
-Why 100 Mbit/s (--rate): docs/benchmarks.md.
+ranks in W/2 replicas of 2, Yan et al.'s model partitioning). Why 100 Mbit/s (--rate):
+docs/benchmarks.md.
 
   measured   `asgd.testbed run [--check-bytes] -- mpiexec -n N python -m asgd.train --mode sync
-             ...` on a file of replicas x batch x iterations points: per iteration = (train_s -
-             rank 0's evaluation) / iterations; its computation the workers' mean `compute`
-             phase / iterations, its communication the rest. The byte proof checks every ps
-             and ring run. Each run holds the CPU lock, the 1-minute load beside it.
-  predicted  asgd.perf.architectures.predict with asgd.testbed.model.testbed_params: this machine's
-             calibration, the links' rate, burst and framing, and each exchange's link
-             efficiency from no-compute probes at rank counts none of the sweep's (3, 6, 10;
-             ps 4, 7, 11), before the sweep. Nothing is fitted to the sweep.
+             ...`: per iteration = (train_s - rank 0's evaluation) / iterations, its
+             computation the workers' mean `compute` phase, its communication the rest; the
+             byte proof checks every ps and ring run.
+  predicted  asgd.perf.architectures.predict with asgd.testbed.model.testbed_params: this
+             machine's calibration, the links' rate, burst and framing, and each exchange's
+             link efficiency from no-compute probes at rank counts none of the sweep's.
   simulated  asgd.sim --like RUN --machine testbed with the same parameters.
 Then the orderings at 8 and 16 workers beside Alqahtani & Demirbas's finding (1PS worst, RA
 best, P2P between); the optimizer (asgd.perf optimize over the sweep's configurations: time
 to --epochs epochs of --points points) against the best measured (pass: <= 1.10); and at
---second-rate (default 1gbit, probed again) the model's winner at each rate, both measured at
-both rates.
+--second-rate the model's winner at each rate, both measured at both rates.
 
-Writes arch.csv, arch.json and arch-h10000.png, arch-h100000.png (per model size: time per
-iteration per architecture and worker count, computation and communication, measured, with
-the model's and the simulator's; updates/s) under --out. Needs root (asgd.testbed) and
-SimGrid for the simulated column (--no-sim without it). Run it without an outer `flock`.
+Writes arch.csv, arch.json and arch-h{H}.png per model size (time per iteration per
+architecture and worker count, computation and communication, measured, with the model's
+and the simulator's; updates/s) under --out. Needs root (asgd.testbed) and SimGrid for the
+simulated column (--no-sim without it). Run it without an outer `flock`.
 """
 
 import sys
@@ -50,7 +46,6 @@ from common import int_list
 import dataclasses
 import json
 import math
-import os
 import statistics
 import time
 
@@ -105,17 +100,11 @@ def parse_args(argv=None):
 
 def configuration(label: str, W: int) -> dict | None:
     """asgd.train's architecture options of one label at W workers (None: not runnable)."""
-    if label == "1-PS":
-        return {"arch": "ps", "servers": 1, "model_parallel": 1}
-    if label == "PS S=W/4":
-        return {"arch": "ps", "servers": max(1, W // 4), "model_parallel": 1}
-    if label == "P2P":
-        return {"arch": "p2p", "servers": 0, "model_parallel": 1}
-    if label == "RA":
-        return {"arch": "allreduce", "servers": 0, "model_parallel": 1}
-    if label == "PS K=2":
-        return {"arch": "ps", "servers": 1, "model_parallel": 2} if W % 2 == 0 else None
-    raise ValueError(label)
+    return {"1-PS": {"arch": "ps", "servers": 1, "model_parallel": 1},
+            "PS S=W/4": {"arch": "ps", "servers": max(1, W // 4), "model_parallel": 1},
+            "P2P": {"arch": "p2p", "servers": 0, "model_parallel": 1},
+            "RA": {"arch": "allreduce", "servers": 0, "model_parallel": 1},
+            "PS K=2": {"arch": "ps", "servers": 1, "model_parallel": 2} if W % 2 == 0 else None}[label]
 
 
 def train_args(cfg: dict, hidden: int, batch: int, data: Path, out: Path, timeout: float) -> list[str]:
@@ -153,13 +142,7 @@ def one_run(tb, c: dict, a, out: Path) -> dict:
     cmd = [validate.launcher(), "-n", str(ranks), sys.executable, "-m", "asgd.train",
            *train_args(cfg, hidden, a.batch, data, run_dir, a.timeout - 60)]
     provable = not a.no_check_bytes and cfg["arch"] in ("ps", "allreduce") and cfg["model_parallel"] == 1
-    load0 = os.getloadavg()[0]
-    try:
-        res = tb.run(cmd, check_bytes=provable, timeout=a.timeout, capture=True, say=lambda *x, **k: None)
-    except Exception as e:  # noqa: BLE001  (a failed run is reported and skipped)
-        raise common.JobFailed(str(e)[-300:]) from None
-    if res.rc or res.results is None:
-        raise common.JobFailed(f"exit {res.rc}: {(res.stderr or '')[-300:]}")
+    res, load = validate.testbed_job(tb, cmd, a.timeout, provable)
     r = res.results
     m = measured(r, iterations)
     app_sent = sum(x["bytes_sent"] for x in r["ranks"])
@@ -169,7 +152,7 @@ def one_run(tb, c: dict, a, out: Path) -> dict:
             "train_s": r["train_s"], "init_s": r["init_s"], "run_dir": str(run_dir),
             "proof_ok": res.proof["ok"] if res.proof else None,
             "wire_over_app": round(wire_sent / app_sent, 4) if wire_sent and app_sent else None,
-            "load_1min": round((load0 + os.getloadavg()[0]) / 2, 2), "wall_s": round(res.wall_s, 1)}
+            "load_1min": load, "wall_s": round(res.wall_s, 1)}
 
 
 def sweep(tb, a, out: Path, points: list[dict]) -> list[dict]:
@@ -444,18 +427,9 @@ def second_rate(a, base, base_raw, rows, params, out: Path, hosts: int) -> dict:
 
 def _label(r: dict) -> str | None:
     """The sweep's label of an optimize row, if the sweep has that architecture."""
-    if r["arch"] == "p2p" and r["model_parallel"] == 1:
-        return "P2P"
-    if r["arch"] == "allreduce" and r["model_parallel"] == 1:
-        return "RA"
-    if r["arch"] == "ps" and r["model_parallel"] == 2 and r["servers"] == 1:
-        return "PS K=2"
-    if r["arch"] == "ps" and r["model_parallel"] == 1:
-        if r["servers"] == 1:
-            return "1-PS"
-        if r["servers"] == r["workers"] // 4:
-            return "PS S=W/4"
-    return None
+    options = {"arch": r["arch"], "servers": r["servers"] if r["arch"] == "ps" else 0,
+               "model_parallel": r["model_parallel"]}
+    return next((lab for lab in ARCHS if configuration(lab, r["workers"]) == options), None)
 
 
 def report(rows: list[dict], info: dict, a) -> None:
@@ -479,7 +453,7 @@ def report(rows: list[dict], info: dict, a) -> None:
         print(f"optimize, 2-{h}-2: first {f and f['label']} W={f and f['workers']} ({f and f['bound']}-bound), "
               f"measured {f and round(f['measured_s'], 1)} s; best measured {b['label']} W={b['workers']} "
               f"{round(b['measured_s'], 1)} s: ratio {o['ratio'] and round(o['ratio'], 3)} "
-              f"({'PASS' if o['pass'] else 'FAIL'}, <= 1.10)")
+              f"({validate.verdict(o['pass'])}, <= 1.10)")
 
 
 if __name__ == "__main__":

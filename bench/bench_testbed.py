@@ -134,14 +134,8 @@ def train_cmd(mpiexec: str, S: int, W: int, compress: str, args, out: Path, epoc
 def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | None = None) -> dict:
     model = validate.testbed_model()
     out = tmp / f"s{S}-w{W}-{compress}-{time.monotonic_ns()}"
-    load0 = os.getloadavg()[0]
-    try:
-        res = tb.run(train_cmd(validate.launcher(), S, W, compress, args, out, epochs), check_bytes=True,
-                     timeout=args.timeout, capture=True, say=lambda *a, **k: None)
-    except Exception as e:  # noqa: BLE001  (a failed run is reported and skipped)
-        raise common.JobFailed(f"failed: {str(e)[-400:]}") from None
-    if res.rc or res.results is None:
-        raise common.JobFailed(f"exit {res.rc}: {(res.stderr or '')[-400:]}")
+    res, load = validate.testbed_job(tb, train_cmd(validate.launcher(), S, W, compress, args, out, epochs),
+                                     args.timeout, True)
     r = res.results
     rate, n = steady_rate(out / "trace.json")
     ev = r["ranks"][0]["phases"].get("evaluate", 0.0)
@@ -166,7 +160,7 @@ def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | No
             "job_cpu_s": round(res.cpu_s, 1),
             "cpu_ms_per_update": round(1e3 * res.cpu_s / r["throughput"]["updates"], 2),
             "hosts": sorted(set(x["host"] for x in r["ranks"])).__len__(),
-            "load_1min": round((load0 + os.getloadavg()[0]) / 2, 2), "n_w": n_w,
+            "load_1min": load, "n_w": n_w,
             "history": [{"epoch": h["epoch"], "time_s": round(h["time_s"], 2), "test_accuracy": h.get("test_accuracy")}
                         for h in r["metrics"]["history"]],
             "time_to_accuracy_s": next((round(h["time_s"], 2) for h in r["metrics"]["history"]

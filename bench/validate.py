@@ -67,6 +67,22 @@ def score(rows: list[dict], key: str, by: str | None = None) -> dict | None:
     return groups
 
 
+def judged(meas: dict, **predicted: dict) -> dict:
+    """A row's columns for every metric k of `meas`: meas_k, then per predictor who: who_k
+    and who_ape_k (its APE against meas_k)."""
+    row = {}
+    for k, m in meas.items():
+        row[f"meas_{k}"] = m
+        for who, values in predicted.items():
+            row[f"{who}_{k}"] = values[k]
+            row[f"{who}_ape_{k}"] = ape(values[k], m)
+    return row
+
+
+def verdict(ok) -> str:
+    return "PASS" if ok else "FAIL"
+
+
 def pred_vs_meas(ax, series: list[tuple], band: float, margin: float, xlabel: str, ylabel: str, title: str) -> None:
     """The validation figure: predicted against measured on log axes, the diagonal and a
     +-band share around it; series: (measured, predicted, scatter's keywords)."""
@@ -347,6 +363,19 @@ def testbed(name: str, hosts: int, rate: str, latency_us: float = 0.0):
         raise SystemExit(f"{Path(sys.argv[0]).stem}: {e}") from None
     finally:
         tb.down()
+
+
+def testbed_job(tb, cmd: list[str], timeout: float, check_bytes: bool):
+    """`cmd` run on the testbed `tb`, its output captured; (its result, the 1-minute load
+    averaged over its start and end). A run that fails raises JobFailed."""
+    load0 = os.getloadavg()[0]
+    try:
+        res = tb.run(cmd, check_bytes=check_bytes, timeout=timeout, capture=True, say=lambda *a, **k: None)
+    except Exception as e:  # noqa: BLE001  (a failed run is reported and skipped)
+        raise JobFailed(f"failed: {str(e)[-400:]}") from None
+    if res.rc or res.results is None:
+        raise JobFailed(f"exit {res.rc}: {(res.stderr or '')[-400:]}")
+    return res, round((load0 + os.getloadavg()[0]) / 2, 2)
 
 
 def parse_rate(rate: str) -> int:
