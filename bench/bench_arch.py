@@ -96,8 +96,6 @@ def parse_args(argv=None):
     return a
 
 
-# -- the configurations ------------------------------------------------------------------
-
 def configuration(label: str, W: int) -> dict | None:
     """asgd.train's architecture options of one label at W workers (None: not runnable)."""
     return {"1-PS": {"arch": "ps", "servers": 1, "model_parallel": 1},
@@ -105,17 +103,6 @@ def configuration(label: str, W: int) -> dict | None:
             "P2P": {"arch": "p2p", "servers": 0, "model_parallel": 1},
             "RA": {"arch": "allreduce", "servers": 0, "model_parallel": 1},
             "PS K=2": {"arch": "ps", "servers": 1, "model_parallel": 2} if W % 2 == 0 else None}[label]
-
-
-def train_args(cfg: dict, hidden: int, batch: int, data: Path, out: Path, timeout: float) -> list[str]:
-    args = ["--arch", cfg["arch"], "--mode", "sync", "--optimizer", "sgd", "--hidden", str(hidden), "--batch",
-            str(batch), "--epochs", "1", "--data", str(data), "--quiet", "--out", str(out), "--timeout",
-            str(int(timeout))]
-    if cfg["arch"] == "ps":
-        args += ["--servers", str(cfg["servers"])]
-    if cfg["model_parallel"] > 1:
-        args += ["--model-parallel", str(cfg["model_parallel"])]
-    return args
 
 
 # -- measuring ------------------------------------------------------------------------------
@@ -139,8 +126,11 @@ def one_run(tb, c: dict, a, out: Path) -> dict:
     data = validate.generate(out / "data" / f"d{points}.tsv", points, 16)
     run_dir = out / "runs" / f"{rate}-h{hidden}-w{W}-{label.replace(' ', '').replace('/', '').replace('=', '')}"
     ranks = W + (cfg["servers"] if cfg["arch"] == "ps" else 0)
-    cmd = [validate.launcher(), "-n", str(ranks), sys.executable, "-m", "asgd.train",
-           *train_args(cfg, hidden, a.batch, data, run_dir, a.timeout - 60)]
+    cmd = [validate.launcher(), "-n", str(ranks), sys.executable, "-m", "asgd.train", "--arch", cfg["arch"], "--mode",
+           "sync", "--optimizer", "sgd", "--hidden", str(hidden), "--batch", str(a.batch), "--epochs", "1", "--data",
+           str(data), "--quiet", "--out", str(run_dir), "--timeout", str(int(a.timeout - 60))]
+    cmd += ["--servers", str(cfg["servers"])] if cfg["arch"] == "ps" else []
+    cmd += ["--model-parallel", str(cfg["model_parallel"])] if cfg["model_parallel"] > 1 else []
     provable = not a.no_check_bytes and cfg["arch"] in ("ps", "allreduce") and cfg["model_parallel"] == 1
     res, load = validate.testbed_job(tb, cmd, a.timeout, provable)
     r = res.results
@@ -174,11 +164,6 @@ def sweep(tb, a, out: Path, points: list[dict]) -> list[dict]:
     return rows
 
 
-def points_of(a, rate: str, hidden_iterations, workers, labels=ARCHS) -> list[dict]:
-    return [{"label": lab, "rate": rate, "hidden": h, "workers": W, "iterations": it}
-            for h, it in hidden_iterations for W in workers for lab in labels]
-
-
 def predict_and_simulate(rows: list[dict], params, params_path, simulate: bool) -> None:
     """pred_* on every row (the analytical model, from the run's own configuration) and, if
     `simulate`, sim_* (asgd.sim --like RUN --machine testbed)."""
@@ -191,12 +176,9 @@ def predict_and_simulate(rows: list[dict], params, params_path, simulate: bool) 
         if simulate:
             t = time.perf_counter()
             m = measured(validate.simulate(params_path, row["run_dir"], machine="testbed"), row["iterations"])
-            row.update(sim_iteration_s=m["iteration_s"], sim_compute_s=m["compute_s"], sim_comm_s=m["comm_s"],
-                       sim_ape=validate.ape(m["iteration_s"], row["iteration_s"]),
-                       sim_wall_s=round(time.perf_counter() - t, 2))
+            ape = validate.ape(m["iteration_s"], row["iteration_s"])
+            row.update({f"sim_{k}": v for k, v in m.items()}, sim_ape=ape, sim_wall_s=round(time.perf_counter() - t, 2))
 
-
-# -- the testbed's params ----------------------------------------------------------------------
 
 def testbed_params(tb, base, base_raw: dict, rate_bit: float, hiddens: list[int], workers: list[int], a, out: Path,
                    tag: str) -> tuple[object, Path, dict]:
@@ -220,10 +202,9 @@ def testbed_params(tb, base, base_raw: dict, rate_bit: float, hiddens: list[int]
 
 # -- the optimizer ------------------------------------------------------------------------------
 
-def epoch_time(row: dict, a, prefix: str = "") -> float:
+def epoch_time(row: dict, a) -> float:
     """Time to a.epochs epochs of a.points points at this row's time per iteration, after its init."""
-    iters = math.ceil(a.points / (row["replicas"] * a.batch))
-    return row["init_s"] + a.epochs * iters * row[f"{prefix}iteration_s"]
+    return row["init_s"] + a.epochs * math.ceil(a.points / (row["replicas"] * a.batch)) * row["iteration_s"]
 
 
 def ranked_configurations(params, hidden: int, a, hosts: int, workers, servers) -> list[dict]:
@@ -286,8 +267,6 @@ def ape_summary(rows: list[dict]) -> dict:
     return out
 
 
-# -- the figure -------------------------------------------------------------------------------------
-
 def plot(rows: list[dict], info: dict, hidden: int, path: Path) -> None:
     """Alqahtani & Demirbas's figure with asgd's numbers: per worker count, one bar per
     architecture, its computation (dark) and communication (light) per iteration, measured;
@@ -339,8 +318,6 @@ def plot(rows: list[dict], info: dict, hidden: int, path: Path) -> None:
     common.save_figure(fig, path)
 
 
-# -- main ------------------------------------------------------------------------------------------
-
 def main(argv=None) -> int:
     a = parse_args(argv)
     run = common.Run("arch", a, end_on_signals=True)
@@ -369,7 +346,8 @@ def main(argv=None) -> int:
     with validate.testbed(a.name, hosts, a.rate) as tb:
         params, params_path, info["link_efficiency"] = testbed_params(tb, base, base_raw, info["rate_bit"], a.hidden,
                                                                        a.workers, a, out, a.rate)
-        points = points_of(a, a.rate, zip(a.hidden, a.iterations), a.workers)
+        points = [{"label": lab, "rate": a.rate, "hidden": h, "workers": W, "iterations": it}
+                  for h, it in zip(a.hidden, a.iterations) for W in a.workers for lab in ARCHS]
         print(f"sweep: {len(points)} points at {a.rate} ...", flush=True)
         rows = sweep(tb, a, out, points)
     info["sweep_s"] = round(time.perf_counter() - t0, 1)
@@ -410,12 +388,9 @@ def second_rate(a, base, base_raw, rows, params, out: Path, hosts: int) -> dict:
             new = sweep(tb, a, out, [{"label": lab, "rate": a.second_rate, "hidden": h, "workers": W, "iterations": it}
                                      for lab, W in winners])
             rows += new
-            measured = {}
-            for rate in (a.rate, a.second_rate):
-                for lab, W in winners:
-                    r = next((r for r in rows
-                              if (r["rate"], r["hidden"], r["label"], r["workers"]) == (rate, h, lab, W)), None)
-                    measured.setdefault(rate, {})[f"{lab} W={W}"] = epoch_time(r, a) if r else None
+            runs = {(r["rate"], r["label"], r["workers"]): r for r in rows if r["hidden"] == h}
+            measured = {rate: {f"{lab} W={W}": epoch_time(runs[rate, lab, W], a) if (rate, lab, W) in runs else None
+                               for lab, W in winners} for rate in (a.rate, a.second_rate)}
             got[h] = {"model_winner": {k: {"label": v[0], "workers": v[1], "predicted_s": v[2], "bound": v[3]}
                                        for k, v in labels_of.items()},
                       "measured_s": measured, "link_efficiency": eff2}
@@ -433,12 +408,12 @@ def _label(r: dict) -> str | None:
 
 
 def report(rows: list[dict], info: dict, a) -> None:
-    common.print_table(rows, [("rate", "rate", ""), ("hidden", "hidden", "d"), ("W", "workers", "d"),
-                              ("arch", "label", ""), ("ms/it", "iteration_s", ".4f"), ("compute", "compute_s", ".4f"),
-                              ("comm", "comm_s", ".4f"), ("model", "pred_iteration_s", ".4f"),
-                              ("APE%", "pred_ape", ".1f"), ("sim", "sim_iteration_s", ".4f"),
-                              ("APE%", "sim_ape", ".1f"),
-                              ("bound", "pred_bound", ""), ("proof", "proof_ok", ""), ("load", "load_1min", ".1f")],
+    cols = [("rate", "rate", ""), ("hidden", "hidden", "d"), ("W", "workers", "d"), ("arch", "label", ""),
+            ("ms/it", "iteration_s", ".4f"), ("compute", "compute_s", ".4f"), ("comm", "comm_s", ".4f"),
+            ("model", "pred_iteration_s", ".4f"), ("APE%", "pred_ape", ".1f"), ("sim", "sim_iteration_s", ".4f"),
+            ("APE%", "sim_ape", ".1f"), ("bound", "pred_bound", ""), ("proof", "proof_ok", ""),
+            ("load", "load_1min", ".1f")]
+    common.print_table(rows, cols,
                        title="\nseconds per iteration: measured on the emulated cluster / predicted / simulated")
     for h, by_w in info["orderings"].items():
         for W, o in by_w.items():

@@ -17,7 +17,7 @@
   scale      seconds of this machine to simulate 1,024 workers for one epoch of the default
              problem (target: under 60 s), here and on Blue Waters. Writes scale.json.
 
-    python bench/bench_sim.py                       # all three: calibrate, ~80 runs, simulations
+    python bench/bench_sim.py                       # all three: calibrate, 61 runs, simulations
     python bench/bench_sim.py validate --params params.json
     python bench/bench_sim.py paper --params params.json
     python bench/bench_sim.py scale --params params.json
@@ -66,62 +66,45 @@ def parse_args(argv=None):
 def plan(a) -> list[dict]:
     """The validation runs: label, ranks and asgd.train options. None of them is a
     calibration run (calibrate runs microbenchmarks only)."""
-    E = str(a.epochs)
     runs = []
 
-    def add(label, n, *opts, data=False):
-        own = "--epochs" in opts or data
-        runs.append({"label": label, "ranks": n, "opts": list(opts) + ([] if own else ["--epochs", E]),
-                     "data": data})
+    def add(name, ranks, *opts, data=False):   # a run {name}-n{n} at each rank count n
+        opts = list(opts) + ([] if "--epochs" in opts or data else ["--epochs", str(a.epochs)])
+        runs.extend({"label": f"{name}-n{n}", "ranks": n, "opts": opts, "data": data} for n in ranks)
     if a.quick:
-        for n in (2, 5):
-            add(f"async-n{n}", n)
-        add("ssp-n5", 5, "--mode", "ssp")
-        add("sync-n5", 5, "--mode", "sync")
-        add("S2-n6", 6, "--servers", "2")
-        add("seq-n3", 3, "--reader", "sequential", "--epochs", "1", data=True)
-        add("par-n5", 5, "--reader", "parallel", "--epochs", "1", data=True)
-        add("allreduce-n4", 4, "--arch", "allreduce")
+        add("async", (2, 5))
+        add("ssp", (5,), "--mode", "ssp")
+        add("sync", (5,), "--mode", "sync")
+        add("S2", (6,), "--servers", "2")
+        add("seq", (3,), "--reader", "sequential", "--epochs", "1", data=True)
+        add("par", (5,), "--reader", "parallel", "--epochs", "1", data=True)
+        add("allreduce", (4,), "--arch", "allreduce")
         return runs
-    for n in (2, 3, 5, 9, 17):                       # 1-16 workers, async, one server
-        add(f"async-n{n}", n)
+    add("async", (2, 3, 5, 9, 17))                   # 1-16 workers, async, one server
     for S, ns in ((2, (4, 10)), (3, (7,)), (4, (6, 12, 17))):   # sharded servers
-        for n in ns:
-            add(f"S{S}-n{n}", n, "--servers", str(S))
-    for n in (3, 5, 9, 17):
-        add(f"ssp-n{n}", n, "--mode", "ssp")
-    add("ssp-S2-n10", 10, "--mode", "ssp", "--servers", "2")
-    for n in (3, 5, 9, 17):
-        add(f"sync-n{n}", n, "--mode", "sync")
-    add("sync-S2-n10", 10, "--mode", "sync", "--servers", "2")
-    add("b64-n5", 5, "--batch", "64")
-    add("b1024-n9", 9, "--batch", "1024", "--epochs", str(2 * a.epochs))
-    add("h1000-n5", 5, "--hidden", "1000", "--epochs", str(4 * a.epochs))
-    for n in (2, 5, 9, 17):                          # the readers on a TSV file
-        add(f"seq-n{n}", n, "--reader", "sequential", "--epochs", "1", data=True)
-    for n in (3, 9, 17):
-        add(f"par-n{n}", n, "--reader", "parallel", "--epochs", "1", data=True)
-    for n in (2, 4, 6, 8):                           # allreduce: asgd's ring (the default) and MPI's
-        add(f"allreduce-n{n}", n, "--arch", "allreduce")
-    for n in (2, 4, 6):
-        add(f"mpi-n{n}", n, "--arch", "allreduce", "--allreduce", "mpi")
-    for n in (2, 4, 6, 9):                           # p2p, lockstep and asynchronous
-        add(f"p2p-sync-n{n}", n, "--arch", "p2p", "--mode", "sync")
-    for n in (3, 5, 8):
-        add(f"p2p-n{n}", n, "--arch", "p2p")
-    for n in (5, 9):                                 # model partitioning: replicas of 2, one server
-        add(f"mp2-sync-n{n}", n, "--model-parallel", "2", "--mode", "sync")
-    for n in (5, 7):
-        add(f"mp2-n{n}", n, "--model-parallel", "2")
-    add("mp2-allreduce-n4", 4, "--arch", "allreduce", "--model-parallel", "2")
-    add("mp2-p2p-sync-n4", 4, "--arch", "p2p", "--model-parallel", "2", "--mode", "sync")
+        add(f"S{S}", ns, "--servers", str(S))
+    for mode in ("ssp", "sync"):
+        add(mode, (3, 5, 9, 17), "--mode", mode)
+        add(f"{mode}-S2", (10,), "--mode", mode, "--servers", "2")
+    add("b64", (5,), "--batch", "64")
+    add("b1024", (9,), "--batch", "1024", "--epochs", str(2 * a.epochs))
+    add("h1000", (5,), "--hidden", "1000", "--epochs", str(4 * a.epochs))
+    add("seq", (2, 5, 9, 17), "--reader", "sequential", "--epochs", "1", data=True)   # the readers on a TSV file
+    add("par", (3, 9, 17), "--reader", "parallel", "--epochs", "1", data=True)
+    add("allreduce", (2, 4, 6, 8), "--arch", "allreduce")   # allreduce: asgd's ring (the default) and MPI's
+    add("mpi", (2, 4, 6), "--arch", "allreduce", "--allreduce", "mpi")
+    add("p2p-sync", (2, 4, 6, 9), "--arch", "p2p", "--mode", "sync")   # p2p, lockstep and asynchronous
+    add("p2p", (3, 5, 8), "--arch", "p2p")
+    add("mp2-sync", (5, 9), "--model-parallel", "2", "--mode", "sync")   # model partitioning: replicas of 2
+    add("mp2", (5, 7), "--model-parallel", "2")
+    add("mp2-allreduce", (4,), "--arch", "allreduce", "--model-parallel", "2")
+    add("mp2-p2p-sync", (4,), "--arch", "p2p", "--model-parallel", "2", "--mode", "sync")
     # the default optimizer (adagrad) beside the same configurations with sgd, above
-    for label, n, opts in (("async-n3", 3, ()), ("async-n5", 5, ()), ("async-n9", 9, ()), ("async-n17", 17, ()),
-                           ("S2-n10", 10, ("--servers", "2")), ("S4-n6", 6, ("--servers", "4")),
-                           ("sync-n5", 5, ("--mode", "sync")), ("ssp-n9", 9, ("--mode", "ssp")),
-                           ("allreduce-n4", 4, ("--arch", "allreduce")),
-                           ("p2p-sync-n4", 4, ("--arch", "p2p", "--mode", "sync"))):
-        add(f"adagrad-{label}", n, *opts, "--optimizer", "adagrad")
+    for name, ns, *opts in (("async", (3, 5, 9, 17)), ("S2", (10,), "--servers", "2"), ("S4", (6,), "--servers", "4"),
+                            ("sync", (5,), "--mode", "sync"), ("ssp", (9,), "--mode", "ssp"),
+                            ("allreduce", (4,), "--arch", "allreduce"),
+                            ("p2p-sync", (4,), "--arch", "p2p", "--mode", "sync")):
+        add(f"adagrad-{name}", ns, *opts, "--optimizer", "adagrad")
     return runs
 
 

@@ -117,11 +117,9 @@ def steady_rate(trace_path: Path) -> tuple[float, int]:
 
 def bytes_per_weight(compress: str, hidden: int, S: int) -> float:
     """Payload bytes per weight of a push (8: float64)."""
-    if compress == "none":
-        return 8.0
     from asgd.net.mlp import Layout
     from asgd.protocol import onebit
-    return onebit.bytes_per_weight(Layout(2, hidden, 2), S)
+    return 8.0 if compress == "none" else onebit.bytes_per_weight(Layout(2, hidden, 2), S)
 
 
 def train_cmd(mpiexec: str, S: int, W: int, compress: str, args, out: Path, epochs: int | None = None) -> list[str]:
@@ -159,7 +157,7 @@ def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | No
             "qdisc_drops": sum(q["dropped"] for q in res.qdisc),
             "job_cpu_s": round(res.cpu_s, 1),
             "cpu_ms_per_update": round(1e3 * res.cpu_s / r["throughput"]["updates"], 2),
-            "hosts": sorted(set(x["host"] for x in r["ranks"])).__len__(),
+            "hosts": len({x["host"] for x in r["ranks"]}),
             "load_1min": load, "n_w": n_w,
             "history": [{"epoch": h["epoch"], "time_s": round(h["time_s"], 2), "test_accuracy": h.get("test_accuracy")}
                         for h in r["metrics"]["history"]],
@@ -186,17 +184,13 @@ def predict(base, rows, args, rate_bit) -> None:
     """pred_updates_per_s and ape_pct on every row (the model never sees the measurements:
     the network terms are the link's rate and burst and TCP/IP framing, not the runs' bytes)."""
     for r in rows:
-        S, W = r["servers"], r["workers"]
-        n_w = r["n_w"]
-        prm = validate.testbed_model().testbed_params(base, rate_bit, args.latency * 1e-6,
-                             bytes_per_weight=bytes_per_weight(r["compress"], args.hidden, S),
-                             sizes=[-(-n_w // S), n_w])
-        pred = validate.model_predict(prm, validate.Run(workers=W, servers=S, batch=args.batch,
-                                                           hidden=args.hidden, epochs=args.epochs))
-        X = pred.detail["updates_per_s"]
-        r["pred_updates_per_s"] = round(X, 3)
-        r["pred_bound"] = pred.detail["bound"]
-        r["ape_pct"] = round(validate.ape(X, r["updates_per_s"]), 1)
+        S, n_w = r["servers"], r["n_w"]
+        prm = validate.testbed_model().testbed_params(base, rate_bit, args.latency * 1e-6, sizes=[-(-n_w // S), n_w],
+                                                      bytes_per_weight=bytes_per_weight(r["compress"], args.hidden, S))
+        run = validate.Run(workers=r["workers"], servers=S, batch=args.batch, hidden=args.hidden, epochs=args.epochs)
+        got = validate.model_predict(prm, run).detail
+        r.update(pred_updates_per_s=round(got["updates_per_s"], 3), pred_bound=got["bound"],
+                 ape_pct=round(validate.ape(got["updates_per_s"], r["updates_per_s"]), 1))
 
 
 # -- reporting --------------------------------------------------------------------------------
@@ -294,12 +288,8 @@ def main(argv=None):
         return 0
     run = common.Run("testbed", args, end_on_signals=True)   # timeout/kill -TERM: the testbed goes down too
     rate_bit, format_rate = validate.parse_rate(args.bandwidth), validate.format_rate
-    if args.params:
-        params_path, params_src = args.params, f"given: {args.params}"
-    else:
-        params_path, params_src = validate.calibrate(run.out, True, args.cpu_lock)[0], \
-            "python -m asgd.perf calibrate --quick (this run)"
-    base = validate.load_params(params_path)
+    params_src = f"given: {args.params}" if args.params else "python -m asgd.perf calibrate --quick (this run)"
+    base = validate.load_params(args.params or validate.calibrate(run.out, True, args.cpu_lock)[0])
     hosts = max(args.servers) + max(args.workers)
     accuracy, t_all = [], time.perf_counter()
     with validate.testbed(args.name, hosts, args.bandwidth, args.latency) as tb, \

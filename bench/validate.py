@@ -36,9 +36,7 @@ OPTIMIZER_LIMIT = 1.10   # the optimizer's pick, measured, against the best meas
 
 # -- scoring: one error, its medians ------------------------------------------------------
 
-def ape(pred: float, meas: float) -> float:
-    """Absolute percentage error, % of the measured value (asgd.perf's definition)."""
-    return perf.ape(pred, meas)
+ape = perf.ape   # absolute percentage error, % of the measured value: asgd.perf's definition
 
 
 def quantile(xs: list[float], q: float) -> float:
@@ -117,9 +115,8 @@ def _procs() -> dict[int, tuple[int, int]]:
 
 class OthersCPU:
     """Cores' worth of CPU that processes other than this one and our job (everything under
-    `root`) used while the job ran: the other users' load, from their CPU counters. Counting
-    runnable processes instead overstates it: on a crowded machine a task that wants a
-    little CPU waits long in the run queue, runnable all the while."""
+    `root`) used while the job ran, from their CPU counters (counting runnable processes
+    would overstate it: on a crowded machine a task waits long in the run queue)."""
 
     def __init__(self, root: int):
         self.root, self.me, self.t0 = root, os.getpid(), time.perf_counter()
