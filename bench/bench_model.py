@@ -288,12 +288,10 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
            plt.Line2D([], [], color="k", ls=":", label=f"median {med:.1f}%")]
     ax2.legend(handles=h_, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # off the points
     ax2.set_xscale("log", base=2)
-    ax2.set_xlim(min(ws) / 1.4, max(ws) * 1.4)
-    ax2.set_xticks(ws)
-    ax2.set_xticklabels([str(w) for w in ws])
-    ax2.set_xlabel("workers (ranks = workers + 1)")
-    ax2.set_ylabel("APE of total, % of measured")
-    ax2.set_ylim(0, max(max(r["total_ape"] for r in rows) * 1.15, LIMITS["total"] * 1.5))
+    ax2.set_xticks(ws, [str(w) for w in ws])
+    ax2.set(xlim=(min(ws) / 1.4, max(ws) * 1.4), ylim=(0, max(max(r["total_ape"] for r in rows) * 1.15,
+                                                            LIMITS["total"] * 1.5)),
+            xlabel="workers (ranks = workers + 1)", ylabel="APE of total, % of measured")
     ax2.set_title("where the error of the total sits", fontsize=10)
     ax2.grid(alpha=0.3)
     fig.suptitle(title, fontsize=11)

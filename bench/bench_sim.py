@@ -368,33 +368,28 @@ def paper_specs(p, raw: dict, cost: str, a) -> list[tuple[str, object, dict]]:
     fb, tb = int(PAPER_POINTS * per), int(PAPER_POINTS // 4 * per)
     base = Run(workers=1, servers=1, batch=256, hidden=10000, epochs=1, reader="sequential", points=PAPER_POINTS,
                test_points=PAPER_POINTS // 4, file_bytes=fb, test_bytes=tb, cores=16)
-    nodes = (2, 8, 64) if a.quick else NODES
-    # the cntk costs are Blue Waters' own (inferred from its runs): its cores run at 1.0 there
-    bw = dataclasses.replace(BLUE_WATERS, core_speed=1.0) if cost == "cntk" else BLUE_WATERS
-    out = []
-    for N in nodes:   # Figure 6 / 9: one worker per node, the server on node 0, the sequential reader
-        spec = Spec(run=dataclasses.replace(base, workers=N), machine=bw, nodes=N, placement="spread",
-                    epoch_barrier=cost == "cntk")
-        out.append(("bluewaters-scaling", spec, {"nodes": N}))
-    for N in ((1, 2, 7) if a.quick else range(1, 8)):   # Mustang's rack (Figure 2, batch 256)
-        m = dataclasses.replace(MUSTANG, core_speed=MUSTANG.core_speed / BLUE_WATERS.core_speed) \
-            if cost == "cntk" else MUSTANG   # cntk costs are Blue Waters' cores': Mustang's are faster
-        spec = Spec(run=dataclasses.replace(base, workers=N), machine=m, nodes=N, placement="spread",
-                    epoch_barrier=cost == "cntk")
-        out.append(("mustang-scaling", spec, {"nodes": N}))
-    workers = (16, 1024) if a.quick else (16, 64, 256, 1024)
+    # the cntk costs are Blue Waters' own (inferred from its runs): its cores run at 1.0 there, Mustang's faster
+    cntk = cost == "cntk"
+    bw = dataclasses.replace(BLUE_WATERS, core_speed=1.0) if cntk else BLUE_WATERS
+    mustang = dataclasses.replace(MUSTANG, core_speed=MUSTANG.core_speed / BLUE_WATERS.core_speed) if cntk else MUSTANG
+
+    def spec(machine, nodes: int, placement: str, compress: str = "none", **run):
+        return Spec(run=dataclasses.replace(base, **run), machine=machine, nodes=nodes, placement=placement,
+                    compress=compress, epoch_barrier=cntk)
+    # Figure 6 / 9: one worker per node, the server on node 0, the sequential reader; Mustang's rack (Figure 2)
+    out = [("bluewaters-scaling", spec(bw, N, "spread", workers=N), {"nodes": N})
+           for N in ((2, 8, 64) if a.quick else NODES)]
+    out += [("mustang-scaling", spec(mustang, N, "spread", workers=N), {"nodes": N})
+            for N in ((1, 2, 7) if a.quick else range(1, 8))]
     fixes = [("sequential, 1 server", "sequential", 1, "none"), ("parallel, 1 server", "parallel", 1, "none"),
              ("parallel, 2 servers", "parallel", 2, "none"), ("parallel, 4 servers", "parallel", 4, "none"),
              ("parallel, 8 servers", "parallel", 8, "none"), ("parallel, 8 servers, 1-bit", "parallel", 8, "1bit")]
     if a.quick:
         fixes = [fixes[0], fixes[1], fixes[4], fixes[5]]
-    for W in workers:   # the fixes on Blue Waters, 16 ranks per node
-        for name, reader, S, comp in fixes:
-            ranks = W + S
-            spec = Spec(run=dataclasses.replace(base, workers=W, servers=S, reader=reader), machine=bw,
-                        nodes=math.ceil(ranks / 16), placement="block", compress=comp,
-                        epoch_barrier=cost == "cntk")
-            out.append(("bluewaters-fixes", spec, {"workers": W, "fix": name}))
+    # the fixes on Blue Waters, 16 ranks per node
+    out += [("bluewaters-fixes", spec(bw, math.ceil((W + S) / 16), "block", comp, workers=W, servers=S, reader=reader),
+             {"workers": W, "fix": name})
+            for W in ((16, 1024) if a.quick else (16, 64, 256, 1024)) for name, reader, S, comp in fixes]
     return out
 
 
@@ -486,8 +481,7 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
         ax.axvline(16, color="tab:orange", ls=":", lw=1, label=f"training lowest, {SRC['paper']} (16 nodes)")
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
-        ax.set_xlabel("Blue Waters nodes (one worker each, server on node 0, sequential reader)")
-        ax.set_ylabel("seconds")
+        ax.set(xlabel="Blue Waters nodes (one worker each, server on node 0, sequential reader)", ylabel="seconds")
         what = ("costs inferred from 4 of the paper's numbers (CNTK)" if cost == "cntk"
                 else "asgd's costs: this machine's calibration, cores scaled")
         ax.set_title(f"Figure 9 on a simulated Blue Waters: {what}", fontsize=9)
@@ -500,8 +494,7 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
         if ms:
             ax.plot([r["nodes"] for r in ms], [r["total_s"] for r in ms], style,
                     label=f"total, {SRC['sim']}, {cost} costs")
-    ax.set_xlabel("Mustang nodes (a 7-node rack, one switch)")
-    ax.set_ylabel("seconds")
+    ax.set(xlabel="Mustang nodes (a 7-node rack, one switch)", ylabel="seconds")
     ax.set_title("Mustang, batch 256 (paper: scales from 1 to 2 nodes, not beyond)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
@@ -520,8 +513,7 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
         ax.set_yscale("log")
         ws = sorted({r["workers"] for r in sub})
         ax.set_xticks(ws, [str(w) for w in ws])
-        ax.set_xlabel("workers (16 ranks per Blue Waters node)")
-        ax.set_ylabel(f"total seconds, {SRC['sim']}")
+        ax.set(xlabel="workers (16 ranks per Blue Waters node)", ylabel=f"total seconds, {SRC['sim']}")
         ax.set_title(f"the fixes, {'CNTK-like costs (from the paper)' if cost == 'cntk' else 'asgd costs'}",
                      fontsize=10)
         ax.legend(fontsize=7.5)
