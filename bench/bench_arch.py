@@ -247,10 +247,8 @@ def orderings(rows: list[dict], hidden: int, W: int) -> dict:
         out[f"{who}_s"] = {lab: round(rs[lab][key], 4) for lab in have}
     m = out["measured"]
     if {"1-PS", "P2P", "RA"} <= set(m):
-        worst_1ps = m.index("1-PS") == len(m) - 1
-        ra_best = m.index("RA") == 0
-        between = m.index("RA") < m.index("P2P") < m.index("1-PS")
-        out["agrees_with_alqahtani"] = {"1PS worst": worst_1ps, "RA best": ra_best, "P2P between": between}
+        out["agrees_with_alqahtani"] = {"1PS worst": m.index("1-PS") == len(m) - 1, "RA best": m.index("RA") == 0,
+                                        "P2P between": m.index("RA") < m.index("P2P") < m.index("1-PS")}
     return out
 
 
@@ -299,7 +297,7 @@ def plot(rows: list[dict], info: dict, hidden: int, path: Path) -> None:
     ax.legend(fontsize=6.5, ncol=2, loc="upper left")
     ax.grid(alpha=0.3, axis="y", which="both")
     for lab in ARCHS:
-        pts = sorted((x for x in rs if x["label"] == lab), key=lambda x: x["workers"])
+        pts = validate.series(rs, "workers", label=lab)
         if pts:
             ax2.plot([x["workers"] for x in pts], [x["updates_per_s"] for x in pts], "-o", color=colors[lab],
                      label=f"{lab}, measured")
@@ -362,7 +360,7 @@ def main(argv=None) -> int:
     run.write(rows, run.meta(summary=info, columns=COLUMNS))
     for h in a.hidden:
         run.plot(lambda rs, path, h=h: plot(rs, {**info, "load": run.load}, h, path), rows, name=f"arch-h{h}")
-    report(rows, info, a)
+    report(rows, info)
     run.print_machine()
     run.wrote()
     return 0
@@ -405,7 +403,7 @@ def _label(r: dict) -> str | None:
     return next((lab for lab in ARCHS if configuration(lab, r["workers"]) == options), None)
 
 
-def report(rows: list[dict], info: dict, a) -> None:
+def report(rows: list[dict], info: dict) -> None:
     cols = [("rate", "rate", ""), ("hidden", "hidden", "d"), ("W", "workers", "d"), ("arch", "label", ""),
             ("ms/it", "iteration_s", ".4f"), ("compute", "compute_s", ".4f"), ("comm", "comm_s", ".4f"),
             ("model", "pred_iteration_s", ".4f"), ("APE%", "pred_ape", ".1f"), ("sim", "sim_iteration_s", ".4f"),

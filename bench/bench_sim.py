@@ -40,6 +40,7 @@ import dataclasses
 import json
 import math
 import os
+import subprocess
 import time
 
 METRICS = ("train", "init", "total", "updates_per_s")
@@ -131,7 +132,7 @@ def timings(res: dict) -> dict:
             "updates_per_s": res["throughput"]["updates_per_s"]}
 
 
-def compare_runs(done: list[dict], params: Path, out: Path) -> list[dict]:
+def compare_runs(done: list[dict], params: Path) -> list[dict]:
     """Per run: measured, simulated and analytical-model seconds and APEs."""
     p = validate.load_params(params)
     bare = validate.without_crowding(p)
@@ -241,7 +242,7 @@ def plot_validate(rows: list[dict], summary: dict, path: Path, title: str) -> No
     save_figure(fig, path)
 
 
-def run_validate(a, out: Path, params: Path, meta: dict) -> dict:
+def run_validate(a, out: Path, params: Path, meta: dict) -> None:
     data = validate.generate(out / "data" / "d.tsv", a.points, a.points // 20)
     runs = plan(a)
     print("warm-up run (numba's caches; discarded) ...", flush=True)
@@ -258,7 +259,7 @@ def run_validate(a, out: Path, params: Path, meta: dict) -> dict:
     meta["load_during_runs"] = load.summary()
     print("simulating each run from its configuration, and the analytical model's prediction:", flush=True)
     t1 = time.perf_counter()
-    rows = compare_runs(done, params, out)
+    rows = compare_runs(done, params)
     meta["simulate_s"] = time.perf_counter() - t1
     summary = summarize(rows)
     cols = [("run", "label", ""), ("ranks", "ranks", "d"), ("calib. P", "sample", ""), ("S", "servers", "d"),
@@ -299,7 +300,6 @@ def run_validate(a, out: Path, params: Path, meta: dict) -> dict:
                   f"asgd.sim and the analytical model against {len(rows)} asgd.train runs on this machine "
                   f"({meta['machine']['cores']} cores), out of sample; load avg 1 min median "
                   f"{meta['load_during_runs']['loadavg_1min_median']}")
-    return summary
 
 
 # -- paper ---------------------------------------------------------------------------------------
@@ -360,7 +360,7 @@ def cntk_params(p_raw: dict, file_bytes: int) -> tuple[dict, dict]:
     return raw, derivation
 
 
-def paper_specs(p, raw: dict, cost: str, a) -> list[tuple[str, object, dict]]:
+def paper_specs(p, cost: str, a) -> list[tuple[str, object, dict]]:
     """(experiment, Spec, what the row is) of the paper's scaling study and of the fixes."""
     Spec, machines = validate.sim_spec()
     BLUE_WATERS, MUSTANG, Run = machines.BLUE_WATERS, machines.MUSTANG, validate.Run
@@ -393,7 +393,7 @@ def paper_specs(p, raw: dict, cost: str, a) -> list[tuple[str, object, dict]]:
     return out
 
 
-def run_paper(a, out: Path, params: Path, meta: dict) -> dict:
+def run_paper(a, out: Path, params: Path, meta: dict) -> None:
     p, raw = validate.sim_params(params)
     fb = int(PAPER_POINTS * p.bytes_per_point["tsv"])
     cntk_raw, derivation = cntk_params(raw, fb)
@@ -402,7 +402,7 @@ def run_paper(a, out: Path, params: Path, meta: dict) -> dict:
     models = {"asgd": (p, raw), "cntk": (validate.Params.from_dict(cntk_raw), cntk_raw)}
     rows = []
     for cost, (pp, rr) in models.items():
-        for exp, spec, what in paper_specs(pp, rr, cost, a):
+        for exp, spec, what in paper_specs(pp, cost, a):
             t = time.perf_counter()
             res = validate.simulate(params, spec=spec, params=(pp, rr), data_name=f"paper-{PAPER_POINTS}.tsv")
             row = {"experiment": exp, "costs": cost, **what, "machine": spec.machine.name, "nodes_sim": spec.nodes,
@@ -423,7 +423,6 @@ def run_paper(a, out: Path, params: Path, meta: dict) -> dict:
     meta.update(cntk_derivation=derivation, paper_stated=PAPER, verdicts=verdicts)
     write_outputs(out, "paper", rows, {**meta, "sources": SRC})
     plot_paper(rows, out / "paper.png", out / "paper-fixes.png")
-    return {"verdicts": verdicts}
 
 
 def paper_verdicts(rows: list[dict]) -> list[dict]:
@@ -467,8 +466,7 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     colors = {"init_s": "tab:blue", "train_s": "tab:orange", "total_s": "k"}
     for ax, cost in zip(axes[:2], ("cntk", "asgd")):
-        sc = sorted((r for r in rows if r["experiment"] == "bluewaters-scaling" and r["costs"] == cost),
-                    key=lambda r: r["nodes"])
+        sc = validate.series(rows, "nodes", experiment="bluewaters-scaling", costs=cost)
         if not sc:
             continue
         ns = [r["nodes"] for r in sc]
@@ -489,8 +487,7 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
         ax.grid(alpha=0.3)
     ax = axes[2]
     for cost, style in (("cntk", "o-"), ("asgd", "s--")):
-        ms = sorted((r for r in rows if r["experiment"] == "mustang-scaling" and r["costs"] == cost),
-                    key=lambda r: r["nodes"])
+        ms = validate.series(rows, "nodes", experiment="mustang-scaling", costs=cost)
         if ms:
             ax.plot([r["nodes"] for r in ms], [r["total_s"] for r in ms], style,
                     label=f"total, {SRC['sim']}, {cost} costs")
@@ -507,7 +504,7 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
     for ax, cost in zip(axes, ("cntk", "asgd")):
         sub = [r for r in fixes if r["costs"] == cost]
         for name in dict.fromkeys(r["fix"] for r in sub):
-            pts = sorted((r for r in sub if r["fix"] == name), key=lambda r: r["workers"])
+            pts = validate.series(sub, "workers", fix=name)
             ax.plot([r["workers"] for r in pts], [r["total_s"] for r in pts], "o-", label=name)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -523,9 +520,8 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
 
 # -- scale -------------------------------------------------------------------------------------
 
-def run_scale(a, out: Path, params: Path, meta: dict) -> dict:
+def run_scale(out: Path, params: Path, meta: dict) -> None:
     """1,024 workers, one epoch of the default problem: how long the simulation takes."""
-    import subprocess
     rows = []
     for label, extra in (("here (one 2-core node)", []),
                          ("bluewaters (64 nodes, torus)", ["--machine", "bluewaters", "--nodes", "65"])):
@@ -545,7 +541,6 @@ def run_scale(a, out: Path, params: Path, meta: dict) -> dict:
         print(f"  {label}: {wall:.1f} s for the whole command ({got['sim_wall_s']:.1f} s in the engine), "
               f"load {load:.1f}: {validate.verdict(wall < 60)} (< 60 s)", flush=True)
     write_outputs(out, "scale", rows, meta)
-    return {"rows": rows}
 
 
 def main(argv=None) -> int:
@@ -559,15 +554,14 @@ def main(argv=None) -> int:
         params, meta["calibrate_s"] = validate.calibrate(out, a.quick, a.cpu_lock)
     meta["params_file"] = str(params)
     validate.need_simulator()
-    got = {}
     if a.part in ("all", "validate"):
-        got["validate"] = run_validate(a, out, params, dict(meta))
+        run_validate(a, out, params, dict(meta))
     if a.part in ("all", "paper"):
         print("the paper's experiments, simulated:", flush=True)
-        got["paper"] = run_paper(a, out, params, dict(meta))
+        run_paper(a, out, params, dict(meta))
     if a.part in ("all", "scale"):
         print("1,024 workers, one epoch of the default problem:", flush=True)
-        got["scale"] = run_scale(a, out, params, dict(meta))
+        run_scale(out, params, dict(meta))
     print(f"wrote {out}")
     return 0
 

@@ -1,22 +1,18 @@
 """The paper's second wall, measured: updates/s against workers on an emulated cluster
 (asgd.testbed) whose links, not the cores, are the bottleneck; 1, 2 and 4 servers, each on
 a host of its own, and the performance model's prediction drawn over the measurements.
-
 Why a testbed, and why 8 Mbit/s: docs/benchmarks.md.
 
-Measured per run (`asgd.testbed run --check-bytes -- mpiexec -n W+S python -m asgd.train
---optimizer sgd --servers S --epochs E --trace ...`):
-  updates_per_s       steady state: server 0's receipts (trace.json) between the 10th and
-                      90th percentile of the run, over the time between them
-  updates_per_s_run   results.json's updates / train_s (ramp, tail and evaluations in)
-  link_util           updates_per_s / link_ceiling_updates_per_s (1.0: a full link)
-  proof               each host's veth bytes against results.json (asgd.testbed.proof)
-  pred_updates_per_s, ape_pct   asgd.perf.architectures.predict with asgd.testbed.model's
-                      testbed_params (calibration + rate, burst, latency, TCP/IP framing:
-                      derived, not fitted; a two-host probe is printed beside them)
---compress none,1bit runs every (workers, servers) point both ways, back to back.
---accuracy-epochs E (default 5) adds two runs of the default problem (one server, the most
-workers, none and 1bit): held-out accuracy per epoch, time to >= 0.95, wire bytes.
+Each run is `asgd.testbed run --check-bytes -- mpiexec -n W+S python -m asgd.train
+--optimizer sgd --servers S --epochs E --trace ...`; its rate in steady state is server 0's
+receipts (trace.json) between the 10th and 90th percentile of the run, its bytes are proven
+against each host's veth (asgd.testbed.proof), and the model's prediction uses
+asgd.testbed.model's testbed_params (calibration + the links' rate, burst, latency and
+TCP/IP framing: derived, not fitted; a two-host probe is printed beside them). testbed.json's
+`columns` says what each column is. --compress none,1bit runs every (workers, servers) point
+both ways, back to back. --accuracy-epochs E (default 5) adds two runs of the default
+problem (one server, the most workers, none and 1bit): held-out accuracy per epoch, time to
+>= 0.95, wire bytes.
 
 Writes testbed.csv, testbed.json (rows, summary: ceilings, ratios, median APE; the probe,
 the testbed, the machine, the load), testbed.png under --out (bench/results/testbed).
@@ -209,7 +205,7 @@ def summarize(rows, args) -> dict:
         for S, v in ceil.items():
             v["vs_one_server"] = round(v["ceiling_updates_per_s"] / base, 2) if base else None
         flat = None
-        one = sorted((r for r in rows if r["servers"] == 1 and r["compress"] == c), key=lambda r: r["workers"])
+        one = validate.series(rows, "workers", servers=1, compress=c)
         if len(one) >= 3:   # does one server stop rising? the last points against the ceiling
             flat = {"workers": [r["workers"] for r in one], "updates_per_s": [r["updates_per_s"] for r in one],
                     "gain_from_2_to_max_workers": round(one[-1]["updates_per_s"] /
@@ -240,7 +236,7 @@ def plot(rows, info, path):
     for ax, c in zip(axes, kinds):
         name = "float64" if c == "none" else c
         for S in sorted({r["servers"] for r in rows}):
-            rs = sorted((r for r in rows if r["servers"] == S and r["compress"] == c), key=lambda r: r["workers"])
+            rs = validate.series(rows, "workers", servers=S, compress=c)
             if not rs:
                 continue
             col, mk = colors.get(S, "k"), "o" if c == "none" else "s"

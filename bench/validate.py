@@ -81,6 +81,11 @@ def verdict(ok) -> str:
     return "PASS" if ok else "FAIL"
 
 
+def series(rows: list[dict], by: str, **match) -> list[dict]:
+    """The rows whose fields equal `match`, sorted by field `by`: one curve of a figure."""
+    return sorted((r for r in rows if all(r[k] == v for k, v in match.items())), key=lambda r: r[by])
+
+
 def pred_vs_meas(ax, series: list[tuple], band: float, margin: float, xlabel: str, ylabel: str, title: str) -> None:
     """The validation figure: predicted against measured on log axes, the diagonal and a
     +-band share around it; series: (measured, predicted, scatter's keywords)."""
