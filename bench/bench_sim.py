@@ -45,8 +45,7 @@ import time
 
 METRICS = ("train", "init", "total", "updates_per_s")
 SRC = {"meas": "measured here", "sim": "simulated (asgd.sim, with the CPU other users took during the run)",
-       "model": "analytical model (asgd.perf)",
-       "paper": "stated in the paper"}
+       "model": "analytical model (asgd.perf)", "paper": "stated in the paper"}
 
 
 def parse_args(argv=None):
