@@ -248,8 +248,6 @@ def report(rows, summary, parts, checks, meta) -> None:
               f"{c['ratio'] if c['ratio'] is None else round(c['ratio'], 3)} <= {validate.OPTIMIZER_LIMIT:.2f}")
 
 
-# -- the figure ------------------------------------------------------------------------------
-
 def plot(rows: list[dict], title: str, path: Path) -> None:
     plt = common.pyplot()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(15, 5.8), gridspec_kw={"width_ratios": [1, 1.15]})
@@ -317,8 +315,7 @@ def main(argv=None) -> int:
     else:
         params_path, meta["calibrate_s"] = validate.calibrate(out, a.quick, a.cpu_lock)
     params = validate.load_params(params_path)
-    meta["params_file"] = str(params_path)
-    meta["params_calibrated_here"] = a.params is None
+    meta.update(params_file=str(params_path), params_calibrated_here=a.params is None)
 
     print("warm-up run (numba's caches; discarded) ...", flush=True)
     warm = dict(hidden=min(c["hidden"] for c in configs), workers=1, batch=max(c["batch"] for c in configs),
@@ -335,8 +332,7 @@ def main(argv=None) -> int:
     if not rows:
         sys.exit("bench_model: no run finished")
     checks = optimizer_check(rows, params, data, out, a, failed)
-    meta["sweep_s"] = time.perf_counter() - t_sweep
-    meta["load"] = run.load
+    meta.update(sweep_s=time.perf_counter() - t_sweep, load=run.load)
     summary = summarize(rows)
     parts = breakdown(rows)
     paper = validate.score(rows, "paper_total_ape")

@@ -254,8 +254,7 @@ def run_validate(a, out: Path, params: Path, meta: dict) -> None:
     t0 = time.perf_counter()
     print(f"{len(runs)} validation runs (none used to calibrate), shuffled with seed {a.seed}:", flush=True)
     done = measure(runs, data, out, a)
-    meta["sweep_s"] = time.perf_counter() - t0
-    meta["load_during_runs"] = load.summary()
+    meta.update(sweep_s=time.perf_counter() - t0, load_during_runs=load.summary())
     print("simulating each run from its configuration, and the analytical model's prediction:", flush=True)
     t1 = time.perf_counter()
     rows = compare_runs(done, params)
@@ -342,8 +341,7 @@ def cntk_params(p_raw: dict, file_bytes: int) -> tuple[dict, dict]:
     raw["server_update_s"] = {str(n_w): B, "5002": B / 10}
     raw["worker_msg_s"] = {str(n_w): 0.0, "5002": 0.0}
     raw["contended_update_s"] = {}
-    raw["read_s_per_byte"] = {"sequential": {"tsv": t / file_bytes, "npy": t / file_bytes},
-                              "parallel": {"tsv": t / file_bytes, "npy": t / file_bytes}}
+    raw["read_s_per_byte"] = {r: {"tsv": t / file_bytes, "npy": t / file_bytes} for r in ("sequential", "parallel")}
     raw["select_s_per_point"] = {"sequential": 0.0, "parallel": 0.0}
     raw["startup"] = {"imports_wall_s": s0, "imports_cpu_s": s0, "parsers_wall_s": 0.0, "parsers_cpu_s": 0.0,
                       "kernels_wall_s": 0.0, "kernels_cpu_s": 0.0}
