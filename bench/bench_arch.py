@@ -13,30 +13,26 @@ optimizer checked against the measurements, at this rate and at a second one.
 Architectures (asgd.train --mode sync --optimizer sgd, every rank on a host of its own):
 1-PS (--arch ps --servers 1); PS S=W/4 (--servers W/4; at 2 and 4 workers the 1-PS run);
 P2P (--arch p2p); RA (--arch allreduce, asgd's ring); PS K=2 (--model-parallel 2: W worker
-ranks in W/2 replicas of 2, Yan et al.'s model partitioning).
-
-Why 100 Mbit/s (--rate): docs/benchmarks.md.
+ranks in W/2 replicas of 2, Yan et al.'s model partitioning). Why 100 Mbit/s (--rate):
+docs/benchmarks.md.
 
   measured   `asgd.testbed run [--check-bytes] -- mpiexec -n N python -m asgd.train --mode sync
-             ...` on a file of replicas x batch x iterations points: per iteration = (train_s -
-             rank 0's evaluation) / iterations; its computation the workers' mean `compute`
-             phase / iterations, its communication the rest. The byte proof checks every ps
-             and ring run. Each run holds the CPU lock, the 1-minute load beside it.
-  predicted  asgd.perf.architectures.predict with asgd.testbed.model.testbed_params: this machine's
-             calibration, the links' rate, burst and framing, and each exchange's link
-             efficiency from no-compute probes at rank counts none of the sweep's (3, 6, 10;
-             ps 4, 7, 11), before the sweep. Nothing is fitted to the sweep.
+             ...`: per iteration = (train_s - rank 0's evaluation) / iterations, its
+             computation the workers' mean `compute` phase, its communication the rest; the
+             byte proof checks every ps and ring run.
+  predicted  asgd.perf.architectures.predict with asgd.testbed.model.testbed_params: this
+             machine's calibration, the links' rate, burst and framing, and each exchange's
+             link efficiency from no-compute probes at rank counts none of the sweep's.
   simulated  asgd.sim --like RUN --machine testbed with the same parameters.
 Then the orderings at 8 and 16 workers beside Alqahtani & Demirbas's finding (1PS worst, RA
 best, P2P between); the optimizer (asgd.perf optimize over the sweep's configurations: time
 to --epochs epochs of --points points) against the best measured (pass: <= 1.10); and at
---second-rate (default 1gbit, probed again) the model's winner at each rate, both measured at
-both rates.
+--second-rate the model's winner at each rate, both measured at both rates.
 
-Writes arch.csv, arch.json and arch-h10000.png, arch-h100000.png (per model size: time per
-iteration per architecture and worker count, computation and communication, measured, with
-the model's and the simulator's; updates/s) under --out. Needs root (asgd.testbed) and
-SimGrid for the simulated column (--no-sim without it). Run it without an outer `flock`.
+Writes arch.csv, arch.json and arch-h{H}.png per model size (time per iteration per
+architecture and worker count, computation and communication, measured, with the model's
+and the simulator's; updates/s) under --out. Needs root (asgd.testbed) and SimGrid for the
+simulated column (--no-sim without it). Run it without an outer `flock`.
 """
 
 import sys
@@ -50,7 +46,6 @@ from common import int_list
 import dataclasses
 import json
 import math
-import os
 import statistics
 import time
 
@@ -101,32 +96,13 @@ def parse_args(argv=None):
     return a
 
 
-# -- the configurations ------------------------------------------------------------------
-
 def configuration(label: str, W: int) -> dict | None:
     """asgd.train's architecture options of one label at W workers (None: not runnable)."""
-    if label == "1-PS":
-        return {"arch": "ps", "servers": 1, "model_parallel": 1}
-    if label == "PS S=W/4":
-        return {"arch": "ps", "servers": max(1, W // 4), "model_parallel": 1}
-    if label == "P2P":
-        return {"arch": "p2p", "servers": 0, "model_parallel": 1}
-    if label == "RA":
-        return {"arch": "allreduce", "servers": 0, "model_parallel": 1}
-    if label == "PS K=2":
-        return {"arch": "ps", "servers": 1, "model_parallel": 2} if W % 2 == 0 else None
-    raise ValueError(label)
-
-
-def train_args(cfg: dict, hidden: int, batch: int, data: Path, out: Path, timeout: float) -> list[str]:
-    args = ["--arch", cfg["arch"], "--mode", "sync", "--optimizer", "sgd", "--hidden", str(hidden), "--batch",
-            str(batch), "--epochs", "1", "--data", str(data), "--quiet", "--out", str(out), "--timeout",
-            str(int(timeout))]
-    if cfg["arch"] == "ps":
-        args += ["--servers", str(cfg["servers"])]
-    if cfg["model_parallel"] > 1:
-        args += ["--model-parallel", str(cfg["model_parallel"])]
-    return args
+    return {"1-PS": {"arch": "ps", "servers": 1, "model_parallel": 1},
+            "PS S=W/4": {"arch": "ps", "servers": max(1, W // 4), "model_parallel": 1},
+            "P2P": {"arch": "p2p", "servers": 0, "model_parallel": 1},
+            "RA": {"arch": "allreduce", "servers": 0, "model_parallel": 1},
+            "PS K=2": {"arch": "ps", "servers": 1, "model_parallel": 2} if W % 2 == 0 else None}[label]
 
 
 # -- measuring ------------------------------------------------------------------------------
@@ -150,16 +126,13 @@ def one_run(tb, c: dict, a, out: Path) -> dict:
     data = validate.generate(out / "data" / f"d{points}.tsv", points, 16)
     run_dir = out / "runs" / f"{rate}-h{hidden}-w{W}-{label.replace(' ', '').replace('/', '').replace('=', '')}"
     ranks = W + (cfg["servers"] if cfg["arch"] == "ps" else 0)
-    cmd = [validate.launcher(), "-n", str(ranks), sys.executable, "-m", "asgd.train",
-           *train_args(cfg, hidden, a.batch, data, run_dir, a.timeout - 60)]
+    cmd = [validate.launcher(), "-n", str(ranks), sys.executable, "-m", "asgd.train", "--arch", cfg["arch"], "--mode",
+           "sync", "--optimizer", "sgd", "--hidden", str(hidden), "--batch", str(a.batch), "--epochs", "1", "--data",
+           str(data), "--quiet", "--out", str(run_dir), "--timeout", str(int(a.timeout - 60))]
+    cmd += ["--servers", str(cfg["servers"])] if cfg["arch"] == "ps" else []
+    cmd += ["--model-parallel", str(cfg["model_parallel"])] if cfg["model_parallel"] > 1 else []
     provable = not a.no_check_bytes and cfg["arch"] in ("ps", "allreduce") and cfg["model_parallel"] == 1
-    load0 = os.getloadavg()[0]
-    try:
-        res = tb.run(cmd, check_bytes=provable, timeout=a.timeout, capture=True, say=lambda *x, **k: None)
-    except Exception as e:  # noqa: BLE001  (a failed run is reported and skipped)
-        raise common.JobFailed(str(e)[-300:]) from None
-    if res.rc or res.results is None:
-        raise common.JobFailed(f"exit {res.rc}: {(res.stderr or '')[-300:]}")
+    res, load = validate.testbed_job(tb, cmd, a.timeout, provable)
     r = res.results
     m = measured(r, iterations)
     app_sent = sum(x["bytes_sent"] for x in r["ranks"])
@@ -169,7 +142,7 @@ def one_run(tb, c: dict, a, out: Path) -> dict:
             "train_s": r["train_s"], "init_s": r["init_s"], "run_dir": str(run_dir),
             "proof_ok": res.proof["ok"] if res.proof else None,
             "wire_over_app": round(wire_sent / app_sent, 4) if wire_sent and app_sent else None,
-            "load_1min": round((load0 + os.getloadavg()[0]) / 2, 2), "wall_s": round(res.wall_s, 1)}
+            "load_1min": load, "wall_s": round(res.wall_s, 1)}
 
 
 def sweep(tb, a, out: Path, points: list[dict]) -> list[dict]:
@@ -191,11 +164,6 @@ def sweep(tb, a, out: Path, points: list[dict]) -> list[dict]:
     return rows
 
 
-def points_of(a, rate: str, hidden_iterations, workers, labels=ARCHS) -> list[dict]:
-    return [{"label": lab, "rate": rate, "hidden": h, "workers": W, "iterations": it}
-            for h, it in hidden_iterations for W in workers for lab in labels]
-
-
 def predict_and_simulate(rows: list[dict], params, params_path, simulate: bool) -> None:
     """pred_* on every row (the analytical model, from the run's own configuration) and, if
     `simulate`, sim_* (asgd.sim --like RUN --machine testbed)."""
@@ -208,12 +176,9 @@ def predict_and_simulate(rows: list[dict], params, params_path, simulate: bool) 
         if simulate:
             t = time.perf_counter()
             m = measured(validate.simulate(params_path, row["run_dir"], machine="testbed"), row["iterations"])
-            row.update(sim_iteration_s=m["iteration_s"], sim_compute_s=m["compute_s"], sim_comm_s=m["comm_s"],
-                       sim_ape=validate.ape(m["iteration_s"], row["iteration_s"]),
-                       sim_wall_s=round(time.perf_counter() - t, 2))
+            ape = validate.ape(m["iteration_s"], row["iteration_s"])
+            row.update({f"sim_{k}": v for k, v in m.items()}, sim_ape=ape, sim_wall_s=round(time.perf_counter() - t, 2))
 
-
-# -- the testbed's params ----------------------------------------------------------------------
 
 def testbed_params(tb, base, base_raw: dict, rate_bit: float, hiddens: list[int], workers: list[int], a, out: Path,
                    tag: str) -> tuple[object, Path, dict]:
@@ -237,10 +202,9 @@ def testbed_params(tb, base, base_raw: dict, rate_bit: float, hiddens: list[int]
 
 # -- the optimizer ------------------------------------------------------------------------------
 
-def epoch_time(row: dict, a, prefix: str = "") -> float:
+def epoch_time(row: dict, a) -> float:
     """Time to a.epochs epochs of a.points points at this row's time per iteration, after its init."""
-    iters = math.ceil(a.points / (row["replicas"] * a.batch))
-    return row["init_s"] + a.epochs * iters * row[f"{prefix}iteration_s"]
+    return row["init_s"] + a.epochs * math.ceil(a.points / (row["replicas"] * a.batch)) * row["iteration_s"]
 
 
 def ranked_configurations(params, hidden: int, a, hosts: int, workers, servers) -> list[dict]:
@@ -283,10 +247,8 @@ def orderings(rows: list[dict], hidden: int, W: int) -> dict:
         out[f"{who}_s"] = {lab: round(rs[lab][key], 4) for lab in have}
     m = out["measured"]
     if {"1-PS", "P2P", "RA"} <= set(m):
-        worst_1ps = m.index("1-PS") == len(m) - 1
-        ra_best = m.index("RA") == 0
-        between = m.index("RA") < m.index("P2P") < m.index("1-PS")
-        out["agrees_with_alqahtani"] = {"1PS worst": worst_1ps, "RA best": ra_best, "P2P between": between}
+        out["agrees_with_alqahtani"] = {"1PS worst": m.index("1-PS") == len(m) - 1, "RA best": m.index("RA") == 0,
+                                        "P2P between": m.index("RA") < m.index("P2P") < m.index("1-PS")}
     return out
 
 
@@ -302,8 +264,6 @@ def ape_summary(rows: list[dict]) -> dict:
             out[who] = by
     return out
 
-
-# -- the figure -------------------------------------------------------------------------------------
 
 def plot(rows: list[dict], info: dict, hidden: int, path: Path) -> None:
     """Alqahtani & Demirbas's figure with asgd's numbers: per worker count, one bar per
@@ -331,22 +291,20 @@ def plot(rows: list[dict], info: dict, hidden: int, path: Path) -> None:
                         label="simulated (asgd.sim)" if i == j == 0 else None)
     ax.set_xticks(range(len(workers)), [str(w) for w in workers])
     ax.set_yscale("log")
-    ax.set_xlabel("workers (each on a host of its own)")
-    ax.set_ylabel("seconds per iteration (log)")
+    ax.set(xlabel="workers (each on a host of its own)", ylabel="seconds per iteration (log)")
     ax.set_title(f"2-{hidden}-2, batch {rs[0]['batch'] if rs else '?'}, sync SGD, {info['rate']} links: measured "
                  "bars (dark: computation, light: communication)", fontsize=9)
     ax.legend(fontsize=6.5, ncol=2, loc="upper left")
     ax.grid(alpha=0.3, axis="y", which="both")
     for lab in ARCHS:
-        pts = sorted((x for x in rs if x["label"] == lab), key=lambda x: x["workers"])
+        pts = validate.series(rs, "workers", label=lab)
         if pts:
             ax2.plot([x["workers"] for x in pts], [x["updates_per_s"] for x in pts], "-o", color=colors[lab],
                      label=f"{lab}, measured")
             if pts[0].get("pred_iteration_s"):
                 ax2.plot([x["workers"] for x in pts], [1 / x["pred_iteration_s"] for x in pts], "--",
                          color=colors[lab], alpha=0.6, label=f"{lab}, predicted")
-    ax2.set_xlabel("workers")
-    ax2.set_ylabel("updates/s (one per iteration)")
+    ax2.set(xlabel="workers", ylabel="updates/s (one per iteration)")
     ax2.set_yscale("log")
     ax2.set_title("updates/s: measured (solid), predicted (dashed)", fontsize=9)
     ax2.grid(alpha=0.3, which="both")
@@ -355,8 +313,6 @@ def plot(rows: list[dict], info: dict, hidden: int, path: Path) -> None:
                  f"(load 1-min median {info.get('load', {}).get('loadavg_1min_median', '?')})", fontsize=10)
     common.save_figure(fig, path)
 
-
-# -- main ------------------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
     a = parse_args(argv)
@@ -386,7 +342,8 @@ def main(argv=None) -> int:
     with validate.testbed(a.name, hosts, a.rate) as tb:
         params, params_path, info["link_efficiency"] = testbed_params(tb, base, base_raw, info["rate_bit"], a.hidden,
                                                                        a.workers, a, out, a.rate)
-        points = points_of(a, a.rate, zip(a.hidden, a.iterations), a.workers)
+        points = [{"label": lab, "rate": a.rate, "hidden": h, "workers": W, "iterations": it}
+                  for h, it in zip(a.hidden, a.iterations) for W in a.workers for lab in ARCHS]
         print(f"sweep: {len(points)} points at {a.rate} ...", flush=True)
         rows = sweep(tb, a, out, points)
     info["sweep_s"] = round(time.perf_counter() - t0, 1)
@@ -403,7 +360,7 @@ def main(argv=None) -> int:
     run.write(rows, run.meta(summary=info, columns=COLUMNS))
     for h in a.hidden:
         run.plot(lambda rs, path, h=h: plot(rs, {**info, "load": run.load}, h, path), rows, name=f"arch-h{h}")
-    report(rows, info, a)
+    report(rows, info)
     run.print_machine()
     run.wrote()
     return 0
@@ -427,12 +384,9 @@ def second_rate(a, base, base_raw, rows, params, out: Path, hosts: int) -> dict:
             new = sweep(tb, a, out, [{"label": lab, "rate": a.second_rate, "hidden": h, "workers": W, "iterations": it}
                                      for lab, W in winners])
             rows += new
-            measured = {}
-            for rate in (a.rate, a.second_rate):
-                for lab, W in winners:
-                    r = next((r for r in rows
-                              if (r["rate"], r["hidden"], r["label"], r["workers"]) == (rate, h, lab, W)), None)
-                    measured.setdefault(rate, {})[f"{lab} W={W}"] = epoch_time(r, a) if r else None
+            runs = {(r["rate"], r["label"], r["workers"]): r for r in rows if r["hidden"] == h}
+            measured = {rate: {f"{lab} W={W}": epoch_time(runs[rate, lab, W], a) if (rate, lab, W) in runs else None
+                               for lab, W in winners} for rate in (a.rate, a.second_rate)}
             got[h] = {"model_winner": {k: {"label": v[0], "workers": v[1], "predicted_s": v[2], "bound": v[3]}
                                        for k, v in labels_of.items()},
                       "measured_s": measured, "link_efficiency": eff2}
@@ -444,27 +398,18 @@ def second_rate(a, base, base_raw, rows, params, out: Path, hosts: int) -> dict:
 
 def _label(r: dict) -> str | None:
     """The sweep's label of an optimize row, if the sweep has that architecture."""
-    if r["arch"] == "p2p" and r["model_parallel"] == 1:
-        return "P2P"
-    if r["arch"] == "allreduce" and r["model_parallel"] == 1:
-        return "RA"
-    if r["arch"] == "ps" and r["model_parallel"] == 2 and r["servers"] == 1:
-        return "PS K=2"
-    if r["arch"] == "ps" and r["model_parallel"] == 1:
-        if r["servers"] == 1:
-            return "1-PS"
-        if r["servers"] == r["workers"] // 4:
-            return "PS S=W/4"
-    return None
+    options = {"arch": r["arch"], "servers": r["servers"] if r["arch"] == "ps" else 0,
+               "model_parallel": r["model_parallel"]}
+    return next((lab for lab in ARCHS if configuration(lab, r["workers"]) == options), None)
 
 
-def report(rows: list[dict], info: dict, a) -> None:
-    common.print_table(rows, [("rate", "rate", ""), ("hidden", "hidden", "d"), ("W", "workers", "d"),
-                              ("arch", "label", ""), ("ms/it", "iteration_s", ".4f"), ("compute", "compute_s", ".4f"),
-                              ("comm", "comm_s", ".4f"), ("model", "pred_iteration_s", ".4f"),
-                              ("APE%", "pred_ape", ".1f"), ("sim", "sim_iteration_s", ".4f"),
-                              ("APE%", "sim_ape", ".1f"),
-                              ("bound", "pred_bound", ""), ("proof", "proof_ok", ""), ("load", "load_1min", ".1f")],
+def report(rows: list[dict], info: dict) -> None:
+    cols = [("rate", "rate", ""), ("hidden", "hidden", "d"), ("W", "workers", "d"), ("arch", "label", ""),
+            ("ms/it", "iteration_s", ".4f"), ("compute", "compute_s", ".4f"), ("comm", "comm_s", ".4f"),
+            ("model", "pred_iteration_s", ".4f"), ("APE%", "pred_ape", ".1f"), ("sim", "sim_iteration_s", ".4f"),
+            ("APE%", "sim_ape", ".1f"), ("bound", "pred_bound", ""), ("proof", "proof_ok", ""),
+            ("load", "load_1min", ".1f")]
+    common.print_table(rows, cols,
                        title="\nseconds per iteration: measured on the emulated cluster / predicted / simulated")
     for h, by_w in info["orderings"].items():
         for W, o in by_w.items():
@@ -479,7 +424,7 @@ def report(rows: list[dict], info: dict, a) -> None:
         print(f"optimize, 2-{h}-2: first {f and f['label']} W={f and f['workers']} ({f and f['bound']}-bound), "
               f"measured {f and round(f['measured_s'], 1)} s; best measured {b['label']} W={b['workers']} "
               f"{round(b['measured_s'], 1)} s: ratio {o['ratio'] and round(o['ratio'], 3)} "
-              f"({'PASS' if o['pass'] else 'FAIL'}, <= 1.10)")
+              f"({validate.verdict(o['pass'])}, <= 1.10)")
 
 
 if __name__ == "__main__":

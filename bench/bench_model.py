@@ -2,34 +2,26 @@
 its predictions against measured asgd.train runs on this machine, on bench/validate.py.
 
 The parameters come from `python -m asgd.perf calibrate` alone (microbenchmarks, run here
-BEFORE the sweep), or --params FILE; nothing is fitted to the sweep. calibrate measures a
-job's start-up and the cores' worth of work at some rank counts (1, C, C+1, 2C+1, 4C+1,
-8C+1 for C cores; --quick: 1, C, 2C+1): a run at one of those counts is IN-SAMPLE, any other
-OUT-OF-SAMPLE, and the pass/fail limits apply to the out-of-sample runs.
+BEFORE the sweep), or --params FILE; nothing is fitted to the sweep. A run at a rank count
+calibrate measured a job at (1, C, C+1, 2C+1, 4C+1, 8C+1 for C cores; --quick: 1, C, 2C+1)
+is IN-SAMPLE, any other OUT-OF-SAMPLE; the pass/fail limits apply to the out-of-sample runs.
 
   grid       hidden 10000: workers {1,2,3,4,6,8} x batch {16,64,256,1024} x reader
-             {sequential, parallel}; hidden 100000: workers x batch {64,1024}, the readers
-             alternating over the workers; 3 epochs each, on one generated TSV file, after a
-             discarded warm-up run, in an order shuffled with --seed. Each run is
-             `mpiexec -n w+1 python -m asgd.train --optimizer sgd --data D --reader R --batch B
-             --hidden H --epochs E --quiet --out OUT/runs/h{H}-w{W}-b{B}-{R}`, holding the CPU
-             lock; a run that fails is reported and skipped.
-  score      per phase, APE = |pred - meas| / meas: init, train, total are validated (median
-             APE of total <= 15%, of init and of train <= 25%, out of sample; in-sample
-             beside it); a worker's compute and comm inside train are detail (not pass/fail);
-             by reader, workers, batch and hidden too. For contrast, paper_total_pred_s and
-             paper_total_ape: the paper's own equations (eq. 9; section 5.3's T_total_new)
-             with the same parameters.
-  optimizer  per hidden size, asgd.perf optimize over exactly the grid measured there (1
-             server, one node of params.cores cores, at most max(workers) + 1 ranks): its top
-             configuration's measured total (run now if the sweep did not) against the best
-             measured total: pass if top / best <= 1.10.
+             {sequential, parallel}; hidden 100000: batch {64,1024}, the readers alternating
+             over the workers; 3 epochs each on one generated TSV file, after a discarded
+             warm-up run, shuffled with --seed. Each run is `mpiexec -n W+1 python -m
+             asgd.train --optimizer sgd --data D --reader R --batch B --hidden H --epochs E`.
+  score      APE = |pred - meas| / meas per phase: median APE of total <= 15%, of init and
+             train <= 25% (out of sample); compute and comm inside train are detail. Beside
+             them, the paper's own equations (eq. 9, section 5.3) with the same parameters.
+  optimizer  per hidden size, asgd.perf optimize over exactly the grid measured there: its
+             top configuration's measured total (run now if the sweep did not) against the
+             best measured: pass if top / best <= 1.10.
 
 Writes OUT/model.csv (a row per run: configuration, {phase}_pred_s, _meas_s, _ape),
-OUT/model.json (rows, the APE summary, the paper equations' APE, the breakdown, the
-optimizer check, pass/fail, machine, load, parameters file, command line) and OUT/model.png
-(predicted against measured; APE of total by workers, batch and hidden). The exit status is
-0 whether or not the model passes (the verdict is in the output).
+OUT/model.json (rows, APE summary, breakdown, optimizer check, pass/fail, machine, load)
+and OUT/model.png (predicted against measured; APE of total by workers, batch and hidden).
+The exit status is 0 whether or not the model passes (the verdict is in the output).
 
     python bench/bench_model.py                           # the sweep above: 60 runs, about 15 minutes
     python bench/bench_model.py --params params.json      # reuse a calibration (no calibrate step)
@@ -99,6 +91,12 @@ def label(c: dict) -> str:
     return f"h{c['hidden']}-w{c['workers']}-b{c['batch']}-{c['reader']}"
 
 
+def train_argv(c: dict, data: Path, epochs: int, run_dir: Path) -> list[str]:
+    """asgd.train's arguments for configuration c (its ranks: workers + 1)."""
+    return ["-m", "asgd.train", "--optimizer", "sgd", "--data", str(data), "--reader", c["reader"], "--batch",
+            str(c["batch"]), "--hidden", str(c["hidden"]), "--epochs", str(epochs), "--quiet", "--out", str(run_dir)]
+
+
 def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: list, params) -> list[dict]:
     """Run each configuration (one asgd.train job) and compare it with the model: asgd.perf
     compare's row, with the order, source, launcher wall and sample (in: a rank count
@@ -106,12 +104,9 @@ def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: 
     calibrated = validate.calibrated_ranks(params)
 
     def one(c):
-        d = (out / "runs" / label(c)).resolve()
-        common.fresh_dir(d)   # never read a stale results.json
-        job = validate.run_job(c["workers"] + 1, [
-            "-m", "asgd.train", "--optimizer", "sgd", "--data", str(data), "--reader", c["reader"], "--batch",
-            str(c["batch"]), "--hidden", str(c["hidden"]), "--epochs", str(a.epochs), "--quiet", "--out", str(d),
-            "--timeout", str(a.timeout)], a.timeout + 30)
+        d = common.fresh_dir((out / "runs" / label(c)).resolve())   # never read a stale results.json
+        job = validate.run_job(c["workers"] + 1, train_argv(c, data, a.epochs, d) + ["--timeout", str(a.timeout)],
+                               a.timeout + 30)
         res = validate.results(d)
         (row,) = validate.compare([str(d)], params) or [None]
         return row and {**row, "label": label(c), "source": source, "launch_wall_s": job["wall_s"],
@@ -186,10 +181,8 @@ def summarize(rows: list[dict]) -> dict:
 def breakdown(rows: list[dict]) -> dict:
     """Median APE of every phase, and the signed median error of init, train and total, by
     each of reader, workers, batch, hidden."""
-    for r in rows:
-        for k in PHASES:
-            r[f"{k}_signed_pct"] = (r[f"{k}_pred_s"] - r[f"{k}_meas_s"]) / r[f"{k}_meas_s"] * 100 \
-                if r[f"{k}_meas_s"] > 0 else None
+    def signed_pct(r, k):
+        return (r[f"{k}_pred_s"] - r[f"{k}_meas_s"]) / r[f"{k}_meas_s"] * 100 if r[f"{k}_meas_s"] > 0 else None
     out = {}
     for dim in ("reader", "workers", "batch", "hidden"):
         out[dim] = {}
@@ -197,11 +190,8 @@ def breakdown(rows: list[dict]) -> dict:
             sub = [r for r in rows if r[dim] == v]
             out[dim][str(v)] = {"runs": len(sub), **{f"{k}_median_ape": validate.score(sub, f"{k}_ape")["median"]
                                                       for k in PHASES + DETAIL},
-                                **{f"{k}_median_signed_pct": validate.score(sub, f"{k}_signed_pct")["median"]
+                                **{f"{k}_median_signed_pct": validate.errors(signed_pct(r, k) for r in sub)["median"]
                                    for k in PHASES}}
-    for r in rows:
-        for k in PHASES:
-            del r[f"{k}_signed_pct"]
     return out
 
 
@@ -217,7 +207,7 @@ def report(rows, summary, parts, checks, meta) -> None:
     srows = [{"phase": k, "median": e["median"], "p90": e["p90"],
               "in_median": (e["in_sample"] or {}).get("median"), "in_p90": (e["in_sample"] or {}).get("p90"),
               "limit": f"<= {e['limit_median']:.0f}%" if e["limit_median"] else "-",
-              "verdict": ("PASS" if e["pass"] else "FAIL") if e["pass"] is not None else "detail, not pass/fail"}
+              "verdict": validate.verdict(e["pass"]) if e["pass"] is not None else "detail, not pass/fail"}
              for k, e in summary.items()]
     n_out = sum(r["sample"] == "out" for r in rows)
     print_table(srows, [("phase", "phase", ""), ("out-of-sample median APE%", "median", ".1f"),
@@ -245,20 +235,18 @@ def report(rows, summary, parts, checks, meta) -> None:
               f"{b['total_meas_s']:.2f} s (predicted rank {c['best_measured_predicted_rank']})")
         ratio = f"{c['ratio']:.3f}" if c["ratio"] is not None else "-"
         print(f"  top measured / best measured = {ratio} (<= {validate.OPTIMIZER_LIMIT:.2f}): "
-              f"{'PASS' if c['pass'] else 'FAIL'}")
+              f"{validate.verdict(c['pass'])}")
     print()
     for k in PHASES:
         e = summary[k]
-        print(f"{'PASS' if e['pass'] else 'FAIL'}: median APE of {k} {e['median']:.1f}% <= {LIMITS[k]:.0f}% "
+        print(f"{validate.verdict(e['pass'])}: median APE of {k} {e['median']:.1f}% <= {LIMITS[k]:.0f}% "
               f"(out of sample; in sample {e['in_sample']['median'] if e['in_sample'] else float('nan'):.1f}%)")
     for k in DETAIL:
         print(f"info: median APE of {k} {summary[k]['median']:.1f}% (detail, not pass/fail)")
     for c in checks:
-        print(f"{'PASS' if c['pass'] else 'FAIL'}: optimizer at hidden {c['hidden']}, top / best measured "
+        print(f"{validate.verdict(c['pass'])}: optimizer at hidden {c['hidden']}, top / best measured "
               f"{c['ratio'] if c['ratio'] is None else round(c['ratio'], 3)} <= {validate.OPTIMIZER_LIMIT:.2f}")
 
-
-# -- the figure ------------------------------------------------------------------------------
 
 def plot(rows: list[dict], title: str, path: Path) -> None:
     plt = common.pyplot()
@@ -298,12 +286,10 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
            plt.Line2D([], [], color="k", ls=":", label=f"median {med:.1f}%")]
     ax2.legend(handles=h_, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # off the points
     ax2.set_xscale("log", base=2)
-    ax2.set_xlim(min(ws) / 1.4, max(ws) * 1.4)
-    ax2.set_xticks(ws)
-    ax2.set_xticklabels([str(w) for w in ws])
-    ax2.set_xlabel("workers (ranks = workers + 1)")
-    ax2.set_ylabel("APE of total, % of measured")
-    ax2.set_ylim(0, max(max(r["total_ape"] for r in rows) * 1.15, LIMITS["total"] * 1.5))
+    ax2.set_xticks(ws, [str(w) for w in ws])
+    ax2.set(xlim=(min(ws) / 1.4, max(ws) * 1.4), ylim=(0, max(max(r["total_ape"] for r in rows) * 1.15,
+                                                            LIMITS["total"] * 1.5)),
+            xlabel="workers (ranks = workers + 1)", ylabel="APE of total, % of measured")
     ax2.set_title("where the error of the total sits", fontsize=10)
     ax2.grid(alpha=0.3)
     fig.suptitle(title, fontsize=11)
@@ -329,16 +315,13 @@ def main(argv=None) -> int:
     else:
         params_path, meta["calibrate_s"] = validate.calibrate(out, a.quick, a.cpu_lock)
     params = validate.load_params(params_path)
-    meta["params_file"] = str(params_path)
-    meta["params_calibrated_here"] = a.params is None
+    meta.update(params_file=str(params_path), params_calibrated_here=a.params is None)
 
     print("warm-up run (numba's caches; discarded) ...", flush=True)
     warm = dict(hidden=min(c["hidden"] for c in configs), workers=1, batch=max(c["batch"] for c in configs),
                 reader="parallel")
-    validate.sweep([warm], lambda c: validate.run_job(2, [
-        "-m", "asgd.train", "--optimizer", "sgd", "--data", str(data), "--reader", c["reader"], "--hidden",
-        str(c["hidden"]), "--batch", str(c["batch"]), "--epochs", str(a.epochs), "--quiet", "--out",
-        str(common.fresh_dir((out / "warmup").resolve()))], a.timeout), label)
+    validate.sweep([warm], lambda c: validate.run_job(
+        2, train_argv(c, data, a.epochs, common.fresh_dir((out / "warmup").resolve())), a.timeout), label)
 
     run.sample_load()
     failed: list[dict] = []
@@ -349,8 +332,7 @@ def main(argv=None) -> int:
     if not rows:
         sys.exit("bench_model: no run finished")
     checks = optimizer_check(rows, params, data, out, a, failed)
-    meta["sweep_s"] = time.perf_counter() - t_sweep
-    meta["load"] = run.load
+    meta.update(sweep_s=time.perf_counter() - t_sweep, load=run.load)
     summary = summarize(rows)
     parts = breakdown(rows)
     paper = validate.score(rows, "paper_total_ape")

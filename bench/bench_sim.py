@@ -1,31 +1,23 @@
 """asgd.sim (the SimGrid simulation) checked against this machine, then put beside the paper.
 
-  validate   out-of-sample validation on this machine. `python -m asgd.perf calibrate`
-             first (microbenchmarks only; or --params FILE); then a sweep of asgd.train
-             runs never used to calibrate anything: 1-16 workers (oversubscribed included:
-             up to 17 ranks on the cores), S = 1-4 servers, async / ssp / sync, both readers
-             on a TSV file and the embedded problem, and allreduce. Each run is then
-             simulated from its own configuration (python -m asgd.sim --like RUN) and
-             predicted by the analytical model (asgd.perf compare, the same runs); the
-             absolute percentage error (APE) of train_s, init_s, wall_s and updates/s,
-             median and 90th percentile, for both. Writes validate.{csv,json,png}.
-  paper      the paper's experiments on its machines (Tables 2 and 3: Mustang, a 7-node
-             rack; Blue Waters, a torus, up to 64 nodes), simulated and set beside the
-             paper's stated figures (section 5.2.1 and 5.4), in two cost models:
-               asgd   this machine's calibration, cores scaled to the paper's CPUs: what
-                      asgd would do there (no number from the paper used)
-               cntk   costs inferred from four of the paper's own numbers (total 16 s and
-                      init 25% at 2 nodes, init 90% of 50 s at 64 nodes, training lowest at
-                      16 nodes), then the other statements are checked against the
-                      simulation: init linear in nodes, total at 64, training falling to 16
-                      and rising after
-             then the fixes at 16-1024 workers: the parallel reader, 2-8 servers, 1-bit
-             compression. Writes paper.{csv,json,png} and paper-fixes.png.
-  scale      simulating 1,024 workers for one epoch of the default problem: seconds of
-             this machine (the target: under 60 s), on this machine's platform and on
-             Blue Waters. Writes scale.json.
+  validate   out-of-sample validation: `python -m asgd.perf calibrate` first (microbenchmarks
+             only; or --params FILE), then asgd.train runs never used to calibrate anything
+             (1-16 workers, oversubscribed included; S = 1-4 servers; async / ssp / sync;
+             both readers on a TSV file; allreduce, p2p, model partitioning; sgd and
+             adagrad), each simulated from its own configuration (asgd.sim --like RUN) and
+             predicted by the analytical model: the absolute percentage error (APE) of
+             train_s, init_s, wall_s and updates/s. Writes validate.{csv,json,png}.
+  paper      the paper's experiments on its machines (Mustang, a 7-node rack; Blue Waters,
+             a torus, up to 64 nodes), simulated beside the paper's stated figures in two
+             cost models: asgd (this machine's calibration, cores scaled to the paper's
+             CPUs) and cntk (costs inferred from four of the paper's numbers, its other
+             statements then checked); then the fixes at 16-1024 workers: the parallel
+             reader, 2-8 servers, 1-bit compression. Writes paper.{csv,json,png} and
+             paper-fixes.png.
+  scale      seconds of this machine to simulate 1,024 workers for one epoch of the default
+             problem (target: under 60 s), here and on Blue Waters. Writes scale.json.
 
-    python bench/bench_sim.py                       # all three: calibrate, ~35 runs, simulations
+    python bench/bench_sim.py                       # all three: calibrate, 61 runs, simulations
     python bench/bench_sim.py validate --params params.json
     python bench/bench_sim.py paper --params params.json
     python bench/bench_sim.py scale --params params.json
@@ -48,12 +40,12 @@ import dataclasses
 import json
 import math
 import os
+import subprocess
 import time
 
 METRICS = ("train", "init", "total", "updates_per_s")
 SRC = {"meas": "measured here", "sim": "simulated (asgd.sim, with the CPU other users took during the run)",
-       "model": "analytical model (asgd.perf)",
-       "paper": "stated in the paper"}
+       "model": "analytical model (asgd.perf)", "paper": "stated in the paper"}
 
 
 def parse_args(argv=None):
@@ -74,62 +66,45 @@ def parse_args(argv=None):
 def plan(a) -> list[dict]:
     """The validation runs: label, ranks and asgd.train options. None of them is a
     calibration run (calibrate runs microbenchmarks only)."""
-    E = str(a.epochs)
     runs = []
 
-    def add(label, n, *opts, data=False):
-        own = "--epochs" in opts or data
-        runs.append({"label": label, "ranks": n, "opts": list(opts) + ([] if own else ["--epochs", E]),
-                     "data": data})
+    def add(name, ranks, *opts, data=False):   # a run {name}-n{n} at each rank count n
+        opts = list(opts) + ([] if "--epochs" in opts or data else ["--epochs", str(a.epochs)])
+        runs.extend({"label": f"{name}-n{n}", "ranks": n, "opts": opts, "data": data} for n in ranks)
     if a.quick:
-        for n in (2, 5):
-            add(f"async-n{n}", n)
-        add("ssp-n5", 5, "--mode", "ssp")
-        add("sync-n5", 5, "--mode", "sync")
-        add("S2-n6", 6, "--servers", "2")
-        add("seq-n3", 3, "--reader", "sequential", "--epochs", "1", data=True)
-        add("par-n5", 5, "--reader", "parallel", "--epochs", "1", data=True)
-        add("allreduce-n4", 4, "--arch", "allreduce")
+        add("async", (2, 5))
+        add("ssp", (5,), "--mode", "ssp")
+        add("sync", (5,), "--mode", "sync")
+        add("S2", (6,), "--servers", "2")
+        add("seq", (3,), "--reader", "sequential", "--epochs", "1", data=True)
+        add("par", (5,), "--reader", "parallel", "--epochs", "1", data=True)
+        add("allreduce", (4,), "--arch", "allreduce")
         return runs
-    for n in (2, 3, 5, 9, 17):                       # 1-16 workers, async, one server
-        add(f"async-n{n}", n)
+    add("async", (2, 3, 5, 9, 17))                   # 1-16 workers, async, one server
     for S, ns in ((2, (4, 10)), (3, (7,)), (4, (6, 12, 17))):   # sharded servers
-        for n in ns:
-            add(f"S{S}-n{n}", n, "--servers", str(S))
-    for n in (3, 5, 9, 17):
-        add(f"ssp-n{n}", n, "--mode", "ssp")
-    add("ssp-S2-n10", 10, "--mode", "ssp", "--servers", "2")
-    for n in (3, 5, 9, 17):
-        add(f"sync-n{n}", n, "--mode", "sync")
-    add("sync-S2-n10", 10, "--mode", "sync", "--servers", "2")
-    add("b64-n5", 5, "--batch", "64")
-    add("b1024-n9", 9, "--batch", "1024", "--epochs", str(2 * a.epochs))
-    add("h1000-n5", 5, "--hidden", "1000", "--epochs", str(4 * a.epochs))
-    for n in (2, 5, 9, 17):                          # the readers on a TSV file
-        add(f"seq-n{n}", n, "--reader", "sequential", "--epochs", "1", data=True)
-    for n in (3, 9, 17):
-        add(f"par-n{n}", n, "--reader", "parallel", "--epochs", "1", data=True)
-    for n in (2, 4, 6, 8):                           # allreduce: asgd's ring (the default) and MPI's
-        add(f"allreduce-n{n}", n, "--arch", "allreduce")
-    for n in (2, 4, 6):
-        add(f"mpi-n{n}", n, "--arch", "allreduce", "--allreduce", "mpi")
-    for n in (2, 4, 6, 9):                           # p2p, lockstep and asynchronous
-        add(f"p2p-sync-n{n}", n, "--arch", "p2p", "--mode", "sync")
-    for n in (3, 5, 8):
-        add(f"p2p-n{n}", n, "--arch", "p2p")
-    for n in (5, 9):                                 # model partitioning: replicas of 2, one server
-        add(f"mp2-sync-n{n}", n, "--model-parallel", "2", "--mode", "sync")
-    for n in (5, 7):
-        add(f"mp2-n{n}", n, "--model-parallel", "2")
-    add("mp2-allreduce-n4", 4, "--arch", "allreduce", "--model-parallel", "2")
-    add("mp2-p2p-sync-n4", 4, "--arch", "p2p", "--model-parallel", "2", "--mode", "sync")
+        add(f"S{S}", ns, "--servers", str(S))
+    for mode in ("ssp", "sync"):
+        add(mode, (3, 5, 9, 17), "--mode", mode)
+        add(f"{mode}-S2", (10,), "--mode", mode, "--servers", "2")
+    add("b64", (5,), "--batch", "64")
+    add("b1024", (9,), "--batch", "1024", "--epochs", str(2 * a.epochs))
+    add("h1000", (5,), "--hidden", "1000", "--epochs", str(4 * a.epochs))
+    add("seq", (2, 5, 9, 17), "--reader", "sequential", "--epochs", "1", data=True)   # the readers on a TSV file
+    add("par", (3, 9, 17), "--reader", "parallel", "--epochs", "1", data=True)
+    add("allreduce", (2, 4, 6, 8), "--arch", "allreduce")   # allreduce: asgd's ring (the default) and MPI's
+    add("mpi", (2, 4, 6), "--arch", "allreduce", "--allreduce", "mpi")
+    add("p2p-sync", (2, 4, 6, 9), "--arch", "p2p", "--mode", "sync")   # p2p, lockstep and asynchronous
+    add("p2p", (3, 5, 8), "--arch", "p2p")
+    add("mp2-sync", (5, 9), "--model-parallel", "2", "--mode", "sync")   # model partitioning: replicas of 2
+    add("mp2", (5, 7), "--model-parallel", "2")
+    add("mp2-allreduce", (4,), "--arch", "allreduce", "--model-parallel", "2")
+    add("mp2-p2p-sync", (4,), "--arch", "p2p", "--model-parallel", "2", "--mode", "sync")
     # the default optimizer (adagrad) beside the same configurations with sgd, above
-    for label, n, opts in (("async-n3", 3, ()), ("async-n5", 5, ()), ("async-n9", 9, ()), ("async-n17", 17, ()),
-                           ("S2-n10", 10, ("--servers", "2")), ("S4-n6", 6, ("--servers", "4")),
-                           ("sync-n5", 5, ("--mode", "sync")), ("ssp-n9", 9, ("--mode", "ssp")),
-                           ("allreduce-n4", 4, ("--arch", "allreduce")),
-                           ("p2p-sync-n4", 4, ("--arch", "p2p", "--mode", "sync"))):
-        add(f"adagrad-{label}", n, *opts, "--optimizer", "adagrad")
+    for name, ns, *opts in (("async", (3, 5, 9, 17)), ("S2", (10,), "--servers", "2"), ("S4", (6,), "--servers", "4"),
+                            ("sync", (5,), "--mode", "sync"), ("ssp", (9,), "--mode", "ssp"),
+                            ("allreduce", (4,), "--arch", "allreduce"),
+                            ("p2p-sync", (4,), "--arch", "p2p", "--mode", "sync")):
+        add(f"adagrad-{name}", ns, *opts, "--optimizer", "adagrad")
     return runs
 
 
@@ -150,14 +125,20 @@ def measure(runs: list[dict], data: Path, out: Path, a) -> list[dict]:
     return validate.sweep(runs, one, lambda r: r["label"], say, seed=a.seed, lock=a.cpu_lock)
 
 
-def compare_runs(done: list[dict], params: Path, out: Path) -> list[dict]:
+def timings(res: dict) -> dict:
+    """A run's METRICS from its results.json (measured or simulated)."""
+    return {"train": res["train_s"], "init": res["init_s"], "total": res["wall_s"],
+            "updates_per_s": res["throughput"]["updates_per_s"]}
+
+
+def compare_runs(done: list[dict], params: Path) -> list[dict]:
     """Per run: measured, simulated and analytical-model seconds and APEs."""
     p = validate.load_params(params)
     bare = validate.without_crowding(p)
     calibrated = validate.calibrated_ranks(p)   # rank counts calibrate started jobs at (start-up, cores' worth)
     rows = []
     for d in done:
-        res = json.loads((Path(d["run_dir"]) / "results.json").read_text())
+        res = validate.results(d["run_dir"])
         c = res["config"]
         t = time.perf_counter()
         # the simulator with the other users' load measured during the run (an input about the
@@ -165,39 +146,25 @@ def compare_runs(done: list[dict], params: Path, out: Path) -> list[dict]:
         sim = validate.simulate(params, d["run_dir"], out=d["run_dir"] + "-sim", background=d.get("others_cores", 0.0))
         sim_wall = time.perf_counter() - t
         simq = validate.simulate(params, d["run_dir"], out=d["run_dir"] + "-simq")
+        pr = validate.predict(p, res)
+        # the model's rate: the run's own update count over its predicted training time
+        model = {"train": pr.train_s, "init": pr.init_s, "total": pr.total_s,
+                 "updates_per_s": res["throughput"]["updates"] / pr.train_s}
         row = {"label": d["label"], "ranks": c["world_size"], "workers": c["workers"], "servers": c["servers"],
                "arch": c["arch"], "architecture": architecture(c), "optimizer": c["optimizer"],
                "mode": c["mode"], "reader": c["reader"] if c.get("data") else "embedded",
                "batch": c["batch"], "hidden": c["hidden"], "epochs": c["epochs"],
                "oversubscribed": c["oversubscribed"], "load_1min": d["load_1min"],
                "others_cores": d.get("others_cores"), "sim_wall_s": sim_wall,
-               "sample": "in" if c["world_size"] in calibrated else "out"}
-        meas = {"train": res["train_s"], "init": res["init_s"], "total": res["wall_s"],
-                "updates_per_s": res["throughput"]["updates_per_s"]}
-        simv = {"train": sim["train_s"], "init": sim["init_s"], "total": sim["wall_s"],
-                "updates_per_s": sim["throughput"]["updates_per_s"]}
-        simq_v = {"train": simq["train_s"], "init": simq["init_s"], "total": simq["wall_s"],
-                  "updates_per_s": simq["throughput"]["updates_per_s"]}
-        pr = validate.predict(p, res)
-        # the model's rate: the run's own update count over its predicted training time
-        model = {"train": pr.train_s, "init": pr.init_s, "total": pr.total_s,
-                 "updates_per_s": res["throughput"]["updates"] / pr.train_s}
-        for k in METRICS:
-            row[f"meas_{k}"] = meas[k]
-            row[f"sim_{k}"] = simv[k]
-            row[f"sim_ape_{k}"] = validate.ape(simv[k], meas[k])
-            row[f"simq_{k}"] = simq_v[k]
-            row[f"simq_ape_{k}"] = validate.ape(simq_v[k], meas[k])
-            row[f"model_{k}"] = model[k] if model else None
-            row[f"model_ape_{k}"] = validate.ape(model[k], meas[k]) if model else None
+               "sample": "in" if c["world_size"] in calibrated else "out",
+               **validate.judged(timings(res), sim=timings(sim), simq=timings(simq), model=model)}
         row["model_no_crowding_train"] = validate.predict(bare, res).train_s
-        row["model_no_crowding_ape_train"] = validate.ape(row["model_no_crowding_train"], meas["train"])
+        row["model_no_crowding_ape_train"] = validate.ape(row["model_no_crowding_train"], row["meas_train"])
         row["sim_startup_check_s"] = sim["simulated"]["startup_check"]["calibrated_job_startup_s"]
         rows.append(row)
-        print(f"  {d['label']:14s} train meas {meas['train']:6.2f} sim {simv['train']:6.2f} "
-              f"(no load {simq_v['train']:6.2f}) "
-              f"model {model['train'] if model else float('nan'):6.2f}   init meas {meas['init']:5.2f} "
-              f"sim {simv['init']:5.2f} model {model['init'] if model else float('nan'):5.2f}", flush=True)
+        print(f"  {d['label']:14s} train meas {row['meas_train']:6.2f} sim {row['sim_train']:6.2f} "
+              f"(no load {row['simq_train']:6.2f}) model {row['model_train']:6.2f}   init meas "
+              f"{row['meas_init']:5.2f} sim {row['sim_init']:5.2f} model {row['model_init']:5.2f}", flush=True)
     return rows
 
 
@@ -240,31 +207,30 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
+# the predictors as validate.png draws them: (column prefix, name, scatter's style, bar's colour)
+PREDICTORS = (("sim", SRC["sim"], dict(s=28, color="tab:blue", edgecolor="k", lw=0.3), "tab:blue"),
+              ("simq", "simulated without the others' load",
+               dict(s=22, marker="^", facecolor="none", edgecolor="tab:blue", lw=0.8), "lightsteelblue"),
+              ("model", SRC["model"], dict(s=28, marker="s", color="tab:orange", edgecolor="k", lw=0.3), "tab:orange"))
+
+
 def plot_validate(rows: list[dict], summary: dict, path: Path, title: str) -> None:
     plt = common.pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.4))
     for ax, k, name in ((axes[0], "train", "training time (train_s)"), (axes[1], "init", "initialization (init_s)")):
-        m = [r for r in rows if r[f"model_{k}"] is not None]
-        validate.pred_vs_meas(ax, [
-            ([r[f"meas_{k}"] for r in rows], [r[f"sim_{k}"] for r in rows],
-             dict(s=28, color="tab:blue", edgecolor="k", lw=0.3,
-                  label=f"{SRC['sim']}: median APE {summary['sim_' + k]['median']:.1f}%")),
-            ([r[f"meas_{k}"] for r in rows], [r[f"simq_{k}"] for r in rows],
-             dict(s=22, marker="^", facecolor="none", edgecolor="tab:blue", lw=0.8,
-                  label=f"simulated without the others' load: median APE {summary['simq_' + k]['median']:.1f}%")),
-            ([r[f"meas_{k}"] for r in m], [r[f"model_{k}"] for r in m],
-             dict(s=28, marker="s", color="tab:orange", edgecolor="k", lw=0.3,
-                  label=f"{SRC['model']}: median APE {summary['model_' + k]['median']:.1f}%"))],
-            0.10, 1.3, f"{SRC['meas']}, s", "predicted, s", name)
+        series = []
+        for who, what, style, _ in PREDICTORS:
+            have = [r for r in rows if r[f"{who}_{k}"] is not None]
+            series.append(([r[f"meas_{k}"] for r in have], [r[f"{who}_{k}"] for r in have],
+                           {**style, "label": f"{what}: median APE {summary[f'{who}_{k}']['median']:.1f}%"}))
+        validate.pred_vs_meas(ax, series, 0.10, 1.3, f"{SRC['meas']}, s", "predicted, s", name)
         ax.legend(fontsize=7.5, loc="upper left")
     ax = axes[2]
     order = sorted(rows, key=lambda r: (r["arch"], r["mode"], r["servers"], r["ranks"]))
     x = range(len(order))
-    ax.bar([i - 0.27 for i in x], [r["sim_ape_train"] for r in order], 0.27, color="tab:blue", label=SRC["sim"])
-    ax.bar([i for i in x], [r["simq_ape_train"] for r in order], 0.27, color="lightsteelblue",
-           label="simulated without the others' load")
-    ax.bar([i + 0.27 for i in x], [r["model_ape_train"] or 0 for r in order], 0.27, color="tab:orange",
-           label=f"{SRC['model']} (none for allreduce)")
+    for dx, (who, what, _, color) in zip((-0.27, 0, 0.27), PREDICTORS):
+        ax.bar([i + dx for i in x], [r[f"{who}_ape_train"] or 0 for r in order], 0.27, color=color,
+               label=f"{what} (none for allreduce)" if who == "model" else what)
     ax.axhline(10, color="tab:red", ls="--", lw=1, label="10% (target: median)")
     ax.set_xticks(list(x), [r["label"] for r in order], rotation=90, fontsize=7)
     ax.set_ylabel("APE of train_s, % of measured")
@@ -275,7 +241,7 @@ def plot_validate(rows: list[dict], summary: dict, path: Path, title: str) -> No
     save_figure(fig, path)
 
 
-def run_validate(a, out: Path, params: Path, meta: dict) -> dict:
+def run_validate(a, out: Path, params: Path, meta: dict) -> None:
     data = validate.generate(out / "data" / "d.tsv", a.points, a.points // 20)
     runs = plan(a)
     print("warm-up run (numba's caches; discarded) ...", flush=True)
@@ -288,25 +254,21 @@ def run_validate(a, out: Path, params: Path, meta: dict) -> dict:
     t0 = time.perf_counter()
     print(f"{len(runs)} validation runs (none used to calibrate), shuffled with seed {a.seed}:", flush=True)
     done = measure(runs, data, out, a)
-    meta["sweep_s"] = time.perf_counter() - t0
-    meta["load_during_runs"] = load.summary()
+    meta.update(sweep_s=time.perf_counter() - t0, load_during_runs=load.summary())
     print("simulating each run from its configuration, and the analytical model's prediction:", flush=True)
     t1 = time.perf_counter()
-    rows = compare_runs(done, params, out)
+    rows = compare_runs(done, params)
     meta["simulate_s"] = time.perf_counter() - t1
     summary = summarize(rows)
     cols = [("run", "label", ""), ("ranks", "ranks", "d"), ("calib. P", "sample", ""), ("S", "servers", "d"),
-            ("mode", "mode", ""),
-            ("reader", "reader", "")]
+            ("mode", "mode", ""), ("reader", "reader", "")]
     for k in ("train", "init"):
         cols += [(f"{k} meas", f"meas_{k}", ".2f"), ("sim", f"sim_{k}", ".2f"), ("APE%", f"sim_ape_{k}", ".0f"),
                  ("model", f"model_{k}", ".2f"), ("APE%", f"model_ape_{k}", ".0f")]
     print_table(sorted(rows, key=lambda r: (r["arch"], r["mode"], r["reader"], r["servers"], r["ranks"])), cols,
                 title=f"\nmeasured here / simulated / analytical model, seconds and APE ({len(rows)} runs)")
-    srows = []
-    for k in METRICS:
-        srows.append({"metric": k, **{f"{w}_{q}": summary.get(f"{w}_{k}", {}).get(q) for w in ("sim", "simq", "model")
-                                      for q in ("median", "p90")}})
+    srows = [{"metric": k, **{f"{w}_{q}": summary.get(f"{w}_{k}", {}).get(q) for w in ("sim", "simq", "model")
+                              for q in ("median", "p90")}} for k in METRICS]
     print_table(srows, [("metric", "metric", ""), ("sim median APE%", "sim_median", ".1f"),
                         ("sim p90", "sim_p90", ".1f"), ("sim, no load: median", "simq_median", ".1f"),
                         ("p90", "simq_p90", ".1f"), ("model median APE%", "model_median", ".1f"),
@@ -325,10 +287,10 @@ def run_validate(a, out: Path, params: Path, meta: dict) -> dict:
                   f"(p90 {e['model']['p90']:5.1f}%; without its crowding term "
                   f"{e['model_no_crowding']['median']:5.1f}%)")
     t = summary["target"]
-    print(f"{'PASS' if t['every_architecture_le_15'] else 'FAIL'}: every architecture's median train APE <= 15% "
-          f"(model and simulator); {'PASS' if t['adagrad_le_10'] else 'FAIL'}: adagrad's <= 10%")
+    print(f"{validate.verdict(t['every_architecture_le_15'])}: every architecture's median train APE <= 15% "
+          f"(model and simulator); {validate.verdict(t['adagrad_le_10'])}: adagrad's <= 10%")
     e, q = summary["sim_all_train"], summary["simq_all_train"]
-    print(f"{'PASS' if e['median'] <= 10 else 'FAIL'}: simulator's median APE of train_s over all {len(rows)} runs "
+    print(f"{validate.verdict(e['median'] <= 10)}: simulator's median APE of train_s over all {len(rows)} runs "
           f"{e['median']:.1f}% (target <= 10%); without the measured load {q['median']:.1f}%")
     meta.update(validate_summary=summary)
     write_outputs(out, "validate", rows, {**meta, "summary": summary, "sources": SRC})
@@ -336,7 +298,6 @@ def run_validate(a, out: Path, params: Path, meta: dict) -> dict:
                   f"asgd.sim and the analytical model against {len(rows)} asgd.train runs on this machine "
                   f"({meta['machine']['cores']} cores), out of sample; load avg 1 min median "
                   f"{meta['load_during_runs']['loadavg_1min_median']}")
-    return summary
 
 
 # -- paper ---------------------------------------------------------------------------------------
@@ -373,16 +334,14 @@ def cntk_params(p_raw: dict, file_bytes: int) -> tuple[dict, dict]:
     A = ratio * B
     raw = json.loads(json.dumps(p_raw))   # a copy: the measured tables give the shapes, scaled
     n_w = 50002
-    step_now = _interp_step(raw, 10000, 256)
-    f = A / step_now
+    f = A / validate.Params.from_dict(raw).step(10000, 256)
     raw["step_s"] = {h: {b: v * f for b, v in t_.items()} for h, t_ in raw["step_s"].items()}
     raw["step_spread"] = {}
     raw.pop("step_cpu_s", None)   # else asgd.sim times steps by this machine's CPU table, not by A
     raw["server_update_s"] = {str(n_w): B, "5002": B / 10}
     raw["worker_msg_s"] = {str(n_w): 0.0, "5002": 0.0}
     raw["contended_update_s"] = {}
-    raw["read_s_per_byte"] = {"sequential": {"tsv": t / file_bytes, "npy": t / file_bytes},
-                              "parallel": {"tsv": t / file_bytes, "npy": t / file_bytes}}
+    raw["read_s_per_byte"] = {r: {"tsv": t / file_bytes, "npy": t / file_bytes} for r in ("sequential", "parallel")}
     raw["select_s_per_point"] = {"sequential": 0.0, "parallel": 0.0}
     raw["startup"] = {"imports_wall_s": s0, "imports_cpu_s": s0, "parsers_wall_s": 0.0, "parsers_cpu_s": 0.0,
                       "kernels_wall_s": 0.0, "kernels_cpu_s": 0.0}
@@ -398,11 +357,7 @@ def cntk_params(p_raw: dict, file_bytes: int) -> tuple[dict, dict]:
     return raw, derivation
 
 
-def _interp_step(raw: dict, hidden: int, batch: int) -> float:
-    return validate.Params.from_dict(raw).step(hidden, batch)
-
-
-def paper_specs(p, raw: dict, cost: str, a) -> list[tuple[str, object, dict]]:
+def paper_specs(p, cost: str, a) -> list[tuple[str, object, dict]]:
     """(experiment, Spec, what the row is) of the paper's scaling study and of the fixes."""
     Spec, machines = validate.sim_spec()
     BLUE_WATERS, MUSTANG, Run = machines.BLUE_WATERS, machines.MUSTANG, validate.Run
@@ -410,37 +365,32 @@ def paper_specs(p, raw: dict, cost: str, a) -> list[tuple[str, object, dict]]:
     fb, tb = int(PAPER_POINTS * per), int(PAPER_POINTS // 4 * per)
     base = Run(workers=1, servers=1, batch=256, hidden=10000, epochs=1, reader="sequential", points=PAPER_POINTS,
                test_points=PAPER_POINTS // 4, file_bytes=fb, test_bytes=tb, cores=16)
-    nodes = (2, 8, 64) if a.quick else NODES
-    # the cntk costs are Blue Waters' own (inferred from its runs): its cores run at 1.0 there
-    bw = dataclasses.replace(BLUE_WATERS, core_speed=1.0) if cost == "cntk" else BLUE_WATERS
-    out = []
-    for N in nodes:   # Figure 6 / 9: one worker per node, the server on node 0, the sequential reader
-        spec = Spec(run=dataclasses.replace(base, workers=N), machine=bw, nodes=N, placement="spread",
-                    epoch_barrier=cost == "cntk")
-        out.append(("bluewaters-scaling", spec, {"nodes": N}))
-    for N in ((1, 2, 7) if a.quick else range(1, 8)):   # Mustang's rack (Figure 2, batch 256)
-        m = dataclasses.replace(MUSTANG, core_speed=MUSTANG.core_speed / BLUE_WATERS.core_speed) \
-            if cost == "cntk" else MUSTANG   # cntk costs are Blue Waters' cores': Mustang's are faster
-        spec = Spec(run=dataclasses.replace(base, workers=N), machine=m, nodes=N, placement="spread",
-                    epoch_barrier=cost == "cntk")
-        out.append(("mustang-scaling", spec, {"nodes": N}))
-    workers = (16, 1024) if a.quick else (16, 64, 256, 1024)
+    # the cntk costs are Blue Waters' own (inferred from its runs): its cores run at 1.0 there, Mustang's faster
+    cntk = cost == "cntk"
+    bw = dataclasses.replace(BLUE_WATERS, core_speed=1.0) if cntk else BLUE_WATERS
+    mustang = dataclasses.replace(MUSTANG, core_speed=MUSTANG.core_speed / BLUE_WATERS.core_speed) if cntk else MUSTANG
+
+    def spec(machine, nodes: int, placement: str, compress: str = "none", **run):
+        return Spec(run=dataclasses.replace(base, **run), machine=machine, nodes=nodes, placement=placement,
+                    compress=compress, epoch_barrier=cntk)
+    # Figure 6 / 9: one worker per node, the server on node 0, the sequential reader; Mustang's rack (Figure 2)
+    out = [("bluewaters-scaling", spec(bw, N, "spread", workers=N), {"nodes": N})
+           for N in ((2, 8, 64) if a.quick else NODES)]
+    out += [("mustang-scaling", spec(mustang, N, "spread", workers=N), {"nodes": N})
+            for N in ((1, 2, 7) if a.quick else range(1, 8))]
     fixes = [("sequential, 1 server", "sequential", 1, "none"), ("parallel, 1 server", "parallel", 1, "none"),
              ("parallel, 2 servers", "parallel", 2, "none"), ("parallel, 4 servers", "parallel", 4, "none"),
              ("parallel, 8 servers", "parallel", 8, "none"), ("parallel, 8 servers, 1-bit", "parallel", 8, "1bit")]
     if a.quick:
         fixes = [fixes[0], fixes[1], fixes[4], fixes[5]]
-    for W in workers:   # the fixes on Blue Waters, 16 ranks per node
-        for name, reader, S, comp in fixes:
-            ranks = W + S
-            spec = Spec(run=dataclasses.replace(base, workers=W, servers=S, reader=reader), machine=bw,
-                        nodes=math.ceil(ranks / 16), placement="block", compress=comp,
-                        epoch_barrier=cost == "cntk")
-            out.append(("bluewaters-fixes", spec, {"workers": W, "fix": name}))
+    # the fixes on Blue Waters, 16 ranks per node
+    out += [("bluewaters-fixes", spec(bw, math.ceil((W + S) / 16), "block", comp, workers=W, servers=S, reader=reader),
+             {"workers": W, "fix": name})
+            for W in ((16, 1024) if a.quick else (16, 64, 256, 1024)) for name, reader, S, comp in fixes]
     return out
 
 
-def run_paper(a, out: Path, params: Path, meta: dict) -> dict:
+def run_paper(a, out: Path, params: Path, meta: dict) -> None:
     p, raw = validate.sim_params(params)
     fb = int(PAPER_POINTS * p.bytes_per_point["tsv"])
     cntk_raw, derivation = cntk_params(raw, fb)
@@ -449,7 +399,7 @@ def run_paper(a, out: Path, params: Path, meta: dict) -> dict:
     models = {"asgd": (p, raw), "cntk": (validate.Params.from_dict(cntk_raw), cntk_raw)}
     rows = []
     for cost, (pp, rr) in models.items():
-        for exp, spec, what in paper_specs(pp, rr, cost, a):
+        for exp, spec, what in paper_specs(pp, cost, a):
             t = time.perf_counter()
             res = validate.simulate(params, spec=spec, params=(pp, rr), data_name=f"paper-{PAPER_POINTS}.tsv")
             row = {"experiment": exp, "costs": cost, **what, "machine": spec.machine.name, "nodes_sim": spec.nodes,
@@ -470,7 +420,6 @@ def run_paper(a, out: Path, params: Path, meta: dict) -> dict:
     meta.update(cntk_derivation=derivation, paper_stated=PAPER, verdicts=verdicts)
     write_outputs(out, "paper", rows, {**meta, "sources": SRC})
     plot_paper(rows, out / "paper.png", out / "paper-fixes.png")
-    return {"verdicts": verdicts}
 
 
 def paper_verdicts(rows: list[dict]) -> list[dict]:
@@ -484,20 +433,18 @@ def paper_verdicts(rows: list[dict]) -> list[dict]:
         slope, _, r2 = common.linear_fit(ns, inits)
         train_min = min(ns, key=lambda n: sc[n]["train_s"])
         rises = sc[64]["train_s"] > sc[train_min]["train_s"] * 1.05
-        out += [
-            {"costs": cost, "claim": "init share at 2 nodes", "paper": "25%",
-             "simulated": f"{100 * sc[2]['init_share']:.0f}%", "agrees": _near(sc[2]["init_share"], 0.25, 0.1)},
-            {"costs": cost, "claim": "init share at 64 nodes", "paper": "> 90%",
-             "simulated": f"{100 * sc[64]['init_share']:.0f}%", "agrees": sc[64]["init_share"] > 0.85},
-            {"costs": cost, "claim": "total at 2 nodes", "paper": "16 s",
-             "simulated": f"{sc[2]['total_s']:.1f} s", "agrees": _near(sc[2]["total_s"], 16, 0.15)},
-            {"costs": cost, "claim": "total at 64 nodes", "paper": "50 s",
-             "simulated": f"{sc[64]['total_s']:.1f} s", "agrees": _near(sc[64]["total_s"], 50, 0.15)},
-            {"costs": cost, "claim": "init grows linearly with nodes", "paper": "linear (Fig. 9)",
-             "simulated": f"{slope:.3f} s/node, R^2 {r2:.4f}", "agrees": r2 > 0.99 and slope > 0},
-            {"costs": cost, "claim": "training lowest at", "paper": "16 nodes, rising after",
-             "simulated": f"{train_min} nodes, {'rising' if rises else 'flat'} to 64",
-             "agrees": train_min in (8, 16, 32) and rises}]
+        share2, share64 = sc[2]["init_share"], sc[64]["init_share"]
+        claims = (
+            ("init share at 2 nodes", "25%", f"{100 * share2:.0f}%", _near(share2, 0.25, 0.1)),
+            ("init share at 64 nodes", "> 90%", f"{100 * share64:.0f}%", share64 > 0.85),
+            ("total at 2 nodes", "16 s", f"{sc[2]['total_s']:.1f} s", _near(sc[2]["total_s"], 16, 0.15)),
+            ("total at 64 nodes", "50 s", f"{sc[64]['total_s']:.1f} s", _near(sc[64]["total_s"], 50, 0.15)),
+            ("init grows linearly with nodes", "linear (Fig. 9)", f"{slope:.3f} s/node, R^2 {r2:.4f}",
+             r2 > 0.99 and slope > 0),
+            ("training lowest at", "16 nodes, rising after",
+             f"{train_min} nodes, {'rising' if rises else 'flat'} to 64", train_min in (8, 16, 32) and rises))
+        out += [{"costs": cost, "claim": c, "paper": said, "simulated": got, "agrees": ok}
+                for c, said, got, ok in claims]
     # the cntk costs were fitted to four of these numbers: agreeing there shows only that the
     # fit took; the other claims are the checks
     fitted = {"init share at 2 nodes", "total at 2 nodes"}
@@ -516,8 +463,7 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     colors = {"init_s": "tab:blue", "train_s": "tab:orange", "total_s": "k"}
     for ax, cost in zip(axes[:2], ("cntk", "asgd")):
-        sc = sorted((r for r in rows if r["experiment"] == "bluewaters-scaling" and r["costs"] == cost),
-                    key=lambda r: r["nodes"])
+        sc = validate.series(rows, "nodes", experiment="bluewaters-scaling", costs=cost)
         if not sc:
             continue
         ns = [r["nodes"] for r in sc]
@@ -530,8 +476,7 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
         ax.axvline(16, color="tab:orange", ls=":", lw=1, label=f"training lowest, {SRC['paper']} (16 nodes)")
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
-        ax.set_xlabel("Blue Waters nodes (one worker each, server on node 0, sequential reader)")
-        ax.set_ylabel("seconds")
+        ax.set(xlabel="Blue Waters nodes (one worker each, server on node 0, sequential reader)", ylabel="seconds")
         what = ("costs inferred from 4 of the paper's numbers (CNTK)" if cost == "cntk"
                 else "asgd's costs: this machine's calibration, cores scaled")
         ax.set_title(f"Figure 9 on a simulated Blue Waters: {what}", fontsize=9)
@@ -539,13 +484,11 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
         ax.grid(alpha=0.3)
     ax = axes[2]
     for cost, style in (("cntk", "o-"), ("asgd", "s--")):
-        ms = sorted((r for r in rows if r["experiment"] == "mustang-scaling" and r["costs"] == cost),
-                    key=lambda r: r["nodes"])
+        ms = validate.series(rows, "nodes", experiment="mustang-scaling", costs=cost)
         if ms:
             ax.plot([r["nodes"] for r in ms], [r["total_s"] for r in ms], style,
                     label=f"total, {SRC['sim']}, {cost} costs")
-    ax.set_xlabel("Mustang nodes (a 7-node rack, one switch)")
-    ax.set_ylabel("seconds")
+    ax.set(xlabel="Mustang nodes (a 7-node rack, one switch)", ylabel="seconds")
     ax.set_title("Mustang, batch 256 (paper: scales from 1 to 2 nodes, not beyond)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
@@ -558,14 +501,13 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
     for ax, cost in zip(axes, ("cntk", "asgd")):
         sub = [r for r in fixes if r["costs"] == cost]
         for name in dict.fromkeys(r["fix"] for r in sub):
-            pts = sorted((r for r in sub if r["fix"] == name), key=lambda r: r["workers"])
+            pts = validate.series(sub, "workers", fix=name)
             ax.plot([r["workers"] for r in pts], [r["total_s"] for r in pts], "o-", label=name)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ws = sorted({r["workers"] for r in sub})
         ax.set_xticks(ws, [str(w) for w in ws])
-        ax.set_xlabel("workers (16 ranks per Blue Waters node)")
-        ax.set_ylabel(f"total seconds, {SRC['sim']}")
+        ax.set(xlabel="workers (16 ranks per Blue Waters node)", ylabel=f"total seconds, {SRC['sim']}")
         ax.set_title(f"the fixes, {'CNTK-like costs (from the paper)' if cost == 'cntk' else 'asgd costs'}",
                      fontsize=10)
         ax.legend(fontsize=7.5)
@@ -575,9 +517,8 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
 
 # -- scale -------------------------------------------------------------------------------------
 
-def run_scale(a, out: Path, params: Path, meta: dict) -> dict:
+def run_scale(out: Path, params: Path, meta: dict) -> None:
     """1,024 workers, one epoch of the default problem: how long the simulation takes."""
-    import subprocess
     rows = []
     for label, extra in (("here (one 2-core node)", []),
                          ("bluewaters (64 nodes, torus)", ["--machine", "bluewaters", "--nodes", "65"])):
@@ -595,9 +536,8 @@ def run_scale(a, out: Path, params: Path, meta: dict) -> dict:
                      "simulated_wall_s": got["wall_s"], "load_1min_before": load,
                      "under_60_s": wall < 60, "command": " ".join(cmd[1:])})
         print(f"  {label}: {wall:.1f} s for the whole command ({got['sim_wall_s']:.1f} s in the engine), "
-              f"load {load:.1f}: {'PASS' if wall < 60 else 'FAIL'} (< 60 s)", flush=True)
+              f"load {load:.1f}: {validate.verdict(wall < 60)} (< 60 s)", flush=True)
     write_outputs(out, "scale", rows, meta)
-    return {"rows": rows}
 
 
 def main(argv=None) -> int:
@@ -611,15 +551,14 @@ def main(argv=None) -> int:
         params, meta["calibrate_s"] = validate.calibrate(out, a.quick, a.cpu_lock)
     meta["params_file"] = str(params)
     validate.need_simulator()
-    got = {}
     if a.part in ("all", "validate"):
-        got["validate"] = run_validate(a, out, params, dict(meta))
+        run_validate(a, out, params, dict(meta))
     if a.part in ("all", "paper"):
         print("the paper's experiments, simulated:", flush=True)
-        got["paper"] = run_paper(a, out, params, dict(meta))
+        run_paper(a, out, params, dict(meta))
     if a.part in ("all", "scale"):
         print("1,024 workers, one epoch of the default problem:", flush=True)
-        got["scale"] = run_scale(a, out, params, dict(meta))
+        run_scale(out, params, dict(meta))
     print(f"wrote {out}")
     return 0
 

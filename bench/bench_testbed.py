@@ -1,22 +1,18 @@
 """The paper's second wall, measured: updates/s against workers on an emulated cluster
 (asgd.testbed) whose links, not the cores, are the bottleneck; 1, 2 and 4 servers, each on
 a host of its own, and the performance model's prediction drawn over the measurements.
-
 Why a testbed, and why 8 Mbit/s: docs/benchmarks.md.
 
-Measured per run (`asgd.testbed run --check-bytes -- mpiexec -n W+S python -m asgd.train
---optimizer sgd --servers S --epochs E --trace ...`):
-  updates_per_s       steady state: server 0's receipts (trace.json) between the 10th and
-                      90th percentile of the run, over the time between them
-  updates_per_s_run   results.json's updates / train_s (ramp, tail and evaluations in)
-  link_util           updates_per_s / link_ceiling_updates_per_s (1.0: a full link)
-  proof               each host's veth bytes against results.json (asgd.testbed.proof)
-  pred_updates_per_s, ape_pct   asgd.perf.architectures.predict with asgd.testbed.model's
-                      testbed_params (calibration + rate, burst, latency, TCP/IP framing:
-                      derived, not fitted; a two-host probe is printed beside them)
---compress none,1bit runs every (workers, servers) point both ways, back to back.
---accuracy-epochs E (default 5) adds two runs of the default problem (one server, the most
-workers, none and 1bit): held-out accuracy per epoch, time to >= 0.95, wire bytes.
+Each run is `asgd.testbed run --check-bytes -- mpiexec -n W+S python -m asgd.train
+--optimizer sgd --servers S --epochs E --trace ...`; its rate in steady state is server 0's
+receipts (trace.json) between the 10th and 90th percentile of the run, its bytes are proven
+against each host's veth (asgd.testbed.proof), and the model's prediction uses
+asgd.testbed.model's testbed_params (calibration + the links' rate, burst, latency and
+TCP/IP framing: derived, not fitted; a two-host probe is printed beside them). testbed.json's
+`columns` says what each column is. --compress none,1bit runs every (workers, servers) point
+both ways, back to back. --accuracy-epochs E (default 5) adds two runs of the default
+problem (one server, the most workers, none and 1bit): held-out accuracy per epoch, time to
+>= 0.95, wire bytes.
 
 Writes testbed.csv, testbed.json (rows, summary: ceilings, ratios, median APE; the probe,
 the testbed, the machine, the load), testbed.png under --out (bench/results/testbed).
@@ -117,11 +113,9 @@ def steady_rate(trace_path: Path) -> tuple[float, int]:
 
 def bytes_per_weight(compress: str, hidden: int, S: int) -> float:
     """Payload bytes per weight of a push (8: float64)."""
-    if compress == "none":
-        return 8.0
     from asgd.net.mlp import Layout
     from asgd.protocol import onebit
-    return onebit.bytes_per_weight(Layout(2, hidden, 2), S)
+    return 8.0 if compress == "none" else onebit.bytes_per_weight(Layout(2, hidden, 2), S)
 
 
 def train_cmd(mpiexec: str, S: int, W: int, compress: str, args, out: Path, epochs: int | None = None) -> list[str]:
@@ -134,14 +128,8 @@ def train_cmd(mpiexec: str, S: int, W: int, compress: str, args, out: Path, epoc
 def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | None = None) -> dict:
     model = validate.testbed_model()
     out = tmp / f"s{S}-w{W}-{compress}-{time.monotonic_ns()}"
-    load0 = os.getloadavg()[0]
-    try:
-        res = tb.run(train_cmd(validate.launcher(), S, W, compress, args, out, epochs), check_bytes=True,
-                     timeout=args.timeout, capture=True, say=lambda *a, **k: None)
-    except Exception as e:  # noqa: BLE001  (a failed run is reported and skipped)
-        raise common.JobFailed(f"failed: {str(e)[-400:]}") from None
-    if res.rc or res.results is None:
-        raise common.JobFailed(f"exit {res.rc}: {(res.stderr or '')[-400:]}")
+    res, load = validate.testbed_job(tb, train_cmd(validate.launcher(), S, W, compress, args, out, epochs),
+                                     args.timeout, True)
     r = res.results
     rate, n = steady_rate(out / "trace.json")
     ev = r["ranks"][0]["phases"].get("evaluate", 0.0)
@@ -165,8 +153,8 @@ def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | No
             "qdisc_drops": sum(q["dropped"] for q in res.qdisc),
             "job_cpu_s": round(res.cpu_s, 1),
             "cpu_ms_per_update": round(1e3 * res.cpu_s / r["throughput"]["updates"], 2),
-            "hosts": sorted(set(x["host"] for x in r["ranks"])).__len__(),
-            "load_1min": round((load0 + os.getloadavg()[0]) / 2, 2), "n_w": n_w,
+            "hosts": len({x["host"] for x in r["ranks"]}),
+            "load_1min": load, "n_w": n_w,
             "history": [{"epoch": h["epoch"], "time_s": round(h["time_s"], 2), "test_accuracy": h.get("test_accuracy")}
                         for h in r["metrics"]["history"]],
             "time_to_accuracy_s": next((round(h["time_s"], 2) for h in r["metrics"]["history"]
@@ -192,17 +180,13 @@ def predict(base, rows, args, rate_bit) -> None:
     """pred_updates_per_s and ape_pct on every row (the model never sees the measurements:
     the network terms are the link's rate and burst and TCP/IP framing, not the runs' bytes)."""
     for r in rows:
-        S, W = r["servers"], r["workers"]
-        n_w = r["n_w"]
-        prm = validate.testbed_model().testbed_params(base, rate_bit, args.latency * 1e-6,
-                             bytes_per_weight=bytes_per_weight(r["compress"], args.hidden, S),
-                             sizes=[-(-n_w // S), n_w])
-        pred = validate.model_predict(prm, validate.Run(workers=W, servers=S, batch=args.batch,
-                                                           hidden=args.hidden, epochs=args.epochs))
-        X = pred.detail["updates_per_s"]
-        r["pred_updates_per_s"] = round(X, 3)
-        r["pred_bound"] = pred.detail["bound"]
-        r["ape_pct"] = round(validate.ape(X, r["updates_per_s"]), 1)
+        S, n_w = r["servers"], r["n_w"]
+        prm = validate.testbed_model().testbed_params(base, rate_bit, args.latency * 1e-6, sizes=[-(-n_w // S), n_w],
+                                                      bytes_per_weight=bytes_per_weight(r["compress"], args.hidden, S))
+        run = validate.Run(workers=r["workers"], servers=S, batch=args.batch, hidden=args.hidden, epochs=args.epochs)
+        got = validate.model_predict(prm, run).detail
+        r.update(pred_updates_per_s=round(got["updates_per_s"], 3), pred_bound=got["bound"],
+                 ape_pct=round(validate.ape(got["updates_per_s"], r["updates_per_s"]), 1))
 
 
 # -- reporting --------------------------------------------------------------------------------
@@ -221,7 +205,7 @@ def summarize(rows, args) -> dict:
         for S, v in ceil.items():
             v["vs_one_server"] = round(v["ceiling_updates_per_s"] / base, 2) if base else None
         flat = None
-        one = sorted((r for r in rows if r["servers"] == 1 and r["compress"] == c), key=lambda r: r["workers"])
+        one = validate.series(rows, "workers", servers=1, compress=c)
         if len(one) >= 3:   # does one server stop rising? the last points against the ceiling
             flat = {"workers": [r["workers"] for r in one], "updates_per_s": [r["updates_per_s"] for r in one],
                     "gain_from_2_to_max_workers": round(one[-1]["updates_per_s"] /
@@ -252,7 +236,7 @@ def plot(rows, info, path):
     for ax, c in zip(axes, kinds):
         name = "float64" if c == "none" else c
         for S in sorted({r["servers"] for r in rows}):
-            rs = sorted((r for r in rows if r["servers"] == S and r["compress"] == c), key=lambda r: r["workers"])
+            rs = validate.series(rows, "workers", servers=S, compress=c)
             if not rs:
                 continue
             col, mk = colors.get(S, "k"), "o" if c == "none" else "s"
@@ -276,21 +260,17 @@ def plot(rows, info, path):
                 ax.axhline(cc["updates_per_s"], color="0.3", lw=1, ls="-.", label=what)
             else:   # far above: a line there would flatten the curves
                 title += f"\n{what}: {cc['updates_per_s']:.0f}/s, off the scale"
-        ax.set_ylim(0, top)
-        ax.set_xlabel("workers (each on a host of its own)")
-        ax.set_ylabel("updates/s (steady state)")
+        ax.set(ylim=(0, top), xlabel="workers (each on a host of its own)", ylabel="updates/s (steady state)")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6.5, loc="upper left")
-    ape_ax.set_xlabel("workers")
-    ape_ax.set_ylabel("model APE, %")
+    ape_ax.set(xlabel="workers", ylabel="model APE, %")
     ape_ax.set_title(f"model against measured: median APE {info['summary']['model_median_ape_pct']} %", fontsize=9)
     ape_ax.axhline(15, color="0.5", ls=":", lw=0.8)
     ape_ax.grid(alpha=0.3)
     ape_ax.legend(fontsize=6.5)
-    tb = info["testbed"]
     fig.suptitle(f"Measured on the emulated cluster (2-{info['args']['hidden']}-2, batch {info['args']['batch']}, "
-                 f"{tb['rate']} links each way); dashed: predicted by the analytical model", fontsize=10)
+                 f"{info['testbed']['rate']} links each way); dashed: predicted by the analytical model", fontsize=10)
     common.save_figure(fig, path)
 
 
@@ -300,12 +280,8 @@ def main(argv=None):
         return 0
     run = common.Run("testbed", args, end_on_signals=True)   # timeout/kill -TERM: the testbed goes down too
     rate_bit, format_rate = validate.parse_rate(args.bandwidth), validate.format_rate
-    if args.params:
-        params_path, params_src = args.params, f"given: {args.params}"
-    else:
-        params_path, params_src = validate.calibrate(run.out, True, args.cpu_lock)[0], \
-            "python -m asgd.perf calibrate --quick (this run)"
-    base = validate.load_params(params_path)
+    params_src = f"given: {args.params}" if args.params else "python -m asgd.perf calibrate --quick (this run)"
+    base = validate.load_params(args.params or validate.calibrate(run.out, True, args.cpu_lock)[0])
     hosts = max(args.servers) + max(args.workers)
     accuracy, t_all = [], time.perf_counter()
     with validate.testbed(args.name, hosts, args.bandwidth, args.latency) as tb, \

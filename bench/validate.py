@@ -36,9 +36,7 @@ OPTIMIZER_LIMIT = 1.10   # the optimizer's pick, measured, against the best meas
 
 # -- scoring: one error, its medians ------------------------------------------------------
 
-def ape(pred: float, meas: float) -> float:
-    """Absolute percentage error, % of the measured value (asgd.perf's definition)."""
-    return perf.ape(pred, meas)
+ape = perf.ape   # absolute percentage error, % of the measured value: asgd.perf's definition
 
 
 def quantile(xs: list[float], q: float) -> float:
@@ -65,6 +63,27 @@ def score(rows: list[dict], key: str, by: str | None = None) -> dict | None:
         if got:
             groups[str(v)] = got
     return groups
+
+
+def judged(meas: dict, **predicted: dict) -> dict:
+    """A row's columns for every metric k of `meas`: meas_k, then per predictor who: who_k
+    and who_ape_k (its APE against meas_k)."""
+    row = {}
+    for k, m in meas.items():
+        row[f"meas_{k}"] = m
+        for who, values in predicted.items():
+            row[f"{who}_{k}"] = values[k]
+            row[f"{who}_ape_{k}"] = ape(values[k], m)
+    return row
+
+
+def verdict(ok) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def series(rows: list[dict], by: str, **match) -> list[dict]:
+    """The rows whose fields equal `match`, sorted by field `by`: one curve of a figure."""
+    return sorted((r for r in rows if all(r[k] == v for k, v in match.items())), key=lambda r: r[by])
 
 
 def pred_vs_meas(ax, series: list[tuple], band: float, margin: float, xlabel: str, ylabel: str, title: str) -> None:
@@ -101,9 +120,8 @@ def _procs() -> dict[int, tuple[int, int]]:
 
 class OthersCPU:
     """Cores' worth of CPU that processes other than this one and our job (everything under
-    `root`) used while the job ran: the other users' load, from their CPU counters. Counting
-    runnable processes instead overstates it: on a crowded machine a task that wants a
-    little CPU waits long in the run queue, runnable all the while."""
+    `root`) used while the job ran, from their CPU counters (counting runnable processes
+    would overstate it: on a crowded machine a task waits long in the run queue)."""
 
     def __init__(self, root: int):
         self.root, self.me, self.t0 = root, os.getpid(), time.perf_counter()
@@ -347,6 +365,19 @@ def testbed(name: str, hosts: int, rate: str, latency_us: float = 0.0):
         raise SystemExit(f"{Path(sys.argv[0]).stem}: {e}") from None
     finally:
         tb.down()
+
+
+def testbed_job(tb, cmd: list[str], timeout: float, check_bytes: bool):
+    """`cmd` run on the testbed `tb`, its output captured; (its result, the 1-minute load
+    averaged over its start and end). A run that fails raises JobFailed."""
+    load0 = os.getloadavg()[0]
+    try:
+        res = tb.run(cmd, check_bytes=check_bytes, timeout=timeout, capture=True, say=lambda *a, **k: None)
+    except Exception as e:  # noqa: BLE001  (a failed run is reported and skipped)
+        raise JobFailed(f"failed: {str(e)[-400:]}") from None
+    if res.rc or res.results is None:
+        raise JobFailed(f"exit {res.rc}: {(res.stderr or '')[-400:]}")
+    return res, round((load0 + os.getloadavg()[0]) / 2, 2)
 
 
 def parse_rate(rate: str) -> int:
