@@ -2,16 +2,11 @@
 
     mpiexec -n N python bench/peers/ddp_peer.py [--epochs 5] [--out DIR] [--stop-at 0.95]
 
-As asgd's allreduce at N ranks: the same data (asgd.data.problem.default_problem(), each
-rank its allreduce share, the same per-epoch shuffles), model (2-H-2, sigmoid, softmax
-cross-entropy, float64, asgd.net.mlp.init_params), batch B per rank, and asgd's optimizer
-(--optimizer, default asgd's) at allreduce's default lr (asgd.net.optimizers.default_lr(O,
-H, N)) as the torch.optim class with the same update (torch_mlp.torch_optimizer). One
-thread per rank; rank and size from the launcher's environment (or mpi4py); the process
-group meets through a file in --out. Rank 0 evaluates held-out accuracy each epoch and
-writes <out>/results.json in asgd's schema (the keys bench/ reads: config, wall_s since
-process start, init_s, train_s, metrics.history, metrics.accuracy, throughput.samples_per_s
-and updates_per_s, an update being one synchronous step of all ranks).
+As asgd's allreduce at N ranks: the same data, rank shares, per-epoch shuffles, model and
+init (asgd.net.mlp.init_params), batch B per rank, and asgd's optimizer at allreduce's
+default lr as the torch.optim class with the same update (torch_mlp.torch_optimizer). Rank 0
+evaluates held-out accuracy each epoch and writes <out>/results.json in asgd's schema (the
+keys bench/ reads; an update is one synchronous step of all ranks).
 """
 
 import time

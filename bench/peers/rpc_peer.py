@@ -3,20 +3,14 @@ wanting an asynchronous parameter server in Python would pick instead of asgd.
 
     mpiexec -n N python bench/peers/rpc_peer.py [--epochs 4] [--out DIR] [--stop-at 0.95]
 
-PyTorch's tutorial "Implementing a Parameter Server Using Distributed RPC Framework": rank 0
-holds the model and optimizer; each of the N-1 trainers computes a gradient on its batch and
-rpc_asyncs it to the server, which steps the optimizer under a lock and returns the
-parameters (cloned under the lock), which the trainer loads before its next step (no
-overlap). As asgd's default parameter server at N ranks: the same shares (asgd.data.shares),
-model (asgd.net.mlp.init_params), batches (asgd.protocol.context.Schedule) and optimizer at
-the async default lr (torch_mlp.torch_optimizer). Rank 0 evaluates held-out accuracy each
-epoch's worth of pushes (on a copy, in its main thread) and writes <out>/results.json
-(ddp_peer.py's keys). One thread per rank; the RPC group
-meets through a file in --out.
-
---tcp-only: TensorPipe's TCP transport and basic channel only (by default it also uses
-shared memory and cross-memory attach between one machine's processes, which the emulated
-cluster's hosts are: tensors would bypass the shaped links). bench_e2e --testbed passes it.
+As PyTorch's tutorial "Implementing a Parameter Server Using Distributed RPC Framework"
+builds it: rank 0 holds the model and optimizer; each of the N-1 trainers rpc_asyncs its
+batch's gradient, the server steps under a lock and returns the parameters, which the
+trainer loads before its next step (no overlap). asgd's shares, init, batches, optimizer and
+async default lr. Rank 0 evaluates each epoch's worth of pushes and writes <out>/results.json
+(ddp_peer.py's keys). --tcp-only: TensorPipe's TCP transport only (by default it uses shared
+memory between one machine's processes, which the emulated cluster's hosts are: tensors
+would bypass the shaped links); bench_e2e --testbed passes it.
 """
 
 import time
@@ -45,10 +39,8 @@ class ParameterServer:
         self.model, self.opt = model, optimizer
         self.lock = threading.Lock()
         self.n_train, self.trainers, self.stop_at = n_train, trainers, stop_at
-        self.samples = self.updates = 0
-        self.loss_sum = 0.0
-        self.done = 0
-        self.stop = False
+        self.samples = self.updates = self.done = 0   # done: trainers finished
+        self.loss_sum, self.stop = 0.0, False
         self.changed = threading.Condition(self.lock)   # an epoch's worth of samples, or a trainer done
 
     def push_pull(self, grads, loss_sum, samples):
@@ -157,21 +149,17 @@ def main(argv=None) -> int:
         X, y = torch.from_numpy(got.train.X), torch.from_numpy(got.train.y)
         plan = Schedule(args.batch, args.epochs, (args.seed, rank - 1), 1.0)   # asgd's worker index: rank - 1
         loss_fn = nn.CrossEntropyLoss()
-        stop = False
-        for epoch in range(args.epochs):
-            for idx in plan.batches(len(y), epoch):
-                idx = torch.from_numpy(idx)
-                model.zero_grad()
-                loss = loss_fn(model(X[idx]), y[idx])
-                loss.backward()
-                fut = rpc.rpc_async(SERVER, push_pull, args=([p.grad for p in model.parameters()],
-                                                             loss.item() * len(idx), len(idx)))
-                params, stop = fut.wait()
-                with torch.no_grad():
-                    for p, v in zip(model.parameters(), params):
-                        p.copy_(v)
-                if stop:
-                    break
+        for idx in (idx for epoch in range(args.epochs) for idx in plan.batches(len(y), epoch)):
+            idx = torch.from_numpy(idx)
+            model.zero_grad()
+            loss = loss_fn(model(X[idx]), y[idx])
+            loss.backward()
+            fut = rpc.rpc_async(SERVER, push_pull, args=([p.grad for p in model.parameters()],
+                                                         loss.item() * len(idx), len(idx)))
+            params, stop = fut.wait()
+            with torch.no_grad():
+                for p, v in zip(model.parameters(), params):
+                    p.copy_(v)
             if stop:
                 break
         rpc.rpc_sync(SERVER, trainer_done)
