@@ -129,7 +129,6 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, te
         train += ["--backup-workers", str(rng.choice([0, 1]))]
     elif mode == "sync" and a.backup_workers:
         train += ["--backup-workers", str(a.backup_workers)]
-    env = dict(os.environ)
     if ft:
         if not a.ompi_venv:
             return {"kind": kind, "run": k, "skipped": "needs --ompi-venv (Open MPI with ULFM)"}
@@ -147,8 +146,7 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, te
     else:
         cmd = mpiexec_command(a.ranks, sys.executable, "-m", "asgd.train", *train)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     row = {"kind": kind, "run": k, "mode": mode, "servers": servers, "victims": victims, "fault_after_s": after,
            "backup": int(train[train.index("--backup-workers") + 1]) if "--backup-workers" in train else 0,
            "train": train}
