@@ -78,16 +78,15 @@ def run_once(c: dict, a) -> dict:
 
 
 def median_rows(rows):
-    keys = sorted({(r["ranks"], r["hidden"], r["batch"]) for r in rows})
+    """A row per (ranks, hidden, batch): its first run's, with its runs' median times and rates."""
     out = []
-    for k in keys:
+    for k in sorted({(r["ranks"], r["hidden"], r["batch"]) for r in rows}):
         rs = [r for r in rows if (r["ranks"], r["hidden"], r["batch"]) == k]
-        m = dict(rs[0])
-        for f in ("wall_s", "init_s", "train_s", "train_s_per_epoch", "job_wall_s", "samples_per_s", "updates_per_s"):
-            m[f] = statistics.median(r[f] for r in rs)
-        m["runs"] = len(rs)
-        out.append(m)
+        out.append({**rs[0], **{f: statistics.median(r[f] for r in rs) for f in MEDIANS}, "runs": len(rs)})
     return out
+
+
+MEDIANS = ("wall_s", "init_s", "train_s", "train_s_per_epoch", "job_wall_s", "samples_per_s", "updates_per_s")
 
 
 def pick(rows, **kw):
