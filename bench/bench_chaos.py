@@ -23,6 +23,7 @@ checkpoint is kept in kept/<kind>-<run>/ with its stderr (a hung run's stacks: S
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -82,23 +83,27 @@ def check_checkpoint(out: Path, lost: bool) -> str:
         cut, rounds = checkpoint.versions(str(out))
     except Exception as e:  # noqa: BLE001
         return f"unreadable: {e}"
-    rounds = set(rounds)
-    if len(rounds) > 1 and not lost:   # a worker killed mid-push may be in some shards only
-        return f"cut {cut}: shards at versions {sorted(rounds)}"
-    return "ok"
+    rounds = sorted(set(rounds))   # several: a worker killed mid-push may be in some shards only
+    return f"cut {cut}: shards at versions {rounds}" if len(rounds) > 1 and not lost else "ok"
+
+
+def plain_run(a, train: list[str]) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """An undisturbed `mpiexec -n --ranks python -m asgd.train TRAIN` (MPICH, no supervisor):
+    the job, and its results.json (None if it failed)."""
+    p = subprocess.run(mpiexec_command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
+                       text=True, timeout=a.limit_s)
+    res = Path(train[train.index("--out") + 1]) / "results.json"
+    return p, json.loads(res.read_text()) if p.returncode == 0 and res.exists() else None
 
 
 def pilot(a, work: Path) -> float:
     """train_s of an undisturbed async run with the bench's --ranks, --hidden and --epochs."""
-    out = work / "pilot"
-    train = ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden", str(a.hidden),
-             "--checkpoint-every", "0.5s", "--quiet", "--out", str(out)]
-    p = subprocess.run(mpiexec_command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
-                       text=True, timeout=a.limit_s)
-    if p.returncode != 0:
+    p, r = plain_run(a, ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden", str(a.hidden),
+                         "--checkpoint-every", "0.5s", "--quiet", "--out", str(work / "pilot")])
+    if r is None:
         last = p.stderr.strip().splitlines()[-1:] or ["no message"]
         raise SystemExit(f"bench_chaos: the undisturbed pilot run failed (exit {p.returncode}): {last[0]}")
-    return json.loads((out / "results.json").read_text())["train_s"]
+    return r["train_s"]
 
 
 def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, testbed=None) -> dict:
@@ -124,7 +129,6 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, te
         train += ["--backup-workers", str(rng.choice([0, 1]))]
     elif mode == "sync" and a.backup_workers:
         train += ["--backup-workers", str(a.backup_workers)]
-    env = dict(os.environ)
     if ft:
         if not a.ompi_venv:
             return {"kind": kind, "run": k, "skipped": "needs --ompi-venv (Open MPI with ULFM)"}
@@ -142,8 +146,7 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, te
     else:
         cmd = mpiexec_command(a.ranks, sys.executable, "-m", "asgd.train", *train)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     row = {"kind": kind, "run": k, "mode": mode, "servers": servers, "victims": victims, "fault_after_s": after,
            "backup": int(train[train.index("--backup-workers") + 1]) if "--backup-workers" in train else 0,
            "train": train}
@@ -173,10 +176,8 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, te
         hung = False
     except subprocess.TimeoutExpired:
         for pid in rank_pids(out).values():   # each rank's stacks into stderr (asgd.run.signals)
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGUSR2)
-            except ProcessLookupError:
-                pass
         time.sleep(2)
         os.killpg(proc.pid, signal.SIGKILL)
         _, err = proc.communicate()
@@ -233,17 +234,14 @@ def testbed_host_of(name: str, out: Path, rank: int) -> str:
 
 
 def undisturbed(a, work: Path, row: dict) -> dict | None:
-    """The results of a run's twin: the same options, no fault, no supervisor (MPICH); None
-    if the twin failed (the row then has no comparison)."""
+    """The results of a run's twin: the same options, no fault; None if the twin failed
+    (the row then has no comparison)."""
     out = work / f"twin-{row['kind']}-{row['run']}"
     shutil.rmtree(out, ignore_errors=True)
-    train = [*row["train"][:row["train"].index("--out")], "--out", str(out)]
-    p = subprocess.run(mpiexec_command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
-                       text=True, timeout=a.limit_s)
-    if p.returncode != 0 or not (out / "results.json").exists():
+    p, r = plain_run(a, [*row["train"][:row["train"].index("--out")], "--out", str(out)])
+    if r is None:
         print(f"bench_chaos: the twin of {row['kind']} run {row['run']} failed (exit {p.returncode})", flush=True)
-        return None
-    return json.loads((out / "results.json").read_text())
+    return r
 
 
 # -- the bench -------------------------------------------------------------------------------
@@ -262,9 +260,8 @@ def summarize(rows: list[dict]) -> list[dict]:
                       "bad_checkpoints": sum(r["checkpoint"] not in ("ok", "none") for r in mine),
                       "accuracy_min": min(acc) if acc else None,
                       "accuracy_median": float(np.median(acc)) if acc else None,
-                      "lost_s_max": max((r.get("lost_s") or 0 for r in mine), default=0),
-                      "work_lost_s_max": max((r.get("work_lost_s") or 0 for r in mine), default=0),
-                      "cut_interval_s_max": max((r.get("cut_interval_s") or 0 for r in mine), default=0),
+                      **{f"{k}_max": max((r.get(k) or 0 for r in mine), default=0)
+                         for k in ("lost_s", "work_lost_s", "cut_interval_s")},
                       "accuracy_below_twin_max": max((r["twin_accuracy"] - r["accuracy"] for r in mine
                                                       if r.get("twin_accuracy") is not None), default=None),
                       "workers_lost": sum(len(r.get("lost") or []) for r in mine)})

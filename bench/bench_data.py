@@ -39,7 +39,7 @@ import statistics
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from collections import namedtuple
 
 import numpy as np
 
@@ -51,23 +51,15 @@ from asgd.run import config
 SKLEARN_SETS = ("iris", "wine", "breast_cancer", "digits")
 DATASETS = (*SKLEARN_SETS, "mnist", "rings")
 TEST_FRACTION = 0.3
-
-
-@dataclass(frozen=True)
-class Protocol:
-    hidden: int
-    epochs: int
-    batch: int
-    standardize: bool
+Protocol = namedtuple("Protocol", "hidden epochs batch standardize")
 
 
 def protocol(name: str, seed: int = 0) -> Protocol:
     """asgd's defaults for a data set: the embedded problem's, or a file's (its epochs
     from its training points)."""
     d = config.with_defaults(config.Config(data=None if name == "rings" else f"{name}.tsv"))
-    if name == "rings":
-        return Protocol(d.hidden, config.EMBEDDED_EPOCHS, d.batch, d.standardize)
-    return Protocol(d.hidden, config.file_epochs(len(split(name, seed)[1])), d.batch, d.standardize)
+    epochs = config.EMBEDDED_EPOCHS if name == "rings" else config.file_epochs(len(split(name, seed)[1]))
+    return Protocol(d.hidden, epochs, d.batch, d.standardize)
 
 
 def load(name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -103,18 +95,11 @@ def write_split(name: str, seed: int, folder: Path) -> Path | None:
     return path
 
 
-def asgd_argv(name: str, seed: int, data: Path | None, extra=()) -> list[str]:
-    """asgd.train's options for a data set: --data and --seed alone (its defaults), and
-    nothing else unless `extra`."""
-    if data is None:
-        return ["--seed", str(seed), *extra]
-    return ["--data", str(data), "--seed", str(seed), *extra]
-
-
 def run_asgd(name: str, seed: int, ranks: int, data: Path | None, timeout: float, extra=()) -> dict:
     """One asgd run under mpiexec: accuracy, loss, lr, notes; a failed run (diverged, timed
     out) is a row too, with its error, never an exception."""
-    argv = ["-m", "asgd.train", *asgd_argv(name, seed, data, extra), "--quiet", "--timeout", str(max(timeout - 15, 10))]
+    argv = ["-m", "asgd.train", *(["--data", str(data)] if data else []), "--seed", str(seed), *extra,   # its defaults
+            "--quiet", "--timeout", str(max(timeout - 15, 10))]
     row = {"impl": "asgd", "dataset": name, "seed": seed, "ranks": ranks, "workers": ranks - 1,
            "command": f"mpiexec -n {ranks} python {' '.join(argv)} --out DIR"}
     try:
@@ -161,14 +146,11 @@ def run_sklearn(name: str, seed: int) -> dict:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)   # its own max_iter, reached or not
             clf = MLPClassifier(random_state=seed).fit(Xtr, ytr)
-        row[f"accuracy_{how}"] = round(float(clf.score(Xte, yte)), 4)
-        row[f"epochs_{how}"] = clf.n_iter_
-        row[f"train_s_{how}"] = round(time.perf_counter() - t0, 2)
-    row["accuracy"] = max(row["accuracy_raw"], row["accuracy_standardized"])
-    row["reference"] = "raw" if row["accuracy_raw"] >= row["accuracy_standardized"] else "standardized"
-    row["train_s"] = row[f"train_s_{row['reference']}"]
-    row["loadavg_1min"] = round(os.getloadavg()[0], 2)
-    return row
+        row |= {f"accuracy_{how}": round(float(clf.score(Xte, yte)), 4), f"epochs_{how}": clf.n_iter_,
+                f"train_s_{how}": round(time.perf_counter() - t0, 2)}
+    best = "raw" if row["accuracy_raw"] >= row["accuracy_standardized"] else "standardized"
+    return {**row, "accuracy": row[f"accuracy_{best}"], "reference": best, "train_s": row[f"train_s_{best}"],
+            "loadavg_1min": round(os.getloadavg()[0], 2)}
 
 
 def run_torch(name: str, seed: int, optimizer: str | None = None, lr: float | None = None) -> dict:
@@ -243,8 +225,9 @@ def summarize(rows: list[dict], datasets, ranks, tolerance: float) -> list[dict]
     sklearn, pass/fail."""
     out = []
     for name in datasets:
-        sk = mean(r["accuracy"] for r in rows if r["impl"] == "sklearn" and r["dataset"] == name)
-        pt = mean(r["accuracy"] for r in rows if r["impl"] == "pytorch" and r["dataset"] == name)
+        def ref(impl, key="accuracy"):   # a reference's mean over the seeds
+            return mean(r.get(key) for r in rows if r["impl"] == impl and r["dataset"] == name)
+        sk, pt = ref("sklearn"), ref("pytorch")
         for n in ranks:
             rs = [r for r in rows if r["impl"] == "asgd" and r["dataset"] == name and r["ranks"] == n]
             if not rs:
@@ -256,12 +239,9 @@ def summarize(rows: list[dict], datasets, ranks, tolerance: float) -> list[dict]
                  "asgd_min": min((r["accuracy"] for r in rs if r["accuracy"] is not None), default=None),
                  "sklearn": sk, "pytorch": pt, "gap_to_sklearn": gap,
                  "gap_pytorch_to_sklearn": round(pt - sk, 4) if pt is not None and sk is not None else None,
-                 "sklearn_raw": mean(r.get("accuracy_raw") for r in rows if r["impl"] == "sklearn"
-                                     and r["dataset"] == name),
-                 "sklearn_standardized": mean(r.get("accuracy_standardized") for r in rows if r["impl"] == "sklearn"
-                                              and r["dataset"] == name),
-                 "asgd_job_s": mean(r.get("job_wall_s") for r in rs),
-                 "sklearn_s": mean(r.get("train_s") for r in rows if r["impl"] == "sklearn" and r["dataset"] == name),
+                 "sklearn_raw": ref("sklearn", "accuracy_raw"),
+                 "sklearn_standardized": ref("sklearn", "accuracy_standardized"),
+                 "asgd_job_s": mean(r.get("job_wall_s") for r in rs), "sklearn_s": ref("sklearn", "train_s"),
                  "hidden": rs[0].get("hidden"), "epochs": rs[0].get("epochs"),
                  "optimizer": rs[0].get("optimizer"), "lr": rs[0].get("lr"), "failed": len(failed),
                  "not_converged_notes": sum(1 for r in rs if r.get("notes")),
@@ -326,7 +306,7 @@ def main(argv=None):
     info = run.meta(
         defaults={"optimizer": d.optimizer,
                   "lr": {name: optimizers.default_lr(d.optimizer, protocol(name).hidden) for name in args.datasets}},
-        protocol={name: {**vars(protocol(name)), "test_fraction": None if name == "rings" else TEST_FRACTION}
+        protocol={name: {**protocol(name)._asdict(), "test_fraction": None if name == "rings" else TEST_FRACTION}
                   for name in args.datasets},
         tolerance=args.tolerance, passed=all(s["pass"] for s in summary),
         columns={"accuracy": "held-out accuracy at the end (asgd: results.json metrics.accuracy)",

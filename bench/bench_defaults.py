@@ -42,13 +42,10 @@ RULES = ("sgd=3/H,10/H,30/H,100/H;momentum=0.3/H,1/H,3/H,10/H;"
          "adagrad=0.003,0.01,0.03,0.1;adam=0.0003,0.001,0.003,0.01")
 
 
-def parse_rules(spec: str) -> list[tuple[str, str]]:
-    out = []
-    for part in spec.split(";"):
-        if part.strip():
-            opt, rules = part.split("=", 1)
-            out += [(opt.strip(), r.strip()) for r in rules.split(",") if r.strip()]
-    return out
+def named(spec: str | None) -> dict[str, str]:
+    """"a=x;b=y" -> {"a": "x", "b": "y"} (the form of --rules and --variants)."""
+    parts = (part.partition("=") for part in (spec or "").split(";") if part.strip())
+    return {name.strip(): value for name, _, value in parts}
 
 
 def lr_of(rule: str, hidden: int, workers: int) -> float:
@@ -70,19 +67,10 @@ def parse_args(argv=None):
     p.add_argument("--summarize", action="store_true", help="run nothing: the summary of the rows in --out")
     p.add_argument("--fresh", action="store_true", help="discard the rows already in --out")
     a = p.parse_args(argv)
-    a.rules = ([("variant", name.strip()) for name in parse_variants(a.variants)] if a.variants
-               else parse_rules(a.rules))
-    a.variant_opts = parse_variants(a.variants) if a.variants else {}
+    a.variant_opts = {name: opts.split() for name, opts in named(a.variants).items()}
+    a.rules = ([("variant", name) for name in a.variant_opts] if a.variants
+               else [(opt, r.strip()) for opt, rules in named(a.rules).items() for r in rules.split(",") if r.strip()])
     return a
-
-
-def parse_variants(spec: str | None) -> dict[str, list[str]]:
-    out = {}
-    for part in (spec or "").split(";"):
-        if part.strip():
-            name, _, opts = part.partition("=")
-            out[name.strip()] = opts.split()
-    return out
 
 
 COLS = ["dataset", "seed", "workers", "ranks", "optimizer", "rule", "lr", "hidden", "epochs", "accuracy",
@@ -105,21 +93,21 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def append_row(path: Path, row: dict) -> None:
-    new = not path.exists()
-    if not new:
+    """Append row to defaults.csv; a new file, or one an older version of this script wrote
+    (another header), is first (re)written with today's columns."""
+    old = None
+    if not path.exists():
+        old = []
+    else:
         with open(path, newline="") as f:
-            header = next(csv.reader(f), [])
-        if header != COLS:   # rows of an older version of this script: rewritten with today's columns
-            with open(path, newline="") as f:
+            if next(csv.reader(f), []) != COLS:
+                f.seek(0)
                 old = list(csv.DictReader(f))
-            with open(path, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=COLS, extrasaction="ignore")
-                w.writeheader()
-                w.writerows(old)
-    with open(path, "a", newline="") as f:
+    with open(path, "a" if old is None else "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLS, extrasaction="ignore")
-        if new:
+        if old is not None:
             w.writeheader()
+            w.writerows(old)
         w.writerow(row)
 
 
@@ -165,6 +153,11 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
         table.append(s)
     table.sort(key=lambda s: (s["diverged"], -(s["worst_gap"] if s["worst_gap"] is not None else -9)))
     return {"by_rule": table}
+
+
+TABLE = [("optimizer", "optimizer", ""), ("lr", "rule", ""), ("runs", "runs", "d"), ("diverged", "diverged", "d"),
+         ("overconf.", "overconfident", "d"), ("failing", "failing", "d"), ("worst gap", "worst_gap", "+.3f"),
+         ("at", "worst_at", ""), ("median", "median_gap", "+.3f")]
 
 
 def plot(rows, path):
@@ -234,11 +227,10 @@ def main(argv=None):
             shutil.rmtree(folder, ignore_errors=True)
     rows = [r for r in read_rows(path) if r["dataset"] in args.datasets]
     summary = summarize(rows, args.tolerance)
-    by_h = {}
-    for h in sorted({r["hidden"] for r in rows}):
-        by_h[str(h)] = summarize([r for r in rows if r["hidden"] == h], args.tolerance)["by_rule"]
+    by_h = {str(h): summarize([r for r in rows if r["hidden"] == h], args.tolerance)["by_rule"]
+            for h in sorted({r["hidden"] for r in rows})}
     info = run.meta(
-        protocol={n: vars(bench_data.protocol(n)) for n in args.datasets}, tolerance=args.tolerance,
+        protocol={n: bench_data.protocol(n)._asdict() for n in args.datasets}, tolerance=args.tolerance,
         columns={"gap": "asgd accuracy - sklearn MLPClassifier's on the same split and seed",
                  "diverged": "non-zero exit, refused updates, or held-out accuracy <= the majority class's share",
                  "overconfident": "held-out loss above chance_loss (predicting the class frequencies)",
@@ -249,18 +241,11 @@ def main(argv=None):
     if rows:
         run.plot(plot, rows)
     names = list(dict.fromkeys(r["dataset"] for r in rows))
-    common.print_table(summary["by_rule"], [("optimizer", "optimizer", ""), ("lr", "rule", ""), ("runs", "runs", "d"),
-                                            ("diverged", "diverged", "d"), ("overconf.", "overconfident", "d"),
-                                            ("failing", "failing", "d"),
-                                            ("worst gap", "worst_gap", "+.3f"), ("at", "worst_at", ""),
-                                            ("median", "median_gap", "+.3f")]
-                       + [(n, f"worst_{n}", "+.3f") for n in names],
+    head, worst = TABLE[:4], TABLE[-3:]   # the per-hidden tables: without overconfident and failing
+    common.print_table(summary["by_rule"], TABLE + [(n, f"worst_{n}", "+.3f") for n in names],
                        title=f"gap to sklearn (asgd - sklearn), async, 1 server; failing: < -{args.tolerance}")
     for h, table in by_h.items():
-        common.print_table(table, [("optimizer", "optimizer", ""), ("lr", "rule", ""), ("runs", "runs", "d"),
-                                   ("diverged", "diverged", "d"), ("worst gap", "worst_gap", "+.3f"),
-                                   ("at", "worst_at", ""), ("median", "median_gap", "+.3f")],
-                           title=f"hidden {h} only")
+        common.print_table(table, head + worst, title=f"hidden {h} only")
     run.print_machine()
     run.wrote()
     return 0

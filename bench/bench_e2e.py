@@ -91,8 +91,7 @@ def run_once(impl: str, n: int, args, tb=None) -> dict:
         argv.append("--tcp-only")
     r, job = common.train_job(n, argv, args.timeout, env=TESTBED_ENV if tb else None, tb=tb)
     hist = r["metrics"]["history"]
-    tta = common.time_to_accuracy(hist, args.target)
-    train_tta = common.time_to_accuracy(hist, args.target, clock="time_s")
+    tta, train_tta = (common.time_to_accuracy(hist, args.target, clock) for clock in ("wall_s", "time_s"))
     return {"impl": impl, "ranks": n, "time_to_accuracy_s": round(tta, 3) if tta is not None else None,
             "train_time_to_accuracy_s": round(train_tta, 3) if train_tta is not None else None,
             "epochs_to_accuracy": next((h["epoch"] for h in hist if (h["test_accuracy"] or 0) >= args.target), None),
@@ -135,8 +134,7 @@ def summarize(rows, impls, ranks, rate_bit=None):
                 out[-1].update(link_ceiling_updates_per_s=round(ceiling, 2),
                                link_util=round(ups / ceiling, 3) if ups else None,
                                wire_mb=round(statistics.median(r["wire_mb"] for r in rs), 1))
-        ddp = next((s for s in out if s["ranks"] == n and s["impl"] == "pytorch ddp"), None)
-        rpc = next((s for s in out if s["ranks"] == n and s["impl"] == "pytorch rpc ps"), None)
+        ddp, rpc = (next((s for s in out if s["ranks"] == n and s["impl"] == i), None) for i in TORCH[::-1])
         for s in out:
             if s["ranks"] == n:
                 for key, ratio in (("time_to_accuracy_s", "tta_vs_ddp"),

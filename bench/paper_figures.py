@@ -42,8 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int_list, default=[10000, 100000], help="Figure 3's hidden sizes")
     p.add_argument("--epochs", type=int, default=2, help="epochs per run (default 2)")
     p.add_argument("--repeat", type=int, default=1, help="runs per point, medians (default 1)")
-    p.add_argument("--quick", action="store_true",
-                   help="ranks 2,8, batch 64,256,1024, 1 epoch")
+    p.add_argument("--quick", action="store_true", help="ranks 2,8, batch 64,256,1024, 1 epoch")
     p.add_argument("--timeout", type=float, default=300, help="seconds one run may take (default 300)")
     p.add_argument("--params", type=Path, help="performance-model parameters for Figure 9 "
                    "(default: calibrate into <out>/params.json first)")
@@ -79,16 +78,15 @@ def run_once(c: dict, a) -> dict:
 
 
 def median_rows(rows):
-    keys = sorted({(r["ranks"], r["hidden"], r["batch"]) for r in rows})
+    """A row per (ranks, hidden, batch): its first run's, with its runs' median times and rates."""
     out = []
-    for k in keys:
+    for k in sorted({(r["ranks"], r["hidden"], r["batch"]) for r in rows}):
         rs = [r for r in rows if (r["ranks"], r["hidden"], r["batch"]) == k]
-        m = dict(rs[0])
-        for f in ("wall_s", "init_s", "train_s", "train_s_per_epoch", "job_wall_s", "samples_per_s", "updates_per_s"):
-            m[f] = statistics.median(r[f] for r in rs)
-        m["runs"] = len(rs)
-        out.append(m)
+        out.append({**rs[0], **{f: statistics.median(r[f] for r in rs) for f in MEDIANS}, "runs": len(rs)})
     return out
+
+
+MEDIANS = ("wall_s", "init_s", "train_s", "train_s_per_epoch", "job_wall_s", "samples_per_s", "updates_per_s")
 
 
 def pick(rows, **kw):
@@ -115,21 +113,16 @@ def predict(params, row) -> dict:
     return {"init_s": pr.init_s, "train_s": pr.train_s, "wall_s": pr.total_s}
 
 
-def log2_axis(ax, values, label):
-    """A log-2 axis whose ticks read 2, 4, 8, 16 rather than 2^1, 2^2, ..."""
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(values), [str(v) for v in sorted(values)])
-    ax.minorticks_off()
-    ax.set_xlabel(label)
-
-
 RANKS = "MPI ranks (1 server + N-1 workers)"
 
 
 def finish(fig, ax, xs, xlabel, ylabel, title, path, grid="major", note=None, width=110):
-    """What every figure ends with: a log-2 x axis, labels, grid and legend, a note in small
-    print under the plot if there is one, and the file."""
-    log2_axis(ax, xs, xlabel)
+    """What every figure ends with: a log-2 x axis (ticks 2, 4, 8, not 2^1, 2^2, 2^3), labels,
+    grid and legend, a note in small print under the plot if there is one, and the file."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(xs), [str(v) for v in sorted(xs)])
+    ax.minorticks_off()
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which=grid)
@@ -146,7 +139,7 @@ def figure2(rows, batches, path):
     plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.3))
     for b in sorted(batches):
-        rs = [r for r in pick(rows, hidden=10000, batch=b)]
+        rs = pick(rows, hidden=10000, batch=b)
         if len(rs) > 1 and len({r["ranks"] for r in rs}) > 1:
             ax.plot([r["ranks"] for r in rs], [r["wall_s"] for r in rs], marker="o", label=f"batch {b}")
     finish(fig, ax, {r["ranks"] for r in rows}, RANKS, "total time, s (results.json wall_s)",
@@ -206,17 +199,14 @@ def figure9(rows, model, path):
     rs = pick(rows, hidden=10000, batch=256)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     x = [r["ranks"] for r in rs]
-    for key, label, color in (("init_s", "initialization", "tab:blue"), ("train_s", "training", "tab:red"),
-                              ("wall_s", "total", "k")):
-        ax.plot(x, [r[key] for r in rs], marker="o", color=color, label=f"{label} (measured)")
-    note = None
+    series = [(rs, {"marker": "o"}, "measured")]
     if name:
-        preds = [predict(params, r) for r in rs]
+        series.append(([predict(params, r) for r in rs], {"ls": "--"}, "asgd.perf.analytic"))
+    for points, style, source in series:
         for key, label, color in (("init_s", "initialization", "tab:blue"), ("train_s", "training", "tab:red"),
                                   ("wall_s", "total", "k")):
-            ax.plot(x, [p[key] for p in preds], ls="--", color=color, label=f"{label} (asgd.perf.analytic)")
-    else:
-        note = f"no model overlay: {params}"
+            ax.plot(x, [p[key] for p in points], color=color, label=f"{label} ({source})", **style)
+    note = None if name else f"no model overlay: {params}"
     finish(fig, ax, x, RANKS, "seconds", "Figure 9 on this machine: phase by phase, 2-10K-2, batch 256", path,
            note=note)
     return note
@@ -241,9 +231,8 @@ def main(argv=None):
     if a.replot:   # the runs, machine, load and options of the run that measured them
         old = json.loads((run.out / "paper.json").read_text())
         raw = old["runs"]
-        for k in ("epochs", "repeat", "batches"):
+        for k in ("epochs", "repeat", "batches", "fig4_ranks"):
             setattr(a, k, old["args"][k])
-        a.fig4_ranks = old["args"]["fig4_ranks"]
     else:
         raw = measure(a)
     rows = median_rows(raw)

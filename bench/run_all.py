@@ -152,8 +152,9 @@ def main(argv=None):
     ran = []
     for name in [] if a.summarize else a.only:
         script, full, quick = {**SUITE, **OTHERS}[name]
-        cmd = [sys.executable, str(common.BENCH / script), *(quick if a.quick else full), "--out", str(a.out / name)]
-        shown = " ".join(["python", f"bench/{script}", *(quick if a.quick else full)])
+        args = quick if a.quick else full
+        cmd = [sys.executable, str(common.BENCH / script), *args, "--out", str(a.out / name)]
+        shown = " ".join(["python", f"bench/{script}", *args])
         print(f"\n=== {name}: {shown}", flush=True)
         t0 = time.perf_counter()
         try:
@@ -164,11 +165,8 @@ def main(argv=None):
         print(f"=== {name}: {'ok' if rc == 0 else f'FAILED ({rc})'} in {ran[-1]['seconds']:.0f} s", flush=True)
     checks = targets(a.out)
     if a.summarize:   # what each results folder says it ran
-        for name in a.only:
-            j = load_json(a.out, name)
-            if j:
-                ran.append({"benchmark": name, "command": j.get("command", "?"), "rc": 0, "seconds": None,
-                            "load": j.get("load")})
+        ran += [{"benchmark": name, "command": j.get("command", "?"), "rc": 0, "seconds": None, "load": j.get("load")}
+                for name in a.only if (j := load_json(a.out, name))]
     summary = {"suite": "quick" if a.quick else "full", "machine": common.machine(bandwidth=False),
                "load": load.summary(), "seconds": round(time.perf_counter() - t_start, 1), "benchmarks": ran,
                "targets": checks}

@@ -3,20 +3,14 @@ wanting an asynchronous parameter server in Python would pick instead of asgd.
 
     mpiexec -n N python bench/peers/rpc_peer.py [--epochs 4] [--out DIR] [--stop-at 0.95]
 
-PyTorch's tutorial "Implementing a Parameter Server Using Distributed RPC Framework": rank 0
-holds the model and optimizer; each of the N-1 trainers computes a gradient on its batch and
-rpc_asyncs it to the server, which steps the optimizer under a lock and returns the
-parameters (cloned under the lock), which the trainer loads before its next step (no
-overlap). As asgd's default parameter server at N ranks: the same shares (asgd.data.shares),
-model (asgd.net.mlp.init_params), batches (asgd.protocol.context.Schedule) and optimizer at
-the async default lr (torch_mlp.torch_optimizer). Rank 0 evaluates held-out accuracy each
-epoch's worth of pushes (on a copy, in its main thread) and writes <out>/results.json
-(ddp_peer.py's keys, plus throughput.updates_per_s). One thread per rank; the RPC group
-meets through a file in --out.
-
---tcp-only: TensorPipe's TCP transport and basic channel only (by default it also uses
-shared memory and cross-memory attach between one machine's processes, which the emulated
-cluster's hosts are: tensors would bypass the shaped links). bench_e2e --testbed passes it.
+As PyTorch's tutorial "Implementing a Parameter Server Using Distributed RPC Framework"
+builds it: rank 0 holds the model and optimizer; each of the N-1 trainers rpc_asyncs its
+batch's gradient, the server steps under a lock and returns the parameters, which the
+trainer loads before its next step (no overlap). asgd's shares, init, batches, optimizer and
+async default lr. Rank 0 evaluates each epoch's worth of pushes and writes <out>/results.json
+(ddp_peer.py's keys). --tcp-only: TensorPipe's TCP transport only (by default it uses shared
+memory between one machine's processes, which the emulated cluster's hosts are: tensors
+would bypass the shaped links); bench_e2e --testbed passes it.
 """
 
 import time
@@ -28,24 +22,11 @@ import os
 for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ[_v] = "1"
 
-import argparse
-import json
-import platform
 import sys
 import threading
-from pathlib import Path
 
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import mpi4py
-
-mpi4py.rc.initialize = mpi4py.rc.finalize = False   # asgd's modules import mpi4py.MPI; TensorPipe talks, not MPI
-
-from ddp_peer import rank_and_size
-from torch_mlp import torch_mlp as model_of, torch_optimizer
+from torch_mlp import (as_peer, epoch_entry, evaluate, optimizer_and_lr, peer_parser, rank_and_size,
+                       torch_mlp as model_of, torch_optimizer, write_results)
 
 SERVER = "ps"
 PS = None   # rank 0's ParameterServer: the RPC handlers run in the server's process and find it here
@@ -58,10 +39,8 @@ class ParameterServer:
         self.model, self.opt = model, optimizer
         self.lock = threading.Lock()
         self.n_train, self.trainers, self.stop_at = n_train, trainers, stop_at
-        self.samples = self.updates = 0
-        self.loss_sum = 0.0
-        self.done = 0
-        self.stop = False
+        self.samples = self.updates = self.done = 0   # done: trainers finished
+        self.loss_sum, self.stop = 0.0, False
         self.changed = threading.Condition(self.lock)   # an epoch's worth of samples, or a trainer done
 
     def push_pull(self, grads, loss_sum, samples):
@@ -92,26 +71,15 @@ def trainer_done():   # runs on the server
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden", type=int, default=10000, help="hidden units (default 10000)")
-    p.add_argument("--batch", type=int, default=256, help="mini-batch per trainer (default 256)")
-    p.add_argument("--epochs", type=int, default=4, help="epochs (default 4)")
-    p.add_argument("--optimizer", choices=("sgd", "momentum", "adagrad", "adam"), default=None,
-                   help="default: asgd's (asgd.run.config.Config.optimizer)")
-    p.add_argument("--lr", type=float, default=None,
-                   help="default: asgd.net.optimizers.default_lr(optimizer, hidden, 1), asgd's async server's")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stop-at", type=float, default=None,
-                   help="stop after the first epoch whose held-out accuracy reaches this")
-    p.add_argument("--out", type=Path, default=Path("runs/rpc"), help="run folder (default runs/rpc)")
-    p.add_argument("--timeout", type=float, default=300, help="RPC timeout, seconds (default 300)")
+    p = peer_parser(__doc__, "rpc", per="trainer", epochs=4, timeout="RPC timeout",
+                    lr_default="(optimizer, hidden, 1), asgd's async server's")
     p.add_argument("--tcp-only", action="store_true",
                    help="TensorPipe's TCP transport and basic channel only (no shm/cma between processes of "
                         "one machine): for the emulated cluster, whose hosts share a kernel")
     return p.parse_args(argv)
 
 
-def serve(args, layout, size, t_train, evaluate):
+def serve(args, t_train, evaluate):
     """Rank 0's main thread: evaluate at each epoch's worth of samples until every
     trainer is done (or the target is reached); the history in ddp_peer's form."""
     history, epoch = [], 0
@@ -123,13 +91,9 @@ def serve(args, layout, size, t_train, evaluate):
             epoch += 1
             samples, loss_sum = PS.samples, PS.loss_sum
             snapshot = [p.detach().clone() for p in PS.model.parameters()]
-        test_loss, test_acc = evaluate(snapshot)
-        now = time.perf_counter()
-        history.append({"epoch": epoch, "samples": samples, "time_s": round(now - t_train, 4),
-                        "wall_s": round(now - T0, 4), "train_loss": loss_sum / max(samples, 1),
-                        "test_loss": test_loss, "test_accuracy": test_acc})
-        print(f"epoch {epoch}/{args.epochs}  held-out acc {test_acc:.4f}  wall {now - T0:.2f} s", flush=True)
-        if args.stop_at is not None and test_acc >= args.stop_at:
+        history.append(epoch_entry(epoch, args.epochs, samples, T0, t_train, loss_sum / max(samples, 1),
+                                   evaluate(snapshot)))
+        if args.stop_at is not None and history[-1]["test_accuracy"] >= args.stop_at:
             with PS.lock:
                 PS.stop = True   # the trainers hear it in their next reply
             break
@@ -141,6 +105,7 @@ def serve(args, layout, size, t_train, evaluate):
 def main(argv=None) -> int:
     global PS
     args = parse_args(argv)
+    as_peer()
     rank, size = rank_and_size()
     if size < 2:
         raise SystemExit("rpc_peer.py: needs 2 ranks or more (one server, the others trainers)")
@@ -148,12 +113,9 @@ def main(argv=None) -> int:
     import torch.distributed.rpc as rpc
     from torch import nn
 
-    from asgd.data import shares
-    from asgd.net import mlp, optimizers
     from asgd.core.schedule import Schedule
-    from asgd.run.config import Config
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
+    from asgd.data import shares
+    from asgd.net import mlp
     args.out.mkdir(parents=True, exist_ok=True)
     rendezvous = args.out / ".rpc-rendezvous"
     if rank == 0:   # a crashed run's marks (the trainers make theirs at their very end)
@@ -163,8 +125,7 @@ def main(argv=None) -> int:
     got = shares.embedded(rank, size, shares.Job(1, args.seed))   # asgd's shares: rank 0 the server
     layout = mlp.Layout(got.train.features, args.hidden, got.train.classes)
     model = model_of(layout, mlp.init_params(layout, args.seed))
-    optimizer = args.optimizer or Config().optimizer
-    lr = args.lr or optimizers.default_lr(optimizer, args.hidden, 1)
+    optimizer, lr = optimizer_and_lr(args, 1)
     if rank == 0:
         PS = ParameterServer(model, torch_optimizer(optimizer, model.parameters(), lr), got.train_points, size - 1,
                              args.stop_at)
@@ -178,58 +139,36 @@ def main(argv=None) -> int:
         Xt, yt = torch.from_numpy(got.test.X), torch.from_numpy(got.test.y)
         judge = model_of(layout, mlp.init_params(layout, args.seed))
 
-        def evaluate(params):
+        def evaluate_params(params):
             with torch.no_grad():
                 for p, v in zip(judge.parameters(), params):
                     p.copy_(v)
-                loss = correct = 0.0
-                for i in range(0, len(yt), 512):
-                    z = judge(Xt[i:i + 512])
-                    loss += nn.functional.cross_entropy(z, yt[i:i + 512], reduction="sum").item()
-                    correct += (z.argmax(1) == yt[i:i + 512]).sum().item()
-            return loss / len(yt), correct / len(yt)
-        history = serve(args, layout, size, t_train, evaluate)
+            return evaluate(judge, Xt, yt)
+        history = serve(args, t_train, evaluate_params)
     else:
         X, y = torch.from_numpy(got.train.X), torch.from_numpy(got.train.y)
         plan = Schedule(args.batch, args.epochs, (args.seed, rank - 1), 1.0)   # asgd's worker index: rank - 1
         loss_fn = nn.CrossEntropyLoss()
-        stop = False
-        for epoch in range(args.epochs):
-            for idx in plan.batches(len(y), epoch):
-                idx = torch.from_numpy(idx)
-                model.zero_grad()
-                loss = loss_fn(model(X[idx]), y[idx])
-                loss.backward()
-                fut = rpc.rpc_async(SERVER, push_pull, args=([p.grad for p in model.parameters()],
-                                                             loss.item() * len(idx), len(idx)))
-                params, stop = fut.wait()
-                with torch.no_grad():
-                    for p, v in zip(model.parameters(), params):
-                        p.copy_(v)
-                if stop:
-                    break
+        for idx in (idx for epoch in range(args.epochs) for idx in plan.batches(len(y), epoch)):
+            idx = torch.from_numpy(idx)
+            model.zero_grad()
+            loss = loss_fn(model(X[idx]), y[idx])
+            loss.backward()
+            fut = rpc.rpc_async(SERVER, push_pull, args=([p.grad for p in model.parameters()],
+                                                         loss.item() * len(idx), len(idx)))
+            params, stop = fut.wait()
+            with torch.no_grad():
+                for p, v in zip(model.parameters(), params):
+                    p.copy_(v)
             if stop:
                 break
         rpc.rpc_sync(SERVER, trainer_done)
     rpc.shutdown()   # waits for every rank's outstanding work
-    wall = time.perf_counter() - T0
     if rank == 0:
-        train_s = wall - init_s
-        res = {"schema": 1, "peer": "pytorch-rpc-ps",
-               "config": {"world_size": size, "workers": size - 1, "servers": 1, "hidden": args.hidden,
-                          "batch": args.batch, "epochs": args.epochs, "epochs_run": len(history),
-                          "optimizer": optimizer, "lr": lr, "seed": args.seed, "n_w": layout.n_w,
-                          "train_points": got.train_points, "test_points": len(yt), "torch": torch.__version__,
-                          "backend": "tensorpipe", "threads": torch.get_num_threads(),
-                          "python": platform.python_version(), "numpy": np.__version__},
-               "wall_s": wall, "init_s": init_s, "train_s": train_s,
-               "metrics": {"loss": history[-1]["test_loss"] if history else None,
-                           "accuracy": history[-1]["test_accuracy"] if history else None, "history": history},
-               "throughput": {"samples": PS.samples, "samples_per_s": PS.samples / train_s,
-                              "updates": PS.updates, "updates_per_s": PS.updates / train_s}}
-        from asgd.run.files import atomic_write
-        atomic_write(str(args.out / "results.json"), lambda f: json.dump(res, f, indent=1))
-        print(f"results: {args.out / 'results.json'}", flush=True)
+        write_results(args, "pytorch-rpc-ps", {"world_size": size, "workers": size - 1, "servers": 1}, "tensorpipe",
+                      {"wall_s": time.perf_counter() - T0, "init_s": init_s, "optimizer": optimizer, "lr": lr,
+                       "n_w": layout.n_w, "train_points": got.train_points, "test_points": len(yt)},
+                      history, PS.samples, PS.updates)
         # The rendezvous file goes once every trainer has left rpc.shutdown(), which may still
         # use it: a trainer whose file was gone spun there for good (2 ranks: every time).
         left = [args.out / f".trainer{r}.left" for r in range(1, size)]

@@ -1,6 +1,16 @@
-"""asgd's MLP and optimizers as PyTorch spells them, for the PyTorch peers: the model with
-asgd's weights, the torch.optim class that makes asgd's update, and the worker's step as a
-typical PyTorch user writes it and by hand on preallocated tensors (bench_kernel)."""
+"""asgd's MLP and optimizers as PyTorch spells them: the model with asgd's weights, the
+torch.optim class that makes asgd's update, and the worker's step as a typical PyTorch user
+writes it and by hand on preallocated tensors (bench_kernel); and what the two PyTorch peers
+(ddp_peer, rpc_peer) share: their rank, command line, held-out evaluation, per-epoch history
+and results.json in asgd's schema (the keys bench/ reads)."""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 
@@ -85,3 +95,99 @@ def torch_steps(layout, w, X, y, lr):
         d = [(p.detach() - b).numpy() for p, b in zip(model.parameters(), before)]
         return np.concatenate([d[0].T.ravel(), d[1], d[2].T.ravel(), d[3]])
     return typical, manual, delta_typical
+
+
+# -- the PyTorch peers' shared part ----------------------------------------------------------
+
+def as_peer() -> None:
+    """In a peer's process: asgd importable from this checkout, and its imports never
+    initializing MPI (gloo or TensorPipe talk, not MPI); one thread, as one MPI rank."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+    import mpi4py
+    mpi4py.rc.initialize = mpi4py.rc.finalize = False
+    import torch
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+
+
+def rank_and_size() -> tuple[int, int]:
+    """This process's rank and the job's size, from the launcher's environment (or mpi4py)."""
+    env = os.environ
+    for r, s in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                 ("SLURM_PROCID", "SLURM_NTASKS")):
+        if r in env and s in env:
+            return int(env[r]), int(env[s])
+    from mpi4py import MPI   # no launcher variables: ask MPI
+    if not MPI.Is_initialized():
+        MPI.Init()
+    return MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
+
+
+def peer_parser(doc: str, name: str, *, per: str, epochs: int, lr_default: str, timeout: str):
+    """A peer's options; per: whose mini-batch; lr_default: which asgd default_lr it takes."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, default=10000, help="hidden units (default 10000)")
+    p.add_argument("--batch", type=int, default=256, help=f"mini-batch per {per} (default 256)")
+    p.add_argument("--epochs", type=int, default=epochs, help=f"epochs (default {epochs})")
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "adagrad", "adam"), default=None,
+                   help="default: asgd's (asgd.run.config.Config.optimizer)")
+    p.add_argument("--lr", type=float, default=None, help=f"default: asgd.net.optimizers.default_lr{lr_default}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop-at", type=float, default=None,
+                   help="stop after the first epoch whose held-out accuracy reaches this")
+    p.add_argument("--out", type=Path, default=Path(f"runs/{name}"), help=f"run folder (default runs/{name})")
+    p.add_argument("--timeout", type=float, default=300, help=f"{timeout}, seconds (default 300)")
+    return p
+
+
+def optimizer_and_lr(args, workers: int) -> tuple[str, float]:
+    """--optimizer (default asgd's) and --lr (default asgd's for that many synchronous workers)."""
+    from asgd.net import optimizers
+    from asgd.run.config import Config
+    optimizer = args.optimizer or Config().optimizer
+    return optimizer, args.lr or optimizers.default_lr(optimizer, args.hidden, workers)
+
+
+def evaluate(model, X, y) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of model on held-out tensors, 512 points at a time."""
+    import torch
+    from torch import nn
+    with torch.no_grad():
+        loss = correct = 0.0
+        for i in range(0, len(y), 512):
+            z = model(X[i:i + 512])
+            loss += nn.functional.cross_entropy(z, y[i:i + 512], reduction="sum").item()
+            correct += (z.argmax(1) == y[i:i + 512]).sum().item()
+    return loss / len(y), correct / len(y)
+
+
+def epoch_entry(epoch: int, epochs: int, samples: int, t0: float, t_train: float, train_loss: float,
+                test: tuple[float, float]) -> dict:
+    """An epoch of results.json's metrics.history (wall_s: since t0, the process start), printed."""
+    now = time.perf_counter()
+    print(f"epoch {epoch}/{epochs}  held-out acc {test[1]:.4f}  wall {now - t0:.2f} s", flush=True)
+    return {"epoch": epoch, "samples": samples, "time_s": round(now - t_train, 4), "wall_s": round(now - t0, 4),
+            "train_loss": train_loss, "test_loss": test[0], "test_accuracy": test[1]}
+
+
+def write_results(args, peer: str, ranks: dict, backend: str, run: dict, history: list, samples: int,
+                  updates: int) -> None:
+    """<out>/results.json: ranks (world_size, workers...) and run's (n_w, lr, points...) into
+    config; wall_s, init_s and train_s from run; the metrics of the last epoch; the throughput
+    over train_s (an update: one step of w)."""
+    import torch
+    from asgd.run.files import atomic_write
+    wall, init_s = run.pop("wall_s"), run.pop("init_s")
+    train_s = wall - init_s
+    last = history[-1] if history else {}
+    res = {"schema": 1, "peer": peer,
+           "config": {**ranks, "hidden": args.hidden, "batch": args.batch, "epochs": args.epochs,
+                      "epochs_run": len(history), "seed": args.seed, **run, "torch": torch.__version__,
+                      "backend": backend, "threads": torch.get_num_threads(),
+                      "python": platform.python_version(), "numpy": np.__version__},
+           "wall_s": wall, "init_s": init_s, "train_s": train_s,
+           "metrics": {"loss": last.get("test_loss"), "accuracy": last.get("test_accuracy"), "history": history},
+           "throughput": {"samples": samples, "samples_per_s": samples / train_s,
+                          "updates": updates, "updates_per_s": updates / train_s}}
+    atomic_write(str(args.out / "results.json"), lambda f: json.dump(res, f, indent=1))
+    print(f"results: {args.out / 'results.json'}", flush=True)
