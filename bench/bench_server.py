@@ -21,9 +21,7 @@ Writes server.csv, server.json, server.png under --out.
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from common import int_list
 
@@ -38,7 +36,6 @@ from asgd.core.wire import PULL_HEADER, PUSH_HEADER
 from asgd.net.mlp import Layout
 
 UPDATES = {"sgd": (3, 0), "momentum": (5, 1), "adagrad": (5, 1), "adam": (7, 2)}   # (bytes in 8n, state arrays)
-STREAM_BYTES = {"stream copy": 2, "stream add": 3, "stream triad": 5}
 PATHS = ("asgd", "before")
 COLUMNS = {"path": "asgd: Optimizer.update into the next version (what the server does); before: "
                    "all_finite, the update in place, the copy into a reply buffer (before issue 29)",
@@ -134,31 +131,6 @@ def parse_args(argv=None):
     return a
 
 
-def stream_fns(n, arrays, tag=""):
-    """numpy copy/add/triad on arrays of n doubles, rotating over enough sets of three to
-    hold `arrays` arrays of n (the footprint of the kernel they bound)."""
-    sets = [[np.full(n, v) for v in (1.0, 2.0, 0.5)] for _ in range(max(1, -(-arrays // 3)))]
-    nxt = [0]
-
-    def abc():
-        j = nxt[0] = (nxt[0] + 1) % len(sets)
-        return sets[j]
-
-    def copy():
-        a, b, _ = abc()
-        np.copyto(b, a)
-
-    def add():
-        a, b, c = abc()
-        np.add(a, b, out=c)
-
-    def triad():
-        a, b, c = abc()
-        np.multiply(c, 3.0, out=a)
-        np.add(a, b, out=a)
-    return {f"stream copy{tag}": copy, f"stream add{tag}": add, f"stream triad{tag}": triad}
-
-
 def footprint(name, path, W):
     """The arrays of n doubles a path's buffers hold (see COLUMNS)."""
     state = UPDATES[name][1]
@@ -199,8 +171,9 @@ def bench_updates(n, W, optimizers, repeat, min_time, lock=None):
             j = turn[0] = (turn[0] + 1) % W
             old(recv[j][:n], replies[j])
         fns[f"asgd {name}"], fns[f"before {name}"] = asgd, before
-        for path in PATHS:
-            fns.update(stream_fns(n, footprint(name, path, W), f" @{path} {name}"))
+        for path in PATHS:   # the bound: copy/add/triad rotating over the path's footprint
+            sets = max(1, -(-footprint(name, path, W) // 3))
+            fns.update({f"stream {k} @{path} {name}": f for k, f in common.stream_kernels(n, sets).items()})
     checks = {f"asgd {name}": same_update(name, n) for name in optimizers}
     return common.micro(fns, repeat, min_time, checks=checks, warmup=2, lock=lock)
 
@@ -241,11 +214,11 @@ def main(argv=None):
         for W in args.workers:
             res = bench_updates(n, W, args.optimizers, args.repeat, args.min_time, args.cpu_lock)
             for name in args.optimizers:
-                units, state = UPDATES[name]
+                units = UPDATES[name][0]
                 for path in PATHS:
                     r = res[f"{path} {name}"]
-                    bounds = {k: STREAM_BYTES[k] * 8 * n / res[f"{k} @{path} {name}"]["median_s"] / 1e9
-                              for k in STREAM_BYTES}
+                    bounds = {f"stream {k}": nbytes * n / res[f"stream {k} @{path} {name}"]["median_s"] / 1e9
+                              for k, nbytes in common.STREAM_BYTES.items()}
                     bound = max(bounds.values())
                     floor_s = units * 8 * n / bound / 1e9
                     gbs = units * 8 * n / r["median_s"] / 1e9
@@ -262,16 +235,12 @@ def main(argv=None):
                                  "pct_of_floor": round(100 * floor_s / r["median_s"], 1),
                                  "pct_of_memory_bound": round(100 * gbs / bound_mem, 1),
                                  "max_rel_diff_vs_before": r["max_rel_diff"]})
+                now, before = rows[-2:]   # asgd against before, same push
+                now["speedup_vs_before"] = round(before["us_per_op"] / now["us_per_op"], 2)
+            group = rows[-len(PATHS) * len(args.optimizers):]
             print(f"  2-{hid}-2 W={W}: " + ", ".join(
                 f"{r['optimizer']} {r['us_per_op']:,.0f} µs ({r['pct_of_floor']:.0f}% of floor; before "
-                f"{b['us_per_op']:,.0f})" for r in rows if r["n_w"] == n and r["workers"] == W and r["path"] == "asgd"
-                for b in [next(x for x in rows if x["n_w"] == n and x["workers"] == W and x["path"] == "before"
-                               and x["optimizer"] == r["optimizer"])]), flush=True)
-    for r in rows:   # asgd against before, same push
-        if r["path"] == "asgd":
-            b = next(x for x in rows if (x["n_w"], x["workers"], x["optimizer"], x["path"])
-                     == (r["n_w"], r["workers"], r["optimizer"], "before"))
-            r["speedup_vs_before"] = round(b["us_per_op"] / r["us_per_op"], 2)
+                f"{b['us_per_op']:,.0f})" for r, b in zip(group[::2], group[1::2])), flush=True)
     info = run.meta(memory_bound_gb_per_s=bound_mem, columns=COLUMNS)
     run.write(rows, info)
     run.plot(plot, rows)
