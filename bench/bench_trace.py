@@ -6,9 +6,7 @@ Writes trace.csv and trace.json and prints median wall and training time per mod
 
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # first: one core per process, src on the path
 
 
