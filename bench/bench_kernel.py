@@ -1,20 +1,15 @@
 """Worker training-step throughput on one core: asgd's numba kernel vs numpy, PyTorch and the FLOP ceiling.
 
-Measures samples/s of one SGD step of the d_in-H-d_out MLP (sigmoid hidden layer, softmax
-cross-entropy, float64) for each hidden and batch size, all in one run, warmed up,
-repetitions interleaved, medians reported:
-  numba         asgd.net.mlp.make_step: the worker's kernel (writes Delta-w; the server applies it)
-  numpy         asgd.net.reference.step: plain numpy (matmul + exp)
-  torch         a typical PyTorch user's step: nn.Linear -> nn.Sigmoid -> nn.Linear,
-                nn.CrossEntropyLoss, autograd, optim.SGD.step() (1 thread, same init weights)
-  torch_manual  PyTorch with hand-written forward/backward on preallocated tensors, w -= lr*grad
-  exp_only      asgd's vectorized exp (kernels.vexp) over B rows of H values alone, each row
-                cache-resident as in the kernel: what the sigmoids' exps cost
-  ceiling       this core's DGEMM rate (numpy matmul, 1 thread, measured in the same run)
-                over the step's FLOPs: 4*d_in*H + 6*H*d_out (matmuls) + 9*H (elementwise,
-                exp counted as 1 FLOP) per sample
-numpy's step is the reference: numba's and torch's Delta-w are checked against it
-(max_rel_diff_vs_numpy) before the timing (common.micro: interleaved, under the CPU lock).
+Samples/s of one SGD step of the d_in-H-d_out MLP (sigmoid hidden layer, softmax
+cross-entropy, float64) per hidden and batch size, medians of interleaved repetitions:
+  numba         asgd.net.mlp.make_step: the worker's kernel (writes Delta-w)
+  numpy         asgd.net.reference.step: plain numpy, the reference numba's and torch's
+                Delta-w are checked against (max_rel_diff_vs_numpy)
+  torch         a typical PyTorch step: nn.Linear -> nn.Sigmoid -> nn.Linear,
+                nn.CrossEntropyLoss, autograd, optim.SGD (1 thread, same init weights)
+  torch_manual  PyTorch with hand-written forward/backward on preallocated tensors
+  exp_only      asgd's vectorized exp over B cache-resident rows of H values: the sigmoids' cost
+  ceiling       this core's DGEMM rate (1 thread, same run) over the step's FLOPs per sample
 Writes kernel.csv, kernel.json (with the machine) and kernel.png under --out.
 
     python bench/bench_kernel.py                      # 2-10K-2, batch 256
@@ -52,8 +47,7 @@ COLUMNS = {"samples_per_s": "median over repetitions, wall clock (min/max beside
 
 @njit(fastmath={"reassoc", "contract", "nsz", "arcp"}, error_model="numpy", boundscheck=False, cache=True)
 def exp_rows(a, out, rows):
-    """rows passes of asgd's vectorized exp over one row of H values (cache-resident, as in the
-    kernel's chunks): what the H exps of each sample cost alone."""
+    """rows passes of asgd's vectorized exp over one cache-resident row of H values."""
     for r in range(rows):
         shift = r * 1e-9                 # a different input each pass: no pass can be elided
         for i in range(a.size):
@@ -94,8 +88,7 @@ def step_flops(layout):
 
 
 def bench_case(layout, batch, repeat, min_time, with_torch, lock=None):
-    """{impl: {samples_per_s, ...}} for one (layout, batch): the variants, numpy's step the
-    reference (numba's and torch's Delta-w checked against it), timed interleaved."""
+    """{impl: {samples_per_s, ...}} for one (layout, batch), common.micro's shape."""
     w = init_params(layout, seed=0)
     rng = np.random.default_rng(1)
     X = rng.normal(size=(batch, layout.d_in))

@@ -2,19 +2,15 @@
 ping-pong of the same size, 2 ranks, in one MPI job (this script starts it under mpiexec).
 
 Variants, repetitions interleaved (the order rotates), per-exchange median on the worker:
-  pingpong            raw MPI: rank 1 Isend n_w doubles + Irecv n_w doubles, Waitall;
-                      rank 0 echoes (its Irecv always posted ahead, Wait, Isend, Wait).
-                      The hardware/MPI bound.
-  pingpong+aggregate  the same, rank 0 doing the server's per-push work between receive and
-                      send (add_into Delta-w, copy w into the reply): the protocol's floor.
-  pingpong+versioned  rank 0 writes w + Delta-w into the other of two buffers in one pass and
-                      replies from it (no copy).
+  pingpong            raw MPI: rank 1 Isend + Irecv n_w doubles, Waitall; rank 0 echoes (its
+                      Irecv posted ahead): the hardware/MPI bound.
+  pingpong+aggregate  rank 0 doing the server's per-push work between receive and send
+                      (add_into Delta-w, copy w into the reply): the protocol's floor.
+  pingpong+versioned  rank 0 writes w + Delta-w into the other of two buffers, replies from it.
   pingpong+reply-first  rank 0 replies from the current version, then writes the next one
-                      while the reply is on its way (asgd's async server since issue 29).
-  asgd O              asgd.protocol.server.Server (async, optimizer O: --optimizers) on rank 0
-                      and asgd.protocol.worker.run_worker on rank 1 with a stub training step
-                      (no compute): every push, header, check, update, reply and wait of a real
-                      run; the server's busy time per push (its `aggregate` phase) beside it.
+                      while the reply is on its way (asgd's async server).
+  asgd O              the real Server (async, optimizer O: --optimizers) and run_worker with a
+                      stub step (no compute); the server's busy time per push beside it.
 Writes messaging.csv, messaging.json, messaging.png under --out.
 
     python bench/bench_messaging.py                      # 2-10K-2 and 2-100K-2 sizes

@@ -9,12 +9,10 @@ and `on` (the step tests the exchange between its sample blocks, asgd.train's de
 
 Per step on the worker, medians over the run's steps of each mode (a TraceClock):
   E         the exchange alone (the `alone` steps of the same run)
-  c         the compute, at a batch timed here to take about r x E, r in --ratios
-  exposed   its push and comm_wait phases with that compute
-  T         its time per step; max(c, E) (perfect overlap) and c + E (none) beside it
-  hidden    (c0 + E - T) / min(E, c0), clipped to [0, 1], c0 the compute with progress off
-            (same batch, same run): the share of the exchange the step's period does not
-            show (with progress off, (E - exposed) / min(E, c): hidden_frac_exposed)
+  c         the compute, at a batch timed to take about r x E, r in --ratios
+  exposed   its push and comm_wait phases; T its time per step, beside max(c, E) and c + E
+  hidden    (c0 + E - T) / min(E, c0) clipped to [0, 1], c0 the compute with progress off:
+            the share of the exchange the step's period does not show
   headline  hidden at r = 2 (a compute twice the exchange: everything could hide)
 
 Writes overlap.csv, overlap.json (machine, load, testbed), overlap.png under --out.
@@ -172,7 +170,7 @@ def child(args) -> None:
             E0 = comm.bcast(alone["alone"]["T"] if alone else None, root=1)
             for r in args.ratios:
                 batch = comm.bcast(batch_for(layout, r * E0) if comm.rank == 1 else None, root=1)
-                modes = ["alone"] + (args.progress if rep % 2 == 0 else args.progress[::-1])
+                modes = ["alone", *common.rotated(args.progress, rep)]
                 got = exchange(layout, mlp.make_step(layout, batch), batch, args.updates, modes)
                 if not got:
                     continue

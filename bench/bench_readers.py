@@ -161,12 +161,11 @@ def main(argv=None) -> int:
     for w in a.workers:
         for fmt in a.format:
             runs = {(tree, reader): [] for tree in trees for reader in ("sequential", "parallel")}
-            for _ in range(a.repeat):
-                for tree, reader in runs:  # alternate: load changes hit every tree and reader alike
+            for i in range(a.repeat):
+                for tree, reader in common.rotated(list(runs), i):   # load changes hit all alike
                     runs[tree, reader].append(run_once(files[fmt], reader, w, a.timeout, tree, trees[tree]))
             for (tree, reader), rs in runs.items():
-                all_rows.append(median_run(rs))
-                r = all_rows[-1]
+                all_rows.append(r := median_run(rs))
                 print(f"  {tree:18} {fmt} {reader:10} w={w:2}: init {r['init_s']:6.2f} s, reader "
                       f"{r['data_s']:6.2f} s, parse {r['parse_s']:6.3f} s", flush=True)
     meta["load"] = run.load

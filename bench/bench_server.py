@@ -1,19 +1,18 @@
 """The server's per-push work for each optimizer, before and now, against its floor: updates/s
 and GB/s, one core, float64, against a STREAM-like bound measured in the same run.
 
-Per push, for each optimizer (--optimizers, default sgd, momentum, adagrad, adam), on a
-shard of n_w doubles, each push's d from the next of W workers' receive buffers:
-  asgd     asgd.net.optimizers.Optimizer.update (the server's call): one pass that checks d
-           for NaN and inf, writes the next version of the shard into the version pool (W + 1
-           buffers [w | header], rotating as Float64Shard's do) and the optimizer's state into
-           its next buffers. Checked against `before` (the same w' from the same w and d).
-  before   the server before issue 29 (its kernels copied below): kernels.all_finite(d), the
-           update in place, then w copied into that worker's reply buffer: three passes.
-The floor of an update is the bytes it must move (reads and writes, no write-allocate: sgd
-3 x 8n, momentum and adagrad 5 x 8n, adam 7 x 8n) at the best of numpy copy/add/triad
-rotating over the update's own footprint (the same cache level): floor_us, and
-pct_of_floor = floor_us / us_per_push. pct_of_memory_bound: the same bytes against
-copy/add/triad on ASGD_BENCH_STREAM_MIB arrays (memory).
+Per push, for each optimizer (--optimizers), on a shard of n_w doubles, each push's d from
+the next of W workers' receive buffers:
+  asgd     Optimizer.update (the server's call): one pass that checks d for NaN and inf,
+           writes the next version of the shard into the version pool (W + 1 buffers,
+           rotating as Float64Shard's do) and the optimizer's state into its next buffers;
+           checked against `before` (the same w' from the same w and d).
+  before   the server before issue 29: all_finite(d), the update in place, then w copied
+           into that worker's reply buffer: three passes.
+The floor: the bytes an update must move (sgd 3 x 8n, momentum and adagrad 5 x 8n, adam
+7 x 8n) at the best of numpy copy/add/triad rotating over the update's own footprint
+(floor_us; pct_of_floor = floor_us / us_per_push); pct_of_memory_bound: the same bytes
+against copy/add/triad on ASGD_BENCH_STREAM_MIB arrays.
 Writes server.csv, server.json, server.png under --out.
 
     python bench/bench_server.py                        # 2-10K-2 and 2-100K-2, 1 and 8 workers
@@ -51,13 +50,7 @@ COLUMNS = {"path": "asgd: Optimizer.update into the next version (what the serve
                                      "after one push from the same w, d"}
 
 
-# -- the server's kernels before issue 29 (in place; the check and the reply's copy apart) --
-
-@njit(boundscheck=False, cache=True)
-def _before_sgd(w, d):
-    for i in range(w.size):
-        w[i] += d[i]
-
+# -- the server's kernels before issue 29 (in place; the check and the reply's copy apart; sgd's: add_into) --
 
 @njit(boundscheck=False, error_model="numpy", cache=True)
 def _before_momentum(w, v, d, lr, mu):
@@ -90,7 +83,7 @@ def _before_adam(w, m, v, d, lr, b1, b2, eps, t):
 
 
 def before_update(name, n, lr=1e-3, w=None):
-    """The old per-push work: check, update in place (of w), copy into the reply buffer."""
+    """The old per-push work: check, update w in place, copy it into the reply buffer."""
     w = np.random.default_rng(5).normal(size=n) if w is None else w
     state = [np.zeros(n) for _ in range(UPDATES[name][1])]
     t = [0]
@@ -100,7 +93,7 @@ def before_update(name, n, lr=1e-3, w=None):
             return
         t[0] += 1
         if name == "sgd":
-            _before_sgd(w, d)
+            kernels.add_into(w, d)
         elif name == "momentum":
             _before_momentum(w, state[0], d, lr, MOMENTUM)
         elif name == "adagrad":
@@ -147,8 +140,7 @@ def same_update(name, n) -> float:
 
 
 def bench_updates(n, W, optimizers, repeat, min_time, lock=None):
-    """Each optimizer's per-push work, both paths (asgd's checked against before's), and the
-    bound at each one's footprint, interleaved."""
+    """Each optimizer's per-push work on both paths and the bound at each one's footprint, common.micro's shape."""
     rng = np.random.default_rng(1)
     recv = [rng.normal(scale=1e-9, size=n + PUSH_HEADER) for _ in range(W)]   # as the server's receive buffers
     fns = {}
@@ -184,18 +176,11 @@ def plot(rows, path):
     names = list(dict.fromkeys(r["optimizer"] for r in rows))
     fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups) + 1, 4.5), squeeze=False)
     for ax, g in zip(axes[0], groups):
-        x = np.arange(len(names))
-        for k, (p, color) in enumerate((("asgd", "tab:blue"), ("before", "0.6"))):
-            rs = [next(r for r in rows if (r["model"], r["workers"]) == g and r["optimizer"] == o and r["path"] == p)
-                  for o in names]
-            bars = ax.bar(x - 0.2 + 0.4 * k, [r["us_per_op"] for r in rs], 0.4, color=color, label=p)
-            for b, r in zip(bars, rs):
-                ax.annotate(f"{r['pct_of_floor']:.0f}%", (b.get_x() + b.get_width() / 2, b.get_height()),
-                            ha="center", va="bottom", fontsize=7)
-            if p == "asgd":
-                ax.scatter(x - 0.2, [r["floor_us"] for r in rs], marker="_", s=300, color="k", zorder=3,
-                           label="floor (its bytes at the bound of its footprint)")
-        ax.set_xticks(x, names)
+        by = {(r["optimizer"], r["path"]): r for r in rows if (r["model"], r["workers"]) == g}
+        at = common.bars(ax, names, PATHS, lambda o, p: by[o, p]["us_per_op"], {"asgd": "tab:blue", "before": "0.6"},
+                         lambda o, p, y: f"{by[o, p]['pct_of_floor']:.0f}%", fontsize=7)
+        ax.scatter(at["asgd"], [by[o, "asgd"]["floor_us"] for o in names], marker="_", s=300, color="k", zorder=3,
+                   label="floor (its bytes at the bound of its footprint)")
         ax.set_ylabel("µs per push (median)")
         ax.set_title(f"{g[0]}, {g[1]} worker{'s' * (g[1] > 1)}", fontsize=10)
         ax.legend(fontsize=7)

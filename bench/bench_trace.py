@@ -21,7 +21,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("train_args", nargs="*", help="extra asgd.train options (after --)")
     a = p.parse_args(argv)
-    out = common.results_dir("trace", a.out)
+    out = common.Run("trace", a, measure=False).out
     rows = []
     run(a.ranks, False, a.train_args)  # warm numba's cache
     for i in range(a.repeat):

@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import csv
 import fcntl
+import functools
 import itertools
 import json
 import platform
@@ -52,13 +53,6 @@ from asgd import mpienv as launch
 mpiexec_path = launch.find          # the mpiexec beside this Python (None: none)
 mpiexec_command = launch.command    # [mpiexec, -n, n, <the flags its MPI needs>, *program]
 rank_pids = launch.rank_pids        # a running job's rank -> pid, from its run folder
-
-
-def results_dir(name: str, out: str | Path | None = None) -> Path:
-    """bench/results/<name> (or `out`), created."""
-    p = Path(out) if out else RESULTS / name
-    p.mkdir(parents=True, exist_ok=True)
-    return p
 
 
 def int_list(s: str) -> list[int]:
@@ -160,27 +154,27 @@ def stream(n: int = 1 << 24, reps: int = 5) -> dict:
     return {k: round(STREAM_BYTES[k] * n / best[k] / 1e9, 2) for k in kernels}
 
 
-_STREAM_CACHE: dict | None = None
 STREAM_MIB = int(os.environ.get("ASGD_BENCH_STREAM_MIB", "128"))
+
+
+@functools.lru_cache(maxsize=None)
+def memory_bandwidth() -> dict:
+    """stream() on ASGD_BENCH_STREAM_MIB arrays, measured once per process."""
+    return {**stream(STREAM_MIB << 17), "array_mib": STREAM_MIB, "tool": "numpy, 1 thread, best of 5"}
 
 
 def machine(bandwidth: bool = True) -> dict:
     """What the numbers were measured on: CPU, cores, caches, memory (and its bandwidth on
     ASGD_BENCH_STREAM_MIB arrays), MPI library, package versions, load average."""
     from asgd.probes.calibrate import caches
-    global _STREAM_CACHE
     try:
         import llvmlite.binding as llvm
         llvm_cpu = llvm.get_host_cpu_name()
     except Exception:  # noqa: BLE001
         llvm_cpu = None
-    try:
-        cores_usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores_usable = os.cpu_count()
     mem_kib = _proc_field("/proc/meminfo", "MemTotal:")
     m = {"cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or "unknown",
-         "llvm_cpu": llvm_cpu, "cores": os.cpu_count(), "cores_usable": cores_usable,
+         "llvm_cpu": llvm_cpu, "cores": os.cpu_count(), "cores_usable": launch.cores_available(),
          "caches": {name: f"{size >> 10}K" for name, size in caches().items()}, "lscpu": _lscpu(),
          "memory_gib": round(int(mem_kib.split()[0]) / 2**20, 1) if mem_kib else None, "host": platform.node(),
          "platform": platform.platform(), "python": platform.python_version(),
@@ -189,9 +183,7 @@ def machine(bandwidth: bool = True) -> dict:
          "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
          "date": time.strftime("%Y-%m-%d %H:%M:%S %z")}
     if bandwidth:
-        if _STREAM_CACHE is None:
-            _STREAM_CACHE = stream(STREAM_MIB << 17)
-        m["memory_bandwidth_gbs"] = {**_STREAM_CACHE, "array_mib": STREAM_MIB, "tool": "numpy, 1 thread, best of 5"}
+        m["memory_bandwidth_gbs"] = memory_bandwidth()
     return m
 
 
@@ -202,8 +194,7 @@ class LoadSampler:
     def __init__(self, every_s: float = 2.0):
         self.samples = [os.getloadavg()[0]]
         self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, args=(every_s,), daemon=True)
-        self._t.start()
+        threading.Thread(target=self._run, args=(every_s,), daemon=True).start()
 
     def _run(self, every_s):
         while not self._stop.wait(every_s):
@@ -409,11 +400,8 @@ def command_line() -> str:
 
 
 def fmt(v, spec: str = ",.0f") -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, str):
-        return v
-    return format(v, spec)
+    """A table cell: "-" for None, a string as it is, a number in `spec`."""
+    return "-" if v is None else v if isinstance(v, str) else format(v, spec)
 
 
 def print_table(rows: list[dict], cols: list[tuple[str, str, str]], title: str | None = None) -> str:
@@ -510,11 +498,6 @@ def child_result(stdout: str) -> dict:
     return json.loads(lines[-1])
 
 
-def args_dict(args: argparse.Namespace) -> dict:
-    """The parsed options as JSON values (paths as strings)."""
-    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-
-
 class Run:
     """What every bench run shares: its output folder, the machine, the load while it
     measures, the head of its JSON, and the files it wrote.
@@ -528,7 +511,8 @@ class Run:
         if end_on_signals:
             exit_on_signals()
         self.name, self.args = name, args
-        self.out = results_dir(name, args.out)
+        self.out = Path(args.out or RESULTS / name)
+        self.out.mkdir(parents=True, exist_ok=True)
         self.paths: list[Path] = []
         self._sampler, self._load = None, None
         if measure and load_every_s:
@@ -547,7 +531,8 @@ class Run:
 
     def head(self) -> dict:
         """Where and how the numbers were measured: machine, load, command line, options."""
-        return {"machine": self.machine, "load": self.load, "command": command_line(), "args": args_dict(self.args)}
+        options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.args).items()}
+        return {"machine": self.machine, "load": self.load, "command": command_line(), "args": options}
 
     def meta(self, **own) -> dict:
         """The JSON beside the rows: the benchmark's name, head(), then the bench's own keys."""
