@@ -130,23 +130,13 @@ def plot(rows, path):
     fig, axes = plt.subplots(1, len(hiddens), figsize=(4 + 3.5 * len(hiddens), 4.6), squeeze=False)
     for ax, hid in zip(axes[0], hiddens):
         sub = [r for r in rows if r["hidden"] == hid]
-        batches = sorted({r["batch"] for r in sub})
-        x = np.arange(len(batches))
-        width = 0.8 / len(impls)
-        for i, impl in enumerate(impls):
-            rs = [next(r for r in sub if r["batch"] == b and r["impl"] == impl) for b in batches]
-            med = np.array([r["samples_per_s"] for r in rs])
-            err = [med - [r["samples_per_s_min"] for r in rs], [r["samples_per_s_max"] for r in rs] - med]
-            xs = x - 0.4 + width * (i + 0.5)
-            ax.bar(xs, med, width, yerr=err, capsize=2, color=colors[impl], label=impl)
-            for xi, m, r in zip(xs, med, rs):   # the median, above the error bar
-                ax.annotate(f"{m / 1e3:,.1f}K" if m < 1e5 else f"{m / 1e3:,.0f}K", (xi, r["samples_per_s_max"]),
-                            ha="center", va="bottom", fontsize=6, rotation=90, xytext=(0, 2),
-                            textcoords="offset points")
+        by = {(r["batch"], r["impl"]): r for r in sub}
+        common.bars(ax, sorted({r["batch"] for r in sub}), impls, lambda b, i: by[b, i]["samples_per_s"], colors,
+                    lambda b, i, m: f"{m / 1e3:,.1f}K" if m < 1e5 else f"{m / 1e3:,.0f}K", rotation=90, capsize=2,
+                    span=lambda b, i: (by[b, i]["samples_per_s_min"], by[b, i]["samples_per_s_max"]))
         ceil = sub[0]["ceiling_samples_per_s"]
         ax.axhline(ceil, color="k", ls="--", lw=1, label=f"FLOP ceiling {ceil / 1e3:,.0f}K (DGEMM peak)")
         ax.set_yscale("log")
-        ax.set_xticks(x, [str(b) for b in batches])
         ax.set_xlabel("batch size")
         ax.set_ylabel("samples/s, one core (log)")
         ax.set_title(f"{sub[0]['d_in']}-{hid}-{sub[0]['d_out']} MLP, float64 training step", fontsize=10)

@@ -27,6 +27,7 @@ import common  # first: pins threads, puts src/ on the path
 import validate
 from common import int_list
 
+import itertools
 import json
 import time
 
@@ -222,10 +223,8 @@ def plot(summary, headline_ratio, path):
     ax = axes[0]
     colors = dict(zip(sorted({(s["where"], s["hidden"]) for s in summary}),
                       ["tab:blue", "tab:orange", "tab:green", "tab:red"]))
-    for (where, hidden, progress) in sorted({(s["where"], s["hidden"], s["progress"]) for s in summary}):
-        col = colors[(where, hidden)]
-        ss = sorted((s for s in summary if (s["where"], s["hidden"], s["progress"]) == (where, hidden, progress)),
-                    key=lambda s: s["ratio"])
+    for (where, hidden, progress), ss in itertools.groupby(summary, lambda s: (s["where"], s["hidden"], s["progress"])):
+        ss, col = list(ss), colors[(where, hidden)]   # summary is sorted: by ratio within a line
         ax.plot([s["ratio"] for s in ss], [s["hidden_frac"] for s in ss], "-" if progress == "on" else ":",
                 marker="o" if progress == "on" else "x", color=col,
                 label=f"{where}, {ss[0]['mbytes']:.1f} MB, progress {progress}")

@@ -434,19 +434,24 @@ def pyplot():
 
 
 def bars(ax, groups: list, series: list, height, colors: dict | None = None, note=None, labels=None,
-         fontsize: float = 6, rotation: float = 0, **bar) -> dict:
+         fontsize: float = 6, rotation: float = 0, span=None, **bar) -> dict:
     """One bar per series in each group, the groups along x: height(group, series) (None: no
     bar), note(group, series, height) -> its text (None: none), labels: the legend's names
-    (default str(series)). Returns each series' bar positions."""
+    (default str(series)), span(group, series) -> (low, high): an error bar, the note above
+    it. Returns each series' bar positions."""
     x, wd, at = np.arange(len(groups)), 0.8 / max(len(series), 1), {}
     for i, s in enumerate(series):
         at[s] = pos = x - 0.4 + wd * (i + 0.5)
         ys = [height(g, s) for g in groups]
-        ax.bar(pos, [y or 0 for y in ys], wd, color=(colors or {}).get(s), label=(labels or {}).get(s, str(s)), **bar)
-        for xi, g, y in zip(pos, groups, ys):
+        lows, tops = zip(*[span(g, s) for g in groups]) if span else (None, [y or 0 for y in ys])
+        err = [[y - lo for y, lo in zip(ys, lows)], [hi - y for y, hi in zip(ys, tops)]] if span else None
+        ax.bar(pos, [y or 0 for y in ys], wd, yerr=err, color=(colors or {}).get(s),
+               label=(labels or {}).get(s, str(s)), **bar)
+        for xi, g, y, top in zip(pos, groups, ys, tops):
             text = note(g, s, y) if note else None
             if text:
-                ax.annotate(text, (xi, y or 0), ha="center", va="bottom", fontsize=fontsize, rotation=rotation)
+                ax.annotate(text, (xi, top), xytext=(0, 2 if span else 0), textcoords="offset points", ha="center",
+                            va="bottom", fontsize=fontsize, rotation=rotation)
     ax.set_xticks(x, [str(g) for g in groups])
     return at
 
