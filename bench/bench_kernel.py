@@ -1,20 +1,15 @@
 """Worker training-step throughput on one core: asgd's numba kernel vs numpy, PyTorch and the FLOP ceiling.
 
-Measures samples/s of one SGD step of the d_in-H-d_out MLP (sigmoid hidden layer, softmax
-cross-entropy, float64) for each hidden and batch size, all in one run, warmed up,
-repetitions interleaved, medians reported:
-  numba         asgd.net.mlp.make_step: the worker's kernel (writes Delta-w; the server applies it)
-  numpy         asgd.net.reference.step: plain numpy (matmul + exp)
-  torch         a typical PyTorch user's step: nn.Linear -> nn.Sigmoid -> nn.Linear,
-                nn.CrossEntropyLoss, autograd, optim.SGD.step() (1 thread, same init weights)
-  torch_manual  PyTorch with hand-written forward/backward on preallocated tensors, w -= lr*grad
-  exp_only      asgd's vectorized exp (kernels.vexp) over B rows of H values alone, each row
-                cache-resident as in the kernel: what the sigmoids' exps cost
-  ceiling       this core's DGEMM rate (numpy matmul, 1 thread, measured in the same run)
-                over the step's FLOPs: 4*d_in*H + 6*H*d_out (matmuls) + 9*H (elementwise,
-                exp counted as 1 FLOP) per sample
-numpy's step is the reference: numba's and torch's Delta-w are checked against it
-(max_rel_diff_vs_numpy) before the timing (common.micro: interleaved, under the CPU lock).
+Samples/s of one SGD step of the d_in-H-d_out MLP (sigmoid hidden layer, softmax
+cross-entropy, float64) per hidden and batch size, medians of interleaved repetitions:
+  numba         asgd.net.mlp.make_step: the worker's kernel (writes Delta-w)
+  numpy         asgd.net.reference.step: plain numpy, the reference numba's and torch's
+                Delta-w are checked against (max_rel_diff_vs_numpy)
+  torch         a typical PyTorch step: nn.Linear -> nn.Sigmoid -> nn.Linear,
+                nn.CrossEntropyLoss, autograd, optim.SGD (1 thread, same init weights)
+  torch_manual  PyTorch with hand-written forward/backward on preallocated tensors
+  exp_only      asgd's vectorized exp over B cache-resident rows of H values: the sigmoids' cost
+  ceiling       this core's DGEMM rate (1 thread, same run) over the step's FLOPs per sample
 Writes kernel.csv, kernel.json (with the machine) and kernel.png under --out.
 
     python bench/bench_kernel.py                      # 2-10K-2, batch 256
@@ -23,9 +18,7 @@ Writes kernel.csv, kernel.json (with the machine) and kernel.png under --out.
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # pins one thread per process before numpy loads
 from common import int_list
 
@@ -54,8 +47,7 @@ COLUMNS = {"samples_per_s": "median over repetitions, wall clock (min/max beside
 
 @njit(fastmath={"reassoc", "contract", "nsz", "arcp"}, error_model="numpy", boundscheck=False, cache=True)
 def exp_rows(a, out, rows):
-    """rows passes of asgd's vectorized exp over one row of H values (cache-resident, as in the
-    kernel's chunks): what the H exps of each sample cost alone."""
+    """rows passes of asgd's vectorized exp over one cache-resident row of H values."""
     for r in range(rows):
         shift = r * 1e-9                 # a different input each pass: no pass can be elided
         for i in range(a.size):
@@ -81,31 +73,22 @@ def parse_args(argv=None):
 
 
 def dgemm_gflops(n=2048, reps=4):
-    """One-thread float64 matmul rate (best of reps): the core's practical FLOP peak."""
+    """One-thread float64 matmul rate (best of reps, after one untimed): the core's practical FLOP peak."""
     a, b = np.random.default_rng(0).random((2, n, n))
     c = np.empty((n, n))
-    np.matmul(a, b, out=c)
-    best = min(_timed(lambda: np.matmul(a, b, out=c)) for _ in range(reps))
-    return 2 * n**3 / best / 1e9
-
-
-def _timed(f):
-    t0 = time.perf_counter()
-    f()
-    return time.perf_counter() - t0
+    got = common.interleaved({"dgemm": lambda: np.matmul(a, b, out=c)}, reps, min_time=0, warmup=0)["dgemm"]
+    return 2 * n**3 / got["min_s"] / 1e9
 
 
 def step_flops(layout):
-    """FLOPs of one sample's step: forward (2 per weight), weight gradients (2 per weight),
-    dh = dz W2^T (2 per W2 weight), and 9 elementwise per hidden unit (bias, sigmoid with
-    exp counted as 1, its derivative, db1). dx is not needed."""
-    d_in, H, d_out = layout.d_in, layout.d_hidden, layout.d_out
-    return 4 * d_in * H + 6 * H * d_out + 9 * H
+    """FLOPs of one sample's step: forward and weight gradients (2 + 2 per weight), dh = dz W2^T
+    (2 per W2 weight), 9 elementwise per hidden unit (bias, sigmoid with exp as 1, its
+    derivative, db1); no dx."""
+    return 4 * layout.d_in * layout.d_hidden + 6 * layout.d_hidden * layout.d_out + 9 * layout.d_hidden
 
 
 def bench_case(layout, batch, repeat, min_time, with_torch, lock=None):
-    """{impl: {samples_per_s, ...}} for one (layout, batch): the variants, numpy's step the
-    reference (numba's and torch's Delta-w checked against it), timed interleaved."""
+    """{impl: {samples_per_s, ...}} for one (layout, batch), common.micro's shape."""
     w = init_params(layout, seed=0)
     rng = np.random.default_rng(1)
     X = rng.normal(size=(batch, layout.d_in))
@@ -147,23 +130,13 @@ def plot(rows, path):
     fig, axes = plt.subplots(1, len(hiddens), figsize=(4 + 3.5 * len(hiddens), 4.6), squeeze=False)
     for ax, hid in zip(axes[0], hiddens):
         sub = [r for r in rows if r["hidden"] == hid]
-        batches = sorted({r["batch"] for r in sub})
-        x = np.arange(len(batches))
-        width = 0.8 / len(impls)
-        for i, impl in enumerate(impls):
-            rs = [next(r for r in sub if r["batch"] == b and r["impl"] == impl) for b in batches]
-            med = np.array([r["samples_per_s"] for r in rs])
-            err = [med - [r["samples_per_s_min"] for r in rs], [r["samples_per_s_max"] for r in rs] - med]
-            xs = x - 0.4 + width * (i + 0.5)
-            ax.bar(xs, med, width, yerr=err, capsize=2, color=colors[impl], label=impl)
-            for xi, m, r in zip(xs, med, rs):   # the median, above the error bar
-                ax.annotate(f"{m / 1e3:,.1f}K" if m < 1e5 else f"{m / 1e3:,.0f}K", (xi, r["samples_per_s_max"]),
-                            ha="center", va="bottom", fontsize=6, rotation=90, xytext=(0, 2),
-                            textcoords="offset points")
+        by = {(r["batch"], r["impl"]): r for r in sub}
+        common.bars(ax, sorted({r["batch"] for r in sub}), impls, lambda b, i: by[b, i]["samples_per_s"], colors,
+                    lambda b, i, m: f"{m / 1e3:,.1f}K" if m < 1e5 else f"{m / 1e3:,.0f}K", rotation=90, capsize=2,
+                    span=lambda b, i: (by[b, i]["samples_per_s_min"], by[b, i]["samples_per_s_max"]))
         ceil = sub[0]["ceiling_samples_per_s"]
         ax.axhline(ceil, color="k", ls="--", lw=1, label=f"FLOP ceiling {ceil / 1e3:,.0f}K (DGEMM peak)")
         ax.set_yscale("log")
-        ax.set_xticks(x, [str(b) for b in batches])
         ax.set_xlabel("batch size")
         ax.set_ylabel("samples/s, one core (log)")
         ax.set_title(f"{sub[0]['d_in']}-{hid}-{sub[0]['d_out']} MLP, float64 training step", fontsize=10)
@@ -177,7 +150,7 @@ def main(argv=None):
     run = common.Run("kernel", args)
     with_torch = not args.no_torch and common._version("torch") is not None
     gflops = dgemm_gflops(args.dgemm_n)
-    rows = []
+    rows, cases = [], []
     for hid in args.hidden:
         layout = Layout(args.d_in, hid, args.d_out)
         flops = step_flops(layout)
@@ -191,7 +164,8 @@ def main(argv=None):
                              "speedup_vs_numpy": round(r["samples_per_s"] / res["numpy"]["samples_per_s"], 3),
                              "vs_torch": round(r["samples_per_s"] / res["torch"]["samples_per_s"], 3)
                              if "torch" in res else None})
-            nb = next(r for r in rows[-len(res):] if r["impl"] == "numba")   # how much of its step is the exp
+            cases.append(rows[-len(res):])
+            nb = cases[-1][0]   # numba's (IMPLS' first): how much of its step is the exp
             t_step, t_exp = 1 / res["numba"]["samples_per_s"], 1 / res["exp_only"]["samples_per_s"]
             nb["exp_share_pct"] = round(100 * t_exp / t_step, 1)
             nb["gflops_without_exp"] = (round((flops - hid) / max(t_step - t_exp, 1e-12) / 1e9, 2)
@@ -210,25 +184,20 @@ def main(argv=None):
 
     run.print_machine()
     print(f"DGEMM 1 thread {gflops:.1f} GFLOP/s; torch: {info['torch']}")
-    table = []
-    for hid in args.hidden:
-        for batch in args.batch:
-            by = {r["impl"]: r for r in rows if r["hidden"] == hid and r["batch"] == batch}
-            nb = by["numba"]
-            table.append({"model": f"{args.d_in}-{hid}-{args.d_out}", "batch": batch,
-                          **{i: by[i]["samples_per_s"] if i in by else None for i in IMPLS},
-                          "ceiling": nb["ceiling_samples_per_s"], "pct": nb["pct_of_ceiling"],
-                          "x_numpy": nb["speedup_vs_numpy"], "x_torch": nb["vs_torch"],
-                          "x_torch_cpu": (nb["samples_per_s_cpu"] / by["torch"]["samples_per_s_cpu"]
-                                          if "torch" in by else None),
-                          "exp_pct": nb.get("exp_share_pct"), "gf_noexp": nb.get("gflops_without_exp")})
+    table = []   # a line per case: numba's row, every impl's samples/s
+    for case in cases:
+        by = {r["impl"]: r for r in case}
+        table.append({**by["numba"], "model": f"{args.d_in}-{by['numba']['hidden']}-{args.d_out}",
+                      **{i: r["samples_per_s"] for i, r in by.items()},
+                      "x_torch_cpu": (by["numba"]["samples_per_s_cpu"] / by["torch"]["samples_per_s_cpu"]
+                                      if "torch" in by else None)})
     common.print_table(table, [("model", "model", ""), ("batch", "batch", "d"), ("numba s/s", "numba", ",.0f"),
                                ("numpy", "numpy", ",.0f"), ("torch", "torch", ",.0f"),
                                ("torch manual", "torch_manual", ",.0f"), ("exp only", "exp_only", ",.0f"),
-                               ("ceiling", "ceiling", ",.0f"), ("numba % ceil", "pct", ".1f"),
-                               ("x numpy", "x_numpy", ".1f"), ("x torch", "x_torch", ".1f"),
-                               ("x torch (cpu time)", "x_torch_cpu", ".1f"), ("exp % of step", "exp_pct", ".0f"),
-                               ("GFLOP/s w/o exp", "gf_noexp", ".1f")])
+                               ("ceiling", "ceiling_samples_per_s", ",.0f"), ("numba % ceil", "pct_of_ceiling", ".1f"),
+                               ("x numpy", "speedup_vs_numpy", ".1f"), ("x torch", "vs_torch", ".1f"),
+                               ("x torch (cpu time)", "x_torch_cpu", ".1f"), ("exp % of step", "exp_share_pct", ".0f"),
+                               ("GFLOP/s w/o exp", "gflops_without_exp", ".1f")])
     print("s/s: samples/s, median wall clock; 'cpu time': the same ratio from the steps' CPU time (load-proof)")
     run.wrote()
     return 0

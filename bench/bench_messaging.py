@@ -2,20 +2,15 @@
 ping-pong of the same size, 2 ranks, in one MPI job (this script starts it under mpiexec).
 
 Variants, repetitions interleaved (the order rotates), per-exchange median on the worker:
-  pingpong            raw MPI: rank 1 Isend n_w doubles + Irecv n_w doubles, Waitall;
-                      rank 0 echoes (its Irecv always posted ahead, Wait, Isend, Wait).
-                      The hardware/MPI bound.
-  pingpong+aggregate  the same, rank 0 doing the server's per-push work between receive and
-                      send (add_into Delta-w, copy w into the reply): the protocol's floor.
-  pingpong+versioned  rank 0 writes w + Delta-w into the other of two buffers in one pass and
-                      replies from it (no copy).
+  pingpong            raw MPI: rank 1 Isend + Irecv n_w doubles, Waitall; rank 0 echoes (its
+                      Irecv posted ahead): the hardware/MPI bound.
+  pingpong+aggregate  rank 0 doing the server's per-push work between receive and send
+                      (add_into Delta-w, copy w into the reply): the protocol's floor.
+  pingpong+versioned  rank 0 writes w + Delta-w into the other of two buffers, replies from it.
   pingpong+reply-first  rank 0 replies from the current version, then writes the next one
-                      while the reply is on its way (asgd's async server since issue 29).
-  asgd O              asgd.protocol.server.Server (async, optimizer O: --optimizers) on rank 0
-                      and asgd.protocol.worker.run_worker on rank 1 with a stub training step
-                      (no compute): every push, header, finiteness check, update, reply and
-                      mpiutil.Waiter wait of a real run.
-The server's busy time per push (its `aggregate` phase) is recorded beside it.
+                      while the reply is on its way (asgd's async server).
+  asgd O              the real Server (async, optimizer O: --optimizers) and run_worker with a
+                      stub step (no compute); the server's busy time per push beside it.
 Writes messaging.csv, messaging.json, messaging.png under --out.
 
     python bench/bench_messaging.py                      # 2-10K-2 and 2-100K-2 sizes
@@ -23,9 +18,7 @@ Writes messaging.csv, messaging.json, messaging.png under --out.
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from common import int_list
 
@@ -98,7 +91,7 @@ def child(args) -> None:
     block_s = 0.05 if args.quick else 0.15
     raw = []
 
-    def pingpong(n, iters, aggregate, versioned=False, reply_first=False):
+    def pingpong(n, iters, variant="pingpong"):
         out, back = np.ones(n), np.empty(n)
         w, reply = np.zeros(n), np.empty(n)
         vers = [np.zeros(n), np.zeros(n)]
@@ -113,17 +106,17 @@ def child(args) -> None:
         for i in range(iters):
             recv.Wait()
             send = out
-            if aggregate:
+            if variant == "pingpong+aggregate":
                 kernels.add_into(w, back)
                 reply[:] = w
                 send = reply
-            elif versioned:
+            elif variant == "pingpong+versioned":
                 add_to(vers[i % 2], back, vers[(i + 1) % 2])
                 send = vers[(i + 1) % 2]
-            elif reply_first:
+            elif variant == "pingpong+reply-first":
                 send = vers[i % 2]
             req = comm.Isend([send, MPI.DOUBLE], 1, 2)
-            if reply_first:   # the next version, while this one is on its way (the other buffer is free)
+            if variant == "pingpong+reply-first":   # the next version while this one is on its way
                 add_to(vers[i % 2], back, vers[(i + 1) % 2])
             if i + 1 < iters:
                 recv = comm.Irecv([back, MPI.DOUBLE], 1, 1)
@@ -154,26 +147,18 @@ def child(args) -> None:
 
     for hid in args.hidden:
         n_w = Layout(2, hid, 2).n_w
-        pingpong(n_w, 3, True)                              # warm up (and JIT the kernels)
-        pingpong(n_w, 3, False, True)
-        pingpong(n_w, 3, False, False, True)
+        for v in PINGPONGS[1:]:
+            pingpong(n_w, 3, v)                             # warm up (and JIT the kernels)
+        rtt, iters = pingpong(n_w, 10), None                # rank 1's times size the repetitions
         if me == 1:
-            est = float(np.median(pingpong(n_w, 10, False)))
-            iters = args.iters or int(min(5000, max(60, block_s / max(est, 1e-7))))
-        else:
-            pingpong(n_w, 10, False)
-            iters = None
+            iters = args.iters or int(min(5000, max(60, block_s / max(float(np.median(rtt)), 1e-7))))
         iters = comm.bcast(iters, root=1)
         for o in args.optimizers:
             protocol(n_w, 5, o)                             # warm up the protocol path
         for rep in range(args.repeat):
             for v in common.rotated(args.variants, rep):   # no variant always first
                 comm.Barrier()
-                if v.startswith("asgd "):
-                    got = protocol(n_w, iters, v.split()[1])
-                else:
-                    got = pingpong(n_w, iters, v == "pingpong+aggregate", v == "pingpong+versioned",
-                                   v == "pingpong+reply-first")
+                got = protocol(n_w, iters, v.split()[1]) if v.startswith("asgd ") else pingpong(n_w, iters, v)
                 agg = comm.bcast(got if me == 0 and v.startswith("asgd ") else None, root=0)
                 if me == 1:
                     raw.append({"hidden": hid, "n_w": n_w, "variant": v, "rep": rep, "iters": iters,
@@ -181,8 +166,7 @@ def child(args) -> None:
                                 "rtt_mean_s": float(np.mean(got[1:])),
                                 "server_aggregate_s_per_push": agg if v.startswith("asgd ") else None})
     if me == 1:
-        (args.out / "messaging_raw.json").write_text(json.dumps(
-            {"oversubscribed": crowded, "ranks": comm.size, "rows": raw}, indent=1))
+        print(json.dumps({"oversubscribed": crowded, "ranks": comm.size, "rows": raw}), flush=True)
 
 
 # -- the launcher ------------------------------------------------------------------------
@@ -214,35 +198,25 @@ def main(argv=None):
     if common.as_mpi_child(args, child):
         return 0
     run = common.Run("messaging", args, load_every_s=1.0)
-    raw_path = run.out / "messaging_raw.json"
-    raw_path.unlink(missing_ok=True)
-    argv_child = [str(Path(__file__).resolve()), "--mpi-child", "--hidden", ",".join(map(str, args.hidden)),
-                  "--repeat", str(args.repeat), "--iters", str(args.iters), "--timeout", str(args.timeout),
-                  "--optimizers", ",".join(args.optimizers),
-                  "--out", str(run.out.resolve())] + (["--quick"] if args.quick else [])
-    job = common.mpiexec(2, argv_child, timeout=args.timeout + 30)
-    raw = json.loads(raw_path.read_text())
+    job = common.mpiexec(2, common.mpi_child_argv(__file__, argv), timeout=args.timeout + 30)
+    raw = common.child_result(job["stdout"])
     rows = []
     for hid in args.hidden:
         for v in args.variants:
             rs = [r for r in raw["rows"] if r["hidden"] == hid and r["variant"] == v]
             med = float(np.median([r["rtt_median_s"] for r in rs]))
             agg = [r["server_aggregate_s_per_push"] for r in rs if r["server_aggregate_s_per_push"] is not None]
-            n_w = rs[0]["n_w"]
-            rows.append({"model": f"2-{hid}-2", "n_w": n_w, "kb": 8 * n_w / 1e3, "variant": v,
-                         "rtt_us": round(1e6 * med, 2),
+            n_w, rtt_us = rs[0]["n_w"], round(1e6 * med, 2)
+            if v == "pingpong":   # the first variant, the others' reference
+                pp = rtt_us
+            rows.append({"model": f"2-{hid}-2", "n_w": n_w, "kb": 8 * n_w / 1e3, "variant": v, "rtt_us": rtt_us,
                          "rtt_us_min": round(1e6 * min(r["rtt_min_s"] for r in rs), 2),
                          "exchanges_per_s": round(1 / med, 1), "gb_per_s_both_ways": round(16 * n_w / med / 1e9, 3),
                          "server_aggregate_us": round(1e6 * float(np.median(agg)), 2) if agg else None,
-                         "repeat": len(rs), "iters": rs[0]["iters"]})
-        pp = next(r for r in rows if r["model"] == f"2-{hid}-2" and r["variant"] == "pingpong")["rtt_us"]
-        for r in rows:
-            if r["model"] == f"2-{hid}-2":
-                r["vs_pingpong"] = round(r["rtt_us"] / pp, 3)
+                         "repeat": len(rs), "iters": rs[0]["iters"], "vs_pingpong": round(rtt_us / pp, 3)})
     info = run.meta(ranks=raw["ranks"], oversubscribed=raw["oversubscribed"], mpiexec=job["cmd"],
                     job_wall_s=round(job["wall_s"], 2), columns=COLUMNS, raw=raw["rows"])
     run.write(rows, info)
-    raw_path.unlink()
     run.plot(plot, rows)
     run.print_machine()
     print(f"2 ranks ({'oversubscribed' if raw['oversubscribed'] else 'ranks <= cores'}), {job['cmd'].split()[0]}")

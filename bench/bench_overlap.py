@@ -2,20 +2,17 @@
 (400 KB) and 2-100K-2 (4.0 MB), on shared memory (mpiexec, 2 ranks) and on the emulated
 cluster (asgd.testbed: server and worker on two hosts, TCP through links at --bandwidth).
 
-Both ranks run asgd's real protocol (rank 0 `Server(...).serve(Async())`, rank 1
-`run_worker(...)` with the real numba step on real data, as asgd.train calls them). The
-modes cycle step by step within each run, so all see the same load and batch: `alone` (no
-compute: the exchange alone), `off` (only the waits move the messages) and `on` (the step
-tests the exchange between its sample blocks: asgd.train's default --mpi-progress step).
+Both ranks run asgd's real protocol (rank 0 serves, rank 1 runs run_worker with the real
+step on real data). The modes cycle step by step within each run (the same load and batch
+for all): `alone` (no compute: the exchange alone), `off` (only the waits move the messages)
+and `on` (the step tests the exchange between its sample blocks, asgd.train's default).
 
 Per step on the worker, medians over the run's steps of each mode (a TraceClock):
   E         the exchange alone (the `alone` steps of the same run)
-  c         the compute, at a batch timed here to take about r x E, r in --ratios
-  exposed   its push and comm_wait phases with that compute
-  T         its time per step; max(c, E) (perfect overlap) and c + E (none) beside it
-  hidden    (c0 + E - T) / min(E, c0), clipped to [0, 1], c0 the compute with progress off
-            (same batch, same run): the share of the exchange the step's period does not
-            show (with progress off, (E - exposed) / min(E, c): hidden_frac_exposed)
+  c         the compute, at a batch timed to take about r x E, r in --ratios
+  exposed   its push and comm_wait phases; T its time per step, beside max(c, E) and c + E
+  hidden    (c0 + E - T) / min(E, c0) clipped to [0, 1], c0 the compute with progress off:
+            the share of the exchange the step's period does not show
   headline  hidden at r = 2 (a compute twice the exchange: everything could hide)
 
 Writes overlap.csv, overlap.json (machine, load, testbed), overlap.png under --out.
@@ -25,13 +22,12 @@ Writes overlap.csv, overlap.json (machine, load, testbed), overlap.png under --o
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # first: pins threads, puts src/ on the path
 import validate
 from common import int_list
 
+import itertools
 import json
 import time
 
@@ -79,12 +75,10 @@ def parse_args(argv=None):
 # -- inside the MPI job: rank 0 serves, rank 1 works -----------------------------------------
 
 def per_step(events: dict, modes: list[str]) -> dict:
-    """Medians per worker step of its compute, exposed (push + comm_wait) and total time,
-    per mode, from a TraceClock's intervals: a step is a `compute` interval and the
-    `comm_wait` and `push` intervals that follow it (run_worker's order); step i ran in
-    modes[i % len(modes)] (see cycling). The first two cycles (no exchange to wait for
-    yet, warm caches) are left out. Medians: a loaded machine's rare long preemptions do
-    not move them."""
+    """Medians per worker step of its compute, exposed (push + comm_wait) and total time, per
+    mode, from a TraceClock's intervals: a step is a `compute` interval and the `comm_wait`
+    and `push` that follow it; step i ran in modes[i % len(modes)]. The first two cycles
+    (nothing to wait for yet, cold caches) are left out."""
     names = events["phases"]
     steps = []
     for start, end, code in events["intervals"]:
@@ -105,9 +99,7 @@ def per_step(events: dict, modes: list[str]) -> dict:
 
 def cycling(step, modes: list[str]):
     """A step that runs as modes[k % len(modes)] on its k-th call: `alone` returns at once
-    (the exchange alone: E), `on` passes run_worker's progress on (the step tests the
-    exchange between its blocks), `off` does not. Cycling within one run puts every mode
-    under the same load of a shared machine, and every exchange is the previous step's."""
+    (the exchange alone: E), `on` passes run_worker's progress on, `off` does not."""
     k = [0]
 
     def wrapped(w, X, y, lr, dw, progress=None):
@@ -143,8 +135,7 @@ def child(args) -> None:
     out = []
 
     def exchange(layout, step, batch: int, updates: int, modes: list[str]) -> dict | None:
-        """One run of the real protocol, `updates` steps per mode, the modes cycling step
-        by step (cycling); the worker's medians per step and mode."""
+        """One run of the real protocol, `updates` steps per mode cycling; the worker's medians."""
         w = mlp.init_params(layout, 0)
         comm.Barrier()
         if comm.rank == 0:
@@ -161,21 +152,15 @@ def child(args) -> None:
         return 0.0
 
     def batch_for(layout, seconds: float) -> int:
-        """The batch size whose real training step takes about `seconds` here (two rounds
-        of timing and rescaling: the step is not quite linear in the batch)."""
+        """The batch whose real step takes about `seconds` here (rescaled thrice: not quite linear)."""
         ds = problem.rings(4096, 2)
         w, dw = mlp.init_params(layout, 0), np.zeros(layout.n_w)
         b = 64
         for _ in range(3):
             b = int(min(max(b, 1), 4096))
-            s = mlp.make_step(layout, b)
-            s(w, ds.X[:b], ds.y[:b], 1e-9, dw)
-            ts = []
-            for _ in range(3):
-                t = time.perf_counter()
-                s(w, ds.X[:b], ds.y[:b], 1e-9, dw)
-                ts.append(time.perf_counter() - t)
-            b = round(b * seconds / float(np.median(ts)))
+            s = mlp.make_step(layout, b)   # one untimed call, then the median of three
+            t = common.interleaved({"step": lambda: s(w, ds.X[:b], ds.y[:b], 1e-9, dw)}, 3, min_time=0, warmup=0)
+            b = round(b * seconds / t["step"]["median_s"])
         return int(min(max(b, 1), 4096))
 
     for hidden in args.hidden:
@@ -186,7 +171,7 @@ def child(args) -> None:
             E0 = comm.bcast(alone["alone"]["T"] if alone else None, root=1)
             for r in args.ratios:
                 batch = comm.bcast(batch_for(layout, r * E0) if comm.rank == 1 else None, root=1)
-                modes = ["alone"] + (args.progress if rep % 2 == 0 else args.progress[::-1])
+                modes = ["alone", *common.rotated(args.progress, rep)]
                 got = exchange(layout, mlp.make_step(layout, batch), batch, args.updates, modes)
                 if not got:
                     continue
@@ -208,41 +193,18 @@ def child(args) -> None:
 
 # -- the launcher -------------------------------------------------------------------------------
 
-def child_argv(args) -> list[str]:
-    return [str(Path(__file__).resolve()), "--mpi-child", "--hidden", ",".join(map(str, args.hidden)),
-            "--ratios", ",".join(map(str, args.ratios)), "--updates", str(args.updates),
-            "--progress", ",".join(args.progress),
-            "--repeat", str(args.repeat), "--timeout", str(args.timeout)]
-
-
-def parse_child(stdout: str) -> dict:
-    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        raise RuntimeError(f"no result from the MPI job:\n{stdout[-1500:]}")
-    return json.loads(lines[-1])
-
-
-def hidden_by_step_time(rows: list[dict]) -> None:
-    """Each row's hidden_frac = (c0 + E - T) / min(E, c0): how much of the exchange the
-    step's period does not show, where c0 is the pure compute, the step with progress off
-    at the same batch in the same run (progress moves MPI's own copying and
-    protocol work into the step, which the compute phase then counts: on shared memory
-    the worker's core does the copy either way). Without an off row, the row's own c."""
-    c0 = {(r["where"], r["hidden"], r["rep"], r["ratio"]): r["c_ms"] for r in rows if r["progress"] == "off"}
-    for r in rows:
-        c = c0.get((r["where"], r["hidden"], r["rep"], r["ratio"]), r["c_ms"])
-        r["c0_ms"] = c
-        r["hidden_frac"] = float(np.clip((c + r["E_ms"] - r["T_ms"]) / min(r["E_ms"], c), 0, 1)) if c > 0 else None
-
-
 def summarize(rows: list[dict]) -> list[dict]:
-    """Medians over repetitions, per where x hidden x progress x ratio."""
-    hidden_by_step_time(rows)
-    keys = sorted({(r["where"], r["hidden"], r["progress"], r["ratio"]) for r in rows})
+    """Each row's hidden_frac, then medians over repetitions per where x hidden x progress x
+    ratio. c0 is the pure compute: the step with progress off at the same batch in the same
+    run (progress moves MPI's copying into the step's compute phase); else the row's own c."""
+    c0 = {(r["where"], r["hidden"], r["rep"], r["ratio"]): r["c_ms"] for r in rows if r["progress"] == "off"}
+    groups = {}
+    for r in rows:
+        c = r["c0_ms"] = c0.get((r["where"], r["hidden"], r["rep"], r["ratio"]), r["c_ms"])
+        r["hidden_frac"] = float(np.clip((c + r["E_ms"] - r["T_ms"]) / min(r["E_ms"], c), 0, 1)) if c > 0 else None
+        groups.setdefault((r["where"], r["hidden"], r["progress"], r["ratio"]), []).append(r)
     out = []
-    for where, hidden, progress, ratio in keys:
-        rs = [r for r in rows
-              if (r["where"], r["hidden"], r["progress"], r["ratio"]) == (where, hidden, progress, ratio)]
+    for (where, hidden, progress, ratio), rs in sorted(groups.items()):
         med = {k: float(np.median([r[k] for r in rs])) for k in ("E_ms", "c_ms", "c0_ms", "exposed_ms", "T_ms",
                                                                    "perfect_ms", "serial_ms", "hidden_frac",
                                                                    "hidden_frac_exposed")}
@@ -261,10 +223,8 @@ def plot(summary, headline_ratio, path):
     ax = axes[0]
     colors = dict(zip(sorted({(s["where"], s["hidden"]) for s in summary}),
                       ["tab:blue", "tab:orange", "tab:green", "tab:red"]))
-    for (where, hidden, progress) in sorted({(s["where"], s["hidden"], s["progress"]) for s in summary}):
-        col = colors[(where, hidden)]
-        ss = sorted((s for s in summary if (s["where"], s["hidden"], s["progress"]) == (where, hidden, progress)),
-                    key=lambda s: s["ratio"])
+    for (where, hidden, progress), ss in itertools.groupby(summary, lambda s: (s["where"], s["hidden"], s["progress"])):
+        ss, col = list(ss), colors[(where, hidden)]   # summary is sorted: by ratio within a line
         ax.plot([s["ratio"] for s in ss], [s["hidden_frac"] for s in ss], "-" if progress == "on" else ":",
                 marker="o" if progress == "on" else "x", color=col,
                 label=f"{where}, {ss[0]['mbytes']:.1f} MB, progress {progress}")
@@ -300,9 +260,8 @@ def main(argv=None):
     rows, testbed = [], None
     if "shm" in args.where:
         print("shared memory: mpiexec -n 2 (one machine) ...", flush=True)
-        job = common.mpiexec(2, child_argv(args), timeout=args.timeout)
-        got = parse_child(job["stdout"])
-        rows += [{"where": "shm", **r} for r in got["rows"]]
+        job = common.mpiexec(2, common.mpi_child_argv(__file__, argv), timeout=args.timeout)
+        rows += [{"where": "shm", **r} for r in common.child_result(job["stdout"])["rows"]]
     reason = "testbed" in args.where and validate.testbed_missing()
     if reason:
         print(f"testbed skipped: {reason}", flush=True)
@@ -312,22 +271,20 @@ def main(argv=None):
                    "placement": "server h0, worker h1"}
         with validate.testbed(args.name, 2, args.bandwidth) as tb:
             print(f"testbed: server and worker on two hosts, {rate} links ...", flush=True)
-            res = tb.run([validate.launcher(), "-n", "2", sys.executable, *child_argv(args)], servers=1,
-                         capture=True, timeout=args.timeout, say=lambda *a, **k: None)
+            res = tb.run([validate.launcher(), "-n", "2", sys.executable, *common.mpi_child_argv(__file__, argv)],
+                         servers=1, capture=True, timeout=args.timeout, say=lambda *a, **k: None)
             if res.rc:
                 raise RuntimeError(f"testbed job failed (exit {res.rc}): {(res.stderr or '')[-1500:]}")
             testbed["wire_bytes"] = res.wire
-            rows += [{"where": f"testbed {rate}", **r} for r in parse_child(res.stdout)["rows"]]
+            rows += [{"where": f"testbed {rate}", **r} for r in common.child_result(res.stdout)["rows"]]
     summary = summarize(rows)
     headline = 2.0 if 2.0 in args.ratios else args.ratios[-1]
-    info = run.meta(testbed=testbed, summary=summary, headline_ratio=headline, columns=COLUMNS)
     heads = {}   # per where x size at the headline ratio: progress off and on
     for s in summary:
         if s["ratio"] == headline:
-            heads.setdefault((s["where"], s["mbytes"]), {})[s["progress"]] = s
-    info["headline"] = {f"{where} {mb:.1f} MB": {p: {"hidden_frac": v["hidden_frac"], "c_ms": v["c_ms"],
-                                                     "T_ms": v["T_ms"]}
-                                                 for p, v in h.items()} for (where, mb), h in heads.items()}
+            heads.setdefault(f"{s['where']} {s['mbytes']:.1f} MB", {})[s["progress"]] = {
+                k: s[k] for k in ("hidden_frac", "c_ms", "T_ms")}
+    info = run.meta(testbed=testbed, summary=summary, headline_ratio=headline, columns=COLUMNS, headline=heads)
     run.write(rows, info)
     run.plot(plot, summary, headline)
     run.print_machine()
@@ -340,9 +297,9 @@ def main(argv=None):
                                  ("hidden", "hidden_frac", ".2f"), ("min", "hidden_frac_min", ".2f"),
                                  ("max", "hidden_frac_max", ".2f"), ("by exposed", "hidden_frac_exposed", ".2f")])
     print(f"headline (c = {headline:g} E), the exchange hidden, progress off -> on (step T ms off -> on): " + "; ".join(
-        f"{where} {mb:.1f} MB: " + " -> ".join(f"{100 * v['hidden_frac']:.0f} %" for _, v in sorted(h.items()))
+        f"{name}: " + " -> ".join(f"{100 * v['hidden_frac']:.0f} %" for _, v in sorted(h.items()))
         + " (" + " -> ".join(f"{v['T_ms']:.1f}" for _, v in sorted(h.items())) + ")"
-        for (where, mb), h in heads.items()))
+        for name, h in heads.items()))
     run.wrote()
     return 0
 

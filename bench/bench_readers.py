@@ -1,17 +1,15 @@
 """Initialization against workers for the two readers: the paper's finding and its fix.
 
 The paper (sec. 5.2.2, 5.3) found CNTK's init dominated by reading: every rank reads and
-parses the whole file, one after another, so init grows linearly with the nodes (eq. 12:
-T_disk_new(w, n) = w x T_disk(n x w), T_disk(n) = r_d x 8 x n_f x n). asgd's `--reader
-sequential` does that on purpose; `--reader parallel` (the default) reads each rank's part
-at once and shuffles with one all-to-all.
+parses the whole file in turn, so init grows linearly with the nodes (eq. 12). asgd's
+`--reader sequential` does that on purpose; `--reader parallel` (the default) reads each
+rank's part at once and shuffles with one all-to-all.
 
-For each workers w and reader: `mpiexec -n w+1 python -m asgd.train --data FILE --reader R
---epochs 1 --hidden 100`; from results.json: init_s and, per rank, read/parse/shuffle ("data":
-the slowest rank's sum, the reader's part of init). The readers alternate (the machine's
-load hits both alike). The model: data(w) = (w+1) x T_disk(d), r_d calibrated on the
-1-worker sequential run. Writes readers.csv, readers.json, readers.png; prints a table, the
-sequential reader's slope and R^2 of init against workers, and parallel / sequential at 8.
+For each workers w and reader (alternating): `mpiexec -n w+1 python -m asgd.train --data FILE
+--reader R --epochs 1 --hidden 100`; from results.json: init_s and the slowest rank's
+read + parse + shuffle ("data"). The model: data(w) = (w+1) x T_disk(d), r_d calibrated on
+the 1-worker sequential run. Writes readers.csv, readers.json, readers.png; prints a table,
+the sequential reader's slope and R^2 of init against workers, and parallel / sequential at 8.
 
     python bench/bench_readers.py                 # 1,000,000 points, workers 1,2,4,8,16
     python bench/bench_readers.py --quick         # 100,000 points, workers 1,2,4,8
@@ -163,12 +161,11 @@ def main(argv=None) -> int:
     for w in a.workers:
         for fmt in a.format:
             runs = {(tree, reader): [] for tree in trees for reader in ("sequential", "parallel")}
-            for _ in range(a.repeat):
-                for tree, reader in runs:  # alternate: load changes hit every tree and reader alike
+            for i in range(a.repeat):
+                for tree, reader in common.rotated(list(runs), i):   # load changes hit all alike
                     runs[tree, reader].append(run_once(files[fmt], reader, w, a.timeout, tree, trees[tree]))
             for (tree, reader), rs in runs.items():
-                all_rows.append(median_run(rs))
-                r = all_rows[-1]
+                all_rows.append(r := median_run(rs))
                 print(f"  {tree:18} {fmt} {reader:10} w={w:2}: init {r['init_s']:6.2f} s, reader "
                       f"{r['data_s']:6.2f} s, parse {r['parse_s']:6.3f} s", flush=True)
     meta["load"] = run.load

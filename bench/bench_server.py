@@ -1,19 +1,18 @@
 """The server's per-push work for each optimizer, before and now, against its floor: updates/s
 and GB/s, one core, float64, against a STREAM-like bound measured in the same run.
 
-Per push, for each optimizer (--optimizers, default sgd, momentum, adagrad, adam), on a
-shard of n_w doubles, each push's d from the next of W workers' receive buffers:
-  asgd     asgd.net.optimizers.Optimizer.update (the server's call): one pass that checks d
-           for NaN and inf, writes the next version of the shard into the version pool (W + 1
-           buffers [w | header], rotating as Float64Shard's do) and the optimizer's state into
-           its next buffers. Checked against `before` (the same w' from the same w and d).
-  before   the server before issue 29 (its kernels copied below): kernels.all_finite(d), the
-           update in place, then w copied into that worker's reply buffer: three passes.
-The floor of an update is the bytes it must move (reads and writes, no write-allocate: sgd
-3 x 8n, momentum and adagrad 5 x 8n, adam 7 x 8n) at the best of numpy copy/add/triad
-rotating over the update's own footprint (the same cache level): floor_us, and
-pct_of_floor = floor_us / us_per_push. pct_of_memory_bound: the same bytes against
-copy/add/triad on ASGD_BENCH_STREAM_MIB arrays (memory).
+Per push, for each optimizer (--optimizers), on a shard of n_w doubles, each push's d from
+the next of W workers' receive buffers:
+  asgd     Optimizer.update (the server's call): one pass that checks d for NaN and inf,
+           writes the next version of the shard into the version pool (W + 1 buffers,
+           rotating as Float64Shard's do) and the optimizer's state into its next buffers;
+           checked against `before` (the same w' from the same w and d).
+  before   the server before issue 29: all_finite(d), the update in place, then w copied
+           into that worker's reply buffer: three passes.
+The floor: the bytes an update must move (sgd 3 x 8n, momentum and adagrad 5 x 8n, adam
+7 x 8n) at the best of numpy copy/add/triad rotating over the update's own footprint
+(floor_us; pct_of_floor = floor_us / us_per_push); pct_of_memory_bound: the same bytes
+against copy/add/triad on ASGD_BENCH_STREAM_MIB arrays.
 Writes server.csv, server.json, server.png under --out.
 
     python bench/bench_server.py                        # 2-10K-2 and 2-100K-2, 1 and 8 workers
@@ -21,9 +20,7 @@ Writes server.csv, server.json, server.png under --out.
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from common import int_list
 
@@ -38,7 +35,6 @@ from asgd.core.wire import PULL_HEADER, PUSH_HEADER
 from asgd.net.mlp import Layout
 
 UPDATES = {"sgd": (3, 0), "momentum": (5, 1), "adagrad": (5, 1), "adam": (7, 2)}   # (bytes in 8n, state arrays)
-STREAM_BYTES = {"stream copy": 2, "stream add": 3, "stream triad": 5}
 PATHS = ("asgd", "before")
 COLUMNS = {"path": "asgd: Optimizer.update into the next version (what the server does); before: "
                    "all_finite, the update in place, the copy into a reply buffer (before issue 29)",
@@ -54,13 +50,7 @@ COLUMNS = {"path": "asgd: Optimizer.update into the next version (what the serve
                                      "after one push from the same w, d"}
 
 
-# -- the server's kernels before issue 29 (in place; the check and the reply's copy apart) --
-
-@njit(boundscheck=False, cache=True)
-def _before_sgd(w, d):
-    for i in range(w.size):
-        w[i] += d[i]
-
+# -- the server's kernels before issue 29 (in place; the check and the reply's copy apart; sgd's: add_into) --
 
 @njit(boundscheck=False, error_model="numpy", cache=True)
 def _before_momentum(w, v, d, lr, mu):
@@ -93,7 +83,7 @@ def _before_adam(w, m, v, d, lr, b1, b2, eps, t):
 
 
 def before_update(name, n, lr=1e-3, w=None):
-    """The old per-push work: check, update in place (of w), copy into the reply buffer."""
+    """The old per-push work: check, update w in place, copy it into the reply buffer."""
     w = np.random.default_rng(5).normal(size=n) if w is None else w
     state = [np.zeros(n) for _ in range(UPDATES[name][1])]
     t = [0]
@@ -103,7 +93,7 @@ def before_update(name, n, lr=1e-3, w=None):
             return
         t[0] += 1
         if name == "sgd":
-            _before_sgd(w, d)
+            kernels.add_into(w, d)
         elif name == "momentum":
             _before_momentum(w, state[0], d, lr, MOMENTUM)
         elif name == "adagrad":
@@ -134,31 +124,6 @@ def parse_args(argv=None):
     return a
 
 
-def stream_fns(n, arrays, tag=""):
-    """numpy copy/add/triad on arrays of n doubles, rotating over enough sets of three to
-    hold `arrays` arrays of n (the footprint of the kernel they bound)."""
-    sets = [[np.full(n, v) for v in (1.0, 2.0, 0.5)] for _ in range(max(1, -(-arrays // 3)))]
-    nxt = [0]
-
-    def abc():
-        j = nxt[0] = (nxt[0] + 1) % len(sets)
-        return sets[j]
-
-    def copy():
-        a, b, _ = abc()
-        np.copyto(b, a)
-
-    def add():
-        a, b, c = abc()
-        np.add(a, b, out=c)
-
-    def triad():
-        a, b, c = abc()
-        np.multiply(c, 3.0, out=a)
-        np.add(a, b, out=a)
-    return {f"stream copy{tag}": copy, f"stream add{tag}": add, f"stream triad{tag}": triad}
-
-
 def footprint(name, path, W):
     """The arrays of n doubles a path's buffers hold (see COLUMNS)."""
     state = UPDATES[name][1]
@@ -175,8 +140,7 @@ def same_update(name, n) -> float:
 
 
 def bench_updates(n, W, optimizers, repeat, min_time, lock=None):
-    """Each optimizer's per-push work, both paths (asgd's checked against before's), and the
-    bound at each one's footprint, interleaved."""
+    """Each optimizer's per-push work on both paths and the bound at each one's footprint, common.micro's shape."""
     rng = np.random.default_rng(1)
     recv = [rng.normal(scale=1e-9, size=n + PUSH_HEADER) for _ in range(W)]   # as the server's receive buffers
     fns = {}
@@ -199,8 +163,9 @@ def bench_updates(n, W, optimizers, repeat, min_time, lock=None):
             j = turn[0] = (turn[0] + 1) % W
             old(recv[j][:n], replies[j])
         fns[f"asgd {name}"], fns[f"before {name}"] = asgd, before
-        for path in PATHS:
-            fns.update(stream_fns(n, footprint(name, path, W), f" @{path} {name}"))
+        for path in PATHS:   # the bound: copy/add/triad rotating over the path's footprint
+            sets = max(1, -(-footprint(name, path, W) // 3))
+            fns.update({f"stream {k} @{path} {name}": f for k, f in common.stream_kernels(n, sets).items()})
     checks = {f"asgd {name}": same_update(name, n) for name in optimizers}
     return common.micro(fns, repeat, min_time, checks=checks, warmup=2, lock=lock)
 
@@ -211,18 +176,11 @@ def plot(rows, path):
     names = list(dict.fromkeys(r["optimizer"] for r in rows))
     fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups) + 1, 4.5), squeeze=False)
     for ax, g in zip(axes[0], groups):
-        x = np.arange(len(names))
-        for k, (p, color) in enumerate((("asgd", "tab:blue"), ("before", "0.6"))):
-            rs = [next(r for r in rows if (r["model"], r["workers"]) == g and r["optimizer"] == o and r["path"] == p)
-                  for o in names]
-            bars = ax.bar(x - 0.2 + 0.4 * k, [r["us_per_op"] for r in rs], 0.4, color=color, label=p)
-            for b, r in zip(bars, rs):
-                ax.annotate(f"{r['pct_of_floor']:.0f}%", (b.get_x() + b.get_width() / 2, b.get_height()),
-                            ha="center", va="bottom", fontsize=7)
-            if p == "asgd":
-                ax.scatter(x - 0.2, [r["floor_us"] for r in rs], marker="_", s=300, color="k", zorder=3,
-                           label="floor (its bytes at the bound of its footprint)")
-        ax.set_xticks(x, names)
+        by = {(r["optimizer"], r["path"]): r for r in rows if (r["model"], r["workers"]) == g}
+        at = common.bars(ax, names, PATHS, lambda o, p: by[o, p]["us_per_op"], {"asgd": "tab:blue", "before": "0.6"},
+                         lambda o, p, y: f"{by[o, p]['pct_of_floor']:.0f}%", fontsize=7)
+        ax.scatter(at["asgd"], [by[o, "asgd"]["floor_us"] for o in names], marker="_", s=300, color="k", zorder=3,
+                   label="floor (its bytes at the bound of its footprint)")
         ax.set_ylabel("µs per push (median)")
         ax.set_title(f"{g[0]}, {g[1]} worker{'s' * (g[1] > 1)}", fontsize=10)
         ax.legend(fontsize=7)
@@ -241,11 +199,11 @@ def main(argv=None):
         for W in args.workers:
             res = bench_updates(n, W, args.optimizers, args.repeat, args.min_time, args.cpu_lock)
             for name in args.optimizers:
-                units, state = UPDATES[name]
+                units = UPDATES[name][0]
                 for path in PATHS:
                     r = res[f"{path} {name}"]
-                    bounds = {k: STREAM_BYTES[k] * 8 * n / res[f"{k} @{path} {name}"]["median_s"] / 1e9
-                              for k in STREAM_BYTES}
+                    bounds = {f"stream {k}": nbytes * n / res[f"stream {k} @{path} {name}"]["median_s"] / 1e9
+                              for k, nbytes in common.STREAM_BYTES.items()}
                     bound = max(bounds.values())
                     floor_s = units * 8 * n / bound / 1e9
                     gbs = units * 8 * n / r["median_s"] / 1e9
@@ -262,16 +220,12 @@ def main(argv=None):
                                  "pct_of_floor": round(100 * floor_s / r["median_s"], 1),
                                  "pct_of_memory_bound": round(100 * gbs / bound_mem, 1),
                                  "max_rel_diff_vs_before": r["max_rel_diff"]})
+                now, before = rows[-2:]   # asgd against before, same push
+                now["speedup_vs_before"] = round(before["us_per_op"] / now["us_per_op"], 2)
+            group = rows[-len(PATHS) * len(args.optimizers):]
             print(f"  2-{hid}-2 W={W}: " + ", ".join(
                 f"{r['optimizer']} {r['us_per_op']:,.0f} µs ({r['pct_of_floor']:.0f}% of floor; before "
-                f"{b['us_per_op']:,.0f})" for r in rows if r["n_w"] == n and r["workers"] == W and r["path"] == "asgd"
-                for b in [next(x for x in rows if x["n_w"] == n and x["workers"] == W and x["path"] == "before"
-                               and x["optimizer"] == r["optimizer"])]), flush=True)
-    for r in rows:   # asgd against before, same push
-        if r["path"] == "asgd":
-            b = next(x for x in rows if (x["n_w"], x["workers"], x["optimizer"], x["path"])
-                     == (r["n_w"], r["workers"], r["optimizer"], "before"))
-            r["speedup_vs_before"] = round(b["us_per_op"] / r["us_per_op"], 2)
+                f"{b['us_per_op']:,.0f})" for r, b in zip(group[::2], group[1::2])), flush=True)
     info = run.meta(memory_bound_gb_per_s=bound_mem, columns=COLUMNS)
     run.write(rows, info)
     run.plot(plot, rows)

@@ -3,16 +3,15 @@ run's wall time, of this tree and of a baseline commit, side by side in one run.
 
     python bench/bench_startup.py [--baseline 7584051] [--repeat 5] [--ranks 16]
 
-The baseline is checked out into a git worktree (bench/results/startup/baseline-<rev>)
-and run from its own src/ (PYTHONPATH), so both trees run with the same Python, MPI and
-numba; each tree's numba cache is warmed first. Repetitions interleave the trees.
+The baseline runs from its own src/ in a git worktree (<out>/baseline-<rev>) with this
+tree's Python, MPI and numba; each tree's numba cache is warmed first; repetitions
+interleave the trees.
 
   per-rank CPU  `mpiexec -n R python bench/peers/cpu_of.py asgd.train --hidden 10 --epochs 1`:
-                each rank's process CPU (user + system) at exit. With a 2-10-2 MLP and one
-                epoch, training is a few ms: the rest is start-up (imports, MPI_Init,
-                numba's loads, the data) and the end (gathering the records, MPI_Finalize).
-  default run   `mpiexec -n R python -m asgd.train` with its defaults: wall time from the
-                launcher, and init_s / train_s from results.json.
+                each rank's process CPU (user + system) at exit: training takes a few ms,
+                the rest is start-up (imports, MPI_Init, numba, the data) and the end.
+  default run   `mpiexec -n R python -m asgd.train`: the launcher's wall time, and
+                init_s / train_s from results.json.
 
 Writes startup.csv, startup.json and startup.png under bench/results/startup/.
 """
@@ -26,8 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common
+import common  # first: pins threads, puts src/ on the path
 
 BASELINE = "7584051"  # the last commit before the redesign (issue 15)
 
@@ -82,12 +80,12 @@ def main(argv=None) -> int:
             rows.append({"tree": name, "rep": i, "measure": "default_run", **job})
             print(f"  {i + 1}/{a.repeat} {name}: rank CPU median {statistics.median(c['cpu_s'] for c in cpu):.3f} s, "
                   f"default run wall {job['wall_s']:.2f} s (init {job['init_s']:.2f} s)", flush=True)
+    def med(rs, k):
+        return statistics.median(r[k] for r in rs)
     summary = []
     for name in trees:
         cpu = [r for r in rows if r["tree"] == name and r["measure"] == "rank_cpu"]
         runs = [r for r in rows if r["tree"] == name and r["measure"] == "default_run"]
-        def med(rs, k):
-            return statistics.median(r[k] for r in rs)
         summary.append({"tree": name,
                         "worker_cpu_s": med([r for r in cpu if r["role"] == "worker"], "cpu_s"),
                         "server_cpu_s": med([r for r in cpu if r["role"] == "server"], "cpu_s"),

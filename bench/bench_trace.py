@@ -6,9 +6,7 @@ Writes trace.csv and trace.json and prints median wall and training time per mod
 
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # first: one core per process, src on the path
 
 
@@ -23,7 +21,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("train_args", nargs="*", help="extra asgd.train options (after --)")
     a = p.parse_args(argv)
-    out = common.results_dir("trace", a.out)
+    out = common.Run("trace", a, measure=False).out
     rows = []
     run(a.ranks, False, a.train_args)  # warm numba's cache
     for i in range(a.repeat):

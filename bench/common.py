@@ -1,23 +1,17 @@
-"""Helpers every benchmark shares: one core per process, the machine's description (lscpu,
-caches, memory bandwidth, MPI, the load average), the CPU lock, launching MPI jobs with a
-time limit, the command-line conventions, and the CSV/JSON/PNG/table outputs. Import it
-before numpy (it pins BLAS/numba to one thread). A bench's main() reads
+"""Helpers every benchmark shares: one core per process (import it before numpy), the
+machine's description, the CPU lock, MPI jobs with a time limit, the command line and the
+CSV/JSON/PNG/table outputs. A bench's main() reads
 
     args = common.parser(__doc__, "kernel", lock=True).parse_args(argv)   # --out, --no-plot, --cpu-lock
     run = common.Run("kernel", args)        # its folder, the machine, the load while it runs
-    got = common.micro(variants, repeat, checks=...)   # the shape of a micro-benchmark
+    got = common.micro(variants, repeat, checks=...)   # variants checked against the reference, timed
     run.write(rows, run.meta(columns=...))  # kernel.csv, kernel.json
     run.plot(plot, rows)                    # kernel.png (unless --no-plot)
     run.print_machine(); ...; run.wrote()
 
-Every micro-benchmark has one shape (micro): its variants, the reference among them, each
-variant's correctness against the reference (rel_diff), and the timing (interleaved, under
-the CPU lock). A bench of whole jobs runs its variants in rotated order per repetition
-(rotated) with train_job. Validation sweeps live in validate.py; the PyTorch peers in peers/.
-
-ASGD_BENCH_STREAM_MIB (default 128) sizes the arrays of the memory-bandwidth measurement
-that every benchmark's machine description carries (the smoke test makes it small);
-ASGD_CPU_LOCK (default /tmp/asgd-cpu.lock; none: no lock) the lock timed runs hold.
+A bench of whole jobs runs its variants in rotated order per repetition with train_job.
+ASGD_BENCH_STREAM_MIB (default 128) sizes the memory-bandwidth arrays of the machine's
+description; ASGD_CPU_LOCK (default /tmp/asgd-cpu.lock; none: no lock) is the timed runs' lock.
 """
 
 from __future__ import annotations
@@ -31,6 +25,8 @@ import argparse
 import contextlib
 import csv
 import fcntl
+import functools
+import itertools
 import json
 import platform
 import shutil
@@ -59,13 +55,6 @@ mpiexec_command = launch.command    # [mpiexec, -n, n, <the flags its MPI needs>
 rank_pids = launch.rank_pids        # a running job's rank -> pid, from its run folder
 
 
-def results_dir(name: str, out: str | Path | None = None) -> Path:
-    """bench/results/<name> (or `out`), created."""
-    p = Path(out) if out else RESULTS / name
-    p.mkdir(parents=True, exist_ok=True)
-    return p
-
-
 def int_list(s: str) -> list[int]:
     return [int(v) for v in str(s).split(",") if v]
 
@@ -76,10 +65,8 @@ def word_list(s: str) -> list[str]:
 
 
 def exit_on_signals() -> None:
-    """SIGTERM and SIGHUP (`timeout`, a closed terminal, a scheduler) end the bench as
-    SystemExit, so its `finally` blocks run: a testbed bench takes its testbed down and
-    its temporary folder is removed. Python's default for SIGTERM ends the process without
-    them, which left a killed sweep's namespaces and /tmp/asgd-bench-testbed-* behind."""
+    """SIGTERM and SIGHUP end the bench as SystemExit, so its `finally` blocks run (a testbed
+    bench takes its testbed down); Python's default for SIGTERM skips them."""
     def _exit(signum, _frame):
         raise SystemExit(f"{Path(sys.argv[0]).name}: ended by signal {signal.Signals(signum).name}")
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -88,36 +75,17 @@ def exit_on_signals() -> None:
 
 # -- the machine -----------------------------------------------------------------------
 
-def _cpu_model() -> str:
+def _proc_field(path: str, key: str) -> str | None:
+    """The value after `key` on its line of a /proc file (None: no such line or file)."""
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+        with open(path) as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(key)), None)
     except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _mem_total_gib() -> float | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return None
-
-
-def _caches() -> dict:
-    """Cache sizes of cpu0, as sysfs writes them: {'L1d': '32K', 'L2': '1024K', 'L3': '32768K'}."""
-    from asgd.probes.calibrate import caches
-    return {name: f"{size >> 10}K" for name, size in caches().items()}
+        return None
 
 
 def _mpi_library() -> dict:
-    """MPI library and version as mpi4py sees them, without initializing MPI (legal before MPI_Init)."""
+    """MPI library and version as mpi4py sees them, without initializing MPI."""
     try:
         import mpi4py
         if "mpi4py.MPI" not in sys.modules:
@@ -151,63 +119,82 @@ def _version(pkg: str) -> str | None:
         return None
 
 
+STREAM_BYTES = {"copy": 16, "add": 24, "triad": 40}   # per element: reads + writes, no write-allocate
+
+
+def stream_kernels(n: int, sets: int = 1) -> dict:
+    """numpy's STREAM-like kernels on arrays of n doubles, each call on the next of `sets`
+    triples (a, b, c): copy b=a, add c=a+b, triad a=b+s*c as numpy's two passes."""
+    triples = itertools.cycle([[np.full(n, v) for v in (1.0, 2.0, 0.5)] for _ in range(sets)])
+
+    def copy():
+        a, b, _ = next(triples)
+        np.copyto(b, a)
+
+    def add():
+        a, b, c = next(triples)
+        np.add(a, b, out=c)
+
+    def triad():
+        a, b, c = next(triples)
+        np.multiply(c, 3.0, out=a)
+        np.add(a, b, out=a)
+    return {"copy": copy, "add": add, "triad": triad}
+
+
 def stream(n: int = 1 << 24, reps: int = 5) -> dict:
-    """STREAM-like bandwidth with numpy, GB/s counting the bytes each kernel moves (best of reps):
-    copy b=a (16n), add c=a+b (24n), triad a=b+s*c as numpy's two passes (40n)."""
-    a, b, c = (np.full(n, v) for v in (1.0, 2.0, 0.5))
-    kernels = {"copy": (lambda: np.copyto(b, a), 16 * n),
-               "add": (lambda: np.add(a, b, out=c), 24 * n),
-               "triad": (lambda: (np.multiply(c, 3.0, out=a), np.add(a, b, out=a)), 40 * n)}
+    """STREAM-like bandwidth, GB/s counting the bytes each kernel moves (best of reps, interleaved)."""
+    kernels = stream_kernels(n)
     best = {k: float("inf") for k in kernels}
-    for _ in range(reps):          # interleaved
-        for k, (f, _) in kernels.items():
+    for _ in range(reps):
+        for k, f in kernels.items():
             t0 = time.perf_counter()
             f()
             best[k] = min(best[k], time.perf_counter() - t0)
-    return {k: round(nbytes / best[k] / 1e9, 2) for k, (_, nbytes) in kernels.items()}
+    return {k: round(STREAM_BYTES[k] * n / best[k] / 1e9, 2) for k in kernels}
 
 
-_STREAM_CACHE: dict | None = None
 STREAM_MIB = int(os.environ.get("ASGD_BENCH_STREAM_MIB", "128"))
 
 
+@functools.lru_cache(maxsize=None)
+def memory_bandwidth() -> dict:
+    """stream() on ASGD_BENCH_STREAM_MIB arrays, measured once per process."""
+    return {**stream(STREAM_MIB << 17), "array_mib": STREAM_MIB, "tool": "numpy, 1 thread, best of 5"}
+
+
 def machine(bandwidth: bool = True) -> dict:
-    """What the numbers were measured on: CPU, cores, caches, memory (and its measured
-    bandwidth: STREAM-like on ASGD_BENCH_STREAM_MIB arrays), MPI library, package versions, load average."""
-    global _STREAM_CACHE
+    """What the numbers were measured on: CPU, cores, caches, memory (and its bandwidth on
+    ASGD_BENCH_STREAM_MIB arrays), MPI library, package versions, load average."""
+    from asgd.probes.calibrate import caches
     try:
         import llvmlite.binding as llvm
         llvm_cpu = llvm.get_host_cpu_name()
     except Exception:  # noqa: BLE001
         llvm_cpu = None
-    try:
-        cores_usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores_usable = os.cpu_count()
-    m = {"cpu": _cpu_model(), "llvm_cpu": llvm_cpu, "cores": os.cpu_count(), "cores_usable": cores_usable,
-         "caches": _caches(), "lscpu": _lscpu(), "memory_gib": _mem_total_gib(), "host": platform.node(),
+    mem_kib = _proc_field("/proc/meminfo", "MemTotal:")
+    m = {"cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or "unknown",
+         "llvm_cpu": llvm_cpu, "cores": os.cpu_count(), "cores_usable": launch.cores_available(),
+         "caches": {name: f"{size >> 10}K" for name, size in caches().items()}, "lscpu": _lscpu(),
+         "memory_gib": round(int(mem_kib.split()[0]) / 2**20, 1) if mem_kib else None, "host": platform.node(),
          "platform": platform.platform(), "python": platform.python_version(),
          "numpy": np.__version__, "numba": _version("numba"), "torch": _version("torch"),
          "matplotlib": _version("matplotlib"), **_mpi_library(),
          "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
          "date": time.strftime("%Y-%m-%d %H:%M:%S %z")}
     if bandwidth:
-        if _STREAM_CACHE is None:
-            _STREAM_CACHE = stream(STREAM_MIB << 17)
-        m["memory_bandwidth_gbs"] = {**_STREAM_CACHE, "array_mib": STREAM_MIB, "tool": "numpy, 1 thread, best of 5"}
+        m["memory_bandwidth_gbs"] = memory_bandwidth()
     return m
 
 
 class LoadSampler:
-    """Samples the 1-minute load average every `every_s` in a thread (and once at the start
-    and at the end); .summary() at the end. Other processes on the machine change the
-    numbers: this says how busy it was."""
+    """The 1-minute load average every `every_s` in a thread, and at the start and end
+    (.summary()): how busy the machine was while it measured."""
 
     def __init__(self, every_s: float = 2.0):
         self.samples = [os.getloadavg()[0]]
         self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, args=(every_s,), daemon=True)
-        self._t.start()
+        threading.Thread(target=self._run, args=(every_s,), daemon=True).start()
 
     def _run(self, every_s):
         while not self._stop.wait(every_s):
@@ -226,10 +213,8 @@ class LoadSampler:
 
 def interleaved(fns: dict, repeat: int, min_time: float = 0.05, warmup: int = 1) -> dict:
     """Seconds per call of each callable in `fns`, repetitions interleaved (A B C A B C ...)
-    so a change in the machine's load hits all alike. Each repetition loops a callable
-    until it lasts about min_time. Wall-clock median/min/max, and the median of the
-    thread's CPU time (time.thread_time: what the call costs its core, blind to time
-    spent preempted by other processes; equal to wall on a quiet machine)."""
+    so a change in the load hits all alike, each looped to last about min_time: wall-clock
+    median/min/max, and the median of the thread's CPU time (blind to preemption)."""
     loops = {}
     for name, f in fns.items():
         for _ in range(warmup):
@@ -255,18 +240,14 @@ def interleaved(fns: dict, repeat: int, min_time: float = 0.05, warmup: int = 1)
 
 # -- the machine's CPU lock, and the shape of a micro-benchmark ------------------------------
 
-# every engineer's timed runs take it (flock), one at a time; ASGD_CPU_LOCK=none: no lock (tests time nothing)
 CPU_LOCK = os.environ.get("ASGD_CPU_LOCK", "/tmp/asgd-cpu.lock")
 
 
 @contextlib.contextmanager
 def cpu_lock(path: str | None = CPU_LOCK):
-    """Hold the machine's CPU lock for one timed measurement (flock on `path`, the same
-    lock as `flock -o /tmp/asgd-cpu.lock CMD`; None: no lock); yields the 1-minute load
-    average once it is held. Take it per run, never for a whole sweep: others wait on it.
-    The descriptor is not inherited, so a daemon started meanwhile cannot keep the lock.
-    (A bench that takes it must not itself run under `flock` of the same file: it would
-    wait for itself.)"""
+    """Hold the machine's CPU lock (flock on `path`, as `flock -o /tmp/asgd-cpu.lock CMD`;
+    None or "none": no lock) for one timed measurement, never a whole sweep; yields the
+    1-minute load average once held. Its descriptor is not inherited by children."""
     if not path or path == "none":
         yield os.getloadavg()[0]
         return
@@ -294,9 +275,9 @@ def rotated(names: list, rep: int) -> list:
 def micro(variants: dict, repeat: int, min_time: float = 0.05, *, checks: dict | None = None, warmup: int = 1,
           lock: str | None = CPU_LOCK) -> dict:
     """Every micro-benchmark's shape: the variants (name -> callable, the reference among
-    them), their correctness (checks: name -> max relative difference from the reference's
-    result, computed before any timing), and the timing: interleaved() under the machine's
-    CPU lock. {name: {median_s, min_s, max_s, cpu_median_s, loops, repeat, max_rel_diff}}."""
+    them), their correctness computed before any timing (checks: name -> rel_diff from the
+    reference's result), timed interleaved() under the CPU lock.
+    {name: {median_s, min_s, max_s, cpu_median_s, loops, repeat, max_rel_diff}}."""
     with cpu_lock(lock):
         got = interleaved(variants, repeat, min_time, warmup)
     return {name: {**t, "max_rel_diff": (checks or {}).get(name)} for name, t in got.items()}
@@ -309,8 +290,7 @@ class JobFailed(RuntimeError):
 
 
 def worktree(rev: str, out: Path) -> Path:
-    """A checkout of `rev` (made once, reused) to run from its own src/ (PYTHONPATH), so a
-    baseline runs with the same Python, MPI and packages as this tree."""
+    """A checkout of `rev` (made once), whose src/ a baseline runs from with this tree's Python and MPI."""
     path = out / f"baseline-{rev}"
     if not (path / "src" / "asgd").exists():
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--force", "--detach", str(path), rev],
@@ -319,14 +299,14 @@ def worktree(rev: str, out: Path) -> Path:
 
 
 def fresh_dir(path: Path) -> Path:
-    """`path` emptied (asgd.train refuses to write over a run; a stale results.json misleads)."""
+    """`path` removed (asgd.train refuses to write over a run; a stale results.json misleads)."""
     shutil.rmtree(path, ignore_errors=True)
     return path
 
 
 def mpiexec(n: int, argv: list[str], timeout: float, env: dict | None = None, check: bool = True) -> dict:
-    """Run `mpiexec -n n python <argv>` with a time limit; on timeout the whole process group
-    (mpiexec and its ranks) is killed. Returns {rc, wall_s, stdout, stderr}; check: raise on rc != 0."""
+    """`mpiexec -n n python <argv>`, its process group killed at the time limit.
+    {rc, wall_s, stdout, stderr, cmd}; check: raise on rc != 0."""
     try:
         cmd = mpiexec_command(n, sys.executable, *argv)
     except FileNotFoundError as e:
@@ -349,9 +329,9 @@ def mpiexec(n: int, argv: list[str], timeout: float, env: dict | None = None, ch
 
 def train_job(n: int, argv: list[str], timeout: float, env: dict | None = None, check: bool = True,
               tb=None) -> tuple[dict | None, dict]:
-    """`mpiexec -n n python argv --out DIR` (argv: `-m asgd.train ...` or a peer's script), DIR
-    a temporary folder removed after; on the testbed `tb` (a rank per host) if given.
-    (DIR/results.json, or None when the job failed and not check; the job: rc, wall_s, ...)."""
+    """`mpiexec -n n python argv --out DIR` (`-m asgd.train ...` or a peer), DIR a temporary
+    folder; on the testbed `tb` (a rank per host) if given. (DIR/results.json, or None when
+    the job failed and not check; the job: rc, wall_s, ...)."""
     out = Path(tempfile.mkdtemp(prefix="asgd-bench-"))
     try:
         if tb is None:
@@ -420,11 +400,8 @@ def command_line() -> str:
 
 
 def fmt(v, spec: str = ",.0f") -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, str):
-        return v
-    return format(v, spec)
+    """A table cell: "-" for None, a string as it is, a number in `spec`."""
+    return "-" if v is None else v if isinstance(v, str) else format(v, spec)
 
 
 def print_table(rows: list[dict], cols: list[tuple[str, str, str]], title: str | None = None) -> str:
@@ -457,26 +434,30 @@ def pyplot():
 
 
 def bars(ax, groups: list, series: list, height, colors: dict | None = None, note=None, labels=None,
-         fontsize: float = 6, rotation: float = 0, **bar) -> dict:
+         fontsize: float = 6, rotation: float = 0, span=None, **bar) -> dict:
     """One bar per series in each group, the groups along x: height(group, series) (None: no
-    bar); note(group, series, height) -> the text over the bar (None: none); labels: the
-    legend's names (default str(series)). Returns each series' bar positions."""
+    bar), note(group, series, height) -> its text (None: none), labels: the legend's names
+    (default str(series)), span(group, series) -> (low, high): an error bar, the note above
+    it. Returns each series' bar positions."""
     x, wd, at = np.arange(len(groups)), 0.8 / max(len(series), 1), {}
     for i, s in enumerate(series):
         at[s] = pos = x - 0.4 + wd * (i + 0.5)
         ys = [height(g, s) for g in groups]
-        ax.bar(pos, [y or 0 for y in ys], wd, color=(colors or {}).get(s), label=(labels or {}).get(s, str(s)), **bar)
-        for xi, g, y in zip(pos, groups, ys):
+        lows, tops = zip(*[span(g, s) for g in groups]) if span else (None, [y or 0 for y in ys])
+        err = [[y - lo for y, lo in zip(ys, lows)], [hi - y for y, hi in zip(ys, tops)]] if span else None
+        ax.bar(pos, [y or 0 for y in ys], wd, yerr=err, color=(colors or {}).get(s),
+               label=(labels or {}).get(s, str(s)), **bar)
+        for xi, g, y, top in zip(pos, groups, ys, tops):
             text = note(g, s, y) if note else None
             if text:
-                ax.annotate(text, (xi, y or 0), ha="center", va="bottom", fontsize=fontsize, rotation=rotation)
+                ax.annotate(text, (xi, top), xytext=(0, 2 if span else 0), textcoords="offset points", ha="center",
+                            va="bottom", fontsize=fontsize, rotation=rotation)
     ax.set_xticks(x, [str(g) for g in groups])
     return at
 
 
 def save_figure(fig, path: Path, dpi: int = 120, rect: tuple | None = None, **savefig) -> None:
-    """Lay the figure out (inside `rect`, leaving room for text placed below it), write it
-    and close it: pyplot keeps every figure it made until closed."""
+    """Lay the figure out (inside `rect`: room for text below it), write it and close it."""
     fig.tight_layout(**({"rect": rect} if rect else {}))
     fig.savefig(path, dpi=dpi, **savefig)
     pyplot().close(fig)
@@ -486,10 +467,9 @@ def save_figure(fig, path: Path, dpi: int = 120, rect: tuple | None = None, **sa
 
 def parser(doc: str, name: str | None = None, plot: bool = True, mpi_child: bool = False,
            lock: bool = False) -> argparse.ArgumentParser:
-    """A bench's command line: its docstring as --help and, for a bench that writes results
-    named `name`, --out (default bench/results/<name>) and --no-plot (skip <name>.png);
-    mpi_child: the hidden --mpi-child of a bench that starts itself under mpiexec; lock:
-    --cpu-lock, the lock each timed run holds (run such a bench without an outer flock)."""
+    """A bench's command line: its docstring as --help; with `name`, --out (default
+    bench/results/<name>) and --no-plot; mpi_child: the hidden --mpi-child of a bench that
+    starts itself under mpiexec; lock: --cpu-lock (run such a bench without an outer flock)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     if name:
         p.add_argument("--out", type=Path, default=RESULTS / name, help=f"output folder (default bench/results/{name})")
@@ -510,28 +490,34 @@ def as_mpi_child(args: argparse.Namespace, child) -> bool:
     return args.mpi_child
 
 
-def args_dict(args: argparse.Namespace) -> dict:
-    """The parsed options as JSON values (paths as strings)."""
-    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+def mpi_child_argv(script: str, argv: list[str] | None) -> list[str]:
+    """The MPI job a bench starts of itself: its script and its own options again, --mpi-child."""
+    return [str(Path(script).resolve()), *(sys.argv[1:] if argv is None else argv), "--mpi-child"]
+
+
+def child_result(stdout: str) -> dict:
+    """The JSON line an MPI child printed last: its results."""
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise JobFailed(f"no result from the MPI job:\n{stdout[-1500:]}")
+    return json.loads(lines[-1])
 
 
 class Run:
-    """What every bench run shares: its output folder (made), the machine it ran on, the
-    1-minute load average sampled while it measures, the head of its JSON, and the list of
-    files it wrote.
+    """What every bench run shares: its output folder, the machine, the load while it
+    measures, the head of its JSON, and the files it wrote.
 
-    load_every_s: the load's sampling period; None to start sampling later (sample_load(),
-    e.g. after a warm-up). bandwidth: measure the memory bandwidth too (machine()).
-    measure=False: no machine and no load (a run that only redraws results measured
-    before). end_on_signals: SIGTERM and SIGHUP end it through its `finally` blocks
-    (exit_on_signals(); a bench that brings a testbed up takes it down)."""
+    load_every_s: the load's sampling period (None: from sample_load() on, e.g. after a
+    warm-up); bandwidth: measure the memory's too; measure=False: no machine and no load
+    (a redraw); end_on_signals: exit_on_signals()."""
 
     def __init__(self, name: str, args: argparse.Namespace, *, load_every_s: float | None = 2.0,
                  bandwidth: bool = True, measure: bool = True, end_on_signals: bool = False):
         if end_on_signals:
             exit_on_signals()
         self.name, self.args = name, args
-        self.out = results_dir(name, args.out)
+        self.out = Path(args.out or RESULTS / name)
+        self.out.mkdir(parents=True, exist_ok=True)
         self.paths: list[Path] = []
         self._sampler, self._load = None, None
         if measure and load_every_s:
@@ -539,23 +525,22 @@ class Run:
         self.machine = machine(bandwidth) if measure else None
 
     def sample_load(self, every_s: float = 2.0) -> None:
-        """Sample the load average from now on."""
         self._sampler, self._load = LoadSampler(every_s), None
 
     @property
     def load(self) -> dict | None:
-        """The load average since sampling began (None: never sampled); sampling stops at the first call."""
+        """The load since sampling began (None: never sampled); sampling stops at the first call."""
         if self._load is None and self._sampler is not None:
             self._load = self._sampler.summary()
         return self._load
 
     def head(self) -> dict:
         """Where and how the numbers were measured: machine, load, command line, options."""
-        return {"machine": self.machine, "load": self.load, "command": command_line(), "args": args_dict(self.args)}
+        options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.args).items()}
+        return {"machine": self.machine, "load": self.load, "command": command_line(), "args": options}
 
     def meta(self, **own) -> dict:
-        """The JSON beside the rows: the benchmark's name and head(), then the bench's own keys
-        (which may replace a head key's value)."""
+        """The JSON beside the rows: the benchmark's name, head(), then the bench's own keys."""
         return {"benchmark": self.name, **self.head(), **own}
 
     def write(self, rows: list[dict], meta: dict, name: str | None = None) -> None:
@@ -563,8 +548,7 @@ class Run:
         self.paths += write_outputs(self.out, name or self.name, rows, meta)
 
     def plot(self, draw, *data, name: str | None = None):
-        """draw(*data, path) into <out>/<name>.png (name: the bench's), unless --no-plot;
-        returns what draw returns."""
+        """draw(*data, path) into <out>/<name>.png (name: the bench's), unless --no-plot."""
         if getattr(self.args, "no_plot", False):
             return None
         path = self.out / f"{name or self.name}.png"
