@@ -95,7 +95,7 @@ def _mpi_library() -> dict:
         return {"mpi_library": " ".join(MPI.Get_library_version().split()),
                 "mpi_version": "%d.%d" % MPI.Get_version(), "mpi4py": mpi4py.__version__,
                 "mpiexec": mpiexec_path()}
-    except Exception as e:  # noqa: BLE001  (a description, never a failure)
+    except Exception as e:   # a description, never a failure
         return {"mpi_library": f"unavailable ({e})"}
 
 
@@ -170,7 +170,7 @@ def machine(bandwidth: bool = True) -> dict:
     try:
         import llvmlite.binding as llvm
         llvm_cpu = llvm.get_host_cpu_name()
-    except Exception:  # noqa: BLE001
+    except Exception:   # llvmlite absent or unable to name this CPU: the description goes without it
         llvm_cpu = None
     mem_kib = _proc_field("/proc/meminfo", "MemTotal:")
     m = {"cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or "unknown",
