@@ -169,15 +169,18 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.timeout(400))
 
 
-LOCKSTEP = ["--mode", "sync", "--hidden", "300", "--epochs", "2", "--batch", "64", "--seed", "5", "--quiet"]
+# float64: the exact-arithmetic comparisons read these runs (float32 variants: test_architectures)
+LOCKSTEP = ["--mode", "sync", "--hidden", "300", "--epochs", "2", "--batch", "64", "--seed", "5", "--quiet",
+            "--precision", "float64"]
 
 
 @pytest.fixture(scope="session")
 def lockstep_run(tmp_path_factory):
     """lockstep_run(n, *args) -> the run folder of `mpiexec -n n python -m asgd.train
-    *LOCKSTEP *args`, which must succeed: sync mode (allreduce is lockstep anyway), hidden
-    300, batch 64, seed 5, 2 epochs, so that every architecture given the same workers
-    takes the same steps. Made once per (n, args) for the session: test_architectures'
+    *args *LOCKSTEP`, which must succeed: sync mode (allreduce is lockstep anyway), hidden
+    300, batch 64, seed 5, 2 epochs, float64 (args may name another --precision: the
+    last one given counts), so that every architecture given the same workers takes the
+    same steps. Made once per (n, args) for the session: test_architectures'
     sync-determinism, ring-bytes and model-parallel sync tests and test_p2p's sync test
     read the same runs (the 4-rank parameter server's twice). Read only: a test that
     changes a run copies it first."""
@@ -187,7 +190,7 @@ def lockstep_run(tmp_path_factory):
         key = (n, args)
         if key not in made:
             out = tmp_path_factory.mktemp("lockstep") / "run"
-            p = mpiexec(n, [*args, *LOCKSTEP, "--out", str(out)])
+            p = mpiexec(n, [*LOCKSTEP, *args, "--out", str(out)])
             assert p.returncode == 0, p.stderr
             made[key] = out
         return made[key]
@@ -206,7 +209,7 @@ def sync_runs(tmp_path_factory):
     def runs(optimizer: str):
         if optimizer not in made:
             common = ["--mode", "sync", "--servers", "2", "--optimizer", optimizer, "--hidden", "300",
-                      "--batch", "64", "--quiet"]
+                      "--batch", "64", "--quiet", "--precision", "float64"]   # resumes compared bit for bit
             base = tmp_path_factory.mktemp(f"sync-{optimizer}")
             whole, part = base / "whole", base / "part"
             p = mpiexec(4, common + ["--epochs", "4", "--out", str(whole)])

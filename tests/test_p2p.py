@@ -23,11 +23,12 @@ def test_p2p_learns_and_every_owner_applies_every_push(tmp_path):
     pushes = sum(x["updates"] for x in ranks)
     assert all(x["requests"] == pushes for x in ranks)   # every owner saw every worker's every push
     # bytes: a worker's pushes to the 3 other owners (its own shard needs no wire), and so on
+    size = wire.itemsize(r["config"]["precision"])
     for x in ranks:
         others = [hi - lo for k, (lo, hi) in enumerate(y["shard"] for y in ranks) if k != x["rank"]]
         assert x["bytes"]["train"]["sent"] == (
-            x["updates"] * sum(wire.push_bytes(k) for k in others)                        # my pushes
-            + (pushes - x["updates"]) * wire.pull_bytes(x["shard"][1] - x["shard"][0])   # my replies to the others
+            x["updates"] * sum(wire.push_bytes(k, itemsize=size) for k in others)        # my pushes
+            + (pushes - x["updates"]) * wire.pull_bytes(x["shard"][1] - x["shard"][0], itemsize=size)   # my replies
             + 3 * wire.DONE_BYTES)
     assert sum(x["bytes_sent"] for x in ranks) == sum(x["bytes_recv"] for x in ranks)
 
@@ -60,7 +61,8 @@ def test_p2p_with_one_bit_ssp_checkpoints_and_resume(tmp_path):
         assert x["step_gap"]["max"] <= 2
     lo, hi = r["ranks"][1]["shard"]
     cols = Layout(2, 10000, 2).columns(lo, hi)
-    assert r["ranks"][0]["bytes"]["train"]["sent"] >= r["ranks"][0]["updates"] * wire.push_bytes(hi - lo, cols)
+    size = wire.itemsize(r["config"]["precision"])   # the scales' bytes
+    assert r["ranks"][0]["bytes"]["train"]["sent"] >= r["ranks"][0]["updates"] * wire.push_bytes(hi - lo, cols, size)
     p = mpiexec(3, args + ["--epochs", "3", "--resume", str(run)], timeout=120)
     assert p.returncode == 0, p.stderr
     r = load_results(run)
@@ -95,7 +97,7 @@ def test_a_ranks_messages_to_itself_go_over_a_communicator_of_its_own():
     from asgd.core.policy import Async
     from asgd.mpiutil import Waiter
     from asgd.protocol.context import Endpoint
-    from asgd.protocol.messages import Float64Link
+    from asgd.protocol.messages import DenseLink
     from asgd.protocol.server import Server
     from asgd.protocol.worker import PushPull
     from asgd.run.trace import PhaseClock
@@ -111,7 +113,7 @@ def test_a_ranks_messages_to_itself_go_over_a_communicator_of_its_own():
     n = 1000
     owner = Server(ep, np.zeros(n), [me])
     assert owner.routes == [(own, 0)]
-    link = PushPull(ep, [(0, n)], Float64Link([(0, n)], np.zeros(n)), servers=[me])
+    link = PushPull(ep, [(0, n)], DenseLink([(0, n)], np.zeros(n)), servers=[me])
     assert link.routes == [(own, 0)]
     policy = Async(reply_first=False)   # apply, then answer: w' holds this push
     dw = link.delta()

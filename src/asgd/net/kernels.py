@@ -105,17 +105,18 @@ def _block_rows(batch, d_hidden):
     return max(4, s // 4 * 4)
 
 
-def make_scratch(batch: int, d_hidden: int, d_out: int):
-    """Work arrays for sgd_step, made once per worker and reused: (W2T, dW2T, Hs, Xs, Zs, gb).
+def make_scratch(batch: int, d_hidden: int, d_out: int, dtype=np.float64):
+    """Work arrays for sgd_step, made once per worker and reused: (W2T, dW2T, Hs, Xs, Zs, gb),
+    in w's dtype (the run's precision: numba compiles a step per dtype).
 
     `batch` only sizes the sample block; sgd_step takes any batch size with it."""
     s = _block_rows(batch, d_hidden)
-    return (np.empty((d_out, d_hidden)),   # W2 transposed: one contiguous row per output
-            np.empty((d_out, d_hidden)),   # its gradient, transposed back at the end
-            np.empty((s, d_hidden)),       # h of one sample block
-            np.empty((s, 2)),              # X rows of the block, zero-padded (fused d_in = 2 path)
-            np.empty((s, d_out)),          # logits, then dz, of the block
-            np.empty(CH))                  # dh of one sample and chunk (generic path)
+    return (np.empty((d_out, d_hidden), dtype),   # W2 transposed: one contiguous row per output
+            np.empty((d_out, d_hidden), dtype),   # its gradient, transposed back at the end
+            np.empty((s, d_hidden), dtype),       # h of one sample block
+            np.empty((s, 2), dtype),              # X rows of the block, zero-padded (fused d_in = 2 path)
+            np.empty((s, d_out), dtype),          # logits, then dz, of the block
+            np.empty(CH, dtype))                  # dh of one sample and chunk (generic path)
 
 
 @njit(**_FAST)
@@ -374,13 +375,13 @@ def sgd_step(W1, b1, W2, b2, X, y, lr, dW1, db1, dW2, db2, scratch):
 # slice holding the whole model gives step_rows' bits, and any split of either half
 # into calls (rows starting at multiples of 4) gives the same bits as one call.
 
-def make_mp_scratch(batch: int, d_hidden: int, d_out: int):
+def make_mp_scratch(batch: int, d_hidden: int, d_out: int, dtype=np.float64):
     """Work arrays of a model-parallel slice: (W2T, dW2T, Hb, Xb, Zb, gb) as make_scratch's,
     but h (Hb), the padded X rows (Xb) and the logits/dz (Zb) for the whole batch, rows
     rounded up to a multiple of 4 (the fused loops' pad rows)."""
     rows = (batch + 3) // 4 * 4
-    return (np.empty((d_out, d_hidden)), np.empty((d_out, d_hidden)), np.empty((rows, d_hidden)),
-            np.empty((rows, 2)), np.empty((rows, d_out)), np.empty(CH))
+    return (np.empty((d_out, d_hidden), dtype), np.empty((d_out, d_hidden), dtype), np.empty((rows, d_hidden), dtype),
+            np.empty((rows, 2), dtype), np.empty((rows, d_out), dtype), np.empty(CH, dtype))
 
 
 def mp_block(batch: int, d_hidden: int) -> int:
@@ -461,12 +462,12 @@ def evaluate(W1, b1, W2, b2, X, y):
     if n == 0 or y.shape[0] != n or X.shape[1] != W1.shape[0]:
         raise ValueError("evaluate: empty set, or X/y do not match the layout")
     _check_labels(y, d_out)
-    W2T = np.empty((d_out, H))
+    W2T = np.empty((d_out, H), W2.dtype)
     _transpose_into(W2, W2T)
     S = _block_rows(n, H)
-    Hs = np.empty((S, H))
-    Xs = np.empty((S, 2))
-    Zs = np.empty((S, d_out))
+    Hs = np.empty((S, H), W1.dtype)
+    Xs = np.empty((S, 2), W1.dtype)
+    Zs = np.empty((S, d_out), W1.dtype)
     loss = 0.0
     correct = 0
     for b0 in range(0, n, S):
@@ -499,11 +500,13 @@ def add_into(w, dw):
 # reassoc vectorizes the sum; without nnan x*0 is not folded
 @njit(fastmath={"reassoc"}, boundscheck=False, cache=True)
 def all_finite(a):
-    """True iff a has no NaN or inf: x*0 is 0 for finite x and NaN otherwise, summed branch-free."""
-    s = 0.0
+    """True iff a has no NaN or inf: x*0 is 0 for finite x and NaN otherwise, summed branch-free
+    (in a's dtype: a float32 array is checked in float32 lanes)."""
+    zero = a.dtype.type(0.0)
+    s = zero
     for i in range(a.size):
-        s += a[i] * 0.0
-    return s == 0.0
+        s += a[i] * zero
+    return s == zero
 
 
 @njit(boundscheck=False, cache=True)
@@ -532,19 +535,30 @@ def add_scaled(w, dw, a):
 # divisor, which keeps the loop scalar (adagrad and adam moved 4x less, bench_server.py).
 # The divisor is >= eps > 0, so nothing changes but the speed: sqrt and division stay
 # exact (no fastmath beyond contraction).
+# Precision: every scalar comes in w's dtype (Optimizer.update casts lr, eps, the betas,
+# Adam's bias corrections and the scales), so a float32 shard is updated in float32
+# arithmetic throughout, 16 lanes to an AVX-512 register where float64 had 8: sqrt and
+# division are IEEE float32's, correctly rounded. What that costs in accuracy, per update:
+# each value computed is within (its roundings) x 2^-24 relative of the same update done
+# in float64 from the same float32 inputs (adagrad's step: 6 roundings; Adam's: 8;
+# tests/test_optimizers.py), far inside what an optimizer needs, whose step size is a
+# learning rate tuned by factors of 2 and is perturbed far more by the staleness of an
+# asynchronous push; summed over T updates, adagrad's G drifts at most T x 2^-24
+# relative (its terms are positive): after 10^5 updates, its step within 0.3 %.
 
-_BLOCK = 512   # doubles of d checked, then used: 4 KB, in L1 between the two
+_BLOCK = 512   # values of d checked, then used: 4 KB of float64 (2 KB of float32), in L1 between the two
 _EXACT = dict(boundscheck=False, error_model="numpy", cache=True)   # sgd, momentum: no contraction, as before
 _OPT = dict(_EXACT, fastmath={"contract"})                           # adagrad, adam
 
 
 @njit(fastmath={"reassoc"}, boundscheck=False, cache=True)   # reassoc vectorizes the sum
 def _finite_block(d):
-    """d has no NaN or inf (x*0 is 0 for finite x, NaN otherwise; summed branch-free)."""
-    s = 0.0
+    """d has no NaN or inf (x*0 is 0 for finite x, NaN otherwise; summed branch-free, in d's dtype)."""
+    zero = d.dtype.type(0.0)
+    s = zero
     for i in range(d.size):
-        s += d[i] * 0.0
-    return s == 0.0
+        s += d[i] * zero
+    return s == zero
 
 
 @njit(boundscheck=False, cache=True)
@@ -567,7 +581,7 @@ def sgd_update(w, d, out, scale):
     n = w.size
     if not _sizes_agree(n, d) or (out is not None and out.size != n):
         raise ValueError("sgd_update: sizes differ")
-    tmp = np.empty(_BLOCK if out is None else 0)   # in place: each block through L1 (see above)
+    tmp = np.empty(_BLOCK if out is None else 0, w.dtype)   # in place: each block through L1 (see above)
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
         if not _finite_block(d[a:b]):
@@ -594,7 +608,7 @@ def momentum_update(w, v, d, out, v_out, lr, mu, scale):
     n = w.size
     if not _sizes_agree(n, v, d, v_out) or (out is not None and out.size != n):
         raise ValueError("momentum_update: sizes differ")
-    tmp = np.empty(_BLOCK if out is None else 0)   # in place: each block through L1 (see above)
+    tmp = np.empty(_BLOCK if out is None else 0, w.dtype)   # in place: each block through L1 (see above)
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
         if not _finite_block(d[a:b]):
@@ -623,7 +637,7 @@ def adagrad_update(w, g2, d, out, g2_out, lr, eps, scale):
     n = w.size
     if not _sizes_agree(n, g2, d, g2_out) or (out is not None and out.size != n):
         raise ValueError("adagrad_update: sizes differ")
-    tmp = np.empty(_BLOCK if out is None else 0)   # in place: each block through L1 (see above)
+    tmp = np.empty(_BLOCK if out is None else 0, w.dtype)   # in place: each block through L1 (see above)
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
         if not _finite_block(d[a:b]):
@@ -638,26 +652,26 @@ def adagrad_update(w, g2, d, out, g2_out, lr, eps, scale):
 
 @njit(**_OPT)
 def _adam_block(w, m, v, d, out, m_out, v_out, lr, b1, b2, eps, c1, c2, scale):
+    one = w.dtype.type(1.0)   # a literal 1.0 is float64: it would lift a float32 update to float64
     for i in range(w.size):
         di = scale * d[i]
-        mi = b1 * m[i] + (1.0 - b1) * di
-        vi = b2 * v[i] + (1.0 - b2) * di * di
+        mi = b1 * m[i] + (one - b1) * di
+        vi = b2 * v[i] + (one - b2) * di * di
         m_out[i] = mi
         v_out[i] = vi
         out[i] = w[i] + lr * (mi * c1) / (math.sqrt(vi * c2) + eps)
 
 
 @njit(**_OPT)
-def adam_update(w, m, v, d, out, m_out, v_out, lr, b1, b2, eps, t, scale):
+def adam_update(w, m, v, d, out, m_out, v_out, lr, b1, b2, eps, c1, c2, scale):
     """Adam (Kingma & Ba 2015), step t >= 1: m' = b1 m + (1-b1) d; v' = b2 v + (1-b2) d^2;
-    out = w + lr m^ / (sqrt(v^) + eps), with the bias corrections m^ = m'/(1-b1^t),
-    v^ = v'/(1-b2^t); d checked in the same pass."""
+    out = w + lr m^ / (sqrt(v^) + eps), with the bias corrections m^ = m' c1, v^ = v' c2,
+    c1 = 1/(1-b1^t), c2 = 1/(1-b2^t) (the caller's, computed in float64); d checked in the
+    same pass."""
     n = w.size
     if not _sizes_agree(n, m, v, d, m_out, v_out) or (out is not None and out.size != n):
         raise ValueError("adam_update: sizes differ")
-    tmp = np.empty(_BLOCK if out is None else 0)   # in place: each block through L1 (see above)
-    c1 = 1.0 / (1.0 - b1 ** t)
-    c2 = 1.0 / (1.0 - b2 ** t)
+    tmp = np.empty(_BLOCK if out is None else 0, w.dtype)   # in place: each block through L1 (see above)
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
         if not _finite_block(d[a:b]):
