@@ -236,16 +236,18 @@ import sys
 import numpy as np
 from asgd.net.mlp import Layout, Sliced, init_params, make_mp_step, make_step
 out = {}
-for i, (d_in, d_h, d_out, batch) in enumerate(((3, 700, 4, 50), (2, 1001, 2, 37), (1, 513, 3, 70))):
-    layout = Layout(d_in, d_h, d_out)
-    w = init_params(layout, d_h)
-    rng = np.random.default_rng(batch)
-    X, y = rng.normal(size=(batch, d_in)), rng.integers(0, d_out, batch)
-    for use in sys.argv[2]:
-        step = make_step(layout, batch) if use == "s" else make_mp_step(Sliced(layout, 1), 0, batch, lambda Z: None)
-        dw = np.empty(layout.n_w)
-        loss = step(w, X, y, 0.05, dw)
-        out[f"{use}{i}"] = np.append(dw, loss)
+for dt, tag in ((np.float64, ""), (np.float32, ".f32")):   # a specialization per precision
+    for i, (d_in, d_h, d_out, batch) in enumerate(((3, 700, 4, 50), (2, 1001, 2, 37), (1, 513, 3, 70))):
+        layout = Layout(d_in, d_h, d_out)
+        w = init_params(layout, d_h, dt)
+        rng = np.random.default_rng(batch)
+        X, y = rng.normal(size=(batch, d_in)).astype(dt), rng.integers(0, d_out, batch)
+        for use in sys.argv[2]:
+            step = (make_step(layout, batch, dt) if use == "s"
+                    else make_mp_step(Sliced(layout, 1), 0, batch, lambda Z: None, dt))
+            dw = np.empty(layout.n_w, dt)
+            loss = step(w, X, y, 0.05, dw)
+            out[f"{use}{i}{tag}"] = np.append(dw, loss)
 np.savez(sys.argv[1], **out)
 """
 
@@ -256,9 +258,10 @@ def cold_cache_steps(tmp_path_factory):
     first compiles make_step, the second loads it from the cache and compiles the
     model-parallel step (a slice of 1), the third loads both. -> {session: {key: Delta-w
     with the loss appended}}, keys "s<i>" (make_step) and "m<i>" (the slice's step) for
-    three shapes i. Read by test_kernels (make_step compiled or loaded: the same bits) and
-    test_model_parallel (the slice's step is make_step's, whichever was compiled), which
-    each ran the first two processes themselves."""
+    three shapes i, in float64, and "s<i>.f32", "m<i>.f32" in float32. Read by
+    test_kernels (make_step compiled or loaded: the same bits) and test_model_parallel
+    (the slice's step is make_step's, whichever was compiled), which each ran the first
+    two processes themselves."""
     tmp = tmp_path_factory.mktemp("cold-cache")
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp / "numba")}
     sessions = {}

@@ -320,9 +320,9 @@ def test_a_step_has_the_same_bits_compiled_or_loaded_from_the_cache(cold_cache_s
     """A job's ranks share numba's cache: the first rank of a node compiles the step, the
     others load it. Delta-w and the loss must be the same bit for bit on all of them (sync
     mode's determinism, a model-parallel replica's identical loss). The processes, which
-    share a cache that starts empty: conftest.cold_cache_steps (three shapes)."""
+    share a cache that starts empty: conftest.cold_cache_steps (three shapes, each precision)."""
     compiled = cold_cache_steps["compiles make_step"]
     loaded = {k: v for k, v in cold_cache_steps["loads it, compiles the slice's"].items() if k.startswith("s")}
-    assert loaded.keys() == compiled.keys() and len(compiled) == 3
+    assert loaded.keys() == compiled.keys() and len(compiled) == 6
     for shape in compiled:
         np.testing.assert_array_equal(loaded[shape], compiled[shape], err_msg=shape)

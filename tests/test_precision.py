@@ -134,3 +134,20 @@ def test_the_model_counts_a_value_of_w_in_the_runs_bytes():
     t64, t32 = analytic.Table1(**t), analytic.Table1(**t, value_bytes=4)
     assert analytic.T_send(t32, 16384) == analytic.T_send(t64, 16384) / 2
     assert memory_of(r32) == memory_of(r64) / 2
+
+
+def test_predict_reads_weights_in_the_runs_precision_and_refuses_others(tmp_path):
+    """weights.npy is in the run's precision: asgd.predict takes it as results.json's
+    config says, and a file of the other precision is refused in one line."""
+    import json
+    from asgd.predict import PredictError, Run
+    layout = Layout(2, 4, 2)
+    config = {"features": 2, "hidden": 4, "classes": 2, "precision": "float32"}
+    (tmp_path / "results.json").write_text(json.dumps({"config": config, "data": {}}))
+    np.save(tmp_path / "weights.npy", init_params(layout, 0, np.float32))
+    run = Run(str(tmp_path))
+    p = run.probabilities(np.array([[0.5, -0.25]]))
+    np.testing.assert_allclose(p.sum(axis=1), 1.0)
+    np.save(tmp_path / "weights.npy", init_params(layout, 0))   # float64 beside a float32 config
+    with pytest.raises(PredictError, match="weights.npy holds float64, the run trained in float32"):
+        Run(str(tmp_path))
