@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from asgd.core import wire
-from asgd.net.mlp import Layout
-from conftest import load_results, mpiexec
+from asgd.net.mlp import Layout, init_params
+from conftest import LOCKSTEP, load_results, mpiexec
 
 
 @pytest.mark.openmpi
@@ -46,6 +46,27 @@ def test_p2p_sync_takes_the_same_steps_as_a_parameter_server(lockstep_run):
     assert len(got["ps"][0]) == len(got["p2p"][0]) == 2 * np.ceil(np.ceil(16384 / 3) / 64)
     np.testing.assert_allclose(got["p2p"][0], got["ps"][0], rtol=1e-9, atol=0)
     np.testing.assert_allclose(got["p2p"][1], got["ps"][1], rtol=1e-9, atol=1e-12)
+
+
+def test_p2p_sync_in_float32_stays_within_float32s_rounding_of_a_parameter_server(lockstep_run):
+    """The float32 twin of the test above: the same steps, sums in worker order, in float32.
+    Whatever p2p's owners round otherwise than the one server, its distance from the
+    1-server run is bounded by the float32 run's distance from the float64 run (every
+    rounding of the run perturbed at once: test_architectures' float32 sync test), and
+    the per-step losses agree to float32's precision of a mean of logs: the first step's,
+    from the same w and batches, to a few u."""
+    f32 = ("--precision", "float32")
+    got = {}
+    for name, n, args in (("ps", 4, f32), ("p2p", 3, ("--arch", "p2p", *f32)), ("ps64", 4, ())):
+        out = lockstep_run(n, *args)
+        got[name] = (np.array(load_results(out)["metrics"]["step_loss"]), np.load(out / "weights.npy"))
+    seed, hidden = (int(LOCKSTEP[LOCKSTEP.index(flag) + 1]) for flag in ("--seed", "--hidden"))
+    w0 = init_params(Layout(2, hidden, 2), seed)
+    moved = np.linalg.norm(got["ps64"][1] - w0)
+    rounding = np.linalg.norm(got["ps"][1] - got["ps64"][1]) / moved
+    owners = np.linalg.norm(got["p2p"][1].astype(np.float64) - got["ps"][1]) / moved
+    assert owners <= 2 * rounding, (owners, rounding)
+    assert got["p2p"][0][0] == pytest.approx(got["ps"][0][0], rel=8 * 2.0 ** -24)
 
 
 def test_p2p_with_one_bit_ssp_checkpoints_and_resume(tmp_path):

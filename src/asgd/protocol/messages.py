@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import numpy as np
 from mpi4py import MPI
-
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from ..core import wire
