@@ -169,15 +169,18 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.timeout(400))
 
 
-LOCKSTEP = ["--mode", "sync", "--hidden", "300", "--epochs", "2", "--batch", "64", "--seed", "5", "--quiet"]
+# float64: the exact-arithmetic comparisons read these runs (float32 variants: test_architectures)
+LOCKSTEP = ["--mode", "sync", "--hidden", "300", "--epochs", "2", "--batch", "64", "--seed", "5", "--quiet",
+            "--precision", "float64"]
 
 
 @pytest.fixture(scope="session")
 def lockstep_run(tmp_path_factory):
     """lockstep_run(n, *args) -> the run folder of `mpiexec -n n python -m asgd.train
-    *LOCKSTEP *args`, which must succeed: sync mode (allreduce is lockstep anyway), hidden
-    300, batch 64, seed 5, 2 epochs, so that every architecture given the same workers
-    takes the same steps. Made once per (n, args) for the session: test_architectures'
+    *args *LOCKSTEP`, which must succeed: sync mode (allreduce is lockstep anyway), hidden
+    300, batch 64, seed 5, 2 epochs, float64 (args may name another --precision: the
+    last one given counts), so that every architecture given the same workers takes the
+    same steps. Made once per (n, args) for the session: test_architectures'
     sync-determinism, ring-bytes and model-parallel sync tests and test_p2p's sync test
     read the same runs (the 4-rank parameter server's twice). Read only: a test that
     changes a run copies it first."""
@@ -187,7 +190,7 @@ def lockstep_run(tmp_path_factory):
         key = (n, args)
         if key not in made:
             out = tmp_path_factory.mktemp("lockstep") / "run"
-            p = mpiexec(n, [*args, *LOCKSTEP, "--out", str(out)])
+            p = mpiexec(n, [*LOCKSTEP, *args, "--out", str(out)])
             assert p.returncode == 0, p.stderr
             made[key] = out
         return made[key]
@@ -206,7 +209,7 @@ def sync_runs(tmp_path_factory):
     def runs(optimizer: str):
         if optimizer not in made:
             common = ["--mode", "sync", "--servers", "2", "--optimizer", optimizer, "--hidden", "300",
-                      "--batch", "64", "--quiet"]
+                      "--batch", "64", "--quiet", "--precision", "float64"]   # resumes compared bit for bit
             base = tmp_path_factory.mktemp(f"sync-{optimizer}")
             whole, part = base / "whole", base / "part"
             p = mpiexec(4, common + ["--epochs", "4", "--out", str(whole)])
@@ -233,16 +236,18 @@ import sys
 import numpy as np
 from asgd.net.mlp import Layout, Sliced, init_params, make_mp_step, make_step
 out = {}
-for i, (d_in, d_h, d_out, batch) in enumerate(((3, 700, 4, 50), (2, 1001, 2, 37), (1, 513, 3, 70))):
-    layout = Layout(d_in, d_h, d_out)
-    w = init_params(layout, d_h)
-    rng = np.random.default_rng(batch)
-    X, y = rng.normal(size=(batch, d_in)), rng.integers(0, d_out, batch)
-    for use in sys.argv[2]:
-        step = make_step(layout, batch) if use == "s" else make_mp_step(Sliced(layout, 1), 0, batch, lambda Z: None)
-        dw = np.empty(layout.n_w)
-        loss = step(w, X, y, 0.05, dw)
-        out[f"{use}{i}"] = np.append(dw, loss)
+for dt, tag in ((np.float64, ""), (np.float32, ".f32")):   # a specialization per precision
+    for i, (d_in, d_h, d_out, batch) in enumerate(((3, 700, 4, 50), (2, 1001, 2, 37), (1, 513, 3, 70))):
+        layout = Layout(d_in, d_h, d_out)
+        w = init_params(layout, d_h, dt)
+        rng = np.random.default_rng(batch)
+        X, y = rng.normal(size=(batch, d_in)).astype(dt), rng.integers(0, d_out, batch)
+        for use in sys.argv[2]:
+            step = (make_step(layout, batch, dt) if use == "s"
+                    else make_mp_step(Sliced(layout, 1), 0, batch, lambda Z: None, dt))
+            dw = np.empty(layout.n_w, dt)
+            loss = step(w, X, y, 0.05, dw)
+            out[f"{use}{i}{tag}"] = np.append(dw, loss)
 np.savez(sys.argv[1], **out)
 """
 
@@ -253,9 +258,10 @@ def cold_cache_steps(tmp_path_factory):
     first compiles make_step, the second loads it from the cache and compiles the
     model-parallel step (a slice of 1), the third loads both. -> {session: {key: Delta-w
     with the loss appended}}, keys "s<i>" (make_step) and "m<i>" (the slice's step) for
-    three shapes i. Read by test_kernels (make_step compiled or loaded: the same bits) and
-    test_model_parallel (the slice's step is make_step's, whichever was compiled), which
-    each ran the first two processes themselves."""
+    three shapes i, in float64, and "s<i>.f32", "m<i>.f32" in float32. Read by
+    test_kernels (make_step compiled or loaded: the same bits) and test_model_parallel
+    (the slice's step is make_step's, whichever was compiled), which each ran the first
+    two processes themselves."""
     tmp = tmp_path_factory.mktemp("cold-cache")
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp / "numba")}
     sessions = {}

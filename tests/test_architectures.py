@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from asgd.core import wire
 from asgd.run import config
 from conftest import LOCKSTEP, load_results, mpiexec
 from oracles import held_out_metrics
@@ -25,6 +26,34 @@ def test_sync_is_deterministic_across_servers_and_allreduce(lockstep_run):
     np.testing.assert_array_equal(w["s1"], w["s3"])  # same arithmetic, shard by shard
     np.testing.assert_allclose(w["ar"], w["s1"], rtol=1e-9, atol=1e-12)  # allreduce sums in its own order
     np.testing.assert_allclose(w["mpi"], w["s1"], rtol=1e-9, atol=1e-12)
+
+
+def test_sync_in_float32_is_deterministic_across_servers_and_close_to_allreduce(lockstep_run):
+    """The float32 twin of the test above. 1 and 3 servers do the same float32 arithmetic
+    element by element (the sync mean in worker order, then the optimizer), so their
+    weights agree bit for bit. allreduce rounds the round's sum in another order: a
+    perturbation of one float32 rounding (u = 2^-24) of the sum per step, which the
+    training dynamics then carry along. Rounding every operation of the run to float32
+    instead of float64 perturbs it in the same way at every rounding, that sum's
+    included, so allreduce's distance from the 1-server run is bounded by the float32
+    run's distance from the float64 run (the same dynamics carrying a subset of the same
+    perturbations); twice that, for the chance of the reordering landing where the
+    dynamics amplify more. Both distances are in units of how far training moved w."""
+    f32 = ("--precision", "float32")
+    w = {name: np.load(lockstep_run(n, *args, *f32) / "weights.npy")
+         for name, (n, args) in {"s1": (4, ()), "s3": (6, ("--servers", "3")),
+                                 "ar": (3, ("--arch", "allreduce"))}.items()}
+    assert all(v.dtype == np.float32 for v in w.values())
+    np.testing.assert_array_equal(w["s1"], w["s3"])  # same arithmetic, shard by shard
+    w64 = np.load(lockstep_run(4) / "weights.npy")
+    r = load_results(lockstep_run(4))
+    from asgd.net.mlp import Layout, init_params
+    w0 = init_params(Layout(2, r["config"]["hidden"], 2), r["config"]["seed"])
+    moved = np.linalg.norm(w64 - w0)
+    rounding = np.linalg.norm(w["s1"] - w64) / moved
+    reordering = np.linalg.norm(w["ar"].astype(np.float64) - w["s1"]) / moved
+    assert 0 < rounding < 1e-2, rounding   # float32 trained the same model, to its precision
+    assert reordering <= 2 * rounding, (reordering, rounding)
 
 
 @pytest.mark.parametrize("n, args", [
@@ -57,9 +86,10 @@ def test_the_ring_allreduce_counts_every_byte_it_moves(lockstep_run):
                                       *(("--allreduce", "mpi") if algorithm == "mpi" else ())))
         assert r["config"]["allreduce"] == algorithm
         n = r["config"]["n_w"] + 3   # [m * Delta-w | m, loss_sum, stop]
+        size = wire.itemsize(r["config"]["precision"])
         assert n % 3
         for x in r["ranks"]:
-            want = ring_bytes(n, 3, x["rank"]) if algorithm == "ring" else (int(8 * 2 * 2 * n / 3),) * 2
+            want = ring_bytes(n, 3, x["rank"], size) if algorithm == "ring" else (int(size * 2 * 2 * n / 3),) * 2
             assert (x["bytes"]["train"]["sent"], x["bytes"]["train"]["recv"]) == \
                 (want[0] * x["updates"], want[1] * x["updates"])
             assert x["updates"] == r["throughput"]["updates"] > 0

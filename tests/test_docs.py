@@ -52,6 +52,12 @@ def test_the_design_page_states_the_bytes_the_code_sends():
     want = (wire.push_bytes(layout.n_w, cols), wire.pull_bytes(layout.n_w, cols),
             wire.push_bytes(layout.n_w), wire.pull_bytes(layout.n_w))
     assert tuple(int(g.replace(",", "")) for g in got.groups()) == want, want
+    got = re.search(r"in float32, whose scales and values take half the bytes, ([\d,]+) and ([\d,]+) against "
+                    r"([\d,]+) and ([\d,]+)", design)
+    assert got, "docs/design.md no longer quotes the float32 message sizes"
+    want = (wire.push_bytes(layout.n_w, cols, 4), wire.pull_bytes(layout.n_w, cols, 4),
+            wire.push_bytes(layout.n_w, itemsize=4), wire.pull_bytes(layout.n_w, itemsize=4))
+    assert tuple(int(g.replace(",", "")) for g in got.groups()) == want, want
 
 
 def test_message_tags_are_distinct_and_defined_in_one_place():

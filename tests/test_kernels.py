@@ -45,6 +45,59 @@ def test_step_matches_reference(d_in, d_h, d_out, batch, scratch_batch):
         np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12 * np.abs(dw_ref).max())
 
 
+U32 = 2.0 ** -24   # float32's unit roundoff
+
+
+@pytest.mark.parametrize("d_in,d_h,d_out,batch", [(2, 10000, 2, 256), (2, 1000, 2, 37), (2, 700, 3, 33)])
+def test_a_float32_step_matches_the_float64_reference_within_its_sums_roundings(d_in, d_h, d_out, batch):
+    """--precision float32: the kernels' float32 step against the float64 reference on the
+    same (float32) w and X. Every value of a step is a sum: a logit of d_h products
+    h_j W2_jk, each gradient entry of the batch's products carrying those logits' errors.
+    A float32 sum of n terms errs by at most n u times the sum of its terms' magnitudes
+    (Higham's gamma_n, u = 2^-24), and at initialization those magnitudes are the largest
+    gradient's scale: so atol = (d_h + batch) u max|dw|, and the loss (a mean of log-sum-
+    exps of the logits) within d_h u of itself (the sigmoid's exp adds 9.1e-8 < 2u per h)."""
+    layout = Layout(d_in, d_h, d_out)
+    w = init_params(layout, seed=d_h, dtype=np.float32)
+    X, y = _data(layout, batch, seed=batch)
+    X = X.astype(np.float32)
+    dw_ref = np.empty(layout.n_w)
+    loss_ref = reference_step(layout, w.astype(np.float64), X.astype(np.float64), y, 0.05, dw_ref)
+    dw = np.full(layout.n_w, np.nan, np.float32)
+    scratch = K.make_scratch(batch, d_h, d_out, np.float32)
+    loss = K.sgd_step(*layout.views(w), X, y, 0.05, *layout.views(dw), scratch)
+    assert dw.dtype == np.float32 and np.isfinite(dw).all()
+    assert loss == pytest.approx(loss_ref, rel=(d_h + 2) * U32)
+    np.testing.assert_allclose(dw, dw_ref, rtol=0, atol=(d_h + batch) * U32 * np.abs(dw_ref).max())
+
+
+def test_the_float32_step_runs_in_float32_vector_lanes(tmp_path):
+    """The float32 specialization of the step's rows (the worker's: mlp.make_step) computes
+    its hot loops in float32: the sigmoid's exp is _vexp32, vectorized (its 2^k a shift by
+    23 of int32 lanes, not float64's by 52 of int64 lanes), and the sums are float32
+    vectors (a float64 literal in the loop would lift them to double and halve the lanes;
+    only the per-sample softmax over d_out values stays float64)."""
+    import os
+    import re
+    source = """
+import numpy as np
+from asgd.net import kernels as K
+from asgd.net.mlp import Layout, init_params, make_step
+layout = Layout(2, 600, 2)
+w, X = init_params(layout, 1, np.float32), np.ones((8, 2), np.float32)
+make_step(layout, 8, np.float32)(w, X, np.zeros(8, np.int64), 0.1, np.empty(layout.n_w, np.float32))
+sig = next(s for s in K.step_rows.signatures if str(s[0].dtype) == "float32")
+print(K.step_rows.inspect_llvm(sig))
+"""
+    # a fresh cache: code loaded from numba's cache has no LLVM IR to inspect
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    code = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=300, env=env,
+                          check=True).stdout
+    assert re.search(r"shl <\d+ x i32> [^\n]*i32 23", code), "the float32 exp did not vectorize"
+    assert not re.search(r"shl <\d+ x i64> [^\n]*i64 52", code), "float64's exp in the float32 step"
+    assert re.search(r"fmul[^\n]*<\d+ x float>", code), "no float32 vector multiply in the float32 step"
+
+
 def test_scratch_is_reusable_across_batch_sizes():
     layout = Layout(2, 600, 2)
     w = init_params(layout, 1)
@@ -168,6 +221,23 @@ def test_vexp_against_numpy():
     assert np.isnan(out[2]) and 0 < out[3] < 1e-300
 
 
+def test_vexp_in_float32_against_float64s_exp():
+    """The float32 exp (_vexp32, the float32 step's): within 9.1e-8 of float64's exp of the
+    same float32 x (net.kernels documents it: under float32's ulp at 1, 2^-23), over the
+    range it does not clamp; clamped and NaN as the float64 one."""
+    x = np.concatenate([np.linspace(-87, 88, 2_000_001), np.linspace(-1, 1, 100_001), [0.0, 1e-30, -1e-30]])
+    x = x.astype(np.float32)
+    out = np.empty_like(x)
+    K.exp_into(x, out)
+    assert out.dtype == np.float32
+    ref = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(out / ref - 1)) <= 9.2e-8
+    out = np.empty(4, np.float32)
+    K.exp_into(np.array([-1e4, 1e4, np.nan, -np.inf], np.float32), out)
+    assert 0 < out[0] < 1e-37 and np.isfinite(out[1]) and out[1] > 1e38   # clamped, not 0/inf
+    assert np.isnan(out[2]) and 0 < out[3] < 1e-37
+
+
 def test_the_warm_up_compiles_every_kernel_a_run_calls():
     """After the warm-up train does before its timed loop, the kernels called with the
     loop's own argument types (a shard view of w, a receive buffer's Delta-w part) have
@@ -250,9 +320,9 @@ def test_a_step_has_the_same_bits_compiled_or_loaded_from_the_cache(cold_cache_s
     """A job's ranks share numba's cache: the first rank of a node compiles the step, the
     others load it. Delta-w and the loss must be the same bit for bit on all of them (sync
     mode's determinism, a model-parallel replica's identical loss). The processes, which
-    share a cache that starts empty: conftest.cold_cache_steps (three shapes)."""
+    share a cache that starts empty: conftest.cold_cache_steps (three shapes, each precision)."""
     compiled = cold_cache_steps["compiles make_step"]
     loaded = {k: v for k, v in cold_cache_steps["loads it, compiles the slice's"].items() if k.startswith("s")}
-    assert loaded.keys() == compiled.keys() and len(compiled) == 3
+    assert loaded.keys() == compiled.keys() and len(compiled) == 6
     for shape in compiled:
         np.testing.assert_array_equal(loaded[shape], compiled[shape], err_msg=shape)

@@ -1,4 +1,4 @@
-"""A server's versions of its shard (protocol.messages.Float64Shard): an update never
+"""A server's versions of its shard (protocol.messages.DenseShard): an update never
 writes a buffer a reply is in flight from, a reply goes out of the version it carries,
 and the caller's w is brought up to date when asked. Replies in flight are stand-ins
 whose Test() says whether they are done, as MPI's would."""
@@ -6,7 +6,7 @@ whose Test() says whether they are done, as MPI's would."""
 import numpy as np
 from mpi4py import MPI
 
-from asgd.protocol.messages import Float64Shard
+from asgd.protocol.messages import DenseShard
 from asgd.core.wire import PULL_HEADER
 
 
@@ -32,7 +32,7 @@ def _apply(msgs, replies, d):
 def test_a_reply_is_sent_out_of_its_version_and_no_update_writes_a_buffer_in_flight():
     n, W = 5, 3
     home = np.arange(n, dtype=float)
-    msgs = Float64Shard(home, W)
+    msgs = DenseShard(home, W)
     replies = [MPI.REQUEST_NULL] * W
     sent = {}   # worker -> (buffer, its content when sent)
     for step in range(40):
@@ -56,7 +56,7 @@ def test_a_reply_is_sent_out_of_its_version_and_no_update_writes_a_buffer_in_fli
 
 def test_a_new_header_on_a_version_in_flight_is_a_copy_and_the_same_header_is_not():
     n = 4
-    msgs = Float64Shard(np.ones(n), 2)
+    msgs = DenseShard(np.ones(n), 2)
     replies = [MPI.REQUEST_NULL] * 2
     a = msgs.reply(0, (0, 0, 0), replies)
     replies[0] = Reply()
@@ -70,7 +70,7 @@ def test_a_new_header_on_a_version_in_flight_is_a_copy_and_the_same_header_is_no
 
 
 def test_no_buffer_in_flight_is_given_for_the_next_version():
-    msgs = Float64Shard(np.zeros(3), 4)
+    msgs = DenseShard(np.zeros(3), 4)
     replies = [MPI.REQUEST_NULL] * 4
     for j in range(4):   # four replies in flight out of four successive versions
         msgs.reply(j, (j, 0, 0), replies)

@@ -239,3 +239,64 @@ def test_the_guard_waits_out_the_early_epochs():
     for _ in seq:
         t.add(1.0, 10)
     assert [h["epoch"] for h in t.history if "lr_scale" in h] == [18, 20]
+
+
+U32 = 2.0 ** -24   # float32's unit roundoff: a correctly rounded operation errs at most this, relative
+
+
+@pytest.mark.parametrize("name", ["adagrad", "adam"])
+@pytest.mark.parametrize("scale", [1.0, 1 / 3])
+def test_float32_updates_are_within_their_roundings_of_float64(name, scale):
+    """--precision float32: one update in float32 arithmetic against the same update in
+    float64 from the same float32 values (w, the state, d and the scalars as the optimizer
+    casts them). Each value may err by the roundings on its way (net.kernels' accuracy
+    note), u = 2^-24 each, so the bound is counted from the formula, not chosen to pass:
+      adagrad  G' = G + (s d)^2: 3 roundings of positive terms: 3u G'; the step
+               lr d / (sqrt(G') + eps): d 1, sqrt of G' 3/2 + 1, + eps 1, lr d 1, / 1 -> 6.5u
+      adam     m' = b1 m + (1-b1) s d: 3u (|b1 m| + |(1-b1) s d|) (its terms may cancel);
+               v' = b2 v + (1-b2) (s d)^2: 5u v'; the step lr m' c1 / (sqrt(v' c2) + eps):
+               v' c2 and its sqrt (5 + 1)/2 + 1, + eps 1, m' c1 and lr 2, / 1 -> 8u of the
+               step, plus m''s own error carried through
+    and w' = w + step one rounding more: u |w'|."""
+    rng = np.random.default_rng(7)
+    n = 5000
+    w = rng.normal(size=n).astype(np.float32)
+    d = (rng.normal(size=n) * 10.0 ** rng.uniform(-4, 1, n)).astype(np.float32)
+    opt = Optimizer(name, 0.01, n, dtype=np.float32)
+    opt.t = 41   # Adam's bias corrections well away from 1
+    f = np.float32
+    lr, eps, s = f(0.01), f(optimizers.EPS), f(scale)
+    up = {}
+    for k in opt.state:   # a state of every magnitude
+        opt.state[k][:] = (np.abs(rng.normal(size=n)) * 10.0 ** rng.uniform(-8, 2, n)).astype(np.float32)
+        if k == "m":
+            opt.state[k] *= np.sign(rng.normal(size=n)).astype(np.float32)
+        up[k] = opt.state[k].astype(np.float64)
+    out = np.empty_like(w)
+    assert opt.update(w, d, out, scale)
+    w64, di = w.astype(np.float64), float(s) * d.astype(np.float64)
+    if name == "adagrad":
+        g2 = up["g2"] + di * di
+        step = float(lr) * di / (np.sqrt(g2) + float(eps))
+        np.testing.assert_array_less(np.abs(opt.state["g2"] - g2), 3 * U32 * g2 + 1e-45)
+        bound = 6.5 * U32 * np.abs(step)
+    else:
+        b1, b2 = (float(f(b)) for b in optimizers.BETAS)
+        c1, c2 = (float(f(1.0 / (1.0 - b ** 42))) for b in optimizers.BETAS)
+        m = b1 * up["m"] + (1 - b1) * di
+        v = b2 * up["v"] + (1 - b2) * di * di
+        den = np.sqrt(v * c2) + float(eps)
+        step = float(lr) * m * c1 / den
+        m_err = 3 * U32 * (np.abs(b1 * up["m"]) + np.abs((1 - b1) * di))
+        np.testing.assert_array_less(np.abs(opt.state["m"] - m), m_err + 1e-45)
+        np.testing.assert_array_less(np.abs(opt.state["v"] - v), 5 * U32 * v + 1e-45)
+        bound = 8 * U32 * np.abs(step) + float(lr) * c1 * m_err / den
+    w1 = w64 + step
+    np.testing.assert_array_less(np.abs(out - w1), bound + U32 * np.abs(w1) + 1e-45)
+    assert out.dtype == np.float32 and opt.t == 42
+    # and it was float32 arithmetic: every scalar reached the kernel as float32, not float64
+    from numba import types
+    from asgd.net import kernels
+    sigs = [sig for sig in getattr(kernels, f"{name}_update").signatures if sig[0].dtype == types.float32]
+    scalars = [t for sig in sigs for t in sig if not isinstance(t, (types.Array, types.NoneType))]
+    assert scalars and all(t == types.float32 for t in scalars)

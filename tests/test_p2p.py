@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from asgd.core import wire
-from asgd.net.mlp import Layout
-from conftest import load_results, mpiexec
+from asgd.net.mlp import Layout, init_params
+from conftest import LOCKSTEP, load_results, mpiexec
 
 
 @pytest.mark.openmpi
@@ -23,11 +23,12 @@ def test_p2p_learns_and_every_owner_applies_every_push(tmp_path):
     pushes = sum(x["updates"] for x in ranks)
     assert all(x["requests"] == pushes for x in ranks)   # every owner saw every worker's every push
     # bytes: a worker's pushes to the 3 other owners (its own shard needs no wire), and so on
+    size = wire.itemsize(r["config"]["precision"])
     for x in ranks:
         others = [hi - lo for k, (lo, hi) in enumerate(y["shard"] for y in ranks) if k != x["rank"]]
         assert x["bytes"]["train"]["sent"] == (
-            x["updates"] * sum(wire.push_bytes(k) for k in others)                        # my pushes
-            + (pushes - x["updates"]) * wire.pull_bytes(x["shard"][1] - x["shard"][0])   # my replies to the others
+            x["updates"] * sum(wire.push_bytes(k, itemsize=size) for k in others)        # my pushes
+            + (pushes - x["updates"]) * wire.pull_bytes(x["shard"][1] - x["shard"][0], itemsize=size)   # my replies
             + 3 * wire.DONE_BYTES)
     assert sum(x["bytes_sent"] for x in ranks) == sum(x["bytes_recv"] for x in ranks)
 
@@ -47,6 +48,27 @@ def test_p2p_sync_takes_the_same_steps_as_a_parameter_server(lockstep_run):
     np.testing.assert_allclose(got["p2p"][1], got["ps"][1], rtol=1e-9, atol=1e-12)
 
 
+def test_p2p_sync_in_float32_stays_within_float32s_rounding_of_a_parameter_server(lockstep_run):
+    """The float32 twin of the test above: the same steps, sums in worker order, in float32.
+    Whatever p2p's owners round otherwise than the one server, its distance from the
+    1-server run is bounded by the float32 run's distance from the float64 run (every
+    rounding of the run perturbed at once: test_architectures' float32 sync test), and
+    the per-step losses agree to float32's precision of a mean of logs: the first step's,
+    from the same w and batches, to a few u."""
+    f32 = ("--precision", "float32")
+    got = {}
+    for name, n, args in (("ps", 4, f32), ("p2p", 3, ("--arch", "p2p", *f32)), ("ps64", 4, ())):
+        out = lockstep_run(n, *args)
+        got[name] = (np.array(load_results(out)["metrics"]["step_loss"]), np.load(out / "weights.npy"))
+    seed, hidden = (int(LOCKSTEP[LOCKSTEP.index(flag) + 1]) for flag in ("--seed", "--hidden"))
+    w0 = init_params(Layout(2, hidden, 2), seed)
+    moved = np.linalg.norm(got["ps64"][1] - w0)
+    rounding = np.linalg.norm(got["ps"][1] - got["ps64"][1]) / moved
+    owners = np.linalg.norm(got["p2p"][1].astype(np.float64) - got["ps"][1]) / moved
+    assert owners <= 2 * rounding, (owners, rounding)
+    assert got["p2p"][0][0] == pytest.approx(got["ps"][0][0], rel=8 * 2.0 ** -24)
+
+
 def test_p2p_with_one_bit_ssp_checkpoints_and_resume(tmp_path):
     """Everything that works with servers works with owners: 1-bit messages, ssp's bound,
     consistent checkpoints and --resume."""
@@ -60,7 +82,8 @@ def test_p2p_with_one_bit_ssp_checkpoints_and_resume(tmp_path):
         assert x["step_gap"]["max"] <= 2
     lo, hi = r["ranks"][1]["shard"]
     cols = Layout(2, 10000, 2).columns(lo, hi)
-    assert r["ranks"][0]["bytes"]["train"]["sent"] >= r["ranks"][0]["updates"] * wire.push_bytes(hi - lo, cols)
+    size = wire.itemsize(r["config"]["precision"])   # the scales' bytes
+    assert r["ranks"][0]["bytes"]["train"]["sent"] >= r["ranks"][0]["updates"] * wire.push_bytes(hi - lo, cols, size)
     p = mpiexec(3, args + ["--epochs", "3", "--resume", str(run)], timeout=120)
     assert p.returncode == 0, p.stderr
     r = load_results(run)
@@ -95,7 +118,7 @@ def test_a_ranks_messages_to_itself_go_over_a_communicator_of_its_own():
     from asgd.core.policy import Async
     from asgd.mpiutil import Waiter
     from asgd.protocol.context import Endpoint
-    from asgd.protocol.messages import Float64Link
+    from asgd.protocol.messages import DenseLink
     from asgd.protocol.server import Server
     from asgd.protocol.worker import PushPull
     from asgd.run.trace import PhaseClock
@@ -111,7 +134,7 @@ def test_a_ranks_messages_to_itself_go_over_a_communicator_of_its_own():
     n = 1000
     owner = Server(ep, np.zeros(n), [me])
     assert owner.routes == [(own, 0)]
-    link = PushPull(ep, [(0, n)], Float64Link([(0, n)], np.zeros(n)), servers=[me])
+    link = PushPull(ep, [(0, n)], DenseLink([(0, n)], np.zeros(n)), servers=[me])
     assert link.routes == [(own, 0)]
     policy = Async(reply_first=False)   # apply, then answer: w' holds this push
     dw = link.delta()

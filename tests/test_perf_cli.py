@@ -55,6 +55,11 @@ def test_predict_prints_a_row_per_configuration(quick_params):
     got = json.loads(j.stdout.splitlines()[0])
     assert got["total_s"] == pytest.approx(got["init_s"] + got["train_s"])
     assert got["run"]["workers"] == 2 and got["detail"]["bound"] in ("workers", "server", "cores")
+    assert got["run"]["precision"] == "float32"   # asgd.train's default: a value of w is 4 bytes
+    j = perf("predict", "--params", str(quick_params), "--workers", "2", "--json", "--precision", "float64")
+    got64 = json.loads(j.stdout.splitlines()[0])
+    assert got64["run"]["precision"] == "float64"
+    assert got64["detail"]["working_set_bytes"] == 2 * got["detail"]["working_set_bytes"]   # 8 bytes a value, not 4
 
 
 def test_compare_against_real_runs(quick_params, tmp_path):

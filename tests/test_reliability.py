@@ -14,6 +14,7 @@ import pytest
 
 from asgd import mpienv
 from asgd.mpienv import rank_pids
+from asgd.run import checkpoint
 import conftest
 from conftest import MPIEXEC, load_results, mpi, mpiexec, split_launcher_notes
 from oracles import held_out_metrics
@@ -125,14 +126,33 @@ def test_the_optimizers_state_survives_checkpoint_and_resume(tmp_path, sync_runs
     assert p.returncode == 2 and "resume with the run's --optimizer" in p.stderr
 
 
+def test_a_float32_checkpoint_resumed_in_float64_is_converted_with_one_line(tmp_path):
+    """A checkpoint records its precision; resuming it in the other converts w and the
+    optimizer's state (float32 to float64: exactly) and says so in one line."""
+    run = tmp_path / "run"
+    job = ["--hidden", "50", "--quiet", "--out", str(run)]
+    p = mpiexec(2, job + ["--epochs", "1", "--checkpoint-every", "1000000"], timeout=60)
+    assert p.returncode == 0, p.stderr
+    meta, arrays = checkpoint.read_file(checkpoint.path_of(str(run), 0))
+    assert meta["precision"] == "float32" and arrays["w"].dtype == np.float32
+    p = mpiexec(2, job + ["--epochs", "2", "--precision", "float64", "--resume", str(run)], timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count(f"asgd.train: note: {run}: its checkpoint is float32, this run --precision float64: "
+                          "w and the optimizer's state converted to float64 (exactly)") == 1, p.stderr
+    r = load_results(run)
+    assert r["config"]["precision"] == "float64" and np.load(run / "weights.npy").dtype == np.float64
+    assert [h["epoch"] for h in r["metrics"]["history"]] == [1, 2]
+
+
 @pytest.fixture(scope="module")
 def stopped_run(tmp_path_factory):
     """One job of 200 epochs (4 ranks, a checkpoint every 20 updates) sent SIGTERM half a
     second after its first checkpoint, well into an epoch, as a batch system's time limit
     would: -> (exit status, stdout, the ranks' stderr, its run folder). The SIGTERM test
-    and the final-metrics test read it."""
+    and the final-metrics test read it; float64, for the final metrics' exact comparison
+    with the float64 oracle's forward pass."""
     run = tmp_path_factory.mktemp("stopped")
-    proc = start(4, ["--epochs", "200", "--checkpoint-every", "20", "--out", str(run)])
+    proc = start(4, ["--epochs", "200", "--checkpoint-every", "20", "--precision", "float64", "--out", str(run)])
     wait_for(run / "checkpoint" / "shard-0.npz", proc)
     time.sleep(0.5)  # well into an epoch
     request_stop(proc, run)

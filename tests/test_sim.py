@@ -243,12 +243,13 @@ def test_other_users_load_takes_its_share_of_the_cores(params_file):
     assert shared == pytest.approx(2 * alone, rel=0.05)
 
 
-def wire_sizes(servers: int, compress: str) -> list[tuple[int, int]]:
+def wire_sizes(servers: int, compress: str, precision: str = "float64") -> list[tuple[int, int]]:
     """(push, reply) bytes per server shard of 2-10K-2, as asgd.core.wire counts them (the
-    protocol's own count): float64, or 1-bit over the shard's columns."""
+    protocol's own count): every value, or 1-bit over the shard's columns, in `precision`."""
     layout = Layout(2, 10000, 2)
-    return [(wire.push_bytes(hi - lo, layout.columns(lo, hi) if compress == "1bit" else None),
-             wire.pull_bytes(hi - lo, layout.columns(lo, hi) if compress == "1bit" else None))
+    size = wire.itemsize(precision)
+    return [(wire.push_bytes(hi - lo, layout.columns(lo, hi) if compress == "1bit" else None, size),
+             wire.pull_bytes(hi - lo, layout.columns(lo, hi) if compress == "1bit" else None, size))
             for lo, hi in wire.shard_bounds(layout.n_w, servers)]
 
 
@@ -266,15 +267,20 @@ def test_the_simulated_ring_moves_the_bytes_a_real_ring_counts(params_file):
 @needs_simgrid
 @pytest.mark.parametrize("servers", [1, 2, 3])
 @pytest.mark.parametrize("compress", ["none", "1bit"])
-def test_messages_are_the_bytes_a_real_run_counts(params_file, servers, compress):
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_messages_are_the_bytes_a_real_run_counts(params_file, servers, compress, precision):
     """Every push and reply has the size the protocol counts: on one server a 1-bit push of
-    2-10K-2 is 6,395 bytes and a reply 6,371 (what a real run counts: test_train_e2e's
-    1-bit test), float64 400,064 and 400,040 (50,002 values and 6 / 3 header values);
-    with 2 or 3 servers each shard's own size (asgd.core.wire over its columns)."""
-    sizes = wire_sizes(servers, compress)
+    2-10K-2 is 6,395 bytes and a reply 6,371 in float64 (what a real run counts:
+    test_train_e2e's 1-bit test), uncompressed 400,064 and 400,040 (50,002 values and 6 / 3
+    float64 header values); in float32 every value of w and every scale takes 4 bytes; with
+    2 or 3 servers each shard's own size (asgd.core.wire over its columns)."""
+    sizes = wire_sizes(servers, compress, precision)
     if servers == 1:
-        assert sizes == [{"none": (400_064, 400_040), "1bit": (6395, 6371)}[compress]]
-    res = simulate(params_file(), workers=2, servers=servers, points=2048, compress=compress)
+        assert sizes == [{("none", "float64"): (400_064, 400_040), ("1bit", "float64"): (6395, 6371),
+                          ("none", "float32"): (200_056, 200_032),
+                          ("1bit", "float32"): (6395 - 4 * 2 * 6, 6371 - 4 * 2 * 6)}[compress, precision]]   # 6 columns
+    res = simulate(params_file(), workers=2, servers=servers, points=2048, compress=compress, precision=precision)
+    assert res["config"]["precision"] == precision
     srv, workers = res["ranks"][:servers], res["ranks"][servers:]
     updates = sum(w["updates"] for w in workers)
     assert updates == 2 * math.ceil(1024 / 256)
@@ -351,7 +357,8 @@ def test_config_is_what_was_simulated(params_file, tmp_path, mode, averaged):
     assert (c["mode"], c["hidden"], c["workers"], c["servers"]) == (mode, 1000, 3, 1)
     worker = res["ranks"][1]
     layout = Layout(2, 1000, 2)
-    push = wire.push_bytes(layout.n_w, layout.columns(0, layout.n_w))
+    assert c["precision"] == Config.precision   # asgd.train's default: the scales' bytes
+    push = wire.push_bytes(layout.n_w, layout.columns(0, layout.n_w), wire.itemsize(c["precision"]))
     assert worker["bytes_sent"] == worker["updates"] * push   # what config says is what was sent
     told = {"mode": mode, "hidden": 1000, "epochs": 1, "compress": "1bit", "optimizer": Config.optimizer, "lr": lr,
             "classes": 2, "data": "simulated-2048.tsv", "out": str(out)}
@@ -368,7 +375,7 @@ def test_compress_is_spelled_as_asgd_train(params_file):
     p = sim_cli(["--params", params_file(), "-n", "3", "--arch", "allreduce", "--compress", "1bit"])
     assert p.returncode == 2
     assert p.stderr.strip() == ("asgd.sim: error: --compress 1bit needs --arch ps or p2p "
-                                "(allreduce sums float64 Delta-w)")
+                                "(allreduce sums Delta-w as it is)")
 
 
 def write_run(folder, **options) -> dict:
@@ -405,7 +412,8 @@ def test_like_keeps_the_runs_options(params_file, tmp_path):
     assert options_of(c) == {**options_of(run), **simulated_outputs}
     assert (c["worker_lr"], c["world_size"], c["workers"], c["servers"]) == (1.0, 5, 3, 2)
     layout = Layout(2, 1000, 2)
-    sizes = [wire.push_bytes(hi - lo, layout.columns(lo, hi)) for lo, hi in wire.shard_bounds(layout.n_w, 2)]
+    size = wire.itemsize(c["precision"])   # the run's, as --like took it
+    sizes = [wire.push_bytes(hi - lo, layout.columns(lo, hi), size) for lo, hi in wire.shard_bounds(layout.n_w, 2)]
     worker = res["ranks"][2]
     assert worker["bytes_sent"] == worker["updates"] * sum(sizes)   # 1-bit messages were simulated
     over = tmp_path / "sim-over"

@@ -311,7 +311,8 @@ def test_sbatch_training_job_across_three_hosts(cluster, tmp_path):
     assert r["config"]["launcher"] == "srun" and r["metrics"]["accuracy"] > 0.9
     assert res.proof["ok"], proof.table(res.proof)
     for row in res.proof["hosts"]:
-        assert row["app_sent"] > 2_000_000 and 1.0 <= row["ratio_sent"] < 1.08, row
+        # hidden 2000, float32 (the default): 40 KB a message, 32+ each way
+        assert row["app_sent"] > 1_000_000 and 1.0 <= row["ratio_sent"] < 1.08, row
     assert json.loads((tmp_path / "run" / "dry-run" / "results.json").read_text())["dry_run"] is True
     print(f"sbatch -N 3 with its dry run: {time.perf_counter() - t0:.1f} s; load {os.getloadavg()[0]:.2f}")
 

@@ -59,6 +59,9 @@ class Run:
             self.w = np.load(os.path.join(folder, "weights.npy"))
         except OSError as e:
             raise PredictError(f"{folder}: cannot read weights.npy ({e})") from None
+        precision = c.get("precision", "float64")   # a run from before --precision: float64
+        if self.w.dtype != np.dtype(precision):
+            raise PredictError(f"{folder}: weights.npy holds {self.w.dtype}, the run trained in {precision}")
         if self.w.shape != (self.layout.n_w,):
             raise PredictError(f"{folder}: weights.npy has {self.w.size} values, the {c['features']}-{c['hidden']}-"
                                f"{c['classes']} MLP {self.layout.n_w}")
@@ -79,7 +82,10 @@ class Run:
             X = X.copy()
             X -= self.scaling[0]   # the same operations as training's (data.standardize.apply)
             X /= self.scaling[1]
-        return forward(self.layout, self.w, X)
+        # as training: the scaled features cast once to the run's precision; the forward
+        # pass then in float64 from those values and the weights (exact in float64)
+        X = X.astype(self.w.dtype, copy=False).astype(np.float64, copy=False)
+        return forward(self.layout, self.w.astype(np.float64, copy=False), X)
 
 
 def read(run: Run, path: str, delimiter: str = "auto", header: bool | None = None):

@@ -125,7 +125,8 @@ def init(job: Job) -> Model:
     compress = cfg.compress != "none"
     mp = cfg.model_parallel > 1
     mine = startup.loads(job.role, job.rank, reads_file, allreduce, cfg.optimizer, compress, mp)
-    error = startup.warm_up(comm, waiter, mine, startup.node_loads(reads_file, allreduce, cfg.optimizer, compress, mp))
+    error = startup.warm_up(comm, waiter, mine, startup.node_loads(reads_file, allreduce, cfg.optimizer, compress, mp),
+                            cfg.precision)
     agree_on(comm, waiter, error, "the other ranks to load their kernels", Agreed)
 
     got = load_data(job)  # collective; a bad file raises the same DataError on every rank
@@ -140,6 +141,9 @@ def init(job: Job) -> Model:
         for data in (got.train, got.test):
             if data is not None:
                 standardize.apply(data.X, *scaling)
+    for data in (got.train, got.test):   # read (and scaled) in float64, trained in --precision: cast once
+        if data is not None:
+            data.X = data.X.astype(cfg.precision, copy=False)
     made = {}
 
     def local():  # no MPI in here: it may fail on some ranks only, and is agreed on
@@ -147,11 +151,13 @@ def init(job: Job) -> Model:
         K = cfg.model_parallel
         sliced = mlp.Sliced(layout, K) if K > 1 else None   # w in its slices' order
         job.topo = Topology(cfg.arch, comm.size, job.servers, sliced.bounds if sliced else ((0, layout.n_w),))
-        w, resumed, saved = mlp.init_params(layout, cfg.seed), {}, {}
+        w, resumed, saved = mlp.init_params(layout, cfg.seed, cfg.precision), {}, {}
         if sliced:
             w = sliced.from_standard(w)
         if cfg.resume:  # every rank reads every shard: workers need all of w too
-            w, resumed, saved = checkpoint.load(cfg.resume, layout.n_w, cfg.optimizer, K)
+            w, resumed, saved = checkpoint.load(cfg.resume, layout.n_w, cfg.optimizer, K, cfg.precision)
+            if (line := checkpoint.converted(cfg.resume, resumed, cfg.precision)) and job.rank == 0:
+                print(f"asgd.train: note: {line}", file=sys.stderr, flush=True)
             if resumed.get("epoch", 0) >= cfg.epochs and job.rank == 0:
                 # A job that failed while finishing (asgd.launch restarts it) ends now: the
                 # results of the checkpoint's weights, nothing trained.

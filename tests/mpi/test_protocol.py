@@ -16,7 +16,7 @@ from asgd.run.progress import EpochTracker
 from asgd.net.optimizers import Optimizer, worker_lr
 from asgd.core.schedule import Schedule
 from asgd.protocol.context import Endpoint
-from asgd.protocol.messages import Float64Link, link_messages, shard_messages
+from asgd.protocol.messages import DenseLink, link_messages, shard_messages
 from asgd.core.policy import policy
 from asgd.protocol.server import Server
 from asgd.run.trace import PhaseClock
@@ -73,7 +73,7 @@ def run_job(servers=1, mode="async", K=None, epochs=2, batch=32, n=600, hidden=2
             sent[:] += dw
             return loss
         idx = np.arange(comm.rank - servers, n, W)
-        link = PushPull(Endpoint(comm, waiter, clock), shards, Float64Link(shards, w))
+        link = PushPull(Endpoint(comm, waiter, clock), shards, DenseLink(shards, w))
         plan = Schedule(batch, epochs, (0, comm.rank - servers), worker_lr(optimizer, lr), overlap=mode != "sync",
                         steps_per_epoch=-(-(-(-n // W)) // batch) if mode == "sync" else None)
         st = run_worker(link, train.X[idx], train.y[idx], counting_step, plan)
@@ -295,7 +295,7 @@ def test_every_servers_checkpoint_of_a_cut_holds_the_same_pushes(mode):
             dw[:] = 1e-6
             pushes[0] += 1
             return float(comm.rank * 1000 + pushes[0]) / len(y)   # loss * m = this push's id
-        link = PushPull(Endpoint(comm, waiter, clock), shards, Float64Link(shards, w0))
+        link = PushPull(Endpoint(comm, waiter, clock), shards, DenseLink(shards, w0))
         run_worker(link, train.X, train.y, step, Schedule(8, 1, (0, comm.rank), 1.0))
         mine = {"ids": [comm.rank * 1000 + k for k in range(1, pushes[0] + 1)]}
     got = comm.gather(mine, root=0)
@@ -330,7 +330,7 @@ def test_each_reply_is_exactly_the_version_its_header_names(mode):
         mine = opt.applied
     else:
         rng = np.random.default_rng(comm.rank)
-        link = PushPull(Endpoint(comm, waiter, clock), shards, Float64Link(shards, w0))
+        link = PushPull(Endpoint(comm, waiter, clock), shards, DenseLink(shards, w0))
         seen = []
 
         def step(w, X, y, lr, dw, progress=None):
@@ -374,7 +374,7 @@ def test_async_answers_before_it_applies_so_a_worker_sees_its_own_update_one_exc
             def step(w, X, y, lr, dw, progress=None):
                 dw[:] = 1e-3
                 return 0.1
-            link = PushPull(Endpoint(comm, waiter, clock), shards, Float64Link(shards, w0))
+            link = PushPull(Endpoint(comm, waiter, clock), shards, DenseLink(shards, w0))
             run_worker(link, np.zeros((64, 2)), np.zeros(64, np.int64), step,
                        Schedule(8, 1, (0, 0), 1.0, overlap=False))
         comm.Free()

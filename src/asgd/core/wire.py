@@ -7,15 +7,18 @@ Messages (no pickling on the hot path), as a server s that owns w[lo:hi] sees th
     push  worker -> s, TAG_PUSH: [ Delta-w[lo:hi] | PUSH header ]
     pull  s -> worker, TAG_PULL: [ w[lo:hi]       | PULL header ]
     done  worker -> s, TAG_DONE: [ 0.0 ]  after the worker's last exchange
-A header is float64 values after the payload (a push's `version` is the version of the
+A message's payload is values of the run's precision (--precision: float32, the default,
+4 bytes each, or float64, 8); its header is float64 values after the payload whatever
+the precision (HEADER_VALUE bytes each: versions, steps and cuts stay exact to 2^53), 2
+float32 slots each in a float32 buffer (a push's `version` is the version of the
 shard its Delta-w was computed from, a pull's the version it carries: staleness =
 version at apply - push version; `stop` 1.0 carries a stop request, a signal (a reply's 2.0: the run's epochs are
 trained, with --backup-workers, whose workers train until told); `cut` is
 the number of the last checkpoint cut the worker had heard of from server 0 when it
 pushed (a push past cut c is not in cut c), and a reply's the last cut its server
 started: asgd.core.shard's consistent checkpoints). With
---compress 1bit a message is bytes: [ header | 2 float64 scales per column | bits, each
-column's from a byte boundary ] (protocol.onebit).
+--compress 1bit a message is bytes: [ float64 header | 2 scales per column, of the run's
+precision | bits, each column's from a byte boundary ] (protocol.onebit).
 
 Imports numpy only: every layer may use it.
 """
@@ -33,7 +36,9 @@ TAG_SHARE = 19      # --model-parallel: a replica's data share, its first rank's
 TAG_TURN = 21       # the sequential reader's token
 TAG_PROBE = 31      # asgd.testbed.model.probe's ping-pong
 
-DOUBLE = 8          # bytes of a float64: every value of w and of a header
+DOUBLE = 8          # bytes of a float64
+HEADER_VALUE = DOUBLE   # bytes of a header's value: float64 in every precision
+PRECISIONS = ("float32", "float64")   # --precision: the dtype of w, Delta-w and every message's payload
 
 PUSH_FIELDS = ("version", "loss_sum", "samples", "step", "stop", "cut")   # step: the worker's, names it in traces
 PULL_FIELDS = ("version", "stop", "cut")
@@ -41,7 +46,20 @@ PUSH_HEADER, PULL_HEADER = len(PUSH_FIELDS), len(PULL_FIELDS)
 P_VERSION, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_CUT = range(PUSH_HEADER)   # a push header's fields
 R_VERSION, R_STOP, R_CUT = range(PULL_HEADER)                              # a pull (reply) header's fields
 STOP_ASKED, STOP_DONE = 1.0, 2.0   # a reply's stop: a stop was asked (a signal); the run's epochs are trained
-DONE_BYTES = DOUBLE
+DONE_BYTES = DOUBLE  # a float64 0.0
+
+
+def itemsize(precision: str) -> int:
+    """Bytes of one value of w in `precision` (PRECISIONS): 4 or 8."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return np.dtype(precision).itemsize
+
+
+def header_slots(fields: int, itemsize: int = DOUBLE) -> int:
+    """Values of the payload's dtype a header of `fields` float64 values takes in a
+    message buffer of that dtype (float32: two per field)."""
+    return fields * HEADER_VALUE // itemsize
 
 
 def shard_bounds(n_w: int, servers: int) -> list[tuple[int, int]]:
@@ -78,23 +96,31 @@ def column_bits_bytes(cols: np.ndarray) -> int:
     return int(((np.asarray(cols, np.int64).reshape(-1, 3)[:, 1] + 7) // 8).sum())
 
 
-def onebit_bytes(cols: np.ndarray, header: int) -> int:
-    """A 1-bit message: header, two float64 scales per column, the columns' bits."""
-    return DOUBLE * (header + 2 * len(cols)) + column_bits_bytes(cols)
+def onebit_bytes(cols: np.ndarray, header: int, itemsize: int = DOUBLE) -> int:
+    """A 1-bit message: a float64 header, two scales per column (`itemsize` bytes each:
+    the run's precision), the columns' bits."""
+    return HEADER_VALUE * header + itemsize * 2 * len(cols) + column_bits_bytes(cols)
 
 
-def push_bytes(k: int, cols: np.ndarray | None = None) -> int:
-    """A push of a k-value shard: float64, or (cols given) 1-bit over those columns."""
-    return DOUBLE * (k + PUSH_HEADER) if cols is None else onebit_bytes(cols, PUSH_HEADER)
+def dense_bytes(k: int, header: int, itemsize: int = DOUBLE) -> int:
+    """An uncompressed message: k values of `itemsize` bytes and a float64 header."""
+    return itemsize * k + HEADER_VALUE * header
 
 
-def pull_bytes(k: int, cols: np.ndarray | None = None) -> int:
-    """A reply carrying a k-value shard: float64, or (cols given) 1-bit."""
-    return DOUBLE * (k + PULL_HEADER) if cols is None else onebit_bytes(cols, PULL_HEADER)
+def push_bytes(k: int, cols: np.ndarray | None = None, itemsize: int = DOUBLE) -> int:
+    """A push of a k-value shard, values of `itemsize` bytes (4: float32, 8: float64), or
+    (cols given) 1-bit over those columns."""
+    return dense_bytes(k, PUSH_HEADER, itemsize) if cols is None else onebit_bytes(cols, PUSH_HEADER, itemsize)
 
 
-def ring_bytes(n: int, ranks: int, rank: int) -> tuple[int, int]:
-    """(sent, received) bytes of `rank` in one ring allreduce of n float64 values over the
+def pull_bytes(k: int, cols: np.ndarray | None = None, itemsize: int = DOUBLE) -> int:
+    """A reply carrying a k-value shard (as push_bytes)."""
+    return dense_bytes(k, PULL_HEADER, itemsize) if cols is None else onebit_bytes(cols, PULL_HEADER, itemsize)
+
+
+def ring_bytes(n: int, ranks: int, rank: int, itemsize: int = DOUBLE) -> tuple[int, int]:
+    """(sent, received) bytes of `rank` in one ring allreduce of n values of `itemsize`
+    bytes (the sum's trailing m, loss and stop are values of the vector's dtype) over the
     chunks shard_bounds(n, ranks) (protocol.allreduce.Ring): the reduce-scatter passes on
     every chunk but (rank+1)'s and takes every chunk but its own, the allgather passes on
     every chunk but (rank+2)'s and takes every chunk but (rank+1)'s."""
@@ -102,8 +128,8 @@ def ring_bytes(n: int, ranks: int, rank: int) -> tuple[int, int]:
         return 0, 0
     size = [hi - lo for lo, hi in shard_bounds(n, ranks)]
     r = rank
-    return (DOUBLE * (2 * n - size[(r + 1) % ranks] - size[(r + 2) % ranks]),
-            DOUBLE * (2 * n - size[r] - size[(r + 1) % ranks]))
+    return (itemsize * (2 * n - size[(r + 1) % ranks] - size[(r + 2) % ranks]),
+            itemsize * (2 * n - size[r] - size[(r + 1) % ranks]))
 
 
 SEND, RECV = 0, 1   # the two ends of a message, in traces

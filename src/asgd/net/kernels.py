@@ -1,8 +1,16 @@
 """Numba kernels of one worker step (forward, backward, Delta-w) and of the server's
 aggregation. Serial by design: each MPI rank is one single-threaded process.
 
-How sgd_step stays fast (2-10K-2, float64, one core):
-- exp is `vexp`, a polynomial the LLVM loop vectorizer turns into AVX2/AVX-512 code;
+Every kernel takes the run's precision (--precision: float32 or float64 arrays) and numba
+compiles one specialization per dtype (each cached on disk). A float32 step computes in
+float32 throughout its hot loops (the sums over hidden units, the sigmoid and its exp, the
+gradients): constants come in the arrays' dtype (`x.dtype.type(c)`, float32 globals), since
+a float64 literal would lift a float32 loop to float64 and halve its SIMD lanes. Only the
+per-sample softmax and the loss accumulate in float64 (d_out values a sample).
+
+How sgd_step stays fast (2-10K-2, one core):
+- exp is `vexp`, a polynomial the LLVM loop vectorizer turns into AVX2/AVX-512 code
+  (float64: _vexp64, 8 lanes to an AVX-512 register; float32: _vexp32, 16 lanes);
   math.exp/np.exp inside numba are scalar libm calls (no SVML in PyPI llvmlite).
 - Samples go in blocks of S <= 32 rows (S * d_hidden * 8 bytes <= H_BYTES). Per block: forward over
   chunks of CH hidden units (the chunk's weights stay in L1 for the whole block),
@@ -20,7 +28,7 @@ import math
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 CH = 512             # hidden units per chunk: that chunk's weights and gradients stay in L1/L2 for a block
 H_BYTES = 2_500_000  # budget for the h of one sample block (rows x d_hidden float64): L2/L3 sized
@@ -47,6 +55,22 @@ def _bits_f64(typingctx, x):
     return types.float64(types.int64), codegen
 
 
+@intrinsic
+def _f32_bits(typingctx, x):
+    """Reinterpret a float32's bits as int32 (a plain bitcast, which vectorizes)."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.int32(types.float32), codegen
+
+
+@intrinsic
+def _bits_f32(typingctx, x):
+    """Reinterpret int32 bits as a float32 (a plain bitcast, which vectorizes)."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.int32), codegen
+
+
 # exp(x) = 2^k * exp(r), |r| <= ln2/2. Degree-11 interpolant of exp at Chebyshev
 # nodes (computed in 60-digit arithmetic): ~1.5e-16 relative on the reduced range.
 _C = (1.0, 1.0, 0.5000000000000019, 0.1666666666666668, 0.0416666666664881,
@@ -61,7 +85,7 @@ _SHIFT = 6755399441055744.0 + 1023.0  # 1.5*2^52 + bias: x*log2e + _SHIFT rounds
 
 
 @njit(fastmath={"contract"}, error_model="numpy", cache=True)   # no reassoc: it would fold the _SHIFT trick away
-def vexp(x):
+def _vexp64(x):
     """exp(x) to ~2e-16 relative, branch-free so loops calling it vectorize; x clamped to [-708, 709], NaN stays NaN."""
     if x < -708.0:   # keeps 2^k normal; comparisons are false for NaN, so NaN passes through
         x = -708.0
@@ -85,10 +109,68 @@ def vexp(x):
     return p * _bits_f64(_f64_bits(t) << 52)   # (k + 1023) << 52 is 2^k; a multiply keeps NaN a NaN
 
 
-@njit(**_FAST)
+# float32: the same reduction, every constant a float32 (a float64 one would lift the
+# arithmetic to float64). Degree-6 interpolant of exp at Chebyshev nodes of
+# [-ln2/2, ln2/2] (computed in 50-digit arithmetic, then rounded to float32). Accuracy,
+# measured against float64's exp of the same float32 x at 20,000,001 points evenly over
+# [-87, 88]: at most 9.1e-8 relative (0.77 of float32's ulp at 1, 2^-23; numpy's float32
+# exp: 2.1e-7), mean 2.3e-8: as good as float32 can hold the result (tests/test_kernels.py).
+_F = np.float32
+_D0, _D1, _D2, _D3, _D4, _D5, _D6 = (_F(c) for c in (
+    1.0, 1.000000037716214, 0.5000000047117757, 0.16666415514653277, 0.04166635289677516,
+    0.008375126398153335, 0.0013941108433972674))
+_LOG2E_32 = _F(1.4426950408889634)
+_LN2HI_32 = _F(0.693359375)          # Cody-Waite split: k*_LN2HI_32 is exact for |k| < 2^15 (it has 9 significant bits)
+_LN2LO_32 = _F(-2.12194440e-4)
+_SHIFT_32 = _F(12582912.0 + 127.0)   # 1.5*2^23 + bias: x*log2e + _SHIFT_32 rounds to k, low bits = k + 127
+_LO_32, _HI_32 = _F(-87.0), _F(88.0)   # keeps 2^k normal in float32
+_ONE_32 = _F(1.0)
+
+
+@njit(fastmath={"contract"}, error_model="numpy", cache=True)   # no reassoc: it would fold the _SHIFT_32 trick away
+def _vexp32(x):
+    """exp(x) of a float32 in float32, to 9.1e-8 relative, branch-free so loops calling it
+    vectorize (16 lanes to an AVX-512 register); x clamped to [-87, 88], NaN stays NaN."""
+    if x < _LO_32:
+        x = _LO_32
+    if x > _HI_32:
+        x = _HI_32
+    t = x * _LOG2E_32 + _SHIFT_32
+    k = t - _SHIFT_32
+    r = x - k * _LN2HI_32 - k * _LN2LO_32
+    p = _D6
+    p = p * r + _D5
+    p = p * r + _D4
+    p = p * r + _D3
+    p = p * r + _D2
+    p = p * r + _D1
+    p = p * r + _D0
+    return p * _bits_f32(_f32_bits(t) << 23)   # (k + 127) << 23 is 2^k
+
+
+def vexp(x):
+    """exp(x), vectorizable inside numba: _vexp32 for a float32 x, _vexp64 otherwise (this
+    Python body: numpy's, for a caller outside numba)."""
+    return np.exp(x)
+
+
+@overload(vexp, inline="always")
+def _vexp_of(x):
+    if x == types.float32:
+        return lambda x: _vexp32(x)
+    return lambda x: _vexp64(x)
+
+
 def _sigmoid(a):
-    """Logistic sigmoid through vexp (inlined into the vector loops)."""
-    return 1.0 / (1.0 + vexp(-a))
+    """Logistic sigmoid through vexp, in a's precision (inlined into the vector loops)."""
+    return 1.0 / (1.0 + np.exp(-a))
+
+
+@overload(_sigmoid, inline="always")
+def _sigmoid_of(a):
+    if a == types.float32:
+        return lambda a: _ONE_32 / (_ONE_32 + _vexp32(-a))
+    return lambda a: 1.0 / (1.0 + _vexp64(-a))
 
 
 @njit(**_FAST)
@@ -105,17 +187,18 @@ def _block_rows(batch, d_hidden):
     return max(4, s // 4 * 4)
 
 
-def make_scratch(batch: int, d_hidden: int, d_out: int):
-    """Work arrays for sgd_step, made once per worker and reused: (W2T, dW2T, Hs, Xs, Zs, gb).
+def make_scratch(batch: int, d_hidden: int, d_out: int, dtype=np.float64):
+    """Work arrays for sgd_step, made once per worker and reused: (W2T, dW2T, Hs, Xs, Zs, gb),
+    in w's dtype (the run's precision: numba compiles a step per dtype).
 
     `batch` only sizes the sample block; sgd_step takes any batch size with it."""
     s = _block_rows(batch, d_hidden)
-    return (np.empty((d_out, d_hidden)),   # W2 transposed: one contiguous row per output
-            np.empty((d_out, d_hidden)),   # its gradient, transposed back at the end
-            np.empty((s, d_hidden)),       # h of one sample block
-            np.empty((s, 2)),              # X rows of the block, zero-padded (fused d_in = 2 path)
-            np.empty((s, d_out)),          # logits, then dz, of the block
-            np.empty(CH))                  # dh of one sample and chunk (generic path)
+    return (np.empty((d_out, d_hidden), dtype),   # W2 transposed: one contiguous row per output
+            np.empty((d_out, d_hidden), dtype),   # its gradient, transposed back at the end
+            np.empty((s, d_hidden), dtype),       # h of one sample block
+            np.empty((s, 2), dtype),              # X rows of the block, zero-padded (fused d_in = 2 path)
+            np.empty((s, d_out), dtype),          # logits, then dz, of the block
+            np.empty(CH, dtype))                  # dh of one sample and chunk (generic path)
 
 
 @njit(**_FAST)
@@ -123,10 +206,11 @@ def _fwd22(W1, b1, W2T, Xs, Zs, Hs, nb, j0, j1):
     """d_in = d_out = 2: h = sigmoid(x W1 + b1) stored, z += h W2, two samples per pass."""
     w0 = W1[0, j0:j1]; w1 = W1[1, j0:j1]; c = b1[j0:j1]; v0 = W2T[0, j0:j1]; v1 = W2T[1, j0:j1]
     n = j1 - j0
+    zero = Hs.dtype.type(0.0)   # the sums in the run's precision
     for b in range(0, nb, 2):
         xa0 = Xs[b, 0]; xa1 = Xs[b, 1]; xb0 = Xs[b + 1, 0]; xb1 = Xs[b + 1, 1]
         ha = Hs[b, j0:j1]; hb = Hs[b + 1, j0:j1]
-        sa0 = 0.0; sa1 = 0.0; sb0 = 0.0; sb1 = 0.0
+        sa0 = zero; sa1 = zero; sb0 = zero; sb1 = zero
         for j in range(n):
             p = _sigmoid(c[j] + xa0 * w0[j] + xa1 * w1[j])
             q = _sigmoid(c[j] + xb0 * w0[j] + xb1 * w1[j])
@@ -180,7 +264,7 @@ def _fwd_any(W1, b1, W2T, X, b0, Zs, Hs, nb, j0, j1):
             h[j] = _sigmoid(h[j])
         for k in range(d_out):
             v = W2T[k, j0:j1]
-            s = 0.0
+            s = Hs.dtype.type(0.0)   # the sum in the run's precision
             for j in range(n):
                 s += h[j] * v[j]
             Zs[b, k] += s
@@ -374,13 +458,13 @@ def sgd_step(W1, b1, W2, b2, X, y, lr, dW1, db1, dW2, db2, scratch):
 # slice holding the whole model gives step_rows' bits, and any split of either half
 # into calls (rows starting at multiples of 4) gives the same bits as one call.
 
-def make_mp_scratch(batch: int, d_hidden: int, d_out: int):
+def make_mp_scratch(batch: int, d_hidden: int, d_out: int, dtype=np.float64):
     """Work arrays of a model-parallel slice: (W2T, dW2T, Hb, Xb, Zb, gb) as make_scratch's,
     but h (Hb), the padded X rows (Xb) and the logits/dz (Zb) for the whole batch, rows
     rounded up to a multiple of 4 (the fused loops' pad rows)."""
     rows = (batch + 3) // 4 * 4
-    return (np.empty((d_out, d_hidden)), np.empty((d_out, d_hidden)), np.empty((rows, d_hidden)),
-            np.empty((rows, 2)), np.empty((rows, d_out)), np.empty(CH))
+    return (np.empty((d_out, d_hidden), dtype), np.empty((d_out, d_hidden), dtype), np.empty((rows, d_hidden), dtype),
+            np.empty((rows, 2), dtype), np.empty((rows, d_out), dtype), np.empty(CH, dtype))
 
 
 def mp_block(batch: int, d_hidden: int) -> int:
@@ -461,12 +545,12 @@ def evaluate(W1, b1, W2, b2, X, y):
     if n == 0 or y.shape[0] != n or X.shape[1] != W1.shape[0]:
         raise ValueError("evaluate: empty set, or X/y do not match the layout")
     _check_labels(y, d_out)
-    W2T = np.empty((d_out, H))
+    W2T = np.empty((d_out, H), W2.dtype)
     _transpose_into(W2, W2T)
     S = _block_rows(n, H)
-    Hs = np.empty((S, H))
-    Xs = np.empty((S, 2))
-    Zs = np.empty((S, d_out))
+    Hs = np.empty((S, H), W1.dtype)
+    Xs = np.empty((S, 2), W1.dtype)
+    Zs = np.empty((S, d_out), W1.dtype)
     loss = 0.0
     correct = 0
     for b0 in range(0, n, S):
@@ -499,11 +583,13 @@ def add_into(w, dw):
 # reassoc vectorizes the sum; without nnan x*0 is not folded
 @njit(fastmath={"reassoc"}, boundscheck=False, cache=True)
 def all_finite(a):
-    """True iff a has no NaN or inf: x*0 is 0 for finite x and NaN otherwise, summed branch-free."""
-    s = 0.0
+    """True iff a has no NaN or inf: x*0 is 0 for finite x and NaN otherwise, summed branch-free
+    (in a's dtype: a float32 array is checked in float32 lanes)."""
+    zero = a.dtype.type(0.0)
+    s = zero
     for i in range(a.size):
-        s += a[i] * 0.0
-    return s == 0.0
+        s += a[i] * zero
+    return s == zero
 
 
 @njit(boundscheck=False, cache=True)
@@ -532,19 +618,30 @@ def add_scaled(w, dw, a):
 # divisor, which keeps the loop scalar (adagrad and adam moved 4x less, bench_server.py).
 # The divisor is >= eps > 0, so nothing changes but the speed: sqrt and division stay
 # exact (no fastmath beyond contraction).
+# Precision: every scalar comes in w's dtype (Optimizer.update casts lr, eps, the betas,
+# Adam's bias corrections and the scales), so a float32 shard is updated in float32
+# arithmetic throughout, 16 lanes to an AVX-512 register where float64 had 8: sqrt and
+# division are IEEE float32's, correctly rounded. What that costs in accuracy, per update:
+# each value computed is within (its roundings) x 2^-24 relative of the same update done
+# in float64 from the same float32 inputs (adagrad's step: 6 roundings; Adam's: 8;
+# tests/test_optimizers.py), far inside what an optimizer needs, whose step size is a
+# learning rate tuned by factors of 2 and is perturbed far more by the staleness of an
+# asynchronous push; summed over T updates, adagrad's G drifts at most T x 2^-24
+# relative (its terms are positive): after 10^5 updates, its step within 0.3 %.
 
-_BLOCK = 512   # doubles of d checked, then used: 4 KB, in L1 between the two
+_BLOCK = 512   # values of d checked, then used: 4 KB of float64 (2 KB of float32), in L1 between the two
 _EXACT = dict(boundscheck=False, error_model="numpy", cache=True)   # sgd, momentum: no contraction, as before
 _OPT = dict(_EXACT, fastmath={"contract"})                           # adagrad, adam
 
 
 @njit(fastmath={"reassoc"}, boundscheck=False, cache=True)   # reassoc vectorizes the sum
 def _finite_block(d):
-    """d has no NaN or inf (x*0 is 0 for finite x, NaN otherwise; summed branch-free)."""
-    s = 0.0
+    """d has no NaN or inf (x*0 is 0 for finite x, NaN otherwise; summed branch-free, in d's dtype)."""
+    zero = d.dtype.type(0.0)
+    s = zero
     for i in range(d.size):
-        s += d[i] * 0.0
-    return s == 0.0
+        s += d[i] * zero
+    return s == zero
 
 
 @njit(boundscheck=False, cache=True)
@@ -567,7 +664,7 @@ def sgd_update(w, d, out, scale):
     n = w.size
     if not _sizes_agree(n, d) or (out is not None and out.size != n):
         raise ValueError("sgd_update: sizes differ")
-    tmp = np.empty(_BLOCK if out is None else 0)   # in place: each block through L1 (see above)
+    tmp = np.empty(_BLOCK if out is None else 0, w.dtype)   # in place: each block through L1 (see above)
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
         if not _finite_block(d[a:b]):
@@ -594,7 +691,7 @@ def momentum_update(w, v, d, out, v_out, lr, mu, scale):
     n = w.size
     if not _sizes_agree(n, v, d, v_out) or (out is not None and out.size != n):
         raise ValueError("momentum_update: sizes differ")
-    tmp = np.empty(_BLOCK if out is None else 0)   # in place: each block through L1 (see above)
+    tmp = np.empty(_BLOCK if out is None else 0, w.dtype)   # in place: each block through L1 (see above)
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
         if not _finite_block(d[a:b]):
@@ -623,7 +720,7 @@ def adagrad_update(w, g2, d, out, g2_out, lr, eps, scale):
     n = w.size
     if not _sizes_agree(n, g2, d, g2_out) or (out is not None and out.size != n):
         raise ValueError("adagrad_update: sizes differ")
-    tmp = np.empty(_BLOCK if out is None else 0)   # in place: each block through L1 (see above)
+    tmp = np.empty(_BLOCK if out is None else 0, w.dtype)   # in place: each block through L1 (see above)
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
         if not _finite_block(d[a:b]):
@@ -638,26 +735,26 @@ def adagrad_update(w, g2, d, out, g2_out, lr, eps, scale):
 
 @njit(**_OPT)
 def _adam_block(w, m, v, d, out, m_out, v_out, lr, b1, b2, eps, c1, c2, scale):
+    one = w.dtype.type(1.0)   # a literal 1.0 is float64: it would lift a float32 update to float64
     for i in range(w.size):
         di = scale * d[i]
-        mi = b1 * m[i] + (1.0 - b1) * di
-        vi = b2 * v[i] + (1.0 - b2) * di * di
+        mi = b1 * m[i] + (one - b1) * di
+        vi = b2 * v[i] + (one - b2) * di * di
         m_out[i] = mi
         v_out[i] = vi
         out[i] = w[i] + lr * (mi * c1) / (math.sqrt(vi * c2) + eps)
 
 
 @njit(**_OPT)
-def adam_update(w, m, v, d, out, m_out, v_out, lr, b1, b2, eps, t, scale):
+def adam_update(w, m, v, d, out, m_out, v_out, lr, b1, b2, eps, c1, c2, scale):
     """Adam (Kingma & Ba 2015), step t >= 1: m' = b1 m + (1-b1) d; v' = b2 v + (1-b2) d^2;
-    out = w + lr m^ / (sqrt(v^) + eps), with the bias corrections m^ = m'/(1-b1^t),
-    v^ = v'/(1-b2^t); d checked in the same pass."""
+    out = w + lr m^ / (sqrt(v^) + eps), with the bias corrections m^ = m' c1, v^ = v' c2,
+    c1 = 1/(1-b1^t), c2 = 1/(1-b2^t) (the caller's, computed in float64); d checked in the
+    same pass."""
     n = w.size
     if not _sizes_agree(n, m, v, d, m_out, v_out) or (out is not None and out.size != n):
         raise ValueError("adam_update: sizes differ")
-    tmp = np.empty(_BLOCK if out is None else 0)   # in place: each block through L1 (see above)
-    c1 = 1.0 / (1.0 - b1 ** t)
-    c2 = 1.0 / (1.0 - b2 ** t)
+    tmp = np.empty(_BLOCK if out is None else 0, w.dtype)   # in place: each block through L1 (see above)
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
         if not _finite_block(d[a:b]):

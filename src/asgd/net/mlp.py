@@ -1,4 +1,5 @@
-"""The d_in-d_hidden-d_out MLP: one flat float64 parameter vector, a view per layer.
+"""The d_in-d_hidden-d_out MLP: one flat parameter vector, a view per layer, in the run's
+precision (--precision: float32 by default, or float64; the kernels compile per dtype).
 
 Layout of w (so a whole Delta-w is one contiguous message):
 
@@ -82,8 +83,9 @@ class Layout:
         return np.array(out, dtype=np.int64).reshape(-1, 3)
 
 
-def init_params(layout: Layout, seed: int) -> np.ndarray:
-    """Same seed, same w. Each hidden unit is a steep sigmoid across a random
+def init_params(layout: Layout, seed: int, dtype=np.float64) -> np.ndarray:
+    """Same seed, same w (drawn in float64, then rounded once to `dtype`: a float32 run
+    starts from the float64 run's w, rounded). Each hidden unit is a steep sigmoid across a random
     direction, switched on only on a cap of the input region (features of scale ~1,
     as the embedded problem's and as --standardize makes them): its mean activation
     is small. Sparse features keep the output layer well conditioned; with the usual
@@ -104,7 +106,7 @@ def init_params(layout: Layout, seed: int) -> np.ndarray:
     b1[:] = -np.sqrt((W1**2).sum(axis=0)) * rng.uniform(0.2, 1.0, b1.shape)
     W2[:] = rng.normal(0.0, 1.0 / np.sqrt(layout.d_hidden), W2.shape)
     b2[:] = 0.0
-    return w
+    return w.astype(dtype, copy=False)
 
 
 # -- the numba kernels behind the flat layout (the training hot path) --------------
@@ -112,9 +114,10 @@ def init_params(layout: Layout, seed: int) -> np.ndarray:
 PROGRESS_S = 0.5e-3   # the step's work between two progress() calls, while they say False
 
 
-def make_step(layout: Layout, batch: int):
+def make_step(layout: Layout, batch: int, dtype=np.float64):
     """step(w, X, y, lr, dw, progress=None) -> loss: the numba training step with its
-    scratch allocated once; same contract as net.reference.step.
+    scratch allocated once, in `dtype` (w's, dw's and X's); same contract as
+    net.reference.step.
 
     progress: a callable the step calls about every PROGRESS_S of its work (between calls
     of step_rows over a few samples, a multiple of 4, sized from the time the last call
@@ -126,7 +129,7 @@ def make_step(layout: Layout, batch: int):
     compiled copy may contract other multiply-adds into FMAs); without it each is called
     once."""
     from . import kernels   # numba: see the module docstring
-    scratch = kernels.make_scratch(batch, layout.d_hidden, layout.d_out)
+    scratch = kernels.make_scratch(batch, layout.d_hidden, layout.d_out, dtype)
     block = kernels.step_block(scratch)
 
     def step(w, X, y, lr, dw, progress=None):
@@ -139,7 +142,7 @@ def make_step(layout: Layout, batch: int):
             loss = kernels.step_rows(*W, X, y, lr, r0, r1, *D, scratch, loss)
         in_pieces(rows, len(y), block, progress)
         kernels.step_end(D[2], scratch)
-        return loss / len(y)
+        return float(loss) / len(y)
     return step
 
 
@@ -208,7 +211,7 @@ class Sliced:
             return lay.views(v)
         assert v.shape == (self.size(k),), (v.shape, self.size(k))
         o1, o2, o3 = lay._ends
-        b2 = np.zeros(lay.d_out) if b2 is None else b2
+        b2 = np.zeros(lay.d_out, v.dtype) if b2 is None else b2
         assert b2.shape == (lay.d_out,), b2.shape
         return v[:o1].reshape(lay.d_in, lay.d_hidden), v[o1:o2], v[o2:o3].reshape(lay.d_hidden, lay.d_out), b2
 
@@ -224,7 +227,7 @@ class Sliced:
         """w in the standard order (Layout's) from v in sliced order: an exact permutation,
         into `out` if given (e.g. the vector a make_evaluate reads)."""
         assert v.shape == (self.n_w,), (v.shape, self.n_w)
-        out = np.empty(self.n_w) if out is None else out
+        out = np.empty(self.n_w, v.dtype) if out is None else out
         for part, whole in self._pairs(out, v):
             whole[...] = part
         return out
@@ -232,7 +235,7 @@ class Sliced:
     def from_standard(self, w: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """v in sliced order from w in the standard order: to_standard's inverse."""
         assert w.shape == (self.n_w,), (w.shape, self.n_w)
-        out = np.empty(self.n_w) if out is None else out
+        out = np.empty(self.n_w, w.dtype) if out is None else out
         for part, whole in self._pairs(w, out):
             part[...] = whole
         return out
@@ -264,27 +267,27 @@ class ModelParallelStep:
     slice 0 only) and returns that loss, the same on every member. make_mp_step wraps the
     two with the sum. The backward uses the w of the forward (its W2, copied), so w_k may
     change in between; X and y must be the forward's batch. Memory: h of the whole batch,
-    batch x H_k float64 (the backward needs no second exp), besides make_step's scratch.
+    batch x H_k values (the backward needs no second exp), besides make_step's scratch.
 
     progress: as make_step's, called between sample blocks of either half while it says
     False. One slice (K = 1) gives make_step's Delta-w and loss bit for bit; any split of
     the halves by progress changes no bit."""
 
-    def __init__(self, sliced: Sliced, k: int, batch: int):
+    def __init__(self, sliced: Sliced, k: int, batch: int, dtype=np.float64):
         if not 0 <= k < sliced.K:
             raise ValueError(f"slice {k} is not one of the model's {sliced.K}")
-        self.sliced, self.k = sliced, k
+        self.sliced, self.k, self.dtype = sliced, k, np.dtype(dtype)
         self._alloc(max(1, batch))
         d_out = sliced.layout.d_out
         # b2 of slices k > 0: zeros; its gradient discarded
-        self._zero_b2, self._db2_sink = np.zeros(d_out), np.empty(d_out)
+        self._zero_b2, self._db2_sink = np.zeros(d_out, dtype), np.empty(d_out, dtype)
         self._B = 0   # the batch of the last forward, until its backward
 
     def _alloc(self, batch: int):
         from . import kernels   # numba: see the module docstring
         lay = self.sliced.layouts[self.k]
         self._rows = batch
-        self._scratch = kernels.make_mp_scratch(batch, lay.d_hidden, lay.d_out)
+        self._scratch = kernels.make_mp_scratch(batch, lay.d_hidden, lay.d_out, self.dtype)
         self._block = kernels.mp_block(batch, lay.d_hidden)
 
     def forward(self, w_k: np.ndarray, X: np.ndarray, progress=None) -> np.ndarray:
@@ -326,18 +329,18 @@ class ModelParallelStep:
             loss = kernels.mp_backward_rows(X, y, lr, r0, r1, self._block, D[0], D[1], D[3], scratch, loss)
         progress = in_pieces(rows, B, self._block, progress)
         kernels.step_end(D[2], scratch)
-        return loss / B, progress
+        return float(loss) / B, progress
 
 
-def make_mp_step(sliced: Sliced, k: int, batch: int, sum_logits):
+def make_mp_step(sliced: Sliced, k: int, batch: int, sum_logits, dtype=np.float64):
     """step(w_k, X, y, lr, dw_k, progress=None) -> mean loss: make_step's contract for
     member k of a model-parallel replica, w_k and dw_k slice k's vectors (Sliced.bounds[k]
     of the sliced order). sum_logits(Z) sums the members' partial logits Z (batch x d_out,
-    C-contiguous float64) in place, leaving the same values on every member (e.g. an
+    C-contiguous, of `dtype`) in place, leaving the same values on every member (e.g. an
     Allreduce over the replica's sub-communicator; batch x d_out values). progress() is
     called between sample blocks of the forward and of the backward until it returns True,
     never after."""
-    mp = ModelParallelStep(sliced, k, batch)
+    mp = ModelParallelStep(sliced, k, batch, dtype)
 
     def step(w_k, X, y, lr, dw_k, progress=None):
         Z, progress = mp._forward(w_k, X, progress)
@@ -360,10 +363,11 @@ KERNEL_USES = ("step", "mp_step", "evaluate", "aggregate", *(f"update:{o}" for o
                "onebit")  # see compile_kernels
 
 
-def compile_kernels(*uses: str) -> None:
+def compile_kernels(*uses: str, dtype=np.float64) -> None:
     """Call the kernels of `uses` once on a tiny model with the run's argument types
-    (C-contiguous float64 vectors, int64 labels), so numba compiles them, or loads them
-    from its cache, before the timed loop; with no argument, all of them.
+    (C-contiguous vectors of `dtype`, the run's precision, int64 labels), so numba
+    compiles them, or loads them from its cache, before the timed loop; with no argument,
+    all of them.
       step       step_begin, step_rows, step_end (a worker: make_step)
       mp_step    mp_forward_begin, mp_forward_rows, mp_backward_begin, mp_backward_rows,
                  step_end (a worker of a model-parallel replica: make_mp_step)
@@ -378,17 +382,17 @@ def compile_kernels(*uses: str) -> None:
         raise ValueError(f"unknown kernel uses {sorted(unknown)}; choose from {KERNEL_USES}")
     uses = uses or KERNEL_USES
     tiny = Layout(2, 3, 2)
-    w, dw = init_params(tiny, 0), np.zeros(tiny.n_w)
-    X, y = np.zeros((2, 2)), np.zeros(2, dtype=np.int64)
+    w, dw = init_params(tiny, 0, dtype), np.zeros(tiny.n_w, dtype)
+    X, y = np.zeros((2, 2), dtype), np.zeros(2, dtype=np.int64)
     if "step" in uses:
-        step = make_step(tiny, 2)
+        step = make_step(tiny, 2, dtype)
         step(w, X, y, 0.1, dw)
         step(w, X, y, 0.1, dw, progress=iter((False, True)).__next__)  # split: the same kernels, once more
     if "mp_step" in uses:
         sliced = Sliced(tiny, 2)
-        v, dv = sliced.from_standard(w), np.zeros(tiny.n_w)
+        v, dv = sliced.from_standard(w), np.zeros(tiny.n_w, dtype)
         for k, (start, stop) in enumerate(sliced.bounds):   # slice 0 with b2, slice 1 without
-            step = make_mp_step(sliced, k, 2, lambda Z: None)
+            step = make_mp_step(sliced, k, 2, lambda Z: None, dtype)
             step(v[start:stop], X, y, 0.1, dv[start:stop])
             step(v[start:stop], X, y, 0.1, dv[start:stop], progress=iter((False, True)).__next__)
     if "evaluate" in uses:
@@ -399,13 +403,13 @@ def compile_kernels(*uses: str) -> None:
         kernels.add_scaled(w, dw, 0.5)
     if "onebit" in uses:
         cols = tiny.columns()
-        scales, bits = np.zeros(2 * len(cols)), np.zeros(column_bits_bytes(cols), np.uint8)
+        scales, bits = np.zeros(2 * len(cols), dtype), np.zeros(column_bits_bytes(cols), np.uint8)
         kernels.quantize_1bit(dw, w.copy(), cols, scales, bits)
         kernels.quantize_diff_1bit(w, w.copy(), cols, scales, bits)
         kernels.dequantize_1bit(cols, scales, bits, dw, True)
         kernels.all_finite(scales)
     for use in uses:
         if use.startswith("update:"):
-            opt = Optimizer(use.split(":", 1)[1], 0.1, tiny.n_w)
+            opt = Optimizer(use.split(":", 1)[1], 0.1, tiny.n_w, dtype=dtype)
             opt.update(w, dw.copy(), np.empty_like(w), 0.5)   # a server's: into another version
             opt.step(w, dw.copy(), 0.5)                       # allreduce's: in place

@@ -29,16 +29,18 @@ EPS = 1e-8
 
 
 class Optimizer:
-    """One optimizer's state for `size` parameters (a server's shard, or all of w)."""
+    """One optimizer's state for `size` parameters (a server's shard, or all of w), in
+    `dtype`, w's (the run's precision)."""
 
-    def __init__(self, name: str, lr: float, size: int, momentum: float = MOMENTUM):
+    def __init__(self, name: str, lr: float, size: int, momentum: float = MOMENTUM, dtype=np.float64):
         if name not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
         self.name, self.lr, self.mu = name, lr, momentum
+        self.dtype = np.dtype(dtype)
         self.t = 0  # updates applied (Adam's bias correction counts them)
         shapes = {"sgd": (), "momentum": ("v",), "adagrad": ("g2",), "adam": ("m", "v")}[name]
-        self.state = {k: np.zeros(size) for k in shapes}
-        self._next = {k: np.zeros(size) for k in shapes}   # what an update writes; swapped in if it took
+        self.state = {k: np.zeros(size, self.dtype) for k in shapes}
+        self._next = {k: np.zeros(size, self.dtype) for k in shapes}   # what an update writes; swapped in if it took
 
     def update(self, w: np.ndarray, d: np.ndarray, out: np.ndarray | None, scale: float = 1.0,
                lr_scale: float = 1.0) -> bool:
@@ -48,16 +50,19 @@ class Optimizer:
         with w, the state and t as they were (out is scratch), if d has NaN or inf. d is
         never written. out None moves w itself, only for a d known to be finite (a bad
         block found late would leave w partly moved): step()."""
-        s, nx, lr = self.state, self._next, self.lr * lr_scale
+        s, nx, f = self.state, self._next, self.dtype.type   # scalars in w's dtype: see net.kernels
+        lr, sgd_scale, scale = f(self.lr * lr_scale), f(scale * lr_scale), f(scale)   # each rounded once
         if self.name == "sgd":
-            ok = kernels.sgd_update(w, d, out, scale * lr_scale)
+            ok = kernels.sgd_update(w, d, out, sgd_scale)
         elif self.name == "momentum":
-            ok = kernels.momentum_update(w, s["v"], d, out, nx["v"], lr, self.mu, scale)
+            ok = kernels.momentum_update(w, s["v"], d, out, nx["v"], lr, f(self.mu), scale)
         elif self.name == "adagrad":
-            ok = kernels.adagrad_update(w, s["g2"], d, out, nx["g2"], lr, EPS, scale)
+            ok = kernels.adagrad_update(w, s["g2"], d, out, nx["g2"], lr, f(EPS), scale)
         else:
-            ok = kernels.adam_update(w, s["m"], s["v"], d, out, nx["m"], nx["v"], lr, BETAS[0], BETAS[1], EPS,
-                                     self.t + 1, scale)
+            t = self.t + 1   # the bias corrections in float64, then cast: b2^t is 1 - t (1 - b2) early on
+            c1, c2 = 1.0 / (1.0 - BETAS[0] ** t), 1.0 / (1.0 - BETAS[1] ** t)
+            ok = kernels.adam_update(w, s["m"], s["v"], d, out, nx["m"], nx["v"], lr, f(BETAS[0]), f(BETAS[1]), f(EPS),
+                                     f(c1), f(c2), scale)
         if ok:
             self.t += 1
             self.state, self._next = nx, s
@@ -79,8 +84,8 @@ class Optimizer:
         return {**{f"opt_{k}": v for k, v in self.state.items()}, "opt_t": np.array(self.t)}
 
     def load(self, saved: dict) -> None:
-        """Restore what save() returned (a checkpoint's arrays; one written before 0.2 has
-        none: sgd, which keeps no state)."""
+        """Restore what save() returned (a checkpoint's arrays, cast to this state's dtype;
+        one written before 0.2 has none: sgd, which keeps no state)."""
         for k in self.state:
             self.state[k][:] = saved[f"opt_{k}"]
         self.t = int(saved.get("opt_t", 0))

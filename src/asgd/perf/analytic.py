@@ -27,11 +27,12 @@ import bisect
 import math
 from dataclasses import asdict, dataclass, field, fields
 
+from ..core import wire
 from ..core.schedule import OverlapRule
 
 # -- Part 1: the paper's model ---------------------------------------------------------
 
-DOUBLE = 8  # bytes: data points and weights are float64 vectors
+DOUBLE = 8  # bytes of a float64: a data point's values, and w's in the paper's float64 (Table1.value_bytes)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Table1:
     r_m: float             # s per byte read from (or written to) memory
     r_net: float           # s per byte over the network: 1 / bandwidth
     point_bytes: float = 0.0  # bytes per point on disk; 0: 8 n_f as eq. 5 assumes (a text file is larger)
+    value_bytes: int = DOUBLE  # bytes of a value of w and Delta-w: the paper's 8 (float64), 4 in float32
 
     UNITS = {"w": "workers", "b": "points", "n_f": "features", "n_w": "weights", "d": "points",
              "epoch": "passes", "c_p": "s/point", "c_b": "s/batch", "c_u": "s/update", "r_d": "s/byte",
@@ -82,13 +84,13 @@ def T_disk(t: Table1, n: float) -> float:
 
 def T_memory(t: Table1, n: float) -> float:
     """Eq. 6: every point read once from memory per pass, and w read and written once per
-    batch: 8 n (r_m n_f + (r_m + w_m) n_w / b), with w_m = r_m."""
-    return DOUBLE * n * (t.r_m * t.n_f + 2 * t.r_m * t.n_w / t.b)
+    batch: 8 n (r_m n_f + (r_m + w_m) n_w / b), with w_m = r_m (w's 8 its value_bytes)."""
+    return n * (DOUBLE * t.r_m * t.n_f + t.value_bytes * 2 * t.r_m * t.n_w / t.b)
 
 
 def T_send(t: Table1, n: float) -> float:
-    """Eq. 7: one Delta-w (8 n_w bytes) sent per batch: r_net x 8 n_w x n / b."""
-    return t.r_net * DOUBLE * t.n_w * n / t.b
+    """Eq. 7: one Delta-w (8 n_w bytes; value_bytes n_w) sent per batch: r_net x 8 n_w x n / b."""
+    return t.r_net * t.value_bytes * t.n_w * n / t.b
 
 
 def T_network(t: Table1, n: float) -> float:
@@ -170,13 +172,13 @@ def cores_shared(ranks: float, cores: int) -> float:
     return min(1.0, cores / ranks) if ranks > 0 else 1.0
 
 
-def working_set_bytes(batch: int, n_w: int, hidden: int, n_f: int = 2) -> int:
-    """Extension b: what one training step touches: w and Delta-w (8 n_w each), the batch,
-    and the hidden activations of a block of samples (the kernel blocks samples so that
-    they stay below kernels.H_BYTES)."""
+def working_set_bytes(batch: int, n_w: int, hidden: int, n_f: int = 2, value_bytes: int = DOUBLE) -> int:
+    """Extension b: what one training step touches: w and Delta-w (n_w values each), the
+    batch, and the hidden activations of a block of samples (the kernel blocks samples so
+    that they stay below kernels.H_BYTES), every value of value_bytes (the run's precision)."""
     from ..net.kernels import H_BYTES   # here: importing numba takes a second the model's users need not pay
     rows = max(4, min(32, H_BYTES // (DOUBLE * hidden), (batch + 3) // 4 * 4) // 4 * 4)  # kernels._block_rows
-    return 2 * DOUBLE * n_w + DOUBLE * (n_f + 1) * batch + DOUBLE * rows * hidden
+    return value_bytes * (2 * n_w + (n_f + 1) * batch + rows * hidden)
 
 
 def cache_level(nbytes: int, caches: dict[str, int]) -> str:
@@ -225,8 +227,20 @@ class Run:
     model_parallel: int = 1         # K: workers in replicas of K ranks, each 1/K of the hidden layer
     optimizer: str = "sgd"          # the servers' (allreduce: every rank's) --optimizer
     allreduce: str = "ring"         # ring | mpi (--allreduce)
+    precision: str = "float64"      # --precision: a value's bytes on the wire and in memory (compute and the
+                                    # exchanges are priced at calibrate's rates, measured in float64)
     node_ranks: int = 0             # ranks sharing one node's cores and link (0: all of them: one
                                     # node, or a testbed whose hosts share this machine's cores)
+
+    @property
+    def value_bytes(self) -> int:
+        """Bytes of a value of w (asgd.core.wire.itemsize of the precision)."""
+        return wire.itemsize(self.precision)
+
+    def wire_values(self, k: float) -> float:
+        """The float64 values whose bytes a message of k values occupies: what tables
+        keyed by float64 messages (p.link_s) are read at."""
+        return k * self.value_bytes / DOUBLE
 
     @property
     def dedicated_servers(self) -> int:
@@ -461,7 +475,7 @@ class Params:
                       + self.per_nw(self.worker_msg_s, run.n_w),
                       c_u=self.per_nw(self.server_update_s, run.n_w), r_d=self.r_d(run.reader, fmt),
                       r_m=self.memory_s_per_byte, r_net=self.r_net(),
-                      point_bytes=self.bytes_per_point[fmt])
+                      point_bytes=self.bytes_per_point[fmt], value_bytes=run.value_bytes)
 
 
 def extrapolate_linear(table: dict[int, float], x: float) -> float:
@@ -561,7 +575,7 @@ def predict_train(p: Params, run: Run, crowding=None) -> dict:
         Z += w * visits / S * c_u
     D = c_u * visits / S    # each station's demand per member update (every update visits `visits` of S)
     rtt_free = p.per_nw(p.round_trip_s, k)   # transfer both ways, no queueing
-    link = p.per_nw(p.link_s, k) if p.link_s else 0.0
+    link = p.per_nw(p.link_s, run.wire_values(k)) if p.link_s else 0.0
     # the measured round trip holds sgd's add, not the optimizer's extra (a station's demand)
     latency = (max(rtt_free - p.per_nw(p.server_update_s, k), 0.0)
                + 2 * (p.link_transit(visits * link) - p.link_transit(link)))
@@ -605,7 +619,8 @@ def predict_train(p: Params, run: Run, crowding=None) -> dict:
             "evaluate_s": evaluate, "updates": updates, "updates_per_s": X, "bound": bound,
             "think_s": Z, "c_u_s": c_u,
             "knee_workers": saturation_workers(Z + sum(stations) - max(stations), max(stations)),
-            "working_set_bytes": (ws := working_set_bytes(run.batch, run.n_w // K, run.hidden // K, run.features)),
+            "working_set_bytes": (ws := working_set_bytes(run.batch, run.n_w // K, run.hidden // K, run.features,
+                                                          run.value_bytes)),
             "cache_level": cache_level(ws, p.caches)}
 
 

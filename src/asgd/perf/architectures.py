@@ -205,7 +205,7 @@ def iteration(p: Params, run: Run, turns: bool = True) -> Iteration:
     per_link = run.node_ranks or 1     # ranks whose messages share one link (a cluster's node)
 
     def wire(k: float) -> float:       # one message of k weights on one link, one way
-        return p.per_nw(p.link_s, math.ceil(k)) * per_link if links else 0.0
+        return p.per_nw(p.link_s, math.ceil(run.wire_values(k))) * per_link if links else 0.0
 
     detail: dict = {"stretch": stretch, "step_s": step}
     if run.arch == "ps":
@@ -274,7 +274,8 @@ def lockstep(p: Params, run: Run) -> dict:
                       "latency_s": it.latency_s,
                       **it.detail},
             "working_set_bytes": (ws := working_set_bytes(run.batch, run.n_w // run.model_parallel,
-                                                          run.hidden // run.model_parallel, run.features)),
+                                                          run.hidden // run.model_parallel, run.features,
+                                                          run.value_bytes)),
             "cache_level": cache_level(ws, p.caches)}
 
 

@@ -21,6 +21,7 @@ import statistics
 import sys
 from dataclasses import asdict, replace
 
+from ..core.wire import PRECISIONS
 from ..data import formats, problem
 from ..data.shares import HOLDOUT
 from ..net import OPTIMIZERS
@@ -105,7 +106,7 @@ def run_of(results: dict, p: Params) -> Run:
                batch=c["batch"], hidden=c["hidden"], epochs=c["epochs"], reader=c["reader"], mode=c["mode"],
                features=c["features"], classes=c["classes"], cores=c.get("cores", 0), arch=arch,
                model_parallel=c.get("model_parallel", 1), optimizer=c.get("optimizer", "sgd"),
-               allreduce=c.get("allreduce") or "ring",
+               allreduce=c.get("allreduce") or "ring", precision=c.get("precision", "float64"),   # before it: float64
                overlap=c.get("overlap", "on"), **got)   # before --overlap, workers always overlapped
 
 
@@ -158,7 +159,7 @@ def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
             continue
         c = res.get("config", {})
         why = ("stopped early" if res.get("stopped") else "resumed from a checkpoint" if c.get("resume") else
-               "--compress 1bit (the model prices float64 messages)" if c.get("compress", "none") != "none" else None)
+               "--compress 1bit (the model prices plain messages)" if c.get("compress", "none") != "none" else None)
         if why:
             skipped.append(f"{path}: {why}")
             continue
@@ -243,7 +244,7 @@ def memory_of(run: Run) -> float:
     slice); a server's shard, optimizer state, and a receive and a reply buffer per worker
     it serves; allreduce ranks' w, its sum buffers and optimizer state; p2p peers both."""
     state = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}[run.optimizer]
-    n = 8 * run.n_w
+    n = run.value_bytes * run.n_w
     worker = 4 * n / run.model_parallel
     if run.arch == "allreduce":
         return run.workers * (3 + state) * n / run.model_parallel
@@ -310,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--optimizer", choices=OPTIMIZERS, default=TRAIN.optimizer,
                     help="the servers' optimizer, as asgd.train's (default %(default)s)")
     pp.add_argument("--allreduce", choices=("ring", "mpi"), default="ring", help="as asgd.train's (default ring)")
+    pp.add_argument("--precision", choices=PRECISIONS, default=TRAIN.precision,
+                    help="as asgd.train's (default %(default)s): the bytes of a value of w on links and in "
+                         "memory; compute and the exchanges at calibrate's rates, measured in float64")
     pp.add_argument("--cores", type=positive_int, default=0,
                     help="cores the ranks share (default: the calibrated machine's)")
     pp.add_argument("--params", **params)
@@ -345,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--optimizer", choices=OPTIMIZERS, default=TRAIN.optimizer,
                     help="as asgd.train's (default %(default)s)")
     op.add_argument("--allreduce", choices=("ring", "mpi"), default="ring", help="as asgd.train's (default ring)")
+    op.add_argument("--precision", choices=PRECISIONS, default=TRAIN.precision,
+                    help="as asgd.train's (default %(default)s): the bytes of a value of w on links and in "
+                         "memory; compute and the exchanges at calibrate's rates, measured in float64")
     op.add_argument("--max-ranks", type=positive_int,
                     help="most ranks to start (default: one per core, or per host of a testbed)")
     op.add_argument("--top", type=positive_int, default=10, help="configurations to print (default 10)")
@@ -431,14 +438,15 @@ def _predict(a, p: Params) -> int:
         what = "embedded problem" if not base.file_bytes else f"{'npy' if base.binary else 'TSV'} file"
         print(f"predicted, {base.points:,} training points ({what}), {a.epochs} epoch(s), "
               f"{a.cores or p.cores} cores, {a.mode}, --arch {a.arch}"
-              + (f" --model-parallel {a.model_parallel}" if a.model_parallel > 1 else "") + f", {a.optimizer}")
+              + (f" --model-parallel {a.model_parallel}" if a.model_parallel > 1 else "")
+              + f", {a.optimizer}, {a.precision}")
         print(cols)
     for h in a.hidden:
         for b in a.batch:
             for w in a.workers:
                 run = replace(base, workers=w, servers=a.servers, hidden=h, batch=b, reader=a.reader,
                               mode=a.mode, cores=a.cores, arch=a.arch, model_parallel=a.model_parallel,
-                              optimizer=a.optimizer, allreduce=a.allreduce)
+                              optimizer=a.optimizer, allreduce=a.allreduce, precision=a.precision)
                 pr = predict(p, run)
                 if a.json:
                     print(json.dumps({"run": asdict(run), **pr.as_dict()}))
@@ -479,7 +487,8 @@ def _compare(a, p: Params) -> int:
 
 
 def _optimize(a, p: Params) -> int:
-    base = replace(_base_run(a, p), hidden=a.hidden, mode=a.mode, optimizer=a.optimizer, allreduce=a.allreduce)
+    base = replace(_base_run(a, p), hidden=a.hidden, mode=a.mode, optimizer=a.optimizer, allreduce=a.allreduce,
+                   precision=a.precision)
     readers = _words(a.readers, ("sequential", "parallel"), "reader")
     archs = _words(a.archs, ARCHES, "architecture")
     testbed = bool(p.link_s)
@@ -505,7 +514,7 @@ def _optimize(a, p: Params) -> int:
             print(json.dumps(r))
         return 0
     print(f"{len(ranked)} configurations on {where}, at most {limit} ranks; 2-{a.hidden}-2, {base.points:,} points, "
-          f"{a.epochs} epoch(s), {a.optimizer}, {a.mode}; best first (predicted):")
+          f"{a.epochs} epoch(s), {a.optimizer}, {a.mode}, {a.precision}; best first (predicted):")
     print(" rank  arch       servers  K  workers  batch     init_s   train_s   total_s  s/epoch  bound")
     for i, r in enumerate(ranked[:a.top], 1):
         print(f"{i:5d}  {r['arch']:9s} {r['servers']:7d} {r['model_parallel']:2d} {r['workers']:8d} {r['batch']:6d} "

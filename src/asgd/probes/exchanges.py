@@ -45,7 +45,7 @@ from ..perf.architectures import KINDS, STEP, STEP_PROBE
 from ..protocol.allreduce import MPIAllreduce, Ring
 from ..core.schedule import Schedule
 from ..protocol.context import Endpoint
-from ..protocol.messages import Float64Link, Float64Shard
+from ..protocol.messages import DenseLink, DenseShard
 from ..protocol.p2p import peer_link, run_peer
 from ..protocol.replica import Replica
 from ..core.policy import Async, Sync
@@ -137,7 +137,7 @@ def _ps_rounds(comm, n_w: int, rounds: int, servers: int, work=None, asynchronou
         Server(ep, np.zeros(hi - lo), servers).serve(Async() if asynchronous else Sync())
     else:
         X, y, plan = _plan(rounds, comm.rank, overlap=asynchronous)
-        link = PushPull(ep, shards, Float64Link(shards, np.zeros(n_w)))
+        link = PushPull(ep, shards, DenseLink(shards, np.zeros(n_w)))
         run_worker(link, X, y, _step_of(work), plan)
 
 
@@ -149,8 +149,8 @@ def _p2p_rounds(comm, n_w: int, rounds: int, servers: int, work=None) -> None:
     lo, hi = shards[comm.rank]
     shard = np.zeros(hi - lo)
     rule = Sync()
-    owner = Server(ep, shard, list(range(N)), messages=Float64Shard(shard, N))
-    link = peer_link(ep, shards, Float64Link(shards, np.zeros(n_w)), owner, rule, list(range(N)))
+    owner = Server(ep, shard, list(range(N)), messages=DenseShard(shard, N))
+    link = peer_link(ep, shards, DenseLink(shards, np.zeros(n_w)), owner, rule, list(range(N)))
     X, y, plan = _plan(rounds, comm.rank)
     comm.Barrier()
     run_peer(link, owner, rule, X, y, _step_of(work), plan)
@@ -204,7 +204,7 @@ def _mp_rounds(comm, batch: int, rounds: int, servers: int, work=None) -> None:
     ds = problem.rings(batch, comm.rank)
     if odd:
         X, y, plan = _plan(rounds, comm.rank, overlap=True)
-        link = PushPull(ep, [(0, b - a)], Float64Link([(0, b - a)], w), servers=[0])
+        link = PushPull(ep, [(0, b - a)], DenseLink([(0, b - a)], w), servers=[0])
         run_worker(link, X, y, lambda w_, X_, y_, lr, dw, progress=None: step(w_, ds.X, ds.y, 1e-9, dw, progress),
                    plan)
     else:

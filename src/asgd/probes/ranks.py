@@ -35,7 +35,7 @@ from ..mpiutil import Waiter, oversubscribed
 from ..net import mlp
 from ..core.schedule import Schedule
 from ..protocol.context import Endpoint
-from ..protocol.messages import Float64Link
+from ..protocol.messages import DenseLink
 from ..core.policy import Async
 from ..protocol.server import Server
 from ..protocol.worker import PushPull, run_worker
@@ -152,7 +152,7 @@ def exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
         Server(Endpoint(comm, waiter, PhaseClock("idle")), w, 1).serve(Async())
     else:
         shards = shard_bounds(n_w, 1)
-        link = PushPull(Endpoint(comm, waiter, PhaseClock("compute")), shards, Float64Link(shards, w))
+        link = PushPull(Endpoint(comm, waiter, PhaseClock("compute")), shards, DenseLink(shards, w))
         run_worker(link, X, y, step, Schedule(batch=1, epochs=1, seed=(0, comm.rank), lr=0.0, adaptive=False))
 
 

@@ -23,20 +23,20 @@ from mpi4py import MPI
 from ..net import kernels
 from ..net.optimizers import Optimizer
 from ..core.schedule import Schedule
-from ..core.wire import DOUBLE, TAG_RING, ring_bytes, shard_bounds
+from ..core.wire import TAG_RING, ring_bytes, shard_bounds
 from ..core.shard import DIVERGED_AFTER, DivergenceError
 from ..core.worker import WorkerStats, allreduce_loop
 from .context import Endpoint
 
 
 class Ring:
-    """asgd's ring allreduce of float64 vectors of n values among ep's ranks."""
+    """asgd's ring allreduce of vectors of n values of `dtype` among ep's ranks."""
 
-    def __init__(self, ep: Endpoint, n: int):
+    def __init__(self, ep: Endpoint, n: int, dtype=np.float64):
         self.ep, self.P = ep, ep.comm.size
         self.chunks = shard_bounds(n, self.P)
-        self.inbox = np.empty(max(hi - lo for lo, hi in self.chunks))
-        self.bytes = ring_bytes(n, self.P, ep.rank)   # (sent, received) per allreduce
+        self.inbox = np.empty(max(hi - lo for lo, hi in self.chunks), dtype)
+        self.bytes = ring_bytes(n, self.P, ep.rank, self.inbox.itemsize)   # (sent, received) per allreduce
 
     def sum(self, part: np.ndarray, total: np.ndarray) -> None:
         """total = the sum of every rank's part (part is left as it was)."""
@@ -56,18 +56,17 @@ class Ring:
 
     def _swap(self, out, to, into, frm, what):
         comm = self.ep.comm
-        self.ep.waiter.all([comm.Isend([out, MPI.DOUBLE], to, TAG_RING),
-                            comm.Irecv([into, MPI.DOUBLE], frm, TAG_RING)],
+        self.ep.waiter.all([comm.Isend(out, to, TAG_RING), comm.Irecv(into, frm, TAG_RING)],   # MPI type: the dtype's
                            lambda: f"rank {frm}'s chunk of the ring allreduce ({what})")
 
 
 class MPIAllreduce:
     """MPI_Iallreduce, polled through the Waiter; its bytes are the library's."""
 
-    def __init__(self, ep: Endpoint, n: int):
+    def __init__(self, ep: Endpoint, n: int, dtype=np.float64):
         self.ep = ep
         P = ep.comm.size
-        least = int(DOUBLE * 2 * (P - 1) * n / P) if P > 1 else 0   # what any allreduce moves, at least
+        least = int(np.dtype(dtype).itemsize * 2 * (P - 1) * n / P) if P > 1 else 0   # what any allreduce moves
         self.bytes = (least, least)
 
     def sum(self, part: np.ndarray, total: np.ndarray) -> None:
@@ -82,7 +81,8 @@ class Summed:
     def __init__(self, w: np.ndarray, summer, optimizer: Optimizer, on_version=None):
         self.w, self.summer, self.optimizer, self.on_version = w, summer, optimizer, on_version
         self.n_w = n_w = len(w)
-        self.part, self.total = np.zeros(n_w + 3), np.zeros(n_w + 3)  # [m * Delta-w | m, loss_sum, stop]
+        # [m * Delta-w | m, loss_sum, stop] in w's dtype: m and stop exact (float32: to 2^24 samples a step)
+        self.part, self.total = np.zeros(n_w + 3, w.dtype), np.zeros(n_w + 3, w.dtype)
         self.refused = 0   # non-finite sums in a row
         self.told_to_stop = False
         self.stats = WorkerStats()
@@ -116,7 +116,7 @@ class Summed:
         st.updates += 1
         st.samples += m
         if self.on_version:
-            self.on_version(st.updates, total[n_w + 1], total[n_w])
+            self.on_version(st.updates, float(total[n_w + 1]), float(total[n_w]))
         self.told_to_stop = bool(total[n_w + 2])
         return True
 
@@ -129,8 +129,8 @@ def run_allreduce(ep: Endpoint, w: np.ndarray, X: np.ndarray, y: np.ndarray, ste
     `algorithm` (ring, mpi). on_version(updates, loss_sum, samples) sees every applied
     step's sums. A stop request on any rank rides in the sum: every rank stops after the
     same step."""
-    reducer = Summed(w, (Ring if algorithm == "ring" else MPIAllreduce)(ep, len(w) + 3), optimizer, on_version)
-    Xb = np.empty((plan.batch, X.shape[1]))
+    reducer = Summed(w, (Ring if algorithm == "ring" else MPIAllreduce)(ep, len(w) + 3, w.dtype), optimizer, on_version)
+    Xb = np.empty((plan.batch, X.shape[1]), X.dtype)
     yb = np.empty(plan.batch, dtype=np.int64)
 
     def compute(idx: np.ndarray, dw: np.ndarray) -> float:

@@ -3,7 +3,9 @@ worker's link (worker.PushPull) and the server (server.Server) each hold one of.
 link and the server do the protocol (what is sent when, versions, stops, counts); a
 strategy only owns the buffers and turns Delta-w and w into messages and back.
 
-  Float64        a worker writes Delta-w straight into one of two push buffers
+  Dense          values of the run's precision (float32 or float64; the headers float64
+                 in their slots, wire.header_slots): a worker writes Delta-w straight
+                 into one of two push buffers
                  [Delta-w | S headers] (the other may be in flight) and w' lands in a
                  second w buffer [w | S headers] that is swapped in; an indexed datatype
                  per server picks its slice and its header: no copies. A server receives
@@ -24,30 +26,44 @@ from __future__ import annotations
 
 import numpy as np
 from mpi4py import MPI
+from mpi4py.util.dtlib import from_numpy_dtype
 
 from ..core import wire
-from ..core.wire import PULL_HEADER, PUSH_HEADER
+from ..core.wire import PULL_HEADER, PUSH_HEADER, header_slots
 from .onebit import OneBit, codecs
 
 
-def shard_types(n_w: int, shards: list[tuple[int, int]], header: int) -> list[MPI.Datatype]:
+def shard_types(n_w: int, shards: list[tuple[int, int]], slots: int, dtype) -> list[MPI.Datatype]:
     """Per server, the datatype that picks its slice of a flat [vector | S headers]
-    buffer and its own header; on the wire it is hi-lo+header contiguous doubles."""
-    return [MPI.DOUBLE.Create_indexed([hi - lo, header], [lo, n_w + s * header]).Commit()
+    buffer of `dtype` and its own header (`slots` values); on the wire it is hi-lo+slots
+    contiguous values."""
+    return [from_numpy_dtype(dtype).Create_indexed([hi - lo, slots], [lo, n_w + s * slots]).Commit()
             for s, (lo, hi) in enumerate(shards)]
+
+
+def header_view(buf: np.ndarray, start: int, slots: int) -> np.ndarray:
+    """The float64 header in buf[start:start + slots] (a view: read or write it). In a
+    float32 buffer it may sit at an odd slot, unaligned for float64: numpy reads and
+    writes it all the same (a header is a few values, never a numba kernel's)."""
+    return buf[start:start + slots].view(np.float64)
 
 
 # -- the worker's side ------------------------------------------------------------------
 
-class Float64Link:
+class DenseLink:
+    """A worker's uncompressed messages, in w0's dtype (the run's precision)."""
+
     def __init__(self, shards: list[tuple[int, int]], w0: np.ndarray):
-        S, n = len(shards), len(w0)
+        S, n, dt = len(shards), len(w0), w0.dtype
         self.S, self.n = S, n
-        self.push_types, self.pull_types = shard_types(n, shards, PUSH_HEADER), shard_types(n, shards, PULL_HEADER)
-        self.push_bytes = [wire.push_bytes(hi - lo) for lo, hi in shards]
-        self.pull_bytes = [wire.pull_bytes(hi - lo) for lo, hi in shards]
-        self.pushes = [np.zeros(n + S * PUSH_HEADER) for _ in range(2)]
-        self.cur = np.zeros(n + S * PULL_HEADER)  # [w | a reply header per server]; version 0: the initial w
+        size = dt.itemsize
+        self.push_slots, self.pull_slots = header_slots(PUSH_HEADER, size), header_slots(PULL_HEADER, size)
+        self.push_types = shard_types(n, shards, self.push_slots, dt)
+        self.pull_types = shard_types(n, shards, self.pull_slots, dt)
+        self.push_bytes = [wire.push_bytes(hi - lo, itemsize=size) for lo, hi in shards]
+        self.pull_bytes = [wire.pull_bytes(hi - lo, itemsize=size) for lo, hi in shards]
+        self.pushes = [np.zeros(n + S * self.push_slots, dt) for _ in range(2)]
+        self.cur = np.zeros(n + S * self.pull_slots, dt)  # [w | a reply header per server]; version 0: the initial w
         self.cur[:n] = w0
         self.nxt = np.empty_like(self.cur)
         self.free = 0  # the push buffer not in flight
@@ -60,7 +76,7 @@ class Float64Link:
         return self.pushes[self.free][:self.n]
 
     def push_header(self, s: int) -> np.ndarray:
-        return self.pushes[self.free][self.n + s * PUSH_HEADER:self.n + (s + 1) * PUSH_HEADER]
+        return header_view(self.pushes[self.free], self.n + s * self.push_slots, self.push_slots)
 
     def push(self, s: int, dw: np.ndarray):
         """Server s's push message of dw (delta()'s buffer, its header filled)."""
@@ -74,7 +90,7 @@ class Float64Link:
 
     def pulled(self, s: int) -> np.ndarray:
         """Server s's reply has arrived; its header."""
-        return self.nxt[self.n + s * PULL_HEADER:self.n + (s + 1) * PULL_HEADER]
+        return header_view(self.nxt, self.n + s * self.pull_slots, self.pull_slots)
 
     def all_pulled(self) -> None:
         self.cur, self.nxt = self.nxt, self.cur
@@ -97,8 +113,8 @@ class OneBitLink:
         self.out = [c.buffer() for c in pushes]
         self.inbox = [c.buffer() for c in pulls]
         self._w = w0.copy()
-        self.dw = np.zeros(len(w0))
-        self.residual = np.zeros(len(w0))  # error feedback: what the pushes so far did not say
+        self.dw = np.zeros_like(w0)
+        self.residual = np.zeros_like(w0)  # error feedback: what the pushes so far did not say
 
     @property
     def w(self) -> np.ndarray:
@@ -162,8 +178,9 @@ def _in_flight(req) -> bool:
         return False
 
 
-class Float64Shard:
-    """A server's buffers for float64 messages: per worker, [Delta-w | header] received;
+class DenseShard:
+    """A server's buffers for uncompressed messages in w's dtype (the run's precision;
+    headers float64 in their slots): per worker, [Delta-w | header] received;
     and a pool of versions of the shard, each [w | header], that replies go out of.
 
     A version is sent to every worker it answers (sync's round: all of them) with one
@@ -172,27 +189,28 @@ class Float64Shard:
     copied to a free buffer first: the one copy left, on a path taken only then. The pool
     grows to the replies in flight, at most workers + 2 buffers."""
 
-    kind = MPI.DOUBLE
-
     def __init__(self, w: np.ndarray, workers: int):
-        n = len(w)
-        self.n, self.home = n, w
-        self.recv = [np.empty(n + PUSH_HEADER) for _ in range(workers)]
+        n, dt = len(w), w.dtype
+        self.n, self.home, self.kind = n, w, from_numpy_dtype(dt)
+        self.push_slots, self.pull_slots = (header_slots(h, dt.itemsize) for h in (PUSH_HEADER, PULL_HEADER))
+        self.recv = [np.empty(n + self.push_slots, dt) for _ in range(workers)]
         self.deltas = [r[:n] for r in self.recv]   # views made once: a push's hot path makes none
-        self.pool = [np.empty(n + PULL_HEADER) for _ in range(2)]
+        self.heads = [header_view(r, n, self.push_slots) for r in self.recv]
+        self.pool = [np.empty(n + self.pull_slots, dt) for _ in range(2)]
         self.views = [b[:n] for b in self.pool]
         self.pool[0][:n] = w
         self.cur, self.next = 0, 1     # the current version's buffer; the one fresh() gave
-        self.heads = [None, None]      # per buffer, the header values at its tail (None: none written yet)
+        self.written = [None, None]    # per buffer, the header values at its tail (None: none written yet)
         self.made = [0, -1]            # per buffer, when its version was made (commits so far)
         self.commits = 0
         self.source = [-1] * workers   # the buffer worker j's last reply went out of
         self.senders = [set(), set()]  # per buffer, the workers whose last reply may still be going out of it
         self.published = True          # home holds the current version
-        self.push_nbytes, self.pull_nbytes = wire.push_bytes(n), wire.pull_bytes(n)
+        self.push_nbytes = wire.push_bytes(n, itemsize=dt.itemsize)
+        self.pull_nbytes = wire.pull_bytes(n, itemsize=dt.itemsize)
 
     def header(self, j: int) -> np.ndarray:
-        return self.recv[j][self.n:]
+        return self.heads[j]
 
     def delta(self, j: int) -> np.ndarray:
         """Worker j's Delta-w, as received."""
@@ -220,9 +238,9 @@ class Float64Shard:
             if b != self.cur and not self._sending(b, replies):
                 self.next = b
                 return self.views[b]
-        self.pool.append(np.empty(self.n + PULL_HEADER))
+        self.pool.append(np.empty(self.n + self.pull_slots, self.home.dtype))
         self.views.append(self.pool[-1][:self.n])
-        self.heads.append(None)
+        self.written.append(None)
         self.senders.append(set())
         self.made.append(-1)
         self.next = len(self.pool) - 1
@@ -231,7 +249,7 @@ class Float64Shard:
     def commit(self) -> None:
         """The buffer fresh() gave holds the next version: it becomes the current one."""
         self.cur = self.next
-        self.heads[self.cur] = None
+        self.written[self.cur] = None
         self.commits += 1
         self.made[self.cur] = self.commits
         self.published = False
@@ -240,14 +258,14 @@ class Float64Shard:
         """Worker j's reply: the current version's buffer with `head` (the pull header's
         values) at its tail."""
         head = list(head)
-        if self.heads[self.cur] != head:
+        if self.written[self.cur] != head:
             if self._sending(self.cur, replies):   # the header must change under a reply in flight
                 self.fresh(replies)[:] = self.w
                 published = self.published
                 self.commit()
                 self.published = published
-            self.pool[self.cur][self.n:] = head
-            self.heads[self.cur] = head
+            header_view(self.pool[self.cur], self.n, self.pull_slots)[:] = head
+            self.written[self.cur] = head
         buf = self.pool[self.cur]
         if self.source[j] >= 0:
             self.senders[self.source[j]].discard(j)
@@ -268,7 +286,7 @@ class Float64Shard:
 
 
 class OneBitShard:
-    """A server's buffers for 1-bit messages: pushes decoded into a float64 buffer per
+    """A server's buffers for 1-bit messages: pushes decoded into a buffer (w's dtype) per
     worker (a held push stays there until its round is applied), per worker the shard as
     that worker holds it (`views`), which a reply's quantized change moves, and two
     versions of the shard (a reply is encoded, so none is ever in flight): home, the
@@ -283,7 +301,7 @@ class OneBitShard:
         self.cur = 0
         self.recv = [push.buffer() for _ in range(workers)]
         self.send = [pull.buffer() for _ in range(workers)]
-        self.deltas = [np.empty(len(w)) for _ in range(workers)]
+        self.deltas = [np.empty_like(w) for _ in range(workers)]
         self.views = [w.copy() for _ in range(workers)]
         self.push_nbytes, self.pull_nbytes = push.nbytes, pull.nbytes
 
@@ -326,14 +344,19 @@ class OneBitShard:
 def link_messages(compress: str, layout, shards: list[tuple[int, int]], w0: np.ndarray):
     """A worker's strategy for servers owning `shards` of the flat layout, from w0."""
     if compress == "none":
-        return Float64Link(shards, w0)
-    return OneBitLink(shards, w0, codecs(layout, shards, PUSH_HEADER), codecs(layout, shards, PULL_HEADER))
+        return DenseLink(shards, w0)
+    return OneBitLink(shards, w0, codecs(layout, shards, PUSH_HEADER, w0.dtype),
+                      codecs(layout, shards, PULL_HEADER, w0.dtype))
 
 
 def shard_messages(compress: str, layout, shard: tuple[int, int], w: np.ndarray, workers: int):
     """A server's strategy for its shard [lo, hi) (w: that shard) and `workers` workers."""
     if compress == "none":
-        return Float64Shard(w, workers)
+        return DenseShard(w, workers)
     lo, hi = shard
     cols = layout.columns(lo, hi)
-    return OneBitShard(w, workers, OneBit(cols, hi - lo, PUSH_HEADER), OneBit(cols, hi - lo, PULL_HEADER))
+    return OneBitShard(w, workers, OneBit(cols, hi - lo, PUSH_HEADER, w.dtype),
+                       OneBit(cols, hi - lo, PULL_HEADER, w.dtype))
+
+
+Float64Link, Float64Shard = DenseLink, DenseShard   # their names before --precision: bench/ still imports them

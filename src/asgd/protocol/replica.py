@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..core.wire import DOUBLE, TAG_REPLICA
+from ..core.wire import TAG_REPLICA
 from .context import Endpoint
 
 
@@ -37,9 +37,10 @@ class Replica:
         """Z (batch x d_out, this slice's partial logits) becomes the replica's sum; the
         members agree on `cut` (member 0's) and `stop` (any member's)."""
         n = Z.size
-        if self._buf is None or len(self._buf) != n + 2:
-            self._buf = np.empty(n + 2)
-            self._inbox = np.empty((max(self.K - 1, 1), n + 2))
+        if self._buf is None or len(self._buf) != n + 2 or self._buf.dtype != Z.dtype:
+            # Z's dtype (the run's precision); cut and stop ride along, exact (float32: to 2^24 cuts)
+            self._buf = np.empty(n + 2, Z.dtype)
+            self._inbox = np.empty((max(self.K - 1, 1), n + 2), Z.dtype)
         buf = self._buf
         buf[:n] = Z.ravel()
         buf[n], buf[n + 1] = (cut if self.member == 0 else 0), float(stop)
@@ -49,21 +50,21 @@ class Replica:
         self.cut, self.stop = int(buf[n]), bool(buf[n + 1])
 
     def _exchange(self, buf: np.ndarray, n: int) -> None:
-        comm, waiter, nbytes = self.comm, self.ep.waiter, DOUBLE * (n + 2)
+        comm, waiter, nbytes = self.comm, self.ep.waiter, buf.itemsize * (n + 2)   # MPI types: the buffers' dtype
         if self.member == 0:
             inbox = self._inbox[:self.K - 1, :n + 2]
-            waiter.all([comm.Irecv([inbox[k - 1], MPI.DOUBLE], k, TAG_REPLICA) for k in range(1, self.K)],
+            waiter.all([comm.Irecv(inbox[k - 1], k, TAG_REPLICA) for k in range(1, self.K)],
                        "the replica's partial logits", self.background)
             for k in range(self.K - 1):     # in member order: the same sum every run
                 buf += inbox[k]
-            waiter.all([comm.Isend([buf, MPI.DOUBLE], k, TAG_REPLICA) for k in range(1, self.K)],
+            waiter.all([comm.Isend(buf, k, TAG_REPLICA) for k in range(1, self.K)],
                        "the replica's members to take the logits' sum", self.background)
             self.bytes[0] += (self.K - 1) * nbytes
             self.bytes[1] += (self.K - 1) * nbytes
         else:
-            waiter.all([comm.Isend([buf, MPI.DOUBLE], 0, TAG_REPLICA)], "member 0 to take my logits",
+            waiter.all([comm.Isend(buf, 0, TAG_REPLICA)], "member 0 to take my logits",
                        self.background)
-            waiter.all([comm.Irecv([buf, MPI.DOUBLE], 0, TAG_REPLICA)], "the replica's sum of the logits",
+            waiter.all([comm.Irecv(buf, 0, TAG_REPLICA)], "the replica's sum of the logits",
                        self.background)
             self.bytes[0] += nbytes
             self.bytes[1] += nbytes

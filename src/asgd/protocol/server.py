@@ -12,7 +12,7 @@ Delta-w; momentum, adagrad and adam keep their state per shard) in one pass that
 Delta-w for NaN and inf and writes the next version of the shard into a buffer no reply is
 being sent from; a reply is an Isend out of the version it carries, so no reply copies w
 and none reads a shard being written (protocol.messages' versions). How the messages sit
-in memory (float64, or 1-bit with a copy of the shard per worker) is the message
+in memory (dense, or 1-bit with a copy of the shard per worker) is the message
 strategy's (protocol.messages).
 
 Lost workers (fault_tolerant: Open MPI's ULFM): a worker that dies makes a wait on its
@@ -30,12 +30,12 @@ from mpi4py import MPI
 from ..core.policy import Policy
 from ..core.shard import Shard
 from ..core.stats import ServerStats
-from ..core.wire import (DONE_BYTES, DOUBLE, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, RECV, SEND,
+from ..core.wire import (DONE_BYTES, P_CUT, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_VERSION, RECV, SEND,
                          TAG_DONE, TAG_PULL, TAG_PUSH, TAG_SHARD, flow_id)
 from ..net.optimizers import Optimizer
 from .context import Endpoint
 from .deaths import Deaths
-from .messages import Float64Shard
+from .messages import DenseShard
 from .updates import ShardUpdates
 
 class Server:
@@ -54,8 +54,8 @@ class Server:
         self.ranks = list(range(workers, ep.comm.size)) if isinstance(workers, int) else list(workers)
         W = self.W = len(self.ranks)
         leader = ep.rank == 0 if leader is None else leader
-        self.optimizer = optimizer or Optimizer("sgd", 1.0, len(w))
-        self.msgs = messages or Float64Shard(w, W)
+        self.optimizer = optimizer or Optimizer("sgd", 1.0, len(w), dtype=w.dtype)
+        self.msgs = messages or DenseShard(w, W)
         self.checkpoints = checkpoints
         self.shard = Shard(self.ranks, self, None, checkpoints.due if leader and checkpoints else None,
                            stale_step, on_version, on_lost, cuts_done)
@@ -239,7 +239,7 @@ def gather_shards(ep: Endpoint, w: np.ndarray | None, shards: list[tuple[int, in
     comm, me = ep.comm, ep.rank
     if me == 0:
         reqs = [comm.Irecv(w[a:b], h, TAG_SHARD) for (a, b), h in zip(shards, hosts) if h != 0]
-        moved = (0, DOUBLE * sum(b - a for (a, b), h in zip(shards, hosts) if h != 0))
+        moved = (0, w.itemsize * sum(b - a for (a, b), h in zip(shards, hosts) if h != 0))
     else:
         mine = [np.ascontiguousarray(parts[v]) for v, h in enumerate(hosts) if h == me]
         reqs = [comm.Isend(part, 0, TAG_SHARD) for part in mine]

@@ -27,7 +27,7 @@ class ShardUpdates:
     def apply_mean(self, weights: list[tuple[int, float]], share: float) -> bool:
         """A sync round: sum(weight * Delta-w_j), added in the order given."""
         if self.mean is None:
-            self.mean = np.empty(len(self.msgs.w))
+            self.mean = np.empty_like(self.msgs.w)
         self.mean[:] = 0.0
         for j, weight in weights:
             if weight:

@@ -4,7 +4,7 @@ written once in asgd.core.worker (run_worker: the loop with MPI's link and numba
 PushPull is the worker's side of the protocol, in the spirit of ps-lite's KVWorker: write
 Delta-w into `delta()`, `push_pull(...)` sends it to every server and posts the receive of
 w' (a ticket), `wait(ticket)` completes the exchange and w' becomes `w`. How the messages
-sit in memory (float64 without copies, or 1-bit) is its strategy's (protocol.messages);
+sit in memory (dense without copies, or 1-bit) is its strategy's (protocol.messages);
 what is sent when, the versions staleness is counted from, stops and byte counts are
 the link's, once for both.
 
@@ -40,7 +40,7 @@ from .context import Endpoint
 
 class PushPull:
     """A worker's link to servers 0..S-1 that own `shards` of w, its messages laid out by
-    `messages` (protocol.messages.Float64Link or OneBitLink): one exchange in flight at
+    `messages` (protocol.messages.DenseLink or OneBitLink): one exchange in flight at
     most. Counts what it sends and receives in `stats`."""
 
     def __init__(self, ep: Endpoint, shards: list[tuple[int, int]], messages, background=None,
@@ -168,7 +168,7 @@ def run_worker(link: PushPull, X: np.ndarray, y: np.ndarray, step, plan: Schedul
     mean loss writes Delta-w into dw (mlp.make_step); with plan.progress it lets MPI move
     the exchange in flight between its sample blocks (step(..., progress=link.progress))."""
     kw = {"progress": link.progress} if plan.progress else {}
-    Xb = np.empty((plan.batch, X.shape[1]))
+    Xb = np.empty((plan.batch, X.shape[1]), X.dtype)
     yb = np.empty(plan.batch, dtype=np.int64)
 
     def compute(idx: np.ndarray, dw: np.ndarray) -> float:

@@ -4,7 +4,7 @@ server's at the same consistent cut.
 One file per server and cut, RUN_DIR/checkpoint/shard-<s>.npz (the latest) and
 shard-<s>.prev.npz (the one before), each holding the shard, the optimizer's state for
 it (opt_* arrays) and a JSON header (the cut's number, progress, layout, the optimizer,
-a sha256 of it all). A file is written to a temporary file, fsynced and renamed over the
+the precision, a sha256 of it all). A file is written to a temporary file, fsynced and renamed over the
 previous one, so a crash leaves complete files only.
 
 A cut (asgd.core.shard: the servers agree on it through the workers' pushes) is the
@@ -14,6 +14,11 @@ only after every other has completed c (a worker's push past c + 1 follows the r
 to its push past c, which no server sends before completing c); so keeping two files a
 server is enough, and --resume takes the newest cut every server has. A missing,
 damaged or mismatched file is refused with a message that says which.
+
+A checkpoint in the other precision (--precision) is converted, not refused: its w and
+optimizer state are cast to the resumed run's dtype (float32 to float64 exactly; float64
+to float32 rounded to nearest, as a float32 run's init rounds its float64 draw), and the
+run says so in one line (converted()). A checkpoint written before --precision is float64.
 """
 
 from __future__ import annotations
@@ -142,15 +147,16 @@ def versions(run_dir: str) -> tuple[int, list[int]]:
     return cut, [here[cut][0]["rounds"] for here in found]
 
 
-def load(run_dir: str, n_w: int, optimizer: str = "sgd",
-         model_parallel: int = 1) -> tuple[np.ndarray, dict, dict]:
+def load(run_dir: str, n_w: int, optimizer: str = "sgd", model_parallel: int = 1,
+         precision: str = "float64") -> tuple[np.ndarray, dict, dict]:
     """The full parameter vector at the newest cut every shard's files hold, shard 0's
-    meta of that cut (progress), and the optimizer's state as full-length arrays (its
-    counters as they were on shard 0), so that any shards, as many servers as the resumed
-    run has, take their parts. Any missing, damaged or mismatched file, or no cut
-    common to all, raises CheckpointError."""
+    meta of that cut (progress, and the `precision` it was written in), and the
+    optimizer's state as full-length arrays (its counters as they were on shard 0), so
+    that any shards, as many servers as the resumed run has, take their parts; w and the
+    state in `precision`, converted if written in the other (see converted). Any missing,
+    damaged or mismatched file, or no cut common to all, raises CheckpointError."""
     found, cut = _cuts(run_dir, lambda path: _read(path, n_w, optimizer, model_parallel))
-    w = np.empty(n_w)
+    w = np.empty(n_w, precision)
     state: dict[str, np.ndarray] = {}
     for here in found:
         meta, arrays = here[cut]
@@ -160,10 +166,24 @@ def load(run_dir: str, n_w: int, optimizer: str = "sgd",
             if k == "w":
                 continue
             if v.ndim:   # a per-parameter state: its part of the whole
-                state.setdefault(k, np.empty(n_w))[lo:hi] = v
+                state.setdefault(k, np.empty(n_w, precision))[lo:hi] = v
             else:        # a counter (Adam's t): the first shard's
                 state.setdefault(k, v)
-    return w, found[0][cut][0], state
+    return w, {"precision": WRITTEN_BEFORE_PRECISION, **found[0][cut][0]}, state
+
+
+WRITTEN_BEFORE_PRECISION = "float64"   # a checkpoint's precision when its meta names none
+
+
+def converted(run_dir: str, meta: dict, precision: str) -> str | None:
+    """The one line saying a checkpoint (shard 0's `meta`, from load) in the other
+    precision was converted to `precision`, or None if it was written in it."""
+    was = meta.get("precision", WRITTEN_BEFORE_PRECISION)
+    if was == precision:
+        return None
+    how = "exactly" if np.dtype(precision).itemsize > np.dtype(was).itemsize else "rounded to nearest"
+    return (f"{run_dir}: its checkpoint is {was}, this run --precision {precision}: w and the optimizer's "
+            f"state converted to {precision} ({how})")
 
 
 class Checkpointing:
@@ -192,5 +212,6 @@ class Checkpointing:
         started = time.monotonic()
         save(self.run_dir, self.index, {"w": self.w, **self.state()},
              {"n_w": self.n_w, "servers": self.servers, "shard": list(self.shard), "rounds": rounds, "cut": cut,
-              "optimizer": self.optimizer, "model_parallel": self.model_parallel, **self.progress()})
+              "optimizer": self.optimizer, "model_parallel": self.model_parallel, "precision": self.w.dtype.name,
+              **self.progress()})
         self.last_rounds, self.last_time = rounds, started

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from .. import BadInput
+from ..core.wire import PRECISIONS
 from ..data import READERS  # how ranks read the data file
 from ..data.dialect import delimiter_option
 from ..net import OPTIMIZERS
@@ -60,6 +61,7 @@ class Config:
     mode: str = "async"          # async | ssp | sync
     staleness: int = 3           # ssp: at most this many steps ahead of the slowest worker
     compress: str = "none"       # none | 1bit: 1-bit messages with error feedback (protocol.onebit)
+    precision: str = "float32"   # core.wire.PRECISIONS: the dtype of w, Delta-w, the optimizer's state and messages
     mpi_progress: str = "step"   # step: the worker's step tests the exchange in flight between its sample blocks; off
     overlap: str = "auto"        # async, ssp: compute beside the exchange in flight: auto (while short) | on | off
     stall_timeout: float = 0.0   # seconds one wait may take; 0: no limit
@@ -168,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(said in the progress line; one server, --arch ps) (default: on)")
     t.add_argument("--seed", type=int, default=d.seed,
                    help="seed of the data split, shuffles and initial weights (default %(default)s)")
+    t.add_argument("--precision", choices=PRECISIONS, default=d.precision,
+                   help="the numbers w, Delta-w, the optimizer's state and every message's values are kept "
+                        "and computed in: float32 (default, as CNTK and PyTorch train: half the bytes on "
+                        "every wire and twice the SIMD lanes) or float64; message headers are float64 in both")
     a = p.add_argument_group("parallelism")
     a.add_argument("--arch", choices=["ps", "p2p", "allreduce"], default=d.arch,
                    help="ps: parameter servers and workers (default); p2p: every rank a worker and the "
@@ -203,10 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "the late ones (TensorFlow's SyncReplicasOptimizer), so a straggler or a lost "
                         "worker does not stall every step (default 0)")
     a.add_argument("--compress", choices=["none", "1bit"], default=d.compress,
-                   help="none (default): float64 messages; 1bit: Seide et al.'s 1-bit SGD with error "
-                        "feedback, both ways: a worker sends one bit per value of Delta-w plus two scales "
-                        "per column and keeps the rest for its next push; a server replies with the "
-                        "1-bit change of its shard since that worker's last reply (parameter servers only)")
+                   help="none (default): every value as it is (--precision); 1bit: Seide et al.'s 1-bit "
+                        "SGD with error feedback, both ways: a worker sends one bit per value of Delta-w "
+                        "plus two scales per column and keeps the rest for its next push; a server replies "
+                        "with the 1-bit change of its shard since that worker's last reply (parameter servers only)")
     lab = p.add_argument_group("the performance lab")
     lab.add_argument("--reader", choices=READERS, default=d.reader,
                      help="parallel (default): each rank reads its part of the file at once, then a "
@@ -294,7 +300,7 @@ def validate(cfg: Config, world_size: int) -> None:
          f"--allreduce chooses --arch allreduce's algorithm; with --arch {cfg.arch} it does not apply")
     if cfg.arch == "allreduce":
         need(cfg.mode in ("async", "sync"), "--arch allreduce is synchronous; --mode ssp does not apply")
-        need(cfg.compress == "none", "--compress 1bit needs --arch ps or p2p (allreduce sums float64 Delta-w)")
+        need(cfg.compress == "none", "--compress 1bit needs --arch ps or p2p (allreduce sums Delta-w as it is)")
     need(cfg.hidden >= 1, f"--hidden must be >= 1, got {cfg.hidden}")
     ps_workers = world_size - cfg.servers
     need(cfg.backup_workers >= 0, f"--backup-workers must be >= 0, got {cfg.backup_workers}")

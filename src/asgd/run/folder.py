@@ -1,7 +1,8 @@
 """What a run folder holds besides results.json (asgd.run.results), each written
 atomically, so a reader never sees half a file; and whether a folder already holds a run.
 
-    weights.npy        the flat parameter vector (net.mlp.Layout says which value is which)
+    weights.npy        the flat parameter vector (net.mlp.Layout says which value is which),
+                       in the run's precision (results.json's config `precision`)
     standardize.json   with --standardize: mean and std per feature, to scale new data
     labels.json        where the labels were names: class k's name, k = 0, 1, ...
     heldout.npy        where the held-out points were a seeded part of the data file: their

@@ -80,7 +80,7 @@ def tracker_of(job: Job, m: Model, w=None, publish=None) -> EpochTracker | None:
 def state_of(job: Job, m: Model, index: int, count: int, lo: int, hi: int, w: np.ndarray):
     """The optimizer for w[lo:hi] (a shard, or a slice, or all of w), restored when
     resuming, and its checkpoints (file `index` of `count`; rank 0's with the progress)."""
-    opt = optimizers.Optimizer(job.cfg.optimizer, m.lr, hi - lo)
+    opt = optimizers.Optimizer(job.cfg.optimizer, m.lr, hi - lo, dtype=w.dtype)
     if m.saved_optimizer:   # full-length arrays: this shard's part, whatever shards the run had
         opt.load({k: (v[lo:hi] if v.ndim else v) for k, v in m.saved_optimizer.items()})
     tracker = job.tracker
@@ -139,14 +139,14 @@ def step_of(job: Job, m: Model, replica: Replica | None, cut=lambda: 0, heard_st
     the partial logits with the replica, agreeing on the cut (member 0's: cut()) and on
     stopping (any member's signal or heard_stop())."""
     if replica is None:
-        return mlp.make_step(m.layout, job.cfg.batch)
+        return mlp.make_step(m.layout, job.cfg.batch, job.cfg.precision)
     clock = job.clock
 
     def sum_logits(Z):
         clock.switch("replica_sum")
         replica.sum(Z, cut(), signals.requested() is not None or heard_stop())
         clock.switch("compute")
-    return mlp.make_mp_step(m.sliced, job.topo.member(job.rank), job.cfg.batch, sum_logits)
+    return mlp.make_mp_step(m.sliced, job.topo.member(job.rank), job.cfg.batch, sum_logits, job.cfg.precision)
 
 
 def member_endpoint(job: Job, replica: Replica | None, comm=None) -> Endpoint:
@@ -301,7 +301,7 @@ def reduce(job: Job, m: Model) -> dict:
             m.w[a:b] = w
         job.count("finish", *gather_shards(job.endpoint, m.w, list(topo.slices), list(range(topo.K)),
                                            {k: w} if keeper else {}))
-    return {**st.record(), "weight_bytes": w.nbytes + opt.nbytes + 2 * (w.nbytes + 24)}
+    return {**st.record(), "weight_bytes": w.nbytes + opt.nbytes + 2 * (w.nbytes + 3 * w.itemsize)}
 
 
 def dry_run(job: Job, m: Model) -> dict:

@@ -65,10 +65,10 @@ def node_loads(reads_file: bool, allreduce: bool = False, optimizer: str = "sgd"
                                               model_parallel)))
 
 
-def load(uses: tuple[str, ...]) -> None:
-    """Compile or cache-load the kernels of `uses` (this rank only)."""
+def load(uses: tuple[str, ...], dtype="float64") -> None:
+    """Compile or cache-load the kernels of `uses` for w of `dtype` (this rank only)."""
     with _no_blas_probe():
-        _load(uses)
+        _load(uses, dtype)
 
 
 @contextlib.contextmanager
@@ -88,8 +88,8 @@ def _no_blas_probe():
             del sys.modules["scipy.linalg"]
 
 
-def _load(uses: tuple[str, ...]) -> None:
-    mlp.compile_kernels(*(u for u in uses if u in mlp.KERNEL_USES))
+def _load(uses: tuple[str, ...], dtype) -> None:
+    mlp.compile_kernels(*(u for u in uses if u in mlp.KERNEL_USES), dtype=dtype)
     if "parsers" in uses:
         from ..data import parse   # the parsers' module: only a rank that reads a file imports it
         parse.compile_parsers()
@@ -97,8 +97,11 @@ def _load(uses: tuple[str, ...]) -> None:
         shares.assign(3, 0, 1, 1, False)
 
 
-def warm_up(comm: MPI.Comm, waiter: Waiter, uses: tuple[str, ...], node_uses: tuple[str, ...]) -> Exception | None:
+def warm_up(comm: MPI.Comm, waiter: Waiter, uses: tuple[str, ...], node_uses: tuple[str, ...],
+            dtype="float64") -> Exception | None:
     """The node's first rank loads `node_uses` (every use of any rank on the node, so a
-    cold cache is compiled there, once), then the node's other ranks their own `uses`.
-    Returns this rank's exception, if any, for the caller's next agreement."""
-    return once_per_node(comm, waiter, lambda first: load(node_uses if first else uses), "load the numba kernels")
+    cold cache is compiled there, once), then the node's other ranks their own `uses`,
+    for w of `dtype` (--precision). Returns this rank's exception, if any, for the
+    caller's next agreement."""
+    return once_per_node(comm, waiter, lambda first: load(node_uses if first else uses, dtype),
+                         "load the numba kernels")

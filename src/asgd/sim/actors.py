@@ -579,7 +579,7 @@ def _served(world: World, rank: int, shards: dict[int, Shard]) -> dict:
             r.wait()
     lo, hi = topo.shards[mine[0]][0], topo.shards[mine[-1]][1]
     if rank != 0 and topo.owners > 1:
-        world.send(rank, 0, "shards", rank, DOUBLE * (hi - lo)).wait()
+        world.send(rank, 0, "shards", rank, world.costs.itemsize * (hi - lo)).wait()
     elif rank == 0:
         for _ in range(len({h for h in topo.hosts if h != 0})):
             world.recv("shards")

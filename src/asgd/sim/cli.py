@@ -25,6 +25,7 @@ import json
 import os
 import sys
 
+from ..core.wire import PRECISIONS
 from ..perf import cli as perf_cli
 from ..perf.analytic import Run
 from ..run.config import EMBEDDED_EPOCHS, EMBEDDED_HIDDEN, FILE_HIDDEN, Config, default_epochs, default_hidden
@@ -46,7 +47,8 @@ class SimError(ValueError):
 # run's other options are recorded in results.json as the run had them (Spec.recorded)
 SIMULATED_OPTIONS = frozenset({"data", "classes", "reader", "hidden", "batch", "epochs", "seed", "arch", "servers",
                                "model_parallel", "allreduce",
-                               "mode", "staleness", "compress", "optimizer", "lr", "out", "trace", "trace_steps"})
+                               "mode", "staleness", "compress", "precision", "optimizer", "lr", "out", "trace",
+                               "trace_steps"})
 
 
 def positive(s: str) -> int:
@@ -77,8 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--epochs", type=positive, default=None, help="passes over the data (default as "
                    f"asgd.train's: {EMBEDDED_EPOCHS} on the embedded problem, a file's by its size)")
     g.add_argument("--compress", choices=("none", "1bit"), default=None,
-                   help="none (default; with --like, the run's): float64 messages; 1bit: Delta-w and w' as one "
+                   help="none (default; with --like, the run's): every value as it is; 1bit: Delta-w and w' as one "
                         "bit per value plus two scales per column (parameter servers only)")
+    g.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help=f"the values' precision (default as asgd.train's: {Config.precision}; with --like, the "
+                        "run's): the bytes of every value of w on the wire and in memory; compute is priced at "
+                        "calibrate's rates")
     g.add_argument("--seed", type=int, default=None, help="seeds the step-time draws (default 0; with --like, "
                    "the run's)")
     g.add_argument("--like", metavar="RUN_DIR", help="simulate a real run: its results.json's options (its "
@@ -157,7 +163,7 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
     ranks = a.ranks or like.get("world_size", 16)
     compress = a.compress or like.get("compress", "none")
     if arch == "allreduce" and compress != "none":
-        raise SimError(f"--compress {compress} needs --arch ps or p2p (allreduce sums float64 Delta-w)")
+        raise SimError(f"--compress {compress} needs --arch ps or p2p (allreduce sums Delta-w as it is)")
     servers = a.servers or (base.get("servers", 1) if arch == "ps" else 1)
     S = servers if arch == "ps" else 0
     workers = ranks - S
@@ -167,7 +173,9 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
     fields = {k: v for k, v in base.items() if k in {f.name for f in dataclasses.fields(Run)}}
     fields.update(workers=workers, servers=max(servers, 1) if arch == "ps" else (workers if arch == "p2p" else 0),
                   arch=arch, model_parallel=K, allreduce=a.allreduce or like.get("allreduce") or "ring",
-                  optimizer=a.optimizer or like.get("optimizer", TRAIN.optimizer))
+                  optimizer=a.optimizer or like.get("optimizer", TRAIN.optimizer),
+                  # a run written before --precision was float64
+                  precision=a.precision or like.get("precision", "float64" if like else TRAIN.precision))
     for k in ("mode", "reader", "hidden", "batch", "epochs"):
         v = getattr(a, k)
         if v is not None:
@@ -210,7 +218,8 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
         recorded.pop("test", None)   # the run's held-out file belongs to its own data
     seed = a.seed if a.seed is not None else like.get("seed", 0)
     spec = Spec(run=run, machine=machine, arch=arch, staleness=a.staleness or like.get("staleness", 3),
-                seed=seed, compress=compress, optimizer=run.optimizer, lr=like.get("lr") if not a.optimizer else None,
+                seed=seed, compress=compress, optimizer=run.optimizer,
+                lr=like.get("lr") if not a.optimizer else None,
                 recorded=recorded, nodes=a.nodes, placement=a.placement, epoch_barrier=a.epoch_barrier,
                 straggler=a.straggler, background=a.background)
     return spec, data_path

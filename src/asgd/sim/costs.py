@@ -133,6 +133,8 @@ class Costs:
         self.topo = spec.topology
         self.K = r.model_parallel
         self.shards = self.topo.shards or shard_bounds(self.n_w, 1)
+        # bytes of a value of w (--precision, run.precision; a header's: wire.HEADER_VALUE)
+        self.itemsize = r.value_bytes
         if spec.compress not in ("none", "1bit"):
             raise ValueError(f"unknown --compress {spec.compress!r} (none, 1bit)")
         if spec.compress == "1bit" and self.K > 1:
@@ -186,7 +188,7 @@ class Costs:
         """Mean-free best step time for m points (0: an empty sync batch, zeroing Delta-w);
         a model-parallel member's (its slice's) with K > 1."""
         if m <= 0:
-            return self.p.memory_s_per_byte * DOUBLE * self.n_w / self.K
+            return self.p.memory_s_per_byte * self.itemsize * self.n_w / self.K
         if self.step_table:
             by_h = {h: interpolate_log(t, m) for h, t in self.step_table.items()}
             whole = interpolate_log(by_h, self.run.hidden)
@@ -248,7 +250,7 @@ class Costs:
         add included (calibrate measured sgd's)."""
         base = self._msg_split(node, shard_nw)[1]
         if self.spec.compress == "1bit":  # unpack and scale: about one pass over the shard
-            base += self.p.memory_s_per_byte * 2 * DOUBLE * shard_nw
+            base += self.p.memory_s_per_byte * 2 * self.itemsize * shard_nw
         return base
 
     def optimizer_extra(self, shard_nw: int) -> float:
@@ -260,18 +262,18 @@ class Costs:
         keep the error, decode w': about three passes over the shard)."""
         base = self._msg_split(node, shard_nw)[0]
         if self.spec.compress == "1bit":
-            base += self.p.memory_s_per_byte * 6 * DOUBLE * shard_nw
+            base += self.p.memory_s_per_byte * 6 * self.itemsize * shard_nw
         return base
 
     def allreduce_add(self, values: int) -> float:
-        """Reducing `values` received float64 into the local sum (read two, write one)."""
-        return self.p.memory_s_per_byte * 3 * DOUBLE * values
+        """Reducing `values` received into the local sum (read two, write one)."""
+        return self.p.memory_s_per_byte * 3 * self.itemsize * values
 
     def apply_update(self) -> float:
         """allreduce: the averaged update applied to w (its slice), by the run's optimizer
         (calibrated; none measured: sgd's add_scaled as three passes over memory)."""
         n = -(-self.n_w // self.K)
-        return self.p.optimizer_update(self.spec.optimizer, n) or self.p.memory_s_per_byte * 3 * DOUBLE * n
+        return self.p.optimizer_update(self.spec.optimizer, n) or self.p.memory_s_per_byte * 3 * self.itemsize * n
 
     def mpi_allreduce(self, ranks: int, values: int) -> float:
         """MPI_Iallreduce's round of `values` among `ranks` as calibrate measured it on
@@ -285,7 +287,7 @@ class Costs:
 
     def replica_bytes(self, batch: int) -> int:
         """A replica's partial logits (batch x 2) with the cut and the stop (protocol.replica)."""
-        return DOUBLE * (batch * self.run.classes + 2)
+        return self.itemsize * (batch * self.run.classes + 2)
 
     def wire(self, nbytes: float) -> float:
         """Bytes a message of nbytes occupies on a link: itself on shared memory or a
@@ -304,11 +306,11 @@ class Costs:
     def push_bytes(self, s: int) -> int:
         """A push to server s, as asgd.core.wire counts it."""
         lo, hi = self.shards[s]
-        return wire.push_bytes(hi - lo, self.shard_cols[s])
+        return wire.push_bytes(hi - lo, self.shard_cols[s], self.itemsize)
 
     def pull_bytes(self, s: int) -> int:
         lo, hi = self.shards[s]
-        return wire.pull_bytes(hi - lo, self.shard_cols[s])
+        return wire.pull_bytes(hi - lo, self.shard_cols[s], self.itemsize)
 
     def latency(self) -> float:
         """One-way latency of a small message between ranks of one node (ping-pong at 8 bytes)."""

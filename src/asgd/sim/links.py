@@ -114,17 +114,17 @@ class RingSum:
             bar.wait()
             world.sg.this_actor.sleep_for(c.mpi_allreduce(P, self.values))
             world.notice(rank, started)
-            least = int(DOUBLE * 2 * (P - 1) * self.values / P)
+            least = int(c.itemsize * 2 * (P - 1) * self.values / P)
             st.bytes_sent += least
             st.bytes_recv += least
         for rnd in (range(2 * (P - 1)) if not self.mpi else ()):   # Ring.sum's chunks: sent, then received
             j, pos = rnd % (P - 1), self.pos
             out_c, in_c = ((pos - j) % P, (pos - j - 1) % P) if rnd < P - 1 else ((pos + 1 - j) % P, (pos - j) % P)
-            out = world.send(rank, self.right, f"ar{self.right}", rnd, DOUBLE * self.chunk[out_c])
+            out = world.send(rank, self.right, f"ar{self.right}", rnd, c.itemsize * self.chunk[out_c])
             world.recv(f"ar{rank}")
             out.wait()
-            st.bytes_sent += DOUBLE * self.chunk[out_c]
-            st.bytes_recv += DOUBLE * self.chunk[in_c]
+            st.bytes_sent += c.itemsize * self.chunk[out_c]
+            st.bytes_recv += c.itemsize * self.chunk[in_c]
             if rnd < P - 1:
                 world.execute(c.allreduce_add(self.chunk[in_c]))
             world.notice(rank, started)  # the schedule moves on only when the rank polls

@@ -113,7 +113,8 @@ def config_of(spec: Spec, out: str | None, data_path: str | None, trace: bool = 
     simulated = dict(data=data_path, classes=r.classes, reader=r.reader, hidden=r.hidden, batch=r.batch,
                      epochs=r.epochs, seed=spec.seed, arch=spec.arch, servers=max(r.servers, 1), mode=r.mode,
                      model_parallel=r.model_parallel, allreduce=r.allreduce,
-                     staleness=spec.staleness, compress=spec.compress, optimizer=spec.optimizer, lr=lr, out=out,
+                     staleness=spec.staleness, compress=spec.compress, precision=r.precision,
+                     optimizer=spec.optimizer, lr=lr, out=out,
                      trace=trace, trace_steps=f"{trace_steps[0]}:{trace_steps[1]}")
     cfg = Config(**{**spec.recorded, **simulated}).to_dict()
     cfg.update(servers=spec.topology.owners, workers=r.workers, world_size=spec.ranks, replicas=r.replicas,

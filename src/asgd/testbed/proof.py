@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..core.wire import DONE_BYTES, DOUBLE
+from ..core.wire import DONE_BYTES, itemsize
 from . import links
 from .spec import Spec
 
@@ -215,8 +215,9 @@ def added_messages(results: dict, hosts: list[int] | None = None) -> list[dict[s
         if hosts[s] == hosts[0]:   # a server beside rank 0 hands its shard over inside the host
             continue
         lo, hi = ranks[s]["shard"]
-        out[s]["sent"][DOUBLE * (hi - lo)] += 1
-        out[0]["recv"][DOUBLE * (hi - lo)] += 1
+        shard = itemsize(results["config"].get("precision", "float64")) * (hi - lo)   # before --precision: float64
+        out[s]["sent"][shard] += 1
+        out[0]["recv"][shard] += 1
     return out
 
 
