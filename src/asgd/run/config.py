@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from .. import BadInput
+from ..core.target import EVAL_BUDGET, Cadence
 from ..data import READERS  # how ranks read the data file
 from ..data.dialect import delimiter_option
 from ..net import OPTIMIZERS
@@ -70,6 +71,9 @@ class Config:
     dry_run: bool = False        # start up (kernels, data, model, output folder) and stop: nothing trained
     fault_tolerant: bool = False  # a lost worker does not end the job (Open MPI's ULFM)
     backup_workers: int = 0      # sync: each round applies the first W - b pushes, drops the late
+    target_accuracy: float | None = None   # end the run once the held-out accuracy reaches this
+    target_loss: float | None = None       # ... or the held-out loss falls to this (core.target)
+    eval_every: str = "auto"     # held-out evaluations between epochs: "N" updates, "Ns" seconds, or auto
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -166,6 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr-guard", action=argparse.BooleanOptionalAction, default=d.lr_guard,
                    help="halve the step when the held-out loss climbs well above its best and is still rising "
                         "(said in the progress line; one server, --arch ps) (default: on)")
+    t.add_argument("--target-accuracy", type=float, metavar="A",
+                   help="end the run once the held-out accuracy reaches A (0 < A <= 1), checked at every "
+                        "held-out evaluation (--eval-every); results.json's target says when (default: train "
+                        "every epoch). Rank 0 must hold all of w: --arch ps with one server, or no --model-parallel")
+    t.add_argument("--target-loss", type=float, metavar="L",
+                   help="end the run once the held-out loss falls to L (> 0), as --target-accuracy does (give "
+                        "one of the two)")
+    t.add_argument("--eval-every", default=d.eval_every, metavar="N|Ns|auto",
+                   help="evaluate the held-out set every N updates (e.g. 200) or N seconds (e.g. 0.5s) as well "
+                        "as after each epoch: results.json's metrics.curve, and the checks of a target. auto "
+                        f"(default): as often as keeps evaluation under {EVAL_BUDGET * 100:g} %% of the run's time")
     t.add_argument("--seed", type=int, default=d.seed,
                    help="seed of the data split, shuffles and initial weights (default %(default)s)")
     a = p.add_argument_group("parallelism")
@@ -338,6 +353,8 @@ def validate(cfg: Config, world_size: int) -> None:
     need(math.isfinite(cfg.stall_timeout) and cfg.stall_timeout >= 0,
          f"--stall-timeout must be >= 0 seconds, got {cfg.stall_timeout}")
     checkpoint_every(cfg.checkpoint_every)
+    eval_cadence(cfg.eval_every)
+    validate_target(cfg)
     need(cfg.test is None or cfg.data is not None, "--test needs --data")
     need(cfg.reader in READERS, f"--reader must be one of {', '.join(READERS)}, got {cfg.reader!r}")
     trace_window(cfg.trace_steps)
@@ -345,14 +362,23 @@ def validate(cfg: Config, world_size: int) -> None:
 
 def checkpoint_every(spec: str | None) -> tuple[str, float] | None:
     """--checkpoint-every: '500' (updates of the shard) or '30s' (seconds)."""
-    if not spec:
-        return None
+    return interval(spec, "--checkpoint-every") if spec else None
+
+
+def eval_cadence(spec: str) -> Cadence:
+    """--eval-every: 'auto', '200' (updates) or '0.5s' (seconds)."""
+    return Cadence("auto") if spec == "auto" else Cadence(*interval(spec, "--eval-every", "auto, "))
+
+
+def interval(spec: str, option: str, other: str = "") -> tuple[str, float]:
+    """'500' -> ('updates', 500); '30s' -> ('seconds', 30.0): `option`'s N or Ns
+    (`other`: the forms it also takes, for the message)."""
     try:
         n = float(spec[:-1]) if spec.endswith("s") else int(spec)
     except ValueError:
-        raise ConfigError(f"--checkpoint-every must be N (updates) or Ns (seconds), got {spec!r}") from None
-    if n <= 0:
-        raise ConfigError(f"--checkpoint-every must be positive, got {spec!r}")
+        raise ConfigError(f"{option} must be {other}N (updates) or Ns (seconds), got {spec!r}") from None
+    if not (math.isfinite(n) and n > 0):
+        raise ConfigError(f"{option} must be positive, got {spec!r}")
     return ("seconds" if spec.endswith("s") else "updates", n)
 
 
@@ -365,6 +391,26 @@ def trace_window(spec: str) -> tuple[int, int]:
     if not 0 <= a < b:
         raise ConfigError(f"--trace-steps must be A:B with 0 <= A < B, got {spec!r}")
     return a, b
+
+
+def validate_target(cfg: Config) -> None:
+    """--target-accuracy A in (0, 1], --target-loss L > 0, not both, and a run whose rank 0
+    evaluates the held-out set during training (it holds all of w: one parameter server,
+    or p2p's and allreduce's rank 0 without slices)."""
+    a, loss = cfg.target_accuracy, cfg.target_loss
+    if a is not None and not 0 < a <= 1:
+        raise ConfigError(f"--target-accuracy must be in (0, 1], got {a}")
+    if loss is not None and not (math.isfinite(loss) and loss > 0):
+        raise ConfigError(f"--target-loss must be a positive finite number, got {loss}")
+    if a is not None and loss is not None:
+        raise ConfigError("give --target-accuracy or --target-loss, not both")
+    option = "--target-accuracy" if a is not None else "--target-loss"
+    if (a is not None or loss is not None) and cfg.arch == "ps" and cfg.servers > 1:
+        raise ConfigError(f"{option} needs the held-out evaluation during training, which needs all of w on "
+                          f"rank 0: use --servers 1 (got {cfg.servers})")
+    if (a is not None or loss is not None) and cfg.arch != "ps" and cfg.model_parallel > 1:
+        raise ConfigError(f"{option} needs the held-out evaluation during training, which needs all of w on "
+                          f"rank 0: --arch {cfg.arch} with --model-parallel holds slices")
 
 
 def default_out(world_size: int) -> str:
