@@ -125,6 +125,17 @@ def test_staleness_and_step_gaps_are_recorded_per_worker():
     assert rec["staleness_hist"] == {10: [1, 2]} and rec["rounds"] == 3 and rec["requests"] == 3
 
 
+def test_a_target_reached_tells_every_later_reply_the_run_is_done():
+    """on_version says True once rank 0's held-out evaluation reached the target: that
+    version's reply and every later one say STOP_DONE (done, not stopped early)."""
+    fx = Recorder()
+    shard = Shard([1, 2], fx, Async(reply_first=False), on_version=lambda rounds, ls, m: rounds >= 2)
+    for j in (0, 1, 0):
+        shard.pushed(j, 0, 0, 0, 1.0, 4.0)
+    assert [e[3] for e in fx.log if e[0] == "reply"] == [0.0, STOP_DONE, STOP_DONE]
+    assert not shard.stopping
+
+
 def test_a_stop_request_reaches_every_later_reply():
     fx = Recorder()
     shard = Shard([1], fx, Async())

@@ -73,3 +73,15 @@ def test_an_unreached_target_records_no_time_and_epoch_ends_are_on_the_curve():
     assert t.target_record() == {"metric": "loss", "value": 0.1, "reached": False, "train_s": None,
                                  "epochs": None, "samples": None, "updates": None}
     assert tracker([])[0].target_record() is None
+
+
+def test_auto_waits_for_its_share_of_the_estimated_cost_before_the_first_evaluation():
+    """--eval-every auto: with no evaluation made yet, the first waits 19 times the cost
+    estimated before training (a run whose evaluation would cost more evaluates only at
+    the epochs' ends); with none estimated, the first version is evaluated."""
+    t, _ = tracker([(0.5, 0.6)], cadence=Cadence("auto"), eval_cost_s=60.0)
+    t.add(1.0, 10)
+    assert t.curve == []
+    t, _ = tracker([(0.5, 0.6)], cadence=Cadence("auto"))
+    t.add(1.0, 10)
+    assert [p["updates"] for p in t.curve] == [1]

@@ -23,7 +23,7 @@ from mpi4py import MPI
 from ..net import kernels
 from ..net.optimizers import Optimizer
 from ..core.schedule import Schedule
-from ..core.wire import DOUBLE, TAG_RING, ring_bytes, shard_bounds
+from ..core.wire import DOUBLE, TAG_RING, ring_bytes, shard_bounds, stop_share, summed_stop
 from ..core.shard import DIVERGED_AFTER, DivergenceError
 from ..core.worker import WorkerStats, allreduce_loop
 from .context import Endpoint
@@ -84,7 +84,9 @@ class Summed:
         self.n_w = n_w = len(w)
         self.part, self.total = np.zeros(n_w + 3), np.zeros(n_w + 3)  # [m * Delta-w | m, loss_sum, stop]
         self.refused = 0   # non-finite sums in a row
-        self.told_to_stop = False
+        self.told_to_stop = False    # the last sum said to stop: asked (a signal), or done
+        self.asked_to_stop = False   # ... and it was asked
+        self.finished = False        # on_version said the run is done (rank 0: its target reached)
         self.stats = WorkerStats()
 
     def delta(self) -> np.ndarray:
@@ -94,7 +96,7 @@ class Summed:
         """Sum my [m * dw | m, loss_sum, stop] (dw: delta()'s buffer) with every rank's."""
         n_w = self.n_w
         self.part[:n_w] *= m
-        self.part[n_w:] = (m, loss_sum, stop)
+        self.part[n_w:] = (m, loss_sum, stop_share(stop, self.finished, self.summer.ep.comm.size))
         self.summer.sum(self.part, self.total)
         self.stats.bytes_sent += self.summer.bytes[0]
         self.stats.bytes_recv += self.summer.bytes[1]
@@ -115,9 +117,9 @@ class Summed:
             self.optimizer.step(self.w, total[:n_w], 1.0 / total[n_w])
         st.updates += 1
         st.samples += m
-        if self.on_version:
-            self.on_version(st.updates, total[n_w + 1], total[n_w])
-        self.told_to_stop = bool(total[n_w + 2])
+        if self.on_version and self.on_version(st.updates, total[n_w + 1], total[n_w]):
+            self.finished = True   # said in my next sum: every rank ends after that step
+        self.told_to_stop, self.asked_to_stop = summed_stop(total[n_w + 2])
         return True
 
 

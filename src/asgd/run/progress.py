@@ -35,6 +35,7 @@ class EpochTracker:
     guard: Callable[[], float] | None = None   # --lr-guard: halves the step, returns its share of lr now
     target: Target | None = None     # --target-accuracy, --target-loss: the run ends once an evaluation reaches it
     cadence: Cadence | None = None   # --eval-every: held-out evaluations between the epochs' ends
+    eval_cost_s: float = 0.0         # an evaluation's seconds, estimated before any was made (auto's first wait)
 
     def __post_init__(self):
         self.first_samples = self.samples  # a resumed run starts past zero: rates count from here
@@ -47,7 +48,8 @@ class EpochTracker:
         self.updates = 0          # versions of w this run has made
         self.curve: list[dict] = []   # every held-out evaluation during training (metrics.curve)
         self.reached: dict | None = None   # the evaluation that reached the target (results.json's target)
-        self.last_eval = (0, 0.0, 0.0)     # the last evaluation's updates, end (s since t_start), seconds it took
+        # the last evaluation's updates, end (s since t_start) and seconds (none yet: the estimate)
+        self.last_eval = (0, 0.0, self.eval_cost_s)
 
     def lose(self, pushed: float, workers: int) -> None:
         """A worker died having pushed `pushed` samples: its share (1/workers of the data)
