@@ -2,6 +2,7 @@
 held-out evaluations, the stop's share in a summed stop (asgd.core.wire), and rank 0's
 tracker that asks them after each version (asgd.run.progress)."""
 
+import numpy as np
 import pytest
 
 from asgd.core.target import EVAL_BUDGET, Cadence, Target, target
@@ -85,3 +86,14 @@ def test_auto_waits_for_its_share_of_the_estimated_cost_before_the_first_evaluat
     t, _ = tracker([(0.5, 0.6)], cadence=Cadence("auto"))
     t.add(1.0, 10)
     assert [p["updates"] for p in t.curve] == [1]
+
+
+def test_the_final_metrics_reuse_the_last_evaluation_only_when_it_was_of_the_weights_saved():
+    """A run that ends at its target saves the w its last evaluation (between epochs) was
+    of: its figures are the final ones, not the last epoch's."""
+    t, _ = tracker([(0.5, 0.6)] * 4 + [(0.3, 0.95)], target=Target("accuracy", 0.9), cadence=Cadence("updates", 3))
+    for _ in range(14):   # evaluations at 3, 6, 9 updates, the epoch's end at 10, and at 13: the target
+        t.add(100.0, 100)
+    t.evaluated_w = np.ones(3)
+    assert t.final_metrics(np.ones(3), lambda: (9.0, 0.0)) == (0.3, 0.95)
+    assert t.final_metrics(np.zeros(3), lambda: (9.0, 0.0)) == (9.0, 0.0)

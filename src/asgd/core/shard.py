@@ -86,6 +86,8 @@ class Shard:
         self.finished = False   # the run is done (its target reached, or sync with backup workers its
                                 # epochs trained): so say the replies
         self.goal = None        # goal(): whether they are (the shard that keeps the progress)
+        self.at_target = False  # on_version said the target is reached: later pushes are not applied,
+                                # so the shard saved is the one that reached it
         self.collecting = 0                      # the cut being collected (0: none)
         self.past = np.zeros(W, bool)            # whose push past it has come
         self.held: list[tuple] = []              # (j, cut, loss_sum, m) past it, not yet taken
@@ -104,6 +106,11 @@ class Shard:
         self.steps[j] += 1
         self.samples[j] += samples
         self.pushed_step[j] = step
+        if self.at_target:   # computed before its worker heard: answered (done), not applied
+            self.st.dropped += 1
+            self.reply(j)
+            self.release(j)
+            return
         self.route(j, cut, loss_sum, samples)
         self.answer_due()
 
@@ -174,7 +181,7 @@ class Shard:
         """The shard has a new version; count it, report the samples it took in."""
         self.st.rounds += 1
         if self.on_version and self.on_version(self.st.rounds, loss_sum, samples):
-            self.finished = True   # a target reached: the replies tell the workers the run is done
+            self.finished = self.at_target = True   # the replies tell the workers the run is done
         if self.due is not None and not self.collecting and self.due(self.st.rounds):
             self.start_cut()   # before this version's replies go out: they carry it
 

@@ -103,7 +103,8 @@ class Summed:
 
     def apply(self, m: int) -> bool:
         """Apply the summed update, or refuse it (False) if it has NaN or inf: every rank
-        sees the same sum, so all refuse it alike."""
+        sees the same sum, so all refuse it alike. A sum that says the run is done (a
+        target reached) is not applied: every rank ends with the w that reached it."""
         n_w, total, st = self.n_w, self.total, self.stats
         if not kernels.all_finite(total[:n_w + 2]):
             self.refused += 1
@@ -113,13 +114,15 @@ class Summed:
                                       "training diverged; lower --lr")
             return False
         self.refused = 0
+        self.told_to_stop, self.asked_to_stop = summed_stop(total[n_w + 2])
+        if self.told_to_stop and not self.asked_to_stop:
+            return True   # done (rank 0's target reached): every rank keeps the w that reached it
         if total[n_w]:
             self.optimizer.step(self.w, total[:n_w], 1.0 / total[n_w])
         st.updates += 1
         st.samples += m
         if self.on_version and self.on_version(st.updates, total[n_w + 1], total[n_w]):
-            self.finished = True   # said in my next sum: every rank ends after that step
-        self.told_to_stop, self.asked_to_stop = summed_stop(total[n_w + 2])
+            self.finished = True   # said in my next sum: every rank ends with it, not applying it
         return True
 
 
