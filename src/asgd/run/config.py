@@ -172,8 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(said in the progress line; one server, --arch ps) (default: on)")
     t.add_argument("--target-accuracy", type=float, metavar="A",
                    help="end the run once the held-out accuracy reaches A (0 < A <= 1), checked at every "
-                        "held-out evaluation (--eval-every); results.json's target says when (default: train "
-                        "every epoch). Rank 0 must hold all of w: --arch ps with one server, or no --model-parallel")
+                        "held-out evaluation (--eval-every), keeping the weights that reached it; results.json's "
+                        "target says when (default: none, train every epoch). Rank 0 must hold all of w: --arch ps "
+                        "with one server, or p2p and allreduce without --model-parallel")
     t.add_argument("--target-loss", type=float, metavar="L",
                    help="end the run once the held-out loss falls to L (> 0), as --target-accuracy does (give "
                         "one of the two)")
