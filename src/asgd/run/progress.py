@@ -68,10 +68,10 @@ class EpochTracker:
     def final_metrics(self, w: np.ndarray, evaluate: Callable[[], tuple[float, float]]) -> tuple[float, float]:
         """Held-out (loss, accuracy) of the final weights w (those saved): the last
         evaluation (an epoch's end's, or --eval-every's) if it was of exactly these
-        weights, else evaluate() now. Counting
-        samples cannot tell: p2p's rank 0 evaluates its worker's copy of w, one exchange
-        behind the owners' shards, and a model-parallel server's later slices take a
-        round's pushes after the first slice's version ends the epoch."""
+        weights, else evaluate() now. Counting samples cannot tell: p2p's rank 0
+        evaluates its worker's copy of w, one exchange behind the owners' shards, and a
+        model-parallel server's later slices take a round's pushes after the first
+        slice's version ends the epoch."""
         if self.evaluated_w is not None and self.curve and np.array_equal(self.evaluated_w, w):
             return self.curve[-1]["loss"], self.curve[-1]["accuracy"]
         return evaluate()
