@@ -42,6 +42,7 @@ def test_defaults_are_the_papers_setup():
     (["--target-accuracy", "0.9", "--servers", "2"], 4, "--target-accuracy needs the held-out evaluation during "
                                                          "training, which needs all of w on rank 0: use --servers 1"),
     (["--target-loss", "0.2", "--arch", "p2p", "--model-parallel", "2"], 4, "--arch p2p with --model-parallel"),
+    (["--eval-every", "5", "--servers", "2"], 4, "--eval-every needs the held-out evaluation during training"),
     (["--eval-every", "often"], 3, "--eval-every must be auto, N (updates) or Ns (seconds), got 'often'"),
     (["--eval-every", "0s"], 3, "--eval-every must be positive, got '0s'"),
     (["--eval-every", "-5"], 3, "--eval-every must be positive, got '-5'"),

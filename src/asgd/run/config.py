@@ -181,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-every", default=d.eval_every, metavar="N|Ns|auto",
                    help="evaluate the held-out set every N updates (e.g. 200) or N seconds (e.g. 0.5s) as well "
                         "as after each epoch: results.json's metrics.curve, and the checks of a target. auto "
-                        f"(default): as often as keeps evaluation under {EVAL_BUDGET * 100:g} %% of the run's time")
+                        "(default): as often as keeps the evaluations it adds under "
+                        f"{EVAL_BUDGET * 100:g} %% of the run's time. Rank 0 must hold all of w, as for a target")
     t.add_argument("--seed", type=int, default=d.seed,
                    help="seed of the data split, shuffles and initial weights (default %(default)s)")
     a = p.add_argument_group("parallelism")
@@ -395,9 +396,8 @@ def trace_window(spec: str) -> tuple[int, int]:
 
 
 def validate_target(cfg: Config) -> None:
-    """--target-accuracy A in (0, 1], --target-loss L > 0, not both, and a run whose rank 0
-    evaluates the held-out set during training (it holds all of w: one parameter server,
-    or p2p's and allreduce's rank 0 without slices)."""
+    """--target-accuracy A in (0, 1], --target-loss L > 0, not both; they and a chosen
+    --eval-every need a run whose rank 0 evaluates the held-out set during training."""
     a, loss = cfg.target_accuracy, cfg.target_loss
     if a is not None and not 0 < a <= 1:
         raise ConfigError(f"--target-accuracy must be in (0, 1], got {a}")
@@ -405,13 +405,23 @@ def validate_target(cfg: Config) -> None:
         raise ConfigError(f"--target-loss must be a positive finite number, got {loss}")
     if a is not None and loss is not None:
         raise ConfigError("give --target-accuracy or --target-loss, not both")
-    option = "--target-accuracy" if a is not None else "--target-loss"
-    if (a is not None or loss is not None) and cfg.arch == "ps" and cfg.servers > 1:
-        raise ConfigError(f"{option} needs the held-out evaluation during training, which needs all of w on "
-                          f"rank 0: use --servers 1 (got {cfg.servers})")
-    if (a is not None or loss is not None) and cfg.arch != "ps" and cfg.model_parallel > 1:
-        raise ConfigError(f"{option} needs the held-out evaluation during training, which needs all of w on "
-                          f"rank 0: --arch {cfg.arch} with --model-parallel holds slices")
+    asked = ("--target-accuracy" if a is not None else "--target-loss" if loss is not None
+             else "--eval-every" if cfg.eval_every != "auto" else None)
+    why = no_evaluation_in_training(cfg)
+    if asked and why:
+        raise ConfigError(f"{asked} needs the held-out evaluation during training, which needs all of w on "
+                          f"rank 0: {why}")
+
+
+def no_evaluation_in_training(cfg: Config) -> str | None:
+    """Why rank 0 cannot evaluate the held-out set during training (it holds all of w
+    only with one parameter server, or as p2p's and allreduce's rank 0 without slices),
+    or None: it can."""
+    if cfg.arch == "ps" and cfg.servers > 1:
+        return f"use --servers 1 (got {cfg.servers})"
+    if cfg.arch != "ps" and cfg.model_parallel > 1:
+        return f"--arch {cfg.arch} with --model-parallel holds slices"
+    return None
 
 
 def default_out(world_size: int) -> str:
