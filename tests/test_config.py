@@ -33,10 +33,31 @@ def test_defaults_are_the_papers_setup():
     (["--checkpoint-every", "soon"], 3, "--checkpoint-every must be N (updates) or Ns (seconds)"),
     (["--arch", "allreduce", "--compress", "1bit"], 3, "--compress 1bit needs --arch ps"),
     (["--compress", "2bit"], 3, "argument --compress: invalid choice: '2bit'"),
+    (["--target-accuracy", "0"], 3, "--target-accuracy must be in (0, 1], got 0.0"),
+    (["--target-accuracy", "1.5"], 3, "--target-accuracy must be in (0, 1], got 1.5"),
+    (["--target-accuracy", "nan"], 3, "--target-accuracy must be in (0, 1], got nan"),
+    (["--target-loss", "0"], 3, "--target-loss must be a positive finite number, got 0.0"),
+    (["--target-loss", "inf"], 3, "--target-loss must be a positive finite number, got inf"),
+    (["--target-accuracy", "0.9", "--target-loss", "0.2"], 3, "give --target-accuracy or --target-loss, not both"),
+    (["--target-accuracy", "0.9", "--servers", "2"], 4, "--target-accuracy needs the held-out evaluation during "
+                                                         "training, which needs all of w on rank 0: use --servers 1"),
+    (["--target-loss", "0.2", "--arch", "p2p", "--model-parallel", "2"], 4, "--arch p2p with --model-parallel"),
+    (["--eval-every", "5", "--servers", "2"], 4, "--eval-every needs the held-out evaluation during training"),
+    (["--eval-every", "often"], 3, "--eval-every must be auto, N (updates) or Ns (seconds), got 'often'"),
+    (["--eval-every", "0s"], 3, "--eval-every must be positive, got '0s'"),
+    (["--eval-every", "-5"], 3, "--eval-every must be positive, got '-5'"),
 ])
 def test_bad_options_give_one_clear_message(argv, world, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         config.parse(argv, world_size=world)
+
+
+@pytest.mark.parametrize("argv", [["--target-accuracy", "1"], ["--target-loss", "0.05", "--arch", "allreduce"],
+                                  ["--target-accuracy", "0.9", "--model-parallel", "2", "--servers", "1"]])
+def test_targets_rank_0_can_check_are_taken(argv):
+    c = config.parse([*argv, "--eval-every", "0.5s"], world_size=5)
+    assert (c.target_accuracy or c.target_loss) and config.eval_cadence(c.eval_every) == config.Cadence("seconds", 0.5)
+    assert config.eval_cadence("200") == config.Cadence("updates", 200) and config.parse([], 3).eval_every == "auto"
 
 
 def test_values_round_trip_to_dict():

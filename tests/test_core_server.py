@@ -125,6 +125,21 @@ def test_staleness_and_step_gaps_are_recorded_per_worker():
     assert rec["staleness_hist"] == {10: [1, 2]} and rec["rounds"] == 3 and rec["requests"] == 3
 
 
+@pytest.mark.parametrize("rule", [Async(), Async(reply_first=False), SSP(2)], ids=["async", "apply-first", "ssp"])
+def test_a_target_reached_tells_every_later_reply_the_run_is_done_and_applies_no_more(rule):
+    """on_version says True once rank 0's held-out evaluation reached the target: every
+    later reply says STOP_DONE (done, not stopped early), and a push computed before its
+    worker heard is answered but not applied: the shard stays the one that reached it."""
+    fx = Recorder()
+    shard = Shard([1, 2], fx, rule, on_version=lambda rounds, ls, m: rounds >= 2)
+    for j in (0, 1, 0, 1):
+        shard.pushed(j, 0, 0, 0, 1.0, 4.0)
+    replies = [e for e in fx.log if e[0] == "reply"]
+    assert [e[1] for e in replies] == [0, 1, 0, 1] and replies[-1][3] == replies[-2][3] == STOP_DONE
+    assert [e for e in fx.log if e[0] == "apply"] == [("apply", 0, 1.0), ("apply", 1, 1.0)]
+    assert shard.st.rounds == 2 and shard.st.dropped == 2 and not shard.stopping
+
+
 def test_a_stop_request_reaches_every_later_reply():
     fx = Recorder()
     shard = Shard([1], fx, Async())

@@ -224,11 +224,12 @@ def test_the_epoch_end_meets_with_no_exchange_in_flight():
 
 class Reducer:
     """Sums nothing: records the calls; refuses the sums of steps in `refuse`, and says
-    stop after the step `stop_at`."""
+    stop after the step `stop_at`: asked (a signal), or with done=True the run done (a
+    target reached)."""
 
-    def __init__(self, calls, refuse=(), stop_at=None):
-        self.calls, self.refuse, self.stop_at = calls, set(refuse), stop_at
-        self.stats, self.told_to_stop, self.k = WorkerStats(), False, 0
+    def __init__(self, calls, refuse=(), stop_at=None, done=False):
+        self.calls, self.refuse, self.stop_at, self.done = calls, set(refuse), stop_at, done
+        self.stats, self.told_to_stop, self.asked_to_stop, self.k = WorkerStats(), False, False, 0
         self.buf = np.full(2, np.nan)
 
     def delta(self):
@@ -245,6 +246,7 @@ class Reducer:
         self.calls.append(("apply", k))
         self.stats.updates += 1
         self.told_to_stop = k == self.stop_at
+        self.asked_to_stop = self.told_to_stop and not self.done
         return True
 
 
@@ -275,3 +277,12 @@ def test_allreduce_stops_after_the_step_whose_sum_says_stop_but_not_on_a_refused
     st = allreduce(Reducer(calls, refuse=[0], stop_at=1), calls, 10, 5)
     assert [c for c in calls if c[0] in ("apply", "refuse")] == [("refuse", 0), ("apply", 1)]
     assert st.stopped and st.updates == 1
+
+
+def test_allreduce_ends_after_the_step_whose_sum_says_done_and_is_not_stopped_early():
+    """A run done (rank 0's target reached) ends every rank after the same step, as a stop
+    does, but it was not stopped early: no checkpoint to resume from, no `stopped`."""
+    calls = []
+    st = allreduce(Reducer(calls, stop_at=2, done=True), calls, 10, 5)
+    assert [c for c in calls if c[0] == "apply"] == [("apply", 0), ("apply", 1), ("apply", 2)]
+    assert not st.stopped and st.updates == 3

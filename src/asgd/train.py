@@ -337,7 +337,8 @@ def save(job: Job, m: Model, record: dict) -> None:
         ranks=records, wall_s=wall, meta=results.machine(job.comm, job.crowded),
         server={"updates": records[0]["rounds"] if job.topo.owners else records[0]["updates"],
                 "samples": tracker.samples, "samples_run": tracker.samples - tracker.first_samples,
-                "history": tracker.history, "loss": loss, "accuracy": accuracy})
+                "history": tracker.history, "loss": loss, "accuracy": accuracy,
+                "curve": tracker.curve, "target": tracker.target_record()})
     res["stopped"] = (signals.requested() or "a stop request") if stopped else None
     if os.environ.get(RESTARTS_ENV):   # python -m asgd.launch restarted this run: its history
         with open(os.environ[RESTARTS_ENV]) as f:
@@ -366,7 +367,8 @@ def save(job: Job, m: Model, record: dict) -> None:
     chance = float(np.bincount(m.test.y).max() / len(m.test)) if len(m.test) else None
     facts = RunFacts(accuracy=accuracy, chance=chance, workers=1 if lockstep else job.topo.replicas,
                      standardized=bool(cfg.standardize), feature_max=m.feature_stats[0],
-                     std_ratio=m.feature_stats[1], guard_cuts=tracker.guard_cuts, stale_step=cfg.stale_step)
+                     std_ratio=m.feature_stats[1], guard_cuts=tracker.guard_cuts, stale_step=cfg.stale_step,
+                     target_reached=tracker.reached is not None)
     res["notes"] = notes + convergence_notes(tracker.history, sum(r.get("refused", 0) for r in records), facts)
     if m.labels is not None and m.labels.names:
         folder.write_labels(job.out, m.labels.names)
@@ -380,10 +382,20 @@ def save(job: Job, m: Model, record: dict) -> None:
               f"{', '.join(str(x['rank']) for x in res['lost'])} (results.json's `lost`)", flush=True)
     for note in res["notes"]:
         print(f"asgd.train: note: {note}", flush=True)
+    if res["target"] is not None:
+        print(target_line(res["target"]), flush=True)
     if stopped:
         print(f"asgd.train: stopped early by {res['stopped']} after epoch {tracker.epoch} "
               f"({tracker.samples:,} samples); checkpoint in {checkpoint.folder(job.out)}; "
               f"continue with --resume {job.out}", flush=True)
+
+
+def target_line(t: dict) -> str:
+    """The summary's line on --target-accuracy or --target-loss."""
+    if not t["reached"]:
+        return f"asgd.train: the held-out {t['metric']} never reached the target {t['value']:g}"
+    return (f"asgd.train: reached the target held-out {t['metric']} {t['value']:g} after {t['train_s']:.2f} s of "
+            f"training, {t['epochs']:.2f} epochs ({t['samples']:,} samples, {t['updates']:,} updates)")
 
 
 if __name__ == "__main__":

@@ -66,7 +66,8 @@ class Shard:
         policy: asgd.core.policy's (may be set later); due(rounds): whether a cut is due
         (the leader's checkpoints; None: this shard starts none); stale_step(staleness):
         the share of the learning rate a push of that staleness moves w by (None: all);
-        on_version(rounds, loss_sum, samples): after each new version (progress);
+        on_version(rounds, loss_sum, samples): after each new version (progress); it
+        returns True once the run is done (a target reached): replies then say so;
         on_lost(rank, samples it pushed); cuts_done: the cut the run resumed from."""
         W = len(ranks)
         self.ranks, self.W, self.fx, self.policy = list(ranks), W, effects, policy
@@ -82,8 +83,11 @@ class Shard:
         self.step_share = 1.0                    # the share of lr every update takes (halve_step)
         self.refused_in_a_row = 0
         self.stopping = False   # a stop request: replies tell the workers to stop
-        self.finished = False   # the run's epochs are trained (sync with backup workers): so do replies
+        self.finished = False   # the run is done (its target reached, or sync with backup workers its
+                                # epochs trained): so say the replies
         self.goal = None        # goal(): whether they are (the shard that keeps the progress)
+        self.at_target = False  # on_version said the target is reached: later pushes are not applied,
+                                # so the shard saved is the one that reached it
         self.collecting = 0                      # the cut being collected (0: none)
         self.past = np.zeros(W, bool)            # whose push past it has come
         self.held: list[tuple] = []              # (j, cut, loss_sum, m) past it, not yet taken
@@ -102,6 +106,11 @@ class Shard:
         self.steps[j] += 1
         self.samples[j] += samples
         self.pushed_step[j] = step
+        if self.at_target:   # computed before its worker heard: answered (done), not applied
+            self.st.dropped += 1
+            self.reply(j)
+            self.release(j)
+            return
         self.route(j, cut, loss_sum, samples)
         self.answer_due()
 
@@ -171,8 +180,8 @@ class Shard:
     def new_version(self, loss_sum: float, samples: float) -> None:
         """The shard has a new version; count it, report the samples it took in."""
         self.st.rounds += 1
-        if self.on_version:
-            self.on_version(self.st.rounds, loss_sum, samples)
+        if self.on_version and self.on_version(self.st.rounds, loss_sum, samples):
+            self.finished = self.at_target = True   # the replies tell the workers the run is done
         if self.due is not None and not self.collecting and self.due(self.st.rounds):
             self.start_cut()   # before this version's replies go out: they carry it
 

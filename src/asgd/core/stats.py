@@ -19,7 +19,8 @@ class ServerStats:
     refused: int = 0   # Delta-w with NaN or inf, not applied
     stopped: bool = False  # a stop request ended the run early
     cuts: int = 0      # checkpoint cuts completed
-    dropped: int = 0   # sync with backup workers: pushes that came after their round was applied
+    dropped: int = 0   # pushes not applied: sync with backup workers' that came after their round was
+                       # applied, and any that came after the target was reached
     lost: list = field(default_factory=list)   # workers found dead: {rank, time, updates}
 
     @classmethod

@@ -45,7 +45,7 @@ PULL_FIELDS = ("version", "stop", "cut")
 PUSH_HEADER, PULL_HEADER = len(PUSH_FIELDS), len(PULL_FIELDS)
 P_VERSION, P_LOSS, P_SAMPLES, P_STEP, P_STOP, P_CUT = range(PUSH_HEADER)   # a push header's fields
 R_VERSION, R_STOP, R_CUT = range(PULL_HEADER)                              # a pull (reply) header's fields
-STOP_ASKED, STOP_DONE = 1.0, 2.0   # a reply's stop: a stop was asked (a signal); the run's epochs are trained
+STOP_ASKED, STOP_DONE = 1.0, 2.0   # a reply's stop: a stop was asked (a signal); the run is done (epochs, target)
 DONE_BYTES = DOUBLE  # a float64 0.0
 
 
@@ -133,6 +133,20 @@ def ring_bytes(n: int, ranks: int, rank: int, itemsize: int = DOUBLE) -> tuple[i
 
 
 SEND, RECV = 0, 1   # the two ends of a message, in traces
+
+
+def stop_share(asked: bool, done: bool, ranks: int) -> float:
+    """One rank's part of a stop summed over `ranks` ranks (allreduce's sum, a replica's
+    logits): 1 if it was asked to stop (a signal), 1 / (ranks + 1) if its run is done (a
+    target reached), else 0; so the sum's whole part counts the ranks asked, and a sum in
+    (0, 1) says done (summed_stop)."""
+    return 1.0 if asked else 1.0 / (ranks + 1) if done else 0.0
+
+
+def summed_stop(total: float) -> tuple[bool, bool]:
+    """(stop, asked) from a sum of stop_share()s: whether to stop, and whether it was asked
+    (a signal: the run ends early) rather than the run being done."""
+    return total > 0, total >= 1
 
 
 def flow_id(worker_rank: int, server_rank: int, step: int, reply: bool) -> int:

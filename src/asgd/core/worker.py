@@ -123,7 +123,8 @@ def allreduce_loop(reducer, compute, clock, plan: Schedule, n: int, stop_request
     [m * Delta-w | m, loss_sum, stop] with the other ranks (reducer.sum(dw, loss_sum, m,
     stop)), then reducer.apply(m) applies the sample-weighted mean (and counts it in
     reducer.stats), or refuses a sum with NaN or inf (False). A stop asked on any rank
-    rides in the sum (reducer.told_to_stop): every rank stops after the same step."""
+    rides in the sum (reducer.told_to_stop), and so does a run done early (a target
+    reached: told, not asked_to_stop): every rank stops after the same step."""
     st = reducer.stats
     for epoch in plan.epoch_numbers():
         for batch in plan.batches(n, epoch):
@@ -136,6 +137,6 @@ def allreduce_loop(reducer, compute, clock, plan: Schedule, n: int, stop_request
             reducer.sum(dw, loss * m, m, stop_requested())
             clock.switch("aggregate")
             if reducer.apply(m) and reducer.told_to_stop:
-                st.stopped = True
+                st.stopped = reducer.asked_to_stop   # early, not because the run is done
                 return st
     return st

@@ -23,7 +23,7 @@ from mpi4py import MPI
 from ..net import kernels
 from ..net.optimizers import Optimizer
 from ..core.schedule import Schedule
-from ..core.wire import TAG_RING, ring_bytes, shard_bounds
+from ..core.wire import TAG_RING, ring_bytes, shard_bounds, stop_share, summed_stop
 from ..core.shard import DIVERGED_AFTER, DivergenceError
 from ..core.worker import WorkerStats, allreduce_loop
 from .context import Endpoint
@@ -84,7 +84,9 @@ class Summed:
         # [m * Delta-w | m, loss_sum, stop] in w's dtype: m and stop exact (float32: to 2^24 samples a step)
         self.part, self.total = np.zeros(n_w + 3, w.dtype), np.zeros(n_w + 3, w.dtype)
         self.refused = 0   # non-finite sums in a row
-        self.told_to_stop = False
+        self.told_to_stop = False    # the last sum said to stop: asked (a signal), or done
+        self.asked_to_stop = False   # ... and it was asked
+        self.finished = False        # on_version said the run is done (rank 0: its target reached)
         self.stats = WorkerStats()
 
     def delta(self) -> np.ndarray:
@@ -94,14 +96,15 @@ class Summed:
         """Sum my [m * dw | m, loss_sum, stop] (dw: delta()'s buffer) with every rank's."""
         n_w = self.n_w
         self.part[:n_w] *= m
-        self.part[n_w:] = (m, loss_sum, stop)
+        self.part[n_w:] = (m, loss_sum, stop_share(stop, self.finished, self.summer.ep.comm.size))
         self.summer.sum(self.part, self.total)
         self.stats.bytes_sent += self.summer.bytes[0]
         self.stats.bytes_recv += self.summer.bytes[1]
 
     def apply(self, m: int) -> bool:
         """Apply the summed update, or refuse it (False) if it has NaN or inf: every rank
-        sees the same sum, so all refuse it alike."""
+        sees the same sum, so all refuse it alike. A sum that says the run is done (a
+        target reached) is not applied: every rank ends with the w that reached it."""
         n_w, total, st = self.n_w, self.total, self.stats
         if not kernels.all_finite(total[:n_w + 2]):
             self.refused += 1
@@ -111,13 +114,15 @@ class Summed:
                                       "training diverged; lower --lr")
             return False
         self.refused = 0
+        self.told_to_stop, self.asked_to_stop = summed_stop(total[n_w + 2])
+        if self.told_to_stop and not self.asked_to_stop:
+            return True   # done (rank 0's target reached): every rank keeps the w that reached it
         if total[n_w]:
             self.optimizer.step(self.w, total[:n_w], 1.0 / total[n_w])
         st.updates += 1
         st.samples += m
-        if self.on_version:
-            self.on_version(st.updates, float(total[n_w + 1]), float(total[n_w]))
-        self.told_to_stop = bool(total[n_w + 2])
+        if self.on_version and self.on_version(st.updates, float(total[n_w + 1]), float(total[n_w])):
+            self.finished = True   # said in my next sum: every rank ends with it, not applying it
         return True
 
 

@@ -10,8 +10,9 @@ before they push the step's slices, so that a replica's K pushes are one step:
   cut   member 0's, the last checkpoint cut it heard of (its link's, from server 0: the
         others never talk to server 0) or, with --arch allreduce, whether a checkpoint is
         due after this step; every member stamps this step's push with it
-  stop  whether any member was asked to stop (a signal, or its servers' replies): every
-        member ends after the same step, never one alone waiting for the others' logits
+  stop  whether any member was asked to stop (a signal, or its servers' replies), or
+        heard the run is done (a target reached): every member ends after the same step,
+        never one alone waiting for the others' logits (wire.stop_share: asked or done)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..core.wire import TAG_REPLICA
+from ..core.wire import TAG_REPLICA, stop_share, summed_stop
 from .context import Endpoint
 
 
@@ -29,13 +30,15 @@ class Replica:
         serving, run while this member waits for the sum."""
         self.ep, self.comm, self.K, self.member = ep, comm, comm.size, comm.rank
         self.background = background
-        self.cut, self.stop = 0, False     # what the last sum agreed on
+        self.cut, self.stop = 0, False     # what the last sum agreed on: the cut, whether to stop
+        self.asked = False                 # ... and whether the stop was asked (a signal), not the run done
         self.bytes = [0, 0]                # sent, received
         self._buf = self._inbox = None
 
-    def sum(self, Z: np.ndarray, cut: int, stop: bool) -> None:
+    def sum(self, Z: np.ndarray, cut: int, asked: bool, done: bool = False) -> None:
         """Z (batch x d_out, this slice's partial logits) becomes the replica's sum; the
-        members agree on `cut` (member 0's) and `stop` (any member's)."""
+        members agree on `cut` (member 0's) and on stopping (any member asked to, or
+        heard the run is done)."""
         n = Z.size
         if self._buf is None or len(self._buf) != n + 2 or self._buf.dtype != Z.dtype:
             # Z's dtype (the run's precision); cut and stop ride along, exact (float32: to 2^24 cuts)
@@ -43,11 +46,12 @@ class Replica:
             self._inbox = np.empty((max(self.K - 1, 1), n + 2), Z.dtype)
         buf = self._buf
         buf[:n] = Z.ravel()
-        buf[n], buf[n + 1] = (cut if self.member == 0 else 0), float(stop)
+        buf[n], buf[n + 1] = (cut if self.member == 0 else 0), stop_share(asked, done, self.K)
         if self.K > 1:
             self._exchange(buf, n)
         Z.ravel()[:] = buf[:n]
-        self.cut, self.stop = int(buf[n]), bool(buf[n + 1])
+        self.cut = int(buf[n])
+        self.stop, self.asked = summed_stop(buf[n + 1])
 
     def _exchange(self, buf: np.ndarray, n: int) -> None:
         comm, waiter, nbytes = self.comm, self.ep.waiter, buf.itemsize * (n + 2)   # MPI types: the buffers' dtype

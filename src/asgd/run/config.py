@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from .. import BadInput
+from ..core.target import EVAL_BUDGET, Cadence
 from ..core.wire import PRECISIONS
 from ..data import READERS  # how ranks read the data file
 from ..data.dialect import delimiter_option
@@ -72,6 +73,9 @@ class Config:
     dry_run: bool = False        # start up (kernels, data, model, output folder) and stop: nothing trained
     fault_tolerant: bool = False  # a lost worker does not end the job (Open MPI's ULFM)
     backup_workers: int = 0      # sync: each round applies the first W - b pushes, drops the late
+    target_accuracy: float | None = None   # end the run once the held-out accuracy reaches this
+    target_loss: float | None = None       # ... or the held-out loss falls to this (core.target)
+    eval_every: str = "auto"     # held-out evaluations between epochs: "N" updates, "Ns" seconds, or auto
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -168,6 +172,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr-guard", action=argparse.BooleanOptionalAction, default=d.lr_guard,
                    help="halve the step when the held-out loss climbs well above its best and is still rising "
                         "(said in the progress line; one server, --arch ps) (default: on)")
+    t.add_argument("--target-accuracy", type=float, metavar="A",
+                   help="end the run once the held-out accuracy reaches A (0 < A <= 1), checked at every "
+                        "held-out evaluation (--eval-every), keeping the weights that reached it; results.json's "
+                        "target says when (default: none, train every epoch). Rank 0 must hold all of w: --arch ps "
+                        "with one server, or p2p and allreduce without --model-parallel")
+    t.add_argument("--target-loss", type=float, metavar="L",
+                   help="end the run once the held-out loss falls to L (> 0), as --target-accuracy does (give "
+                        "one of the two)")
+    t.add_argument("--eval-every", default=d.eval_every, metavar="N|Ns|auto",
+                   help="evaluate the held-out set every N updates (e.g. 200) or N seconds (e.g. 0.5s) as well "
+                        "as after each epoch: results.json's metrics.curve, and the checks of a target. auto "
+                        "(default): as often as keeps the evaluations it adds under "
+                        f"{EVAL_BUDGET * 100:g} %% of the run's time. Rank 0 must hold all of w, as for a target")
     t.add_argument("--seed", type=int, default=d.seed,
                    help="seed of the data split, shuffles and initial weights (default %(default)s)")
     t.add_argument("--precision", choices=PRECISIONS, default=d.precision,
@@ -344,6 +361,8 @@ def validate(cfg: Config, world_size: int) -> None:
     need(math.isfinite(cfg.stall_timeout) and cfg.stall_timeout >= 0,
          f"--stall-timeout must be >= 0 seconds, got {cfg.stall_timeout}")
     checkpoint_every(cfg.checkpoint_every)
+    eval_cadence(cfg.eval_every)
+    validate_target(cfg)
     need(cfg.test is None or cfg.data is not None, "--test needs --data")
     need(cfg.reader in READERS, f"--reader must be one of {', '.join(READERS)}, got {cfg.reader!r}")
     trace_window(cfg.trace_steps)
@@ -351,14 +370,23 @@ def validate(cfg: Config, world_size: int) -> None:
 
 def checkpoint_every(spec: str | None) -> tuple[str, float] | None:
     """--checkpoint-every: '500' (updates of the shard) or '30s' (seconds)."""
-    if not spec:
-        return None
+    return interval(spec, "--checkpoint-every") if spec else None
+
+
+def eval_cadence(spec: str) -> Cadence:
+    """--eval-every: 'auto', '200' (updates) or '0.5s' (seconds)."""
+    return Cadence("auto") if spec == "auto" else Cadence(*interval(spec, "--eval-every", "auto, "))
+
+
+def interval(spec: str, option: str, other: str = "") -> tuple[str, float]:
+    """'500' -> ('updates', 500); '30s' -> ('seconds', 30.0): `option`'s N or Ns
+    (`other`: the forms it also takes, for the message)."""
     try:
         n = float(spec[:-1]) if spec.endswith("s") else int(spec)
     except ValueError:
-        raise ConfigError(f"--checkpoint-every must be N (updates) or Ns (seconds), got {spec!r}") from None
-    if n <= 0:
-        raise ConfigError(f"--checkpoint-every must be positive, got {spec!r}")
+        raise ConfigError(f"{option} must be {other}N (updates) or Ns (seconds), got {spec!r}") from None
+    if not (math.isfinite(n) and n > 0):
+        raise ConfigError(f"{option} must be positive, got {spec!r}")
     return ("seconds" if spec.endswith("s") else "updates", n)
 
 
@@ -371,6 +399,35 @@ def trace_window(spec: str) -> tuple[int, int]:
     if not 0 <= a < b:
         raise ConfigError(f"--trace-steps must be A:B with 0 <= A < B, got {spec!r}")
     return a, b
+
+
+def validate_target(cfg: Config) -> None:
+    """--target-accuracy A in (0, 1], --target-loss L > 0, not both; they and a chosen
+    --eval-every need a run whose rank 0 evaluates the held-out set during training."""
+    a, loss = cfg.target_accuracy, cfg.target_loss
+    if a is not None and not 0 < a <= 1:
+        raise ConfigError(f"--target-accuracy must be in (0, 1], got {a}")
+    if loss is not None and not (math.isfinite(loss) and loss > 0):
+        raise ConfigError(f"--target-loss must be a positive finite number, got {loss}")
+    if a is not None and loss is not None:
+        raise ConfigError("give --target-accuracy or --target-loss, not both")
+    asked = ("--target-accuracy" if a is not None else "--target-loss" if loss is not None
+             else "--eval-every" if cfg.eval_every != "auto" else None)
+    why = no_evaluation_in_training(cfg)
+    if asked and why:
+        raise ConfigError(f"{asked} needs the held-out evaluation during training, which needs all of w on "
+                          f"rank 0: {why}")
+
+
+def no_evaluation_in_training(cfg: Config) -> str | None:
+    """Why rank 0 cannot evaluate the held-out set during training (it holds all of w
+    only with one parameter server, or as p2p's and allreduce's rank 0 without slices),
+    or None: it can."""
+    if cfg.arch == "ps" and cfg.servers > 1:
+        return f"use --servers 1 (got {cfg.servers})"
+    if cfg.arch != "ps" and cfg.model_parallel > 1:
+        return f"--arch {cfg.arch} with --model-parallel holds slices"
+    return None
 
 
 def default_out(world_size: int) -> str:

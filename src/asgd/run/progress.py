@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..core.target import Cadence, Target
 from .trace import PhaseClock
 
 
@@ -32,6 +33,9 @@ class EpochTracker:
     last_line: float = field(default_factory=time.perf_counter)
     step_losses: list | None = None   # lockstep runs (sync, allreduce): each version's mean batch loss
     guard: Callable[[], float] | None = None   # --lr-guard: halves the step, returns its share of lr now
+    target: Target | None = None     # --target-accuracy, --target-loss: the run ends once an evaluation reaches it
+    cadence: Cadence | None = None   # --eval-every: held-out evaluations between the epochs' ends
+    eval_cost_s: float = 0.0         # an evaluation's seconds, estimated before any was made (auto's first wait)
 
     def __post_init__(self):
         self.first_samples = self.samples  # a resumed run starts past zero: rates count from here
@@ -41,6 +45,11 @@ class EpochTracker:
         self.lost = 0                                         # workers lost (--fault-tolerant)
         self.guard_cuts = 0       # times the guard halved the step
         self.cut_at = 0           # the epoch of the last cut
+        self.updates = 0          # versions of w this run has made
+        self.curve: list[dict] = []   # every held-out evaluation during training (metrics.curve)
+        self.reached: dict | None = None   # the evaluation that reached the target (results.json's target)
+        # the last evaluation's updates, end (s since t_start) and seconds (none yet: the estimate)
+        self.last_eval = (0, 0.0, self.eval_cost_s)
 
     def lose(self, pushed: float, workers: int) -> None:
         """A worker died having pushed `pushed` samples: its share (1/workers of the data)
@@ -57,42 +66,75 @@ class EpochTracker:
             self._end_epoch(time.perf_counter())
 
     def final_metrics(self, w: np.ndarray, evaluate: Callable[[], tuple[float, float]]) -> tuple[float, float]:
-        """Held-out (loss, accuracy) of the final weights w (those saved): the last epoch's
-        evaluation if it was of exactly these weights, else evaluate() now. Counting
-        samples cannot tell: p2p's rank 0 evaluates its worker's copy of w, one exchange
-        behind the owners' shards, and a model-parallel server's later slices take a
-        round's pushes after the first slice's version ends the epoch."""
-        if (self.evaluated_w is not None and self.history and self.history[-1]["test_loss"] is not None
-                and np.array_equal(self.evaluated_w, w)):
-            return self.history[-1]["test_loss"], self.history[-1]["test_accuracy"]
+        """Held-out (loss, accuracy) of the final weights w (those saved): the last
+        evaluation (an epoch's end's, or --eval-every's) if it was of exactly these
+        weights, else evaluate() now. Counting samples cannot tell: p2p's rank 0
+        evaluates its worker's copy of w, one exchange behind the owners' shards, and a
+        model-parallel server's later slices take a round's pushes after the first
+        slice's version ends the epoch."""
+        if self.evaluated_w is not None and self.curve and np.array_equal(self.evaluated_w, w):
+            return self.curve[-1]["loss"], self.curve[-1]["accuracy"]
         return evaluate()
 
-    def add(self, loss_sum: float, m: float) -> None:
-        """An applied update of m samples whose batch losses sum to loss_sum."""
+    def add(self, loss_sum: float, m: float) -> bool:
+        """An applied update of m samples whose batch losses sum to loss_sum. True once
+        the target is reached: the run is done (its epochs need not end)."""
         if self.step_losses is not None:
             self.step_losses.append(loss_sum / m if m else None)
         self.samples += int(m)
+        self.updates += 1
         self.loss_sum += loss_sum
         self.loss_n += m
         now = time.perf_counter()
         while self.epoch < self.epochs and self.samples >= self.ends - 1e-6:
             self._end_epoch(now)
+        if (self.cadence is not None and self.evaluate is not None and self.reached is None
+                and self.cadence.due(self.updates, now - self.t_start, *self.last_eval)):
+            self._held_out()
         if now - self.last_line >= self.every_s:
             self.last_line = now
             done = int(self.samples - (self.ends - self.size))
             self.report(f"  epoch {self.epoch + 1}: {done:,}/{int(self.size):,} samples  "
                         f"train loss {self.loss_sum / max(self.loss_n, 1):.4f}  "
                         f"{(self.samples - self.first_samples) / max(now - self.t_start, 1e-9):,.0f} samples/s")
+        return self.reached is not None
+
+    def _held_out(self) -> tuple[float, float]:
+        """Evaluate the current w on the held-out set: a point of the curve, and whether it
+        reaches the target. Its time is when it started: the weights are of then."""
+        prev = self.clock.phase
+        start = time.perf_counter()
+        self.clock.switch("evaluate")
+        loss, accuracy = self.evaluate()
+        self.clock.switch(prev)
+        end = time.perf_counter()
+        point = {"train_s": round(start - self.t_start, 4), "samples": self.samples, "updates": self.updates,
+                 "loss": loss, "accuracy": accuracy}
+        self.curve.append(point)
+        self.last_eval = (self.updates, end - self.t_start, end - start)
+        if self.reached is None and self.target is not None and self.target.reached(loss, accuracy):
+            self.reached = point
+            got = accuracy if self.target.metric == "accuracy" else loss
+            self.report(f"held-out {self.target.metric} {got:.4f} reached the target {self.target.value:g} after "
+                        f"{point['train_s']:.2f} s, {self.samples / self.n_train:.2f} epochs: finishing")
+        return loss, accuracy
+
+    def target_record(self) -> dict | None:
+        """results.json's `target`: what was asked and when an evaluation reached it (null
+        figures when none did); None without a target."""
+        if self.target is None:
+            return None
+        at = self.reached or {}
+        return {"metric": self.target.metric, "value": self.target.value, "reached": self.reached is not None,
+                "train_s": at.get("train_s"), "epochs": round(at["samples"] / self.n_train, 4) if at else None,
+                "samples": at.get("samples"), "updates": at.get("updates")}
 
     def _end_epoch(self, now: float) -> None:
         self.epoch += 1
         self.ends += self.size
         test_loss = test_acc = None
         if self.evaluate is not None:
-            prev = self.clock.phase
-            self.clock.switch("evaluate")
-            test_loss, test_acc = self.evaluate()
-            self.clock.switch(prev)
+            test_loss, test_acc = self._held_out()
         elapsed = now - self.t_start
         h = {"epoch": self.epoch, "samples": self.samples, "time_s": round(elapsed, 4),
              "wall_s": round(self.clock.elapsed(), 4),  # since this rank's process started
@@ -162,6 +204,7 @@ class RunFacts:
     std_ratio: float = 1.0          # the largest feature's std over the smallest non-zero one's
     guard_cuts: int = 0             # times --lr-guard halved the step
     stale_step: str = "off"
+    target_reached: bool = False    # it ended at its target: stopped on purpose before converging
 
 
 def convergence_notes(history: list[dict], refused: int, facts: RunFacts | None = None) -> list[str]:
@@ -176,7 +219,8 @@ def convergence_notes(history: list[dict], refused: int, facts: RunFacts | None 
                      (with the training loss falling: overfitting);
       unscaled       features not standardized that reach beyond +-UNSCALED or whose spreads
                      differ UNSCALED times or more;
-      not converged  (below); and updates refused as NaN or inf."""
+      not converged  (below; not said of a run that ended at its target); and updates
+                     refused as NaN or inf."""
     facts = facts or RunFacts()
     notes = []
     unscaled = (not facts.standardized and (facts.feature_max > UNSCALED or facts.std_ratio > UNSCALED))
@@ -215,7 +259,7 @@ def convergence_notes(history: list[dict], refused: int, facts: RunFacts | None 
             unscaled = False   # said
     if unscaled:
         notes.append(f"{scale_cause} (the model's first layer expects values of about +-1)")
-    if not climbed:
+    if not climbed and not facts.target_reached:
         notes += _still_falling(history)
     if refused:
         notes.append(f"{refused:,} update(s) were refused for NaN or inf values: training was unstable; "

@@ -59,7 +59,8 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
     """ranks: one record per rank (rank, role, phases, bytes_sent, bytes_recv, updates;
     servers: per-worker staleness and step-gap histograms); server: updates, samples
     (samples_run: a resumed run's own, for the rate; default samples),
-    history, final loss/accuracy."""
+    history, final loss/accuracy, and where rank 0 evaluated during training the held-out
+    curve and the target's record (asgd.run.progress.EpochTracker's)."""
     _staleness(ranks)
     init_s = max(r["phases"].get("init", 0.0) for r in ranks)
     train_s = training_span(ranks)
@@ -71,7 +72,8 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
         "init_s": init_s,
         "train_s": train_s,
         "metrics": {"loss": server["loss"], "accuracy": server["accuracy"],
-                    "history": server["history"]},
+                    "history": server["history"], "curve": server.get("curve", [])},
+        "target": server.get("target"),
         "throughput": {"samples_per_s": None if no_rate else server.get("samples_run", server["samples"]) / train_s,
                        "updates_per_s": None if no_rate else server["updates"] / train_s,
                        "samples": server["samples"], "updates": server["updates"], "no_rate": no_rate},

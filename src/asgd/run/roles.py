@@ -16,6 +16,9 @@ K pushes are always one step.
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import numpy as np
 
 from ..core.schedule import Schedule, schedule
@@ -27,6 +30,7 @@ from ..protocol.messages import link_messages, shard_messages
 from ..protocol.p2p import peer_link, run_peer
 from ..protocol.replica import Replica
 from ..core.policy import policy
+from ..core.target import target
 from ..core.stats import ServerStats, merge_shards
 from ..protocol.server import Server, gather_shards, serve_all
 from ..protocol.worker import PushPull, run_worker
@@ -39,10 +43,11 @@ from .progress import EpochTracker
 
 def tracker_of(job: Job, m: Model, w=None, publish=None) -> EpochTracker | None:
     """Epochs and progress lines on rank 0, which sees every update (the server of shard
-    0, p2p's owner of it, or allreduce's rank 0); it evaluates after each epoch when it
-    holds all of w (one server, allreduce without slices) or is given w() (a p2p worker's,
-    at most one exchange old). publish(): brings m.w up to date before it is evaluated
-    (a server's shards live in versions: protocol.messages)."""
+    0, p2p's owner of it, or allreduce's rank 0); it evaluates after each epoch and at
+    --eval-every's cadence (and checks the target) when it holds all of w (one server,
+    allreduce without slices) or is given w() (a p2p worker's, at most one exchange
+    old). publish(): brings m.w up to date before it is evaluated (a server's shards
+    live in versions: protocol.messages)."""
     if job.rank != 0:
         return None
     cfg, topo = job.cfg, job.topo
@@ -73,8 +78,27 @@ def tracker_of(job: Job, m: Model, w=None, publish=None) -> EpochTracker | None:
     lockstep = cfg.mode == "sync" or cfg.arch == "allreduce"
     tracker = EpochTracker(m.n_train, cfg.epochs, evaluate if current else None, job.say, cfg.progress, job.clock,
                            history=list(m.resumed.get("history", [])), epoch=m.first_epoch,
-                           samples=m.first_epoch * m.n_train, step_losses=[] if lockstep else None)
+                           samples=m.first_epoch * m.n_train, step_losses=[] if lockstep else None,
+                           target=target(cfg.target_accuracy, cfg.target_loss),
+                           cadence=config.eval_cadence(cfg.eval_every),
+                           eval_cost_s=evaluation_cost(m) if current else 0.0)
     return tracker
+
+
+EVAL_PROBE = 256   # held-out points timed before training (evaluation_cost)
+
+
+def evaluation_cost(m: Model) -> float:
+    """Seconds one evaluation of the whole held-out set should take, timed on its first
+    EVAL_PROBE points with the initial w before training: --eval-every auto's first
+    evaluation waits for its share of that, as later ones do of the one before."""
+    k = min(EVAL_PROBE, len(m.test))
+    if not k:
+        return 0.0
+    probe = dataclasses.replace(m.test, X=m.test.X[:k], y=m.test.y[:k])
+    start = time.perf_counter()
+    mlp.make_evaluate(m.layout, m.standard(m.w), probe)()
+    return (time.perf_counter() - start) * len(m.test) / k
 
 
 def state_of(job: Job, m: Model, index: int, count: int, lo: int, hi: int, w: np.ndarray):
@@ -96,14 +120,15 @@ def on_version_of(job: Job, ckpt: checkpoint.Checkpointing | None = None, cuts_d
     """What a new version of w (or of a shard) does: rank 0's progress; with `ckpt`
     (allreduce's ranks, which checkpoint by their own count) a checkpoint when one is
     due, after the progress, so a checkpoint's progress matches its weights. (Servers
-    checkpoint at the cuts they agree on: asgd.core.shard.)"""
+    checkpoint at the cuts they agree on: asgd.core.shard.) It returns True once rank 0's
+    held-out evaluation reached the target: the run is done."""
     tracker = job.tracker
 
-    def on_version(rounds: int, loss_sum: float, samples: float) -> None:
-        if tracker:
-            tracker.add(loss_sum, samples)
+    def on_version(rounds: int, loss_sum: float, samples: float) -> bool:
+        done = tracker.add(loss_sum, samples) if tracker else False   # True: the target is reached
         if ckpt and ckpt.due(rounds):
             ckpt.save(rounds, cut=cuts_done + rounds)
+        return done
     return on_version
 
 
@@ -134,29 +159,31 @@ def drop_w(job: Job, m: Model) -> None:
         m.w = None
 
 
-def step_of(job: Job, m: Model, replica: Replica | None, cut=lambda: 0, heard_stop=lambda: False):
+def step_of(job: Job, m: Model, replica: Replica | None, cut=lambda: 0, link=None):
     """My training step: the whole model's, or (a replica's member) my slice's, which sums
     the partial logits with the replica, agreeing on the cut (member 0's: cut()) and on
-    stopping (any member's signal or heard_stop())."""
+    stopping (any member's signal, or what its link's servers said: asked, or done)."""
     if replica is None:
         return mlp.make_step(m.layout, job.cfg.batch, job.cfg.precision)
     clock = job.clock
 
     def sum_logits(Z):
         clock.switch("replica_sum")
-        replica.sum(Z, cut(), signals.requested() is not None or heard_stop())
+        replica.sum(Z, cut(), signals.requested() is not None or (link is not None and link.asked_to_stop),
+                    link is not None and link.heard_stop)
         clock.switch("compute")
     return mlp.make_mp_step(m.sliced, job.topo.member(job.rank), job.cfg.batch, sum_logits, job.cfg.precision)
 
 
 def member_endpoint(job: Job, replica: Replica | None, comm=None) -> Endpoint:
     """The endpoint a worker's loop runs with (on `comm`, default the job's): a replica's
-    member stops when its replica agreed to, never alone."""
+    member is asked to stop when its replica agreed it was, never alone (a run done,
+    its link's stop_source says)."""
     ep = job.endpoint
     if comm is not None:
         ep = Endpoint(comm, ep.waiter, ep.clock, ep.stop_requested)
     if replica is not None:
-        ep = Endpoint(ep.comm, ep.waiter, ep.clock, lambda: replica.stop)
+        ep = Endpoint(ep.comm, ep.waiter, ep.clock, lambda: replica.asked)
     return ep
 
 
@@ -235,7 +262,7 @@ def work(job: Job, m: Model) -> dict:
                     servers=hosts)
     if replica is not None:
         link.cut_source, link.stop_source = (lambda: replica.cut), (lambda: replica.stop)
-    step = step_of(job, m, replica, cut=lambda: link.cut, heard_stop=lambda: link.heard_stop)
+    step = step_of(job, m, replica, cut=lambda: link.cut, link=link)
     weights = link.msgs.nbytes
     del w
     drop_w(job, m)
@@ -261,7 +288,7 @@ def peer(job: Job, m: Model) -> dict:
     link = peer_link(member_endpoint(job, replica), shards, msgs, owner, rule, hosts)
     if replica is not None:
         link.cut_source, link.stop_source = (lambda: replica.cut), (lambda: replica.stop)
-    step = step_of(job, m, replica, cut=lambda: link.cut, heard_stop=lambda: link.heard_stop)
+    step = step_of(job, m, replica, cut=lambda: link.cut, link=link)
     weights = msgs.nbytes
     del w
     drop_w(job, m)

@@ -87,7 +87,7 @@ class RingSum:
     MPI_Iallreduce (its calibrated round once every rank is in it); then the update.
     Rank 0 tracks the epochs, `evaluate` after each."""
 
-    told_to_stop = False
+    told_to_stop = asked_to_stop = False
 
     def __init__(self, world, rank: int, steps: int, evaluate=None):
         topo = world.topo

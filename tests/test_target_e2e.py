@@ -1,0 +1,75 @@
+"""--target-accuracy, --target-loss and --eval-every end to end: a run ends at its target on
+every rank, cleanly, before its epochs (an unreachable one trains them all), and its
+held-out curve has the cadence asked. Small runs (2-64-2 on the embedded problem)."""
+
+import os
+
+import pytest
+
+from conftest import load_results, mpiexec
+
+SMALL = ["--hidden", "64", "--seed", "3", "--quiet"]
+
+
+def epoch_ends(r: dict) -> set[int]:
+    """The samples at which the run's epochs ended (their evaluations are on the curve too)."""
+    return {h["samples"] for h in r["metrics"]["history"]}
+
+
+def check_done_at_target(p, out, epochs: int, kept: bool = True) -> dict:
+    """The run exited 0 on every rank, reached its target before its epochs ended, and
+    finished as a run that is done: not stopped, no checkpoint, results written; `kept`:
+    the weights saved are those that reached it (no update applied after)."""
+    assert p.returncode == 0, p.stderr
+    r = load_results(out)
+    t = r["target"]
+    assert t["reached"] and t["metric"] == "accuracy" and t["value"] == 0.97
+    assert 0 < t["epochs"] < epochs and len(r["metrics"]["history"]) < epochs
+    assert t["samples"] <= r["throughput"]["samples"] < epochs * r["config"]["train_points"]
+    reached = [c for c in r["metrics"]["curve"] if c["updates"] == t["updates"]]
+    assert reached and reached[0]["accuracy"] >= 0.97 and reached[0]["train_s"] == t["train_s"]
+    if kept:
+        assert (r["metrics"]["loss"], r["metrics"]["accuracy"]) == (reached[0]["loss"], reached[0]["accuracy"])
+        assert r["throughput"]["samples"] == t["samples"]
+    assert all(c["accuracy"] < 0.97 for c in r["metrics"]["curve"] if c["updates"] < t["updates"])
+    assert r["stopped"] is None and not any(x["stopped"] for x in r["ranks"])
+    assert not os.path.exists(os.path.join(out, "checkpoint")) and os.path.exists(os.path.join(out, "weights.npy"))
+    assert "reached the target held-out accuracy 0.97" in p.stdout
+    return r
+
+
+def test_a_parameter_server_run_ends_at_its_target_checked_every_n_updates(tmp_path):
+    p = mpiexec(3, [*SMALL, "--epochs", "30", "--target-accuracy", "0.97", "--eval-every", "5",
+                    "--out", str(tmp_path)], timeout=90)
+    r = check_done_at_target(p, tmp_path, 30)
+    curve, ends = r["metrics"]["curve"], epoch_ends(r)
+    assert curve[0]["updates"] == 5
+    for a, b in zip(curve, curve[1:]):   # every 5 updates, counted from the evaluation before
+        assert b["updates"] - a["updates"] == 5 or b["samples"] in ends, (a, b)
+        assert b["train_s"] > a["train_s"] and b["samples"] > a["samples"]
+
+
+@pytest.mark.parametrize("n, args", [(3, ["--arch", "allreduce"]), (3, ["--arch", "p2p"]),
+                                     (5, ["--model-parallel", "2", "--mode", "sync"])], ids=["allreduce", "p2p", "mp"])
+def test_every_rank_of_other_architectures_ends_at_its_target(tmp_path, n, args):
+    """allreduce's rank 0 says done in its sum; p2p's owner of shard 0 in its replies; a
+    model-parallel replica's members agree on done (not asked) in their logits' sum."""
+    p = mpiexec(n, [*SMALL, *args, "--epochs", "30", "--target-accuracy", "0.97", "--out", str(tmp_path)], timeout=90)
+    check_done_at_target(p, tmp_path, 30, kept=args[1] == "allreduce")   # elsewhere other shards apply the last pushes
+
+
+def test_an_unreachable_target_trains_every_epoch_with_a_curve_every_n_seconds(tmp_path):
+    p = mpiexec(3, [*SMALL, "--hidden", "256", "--epochs", "3", "--target-loss", "1e-9", "--eval-every", "0.01s",
+                    "--out", str(tmp_path)], timeout=90)   # epochs of some 0.03 s even on a quiet machine
+    assert p.returncode == 0, p.stderr
+    r = load_results(tmp_path)
+    assert r["target"] == {"metric": "loss", "value": 1e-9, "reached": False, "train_s": None, "epochs": None,
+                           "samples": None, "updates": None}
+    assert len(r["metrics"]["history"]) == 3 and r["stopped"] is None
+    assert r["throughput"]["samples"] >= 3 * r["config"]["train_points"]
+    curve, ends = r["metrics"]["curve"], epoch_ends(r)
+    between = [b for b in curve if b["samples"] not in ends]
+    assert between, "no evaluation between the epochs' ends"
+    for a, b in zip(curve, curve[1:]):   # at least 0.01 s apart (from the end of the one before)
+        assert b["samples"] in ends or b["train_s"] - a["train_s"] >= 0.01, (a, b)
+    assert "never reached the target 1e-09" in p.stdout
