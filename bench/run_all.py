@@ -73,17 +73,19 @@ def targets(out: Path) -> list[dict]:
     """Each target: what was measured against what, and met/missed (None: not measured)."""
     res = []
     k = load_json(out, "kernel")
-    if k:
-        by = {(r["hidden"], r["batch"], r["impl"]): r for r in k["rows"]}
-        nb, pt = by.get((10000, 256, "numba")), by.get((10000, 256, "torch"))
-        if nb and pt:
-            x, xc = nb["samples_per_s"] / pt["samples_per_s"], nb["samples_per_s_cpu"] / pt["samples_per_s_cpu"]
-            res.append({"target": "worker kernel >= 5x PyTorch, 2-10K-2, batch 256, float64, 1 core",
-                        "measured": f"{nb['samples_per_s']:,.0f} vs {pt['samples_per_s']:,.0f} samples/s: {x:.1f}x "
-                                    f"(CPU-time ratio {xc:.1f}x); {nb['pct_of_ceiling']:.0f}% of the FLOP ceiling "
-                                    f"{nb['ceiling_samples_per_s']:,}", "met": x >= 5})
-        else:
-            res.append({"target": "worker kernel >= 5x PyTorch", "measured": "PyTorch not measured", "met": None})
+    if k:   # per precision measured (rows from before --precisions: float64)
+        by = {(r["hidden"], r["batch"], r["impl"], r.get("precision", "float64")): r for r in k["rows"]}
+        for prec in dict.fromkeys(key[3] for key in by):
+            nb, pt = by.get((10000, 256, "numba", prec)), by.get((10000, 256, "torch", prec))
+            if nb and pt:
+                x, xc = nb["samples_per_s"] / pt["samples_per_s"], nb["samples_per_s_cpu"] / pt["samples_per_s_cpu"]
+                res.append({"target": f"worker kernel >= 5x PyTorch, 2-10K-2, batch 256, {prec}, 1 core",
+                            "measured": f"{nb['samples_per_s']:,.0f} vs {pt['samples_per_s']:,.0f} samples/s: "
+                                        f"{x:.1f}x (CPU-time ratio {xc:.1f}x); {nb['pct_of_ceiling']:.0f}% of the "
+                                        f"FLOP ceiling {nb['ceiling_samples_per_s']:,}", "met": x >= 5})
+            else:
+                res.append({"target": f"worker kernel >= 5x PyTorch, {prec}", "measured": "PyTorch not measured",
+                            "met": None})
     s = load_json(out, "server")
     for r in (r for r in (s or {}).get("rows", []) if r["path"] == "asgd"):
         res.append({"target": f"server >= 50% of its floor, {r['model']}, {r['workers']} worker(s), {r['optimizer']}",
@@ -110,7 +112,8 @@ def targets(out: Path) -> list[dict]:
 # name: (title, the rows' key in its JSON, columns: (header, key, format))
 HEADLINES = {
     "kernel": ("Worker kernel, samples/s on one core (median wall clock)", "rows",
-               [("model", "hidden", "d"), ("batch", "batch", "d"), ("implementation", "impl", ""),
+               [("precision", "precision", ""), ("model", "hidden", "d"), ("batch", "batch", "d"),
+                ("implementation", "impl", ""),
                 ("samples/s", "samples_per_s", ",.0f"), ("ceiling", "ceiling_samples_per_s", ",.0f"),
                 ("% of ceiling", "pct_of_ceiling", ".1f"), ("x PyTorch", "vs_torch", ".1f")]),
     "server": ("Server per-push work against its floor (the update's bytes at its footprint's bandwidth)", "rows",
