@@ -88,7 +88,8 @@ def targets(out: Path) -> list[dict]:
                             "met": None})
     s = load_json(out, "server")
     for r in (r for r in (s or {}).get("rows", []) if r["path"] == "asgd"):
-        res.append({"target": f"server >= 50% of its floor, {r['model']}, {r['workers']} worker(s), {r['optimizer']}",
+        res.append({"target": f"server >= 50% of its floor, {r['model']}, {r['workers']} worker(s), {r['optimizer']}, "
+                              f"{r.get('precision', 'float64')}",
                     "measured": f"{r['us_per_op']:,.0f} µs a push, {r['pct_of_floor']:.0f}% of the floor "
                                 f"{r['floor_us']:,.0f} µs ({r['gb_per_s']:.1f} GB/s)", "met": r["pct_of_floor"] >= 50})
     m = load_json(out, "messaging")
@@ -117,8 +118,8 @@ HEADLINES = {
                 ("samples/s", "samples_per_s", ",.0f"), ("ceiling", "ceiling_samples_per_s", ",.0f"),
                 ("% of ceiling", "pct_of_ceiling", ".1f"), ("x PyTorch", "vs_torch", ".1f")]),
     "server": ("Server per-push work against its floor (the update's bytes at its footprint's bandwidth)", "rows",
-               [("model", "model", ""), ("workers", "workers", "d"), ("optimizer", "optimizer", ""),
-                ("path", "path", ""),
+               [("model", "model", ""), ("workers", "workers", "d"), ("precision", "precision", ""),
+                ("optimizer", "optimizer", ""), ("path", "path", ""),
                 ("µs/push", "us_per_op", ",.1f"), ("GB/s", "gb_per_s", ".1f"), ("% of floor", "pct_of_floor", ".0f")]),
     "messaging": ("Push/pull round trip, 2 ranks, µs", "rows",
                   [("model", "model", ""), ("variant", "variant", ""), ("median", "rtt_us", ",.1f"),
