@@ -94,8 +94,11 @@ def targets(out: Path) -> list[dict]:
                                 f"{r['floor_us']:,.0f} µs ({r['gb_per_s']:.1f} GB/s)", "met": r["pct_of_floor"] >= 50})
     m = load_json(out, "messaging")
     for r in (r for r in (m or {}).get("rows", []) if r["variant"].startswith("asgd ")):
-        pp = next(x for x in m["rows"] if x["model"] == r["model"] and x["variant"] == "pingpong")
-        res.append({"target": f"push/pull round trip <= 1.5x ping-pong, {r['model']}, {r['variant']}, 2 ranks",
+        prec = r.get("precision", "float64")   # rows from before --precisions: float64
+        pp = next(x for x in m["rows"] if (x["model"], x["variant"], x.get("precision", "float64"))
+                  == (r["model"], "pingpong", prec))
+        res.append({"target": f"push/pull round trip <= 1.5x ping-pong, {r['model']}, {prec}, {r['variant']}, "
+                              "2 ranks",
                     "measured": f"{r['rtt_us']:,.0f} vs {pp['rtt_us']:,.0f} µs median: {r['vs_pingpong']:.2f}x",
                     "met": r["vs_pingpong"] <= 1.5})
     e = load_json(out, "e2e")
@@ -122,7 +125,8 @@ HEADLINES = {
                 ("optimizer", "optimizer", ""), ("path", "path", ""),
                 ("µs/push", "us_per_op", ",.1f"), ("GB/s", "gb_per_s", ".1f"), ("% of floor", "pct_of_floor", ".0f")]),
     "messaging": ("Push/pull round trip, 2 ranks, µs", "rows",
-                  [("model", "model", ""), ("variant", "variant", ""), ("median", "rtt_us", ",.1f"),
+                  [("model", "model", ""), ("precision", "precision", ""), ("variant", "variant", ""),
+                   ("median", "rtt_us", ",.1f"),
                    ("min", "rtt_us_min", ",.1f"), ("x ping-pong", "vs_pingpong", ".2f")]),
     "e2e": ("Time to held-out accuracy, s (median of runs; from process start)", "summary",
             [("ranks", "ranks", "d"), ("implementation", "impl", ""), ("time to accuracy", "time_to_accuracy_s", ".2f"),

@@ -128,6 +128,12 @@ def test_messaging_bench(tmp_path):
     floor = next(line for line in p.stdout.splitlines() if line.startswith("how far from the floor"))
     assert "asgd sgd" in floor and "asgd adam" in floor
     assert all(float(r["rtt_us"]) > 0 for r in rows)
+    # every variant in both precisions, each moving its own item size
+    assert {(r["variant"], r["precision"]) for r in rows} == {(v, prec) for v in {r["variant"] for r in rows}
+                                                               for prec in ("float32", "float64")}
+    assert all(float(r["kb"]) == pytest.approx({"float32": 4, "float64": 8}[r["precision"]] * int(r["n_w"]) / 1e3)
+               for r in rows)
+    assert len(meta["float32_over_float64"]) == 6 and "float32 / float64" in p.stdout
     assert meta["ranks"] == 2 and not (out / "messaging_raw.json").exists()
     assert (out / "messaging.png").stat().st_size > 0
 
