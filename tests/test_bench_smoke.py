@@ -333,3 +333,36 @@ print("ok")
     p = subprocess.run([sys.executable, "-c", code, str(BENCH), str(tmp_path)], capture_output=True, text=True,
                        timeout=60, cwd=ROOT)
     assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-3000:]
+
+
+def test_the_testbed_bench_prices_each_run_in_its_precision():
+    """bench_testbed's ceilings and predictions at each run's item size (asgd.train trains in
+    float32 by default): a plain float32 push carries 4 bytes a weight, 1-bit's scales are
+    float32's, and the model, whose link table is keyed by float64 values, saturates one
+    server's link at the float32 ceiling, twice float64's, not at float64's."""
+    code = """
+import sys
+from argparse import Namespace
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
+import bench_testbed as bt
+from asgd.testbed.model import link_ceiling
+from test_analytic import make_params
+assert bt.run_precision({"config": {"precision": "float32"}}) == "float32"
+assert bt.run_precision({"config": {}}) == "float64"   # a run from before --precision
+assert bt.bytes_per_weight("none", 4000, 1, "float32") == 4.0 and bt.bytes_per_weight("none", 4000, 1, "float64") == 8.0
+assert bt.bytes_per_weight("1bit", 4000, 2, "float32") < bt.bytes_per_weight("1bit", 4000, 2, "float64") < 0.2
+base = make_params(cores=128, effective_cores={1: 1.0, 128: 128.0})
+n_w, rate = 20002, 2_000_000   # 2-4000-2 on a link far slower than the cores
+args = Namespace(latency=0.0, hidden=4000, batch=16, epochs=1)
+rows = [{"servers": 1, "workers": 64, "n_w": n_w, "compress": "none", "precision": p, "updates_per_s": 1.0}
+        for p in ("float32", "float64")]
+bt.predict(base, rows, args, rate)
+for r, size in zip(rows, (4, 8)):
+    one = link_ceiling(rate, n_w, 1, size)
+    assert 0.9 * one <= r["pred_updates_per_s"] <= 1.001 * one, (r, one)
+assert 1.9 < rows[0]["pred_updates_per_s"] / rows[1]["pred_updates_per_s"] < 2.1, rows
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", code, str(BENCH), str(ROOT / "tests")], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-3000:]
