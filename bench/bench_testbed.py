@@ -241,8 +241,8 @@ def summarize(rows, args) -> dict:
 def plot(rows, info, path):
     """Updates/s against workers, measured (solid) and predicted by the model (dashed), per
     server count: plain messages in the run's precision (left) and 1-bit (middle), each on
-    a linear scale (they sit 60x apart), with the links' ceilings (dotted) and the cores' ceiling on shared
-    memory (dash-dot); right: the model's APE."""
+    a linear scale (they sit 30-60x apart), with the links' ceilings (dotted) and the cores'
+    ceiling on shared memory (dash-dot); right: the model's APE."""
     plt = common.pyplot()
     kinds = list(dict.fromkeys(r["compress"] for r in rows))
     fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(5.2 * len(kinds) + 4.2, 5),
