@@ -49,6 +49,9 @@ import math
 import statistics
 import time
 
+from asgd.core.wire import PRECISIONS
+from asgd.run.config import Config
+
 ARCHS = ("1-PS", "PS S=W/4", "P2P", "RA", "PS K=2")
 ORDERED = ("1-PS", "PS S=W/4", "P2P", "RA")          # the four Alqahtani compared
 ALQAHTANI = "1PS worst, RA best, P2P between"
@@ -76,6 +79,8 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=10, help="optimize: epochs of --points points (default 10)")
     p.add_argument("--points", type=int, default=16384, help="optimize: training points (default 16384)")
     p.add_argument("--params", type=Path, help="this machine's calibration (default: calibrate now)")
+    p.add_argument("--precision", choices=PRECISIONS, default=Config().precision,
+                   help="asgd.train's --precision of every run (default asgd.train's; with --sweep: that sweep's)")
     p.add_argument("--name", default="ba", help="testbed name (default ba)")
     p.add_argument("--no-check-bytes", action="store_true", help="skip the byte proof of ps and ring runs")
     p.add_argument("--no-sim", action="store_true", help="no simulated column (no SimGrid here)")
@@ -128,7 +133,8 @@ def one_run(tb, c: dict, a, out: Path) -> dict:
     ranks = W + (cfg["servers"] if cfg["arch"] == "ps" else 0)
     cmd = [validate.launcher(), "-n", str(ranks), sys.executable, "-m", "asgd.train", "--arch", cfg["arch"], "--mode",
            "sync", "--optimizer", "sgd", "--hidden", str(hidden), "--batch", str(a.batch), "--epochs", "1", "--data",
-           str(data), "--quiet", "--out", str(run_dir), "--timeout", str(int(a.timeout - 60))]
+           str(data), "--precision", a.precision, "--quiet", "--out", str(run_dir),
+           "--timeout", str(int(a.timeout - 60))]
     cmd += ["--servers", str(cfg["servers"])] if cfg["arch"] == "ps" else []
     cmd += ["--model-parallel", str(cfg["model_parallel"])] if cfg["model_parallel"] > 1 else []
     provable = not a.no_check_bytes and cfg["arch"] in ("ps", "allreduce") and cfg["model_parallel"] == 1
@@ -137,7 +143,7 @@ def one_run(tb, c: dict, a, out: Path) -> dict:
     m = measured(r, iterations)
     app_sent = sum(x["bytes_sent"] for x in r["ranks"])
     wire_sent = sum(h["sent"] for h in res.wire) if res.wire else None
-    return {"replicas": replicas, "ranks": ranks, "batch": a.batch, **cfg, **m,
+    return {"replicas": replicas, "ranks": ranks, "batch": a.batch, "precision": a.precision, **cfg, **m,
             "updates_per_s": 1 / m["iteration_s"], "samples_per_s": replicas * a.batch / m["iteration_s"],
             "train_s": r["train_s"], "init_s": r["init_s"], "run_dir": str(run_dir),
             "proof_ok": res.proof["ok"] if res.proof else None,
@@ -208,11 +214,17 @@ def epoch_time(row: dict, a) -> float:
 
 
 def ranked_configurations(params, hidden: int, a, hosts: int, workers, servers) -> list[dict]:
-    """asgd.perf's optimize over these architectures, workers and servers, best first."""
+    """asgd.perf's optimize over these architectures, workers and servers, in the sweep's
+    precision, best first."""
     base = validate.Run(workers=1, hidden=hidden, batch=a.batch, epochs=a.epochs, points=a.points, test_points=16,
-                        mode="sync", optimizer="sgd")
+                        mode="sync", optimizer="sgd", precision=a.precision)
     return validate.optimize(params, hosts, params.cores, base, sorted(workers), sorted(servers), [a.batch],
                              ["parallel"], hosts, archs=("ps", "p2p", "allreduce"), Ks=(1, 2), shared_cores=True)
+
+
+def sweep_precision(rows: list[dict]) -> str:
+    """The --precision of an earlier sweep's runs (float64: rows from before --precision)."""
+    return rows[0].get("precision", "float64")
 
 
 def optimizer_check(params, rows: list[dict], hidden: int, a, hosts: int) -> dict:
@@ -332,6 +344,7 @@ def main(argv=None) -> int:
         rows = [r for r in sweep_rows if r["rate"] == a.rate]
         if not rows or a.second_rate == "none":
             raise SystemExit(f"bench_arch: --sweep needs rows at --rate {a.rate} in {a.sweep} and a --second-rate")
+        a.precision = sweep_precision(rows)   # the winners measured again as that sweep measured them
         params = validate.load_params(a.sweep.parent / f"testbed-params-{a.rate}.json")
         got = second_rate(a, base, base_raw, rows, params, out, hosts)
         run.paths.append(common.write_json(out / "second_rate.json", got))

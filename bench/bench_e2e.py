@@ -18,7 +18,9 @@ and e2e.png.
 hosts, a rank per host, links shaped to RATE (the RPC peer --tcp-only, gloo on eth0); each
 row then has the MB its hosts sent (wire_mb) and link_util = updates/s over its
 architecture's link ceiling (a server's link, asgd.testbed.model.link_ceiling, or its
-workers' push-then-reply cycles; a ring's every link: rate / (2 (N-1)/N wire bytes of w)).
+workers' push-then-reply cycles; a ring's every link: rate / (2 (N-1)/N wire bytes of w)),
+each at the item size of its run's precision (asgd's: results.json's config, float32 by
+default; the PyTorch peers': float64).
 
     python bench/bench_e2e.py                          # ranks 2,4,8,16, 3 repetitions
     python bench/bench_e2e.py --quick                  # 4 ranks, once
@@ -74,14 +76,16 @@ def parse_args(argv=None):
 TESTBED_ENV = {"GLOO_SOCKET_IFNAME": "eth0", "TP_SOCKET_IFNAME": "eth0"}
 
 
-def link_ceiling(impl: str, n: int, rate_bit: float, hidden: int) -> float:
-    """Updates/s at which the architecture's busiest link is full (the module's docstring)."""
+def link_ceiling(impl: str, n: int, rate_bit: float, hidden: int, precision: str) -> float:
+    """Updates/s at which the architecture's busiest link is full (the module's docstring),
+    each value of w `precision`'s bytes."""
+    from asgd.core.wire import itemsize
     from asgd.net.mlp import Layout
     model = validate.testbed_model()
-    n_w = Layout(2, hidden, 2).n_w
+    n_w, size = Layout(2, hidden, 2).n_w, itemsize(precision)
     if impl.endswith(" ps"):   # the server's link, or the workers' own (push, then reply: one outstanding each)
-        return min(model.link_ceiling(rate_bit, n_w, 1), (n - 1) * model.worker_ceiling(rate_bit, n_w))
-    return rate_bit / 8.0 / (2 * (n - 1) / n * model.wire_bytes(n_w))
+        return min(model.link_ceiling(rate_bit, n_w, 1, size), (n - 1) * model.worker_ceiling(rate_bit, n_w, size))
+    return rate_bit / 8.0 / (2 * (n - 1) / n * model.wire_bytes(n_w, size))
 
 
 def run_once(impl: str, n: int, args, tb=None) -> dict:
@@ -92,7 +96,8 @@ def run_once(impl: str, n: int, args, tb=None) -> dict:
     r, job = common.train_job(n, argv, args.timeout, env=TESTBED_ENV if tb else None, tb=tb)
     hist = r["metrics"]["history"]
     tta, train_tta = (common.time_to_accuracy(hist, args.target, clock) for clock in ("wall_s", "time_s"))
-    return {"impl": impl, "ranks": n, "time_to_accuracy_s": round(tta, 3) if tta is not None else None,
+    return {"impl": impl, "ranks": n, "precision": r["config"].get("precision", "float64"),   # the peers: float64
+            "time_to_accuracy_s": round(tta, 3) if tta is not None else None,
             "train_time_to_accuracy_s": round(train_tta, 3) if train_tta is not None else None,
             "epochs_to_accuracy": next((h["epoch"] for h in hist if (h["test_accuracy"] or 0) >= args.target), None),
             "samples_per_s": round(r["throughput"]["samples_per_s"], 1),
@@ -129,7 +134,7 @@ def summarize(rows, impls, ranks, rate_bit=None):
                         "job_wall_s": round(statistics.median(r["job_wall_s"] for r in rs), 3)})
             if rate_bit:
                 from asgd.run.config import EMBEDDED_HIDDEN
-                ceiling = link_ceiling(impl, n, rate_bit, EMBEDDED_HIDDEN)
+                ceiling = link_ceiling(impl, n, rate_bit, EMBEDDED_HIDDEN, rs[0]["precision"])
                 ups = out[-1]["updates_per_s"]
                 out[-1].update(link_ceiling_updates_per_s=round(ceiling, 2),
                                link_util=round(ups / ceiling, 3) if ups else None,
@@ -201,7 +206,8 @@ def main(argv=None):
     _opt = Config().optimizer
     info = run.meta(
         target_accuracy=args.target,
-        problem="asgd.data.problem.default_problem(): 16384 train / 4096 held-out rings; 2-10000-2, float64, "
+        problem="asgd.data.problem.default_problem(): 16384 train / 4096 held-out rings; 2-10000-2, asgd in "
+                f"{Config().precision} (its default), the PyTorch peers in float64, "
                 f"batch 256 per worker rank; optimizer {_opt} (asgd's default) everywhere, lr "
                 f"{optimizers.default_lr(_opt, 10000):g} (asgd ps, async), allreduce and DDP at N ranks "
                 f"{', '.join(f'{optimizers.default_lr(_opt, 10000, n):g} (N={n})' for n in args.ranks)}",

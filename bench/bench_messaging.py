@@ -1,8 +1,11 @@
 """Messaging: a worker's push/pull round trip through asgd's real protocol against a raw MPI
-ping-pong of the same size, 2 ranks, in one MPI job (this script starts it under mpiexec).
+ping-pong of the same size, 2 ranks, in one MPI job (this script starts it under mpiexec),
+in float32 (asgd.train's default) and float64 (--precisions): every buffer, the server's w
+and optimizer state in the row's precision, so a float32 row's floors move float32 buffers.
 
-Variants, repetitions interleaved (the order rotates), per-exchange median on the worker:
-  pingpong            raw MPI: rank 1 Isend + Irecv n_w doubles, Waitall; rank 0 echoes (its
+Variants x precisions, repetitions interleaved (the order rotates), per-exchange median on
+the worker:
+  pingpong            raw MPI: rank 1 Isend + Irecv n_w values, Waitall; rank 0 echoes (its
                       Irecv posted ahead): the hardware/MPI bound.
   pingpong+aggregate  rank 0 doing the server's per-push work between receive and send
                       (add_into Delta-w, copy w into the reply): the protocol's floor.
@@ -28,10 +31,14 @@ import time
 import numpy as np
 from numba import njit
 
+from asgd.core.wire import PRECISIONS
+
 PINGPONGS = ("pingpong", "pingpong+aggregate", "pingpong+versioned", "pingpong+reply-first")
-COLUMNS = {"rtt_us": "median over repetitions of each repetition's median exchange (µs)",
-           "vs_pingpong": "rtt_us / the raw ping-pong's, same size, same run",
-           "gb_per_s_both_ways": "16 n_w bytes / rtt",
+COLUMNS = {"precision": "the dtype of every buffer (MPI.FLOAT or MPI.DOUBLE), w and the optimizer's state",
+           "rtt_us": "median over repetitions of each repetition's median exchange (µs)",
+           "vs_pingpong": "rtt_us / the raw ping-pong's, same size and precision, same run",
+           "vs_reply_first": "rtt_us / pingpong+reply-first's (asgd's async server's floor), same size and precision",
+           "gb_per_s_both_ways": "2 itemsize n_w bytes / rtt",
            "server_aggregate_us": "asgd only: the server's busy time per push (take, the one-pass check and "
                                   "update, Isend)"}
 
@@ -52,6 +59,8 @@ def parse_args(argv=None):
                    help="exchanges per repetition (default 0: enough for about 0.15 s)")
     p.add_argument("--optimizers", type=common.word_list, default="sgd,adagrad,adam",
                    help="the asgd server's optimizers, one variant each (default sgd,adagrad,adam)")
+    p.add_argument("--precisions", type=common.word_list, default=",".join(PRECISIONS),
+                   help=f"comma list of {', '.join(PRECISIONS)} (default both)")
     p.add_argument("--quick", action="store_true", help="3 repetitions of about 0.05 s")
     p.add_argument("--timeout", type=float, default=300, help="seconds before the MPI job is killed (default 300)")
     a = p.parse_args(argv)
@@ -59,6 +68,8 @@ def parse_args(argv=None):
         a.repeat = min(a.repeat, 3)
     if not a.optimizers or set(a.optimizers) - {"sgd", "momentum", "adagrad", "adam"}:
         p.error("--optimizers: a comma list of sgd, momentum, adagrad, adam")
+    if not a.precisions or set(a.precisions) - set(PRECISIONS):
+        p.error(f"--precisions: a comma list of {', '.join(PRECISIONS)}")
     a.variants = PINGPONGS + tuple(f"asgd {o}" for o in a.optimizers)
     return a
 
@@ -67,6 +78,7 @@ def parse_args(argv=None):
 
 def child(args) -> None:
     from mpi4py import MPI
+    from mpi4py.util.dtlib import from_numpy_dtype
 
     from asgd.net import kernels
     from asgd.net.optimizers import Optimizer
@@ -75,7 +87,7 @@ def child(args) -> None:
     from asgd.net.mlp import Layout
     from asgd.core.schedule import Schedule
     from asgd.protocol.context import Endpoint
-    from asgd.protocol.messages import Float64Link
+    from asgd.protocol.messages import DenseLink
     from asgd.core.policy import Async
     from asgd.protocol.server import Server
     from asgd.protocol.worker import PushPull, run_worker
@@ -91,18 +103,19 @@ def child(args) -> None:
     block_s = 0.05 if args.quick else 0.15
     raw = []
 
-    def pingpong(n, iters, variant="pingpong"):
-        out, back = np.ones(n), np.empty(n)
-        w, reply = np.zeros(n), np.empty(n)
-        vers = [np.zeros(n), np.zeros(n)]
+    def pingpong(n, iters, variant="pingpong", dtype=np.float64):
+        out, back = np.ones(n, dtype), np.empty(n, dtype)
+        w, reply = np.zeros(n, dtype), np.empty(n, dtype)
+        vers = [np.zeros(n, dtype), np.zeros(n, dtype)]
+        kind = from_numpy_dtype(out.dtype)   # MPI.FLOAT or MPI.DOUBLE
         rtt = np.empty(iters)
         if me == 1:
             for i in range(iters):
                 t0 = time.perf_counter()
-                MPI.Request.Waitall([comm.Isend([out, MPI.DOUBLE], 0, 1), comm.Irecv([back, MPI.DOUBLE], 0, 2)])
+                MPI.Request.Waitall([comm.Isend([out, kind], 0, 1), comm.Irecv([back, kind], 0, 2)])
                 rtt[i] = time.perf_counter() - t0
             return rtt
-        recv = comm.Irecv([back, MPI.DOUBLE], 1, 1)   # always posted before the push arrives, as Server's
+        recv = comm.Irecv([back, kind], 1, 1)   # always posted before the push arrives, as Server's
         for i in range(iters):
             recv.Wait()
             send = out
@@ -115,20 +128,20 @@ def child(args) -> None:
                 send = vers[(i + 1) % 2]
             elif variant == "pingpong+reply-first":
                 send = vers[i % 2]
-            req = comm.Isend([send, MPI.DOUBLE], 1, 2)
+            req = comm.Isend([send, kind], 1, 2)
             if variant == "pingpong+reply-first":   # the next version while this one is on its way
                 add_to(vers[i % 2], back, vers[(i + 1) % 2])
             if i + 1 < iters:
-                recv = comm.Irecv([back, MPI.DOUBLE], 1, 1)
+                recv = comm.Irecv([back, kind], 1, 1)
             req.Wait()
         return rtt
 
-    def protocol(n_w, iters, optimizer):
+    def protocol(n_w, iters, optimizer, dtype=np.float64):
         """Returns the worker's per-exchange times (rank 1) or the server's aggregate s/push (rank 0)."""
-        w0 = np.zeros(n_w)
+        w0 = np.zeros(n_w, dtype)
         clock = PhaseClock("init")
         if me == 0:
-            server = Server(Endpoint(comm, waiter, clock), w0, 1, Optimizer(optimizer, 1e-3, n_w))
+            server = Server(Endpoint(comm, waiter, clock), w0, 1, Optimizer(optimizer, 1e-3, n_w, dtype=dtype))
             st = server.serve(Async())
             return clock.seconds().get("aggregate", 0.0) / max(st.updates, 1)
         stamps = np.empty(iters + 1)
@@ -139,29 +152,34 @@ def child(args) -> None:
             k[0] += 1
             return 0.0
         shards = shard_bounds(n_w, 1)
-        run_worker(PushPull(Endpoint(comm, waiter, clock), shards, Float64Link(shards, w0)),
-                   np.zeros((iters, 2)), np.zeros(iters, np.int64), stub_step,
+        run_worker(PushPull(Endpoint(comm, waiter, clock), shards, DenseLink(shards, w0)),
+                   np.zeros((iters, 2), dtype), np.zeros(iters, np.int64), stub_step,
                    Schedule(batch=1, epochs=1, seed=(0, 0), lr=0.0, adaptive=False))
         stamps[iters] = time.perf_counter()
         return np.diff(stamps[:k[0] + 1])
 
+    widest = max(args.precisions, key=lambda p: np.dtype(p).itemsize)
     for hid in args.hidden:
         n_w = Layout(2, hid, 2).n_w
-        for v in PINGPONGS[1:]:
-            pingpong(n_w, 3, v)                             # warm up (and JIT the kernels)
-        rtt, iters = pingpong(n_w, 10), None                # rank 1's times size the repetitions
+        for prec in args.precisions:
+            for v in PINGPONGS[1:]:
+                pingpong(n_w, 3, v, prec)                   # warm up (and JIT the kernels)
+            for o in args.optimizers:
+                protocol(n_w, 5, o, prec)                   # warm up the protocol path
+        rtt, iters = pingpong(n_w, 10, dtype=widest), None  # rank 1's times size the repetitions
         if me == 1:
             iters = args.iters or int(min(5000, max(60, block_s / max(float(np.median(rtt)), 1e-7))))
         iters = comm.bcast(iters, root=1)
-        for o in args.optimizers:
-            protocol(n_w, 5, o)                             # warm up the protocol path
+        cases = [(prec, v) for prec in args.precisions for v in args.variants]
         for rep in range(args.repeat):
-            for v in common.rotated(args.variants, rep):   # no variant always first
+            for prec, v in common.rotated(cases, rep):   # no variant or precision always first
                 comm.Barrier()
-                got = protocol(n_w, iters, v.split()[1]) if v.startswith("asgd ") else pingpong(n_w, iters, v)
+                got = (protocol(n_w, iters, v.split()[1], prec) if v.startswith("asgd ")
+                       else pingpong(n_w, iters, v, prec))
                 agg = comm.bcast(got if me == 0 and v.startswith("asgd ") else None, root=0)
                 if me == 1:
-                    raw.append({"hidden": hid, "n_w": n_w, "variant": v, "rep": rep, "iters": iters,
+                    raw.append({"hidden": hid, "n_w": n_w, "precision": prec, "variant": v, "rep": rep,
+                                "iters": iters,
                                 "rtt_median_s": float(np.median(got[1:])), "rtt_min_s": float(np.min(got[1:])),
                                 "rtt_mean_s": float(np.mean(got[1:])),
                                 "server_aggregate_s_per_push": agg if v.startswith("asgd ") else None})
@@ -172,14 +190,15 @@ def child(args) -> None:
 # -- the launcher ------------------------------------------------------------------------
 
 def plot(rows, path):
+    """A group of bars per model and precision (its own buffers' bytes), a bar per variant."""
     plt = common.pyplot()
-    models = list(dict.fromkeys(r["model"] for r in rows))
+    models = list(dict.fromkeys(f"{r['model']} {r['precision']}" for r in rows))
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    by = {(r["model"], r["variant"]): r for r in rows}
+    by = {(f"{r['model']} {r['precision']}", r["variant"]): r for r in rows}
     colors = {"pingpong": "0.6", "pingpong+aggregate": "tab:green", "pingpong+versioned": "tab:olive",
               "pingpong+reply-first": "tab:purple", "asgd sgd": "tab:blue", "asgd momentum": "tab:pink",
               "asgd adagrad": "tab:cyan", "asgd adam": "tab:red"}
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(4 + 2 * len(models), 4.5))
     at = common.bars(ax, models, variants, lambda m, v: by[m, v]["rtt_us"], colors,
                      lambda m, v, y: f"{y:,.0f}\n{by[m, v]['vs_pingpong']:.2f}x")
     for i, v in enumerate(variants):
@@ -193,6 +212,13 @@ def plot(rows, path):
     common.save_figure(fig, path)
 
 
+def precision_ratios(rows) -> list[dict]:
+    """Each variant's round trip in float32 over float64's, per model."""
+    by = {(r["model"], r["variant"], r["precision"]): r for r in rows}
+    return [{"model": m, "variant": v, "float32_over_float64": round(r["rtt_us"] / by[m, v, "float64"]["rtt_us"], 3)}
+            for (m, v, prec), r in by.items() if prec == "float32" and (m, v, "float64") in by]
+
+
 def main(argv=None):
     args = parse_args(argv)
     if common.as_mpi_child(args, child):
@@ -202,30 +228,46 @@ def main(argv=None):
     raw = common.child_result(job["stdout"])
     rows = []
     for hid in args.hidden:
-        for v in args.variants:
-            rs = [r for r in raw["rows"] if r["hidden"] == hid and r["variant"] == v]
-            med = float(np.median([r["rtt_median_s"] for r in rs]))
-            agg = [r["server_aggregate_s_per_push"] for r in rs if r["server_aggregate_s_per_push"] is not None]
-            n_w, rtt_us = rs[0]["n_w"], round(1e6 * med, 2)
-            if v == "pingpong":   # the first variant, the others' reference
-                pp = rtt_us
-            rows.append({"model": f"2-{hid}-2", "n_w": n_w, "kb": 8 * n_w / 1e3, "variant": v, "rtt_us": rtt_us,
-                         "rtt_us_min": round(1e6 * min(r["rtt_min_s"] for r in rs), 2),
-                         "exchanges_per_s": round(1 / med, 1), "gb_per_s_both_ways": round(16 * n_w / med / 1e9, 3),
-                         "server_aggregate_us": round(1e6 * float(np.median(agg)), 2) if agg else None,
-                         "repeat": len(rs), "iters": rs[0]["iters"], "vs_pingpong": round(rtt_us / pp, 3)})
+        for prec in args.precisions:
+            size = np.dtype(prec).itemsize
+            for v in args.variants:
+                rs = [r for r in raw["rows"] if (r["hidden"], r["precision"], r["variant"]) == (hid, prec, v)]
+                med = float(np.median([r["rtt_median_s"] for r in rs]))
+                agg = [r["server_aggregate_s_per_push"] for r in rs if r["server_aggregate_s_per_push"] is not None]
+                n_w, rtt_us = rs[0]["n_w"], round(1e6 * med, 2)
+                if v == "pingpong":   # the first variant, the others' reference
+                    pp = rtt_us
+                rows.append({"model": f"2-{hid}-2", "n_w": n_w, "precision": prec, "kb": size * n_w / 1e3,
+                             "variant": v, "rtt_us": rtt_us,
+                             "rtt_us_min": round(1e6 * min(r["rtt_min_s"] for r in rs), 2),
+                             "exchanges_per_s": round(1 / med, 1),
+                             "gb_per_s_both_ways": round(2 * size * n_w / med / 1e9, 3),
+                             "server_aggregate_us": round(1e6 * float(np.median(agg)), 2) if agg else None,
+                             "repeat": len(rs), "iters": rs[0]["iters"], "vs_pingpong": round(rtt_us / pp, 3)})
+    for r in rows:   # against asgd's async server's floor, the same size and precision
+        floor = next((f["rtt_us"] for f in rows if f["variant"] == "pingpong+reply-first"
+                      and (f["model"], f["precision"]) == (r["model"], r["precision"])), None)
+        r["vs_reply_first"] = round(r["rtt_us"] / floor, 3) if floor else None
+    ratios = precision_ratios(rows)
     info = run.meta(ranks=raw["ranks"], oversubscribed=raw["oversubscribed"], mpiexec=job["cmd"],
-                    job_wall_s=round(job["wall_s"], 2), columns=COLUMNS, raw=raw["rows"])
+                    job_wall_s=round(job["wall_s"], 2), float32_over_float64=ratios, columns=COLUMNS,
+                    raw=raw["rows"])
     run.write(rows, info)
     run.plot(plot, rows)
     run.print_machine()
     print(f"2 ranks ({'oversubscribed' if raw['oversubscribed'] else 'ranks <= cores'}), {job['cmd'].split()[0]}")
-    common.print_table(rows, [("model", "model", ""), ("KB each way", "kb", ",.0f"), ("variant", "variant", ""),
+    common.print_table(rows, [("model", "model", ""), ("precision", "precision", ""), ("KB each way", "kb", ",.0f"),
+                              ("variant", "variant", ""),
                               ("round trip µs", "rtt_us", ",.1f"), ("min µs", "rtt_us_min", ",.1f"),
-                              ("x ping-pong", "vs_pingpong", ".2f"), ("GB/s both ways", "gb_per_s_both_ways", ".2f"),
+                              ("x ping-pong", "vs_pingpong", ".2f"), ("x reply-first", "vs_reply_first", ".2f"),
+                              ("GB/s both ways", "gb_per_s_both_ways", ".2f"),
                               ("server busy µs/push", "server_aggregate_us", ",.1f")])
     print("how far from the floor (the ping-pong of the same bytes): " + "; ".join(
-        f"{r['model']} {r['variant']} {r['vs_pingpong']:.2f}x" for r in rows if r["variant"].startswith("asgd ")))
+        f"{r['model']} {r['precision']} {r['variant']} {r['vs_pingpong']:.2f}x" for r in rows
+        if r["variant"].startswith("asgd ")))
+    if ratios:
+        print("float32 / float64 round trip: " + "; ".join(
+            f"{r['model']} {r['variant']} {r['float32_over_float64']:.2f}" for r in ratios))
     run.wrote()
     return 0
 

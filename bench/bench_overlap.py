@@ -1,6 +1,7 @@
 """How much of a worker's push/pull exchange hides behind its compute: Delta-w of 2-10K-2
-(400 KB) and 2-100K-2 (4.0 MB), on shared memory (mpiexec, 2 ranks) and on the emulated
-cluster (asgd.testbed: server and worker on two hosts, TCP through links at --bandwidth).
+(200 KB in float32, asgd.train's default --precision; 400 KB in float64) and 2-100K-2 (2.0
+and 4.0 MB), on shared memory (mpiexec, 2 ranks) and on the emulated cluster (asgd.testbed:
+server and worker on two hosts, TCP through links at --bandwidth).
 
 Both ranks run asgd's real protocol (rank 0 serves, rank 1 runs run_worker with the real
 step on real data). The modes cycle step by step within each run (the same load and batch
@@ -33,6 +34,8 @@ import time
 
 import numpy as np
 
+from asgd.core.wire import PRECISIONS
+from asgd.run.config import Config
 
 COLUMNS = {"E_ms": "the exchange alone: worker ms per step with no compute (median over steps)",
            "c_ms": "the worker's compute per step (real step, batch timed for ratio x E)",
@@ -58,6 +61,8 @@ def parse_args(argv=None):
                    help="comma list of on, off: the worker's step tests the "
                    "exchange between its sample blocks, or not (default both, alternating)")
     p.add_argument("--name", default="ov", help="testbed name (default ov)")
+    p.add_argument("--precision", choices=PRECISIONS, default=Config().precision,
+                   help="w, Delta-w and the messages' values (default asgd.train's)")
     p.add_argument("--ratios", type=float_list, default=[0.5, 1.0, 2.0, 4.0],
                    help="compute / exchange ratios r (default 0.5,1,2,4; the headline is r = 2)")
     p.add_argument("--updates", type=int, default=40, help="updates per measurement (default 40)")
@@ -120,7 +125,7 @@ def child(args) -> None:
     from asgd.core.wire import shard_bounds
     from asgd.core.schedule import Schedule
     from asgd.protocol.context import Endpoint
-    from asgd.protocol.messages import Float64Link
+    from asgd.protocol.messages import DenseLink
     from asgd.core.policy import Async
     from asgd.protocol.server import Server
     from asgd.protocol.worker import PushPull, run_worker
@@ -131,20 +136,22 @@ def child(args) -> None:
         raise SystemExit("bench_overlap's MPI job runs on exactly 2 ranks")
     crowded = oversubscribed(comm)
     waiter = Waiter(crowded, time.monotonic() + args.timeout, f"rank {comm.rank}")
-    mlp.compile_kernels()
+    dt = np.dtype(args.precision)
+    mlp.compile_kernels(dtype=dt)
     out = []
 
     def exchange(layout, step, batch: int, updates: int, modes: list[str]) -> dict | None:
         """One run of the real protocol, `updates` steps per mode cycling; the worker's medians."""
-        w = mlp.init_params(layout, 0)
+        w = mlp.init_params(layout, 0, dt)
         comm.Barrier()
         if comm.rank == 0:
             Server(Endpoint(comm, waiter, PhaseClock("idle")), w, 1).serve(Async())
             return None
         data = problem.rings(batch * updates * len(modes), 1)
+        data.X = data.X.astype(dt)   # as asgd.train casts its data to --precision
         clock = TraceClock("idle", steps=(0, 1 << 30))
         shards = shard_bounds(layout.n_w, 1)
-        run_worker(PushPull(Endpoint(comm, waiter, clock), shards, Float64Link(shards, w)), data.X, data.y,
+        run_worker(PushPull(Endpoint(comm, waiter, clock), shards, DenseLink(shards, w)), data.X, data.y,
                    cycling(step, modes), Schedule(batch=batch, epochs=1, seed=(0, 0), lr=1e-9, adaptive=False))
         return per_step(clock.events(), modes)
 
@@ -154,12 +161,13 @@ def child(args) -> None:
     def batch_for(layout, seconds: float) -> int:
         """The batch whose real step takes about `seconds` here (rescaled thrice: not quite linear)."""
         ds = problem.rings(4096, 2)
-        w, dw = mlp.init_params(layout, 0), np.zeros(layout.n_w)
+        X = ds.X.astype(dt)
+        w, dw = mlp.init_params(layout, 0, dt), np.zeros(layout.n_w, dt)
         b = 64
         for _ in range(3):
             b = int(min(max(b, 1), 4096))
-            s = mlp.make_step(layout, b)   # one untimed call, then the median of three
-            t = common.interleaved({"step": lambda: s(w, ds.X[:b], ds.y[:b], 1e-9, dw)}, 3, min_time=0, warmup=0)
+            s = mlp.make_step(layout, b, dt)   # one untimed call, then the median of three
+            t = common.interleaved({"step": lambda: s(w, X[:b], ds.y[:b], 1e-9, dw)}, 3, min_time=0, warmup=0)
             b = round(b * seconds / t["step"]["median_s"])
         return int(min(max(b, 1), 4096))
 
@@ -172,14 +180,15 @@ def child(args) -> None:
             for r in args.ratios:
                 batch = comm.bcast(batch_for(layout, r * E0) if comm.rank == 1 else None, root=1)
                 modes = ["alone", *common.rotated(args.progress, rep)]
-                got = exchange(layout, mlp.make_step(layout, batch), batch, args.updates, modes)
+                got = exchange(layout, mlp.make_step(layout, batch, dt), batch, args.updates, modes)
                 if not got:
                     continue
                 E = got["alone"]["T"]   # the exchange alone, in this very run
                 for mode in args.progress:
                     g = got[mode]
                     c, exposed = g["compute"], g["exposed"]
-                    out.append({"hidden": hidden, "n_w": layout.n_w, "mbytes": 8 * layout.n_w / 1e6, "rep": rep,
+                    out.append({"hidden": hidden, "n_w": layout.n_w, "precision": args.precision,
+                                "mbytes": dt.itemsize * layout.n_w / 1e6, "rep": rep,
                                 "progress": mode, "ratio": r, "batch": batch, "E_ms": 1e3 * E,
                                 "E_exposed_ms": 1e3 * got["alone"]["exposed"], "c_ms": 1e3 * c,
                                 "exposed_ms": 1e3 * exposed, "T_ms": 1e3 * g["T"],

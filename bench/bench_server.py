@@ -1,22 +1,26 @@
 """The server's per-push work for each optimizer, before and now, against its floor: updates/s
-and GB/s, one core, float64, against a STREAM-like bound measured in the same run.
+and GB/s, one core, in float32 (asgd.train's default) and float64 (--precisions), against a
+STREAM-like bound measured in the same run.
 
-Per push, for each optimizer (--optimizers), on a shard of n_w doubles, each push's d from
-the next of W workers' receive buffers:
+Per push, for each optimizer (--optimizers) and precision, on a shard of n_w values of that
+precision (itemsize bytes each: 4 or 8), each push's d from the next of W workers' receive
+buffers:
   asgd     Optimizer.update (the server's call): one pass that checks d for NaN and inf,
            writes the next version of the shard into the version pool (W + 1 buffers,
-           rotating as Float64Shard's do) and the optimizer's state into its next buffers;
+           rotating as DenseShard's do) and the optimizer's state into its next buffers;
            checked against `before` (the same w' from the same w and d).
   before   the server before issue 29: all_finite(d), the update in place, then w copied
-           into that worker's reply buffer: three passes.
-The floor: the bytes an update must move (sgd 3 x 8n, momentum and adagrad 5 x 8n, adam
-7 x 8n) at the best of numpy copy/add/triad rotating over the update's own footprint
-(floor_us; pct_of_floor = floor_us / us_per_push); pct_of_memory_bound: the same bytes
-against copy/add/triad on ASGD_BENCH_STREAM_MIB arrays.
+           into that worker's reply buffer: three passes (in float32 too, on float32 arrays).
+The floor: the bytes an update must move (sgd 3 x itemsize n, momentum and adagrad 5 x,
+adam 7 x) at the best of numpy copy/add/triad rotating over the update's own footprint (the
+same bytes, in that precision; floor_us; pct_of_floor = floor_us / us_per_push);
+pct_of_memory_bound: the same bytes against copy/add/triad on ASGD_BENCH_STREAM_MIB arrays.
+The precisions of a model and worker count are timed interleaved, under the same load.
 Writes server.csv, server.json, server.png under --out.
 
     python bench/bench_server.py                        # 2-10K-2 and 2-100K-2, 1 and 8 workers
     python bench/bench_server.py --hidden 10000 --workers 1 --quick
+    python bench/bench_server.py --precisions float64  # only float64 (the figures before float32)
 """
 
 import sys
@@ -31,15 +35,18 @@ from numba import njit
 
 from asgd.net import OPTIMIZERS, kernels
 from asgd.net.optimizers import BETAS, EPS, MOMENTUM, Optimizer
-from asgd.core.wire import PULL_HEADER, PUSH_HEADER
+from asgd.core.wire import PRECISIONS, PULL_HEADER, PUSH_HEADER, header_slots
 from asgd.net.mlp import Layout
 
-UPDATES = {"sgd": (3, 0), "momentum": (5, 1), "adagrad": (5, 1), "adam": (7, 2)}   # (bytes in 8n, state arrays)
+UPDATES = {"sgd": (3, 0), "momentum": (5, 1), "adagrad": (5, 1), "adam": (7, 2)}   # (arrays of n moved, state arrays)
 PATHS = ("asgd", "before")
-COLUMNS = {"path": "asgd: Optimizer.update into the next version (what the server does); before: "
+COLUMNS = {"precision": "the dtype of w, d, the versions and the optimizer's state",
+           "path": "asgd: Optimizer.update into the next version (what the server does); before: "
                    "all_finite, the update in place, the copy into a reply buffer (before issue 29)",
            "bytes_per_op": "bytes the update must move (the floor's), reads + writes, no write-allocate",
-           "bytes_moved": "bytes the path moves: the floor's, plus before's check (8n) and copy (16n)",
+           "bytes_moved": "bytes the path moves: the floor's, plus before's check (itemsize n) and copy "
+                          "(2 itemsize n)",
+           "vs_sgd": "us_per_op / sgd's, same model, workers, precision and path",
            "footprint_bytes": "the path's buffers: w (asgd: W + 1 versions), the state (asgd: twice), "
                               "the W workers' d (before: and their reply buffers)",
            "gb_per_s": "bytes_per_op / median time (the floor's bytes: comparable across paths)",
@@ -47,7 +54,7 @@ COLUMNS = {"path": "asgd: Optimizer.update into the next version (what the serve
            "floor_us": "bytes_per_op at bound_gb_per_s", "pct_of_floor": "floor_us / us_per_op",
            "pct_of_memory_bound": "gb_per_s vs the best of copy/add/triad on machine.memory_bandwidth_gbs arrays",
            "max_rel_diff_vs_before": "asgd: max |w' - before's w'| / max |before's w'| "
-                                     "after one push from the same w, d"}
+                                     "after one push from the same w, d, same precision"}
 
 
 # -- the server's kernels before issue 29 (in place; the check and the reply's copy apart; sgd's: add_into) --
@@ -82,10 +89,11 @@ def _before_adam(w, m, v, d, lr, b1, b2, eps, t):
         w[i] += lr * (mi * c1) / (math.sqrt(vi * c2) + eps)
 
 
-def before_update(name, n, lr=1e-3, w=None):
-    """The old per-push work: check, update w in place, copy it into the reply buffer."""
-    w = np.random.default_rng(5).normal(size=n) if w is None else w
-    state = [np.zeros(n) for _ in range(UPDATES[name][1])]
+def before_update(name, n, lr=1e-3, w=None, dtype=np.float64):
+    """The old per-push work: check, update w in place, copy it into the reply buffer (on
+    arrays of `dtype`, w's if given)."""
+    w = np.random.default_rng(5).normal(size=n).astype(dtype) if w is None else w
+    state = [np.zeros(n, w.dtype) for _ in range(UPDATES[name][1])]
     t = [0]
 
     def apply(d, reply):
@@ -116,77 +124,124 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="workers 1 only, 5 repeats")
     p.add_argument("--optimizers", type=common.word_list, default=",".join(OPTIMIZERS),
                    help=f"comma list of {', '.join(OPTIMIZERS)} (default all)")
+    p.add_argument("--precisions", type=common.word_list, default=",".join(PRECISIONS),
+                   help=f"comma list of {', '.join(PRECISIONS)} (default both)")
     a = p.parse_args(argv)
     if not a.optimizers or set(a.optimizers) - set(OPTIMIZERS):
         p.error(f"--optimizers: a comma list of {', '.join(OPTIMIZERS)}")
+    if not a.precisions or set(a.precisions) - set(PRECISIONS):
+        p.error(f"--precisions: a comma list of {', '.join(PRECISIONS)}")
     if a.quick:
         a.workers, a.repeat, a.min_time = [1], 5, 0.03
     return a
 
 
 def footprint(name, path, W):
-    """The arrays of n doubles a path's buffers hold (see COLUMNS)."""
+    """The arrays of n values a path's buffers hold (see COLUMNS)."""
     state = UPDATES[name][1]
     return (W + 1) + 2 * state + W if path == "asgd" else 1 + state + 2 * W
 
 
-def same_update(name, n) -> float:
+def same_update(name, n, dtype=np.float64) -> float:
     """The check: one push from the same w and d, asgd's next version against before's w."""
     rng = np.random.default_rng(2)
-    w, d, out = rng.normal(size=n), rng.normal(scale=1e-3, size=n), np.empty(n)
-    Optimizer(name, 1e-3, n).update(w, d, out)
-    before_update(name, n, w=w)(d, np.empty(n))   # moves w in place
+    w, d, out = rng.normal(size=n).astype(dtype), rng.normal(scale=1e-3, size=n).astype(dtype), np.empty(n, dtype)
+    Optimizer(name, 1e-3, n, dtype=dtype).update(w, d, out)
+    before_update(name, n, w=w)(d, np.empty(n, dtype))   # moves w in place
     return common.rel_diff(out, w)
 
 
-def bench_updates(n, W, optimizers, repeat, min_time, lock=None):
-    """Each optimizer's per-push work on both paths and the bound at each one's footprint, common.micro's shape."""
+def stream_values(n: int, dtype) -> int:
+    """The float64 values of common.stream_kernels' arrays that hold n values of `dtype`:
+    the bound is measured over the same bytes."""
+    return -(-n * np.dtype(dtype).itemsize // 8)
+
+
+def bench_updates(n, W, optimizers, precisions, repeat, min_time, lock=None):
+    """Each optimizer's per-push work on both paths in each precision, and the bound at each
+    one's footprint, common.micro's shape: keys "{path} {optimizer} {precision}"."""
     rng = np.random.default_rng(1)
-    recv = [rng.normal(scale=1e-9, size=n + PUSH_HEADER) for _ in range(W)]   # as the server's receive buffers
-    fns = {}
-    for name in optimizers:
-        opt = Optimizer(name, 1e-3, n)
-        versions = [np.empty(n + PULL_HEADER) for _ in range(W + 1)]
-        versions[0][:n] = rng.normal(size=n)
-        at = [0, 0]   # the push's worker, the current version
+    fns, checks = {}, {}
+    for prec in precisions:
+        dt = np.dtype(prec)
+        push, pull = header_slots(PUSH_HEADER, dt.itemsize), header_slots(PULL_HEADER, dt.itemsize)
+        recv = [rng.normal(scale=1e-9, size=n + push).astype(dt) for _ in range(W)]   # as the server's receive buffers
+        for name in optimizers:
+            opt = Optimizer(name, 1e-3, n, dtype=dt)
+            versions = [np.empty(n + pull, dt) for _ in range(W + 1)]
+            versions[0][:n] = rng.normal(size=n)
+            at = [0, 0]   # the push's worker, the current version
 
-        def asgd(opt=opt, versions=versions, at=at):
-            j = at[0] = (at[0] + 1) % W
-            nxt = (at[1] + 1) % len(versions)
-            opt.update(versions[at[1]][:n], recv[j][:n], versions[nxt][:n])
-            at[1] = nxt
-        old = before_update(name, n)
-        replies = [np.empty(n + PULL_HEADER) for _ in range(W)]
-        turn = [0]
+            def asgd(opt=opt, versions=versions, at=at, recv=recv):
+                j = at[0] = (at[0] + 1) % W
+                nxt = (at[1] + 1) % len(versions)
+                opt.update(versions[at[1]][:n], recv[j][:n], versions[nxt][:n])
+                at[1] = nxt
+            old = before_update(name, n, dtype=dt)
+            replies = [np.empty(n + pull, dt) for _ in range(W)]
+            turn = [0]
 
-        def before(old=old, replies=replies, turn=turn):
-            j = turn[0] = (turn[0] + 1) % W
-            old(recv[j][:n], replies[j])
-        fns[f"asgd {name}"], fns[f"before {name}"] = asgd, before
-        for path in PATHS:   # the bound: copy/add/triad rotating over the path's footprint
-            sets = max(1, -(-footprint(name, path, W) // 3))
-            fns.update({f"stream {k} @{path} {name}": f for k, f in common.stream_kernels(n, sets).items()})
-    checks = {f"asgd {name}": same_update(name, n) for name in optimizers}
+            def before(old=old, replies=replies, turn=turn, recv=recv):
+                j = turn[0] = (turn[0] + 1) % W
+                old(recv[j][:n], replies[j])
+            fns[f"asgd {name} {prec}"], fns[f"before {name} {prec}"] = asgd, before
+            for path in PATHS:   # the bound: copy/add/triad rotating over the path's footprint
+                sets = max(1, -(-footprint(name, path, W) // 3))
+                fns.update({f"stream {k} @{path} {name} {prec}": f
+                            for k, f in common.stream_kernels(stream_values(n, dt), sets).items()})
+            checks[f"asgd {name} {prec}"] = same_update(name, n, dt)
     return common.micro(fns, repeat, min_time, checks=checks, warmup=2, lock=lock)
 
 
 def plot(rows, path):
     plt = common.pyplot()
-    groups = list(dict.fromkeys((r["model"], r["workers"]) for r in rows))
+    groups = list(dict.fromkeys((r["model"], r["workers"], r["precision"]) for r in rows))
     names = list(dict.fromkeys(r["optimizer"] for r in rows))
     fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups) + 1, 4.5), squeeze=False)
     for ax, g in zip(axes[0], groups):
-        by = {(r["optimizer"], r["path"]): r for r in rows if (r["model"], r["workers"]) == g}
+        by = {(r["optimizer"], r["path"]): r for r in rows if (r["model"], r["workers"], r["precision"]) == g}
         at = common.bars(ax, names, PATHS, lambda o, p: by[o, p]["us_per_op"], {"asgd": "tab:blue", "before": "0.6"},
                          lambda o, p, y: f"{by[o, p]['pct_of_floor']:.0f}%", fontsize=7)
         ax.scatter(at["asgd"], [by[o, "asgd"]["floor_us"] for o in names], marker="_", s=300, color="k", zorder=3,
                    label="floor (its bytes at the bound of its footprint)")
         ax.set_ylabel("µs per push (median)")
-        ax.set_title(f"{g[0]}, {g[1]} worker{'s' * (g[1] > 1)}", fontsize=10)
+        ax.set_title(f"{g[0]}, {g[1]} worker{'s' * (g[1] > 1)}, {g[2]}", fontsize=10)
         ax.legend(fontsize=7)
     fig.suptitle("The server's per-push work per optimizer, before and now (% over a bar: of the floor), "
                  "one core, measured here", fontsize=10)
     common.save_figure(fig, path)
+
+
+def row(res, name, path, prec, hid, n, W, bound_mem) -> dict:
+    """One (optimizer, path, precision)'s figures against the floor at its footprint."""
+    r, size, units = res[f"{path} {name} {prec}"], np.dtype(prec).itemsize, UPDATES[name][0]
+    m = stream_values(n, prec)   # the bound's arrays: the same bytes, in float64 values
+    bounds = {f"stream {k}": nbytes * m / res[f"stream {k} @{path} {name} {prec}"]["median_s"] / 1e9
+              for k, nbytes in common.STREAM_BYTES.items()}
+    bound = max(bounds.values())
+    floor_s = units * size * n / bound / 1e9
+    gbs = units * size * n / r["median_s"] / 1e9
+    return {"model": f"2-{hid}-2", "n_w": n, "workers": W, "precision": prec, "optimizer": name, "path": path,
+            "units": units, "bytes_per_op": units * size * n,
+            "bytes_moved": (units + (3 if path == "before" else 0)) * size * n,
+            "footprint_bytes": footprint(name, path, W) * size * n,
+            "us_per_op": round(1e6 * r["median_s"], 2), "ops_per_s": round(1 / r["median_s"], 1),
+            "us_per_op_min": round(1e6 * r["min_s"], 2),
+            "gb_per_s": round(gbs, 3),
+            "gb_per_s_cpu": round(units * size * n / r["cpu_median_s"] / 1e9, 3),
+            "bound_gb_per_s": round(bound, 3), "bound_kernel": max(bounds, key=bounds.get),
+            "floor_us": round(1e6 * floor_s, 2),
+            "pct_of_floor": round(100 * floor_s / r["median_s"], 1),
+            "pct_of_memory_bound": round(100 * gbs / bound_mem, 1),
+            "max_rel_diff_vs_before": r["max_rel_diff"]}
+
+
+def precision_ratios(rows) -> list[dict]:
+    """asgd's µs per push in float32 over float64's, per model, workers and optimizer."""
+    by = {(r["model"], r["workers"], r["optimizer"], r["precision"]): r for r in rows if r["path"] == "asgd"}
+    return [{"model": m, "workers": W, "optimizer": o,
+             "float32_over_float64": round(r["us_per_op"] / by[m, W, o, "float64"]["us_per_op"], 3)}
+            for (m, W, o, prec), r in by.items() if prec == "float32" and (m, W, o, "float64") in by]
 
 
 def main(argv=None):
@@ -197,49 +252,40 @@ def main(argv=None):
     for hid in args.hidden:
         n = Layout(2, hid, 2).n_w
         for W in args.workers:
-            res = bench_updates(n, W, args.optimizers, args.repeat, args.min_time, args.cpu_lock)
-            for name in args.optimizers:
-                units = UPDATES[name][0]
-                for path in PATHS:
-                    r = res[f"{path} {name}"]
-                    bounds = {f"stream {k}": nbytes * n / res[f"stream {k} @{path} {name}"]["median_s"] / 1e9
-                              for k, nbytes in common.STREAM_BYTES.items()}
-                    bound = max(bounds.values())
-                    floor_s = units * 8 * n / bound / 1e9
-                    gbs = units * 8 * n / r["median_s"] / 1e9
-                    rows.append({"model": f"2-{hid}-2", "n_w": n, "workers": W, "optimizer": name, "path": path,
-                                 "units": units, "bytes_per_op": units * 8 * n,
-                                 "bytes_moved": (units + (3 if path == "before" else 0)) * 8 * n,
-                                 "footprint_bytes": footprint(name, path, W) * 8 * n,
-                                 "us_per_op": round(1e6 * r["median_s"], 2), "ops_per_s": round(1 / r["median_s"], 1),
-                                 "us_per_op_min": round(1e6 * r["min_s"], 2),
-                                 "gb_per_s": round(gbs, 3),
-                                 "gb_per_s_cpu": round(units * 8 * n / r["cpu_median_s"] / 1e9, 3),
-                                 "bound_gb_per_s": round(bound, 3), "bound_kernel": max(bounds, key=bounds.get),
-                                 "floor_us": round(1e6 * floor_s, 2),
-                                 "pct_of_floor": round(100 * floor_s / r["median_s"], 1),
-                                 "pct_of_memory_bound": round(100 * gbs / bound_mem, 1),
-                                 "max_rel_diff_vs_before": r["max_rel_diff"]})
-                now, before = rows[-2:]   # asgd against before, same push
-                now["speedup_vs_before"] = round(before["us_per_op"] / now["us_per_op"], 2)
-            group = rows[-len(PATHS) * len(args.optimizers):]
-            print(f"  2-{hid}-2 W={W}: " + ", ".join(
-                f"{r['optimizer']} {r['us_per_op']:,.0f} µs ({r['pct_of_floor']:.0f}% of floor; before "
-                f"{b['us_per_op']:,.0f})" for r, b in zip(group[::2], group[1::2])), flush=True)
-    info = run.meta(memory_bound_gb_per_s=bound_mem, columns=COLUMNS)
+            res = bench_updates(n, W, args.optimizers, args.precisions, args.repeat, args.min_time, args.cpu_lock)
+            for prec in args.precisions:
+                group = []
+                for name in args.optimizers:
+                    now, before = (row(res, name, path, prec, hid, n, W, bound_mem) for path in PATHS)
+                    now["speedup_vs_before"] = round(before["us_per_op"] / now["us_per_op"], 2)
+                    group += [now, before]
+                sgd = {r["path"]: r["us_per_op"] for r in group if r["optimizer"] == "sgd"}
+                for r in group:
+                    r["vs_sgd"] = round(r["us_per_op"] / sgd[r["path"]], 2) if sgd else None
+                rows += group
+                print(f"  2-{hid}-2 W={W} {prec}: " + ", ".join(
+                    f"{r['optimizer']} {r['us_per_op']:,.0f} µs ({r['pct_of_floor']:.0f}% of floor; before "
+                    f"{b['us_per_op']:,.0f})" for r, b in zip(group[::2], group[1::2])), flush=True)
+    ratios = precision_ratios(rows)
+    info = run.meta(memory_bound_gb_per_s=bound_mem, float32_over_float64=ratios, columns=COLUMNS)
     run.write(rows, info)
     run.plot(plot, rows)
     run.print_machine()
-    common.print_table(rows, [("model", "model", ""), ("workers", "workers", "d"), ("optimizer", "optimizer", ""),
-                              ("path", "path", ""), ("floor bytes/8n", "units", "d"), ("µs/push", "us_per_op", ",.1f"),
+    common.print_table(rows, [("model", "model", ""), ("workers", "workers", "d"), ("precision", "precision", ""),
+                              ("optimizer", "optimizer", ""), ("path", "path", ""),
+                              ("floor bytes/(itemsize n)", "units", "d"), ("µs/push", "us_per_op", ",.1f"),
                               ("updates/s", "ops_per_s", ",.0f"), ("GB/s", "gb_per_s", ".1f"),
                               ("bound GB/s", "bound_gb_per_s", ".1f"), ("floor µs", "floor_us", ",.1f"),
-                              ("% of floor", "pct_of_floor", ".0f"), ("x before", "speedup_vs_before", ".2f")],
+                              ("% of floor", "pct_of_floor", ".0f"), ("x before", "speedup_vs_before", ".2f"),
+                              ("x sgd", "vs_sgd", ".2f")],
                        title="the server's per-push work, one core (floor: the update's bytes at the bound of its "
                              "footprint)")
     print("how far from the floor (asgd): " + "; ".join(
-        f"{r['model']} W={r['workers']} {r['optimizer']} {r['pct_of_floor']:.0f}%"
+        f"{r['model']} W={r['workers']} {r['precision']} {r['optimizer']} {r['pct_of_floor']:.0f}%"
         for r in rows if r["path"] == "asgd"))
+    if ratios:
+        print("float32 / float64 µs per push (asgd): " + "; ".join(
+            f"{r['model']} W={r['workers']} {r['optimizer']} {r['float32_over_float64']:.2f}" for r in ratios))
     run.wrote()
     return 0
 

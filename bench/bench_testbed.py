@@ -31,6 +31,7 @@ import validate
 from common import int_list
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -111,11 +112,19 @@ def steady_rate(trace_path: Path) -> tuple[float, int]:
     return (i1 - i0) / ((ts[i1] - ts[i0]) / 1e6), n
 
 
-def bytes_per_weight(compress: str, hidden: int, S: int) -> float:
-    """Payload bytes per weight of a push (8: float64)."""
+def run_precision(results: dict) -> str:
+    """A run's --precision, from its results.json config (float64 before --precision existed)."""
+    return results["config"].get("precision", "float64")
+
+
+def bytes_per_weight(compress: str, hidden: int, S: int, precision: str) -> float:
+    """Payload bytes per weight of a push in `precision`: its item size, or 1-bit's bits
+    and scales of that size."""
+    from asgd.core.wire import itemsize
     from asgd.net.mlp import Layout
     from asgd.protocol import onebit
-    return 8.0 if compress == "none" else onebit.bytes_per_weight(Layout(2, hidden, 2), S)
+    size = itemsize(precision)
+    return float(size) if compress == "none" else onebit.bytes_per_weight(Layout(2, hidden, 2), S, size)
 
 
 def train_cmd(mpiexec: str, S: int, W: int, compress: str, args, out: Path, epochs: int | None = None) -> list[str]:
@@ -133,17 +142,18 @@ def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | No
     r = res.results
     rate, n = steady_rate(out / "trace.json")
     ev = r["ranks"][0]["phases"].get("evaluate", 0.0)
-    n_w = r["config"]["n_w"]
+    n_w, precision = r["config"]["n_w"], run_precision(r)
     per_update_server = max(r["ranks"][0]["bytes"]["train"][d] for d in ("sent", "recv")) / r["throughput"]["updates"]
     p = res.proof
-    return {"compress": compress, "servers": S, "workers": W, "ranks": W + S,
+    return {"compress": compress, "precision": precision, "servers": S, "workers": W, "ranks": W + S,
             "updates_per_s": round(rate, 3), "updates_steady": n,
             "updates_per_s_run": round(r["throughput"]["updates_per_s"], 3),
             "updates_per_s_run_no_eval": round(r["throughput"]["updates"] / max(r["train_s"] - ev, 1e-9), 3),
             "train_s": round(r["train_s"], 2), "init_s": round(r["init_s"], 2), "evaluate_s": round(ev, 2),
             "accuracy": r["metrics"]["accuracy"],
             "link_util": round(rate / (ceiling := model.link_ceiling(rate_bit, n_w, S,
-                                                                      bytes_per_weight(compress, args.hidden, S))), 3),
+                                                                      bytes_per_weight(compress, args.hidden, S,
+                                                                                       precision))), 3),
             "link_ceiling_updates_per_s": round(ceiling, 2),
             "server_bytes_per_update": round(per_update_server, 1),
             "wire_bytes_sent": sum(h["wire_sent"] for h in p["hosts"]),
@@ -179,11 +189,17 @@ def cores_ceiling(S: int, W: int, args, tmp: Path, compress: str = "none") -> di
 def predict(base, rows, args, rate_bit) -> None:
     """pred_updates_per_s and ape_pct on every row (the model never sees the measurements:
     the network terms are the link's rate and burst and TCP/IP framing, not the runs' bytes)."""
+    from asgd.core.wire import DOUBLE
     for r in rows:
         S, n_w = r["servers"], r["n_w"]
-        prm = validate.testbed_model().testbed_params(base, rate_bit, args.latency * 1e-6, sizes=[-(-n_w // S), n_w],
-                                                      bytes_per_weight=bytes_per_weight(r["compress"], args.hidden, S))
-        run = validate.Run(workers=r["workers"], servers=S, batch=args.batch, hidden=args.hidden, epochs=args.epochs)
+        run = validate.Run(workers=r["workers"], servers=S, batch=args.batch, hidden=args.hidden, epochs=args.epochs,
+                           precision=r["precision"])
+        # the model's link table is keyed by float64 values (Run.wire_values): a message of k
+        # weights is read at k * itemsize / 8, so its bytes per key are bpw * 8 / itemsize
+        per_key = bytes_per_weight(r["compress"], args.hidden, S, r["precision"]) * DOUBLE / run.value_bytes
+        keys = [math.ceil(run.wire_values(k)) for k in (-(-n_w // S), n_w)]
+        prm = validate.testbed_model().testbed_params(base, rate_bit, args.latency * 1e-6, bytes_per_weight=per_key,
+                                                      sizes=keys)
         got = validate.model_predict(prm, run).detail
         r.update(pred_updates_per_s=round(got["updates_per_s"], 3), pred_bound=got["bound"],
                  ape_pct=round(validate.ape(got["updates_per_s"], r["updates_per_s"]), 1))
@@ -211,7 +227,7 @@ def summarize(rows, args) -> dict:
                     "gain_from_2_to_max_workers": round(one[-1]["updates_per_s"] /
                                                         next(r for r in one if r["workers"] >= 2)["updates_per_s"], 3)}
         out[c] = {"ceilings": ceil, "one_server": flat}
-    if "none" in out and "1bit" in out:   # 1-bit against float64 messages, one server's ceilings
+    if "none" in out and "1bit" in out:   # 1-bit against plain messages, one server's ceilings
         a, b = (out[c]["ceilings"].get(1, {}).get("ceiling_updates_per_s") for c in ("1bit", "none"))
         out["onebit_vs_none_one_server"] = round(a / b, 2) if a and b else None
     e = validate.score(rows, "ape_pct")
@@ -224,9 +240,9 @@ def summarize(rows, args) -> dict:
 
 def plot(rows, info, path):
     """Updates/s against workers, measured (solid) and predicted by the model (dashed), per
-    server count: float64 messages (left) and 1-bit (middle), each on a linear scale (they
-    sit 60x apart), with the links' ceilings (dotted) and the cores' ceiling on shared
-    memory (dash-dot); right: the model's APE."""
+    server count: plain messages in the run's precision (left) and 1-bit (middle), each on
+    a linear scale (they sit 30-60x apart), with the links' ceilings (dotted) and the cores'
+    ceiling on shared memory (dash-dot); right: the model's APE."""
     plt = common.pyplot()
     kinds = list(dict.fromkeys(r["compress"] for r in rows))
     fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(5.2 * len(kinds) + 4.2, 5),
@@ -234,7 +250,7 @@ def plot(rows, info, path):
     colors = {1: "tab:red", 2: "tab:blue", 4: "tab:green", 8: "tab:purple"}
     ape_ax = axes[-1]
     for ax, c in zip(axes, kinds):
-        name = "float64" if c == "none" else c
+        name = rows[0]["precision"] if c == "none" else c
         for S in sorted({r["servers"] for r in rows}):
             rs = validate.series(rows, "workers", servers=S, compress=c)
             if not rs:
@@ -294,7 +310,7 @@ def main(argv=None):
         lines = [ln for ln in (res.stdout or "").splitlines() if ln.startswith("{")]
         probe = json.loads(lines[-1]) if res.rc == 0 and lines else {"error": (res.stderr or "")[-500:]}
         print(f"probe over two hosts: {probe}", flush=True)
-        cores = []   # float64: the most servers and workers; 1-bit: one server, the most workers
+        cores = []   # plain messages: the most servers and workers; 1-bit: one server, the most workers
         for c in ([] if args.no_cores_check else args.compress):
             got = cores_ceiling(max(args.servers) if c == "none" else 1, max(args.workers), args, tmp, c)
             if got:
@@ -334,14 +350,15 @@ def main(argv=None):
     f = {c: statistics.median(max(r["wire_over_app_sent"], r["wire_over_app_recv"]) for r in rows if r["compress"] == c)
          for c in dict.fromkeys(r["compress"] for r in rows)}
     predict(base, rows, args, rate_bit)
-    n_w = rows[0]["n_w"]
+    n_w, precision = rows[0]["n_w"], rows[0]["precision"]   # every run's: asgd.train's default
     model = validate.testbed_model()
     derived = model.testbed_params(base, rate_bit, args.latency * 1e-6, sizes=[n_w])
     info = run.meta(
         testbed={"hosts": hosts, "rate_bit": rate_bit, "rate": format_rate(rate_bit),
                  "latency_us": args.latency, "netem": netem, "wire_overhead": f,
+                 "precision": precision,
                  "worker_ceiling_updates_per_s": {c: round(model.worker_ceiling(rate_bit, n_w, bytes_per_weight(
-                     c, args.hidden, 1)), 2) for c in f}},
+                     c, args.hidden, 1, precision)), 2) for c in f}},
         params=params_src, probe=probe,
         probe_vs_derived={"pingpong_s": [probe.get("pingpong_s"), derived.per_nw(
                               {b // 8: v for b, v in derived.pingpong_s.items()}, n_w)],
@@ -374,7 +391,7 @@ def main(argv=None):
             print(f"{c}: {S} server(s): ceiling {v['ceiling_updates_per_s']:.2f} updates/s at {v['at_workers']} workers"
                   f" (link ceiling {v['link_ceiling_updates_per_s']:.1f}), {v['vs_one_server']}x one server's")
     if s.get("onebit_vs_none_one_server"):
-        print(f"1bit against float64, one server's ceiling: {s['onebit_vs_none_one_server']}x")
+        print(f"1bit against {precision} messages, one server's ceiling: {s['onebit_vs_none_one_server']}x")
     print(f"model: median APE {s['model_median_ape_pct']} % ("
           + ", ".join(f"{c} {s[c]['model_median_ape_pct']} %" for c in args.compress)
           + f"), max {s['model_max_ape_pct']} %")

@@ -73,26 +73,32 @@ def targets(out: Path) -> list[dict]:
     """Each target: what was measured against what, and met/missed (None: not measured)."""
     res = []
     k = load_json(out, "kernel")
-    if k:
-        by = {(r["hidden"], r["batch"], r["impl"]): r for r in k["rows"]}
-        nb, pt = by.get((10000, 256, "numba")), by.get((10000, 256, "torch"))
-        if nb and pt:
-            x, xc = nb["samples_per_s"] / pt["samples_per_s"], nb["samples_per_s_cpu"] / pt["samples_per_s_cpu"]
-            res.append({"target": "worker kernel >= 5x PyTorch, 2-10K-2, batch 256, float64, 1 core",
-                        "measured": f"{nb['samples_per_s']:,.0f} vs {pt['samples_per_s']:,.0f} samples/s: {x:.1f}x "
-                                    f"(CPU-time ratio {xc:.1f}x); {nb['pct_of_ceiling']:.0f}% of the FLOP ceiling "
-                                    f"{nb['ceiling_samples_per_s']:,}", "met": x >= 5})
-        else:
-            res.append({"target": "worker kernel >= 5x PyTorch", "measured": "PyTorch not measured", "met": None})
+    if k:   # per precision measured (rows from before --precisions: float64)
+        by = {(r["hidden"], r["batch"], r["impl"], r.get("precision", "float64")): r for r in k["rows"]}
+        for prec in dict.fromkeys(key[3] for key in by):
+            nb, pt = by.get((10000, 256, "numba", prec)), by.get((10000, 256, "torch", prec))
+            if nb and pt:
+                x, xc = nb["samples_per_s"] / pt["samples_per_s"], nb["samples_per_s_cpu"] / pt["samples_per_s_cpu"]
+                res.append({"target": f"worker kernel >= 5x PyTorch, 2-10K-2, batch 256, {prec}, 1 core",
+                            "measured": f"{nb['samples_per_s']:,.0f} vs {pt['samples_per_s']:,.0f} samples/s: "
+                                        f"{x:.1f}x (CPU-time ratio {xc:.1f}x); {nb['pct_of_ceiling']:.0f}% of the "
+                                        f"FLOP ceiling {nb['ceiling_samples_per_s']:,}", "met": x >= 5})
+            else:
+                res.append({"target": f"worker kernel >= 5x PyTorch, {prec}", "measured": "PyTorch not measured",
+                            "met": None})
     s = load_json(out, "server")
     for r in (r for r in (s or {}).get("rows", []) if r["path"] == "asgd"):
-        res.append({"target": f"server >= 50% of its floor, {r['model']}, {r['workers']} worker(s), {r['optimizer']}",
+        res.append({"target": f"server >= 50% of its floor, {r['model']}, {r['workers']} worker(s), {r['optimizer']}, "
+                              f"{r.get('precision', 'float64')}",
                     "measured": f"{r['us_per_op']:,.0f} µs a push, {r['pct_of_floor']:.0f}% of the floor "
                                 f"{r['floor_us']:,.0f} µs ({r['gb_per_s']:.1f} GB/s)", "met": r["pct_of_floor"] >= 50})
     m = load_json(out, "messaging")
     for r in (r for r in (m or {}).get("rows", []) if r["variant"].startswith("asgd ")):
-        pp = next(x for x in m["rows"] if x["model"] == r["model"] and x["variant"] == "pingpong")
-        res.append({"target": f"push/pull round trip <= 1.5x ping-pong, {r['model']}, {r['variant']}, 2 ranks",
+        prec = r.get("precision", "float64")   # rows from before --precisions: float64
+        pp = next(x for x in m["rows"] if (x["model"], x["variant"], x.get("precision", "float64"))
+                  == (r["model"], "pingpong", prec))
+        res.append({"target": f"push/pull round trip <= 1.5x ping-pong, {r['model']}, {prec}, {r['variant']}, "
+                              "2 ranks",
                     "measured": f"{r['rtt_us']:,.0f} vs {pp['rtt_us']:,.0f} µs median: {r['vs_pingpong']:.2f}x",
                     "met": r["vs_pingpong"] <= 1.5})
     e = load_json(out, "e2e")
@@ -110,15 +116,17 @@ def targets(out: Path) -> list[dict]:
 # name: (title, the rows' key in its JSON, columns: (header, key, format))
 HEADLINES = {
     "kernel": ("Worker kernel, samples/s on one core (median wall clock)", "rows",
-               [("model", "hidden", "d"), ("batch", "batch", "d"), ("implementation", "impl", ""),
+               [("precision", "precision", ""), ("model", "hidden", "d"), ("batch", "batch", "d"),
+                ("implementation", "impl", ""),
                 ("samples/s", "samples_per_s", ",.0f"), ("ceiling", "ceiling_samples_per_s", ",.0f"),
                 ("% of ceiling", "pct_of_ceiling", ".1f"), ("x PyTorch", "vs_torch", ".1f")]),
     "server": ("Server per-push work against its floor (the update's bytes at its footprint's bandwidth)", "rows",
-               [("model", "model", ""), ("workers", "workers", "d"), ("optimizer", "optimizer", ""),
-                ("path", "path", ""),
+               [("model", "model", ""), ("workers", "workers", "d"), ("precision", "precision", ""),
+                ("optimizer", "optimizer", ""), ("path", "path", ""),
                 ("µs/push", "us_per_op", ",.1f"), ("GB/s", "gb_per_s", ".1f"), ("% of floor", "pct_of_floor", ".0f")]),
     "messaging": ("Push/pull round trip, 2 ranks, µs", "rows",
-                  [("model", "model", ""), ("variant", "variant", ""), ("median", "rtt_us", ",.1f"),
+                  [("model", "model", ""), ("precision", "precision", ""), ("variant", "variant", ""),
+                   ("median", "rtt_us", ",.1f"),
                    ("min", "rtt_us_min", ",.1f"), ("x ping-pong", "vs_pingpong", ".2f")]),
     "e2e": ("Time to held-out accuracy, s (median of runs; from process start)", "summary",
             [("ranks", "ranks", "d"), ("implementation", "impl", ""), ("time to accuracy", "time_to_accuracy_s", ".2f"),

@@ -16,12 +16,13 @@ import numpy as np
 
 
 def torch_mlp(layout, w):
-    """torch's d_in-H-d_out MLP (sigmoid hidden layer, float64) with asgd's weights w."""
+    """torch's d_in-H-d_out MLP (sigmoid hidden layer) with asgd's weights w, in w's dtype
+    (float32 or float64)."""
     import torch
     from torch import nn
     W1, b1, W2, b2 = layout.views(w)
     model = nn.Sequential(nn.Linear(layout.d_in, layout.d_hidden), nn.Sigmoid(),
-                          nn.Linear(layout.d_hidden, layout.d_out)).double()
+                          nn.Linear(layout.d_hidden, layout.d_out)).to(getattr(torch, w.dtype.name))
     with torch.no_grad():
         for p, v in zip(model.parameters(), (W1.T, b1, W2.T, b2)):
             p.copy_(torch.from_numpy(np.ascontiguousarray(v)))
@@ -45,7 +46,8 @@ def torch_optimizer(name: str, params, lr: float):
 
 
 def torch_steps(layout, w, X, y, lr):
-    """(typical user's step, hand-written step): both apply w -= lr*grad to their own copy of w."""
+    """(typical user's step, hand-written step): both apply w -= lr*grad to their own copy of
+    w, in w's dtype (X's must match)."""
     import torch
     from torch import nn
     torch.set_num_threads(1)
@@ -64,8 +66,9 @@ def torch_steps(layout, w, X, y, lr):
 
     B = len(y)
     tW1, tb1, tW2, tb2 = (torch.from_numpy(v.copy()) for v in (W1, b1, W2, b2))
-    h, dh = torch.empty(B, layout.d_hidden, dtype=torch.float64), torch.empty(B, layout.d_hidden, dtype=torch.float64)
-    z = torch.empty(B, layout.d_out, dtype=torch.float64)
+    dt = tW1.dtype
+    h, dh = torch.empty(B, layout.d_hidden, dtype=dt), torch.empty(B, layout.d_hidden, dtype=dt)
+    z = torch.empty(B, layout.d_out, dtype=dt)
     gW1, gW2 = torch.empty_like(tW1), torch.empty_like(tW2)
     rows = torch.arange(B)
 
@@ -90,9 +93,8 @@ def torch_steps(layout, w, X, y, lr):
         return loss.item()
 
     def delta_typical():   # Delta-w of one step, flat, in asgd's layout (for the equivalence check)
-        before = [p.detach().clone() for p in model.parameters()]
-        typical()
-        d = [(p.detach() - b).numpy() for p, b in zip(model.parameters(), before)]
+        typical()   # -lr * grad is what optim.SGD subtracted; w after - w before would add w's rounding
+        d = [(-lr * p.grad).numpy() for p in model.parameters()]   # (float32: eps |w|, far above Delta-w's)
         return np.concatenate([d[0].T.ravel(), d[1], d[2].T.ravel(), d[3]])
     return typical, manual, delta_typical
 
