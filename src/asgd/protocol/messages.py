@@ -357,6 +357,3 @@ def shard_messages(compress: str, layout, shard: tuple[int, int], w: np.ndarray,
     cols = layout.columns(lo, hi)
     return OneBitShard(w, workers, OneBit(cols, hi - lo, PUSH_HEADER, w.dtype),
                        OneBit(cols, hi - lo, PULL_HEADER, w.dtype))
-
-
-Float64Link, Float64Shard = DenseLink, DenseShard   # their names before --precision: bench/ still imports them
