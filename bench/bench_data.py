@@ -10,16 +10,18 @@ MLPClassifier() with its own defaults on the same split, in one run.
            random_state=seed)), written as <name>-s<seed>.tsv and .test.tsv; rings: its own
   seeds    each a new split and initialization (--seeds); accuracies averaged over seeds
   asgd     `mpiexec -n N python -m asgd.train --data <name>-s<seed>.tsv --seed S` (rings:
-           --seed alone): its defaults, 1 server and N-1 asynchronous workers
+           --seed alone): its defaults, 1 server and N-1 asynchronous workers; each run
+           again per other --precisions (default: float32, asgd's default, then float64,
+           the same seeds)
   sklearn  MLPClassifier(random_state=S) with its defaults, on the features as shipped and
            standardized; the reference is the better of the two
   pytorch  asgd's model, init, batches and optimizer in one PyTorch process (--no-torch: none)
 
 Pass: asgd's mean accuracy within --tolerance (0.03) of the reference for every data set
-and rank count; rings at 16 ranks also >= 0.95 within 60 s of job wall time (the README's
-default run). asgd's job wall time and sklearn's fit time are measured here, the 1-minute
-load beside them. Writes data.csv (one row per run), data.json (the summary, the protocol,
-the machine and the load) and data.png under --out.
+and rank count, each other precision within 0.005 of the first; rings at 16 ranks also
+>= 0.95 within 60 s of job wall time (the README's default run). asgd's job wall time and
+sklearn's fit time are measured here, the 1-minute load beside them. Writes data.csv (one
+row per run), data.json (the summary, the protocol, the machine and the load) and data.png under --out.
 
     python bench/bench_data.py                            # 6 data sets x 2,4,16,32 ranks x seed 0
     python bench/bench_data.py --quick                    # iris and rings, 2 and 4 ranks, seed 0
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from common import int_list
 
+import itertools
 import os
 import shutil
 import statistics
@@ -43,6 +46,7 @@ from collections import namedtuple
 
 import numpy as np
 
+from asgd.core.wire import PRECISIONS
 from asgd.data import problem
 from asgd.data.formats import Dataset, write_tsv
 from asgd.net import mlp, optimizers
@@ -51,6 +55,7 @@ from asgd.run import config
 SKLEARN_SETS = ("iris", "wine", "breast_cancer", "digits")
 DATASETS = (*SKLEARN_SETS, "mnist", "rings")
 TEST_FRACTION = 0.3
+PRECISION_TOLERANCE = 0.005   # issue 40: float32 within this of float64, same seeds
 Protocol = namedtuple("Protocol", "hidden epochs batch standardize")
 
 
@@ -101,6 +106,7 @@ def run_asgd(name: str, seed: int, ranks: int, data: Path | None, timeout: float
     argv = ["-m", "asgd.train", *(["--data", str(data)] if data else []), "--seed", str(seed), *extra,   # its defaults
             "--quiet", "--timeout", str(max(timeout - 15, 10))]
     row = {"impl": "asgd", "dataset": name, "seed": seed, "ranks": ranks, "workers": ranks - 1,
+           "precision": dict(zip(extra[::2], extra[1::2])).get("--precision", config.Config.precision),
            "command": f"mpiexec -n {ranks} python {' '.join(argv)} --out DIR"}
     try:
         r, job = common.train_job(ranks, argv, timeout, check=False)
@@ -195,6 +201,9 @@ def parse_args(argv=None):
     p.add_argument("--ranks", type=int_list, default=[2, 4, 16, 32],
                    help="MPI ranks of asgd, comma list (default 2,4,16,32)")
     p.add_argument("--seeds", type=int_list, default=[0], help="splits and initializations (default 0)")
+    p.add_argument("--precisions", type=common.word_list, default=",".join(PRECISIONS),
+                   help="asgd's --precision, comma list; the first is the one compared with sklearn, each "
+                        f"other must be within {PRECISION_TOLERANCE} of it (default {','.join(PRECISIONS)})")
     p.add_argument("--tolerance", type=float, default=0.03, help="pass: asgd within this of sklearn (default 0.03)")
     p.add_argument("--no-torch", action="store_true", help="leave the PyTorch loop out")
     p.add_argument("--quick", action="store_true", help="iris and rings, ranks 2 and 4, seed 0")
@@ -202,6 +211,8 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.quick:
         a.datasets, a.ranks, a.seeds = ["iris", "rings"], [2, 4], [0]
+    if not a.precisions or set(a.precisions) - set(PRECISIONS):
+        p.error(f"--precisions: a comma list of {', '.join(PRECISIONS)}; got {a.precisions}")
     unknown = set(a.datasets) - set(DATASETS)
     if unknown:
         p.error(f"unknown --datasets {sorted(unknown)}; choose from {', '.join(DATASETS)}")
@@ -220,16 +231,17 @@ def mean(xs):
     return round(statistics.fmean(xs), 4) if xs else None
 
 
-def summarize(rows: list[dict], datasets, ranks, tolerance: float) -> list[dict]:
+def summarize(rows: list[dict], datasets, ranks, tolerance: float, precisions=PRECISIONS[:1]) -> list[dict]:
     """Per data set and rank count: the mean accuracies over the seeds, asgd's gap to
-    sklearn, pass/fail."""
-    out = []
+    sklearn (in the first of precisions), each other precision's gap to it, pass/fail."""
+    out, first = [], precisions[0]
     for name in datasets:
         def ref(impl, key="accuracy"):   # a reference's mean over the seeds
             return mean(r.get(key) for r in rows if r["impl"] == impl and r["dataset"] == name)
         sk, pt = ref("sklearn"), ref("pytorch")
         for n in ranks:
-            rs = [r for r in rows if r["impl"] == "asgd" and r["dataset"] == name and r["ranks"] == n]
+            runs = [r for r in rows if r["impl"] == "asgd" and r["dataset"] == name and r["ranks"] == n]
+            rs = [r for r in runs if r.get("precision", first) == first]
             if not rs:
                 continue
             failed = [r for r in rs if r["accuracy"] is None]
@@ -246,6 +258,11 @@ def summarize(rows: list[dict], datasets, ranks, tolerance: float) -> list[dict]
                  "optimizer": rs[0].get("optimizer"), "lr": rs[0].get("lr"), "failed": len(failed),
                  "not_converged_notes": sum(1 for r in rs if r.get("notes")),
                  "pass": gap is not None and gap >= -tolerance}
+            for other in precisions[1:]:   # the same seeds in another precision
+                acc_o = mean(r["accuracy"] for r in runs if r.get("precision") == other)
+                s[f"asgd_{other}"] = acc_o
+                s[f"gap_to_{other}"] = d = round(acc - acc_o, 4) if None not in (acc, acc_o) else None
+                s["pass"] = s["pass"] and d is not None and abs(d) <= PRECISION_TOLERANCE
             if name == "rings" and n == 16:   # the README's default run
                 first = min(rs, key=lambda r: r["seed"])
                 s["default_run_s"] = first.get("job_wall_s")
@@ -292,16 +309,16 @@ def main(argv=None):
                 data = write_split(name, seed, folder)
                 refs = [run_sklearn(name, seed)] + ([] if args.no_torch else [run_torch(name, seed)])
                 rows += refs
-                for n in args.ranks:
-                    r = run_asgd(name, seed, n, data, args.timeout)
+                for n, prec in itertools.product(args.ranks, args.precisions):
+                    r = run_asgd(name, seed, n, data, args.timeout, ("--precision", prec))
                     rows.append(r)
-                    print(f"  seed {seed} {name:<13} {n:>2} ranks: asgd {common.fmt(r['accuracy'], '.3f')}"
+                    print(f"  seed {seed} {name:<13} {n:>2} ranks {prec}: asgd {common.fmt(r['accuracy'], '.3f')}"
                           f"{' FAILED ' + r['failed'] if r.get('failed') else ''}"
                           f" ({r.get('optimizer')}, lr {common.fmt(r.get('lr'), '.3g')}, job {r.get('job_wall_s')} s)"
                           + "".join(f", {x['impl']} {x['accuracy']:.3f}" for x in refs), flush=True)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    summary = summarize(rows, args.datasets, args.ranks, args.tolerance)
+    summary = summarize(rows, args.datasets, args.ranks, args.tolerance, args.precisions)
     d = config.Config()
     info = run.meta(
         defaults={"optimizer": d.optimizer,
@@ -322,7 +339,9 @@ def main(argv=None):
     common.print_table(summary, [("data set", "dataset", ""), ("ranks", "ranks", "d"), ("seeds", "seeds", "d"),
                                  ("asgd", "asgd", ".3f"), ("min", "asgd_min", ".3f"),
                                  ("sk raw", "sklearn_raw", ".3f"), ("sk std", "sklearn_standardized", ".3f"),
-                                 ("gap", "gap_to_sklearn", "+.3f"), ("pass", "pass", ""),
+                                 ("gap", "gap_to_sklearn", "+.3f"),
+                                 *[(o, f"asgd_{o}", ".3f") for o in args.precisions[1:]],
+                                 *[(f"-{o}", f"gap_to_{o}", "+.4f") for o in args.precisions[1:]], ("pass", "pass", ""),
                                  ("hidden", "hidden", "d"), ("epochs", "epochs", "d"),
                                  ("asgd job s", "asgd_job_s", ".1f"), ("sklearn s", "sklearn_s", ".1f"),
                                  ("notes", "not_converged_notes", "d"), ("failed", "failed", "d")],
