@@ -38,6 +38,8 @@ import subprocess
 import tempfile
 import time
 
+from asgd.core.wire import PRECISIONS
+
 COMPRESSIONS = ("none", "1bit")
 TARGET_ACCURACY = 0.95
 COLUMNS = {"updates_per_s": "steady state: server 0's receipts between the 10th and 90th percentile",
@@ -65,7 +67,9 @@ def parse_args(argv=None):
     p.add_argument("--bandwidth", default="8mbit",
                    help="each link, each direction (default 8mbit; why: docs/benchmarks.md)")
     p.add_argument("--latency", type=float, default=0.0, help="one-way latency, us (netem; default 0)")
-    p.add_argument("--hidden", type=int, default=10000, help="2-H-2 model (default 10000: 400 KB Delta-w)")
+    p.add_argument("--hidden", type=int, default=10000, help="2-H-2 model (default 10000: 200 KB Delta-w in float32)")
+    p.add_argument("--precision", choices=PRECISIONS, default=PRECISIONS[0],
+                   help="asgd.train's --precision of every run (default float32, its default)")
     p.add_argument("--batch", type=int, default=256, help="batch size (default 256)")
     p.add_argument("--epochs", type=int, default=4, help="epochs per sweep run: 64 x E updates (default 4)")
     p.add_argument("--accuracy-epochs", type=int, default=5, help="epochs of the two accuracy runs (default 5; "
@@ -130,6 +134,7 @@ def bytes_per_weight(compress: str, hidden: int, S: int, precision: str) -> floa
 def train_cmd(mpiexec: str, S: int, W: int, compress: str, args, out: Path, epochs: int | None = None) -> list[str]:
     cmd = [mpiexec, "-n", str(W + S), sys.executable, "-m", "asgd.train", "--optimizer", "sgd", "--servers", str(S),
            "--hidden", str(args.hidden), "--batch", str(args.batch), "--epochs", str(epochs or args.epochs), "--quiet",
+           "--precision", args.precision,
            "--trace", "--trace-steps", "0:1000000", "--timeout", str(int(args.timeout - 30)), "--out", str(out)]
     return cmd + (["--compress", compress] if compress != "none" else [])
 
