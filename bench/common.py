@@ -389,6 +389,16 @@ def write_outputs(out: Path, name: str, rows: list[dict], meta: dict) -> list[Pa
     return [write_csv(out / f"{name}.csv", rows), write_json(out / f"{name}.json", {**meta, "rows": rows})]
 
 
+def commit() -> str:
+    """The checkout's commit ("+dirty" with uncommitted changes; "unknown" outside git)."""
+    try:
+        got = subprocess.run(["git", "describe", "--always", "--dirty=+dirty", "--abbrev=7"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return got.stdout.strip() or "unknown"
+
+
 def command_line() -> str:
     """How this process was started, as one would type it from the repository root."""
     def rel(a):
@@ -516,6 +526,7 @@ class Run:
         if end_on_signals:
             exit_on_signals()
         self.name, self.args = name, args
+        self.commit = commit()   # now: the code this process imported, not the checkout at its end
         self.out = Path(args.out or RESULTS / name)
         self.out.mkdir(parents=True, exist_ok=True)
         self.paths: list[Path] = []
@@ -537,7 +548,8 @@ class Run:
     def head(self) -> dict:
         """Where and how the numbers were measured: machine, load, command line, options."""
         options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.args).items()}
-        return {"machine": self.machine, "load": self.load, "command": command_line(), "args": options}
+        return {"machine": self.machine, "load": self.load, "command": command_line(), "commit": self.commit,
+                "args": options}
 
     def meta(self, **own) -> dict:
         """The JSON beside the rows: the benchmark's name, head(), then the bench's own keys."""
