@@ -234,14 +234,14 @@ def mean(xs):
 def summarize(rows: list[dict], datasets, ranks, tolerance: float, precisions=PRECISIONS[:1]) -> list[dict]:
     """Per data set and rank count: the mean accuracies over the seeds, asgd's gap to
     sklearn (in the first of precisions), each other precision's gap to it, pass/fail."""
-    out, first = [], precisions[0]
+    out, compared = [], precisions[0]
     for name in datasets:
         def ref(impl, key="accuracy"):   # a reference's mean over the seeds
             return mean(r.get(key) for r in rows if r["impl"] == impl and r["dataset"] == name)
         sk, pt = ref("sklearn"), ref("pytorch")
         for n in ranks:
             runs = [r for r in rows if r["impl"] == "asgd" and r["dataset"] == name and r["ranks"] == n]
-            rs = [r for r in runs if r.get("precision", first) == first]
+            rs = [r for r in runs if r.get("precision", compared) == compared]
             if not rs:
                 continue
             failed = [r for r in rs if r["accuracy"] is None]
