@@ -44,6 +44,8 @@ def test_auto_evaluates_when_the_budget_allows_and_between_epochs_leaves_one_for
     assert not auto.due(spent, 9, enough, epoch_s=None)   # no epoch timed yet: as if one fits
     assert auto.due(spent, 9, enough, epoch_s=0.99 * fits)   # one an epoch does not fit: no reserve
     assert auto.due(Evaluations(), 1, 0.0)   # none made and none estimated: the first version
+    fast_last = Evaluations(updates=1, took_s=0.01, spent_s=0.3, count=3)   # costs the mean, 0.1, not 0.01
+    assert not auto.due(fast_last, 9, 0.99 * enough, epoch_end=True) and auto.due(fast_last, 9, enough, epoch_end=True)
 
 
 class FakeRun:

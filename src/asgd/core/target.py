@@ -58,13 +58,14 @@ class Cadence:
       seconds  every `every` seconds since the last ended, and at each epoch's end
       epoch    at each epoch's end only, whatever it costs
       auto     whenever the budget allows: the evaluations so far and this one (costing
-               what the last took) within EVAL_BUDGET of the training time so far, so the
-               curve is as dense as that share allows on any machine and model. Epoch ends
-               come first: where an evaluation per epoch fits the budget, one between
-               epochs also leaves the cost of one for the next epoch's end (every epoch then
-               has its held-out metrics, the curve between them what is left); where it
-               does not fit, evaluations come as soon as the budget allows, wherever they
-               fall, and some epochs have none.
+               what the last took, or their mean if more: one fast under a passing lull
+               does not open the budget) within EVAL_BUDGET of the training time so far,
+               so the curve is as dense as that share allows on any machine and model.
+               Epoch ends come first: where an evaluation per epoch fits the budget, one
+               between epochs also leaves the cost of one for the next epoch's end (every
+               epoch then has its held-out metrics, the curve between them what is left);
+               where it does not fit, evaluations come as soon as the budget allows,
+               wherever they fall, and some epochs have none.
     Between epochs a version is never evaluated twice."""
     kind: str
     every: float = 0.0
@@ -79,7 +80,7 @@ class Cadence:
         if self.kind != "auto":
             return epoch_end or (self.kind == "updates" and updates - evals.updates >= self.every
                                  or self.kind == "seconds" and seconds - evals.end_s >= self.every)
-        cost = evals.took_s
+        cost = max(evals.took_s, evals.spent_s / evals.count) if evals.count else evals.took_s
         per_epoch_fits = epoch_s is None or cost <= EVAL_BUDGET * epoch_s
         reserve = cost if not epoch_end and per_epoch_fits else 0.0
         return evals.spent_s + cost + reserve <= EVAL_BUDGET * seconds
