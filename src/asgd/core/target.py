@@ -4,7 +4,9 @@ run's target (--target-accuracy, --target-loss), and when the next evaluation is
 (asgd.run.progress); a run that reaches its target ends as a run whose epochs are done
 (the servers' replies say STOP_DONE, allreduce's sum its done share), so every rank
 finishes cleanly and the results are written. The simulator can ask the same questions
-of its own clock and counts.
+of its own clock and counts (asgd.sim does not yet evaluate: an evaluation there would cost
+calibrate's eval_s_per_point times the held-out points, charged to rank 0, with Cadence
+deciding when, as here).
 """
 
 from __future__ import annotations
