@@ -1,7 +1,8 @@
 """End to end: time to held-out accuracy >= 0.95, samples/s and updates/s at 2, 4, 8 and 16
-ranks, for asgd's parameter server (default options), asgd's allreduce (--arch allreduce),
-PyTorch's RPC parameter server (bench/peers/rpc_peer.py: torch.distributed.rpc as PyTorch's
-tutorial builds it, asgd's shares, batches, optimizer and lr) and PyTorch
+ranks, for asgd's parameter server (default options, but --eval-every epoch: every epoch's
+end evaluated, as the peers do), asgd's allreduce (--arch allreduce), PyTorch's RPC
+parameter server (bench/peers/rpc_peer.py: torch.distributed.rpc as PyTorch's tutorial
+builds it, asgd's shares, batches, optimizer and lr) and PyTorch
 DistributedDataParallel (gloo, CPU: bench/peers/ddp_peer.py, asgd's default optimizer as
 torch.optim spells it, at allreduce's default lr), each launched `mpiexec -n N python ...`,
 same data, model, init and batch 256 per rank.
@@ -38,7 +39,9 @@ from common import int_list
 import contextlib
 import statistics
 
-IMPLS = {"asgd ps": ["-m", "asgd.train"], "asgd allreduce": ["-m", "asgd.train", "--arch", "allreduce"],
+EVERY_EPOCH = ["--eval-every", "epoch"]   # asgd evaluates every epoch's end, as the peers do (default: a 5 % budget)
+IMPLS = {"asgd ps": ["-m", "asgd.train", *EVERY_EPOCH],
+         "asgd allreduce": ["-m", "asgd.train", "--arch", "allreduce", *EVERY_EPOCH],
          "pytorch rpc ps": [str(common.PEERS / "rpc_peer.py")], "pytorch ddp": [str(common.PEERS / "ddp_peer.py")]}
 TORCH = ("pytorch rpc ps", "pytorch ddp")
 

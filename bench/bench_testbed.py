@@ -136,7 +136,8 @@ def train_cmd(mpiexec: str, S: int, W: int, compress: str, args, out: Path, epoc
            "--hidden", str(args.hidden), "--batch", str(args.batch), "--epochs", str(epochs or args.epochs), "--quiet",
            "--precision", args.precision,
            "--trace", "--trace-steps", "0:1000000", "--timeout", str(int(args.timeout - 30)), "--out", str(out)]
-    return cmd + (["--compress", compress] if compress != "none" else [])
+    accuracy_run = ["--eval-every", "epoch"] if epochs else []   # its time to accuracy is by epoch
+    return cmd + accuracy_run + (["--compress", compress] if compress != "none" else [])
 
 
 def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | None = None) -> dict:

@@ -43,7 +43,7 @@ def test_defaults_are_the_papers_setup():
                                                          "training, which needs all of w on rank 0: use --servers 1"),
     (["--target-loss", "0.2", "--arch", "p2p", "--model-parallel", "2"], 4, "--arch p2p with --model-parallel"),
     (["--eval-every", "5", "--servers", "2"], 4, "--eval-every needs the held-out evaluation during training"),
-    (["--eval-every", "often"], 3, "--eval-every must be auto, N (updates) or Ns (seconds), got 'often'"),
+    (["--eval-every", "often"], 3, "--eval-every must be auto, epoch, N (updates) or Ns (seconds), got 'often'"),
     (["--eval-every", "0s"], 3, "--eval-every must be positive, got '0s'"),
     (["--eval-every", "-5"], 3, "--eval-every must be positive, got '-5'"),
 ])
@@ -58,6 +58,7 @@ def test_targets_rank_0_can_check_are_taken(argv):
     c = config.parse([*argv, "--eval-every", "0.5s"], world_size=5)
     assert (c.target_accuracy or c.target_loss) and config.eval_cadence(c.eval_every) == config.Cadence("seconds", 0.5)
     assert config.eval_cadence("200") == config.Cadence("updates", 200) and config.parse([], 3).eval_every == "auto"
+    assert config.eval_cadence("epoch") == config.Cadence("epoch")
 
 
 def test_values_round_trip_to_dict():

@@ -59,15 +59,15 @@ def test_exact_cover_for_1_to_8_workers(files, tmp_path, launch, sizes):
 
 
 def test_both_readers_train_the_same_model(files, tmp_path):
-    """One worker is deterministic (with --overlap on: auto's choice would follow timing):
-    the same share in the same order gives the same run. results.json carries init's
-    read/parse/shuffle for every rank."""
+    """One worker is deterministic (with --overlap on, and --eval-every epoch: auto's
+    choices would follow timing): the same share in the same order gives the same run.
+    results.json carries init's read/parse/shuffle for every rank."""
     tsv, _ = files
     runs = {}
     for reader in ("sequential", "parallel"):
         out = tmp_path / reader
         p = mpiexec(2, ["--data", str(tsv), "--reader", reader, "--hidden", "200", "--epochs", "2", "--overlap", "on",
-                        "--out", str(out), "--quiet", "--timeout", "60"], timeout=60)
+                        "--eval-every", "epoch", "--out", str(out), "--quiet", "--timeout", "60"], timeout=60)
         assert p.returncode == 0, p.stderr
         runs[reader] = r = load_results(out)
         assert r["config"]["reader"] == reader

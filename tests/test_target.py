@@ -5,8 +5,9 @@ tracker that asks them after each version (asgd.run.progress)."""
 import numpy as np
 import pytest
 
-from asgd.core.target import EVAL_BUDGET, Cadence, Target, target
+from asgd.core.target import EVAL_BUDGET, Cadence, Evaluations, Target, target
 from asgd.core.wire import stop_share, summed_stop
+from asgd.run import config
 from asgd.run.progress import EpochTracker
 
 
@@ -18,16 +19,78 @@ def test_a_target_is_reached_at_or_past_its_value_and_never_without_an_evaluatio
     assert target(0.9, None) == acc and target(None, 0.3) == loss and target(None, None) is None
 
 
-def test_the_cadence_counts_updates_or_seconds_and_auto_keeps_evaluation_within_its_budget():
+def test_the_cadence_counts_updates_or_seconds_and_always_evaluates_an_epochs_end_when_asked():
+    last = Evaluations(updates=10, end_s=1.0, took_s=0.1, spent_s=0.1, count=1)
     every_10 = Cadence("updates", 10)
-    assert not every_10.due(19, 99.0, 10, 1.0, 0.1) and every_10.due(20, 1.0, 10, 1.0, 0.1)
+    assert not every_10.due(last, 19, 99.0) and every_10.due(last, 20, 1.0)
     half_s = Cadence("seconds", 0.5)
-    assert not half_s.due(99, 1.49, 0, 1.0, 0.1) and half_s.due(1, 1.5, 0, 1.0, 0.1)
-    auto = Cadence("auto")   # the last took 0.1 s: the next waits 0.1 (1/budget - 1) s after it ended
-    wait = 0.1 * (1 / EVAL_BUDGET - 1)
-    assert not auto.due(99, 1.0 + 0.99 * wait, 0, 1.0, 0.1) and auto.due(1, 1.0 + wait, 0, 1.0, 0.1)
-    assert 0.1 / (0.1 + wait) == pytest.approx(EVAL_BUDGET)
-    assert auto.due(1, 0.0, 0, 0.0, 0.0)   # none yet: the first version is evaluated
+    assert not half_s.due(last, 99, 1.49) and half_s.due(last, 11, 1.5)
+    assert not half_s.due(last, 10, 9.0)   # the version just evaluated, not again
+    epoch = Cadence("epoch")
+    assert not epoch.due(last, 99, 99.0)
+    for cadence in (every_10, half_s, epoch):
+        assert cadence.due(last, 11, 1.01, epoch_end=True)
+
+
+def test_auto_evaluates_when_the_budget_allows_and_between_epochs_leaves_one_for_the_next_end():
+    """auto: the evaluations so far and this one (costing what the last took) within
+    EVAL_BUDGET of the training time; between epochs, while one an epoch fits the budget,
+    also the cost of one for the next epoch's end."""
+    auto, spent = Cadence("auto"), Evaluations(updates=1, took_s=0.1, spent_s=0.3, count=3)
+    enough = (0.3 + 0.1) / EVAL_BUDGET   # training seconds that pay for the fourth
+    assert not auto.due(spent, 9, 0.99 * enough, epoch_end=True) and auto.due(spent, 9, enough, epoch_end=True)
+    fits = 0.1 / EVAL_BUDGET   # an epoch this long pays for its evaluation
+    assert not auto.due(spent, 9, enough, epoch_s=fits) and auto.due(spent, 9, enough + fits, epoch_s=fits)
+    assert not auto.due(spent, 9, enough, epoch_s=None)   # no epoch timed yet: as if one fits
+    assert auto.due(spent, 9, enough, epoch_s=0.99 * fits)   # one an epoch does not fit: no reserve
+    assert auto.due(Evaluations(), 1, 0.0)   # none made and none estimated: the first version
+    fast_last = Evaluations(updates=1, took_s=0.01, spent_s=0.3, count=3)   # costs the mean, 0.1, not 0.01
+    assert not auto.due(fast_last, 9, 0.99 * enough, epoch_end=True) and auto.due(fast_last, 9, enough, epoch_end=True)
+
+
+class FakeRun:
+    """A training run on a fake clock: an update every `update_s` seconds, `per_epoch`
+    updates an epoch, each held-out evaluation `eval_s` seconds (the server's: training
+    waits for it). Its tracker is rank 0's, with the trainer's default cadence."""
+
+    def __init__(self, update_s: float, per_epoch: int, eval_s: float, epochs: int):
+        self.t, self.eval_s, self.update_s, self.per_epoch = 0.0, eval_s, update_s, per_epoch
+        self.shares = []   # the evaluations' share of the training time after each one
+        said, cadence = [], config.eval_cadence(config.parse([], 3).eval_every)
+        self.tracker = EpochTracker(per_epoch * 10, epochs, self.evaluate, said.append, 60.0, _Clock(),
+                                    cadence=cadence, eval_cost_s=eval_s, now=lambda: self.t)
+
+    def evaluate(self):
+        self.t += self.eval_s
+        self.shares.append((self.tracker.evals.spent_s + self.eval_s) / self.t)
+        return 0.5, 0.5
+
+    def train(self) -> "FakeRun":
+        for _ in range(self.tracker.epochs * self.per_epoch):
+            self.t += self.update_s
+            self.tracker.add(5.0, 10)
+        return self
+
+
+@pytest.mark.parametrize("eval_epochs", [0.25, 0.01], ids=["the default run's 25 %", "1 % an epoch"])
+def test_the_default_cadence_keeps_evaluation_within_its_budget_and_the_curve_as_dense_as_it_allows(eval_epochs):
+    """The default run (2-10K-2, 16 ranks on 2 cores: 64 updates an epoch, an evaluation
+    a quarter of an epoch) and a cheap evaluation: at every evaluation's end, the
+    evaluations so far take at most EVAL_BUDGET of the training time; there are as many
+    as that budget pays for (less one: they come at versions, and some wait for an
+    epoch's end); and where one an epoch fits, every epoch has its held-out metrics."""
+    per_epoch, epochs = 64, 40
+    run = FakeRun(0.001, per_epoch, eval_epochs * per_epoch * 0.001, epochs).train()
+    t = run.tracker
+    assert run.shares and max(run.shares) <= EVAL_BUDGET + 1e-9
+    assert t.evals.spent_s <= EVAL_BUDGET * run.t
+    affordable = int(EVAL_BUDGET * run.t / run.eval_s)
+    assert affordable - 1 <= len(t.curve) <= affordable
+    evaluated_ends = [h["test_loss"] is not None for h in t.history]
+    if eval_epochs <= EVAL_BUDGET:
+        assert all(evaluated_ends) and len(t.curve) > epochs   # every epoch's end, and the rest between
+    else:
+        assert 0 < sum(evaluated_ends) < epochs
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 5, 16])
@@ -43,16 +106,18 @@ def test_a_summed_stop_tells_asked_from_done_whoever_adds_it(ranks):
 def tracker(evaluations, **kw):
     """A tracker of 1,000 points over 3 epochs whose evaluations return `evaluations` in turn."""
     said, seen = [], iter(evaluations)
+    return EpochTracker(1000, 3, lambda: next(seen), said.append, 60.0, _Clock(), **kw), said
 
-    class Clock:
-        phase = "aggregate"
 
-        def switch(self, phase):
-            self.phase = phase
+class _Clock:
+    """The phase clock a tracker switches to "evaluate" and back."""
+    phase = "aggregate"
 
-        def elapsed(self):
-            return 0.0
-    return EpochTracker(1000, 3, lambda: next(seen), said.append, 60.0, Clock(), **kw), said
+    def switch(self, phase):
+        self.phase = phase
+
+    def elapsed(self):
+        return 0.0
 
 
 def test_the_tracker_evaluates_at_its_cadence_and_says_when_the_target_is_reached():
@@ -77,9 +142,9 @@ def test_an_unreached_target_records_no_time_and_epoch_ends_are_on_the_curve():
 
 
 def test_auto_waits_for_its_share_of_the_estimated_cost_before_the_first_evaluation():
-    """--eval-every auto: with no evaluation made yet, the first waits 19 times the cost
-    estimated before training (a run whose evaluation would cost more evaluates only at
-    the epochs' ends); with none estimated, the first version is evaluated."""
+    """--eval-every auto: with no evaluation made yet, the first waits until the training
+    time pays for the cost estimated before training; with none estimated, the first
+    version is evaluated."""
     t, _ = tracker([(0.5, 0.6)], cadence=Cadence("auto"), eval_cost_s=60.0)
     t.add(1.0, 10)
     assert t.curve == []

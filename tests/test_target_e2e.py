@@ -49,6 +49,20 @@ def test_a_parameter_server_run_ends_at_its_target_checked_every_n_updates(tmp_p
         assert b["train_s"] > a["train_s"] and b["samples"] > a["samples"]
 
 
+def test_at_the_default_cadence_a_run_ends_at_its_target_with_its_curve_and_its_cost(tmp_path):
+    """--eval-every auto: the evaluations the budget pays for (asgd.core.target.Cadence)
+    reach the target; results.json has the curve, the seconds they took and their share
+    of the training time (profile.eval_pct; its bound is tests/test_target.py's, on a
+    fake clock: no timing here)."""
+    p = mpiexec(3, [*SMALL, "--epochs", "30", "--target-accuracy", "0.97", "--out", str(tmp_path)], timeout=90)
+    r = check_done_at_target(p, tmp_path, 30)
+    assert r["config"]["eval_every"] == "auto"
+    m, pct = r["metrics"], r["profile"]["eval_pct"]
+    assert m["curve"] and 0 < m["eval_s"] < r["train_s"]
+    assert pct == pytest.approx(100 * m["eval_s"] / r["train_s"])
+    assert f"{len(m['curve'])} evaluations during training: {m['eval_s']:.2f} s, {pct:.1f}% of train" in p.stdout
+
+
 @pytest.mark.parametrize("n, args", [(3, ["--arch", "allreduce"]), (3, ["--arch", "p2p"]),
                                      (5, ["--model-parallel", "2", "--mode", "sync"])], ids=["allreduce", "p2p", "mp"])
 def test_every_rank_of_other_architectures_ends_at_its_target(tmp_path, n, args):

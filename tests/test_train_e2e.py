@@ -26,6 +26,7 @@ def check_schema(r: dict, world: int) -> None:
     m, t = r["metrics"], r["throughput"]
     assert 0 <= m["accuracy"] <= 1 and np.isfinite(m["loss"])
     assert len(m["history"]) == c["epochs"]
+    assert 0 <= m["eval_s"] <= r["train_s"]   # rank 0's held-out evaluations during training
     assert [h["epoch"] for h in m["history"]] == list(range(1, c["epochs"] + 1))
     assert t["samples_per_s"] > 0 and t["updates_per_s"] > 0
     assert t["samples"] == c["epochs"] * c["train_points"]

@@ -338,7 +338,8 @@ def save(job: Job, m: Model, record: dict) -> None:
         server={"updates": records[0]["rounds"] if job.topo.owners else records[0]["updates"],
                 "samples": tracker.samples, "samples_run": tracker.samples - tracker.first_samples,
                 "history": tracker.history, "loss": loss, "accuracy": accuracy,
-                "curve": tracker.curve, "target": tracker.target_record()})
+                "curve": tracker.curve, "target": tracker.target_record(),
+                "eval_s": tracker.evals.spent_s if tracker.evaluate else None})
     res["stopped"] = (signals.requested() or "a stop request") if stopped else None
     if os.environ.get(RESTARTS_ENV):   # python -m asgd.launch restarted this run: its history
         with open(os.environ[RESTARTS_ENV]) as f:

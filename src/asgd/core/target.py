@@ -4,7 +4,9 @@ run's target (--target-accuracy, --target-loss), and when the next evaluation is
 (asgd.run.progress); a run that reaches its target ends as a run whose epochs are done
 (the servers' replies say STOP_DONE, allreduce's sum its done share), so every rank
 finishes cleanly and the results are written. The simulator can ask the same questions
-of its own clock and counts.
+of its own clock and counts (asgd.sim does not yet evaluate: an evaluation there would cost
+calibrate's eval_s_per_point times the held-out points, charged to rank 0, with Cadence
+deciding when, as here).
 """
 
 from __future__ import annotations
@@ -34,20 +36,53 @@ def target(accuracy: float | None, loss: float | None) -> Target | None:
     return None if loss is None else Target("loss", loss)
 
 
+@dataclass
+class Evaluations:
+    """The held-out evaluations made so far, as the cadence weighs them: the last one's
+    updates, end (seconds of training) and length, and all of theirs together."""
+    updates: int = 0
+    end_s: float = 0.0
+    took_s: float = 0.0    # the last one's seconds; before any, an estimate (auto's first)
+    spent_s: float = 0.0
+    count: int = 0
+
+    def add(self, updates: int, start_s: float, end_s: float) -> None:
+        """One evaluation, of the w of `updates` updates, from start_s to end_s."""
+        self.updates, self.end_s, self.took_s = updates, end_s, end_s - start_s
+        self.spent_s += end_s - start_s
+        self.count += 1
+
+
 @dataclass(frozen=True)
 class Cadence:
-    """When the next held-out evaluation is due: every `every` updates (kind "updates"),
-    every `every` seconds ("seconds"), or ("auto") once the time since the last one ended
-    is (1 / EVAL_BUDGET - 1) times the time it took, so that evaluating costs at most
-    EVAL_BUDGET of the run, on any machine and model."""
+    """When the next held-out evaluation is due (--eval-every):
+      updates  every `every` updates since the last, and at each epoch's end
+      seconds  every `every` seconds since the last ended, and at each epoch's end
+      epoch    at each epoch's end only, whatever it costs
+      auto     whenever the budget allows: the evaluations so far and this one (costing
+               what the last took, or their mean if more: one fast under a passing lull
+               does not open the budget) within EVAL_BUDGET of the training time so far,
+               so the curve is as dense as that share allows on any machine and model.
+               Epoch ends come first: where an evaluation per epoch fits the budget, one
+               between epochs also leaves the cost of one for the next epoch's end (every
+               epoch then has its held-out metrics, the curve between them what is left);
+               where it does not fit, evaluations come as soon as the budget allows,
+               wherever they fall, and some epochs have none.
+    Between epochs a version is never evaluated twice."""
     kind: str
     every: float = 0.0
 
-    def due(self, updates: int, seconds: float, last_updates: int, last_end_s: float, last_took_s: float) -> bool:
-        """At `updates` versions and `seconds` of training: whether to evaluate, the last
-        evaluation having been at `last_updates`, ended at `last_end_s` and taken `last_took_s`."""
-        if self.kind == "updates":
-            return updates - last_updates >= self.every
-        if self.kind == "seconds":
-            return seconds - last_end_s >= self.every
-        return seconds - last_end_s >= last_took_s * (1 / EVAL_BUDGET - 1)
+    def due(self, evals: Evaluations, updates: int, seconds: float, epoch_end: bool = False,
+            epoch_s: float | None = None) -> bool:
+        """At `updates` versions and `seconds` of training, after `evals`: whether to
+        evaluate now; `epoch_end`: an epoch has just ended; `epoch_s`: the last epoch's
+        seconds (None before one has ended)."""
+        if not epoch_end and evals.count and updates == evals.updates:
+            return False
+        if self.kind != "auto":
+            return epoch_end or (self.kind == "updates" and updates - evals.updates >= self.every
+                                 or self.kind == "seconds" and seconds - evals.end_s >= self.every)
+        cost = max(evals.took_s, evals.spent_s / evals.count) if evals.count else evals.took_s
+        per_epoch_fits = epoch_s is None or cost <= EVAL_BUDGET * epoch_s
+        reserve = cost if not epoch_end and per_epoch_fits else 0.0
+        return evals.spent_s + cost + reserve <= EVAL_BUDGET * seconds

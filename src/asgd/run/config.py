@@ -75,7 +75,7 @@ class Config:
     backup_workers: int = 0      # sync: each round applies the first W - b pushes, drops the late
     target_accuracy: float | None = None   # end the run once the held-out accuracy reaches this
     target_loss: float | None = None       # ... or the held-out loss falls to this (core.target)
-    eval_every: str = "auto"     # held-out evaluations between epochs: "N" updates, "Ns" seconds, or auto
+    eval_every: str = "auto"     # held-out evaluations: "N" updates, "Ns" seconds, "epoch" (their ends only), or auto
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -180,11 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--target-loss", type=float, metavar="L",
                    help="end the run once the held-out loss falls to L (> 0), as --target-accuracy does (give "
                         "one of the two)")
-    t.add_argument("--eval-every", default=d.eval_every, metavar="N|Ns|auto",
+    t.add_argument("--eval-every", default=d.eval_every, metavar="N|Ns|epoch|auto",
                    help="evaluate the held-out set every N updates (e.g. 200) or N seconds (e.g. 0.5s) as well "
-                        "as after each epoch: results.json's metrics.curve, and the checks of a target. auto "
-                        "(default): as often as keeps the evaluations it adds under "
-                        f"{EVAL_BUDGET * 100:g} %% of the run's time. Rank 0 must hold all of w, as for a target")
+                        "as after each epoch, or after each epoch only (epoch): results.json's metrics.curve, and "
+                        "the checks of a target. auto (default): as often as keeps all of them within "
+                        f"{EVAL_BUDGET * 100:g} %% of the training time so far, epoch ends first (some epochs "
+                        "have none where one an epoch costs more). Rank 0 must hold all of w, as for a target")
     t.add_argument("--seed", type=int, default=d.seed,
                    help="seed of the data split, shuffles and initial weights (default %(default)s)")
     t.add_argument("--precision", choices=PRECISIONS, default=d.precision,
@@ -374,8 +375,10 @@ def checkpoint_every(spec: str | None) -> tuple[str, float] | None:
 
 
 def eval_cadence(spec: str) -> Cadence:
-    """--eval-every: 'auto', '200' (updates) or '0.5s' (seconds)."""
-    return Cadence("auto") if spec == "auto" else Cadence(*interval(spec, "--eval-every", "auto, "))
+    """--eval-every: 'auto', 'epoch', '200' (updates) or '0.5s' (seconds)."""
+    if spec in ("auto", "epoch"):
+        return Cadence(spec)
+    return Cadence(*interval(spec, "--eval-every", "auto, epoch, "))
 
 
 def interval(spec: str, option: str, other: str = "") -> tuple[str, float]:

@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.target import Cadence, Target
+from ..core.target import Cadence, Evaluations, Target
 from .trace import PhaseClock
 
 
@@ -26,18 +26,19 @@ class EpochTracker:
     clock: PhaseClock
     history: list = field(default_factory=list)  # one dict per epoch
     samples: int = 0
-    t_start: float = field(default_factory=time.perf_counter)
     epoch: int = 0
     loss_sum: float = 0.0
     loss_n: float = 0.0
-    last_line: float = field(default_factory=time.perf_counter)
     step_losses: list | None = None   # lockstep runs (sync, allreduce): each version's mean batch loss
     guard: Callable[[], float] | None = None   # --lr-guard: halves the step, returns its share of lr now
     target: Target | None = None     # --target-accuracy, --target-loss: the run ends once an evaluation reaches it
-    cadence: Cadence | None = None   # --eval-every: held-out evaluations between the epochs' ends
+    cadence: Cadence | None = None   # --eval-every (None: at every epoch's end, nothing between)
     eval_cost_s: float = 0.0         # an evaluation's seconds, estimated before any was made (auto's first wait)
+    now: Callable[[], float] = time.perf_counter   # the clock (a test's fake one)
 
     def __post_init__(self):
+        self.t_start = self.last_line = self.epoch_began = self.now()
+        self.epoch_s: float | None = None   # the last epoch's seconds (none ended yet in this run)
         self.first_samples = self.samples  # a resumed run starts past zero: rates count from here
         self.evaluated_w = None   # a copy of the w the last held-out evaluation was of
         self.size = float(self.n_train)                       # samples an epoch brings
@@ -48,8 +49,7 @@ class EpochTracker:
         self.updates = 0          # versions of w this run has made
         self.curve: list[dict] = []   # every held-out evaluation during training (metrics.curve)
         self.reached: dict | None = None   # the evaluation that reached the target (results.json's target)
-        # the last evaluation's updates, end (s since t_start) and seconds (none yet: the estimate)
-        self.last_eval = (0, 0.0, self.eval_cost_s)
+        self.evals = Evaluations(took_s=self.eval_cost_s)   # during training (results.json's eval_s)
 
     def lose(self, pushed: float, workers: int) -> None:
         """A worker died having pushed `pushed` samples: its share (1/workers of the data)
@@ -63,7 +63,7 @@ class EpochTracker:
     def close(self) -> None:
         """Training is over with workers lost: the epoch they cut short ends here."""
         if self.lost and self.epoch < self.epochs and self.samples > self.ends - self.size:
-            self._end_epoch(time.perf_counter())
+            self._end_epoch(self.now())
 
     def final_metrics(self, w: np.ndarray, evaluate: Callable[[], tuple[float, float]]) -> tuple[float, float]:
         """Held-out (loss, accuracy) of the final weights w (those saved): the last
@@ -85,11 +85,11 @@ class EpochTracker:
         self.updates += 1
         self.loss_sum += loss_sum
         self.loss_n += m
-        now = time.perf_counter()
+        now = self.now()
         while self.epoch < self.epochs and self.samples >= self.ends - 1e-6:
             self._end_epoch(now)
         if (self.cadence is not None and self.evaluate is not None and self.reached is None
-                and self.cadence.due(self.updates, now - self.t_start, *self.last_eval)):
+                and self.cadence.due(self.evals, self.updates, now - self.t_start, epoch_s=self.epoch_s)):
             self._held_out()
         if now - self.last_line >= self.every_s:
             self.last_line = now
@@ -103,15 +103,15 @@ class EpochTracker:
         """Evaluate the current w on the held-out set: a point of the curve, and whether it
         reaches the target. Its time is when it started: the weights are of then."""
         prev = self.clock.phase
-        start = time.perf_counter()
+        start = self.now()
         self.clock.switch("evaluate")
         loss, accuracy = self.evaluate()
         self.clock.switch(prev)
-        end = time.perf_counter()
+        end = self.now()
         point = {"train_s": round(start - self.t_start, 4), "samples": self.samples, "updates": self.updates,
                  "loss": loss, "accuracy": accuracy}
         self.curve.append(point)
-        self.last_eval = (self.updates, end - self.t_start, end - start)
+        self.evals.add(self.updates, start - self.t_start, end - self.t_start)
         if self.reached is None and self.target is not None and self.target.reached(loss, accuracy):
             self.reached = point
             got = accuracy if self.target.metric == "accuracy" else loss
@@ -132,10 +132,12 @@ class EpochTracker:
     def _end_epoch(self, now: float) -> None:
         self.epoch += 1
         self.ends += self.size
-        test_loss = test_acc = None
-        if self.evaluate is not None:
-            test_loss, test_acc = self._held_out()
+        self.epoch_s, self.epoch_began = now - self.epoch_began, now
         elapsed = now - self.t_start
+        test_loss = test_acc = None
+        if self.evaluate is not None and (self.cadence is None or self.cadence.due(
+                self.evals, self.updates, elapsed, epoch_end=True, epoch_s=self.epoch_s)):
+            test_loss, test_acc = self._held_out()
         h = {"epoch": self.epoch, "samples": self.samples, "time_s": round(elapsed, 4),
              "wall_s": round(self.clock.elapsed(), 4),  # since this rank's process started
              "train_loss": self.loss_sum / max(self.loss_n, 1),

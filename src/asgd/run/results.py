@@ -60,7 +60,8 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
     servers: per-worker staleness and step-gap histograms); server: updates, samples
     (samples_run: a resumed run's own, for the rate; default samples),
     history, final loss/accuracy, and where rank 0 evaluated during training the held-out
-    curve and the target's record (asgd.run.progress.EpochTracker's)."""
+    curve, those evaluations' seconds (eval_s) and the target's record
+    (asgd.run.progress.EpochTracker's)."""
     _staleness(ranks)
     init_s = max(r["phases"].get("init", 0.0) for r in ranks)
     train_s = training_span(ranks)
@@ -72,7 +73,8 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
         "init_s": init_s,
         "train_s": train_s,
         "metrics": {"loss": server["loss"], "accuracy": server["accuracy"],
-                    "history": server["history"], "curve": server.get("curve", [])},
+                    "history": server["history"], "curve": server.get("curve", []),
+                    "eval_s": server.get("eval_s")},
         "target": server.get("target"),
         "throughput": {"samples_per_s": None if no_rate else server.get("samples_run", server["samples"]) / train_s,
                        "updates_per_s": None if no_rate else server["updates"] / train_s,
@@ -175,7 +177,15 @@ def profile(results: dict) -> dict:
         rows.append(row)
     slowest = slowest_init(results)
     return {"ranks": rows, "init_rank": slowest["rank"], "init_parts": init_parts(slowest["phases"]),
-            "crowding": crowding(results), **verdict(results, rows)}
+            "crowding": crowding(results), "eval_pct": eval_pct(results), **verdict(results, rows)}
+
+
+def eval_pct(results: dict) -> float | None:
+    """The held-out evaluations during training (metrics.eval_s) as a % of train_s: what
+    --eval-every costs (the server evaluates between two updates, the workers waiting for
+    its replies). None where no rank evaluated during training, or no training was timed."""
+    spent = results["metrics"].get("eval_s")
+    return None if spent is None or results["train_s"] <= 0 else 100.0 * spent / results["train_s"]
 
 
 def slowest_init(results: dict) -> dict:
@@ -258,6 +268,15 @@ _PHASE_ORDER = list(PHASES)
 _INIT_PARTS = ("read", "parse", "shuffle")  # sub-phases inside init: not added to the total again
 
 
+def evaluations_text(results: dict) -> str:
+    """The summary's note of the held-out evaluations during training and their cost."""
+    pct = results["profile"].get("eval_pct")
+    if pct is None:
+        return ""
+    m = results["metrics"]
+    return f"  ({len(m['curve'])} evaluations during training: {m['eval_s']:.2f} s, {pct:.1f}% of train)"
+
+
 def summary(results: dict, path: str) -> str:
     c, t = results["config"], results["throughput"]
     lines = [
@@ -269,7 +288,8 @@ def summary(results: dict, path: str) -> str:
         f"{c['features']}-{c['hidden']}-{c['classes']} MLP ({c['n_w']:,} parameters), "
         f"batch {c['batch']}, lr {c['lr']:g}, {c['epochs']} epochs"
         + (f", {c['compress']} messages" if c.get("compress", "none") != "none" else ""),
-        f"held-out loss {results['metrics']['loss']:.4f}  accuracy {results['metrics']['accuracy']:.4f}",
+        f"held-out loss {results['metrics']['loss']:.4f}  accuracy {results['metrics']['accuracy']:.4f}"
+        + evaluations_text(results),
         f"wall {results['wall_s']:.2f} s (init {results['init_s']:.2f} s, train {results['train_s']:.2f} s)  "
         + rates_text(t),
         "time split, seconds (mean over the role's ranks):",
