@@ -29,7 +29,7 @@ SWEEP_KEYS = ("config.arch", "config.world_size", "config.servers", "config.work
               "train_s", "metrics.accuracy", "throughput.samples_per_s", "profile.bound")
 COMPARE_MEASURED = {"init": "init_s", "train": "train_s", "total": "wall_s"}   # the others are means of phases
 
-STYLE = """body{font-family:sans-serif;margin:1.5em auto;max-width:1100px;color:#222}
+STYLE = """body{font-family:sans-serif;margin:1.5em auto;padding:0 1em;max-width:1100px;color:#222}
 h1{font-size:1.4em}h2{font-size:1.15em;border-bottom:1px solid #ccc;margin-top:1.6em}
 table{border-collapse:collapse;margin:.5em 0;font-size:.9em}td,th{border:1px solid #ccc;padding:2px 8px}
 td[data-key],td[data-compare]{text-align:right}img{max-width:100%;display:block;margin:.5em 0}
@@ -90,7 +90,7 @@ def _none(why: str) -> str:
 def run_section(r: dict, name: str, plt) -> str:
     """The page of one run: its configuration, verdict, numbers and figures."""
     c, ranks = r["config"], r["ranks"]
-    out = [f"<h2>{escape(name)}</h2>",
+    out = [f"<h2>{escape(name)}: {escape(report.describe(r))}</h2>",
            f'<p class="verdict">verdict: {_cell(r, "profile.bound", "b")}-bound: {_cell(r, "profile.why", "span")}</p>',
            '<div class="side">',
            _table(["configuration", ""], [f"<th>{k}</th>{_cell(r, f'config.{k}')}" for k in CONFIG_KEYS if k in c]),

@@ -50,7 +50,8 @@ def default_out(run_args: list[str]) -> str:
     return first if os.path.isdir(first) else os.path.dirname(first) or "."
 
 
-def _title(r: dict) -> str:
+def describe(r: dict) -> str:
+    """A run's shape in one line: ranks, workers, the MLP, batch, reader."""
     c = r["config"]
     return (f"{c['world_size']} ranks ({c['workers']} workers), {c['features']}-{c['hidden']}-{c['classes']}, "
             f"batch {c['batch']}, {c.get('reader', 'simple')} reader")
@@ -70,7 +71,7 @@ def profile_png(r: dict, path: str, plt) -> None:
     ax.set_xlabel("rank (s: server, w: worker)")
     ax.set_ylabel("% of the rank's wall time")
     ax.set_ylim(0, 100)
-    ax.set_title(f"Where each rank's time goes: {_title(r)}\nverdict: {r['profile']['bound']}-bound",
+    ax.set_title(f"Where each rank's time goes: {describe(r)}\nverdict: {r['profile']['bound']}-bound",
                  fontsize=9)
     ax.legend(fontsize=7, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.13), frameon=False)
     fig.tight_layout()
@@ -85,14 +86,16 @@ def timeline_png(r: dict, path: str, plt) -> None:
         t = x["timeline"]
         ax.barh(x["rank"], t["init_end"] - t["start"], left=t["start"], color=COLORS["init"], height=0.7)
         ax.barh(x["rank"], t["end"] - t["init_end"], left=t["init_end"], color=COLORS["compute"], height=0.7)
-    ax.barh([], [], color=COLORS["init"], label="initialization (imports, data, JIT)")
-    ax.barh([], [], color=COLORS["compute"], label="training")
     ax.invert_yaxis()
     ax.set_yticks([x["rank"] for x in ranks], [f"{x['role']} {x['rank']}" for x in ranks], fontsize=7)
     ax.set_xlabel("seconds since the first rank started")
-    ax.set_title(f"Initialization against training: {_title(r)}", fontsize=9)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
-    fig.tight_layout()
+    ax.set_title(f"Initialization against training: {describe(r)}", fontsize=9)
+    # below the axis label, in a strip tight_layout keeps free (an axes legend overlapped the
+    # label); patches of the bars' colours (an empty barh's legend entry took the default colour)
+    fig.legend([plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in ("init", "compute")],
+               ["initialization (imports, data, JIT)", "training"], fontsize=8, loc="lower center", ncol=2,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.3 / fig.get_figheight(), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -141,9 +144,9 @@ def curve_png(r: dict, path, plt) -> None:
     loss = ax.twinx()
     loss.plot(t, [c["loss"] for c in curve], "s--", ms=3, color=COLORS["compute"], label="loss")
     loss.set_ylabel("held-out loss")
-    ax.set_title(f"Held-out accuracy and loss against time: {_title(r)}", fontsize=9)
+    ax.set_title(f"Held-out accuracy and loss against time: {describe(r)}", fontsize=9)
     fig.legend(fontsize=8, loc="lower center", ncol=2, frameon=False)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, 0.3 / fig.get_figheight(), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -158,7 +161,7 @@ def staleness_png(r: dict, path, plt) -> None:
                label=f"{r['ranks'][i]['role']} {r['ranks'][i]['rank']}")
     ax.set_xlabel("staleness (updates of the shard between a Δw's w and its arrival)")
     ax.set_ylabel("Δw")
-    ax.set_title(f"Staleness of the updates the shards took: {_title(r)}", fontsize=9)
+    ax.set_title(f"Staleness of the updates the shards took: {describe(r)}", fontsize=9)
     ax.legend(fontsize=7, ncol=4, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -172,6 +175,7 @@ def busy_png(r: dict, path, plt) -> None:
     ax.bar(range(len(idx)), [prof[i]["busy_pct"] for i in idx], color=COLORS["aggregate"], width=0.6)
     ax.axhline(80, color="black", lw=0.8, ls=":")   # asgd.run.results.verdict's server-bound line
     ax.set_xticks(range(len(idx)), [f"{prof[i]['role']} {prof[i]['rank']}" for i in idx], fontsize=8)
+    ax.set_xlim(-1, max(len(idx), 2))   # a lone server's bar not stretched across the axes
     ax.set_ylim(0, 100)
     ax.set_ylabel("% of training time busy")
     ax.set_title("The servers' busy share (80 %: server-bound)", fontsize=9)
@@ -196,8 +200,8 @@ def bytes_png(r: dict, path, plt) -> None:
             bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xticks(list(x), [f"{x_['role']} {x_['rank']}" for x_ in ranks], fontsize=8)
     ax.set_ylabel("MB (10^6 bytes)")
-    ax.set_title(f"Bytes each rank sent (left) and received (right, hatched): {_title(r)}", fontsize=9)
-    ax.legend(fontsize=7, ncol=3, frameon=False)
+    ax.set_title("Bytes each rank sent (left) and received (right, hatched), by part of the run", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
