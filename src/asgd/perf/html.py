@@ -89,11 +89,15 @@ def _none(why: str) -> str:
 
 def run_section(r: dict, name: str, plt) -> str:
     """The page of one run: its configuration, verdict, numbers and figures."""
-    c, ranks = r["config"], r["ranks"]
-    out = [f"<h2>{escape(name)}: {escape(report.describe(r))}</h2>",
-           f'<p class="verdict">verdict: {_cell(r, "profile.bound", "b")}-bound: {_cell(r, "profile.why", "span")}</p>',
+    parts = (_summary, _curve, _phases, _staleness, _busy, _bytes)
+    return "\n".join([f"<h2>{escape(name)}: {escape(report.describe(r))}</h2>", *(part(r, plt) for part in parts)])
+
+
+def _summary(r: dict, plt) -> str:
+    out = [f'<p class="verdict">verdict: {_cell(r, "profile.bound", "b")}-bound: {_cell(r, "profile.why", "span")}</p>',
            '<div class="side">',
-           _table(["configuration", ""], [f"<th>{k}</th>{_cell(r, f'config.{k}')}" for k in CONFIG_KEYS if k in c]),
+           _table(["configuration", ""], [f"<th>{k}</th>{_cell(r, f'config.{k}')}"
+                                          for k in CONFIG_KEYS if k in r["config"]]),
            _table(["result", ""], [f"<th>{k}</th>{_cell(r, k)}" for k in SUMMARY_KEYS
                                    + (("stopped",) if r.get("stopped") else ())]),
            "</div>"]
@@ -103,52 +107,62 @@ def run_section(r: dict, name: str, plt) -> str:
     if r.get("notes"):
         out.append("<ul>" + "".join(f"<li>{_cell(r, f'notes.{i}', 'span')}</li>"
                                     for i in range(len(r["notes"]))) + "</ul>")
-
-    out.append("<h3>Held-out accuracy and loss against time</h3>")
-    curve = r["metrics"].get("curve") or []
-    if curve:
-        out.append(_png(report.curve_png, r, plt=plt, alt="held-out curve"))
-        out.append("<details><summary>the curve's points</summary>" + _table(
-            ["train_s", "samples", "updates", "loss", "accuracy"],
-            ["".join(_cell(r, f"metrics.curve.{j}.{k}") for k in ("train_s", "samples", "updates", "loss", "accuracy"))
-             for j in range(len(curve))]) + "</details>")
-    else:
-        out.append(_none("no held-out curve: no rank held all of w during training (several servers)"))
-
-    out.append("<h3>Where each rank's time goes</h3>")
-    out.append(_png(report.profile_png, r, plt=plt, alt="per-rank phases"))
-    out.append(_png(report.timeline_png, r, plt=plt, alt="per-rank timeline"))
-    phases = [p for p in report.STACK if any(p in x["phases"] for x in ranks)]
-    out.append(_table(["rank", "role"] + [f"{p} s" for p in phases], [
-        _who(x) + "".join(_cell(r, f"ranks.{i}.phases.{p}") if p in x["phases"] else "<td></td>" for p in phases)
-        for i, x in enumerate(ranks)]))
-
-    out.append("<h3>Staleness</h3>")
-    owners = report.owners_staleness(r)
-    if owners:
-        out.append(_png(report.staleness_png, r, plt=plt, alt="staleness histogram"))
-        out.append(_table(["rank", "role", "of", "mean", "max"], [
-            _who(ranks[i]) + f"<td>{key}</td>" + _cell(r, f"ranks.{i}.{key}.mean") + _cell(r, f"ranks.{i}.{key}.max")
-            for i, key in owners]))
-    else:
-        out.append(_none("no staleness recorded"))
-
-    out.append("<h3>The servers' busy share</h3>")
-    busy = report.busy_ranks(r)
-    if busy:
-        out.append(_png(report.busy_png, r, plt=plt, alt="busy share"))
-        out.append(_table(["rank", "role", "busy % of training"], [
-            _who(r["profile"]["ranks"][i]) + _cell(r, f"profile.ranks.{i}.busy_pct") for i in busy]))
-    else:
-        out.append(_none(f"no server: --arch {c.get('arch', 'ps')}"))
-
-    out.append("<h3>Bytes</h3>")
-    out.append(_png(report.bytes_png, r, plt=plt, alt="bytes per rank"))
-    parts = [f"bytes.{p}.{side}" for p in report.BYTE_PARTS for side in ("sent", "recv")]
-    out.append(_table(["rank", "role", "sent", "received"] + [p[len("bytes."):] for p in parts], [
-        _who(x) + "".join(_cell(r, f"ranks.{i}.{k}") for k in ("bytes_sent", "bytes_recv", *parts))
-        for i, x in enumerate(ranks)]))
     return "\n".join(out)
+
+
+def _curve(r: dict, plt) -> str:
+    head = "<h3>Held-out accuracy and loss against time</h3>"
+    curve = r["metrics"].get("curve") or []
+    if not curve:
+        return head + _none("no held-out curve: with several servers no rank holds all of w during training")
+    keys = ("train_s", "samples", "updates", "loss", "accuracy")
+    return "\n".join([head, _png(report.curve_png, r, plt=plt, alt="held-out curve"),
+                      "<details><summary>the curve's points</summary>" + _table(list(keys), [
+                          "".join(_cell(r, f"metrics.curve.{j}.{k}") for k in keys) for j in range(len(curve))])
+                      + "</details>"])
+
+
+def _phases(r: dict, plt) -> str:
+    ranks = r["ranks"]
+    phases = [p for p in report.STACK if any(p in x["phases"] for x in ranks)]
+    return "\n".join([
+        "<h3>Where each rank's time goes</h3>",
+        _png(report.profile_png, r, plt=plt, alt="per-rank phases"),
+        _png(report.timeline_png, r, plt=plt, alt="per-rank timeline"),
+        _table(["rank", "role"] + [f"{p} s" for p in phases], [
+            _who(x) + "".join(_cell(r, f"ranks.{i}.phases.{p}") if p in x["phases"] else "<td></td>" for p in phases)
+            for i, x in enumerate(ranks)])])
+
+
+def _staleness(r: dict, plt) -> str:
+    head = "<h3>Staleness</h3>"
+    owners = report.owners_staleness(r)
+    if not owners:
+        return head + _none("no staleness recorded")
+    return "\n".join([head, _png(report.staleness_png, r, plt=plt, alt="staleness histogram"),
+                      _table(["rank", "role", "of", "mean", "max"], [
+                          _who(r["ranks"][i]) + f"<td>{key}</td>"
+                          + _cell(r, f"ranks.{i}.{key}.mean") + _cell(r, f"ranks.{i}.{key}.max")
+                          for i, key in owners])])
+
+
+def _busy(r: dict, plt) -> str:
+    head = "<h3>The servers' busy share</h3>"
+    busy = report.busy_ranks(r)
+    if not busy:
+        return head + _none(f"no server: --arch {r['config'].get('arch', 'ps')}")
+    return "\n".join([head, _png(report.busy_png, r, plt=plt, alt="busy share"),
+                      _table(["rank", "role", "busy % of training"], [
+                          _who(r["profile"]["ranks"][i]) + _cell(r, f"profile.ranks.{i}.busy_pct") for i in busy])])
+
+
+def _bytes(r: dict, plt) -> str:
+    parts = [f"bytes.{p}.{side}" for p in report.BYTE_PARTS for side in ("sent", "recv")]
+    return "\n".join([
+        "<h3>Bytes</h3>", _png(report.bytes_png, r, plt=plt, alt="bytes per rank"),
+        _table(["rank", "role", "sent", "received"] + [p[len("bytes."):] for p in parts], [
+            _who(x) + "".join(_cell(r, f"ranks.{i}.{k}") for k in ("bytes_sent", "bytes_recv", *parts))
+            for i, x in enumerate(r["ranks"])])])
 
 
 def sweep_section(runs: list[dict], names: list[str], plt) -> str:
