@@ -27,7 +27,7 @@ LAYERS = [
     ["asgd.run"],                     # options, results.json, progress, checkpoints, signals, trace
     # the run top to bottom; its restart supervisor; a trained run applied to new data (numpy only)
     ["asgd.train", "asgd.launch", "asgd.predict"],
-    ["asgd.perf"],                    # the performance model, pure: analytic, architectures, report
+    ["asgd.perf"],                    # the performance model, pure: analytic, architectures, report, html
     ["asgd.probes"],                  # the measurements: calibrate, the MPI probes, the exchange rounds
     ["asgd.perf.cli", "asgd.perf.calibrate"],   # the lab's command line; the probes at their old path
     ["asgd.sim", "asgd.testbed", "asgd.perf.__main__"],   # the simulator; the emulated cluster; python -m asgd.perf
@@ -180,7 +180,7 @@ def test_the_model_and_the_orchestrators_start_no_mpi():
                 "print(' '.join(m for m in ('mpi4py', 'numba', 'subprocess') if m in sys.modules))")
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=120).stdout.split()
-    assert loaded("asgd.perf.analytic", "asgd.perf.architectures", "asgd.perf.report") == []
+    assert loaded("asgd.perf.analytic", "asgd.perf.architectures", "asgd.perf.report", "asgd.perf.html") == []
     assert "mpi4py" not in loaded("asgd.perf.cli", "asgd.probes.calibrate", "asgd.launch", "asgd.mpienv")
 
 

@@ -6,8 +6,10 @@ asgd.perf.architectures; the measurements asgd.probes).
   predict     predicted init, compute, communication and total seconds per configuration
   compare     predicted against measured for asgd.train runs (their results.json)
   optimize    the configurations with the least predicted time, ranked (Yan et al. 2015)
+  report      the paper's figures from runs' results.json, or one HTML page of them (--html)
 
-Every command but calibrate reads the parameters from --params (default params.json).
+predict, compare and optimize read the parameters from --params (default params.json);
+report only with --html --params.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ..data.shares import HOLDOUT
 from ..net import OPTIMIZERS
 from ..run import config
 from ..run.files import atomic_write
-from . import analytic, report
+from . import analytic, html, report
 from .analytic import Params, Run
 from .architectures import ARCHES, cluster_links, predict
 
@@ -378,12 +380,26 @@ def main(argv=None) -> int:
         if a.cmd == "calibrate":
             return _calibrate(a)
         if a.cmd == "report":
-            return report.write_figures(a.runs, a.out)
+            return _report(a)
         p = load_params(a.params)
         return {"predict": _predict, "compare": _compare, "optimize": _optimize}[a.cmd](a, p)
     except (PerfError, ValueError, OSError) as e:
         print(f"asgd.perf {a.cmd}: error: {e}", file=sys.stderr)
         return 2
+
+
+def _report(a) -> int:
+    if not a.html:
+        if a.params:
+            raise PerfError("--params goes with --html (the page's predicted against measured)")
+        return report.write_figures(a.runs, a.out)
+    compared = None
+    if a.params:
+        rows, skipped = compare(report.expand(a.runs), load_params(a.params))
+        for s in skipped:
+            print(f"not predicted: {s}", file=sys.stderr)
+        compared = (rows, PHASES + DETAIL)
+    return html.write_page(a.runs, a.out, compared)
 
 
 def _calibrate(a) -> int:
