@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 from .. import mpienv
-from . import BROKEN, MISSING, OK, WARN, Finding
+from . import BROKEN, MISSING, OK, SKIPPED, WARN, Finding
 
 SECTION = "install"
 INSTALL = "pip install -e '.[mpich]'"
@@ -227,10 +227,15 @@ def numba_cache() -> Finding:
 def check(ranks: int | None = None) -> tuple[list[Finding], dict]:
     """Every finding of this section, and what the self-test needs to know: {"launcher":
     mpiexec's path or None, "mpi": whether mpi4py's MPI loads, "numba": whether numba imports}."""
-    out = [python(), library("numpy"), library("numba")]
+    numba = library("numba")
+    out = [python(), library("numpy"), numba]
     mpi_found, mpi = mpi4py()
     launcher_found, launcher = mpiexec(mpi)
-    out += [mpi_found, launcher_found, ulfm(mpi), *machine(ranks), cpu(), numba_cache()]
+    out += [mpi_found, launcher_found, ulfm(mpi), *machine(ranks)]
+    if numba.status == OK:
+        out += [cpu(), numba_cache()]
+    else:   # one line for one cause: numba's above
+        out += [finding(part, SKIPPED, "needs numba (above)") for part in ("CPU", "numba cache")]
     ready = {"launcher": launcher if launcher_found.status != BROKEN else None, "mpi": "error" not in mpi,
-             "numba": out[2].status == OK}
+             "numba": numba.status == OK}
     return out, ready

@@ -28,13 +28,11 @@ from mpi4py import MPI
 from ..mpiutil import Waiter
 from ..net import mlp, reference
 from ..probes.ranks import exchange, pingpong, spin_step
+from .selftest import N_W, PINGPONG_BYTES, TIMED_BATCH, TIMED_HIDDEN
 
-PINGPONG_BYTES = (8, 1 << 20)
 PINGPONG_VOLUME = 2e7    # bytes each way per window: a tenth of calibrate's
-N_W = 5 * 10000 + 2          # 2-10K-2's weights: a size calibrate measures
 CHECKED_UPDATES, TIMED_UPDATES = 20, 200
 CHECK_HIDDEN, CHECK_BATCH = 1000, 64
-TIMED_HIDDEN, TIMED_BATCH = 10000, 256
 U32 = 2.0 ** -24             # float32's unit roundoff
 
 
