@@ -31,6 +31,7 @@ LAYERS = [
     ["asgd.probes"],                  # the measurements: calibrate, the MPI probes, the exchange rounds
     ["asgd.perf.cli", "asgd.perf.calibrate"],   # the lab's command line; the probes at their old path
     ["asgd.sim", "asgd.testbed", "asgd.perf.__main__"],   # the simulator; the emulated cluster; python -m asgd.perf
+    ["asgd.doctor"],                  # checks an install: the launcher, the cache, the optional parts, a self-test
 ]
 
 
