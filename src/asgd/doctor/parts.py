@@ -18,13 +18,20 @@ BENCH = ("torch", "sklearn", "mlxtend", "matplotlib")   # the bench extra's modu
 
 
 def part(name: str, present: bool, what: str, fix: str, **data) -> Finding:
+    """A part's line; the fix said once (the testbed's reasons carry their own)."""
+    what = what.replace(f" ({fix})", "").replace(f": {fix}", "")
     return Finding(SECTION, name, OK if present else MISSING, what, "" if present else fix, data)
 
 
 def slurm() -> Finding:
-    why = testbed_slurm.missing_requirements()
-    return part("Slurm", why is None, why or f"sbatch, srun and the daemons ({shutil.which('sbatch')})",
-                "apt-get install slurm-wlm slurm-wlm-torque munge")
+    """Submitting (slurm/'s scripts) needs sbatch and srun; a Slurm of one's own (the
+    testbed's, tests/test_slurm.py's) its daemons too: testbed.slurm's list."""
+    absent = [t for t in ("sbatch", "srun") if shutil.which(t) is None]
+    daemons = testbed_slurm.missing_requirements() is None
+    return part("Slurm", not absent, f"no {', '.join(absent)} on PATH" if absent else
+                f"sbatch and srun ({shutil.which('sbatch')}); "
+                + ("the daemons too (a local Slurm: the testbed's)" if daemons else "no daemons here (a login node)"),
+                "apt-get install slurm-wlm slurm-wlm-torque munge, or your site's Slurm module", daemons=daemons)
 
 
 def pbs() -> Finding:
@@ -42,8 +49,9 @@ def simgrid() -> Finding:
 
 def testbed() -> Finding:
     why = sh.missing_requirements()
+    tools = "apt-get install iproute2 util-linux"
     return part("netns and tc", why is None, why or "network namespaces, bridges, veths and tc (asgd.testbed)",
-                "run as root on Linux with iproute2 and util-linux (apt-get install iproute2 util-linux)")
+                tools if why and tools in why else "run it as root, on Linux (asgd.testbed makes namespaces)")
 
 
 def bench() -> Finding:
