@@ -66,9 +66,10 @@ def checks(got: dict) -> list[Finding]:
                    f"{' and '.join(map(size, PINGPONG_BYTES))} came back {'intact' if pp['ok'] else 'CHANGED'}; "
                    f"one way {one_way}", "" if pp["ok"] else "the MPI library corrupts messages: reinstall it",
                    ok=pp["ok"], pingpong_s=pp["seconds"])]
+    applied = ("applied by the server's adagrad as numpy computes it, and pulled back" if push["ok"] else
+               "NOT applied as numpy's adagrad computes it")
     out.append(finding("push/pull", OK if push["ok"] else BROKEN,
-                       f"{push['updates']} pushes of {push['n_w']:,} weights "
-                       f"{'summed exactly on the server and pulled back' if push['ok'] else 'did NOT add up'}; "
+                       f"{push['updates']} pushes of {push['n_w']:,} weights {applied}; "
                        f"round trip {us(push['round_trip_s'])}{'' if push['timed'] else ' (float32)'}",
                        "" if push["ok"] else "asgd's server/worker exchange is broken: run tests/test_mpi_suite.py",
                        ok=push["ok"], round_trip_s=push["round_trip_s"], n_w=push["n_w"]))

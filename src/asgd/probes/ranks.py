@@ -149,11 +149,12 @@ def pingpong(comm, out: np.ndarray, back: np.ndarray, windows: int = 3, volume: 
     return min(best)
 
 
-def exchange(comm, n_w: int, updates: int, crowded: bool, step, dtype=np.float64) -> np.ndarray:
+def exchange(comm, n_w: int, updates: int, crowded: bool, step, dtype=np.float64, optimizer=None) -> np.ndarray:
     """asgd's real protocol, after a barrier: rank 0 serves (Server.serve, async), every
     other rank is a worker pushing `updates` Delta-w of n_w weights, computing with
     `step`; waits sleep (crowded) or poll first, as mpiutil.Waiter does; w and the
-    messages in `dtype`. Returns this rank's w at the end: the server's, or the worker's
+    messages in `dtype`; the server's `optimizer` (net.optimizers.Optimizer; default sgd,
+    w += Delta-w). Returns this rank's w at the end: the server's, or the worker's
     last pull. (Also
     asgd.testbed.model's probe, and asgd.doctor's self-test.)"""
     w = np.zeros(n_w, dtype)
@@ -161,7 +162,7 @@ def exchange(comm, n_w: int, updates: int, crowded: bool, step, dtype=np.float64
     waiter = Waiter(crowded, time.monotonic() + 120, f"calibrate rank {comm.rank}")
     comm.Barrier()
     if comm.rank == 0:
-        Server(Endpoint(comm, waiter, PhaseClock("idle")), w, 1).serve(Async())
+        Server(Endpoint(comm, waiter, PhaseClock("idle")), w, 1, optimizer).serve(Async())
         return w
     shards = shard_bounds(n_w, 1)
     link = PushPull(Endpoint(comm, waiter, PhaseClock("compute")), shards, DenseLink(shards, w))
