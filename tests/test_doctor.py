@@ -80,7 +80,7 @@ def test_no_mpiexec_is_one_line_and_exit_1(tmp_path):
     empty.mkdir()
     code, out, err = doctor(python=python, env={"PATH": str(empty)})
     assert_one_clear_failure(code, out, err, "mpiexec", "no mpiexec beside this Python or on PATH")
-    assert lines(out, OK)[3].split()[1] == "mpi4py"   # the venv's own MPI still loads
+    assert any(ln.split()[1] == "mpi4py" for ln in lines(out, OK)), out   # the venv's own MPI still loads
     assert any("2-rank job" in ln and "needs mpiexec" in ln for ln in lines(out, SKIPPED)), out
 
 
