@@ -26,6 +26,7 @@ COMMANDS = {
     "asgd.sim": ("asgd.sim.cli", "build_parser"),
     "asgd.testbed": ("asgd.testbed.cli", "parser"),
     "asgd.launch": ("asgd.launch", "parser"),
+    "asgd.doctor": ("asgd.doctor.cli", "build_parser"),
 }
 # Batch scripts -> the asgd command (and subcommand) their trailing arguments go to.
 SCRIPTS = {

@@ -31,6 +31,7 @@ LAYERS = [
     ["asgd.probes"],                  # the measurements: calibrate, the MPI probes, the exchange rounds
     ["asgd.perf.cli", "asgd.perf.calibrate"],   # the lab's command line; the probes at their old path
     ["asgd.sim", "asgd.testbed", "asgd.perf.__main__"],   # the simulator; the emulated cluster; python -m asgd.perf
+    ["asgd.doctor"],                  # checks an install: the launcher, the cache, the optional parts, a self-test
 ]
 
 
@@ -172,16 +173,18 @@ def test_the_layer_check_sees_what_it_must():
 
 def test_the_model_and_the_orchestrators_start_no_mpi():
     """The performance model imports no MPI, no numba and runs no jobs; the processes that
-    start MPI jobs (python -m asgd.perf, the calibration's orchestrator, the supervisor)
-    never import mpi4py, whose import initializes MPI. Checked in a fresh interpreter:
-    what a module's imports pull in, transitively."""
+    start MPI jobs (python -m asgd.perf, the calibration's orchestrator, the supervisor,
+    the doctor, which asks a subprocess whether mpi4py's MPI loads) never import mpi4py,
+    whose import initializes MPI. Checked in a fresh interpreter: what a module's imports
+    pull in, transitively."""
     def loaded(*modules):
         code = (f"import sys; import {', '.join(modules)}; "
                 "print(' '.join(m for m in ('mpi4py', 'numba', 'subprocess') if m in sys.modules))")
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=120).stdout.split()
     assert loaded("asgd.perf.analytic", "asgd.perf.architectures", "asgd.perf.report", "asgd.perf.html") == []
-    assert "mpi4py" not in loaded("asgd.perf.cli", "asgd.probes.calibrate", "asgd.launch", "asgd.mpienv")
+    assert "mpi4py" not in loaded("asgd.perf.cli", "asgd.probes.calibrate", "asgd.launch", "asgd.mpienv",
+                                   "asgd.doctor.cli")
 
 
 def test_the_wire_format_is_written_once():

@@ -27,6 +27,7 @@ COMMANDS = [
     ("asgd-sim", "python -m asgd.sim", "asgd.sim.cli", "build_parser"),
     ("asgd-testbed", "python -m asgd.testbed", "asgd.testbed.cli", "parser"),
     ("asgd-launch", "python -m asgd.launch", "asgd.launch", "parser"),
+    ("asgd-doctor", "python -m asgd.doctor", "asgd.doctor.cli", "build_parser"),
 ]
 
 

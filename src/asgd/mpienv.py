@@ -47,13 +47,17 @@ def find() -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
+def version_text(launcher: str) -> str:
+    """What `launcher --version` prints ('' when it cannot be run)."""
+    try:
+        return subprocess.run([launcher, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
 def flavour(launcher: str) -> str:
     """'openmpi', 'mpich' or 'other', from what `launcher --version` says."""
-    try:
-        out = subprocess.run([launcher, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return "other"
-    text = out.lower()
+    text = version_text(launcher).lower()
     if "open mpi" in text or "open-mpi" in text or "openrte" in text:
         return "openmpi"
     if "hydra" in text or "mpich" in text:

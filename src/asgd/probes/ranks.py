@@ -97,25 +97,12 @@ def probe_messaging(sizes: list[int], updates: int) -> dict | None:
     comm = MPI.COMM_WORLD
     if comm.size != 2:
         raise CalibrationError("the messaging probe needs exactly 2 ranks")
-    me, peer = comm.rank, 1 - comm.rank
+    me = comm.rank
     mlp.compile_kernels()  # the server's add and check: loaded now, not in the timed loop
     out = {"pingpong_s": {}, "round_trip_s": {}, "server_update_s": {}, "worker_msg_s": {}}
     for nbytes in sorted(set(PINGPONG_BYTES) | {8 * n for n in sizes}):  # and Delta-w's own sizes
         buf = np.zeros(max(nbytes // 8, 1))
-        reps = max(20, min(2000, int(2e8 // max(nbytes, 1))))
-        best = []
-        for _ in range(3):
-            comm.Barrier()
-            t = time.perf_counter()
-            for _ in range(reps):
-                if me == 0:
-                    comm.Send(buf, peer, 1)
-                    comm.Recv(buf, peer, 1)
-                else:
-                    comm.Recv(buf, peer, 1)
-                    comm.Send(buf, peer, 1)
-            best.append((time.perf_counter() - t) / reps / 2)
-        out["pingpong_s"][buf.nbytes] = min(best)
+        out["pingpong_s"][buf.nbytes] = pingpong(comm, buf, buf)
     for n_w in sizes:
         # 1: no compute, polling waits: the bare round trip. 2: no compute, sleeping waits
         # (as when ranks share cores): the server is kept busy, its CPU per update is c_u.
@@ -139,21 +126,48 @@ def probe_messaging(sizes: list[int], updates: int) -> dict | None:
     return out if me == 0 else None
 
 
-def exchange(comm, n_w: int, updates: int, crowded: bool, step) -> None:
+def pingpong(comm, out: np.ndarray, back: np.ndarray, windows: int = 3, volume: float = 2e8) -> float:
+    """Ranks 0 and 1: rank 0 sends `out` and receives into `back`, rank 1 receives into
+    `back` and sends it back, over and over: the least seconds one way over `windows`
+    windows of repetitions (about `volume` bytes each way, 20 to 2000). One buffer may be
+    both (the calibration's); apart, rank 0's `back` ends as what came back (asgd.doctor's
+    check)."""
+    me, peer = comm.rank, 1 - comm.rank
+    reps = max(20, min(2000, int(volume // max(out.nbytes, 1))))
+    best = []
+    for _ in range(windows):
+        comm.Barrier()
+        t = time.perf_counter()
+        for _ in range(reps):
+            if me == 0:
+                comm.Send(out, peer, 1)
+                comm.Recv(back, peer, 1)
+            else:
+                comm.Recv(back, peer, 1)
+                comm.Send(back, peer, 1)
+        best.append((time.perf_counter() - t) / reps / 2)
+    return min(best)
+
+
+def exchange(comm, n_w: int, updates: int, crowded: bool, step, dtype=np.float64, optimizer=None) -> np.ndarray:
     """asgd's real protocol, after a barrier: rank 0 serves (Server.serve, async), every
     other rank is a worker pushing `updates` Delta-w of n_w weights, computing with
-    `step`; waits sleep (crowded) or poll first, as mpiutil.Waiter does. (Also
-    asgd.testbed.model's probe.)"""
-    w = np.zeros(n_w)
+    `step`; waits sleep (crowded) or poll first, as mpiutil.Waiter does; w and the
+    messages in `dtype`; the server's `optimizer` (net.optimizers.Optimizer; default sgd,
+    w += Delta-w). Returns this rank's w at the end: the server's, or the worker's
+    last pull. (Also
+    asgd.testbed.model's probe, and asgd.doctor's self-test.)"""
+    w = np.zeros(n_w, dtype)
     X, y = np.zeros((updates, 2)), np.zeros(updates, np.int64)
     waiter = Waiter(crowded, time.monotonic() + 120, f"calibrate rank {comm.rank}")
     comm.Barrier()
     if comm.rank == 0:
-        Server(Endpoint(comm, waiter, PhaseClock("idle")), w, 1).serve(Async())
-    else:
-        shards = shard_bounds(n_w, 1)
-        link = PushPull(Endpoint(comm, waiter, PhaseClock("compute")), shards, DenseLink(shards, w))
-        run_worker(link, X, y, step, Schedule(batch=1, epochs=1, seed=(0, comm.rank), lr=0.0, adaptive=False))
+        Server(Endpoint(comm, waiter, PhaseClock("idle")), w, 1, optimizer).serve(Async())
+        return w
+    shards = shard_bounds(n_w, 1)
+    link = PushPull(Endpoint(comm, waiter, PhaseClock("compute")), shards, DenseLink(shards, w))
+    run_worker(link, X, y, step, Schedule(batch=1, epochs=1, seed=(0, comm.rank), lr=0.0, adaptive=False))
+    return link.w
 
 
 def spin_step(seconds: float):
