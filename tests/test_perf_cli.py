@@ -24,6 +24,12 @@ def test_calibrate_writes_every_parameter_with_units(quick_params):
     assert got["machine"]["mpi"] in ("mpich", "openmpi") and "mpiexec" in got["machine"]["launcher"]
     p = analytic.Params.from_dict(got["params"])
     assert p.cores >= 1 and set(got["units"]) >= {"step_s", "server_update_s", "read_s_per_byte", "startup"}
+    # the compute and exchange tables once per precision, the shared ones once
+    assert set(got["params"]["precisions"]) == {"float32", "float64"}
+    for prec, tables in got["params"]["precisions"].items():
+        assert set(tables) == set(analytic.PER_PRECISION) and all(tables.values()), prec
+        assert not set(tables) & set(got["params"]), prec
+    assert p.precision == "float64" and p.at("float32").step_s != p.step_s
     values = [p.memory_s_per_byte, *p.startup.values(), *(p.r_d(r, f) for r in ("sequential", "parallel")
                                                             for f in ("tsv", "npy")),
               *p.eval_s_per_point.values(), *p.server_update_s.values(), *p.worker_msg_s.values(),
@@ -149,12 +155,17 @@ def test_the_second_window_measures_the_crowded_rounds_alone():
     def fake(n, args, timeout):
         kinds = args[args.index("--kinds") + 1].split(",")
         calls.append((n, kinds))
-        return {"seconds": {k: {"256" if k.startswith("replica") else "5002": 1e-3} for k in kinds}}
+        precisions = args[args.index("--precisions") + 1].split(",")
+        return {"precisions": {prec: {"seconds": {k: {"256" if k.startswith("replica") else "5002": 1e-3 * (i + 1)}
+                                                  for k in kinds}} for i, prec in enumerate(precisions)}}
     calls = []
     first = measure_exchanges(None, 2, [5002], False, say=lambda *a: None, run=fake)
     assert [n for n, _ in calls] == [2, 3, 5, 9]
     assert not any(k.endswith("+step") for k in calls[0][1]) and "ring+step" in calls[1][1] and "ring" in calls[1][1]
+    # every round in both precisions, in one job per rank count, each precision's table its own
+    assert set(first) == {"float32", "float64"}
+    assert first["float64"]["ring"][2][5002] == 2 * first["float32"]["ring"][2][5002]
     calls = []
-    again = measure_exchanges(None, 2, [5002], False, say=lambda *a: None, run=fake, stepped_only=True)
+    again = measure_exchanges(None, 2, [5002], False, say=lambda *a: None, run=fake, stepped_only=True)["float32"]
     assert [n for n, _ in calls] == [3, 5, 9] and all(k.endswith("+step") for _, kinds in calls for k in kinds)
-    assert set(again) == {k for k in first if k.endswith("+step")} and set(again["async+step"]) == {3, 5, 9}
+    assert set(again) == {k for k in first["float32"] if k.endswith("+step")} and set(again["async+step"]) == {3, 5, 9}

@@ -313,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--allreduce", choices=("ring", "mpi"), default="ring", help="as asgd.train's (default ring)")
     pp.add_argument("--precision", choices=PRECISIONS, default=TRAIN.precision,
                     help="as asgd.train's (default %(default)s): the bytes of a value of w on links and in "
-                         "memory; compute and the exchanges at calibrate's rates, measured in float64")
+                         "memory, and calibrate's compute and exchange rates measured in it")
     pp.add_argument("--cores", type=positive_int, default=0,
                     help="cores the ranks share (default: the calibrated machine's)")
     pp.add_argument("--params", **params)
@@ -351,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--allreduce", choices=("ring", "mpi"), default="ring", help="as asgd.train's (default ring)")
     op.add_argument("--precision", choices=PRECISIONS, default=TRAIN.precision,
                     help="as asgd.train's (default %(default)s): the bytes of a value of w on links and in "
-                         "memory; compute and the exchanges at calibrate's rates, measured in float64")
+                         "memory, and calibrate's compute and exchange rates measured in it")
     op.add_argument("--max-ranks", type=positive_int,
                     help="most ranks to start (default: one per core, or per host of a testbed)")
     op.add_argument("--top", type=positive_int, default=10, help="configurations to print (default 10)")
