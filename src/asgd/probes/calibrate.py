@@ -28,6 +28,11 @@ the configurations to be predicted.
                algorithm this MPI picks: measured, not assumed), a replica's logit sum
                (asgd.probes.exchanges)                                   mpiexec -n P
 
+What a value's precision changes (the steps, their spread, evaluation, memory, the
+optimizers, model-parallel steps, messaging, contention and the exchanges) is measured in
+float32 and float64 (wire.PRECISIONS; the MPI probes both in one job), params.json's
+params["precisions"][precision] (asgd.perf.analytic.PER_PRECISION); the rest once.
+
 The orchestrating process (this module) never initializes MPI; the MPI probes run under
 the launcher (`--launcher`, default mpiexec) as `python -m asgd.probes.ranks PROBE ...`,
 each printing one JSON line.
