@@ -48,6 +48,23 @@ def test_calibrate_writes_every_parameter_with_units(quick_params):
     assert t1.c_p > 0 and t1.c_u > 0 and t1.r_d > 0 and t1.point_bytes > 8 * 2  # TSV is bigger than doubles
 
 
+def test_an_old_float64_params_file_predicts_float32_with_one_warning_line(tmp_path):
+    """A params.json from before calibrate measured both precisions still predicts: float64
+    silently, float32 (the default) at those rates with one line that says so."""
+    from test_analytic import old_file
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps({"schema": 1, "params": old_file()}))
+    args = ("predict", "--params", str(path), "--workers", "1,2", "--hidden", "100")
+    f64, f32 = perf(*args, "--precision", "float64"), perf(*args)
+    assert f64.returncode == 0 and f64.stderr == "", f64.stderr
+    assert f32.returncode == 0 and f32.stderr.splitlines() == [
+        "asgd.perf predict: warning: the parameters hold float64 rates only (calibrated before calibrate measured "
+        "both precisions): a float32 run's compute and exchanges are priced at float64's; calibrate again for "
+        "float32's own"]
+    rows = [[ln.split() for ln in p.stdout.splitlines() if ln.split() and ln.split()[0].isdigit()] for p in (f64, f32)]
+    assert [r[6] for r in rows[0]] == [r[6] for r in rows[1]]   # compute_s: float64's rates for both
+
+
 def test_predict_prints_a_row_per_configuration(quick_params):
     p = perf("predict", "--params", str(quick_params), "--workers", "1,2,4,8", "--batch", "64,256",
             "--reader", "sequential", "--points", "200000")

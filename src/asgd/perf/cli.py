@@ -19,6 +19,7 @@ import math
 import os
 import statistics
 import sys
+import warnings
 from dataclasses import asdict, replace
 
 from ..core.wire import PRECISIONS
@@ -39,6 +40,14 @@ DETAIL = ("compute", "comm")         # inside train: a worker's compute, and its
 
 class PerfError(RuntimeError):
     pass
+
+
+def warnings_in_one_line(prog: str) -> None:
+    """Print a warning (a run priced at another precision's rates: analytic.PrecisionFallback)
+    as one line of this command's, not Python's file, line and source."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"{prog}: warning: {message}", file=file or sys.stderr)
+    warnings.showwarning = show
 
 
 def load_params(path: str) -> Params:
@@ -374,6 +383,7 @@ def _fmt_s(x: float) -> str:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    warnings_in_one_line(f"asgd.perf {a.cmd}")
     try:
         if a.cmd == "calibrate":
             return _calibrate(a)

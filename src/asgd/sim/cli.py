@@ -227,6 +227,7 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    perf_cli.warnings_in_one_line("asgd.sim")
     try:
         try:
             p, raw = load_params(a.params)
