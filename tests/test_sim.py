@@ -60,9 +60,16 @@ def synthetic_params(**over) -> dict:
 
 @pytest.fixture
 def params_file(tmp_path):
-    def write(**over) -> str:
+    """write(**over) -> a params.json of synthetic_params(**over) as calibrate writes it:
+    the per-precision tables (overrides included) alike in float32 and float64, unless
+    `precisions` is given; old=True: as calibrate wrote it before, every table flat."""
+    def write(old: bool = False, **over) -> str:
         path = tmp_path / f"params-{len(list(tmp_path.glob('params-*')))}.json"
-        path.write_text(json.dumps({"schema": 1, "params": synthetic_params(**over)}))
+        params = synthetic_params(**over)
+        if not old:
+            tables = {k: params.pop(k) for k in analytic.PER_PRECISION if k in params}
+            params["precisions"] = over.get("precisions") or {"float32": tables, "float64": tables}
+        path.write_text(json.dumps({"schema": 1 if old else 2, "params": params}))
         return str(path)
     return write
 
@@ -297,7 +304,7 @@ def test_the_simulator_prices_each_precision_at_its_own_rates(params_file):
 def test_an_old_float64_params_file_still_simulates_float32_at_its_rates(params_file):
     """A params.json from before both precisions (every table flat) is float64's: a
     float32 run gets its rates with a PrecisionFallback warning, and its own bytes."""
-    pf = params_file()
+    pf = params_file(old=True)
     with pytest.warns(analytic.PrecisionFallback, match="float64 rates only"):
         c32 = costs_at(pf, "float32")
     c64 = costs_at(pf, "float64")

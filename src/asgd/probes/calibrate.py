@@ -275,6 +275,8 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
     """Every parameter, with units and the machine description: params.json's content."""
     t_all = time.perf_counter()
     hidden, batches = (QUICK_HIDDEN, QUICK_BATCHES) if quick else (HIDDEN, BATCHES)
+    # --quick's MPI probes take half their repetitions in each precision: as many as they
+    # took in float64 alone, so the quick calibration (the tests') costs about what it did
     min_time = 0.05 if quick else 0.25
     say("calibrate: startup of one rank (imports, MPI_Init, numba cache loads)")
     _launch(launcher, 1, ["startup"], 300)  # fills numba's cache if it is cold
@@ -294,7 +296,7 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
     nws = sorted({h * 3 + 2 * (h + 1) for h in hidden})  # Delta-w of each calibrated hidden size
     say(f"calibrate: messaging, ping-pong and push/pull at n_w {nws}")
     msg = _launch(launcher, 2, ["messaging", "--nw", ",".join(map(str, nws)),
-                                "--updates", "200" if quick else "1000", *precisions], 600)
+                                "--updates", "100" if quick else "1000", *precisions], 600)
     for prec, t in by_prec.items():
         t.update(msg["precisions"][prec])
     C = cores_available()
@@ -320,7 +322,8 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
     say(f"calibrate: push/pull CPU per update with {crowd} ranks sharing the cores (no-compute workers)")
     for n in crowd:
         got = _launch(launcher, n, ["contention", "--nw", ",".join(map(str, nws)),
-                                    "--updates", str(max(50, (400 if quick else 2000) // (n - 1))), *precisions], 600)
+                                    "--updates", str(max(50, (200 if quick else 2000) // (n - 1))), *precisions],
+                      600)
         c_eff = extrapolate_linear(worth[min(worth)], n)  # cores' worth the n ranks get
         for prec, t in by_prec.items():
             t.setdefault("contended_update_s", {})[n] = {
@@ -425,7 +428,7 @@ def measure_exchanges(launcher: str | None, C: int, nws: list[int], quick: bool,
         stepped = tuple(k + STEP for k in (*kinds, "async")) if P > C else ()
         got = run(P, ["exchange", "--kinds", ",".join((() if stepped_only else kinds) + stepped),
                       "--nw", ",".join(map(str, nws)),
-                      "--batches", "16,256,1024", "--rounds", "8" if quick else "20",
+                      "--batches", "16,256,1024", "--rounds", "4" if quick else "20",
                       "--precisions", ",".join(PRECISIONS)], 900)
         for prec, answer in got["precisions"].items():
             for kind, t in answer["seconds"].items():
