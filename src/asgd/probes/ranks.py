@@ -119,36 +119,37 @@ def probe_messaging(sizes: list[int], updates: int, precisions=("float64",)) -> 
             best.append((time.perf_counter() - t) / reps / 2)
         out["pingpong_s"][buf.nbytes] = min(best)
     for precision in precisions:
-        out["precisions"][precision] = push_pull(comm, sizes, updates, precision)
+        mlp.compile_kernels(dtype=precision)
+    for n_w in sizes:   # the precisions side by side at each size: the machine's drift shared alike
+        for precision in precisions:
+            got = push_pull(comm, n_w, updates, precision)
+            for k, v in got.items():
+                out["precisions"].setdefault(precision, {}).setdefault(k, {})[n_w] = v
     return out if me == 0 else None
 
 
-def push_pull(comm, sizes: list[int], updates: int, precision: str) -> dict:
-    """asgd's push/pull of n_w values of `precision` between rank 0 (serving) and rank 1,
-    at each size: round_trip_s, server_update_s, worker_msg_s."""
-    out = {"round_trip_s": {}, "server_update_s": {}, "worker_msg_s": {}}
-    mlp.compile_kernels(dtype=precision)
-    for n_w in sizes:
-        # 1: no compute, polling waits: the bare round trip. 2: no compute, sleeping waits
-        # (as when ranks share cores): the server is kept busy, its CPU per update is c_u.
-        # 3: polling waits (each rank has a core) and a step that computes for twice the
-        # round trip, as in async training: the worker's time per update beyond its step
-        # (the push/pull's share of c_b). MPI moves a large message only inside MPI calls,
-        # so part of the exchange still waits for the step to end: that is counted.
-        think = 0.0
-        for phase in ("round trip", "server", "worker"):
-            t, c = time.perf_counter(), time.process_time()
-            exchange(comm, n_w, updates, phase == "server", spin_step(think if phase == "worker" else 0.0),
-                     precision)
-            wall, cpu = (time.perf_counter() - t) / updates, (time.process_time() - c) / updates
-            got = comm.bcast(comm.gather((wall, cpu)))
-            if phase == "round trip":
-                out["round_trip_s"][n_w] = got[1][0]
-                think = 2 * got[1][0]
-            elif phase == "server":
-                out["server_update_s"][n_w] = got[0][1]
-            else:
-                out["worker_msg_s"][n_w] = max(got[1][0] - think, 0.0)
+def push_pull(comm, n_w: int, updates: int, precision: str) -> dict:
+    """asgd's push/pull of n_w values of `precision` between rank 0 (serving) and rank 1:
+    round_trip_s, server_update_s, worker_msg_s."""
+    # 1: no compute, polling waits: the bare round trip. 2: no compute, sleeping waits
+    # (as when ranks share cores): the server is kept busy, its CPU per update is c_u.
+    # 3: polling waits (each rank has a core) and a step that computes for twice the
+    # round trip, as in async training: the worker's time per update beyond its step
+    # (the push/pull's share of c_b). MPI moves a large message only inside MPI calls,
+    # so part of the exchange still waits for the step to end: that is counted.
+    out, think = {}, 0.0
+    for phase in ("round trip", "server", "worker"):
+        t, c = time.perf_counter(), time.process_time()
+        exchange(comm, n_w, updates, phase == "server", spin_step(think if phase == "worker" else 0.0), precision)
+        wall, cpu = (time.perf_counter() - t) / updates, (time.process_time() - c) / updates
+        got = comm.bcast(comm.gather((wall, cpu)))
+        if phase == "round trip":
+            out["round_trip_s"] = got[1][0]
+            think = 2 * got[1][0]
+        elif phase == "server":
+            out["server_update_s"] = got[0][1]
+        else:
+            out["worker_msg_s"] = max(got[1][0] - think, 0.0)
     return out
 
 
