@@ -332,7 +332,10 @@ def cntk_params(p_raw: dict, file_bytes: int) -> tuple[dict, dict]:
     train2 = PAPER["total_s"][2] - i2
     B = train2 / (32 * ratio + 1)
     A = ratio * B
-    raw = json.loads(json.dumps(p_raw))   # a copy: the measured tables give the shapes, scaled
+    # a copy at float64 (the paper's precision, its runs' here), the tables flat: the measured
+    # ones give the shapes, scaled
+    flat = dataclasses.asdict(validate.Params.from_dict(p_raw).at("float64"))
+    raw = json.loads(json.dumps({**p_raw, **flat, "precisions": {}}))
     n_w = 50002
     f = A / validate.Params.from_dict(raw).step(10000, 256)
     raw["step_s"] = {h: {b: v * f for b, v in t_.items()} for h, t_ in raw["step_s"].items()}

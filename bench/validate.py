@@ -274,9 +274,10 @@ def calibrated_ranks(params: Params) -> set[int]:
 
 
 def without_crowding(params: Params) -> Params:
-    """The same calibration without its KIND+step probes: the model without its crowding term."""
-    return dataclasses.replace(params, exchange_s={k: t for k, t in params.exchange_s.items()
-                                                   if not k.endswith("+step")})
+    """The same calibration without its KIND+step probes (in every precision): the model
+    without its crowding term."""
+    return params.each_precision(lambda p: dataclasses.replace(
+        p, exchange_s={k: t for k, t in p.exchange_s.items() if not k.endswith("+step")}))
 
 
 def need_simulator() -> None:

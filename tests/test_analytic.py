@@ -378,6 +378,62 @@ def test_params_from_dict_defaults():
     assert q.caches == {} and q.embedded_s == 0.0
 
 
+def old_file() -> dict:
+    """make_params as params.json's "params" from calibrate before it measured both
+    precisions: every table flat (float64's)."""
+    d = json.loads(json.dumps(dataclasses.asdict(make_params())))
+    del d["precision"], d["precisions"]
+    return d
+
+
+def two_precisions(float32_speedup: float) -> dict:
+    """make_params as params.json's "params" from calibrate: the shared tables, and the
+    per-precision ones twice, float32's every cost float64's over `float32_speedup`."""
+    flat = old_file()
+    f64 = {k: flat.pop(k) for k in pm.PER_PRECISION}
+
+    def faster(t):
+        return {k: faster(v) for k, v in t.items()} if isinstance(t, dict) else t / float32_speedup
+    return {**flat, "precisions": {"float64": f64, "float32": faster(f64)}}
+
+
+@pytest.mark.parametrize("shape", [dict(workers=4, servers=1), dict(workers=4, arch="allreduce"),
+                                   dict(workers=4, mode="sync", model_parallel=2, hidden=400)])
+def test_a_float32_run_is_priced_at_float32s_rates(shape):
+    """Fails if the model prices a float32 run at float64's compute (or exchange) rate:
+    with every float32 cost half float64's, a float32 run trains in half the time (its
+    start-up and reading, shared by both, alike)."""
+    p = Params.from_dict(two_precisions(2.0))
+    run = Run(**{"hidden": 100, "batch": 64, "points": 4096, **shape})
+    f64, f32 = predict(p, run), predict(p, dataclasses.replace(run, precision="float32"))
+    assert f32.train_s == approx(f64.train_s / 2) and f32.compute_s == approx(f64.compute_s / 2)
+    assert f32.init_s == approx(f64.init_s)
+    assert p.table1(dataclasses.replace(run, precision="float32")).c_p == approx(p.table1(run).c_p / 2)
+
+
+def test_a_params_file_from_before_both_precisions_still_predicts():
+    """A float64-only params.json (its tables flat, as calibrate wrote them before) is
+    float64's; a float32 run gets those rates as they are, with one PrecisionFallback
+    warning that says so, and its prediction is float64's but for the bytes."""
+    old = Params.from_dict(old_file())
+    assert old.precision == "float64" and old.precisions == {}
+    run = Run(workers=4, hidden=100, batch=64, points=4096)
+    with pytest.warns(pm.PrecisionFallback, match="float64 rates only.*calibrate again"):
+        f32 = predict(old, dataclasses.replace(run, precision="float32"))
+    assert f32.compute_s == approx(predict(old, run).compute_s)
+
+
+def test_derived_params_keep_their_change_in_every_precision():
+    """A change to a per-precision table through each_precision (a testbed's round trip,
+    a calibration without its crowded probes) holds at every precision at() swaps in."""
+    from asgd.testbed.model import testbed_params
+    p = Params.from_dict(two_precisions(2.0))
+    tb = testbed_params(p, 100e6, latency_s=1e-3)
+    for prec in ("float32", "float64"):
+        assert tb.at(prec).round_trip_s[502] == approx(p.at(prec).round_trip_s[502] + 2e-3)
+        assert tb.at(prec).link_latency_s == 1e-3
+
+
 @pytest.mark.parametrize("hidden, batch, s", [
     (100, 16, 2e-4), (100, 64, 8e-4), (100, 1024, 1.028e-2), (400, 64, 3.2e-3),  # measured
     (100, 32, 4e-4),      # sqrt(2e-4 x 8e-4): 32 is midway between 16 and 64 in log

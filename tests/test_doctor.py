@@ -138,8 +138,15 @@ def test_figures_within_20_percent_of_the_calibration_are_one_ok_line():
     assert [(f.status, f.part) for f in got] == [(OK, "calibration")] and "4 figures" in got[0].what
 
 
-def test_each_figure_more_than_20_percent_off_is_named():
-    got = selftest.against(measured(round_trip=1.5e-4, step=5e-3), CALIBRATED)
+# calibrate's schema 2: the round trip and the step per precision (the self-test times float64's)
+CALIBRATED_BY_PRECISION = {"params": {"pingpong_s": {"8": 2e-6, "1048576": 1e-4}, "precisions": {
+    "float32": {"round_trip_s": {"50002": 5e-5}, "step_s": {"10000": {"256": 4e-3}}},
+    "float64": {"round_trip_s": {"50002": 1e-4}, "step_s": {"10000": {"256": 8e-3}}}}}}
+
+
+@pytest.mark.parametrize("params", [CALIBRATED, CALIBRATED_BY_PRECISION], ids=["schema 1", "schema 2"])
+def test_each_figure_more_than_20_percent_off_is_named(params):
+    got = selftest.against(measured(round_trip=1.5e-4, step=5e-3), params)
     assert [f.status for f in got] == [WARN, WARN]
     assert "round trip" in got[0].what and "1.50x params.json's" in got[0].what
     assert "float64 step" in got[1].what and "0.62x" in got[1].what

@@ -24,6 +24,12 @@ def test_calibrate_writes_every_parameter_with_units(quick_params):
     assert got["machine"]["mpi"] in ("mpich", "openmpi") and "mpiexec" in got["machine"]["launcher"]
     p = analytic.Params.from_dict(got["params"])
     assert p.cores >= 1 and set(got["units"]) >= {"step_s", "server_update_s", "read_s_per_byte", "startup"}
+    # the compute and exchange tables once per precision, the shared ones once
+    assert set(got["params"]["precisions"]) == {"float32", "float64"}
+    for prec, tables in got["params"]["precisions"].items():
+        assert set(tables) == set(analytic.PER_PRECISION) and all(tables.values()), prec
+        assert not set(tables) & set(got["params"]), prec
+    assert p.precision == "float64" and p.at("float32").step_s != p.step_s
     values = [p.memory_s_per_byte, *p.startup.values(), *(p.r_d(r, f) for r in ("sequential", "parallel")
                                                             for f in ("tsv", "npy")),
               *p.eval_s_per_point.values(), *p.server_update_s.values(), *p.worker_msg_s.values(),
@@ -40,6 +46,23 @@ def test_calibrate_writes_every_parameter_with_units(quick_params):
         assert t[b[-1]] > t[b[0]] and t[b[-1]] / b[-1] < t[b[0]] / b[0], (h, t)
     t1 = p.table1(analytic.Run(workers=4, hidden=10000, batch=256))
     assert t1.c_p > 0 and t1.c_u > 0 and t1.r_d > 0 and t1.point_bytes > 8 * 2  # TSV is bigger than doubles
+
+
+def test_an_old_float64_params_file_predicts_float32_with_one_warning_line(tmp_path):
+    """A params.json from before calibrate measured both precisions still predicts: float64
+    silently, float32 (the default) at those rates with one line that says so."""
+    from test_analytic import old_file
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps({"schema": 1, "params": old_file()}))
+    args = ("predict", "--params", str(path), "--workers", "1,2", "--hidden", "100")
+    f64, f32 = perf(*args, "--precision", "float64"), perf(*args)
+    assert f64.returncode == 0 and f64.stderr == "", f64.stderr
+    assert f32.returncode == 0 and f32.stderr.splitlines() == [
+        "asgd.perf predict: warning: the parameters hold float64 rates only (calibrated before calibrate measured "
+        "both precisions): a float32 run's compute and exchanges are priced at float64's; calibrate again for "
+        "float32's own"]
+    rows = [[ln.split() for ln in p.stdout.splitlines() if ln.split() and ln.split()[0].isdigit()] for p in (f64, f32)]
+    assert [r[6] for r in rows[0]] == [r[6] for r in rows[1]]   # compute_s: float64's rates for both
 
 
 def test_predict_prints_a_row_per_configuration(quick_params):
@@ -149,12 +172,17 @@ def test_the_second_window_measures_the_crowded_rounds_alone():
     def fake(n, args, timeout):
         kinds = args[args.index("--kinds") + 1].split(",")
         calls.append((n, kinds))
-        return {"seconds": {k: {"256" if k.startswith("replica") else "5002": 1e-3} for k in kinds}}
+        precisions = args[args.index("--precisions") + 1].split(",")
+        return {"precisions": {prec: {"seconds": {k: {"256" if k.startswith("replica") else "5002": 1e-3 * (i + 1)}
+                                                  for k in kinds}} for i, prec in enumerate(precisions)}}
     calls = []
     first = measure_exchanges(None, 2, [5002], False, say=lambda *a: None, run=fake)
     assert [n for n, _ in calls] == [2, 3, 5, 9]
     assert not any(k.endswith("+step") for k in calls[0][1]) and "ring+step" in calls[1][1] and "ring" in calls[1][1]
+    # every round in both precisions, in one job per rank count, each precision's table its own
+    assert set(first) == {"float32", "float64"}
+    assert first["float64"]["ring"][2][5002] == 2 * first["float32"]["ring"][2][5002]
     calls = []
-    again = measure_exchanges(None, 2, [5002], False, say=lambda *a: None, run=fake, stepped_only=True)
+    again = measure_exchanges(None, 2, [5002], False, say=lambda *a: None, run=fake, stepped_only=True)["float32"]
     assert [n for n, _ in calls] == [3, 5, 9] and all(k.endswith("+step") for _, kinds in calls for k in kinds)
-    assert set(again) == {k for k in first if k.endswith("+step")} and set(again["async+step"]) == {3, 5, 9}
+    assert set(again) == {k for k in first["float32"] if k.endswith("+step")} and set(again["async+step"]) == {3, 5, 9}

@@ -60,9 +60,16 @@ def synthetic_params(**over) -> dict:
 
 @pytest.fixture
 def params_file(tmp_path):
-    def write(**over) -> str:
+    """write(**over) -> a params.json of synthetic_params(**over) as calibrate writes it:
+    the per-precision tables (overrides included) alike in float32 and float64, unless
+    `precisions` is given; old=True: as calibrate wrote it before, every table flat."""
+    def write(old: bool = False, **over) -> str:
         path = tmp_path / f"params-{len(list(tmp_path.glob('params-*')))}.json"
-        path.write_text(json.dumps({"schema": 1, "params": synthetic_params(**over)}))
+        params = synthetic_params(**over)
+        if not old:
+            tables = {k: params.pop(k) for k in analytic.PER_PRECISION if k in params}
+            params["precisions"] = over.get("precisions") or {"float32": tables, "float64": tables}
+        path.write_text(json.dumps({"schema": 1 if old else 2, "params": params}))
         return str(path)
     return write
 
@@ -262,6 +269,56 @@ def test_the_simulated_ring_moves_the_bytes_a_real_ring_counts(params_file):
     for x in res["ranks"]:
         sent, recv = wire.ring_bytes(n, 3, x["rank"])
         assert (x["bytes_sent"], x["bytes_recv"]) == (sent * x["updates"], recv * x["updates"]) != (0, 0)
+
+
+def two_precisions(float32_speedup: float) -> dict:
+    """synthetic_params' per-precision tables as calibrate writes them now: float64's as
+    they are, float32's every cost float64's over `float32_speedup`."""
+    flat = synthetic_params()
+    f64 = {k: flat[k] for k in analytic.PER_PRECISION if k in flat}
+
+    def faster(t):
+        return {k: faster(v) for k, v in t.items()} if isinstance(t, dict) else t / float32_speedup
+    return {"float64": f64, "float32": faster(f64)}
+
+
+def costs_at(params_path: str, precision: str) -> Costs:
+    from asgd.sim.costs import load_params
+    p, raw = load_params(params_path)
+    run = analytic.Run(workers=3, hidden=10000, batch=256, cores=p.cores, precision=precision)
+    return Costs(p, Spec(run=run, machine=by_name("here", p.cores)), raw, corrections=None)
+
+
+def test_the_simulator_prices_each_precision_at_its_own_rates(params_file):
+    """Fails if a float32 run's steps, server updates, messages or evaluation cost
+    float64's: with every float32 cost half float64's, each of them is half."""
+    pf = params_file(precisions=two_precisions(2.0))
+    c32, c64 = costs_at(pf, "float32"), costs_at(pf, "float64")
+    assert c64.step(256) == pytest.approx(STEP_256) and c32.step(256) == pytest.approx(STEP_256 / 2)
+    for cost in (lambda c: c.server_update(0, 50002), lambda c: c.worker_message(0, 50002), lambda c: c.evaluate()):
+        assert cost(c32) == pytest.approx(cost(c64) / 2)
+    # a pass over memory: float32's rate per byte (half) over half the bytes
+    assert c32.allreduce_add(1000) == pytest.approx(c64.allreduce_add(1000) / 4)
+
+
+def test_an_old_float64_params_file_still_simulates_float32_at_its_rates(params_file):
+    """A params.json from before both precisions (every table flat) is float64's: a
+    float32 run gets its rates with a PrecisionFallback warning, and its own bytes."""
+    pf = params_file(old=True)
+    with pytest.warns(analytic.PrecisionFallback, match="float64 rates only"):
+        c32 = costs_at(pf, "float32")
+    c64 = costs_at(pf, "float64")
+    assert c32.step(256) == pytest.approx(c64.step(256)) and c32.itemsize == 4 and c64.itemsize == 8
+
+
+@needs_simgrid
+def test_a_simulated_float32_run_trains_at_float32s_rates(params_file):
+    """End to end: float32's every cost half float64's, a compute-bound run (one worker)
+    simulates in about half the training time (its messages' bytes are shared-memory copies
+    at calibrate's one ping-pong rate, a small part)."""
+    pf = params_file(precisions=two_precisions(2.0))
+    f64, f32 = (simulate(pf, workers=1, points=4096, precision=prec)["train_s"] for prec in ("float64", "float32"))
+    assert f32 == pytest.approx(f64 / 2, rel=0.05)
 
 
 @needs_simgrid

@@ -87,6 +87,8 @@ def against(got: dict, params: dict) -> list[Finding]:
     """Each figure the job measured beside its calibration; one line per figure more than
     OFF away, or one line saying all are within it."""
     p = params.get("params", params)
+    # the timed figures are float64's: schema 2 keeps those tables per precision, schema 1 flat
+    p = {**p, **p.get("precisions", {}).get("float64", {})}
     pairs = [(f"ping-pong {size(int(b))} one way", s, lookup(p, "pingpong_s", b))
              for b, s in got["pingpong"]["seconds"].items()]
     pairs.append((f"push/pull round trip at {N_W:,} weights", got["pushpull"]["round_trip_s"],

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import asdict, dataclass, field, fields
+import warnings
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..core import wire
 from ..core.schedule import OverlapRule
@@ -227,8 +228,8 @@ class Run:
     model_parallel: int = 1         # K: workers in replicas of K ranks, each 1/K of the hidden layer
     optimizer: str = "sgd"          # the servers' (allreduce: every rank's) --optimizer
     allreduce: str = "ring"         # ring | mpi (--allreduce)
-    precision: str = "float64"      # --precision: a value's bytes on the wire and in memory (compute and the
-                                    # exchanges are priced at calibrate's rates, measured in float64)
+    precision: str = "float64"      # --precision: a value's bytes on the wire and in memory, and which of
+                                    # calibrate's tables price its compute and exchanges (Params.at)
     node_ranks: int = 0             # ranks sharing one node's cores and link (0: all of them: one
                                     # node, or a testbed whose hosts share this machine's cores)
 
@@ -327,21 +328,52 @@ class Params:
     link_latency_s: float = 0.0
     # bytes/s each way of every link, where link_s is given (its wire times are at this rate)
     link_Bps: float = 0.0
+    # [hidden][batch] least CPU s per step, and {"p", "ratio"}: one step's CPU time over the
+    # least, quantiles (asgd.sim; none: the wall time step_s, no spread)
+    step_cpu_s: dict = field(default_factory=dict)
+    step_spread: dict = field(default_factory=dict)
+    # the precision the tables above were measured in (PER_PRECISION's), and every measured
+    # precision's own tables, [precision][table] (none: a file from before calibrate measured
+    # both, its tables float64's): Params.at swaps them in
+    precision: str = "float64"
+    precisions: dict = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict) -> Params:
-        def keys_int(t):  # JSON keys are strings
-            return {int(k): (keys_int(v) if isinstance(v, dict) else v) for k, v in t.items()}
+        """Params from params.json's "params": the tables every precision shares, and
+        the float64 tables (or `d["precision"]`'s) in place; the others kept for at()."""
+        measured = {prec: _parse_tables(t) for prec, t in d.get("precisions", {}).items()}
+        top = d.get("precision", DEFAULT_PRECISION)
+        if measured and top not in measured:
+            top = next(iter(measured))
         names = {f.name for f in fields(cls)}
-        p = {k: v for k, v in d.items() if k in names}
-        for k in ("effective_cores", "startup_by_ranks", "contended_update_s", "step_s", "eval_s_per_point",
-                  "worker_msg_s", "server_update_s", "round_trip_s", "pingpong_s", "link_s", "mp_step_s"):
-            if k in p:  # a missing one is reported by the constructor, or takes its default
-                p[k] = keys_int(p[k])
-        for k in ("optimizer_s", "exchange_s", "link_efficiency"):   # keyed by name first
-            if k in p:
-                p[k] = {name: keys_int(t) for name, t in p[k].items()}
-        return cls(**p)
+        p = _parse_tables({k: v for k, v in d.items() if k in names and k != "precisions"})
+        return cls(**{**p, **measured.get(top, {}), "precision": top, "precisions": measured})
+
+    def at(self, precision: str) -> Params:
+        """These parameters with `precision`'s compute and exchange tables (PER_PRECISION)
+        in place: the one place the model and the simulator choose a precision's rates.
+        Tables from before calibrate measured both precisions are float64's; another
+        precision then gets them as they are, with a PrecisionFallback warning (a fixed
+        ratio would be a guess: float32's gain differs by machine and by table)."""
+        if precision == self.precision:
+            return self
+        tables = self.precisions.get(precision)
+        if tables is None:
+            warnings.warn(PrecisionFallback(
+                f"the parameters hold {self.precision} rates only (calibrated before calibrate measured both "
+                f"precisions): a {precision} run's compute and exchanges are priced at {self.precision}'s; "
+                f"calibrate again for {precision}'s own"), stacklevel=2)
+            return self
+        return replace(self, **tables, precision=precision)
+
+    def each_precision(self, change) -> Params:
+        """change(params) applied to these parameters at every measured precision: for
+        derived parameters (a testbed's links, a calibration without some probes) whose
+        change touches per-precision tables, so that at() keeps it."""
+        out = change(self)
+        return replace(out, precisions={prec: {k: getattr(change(self.at(prec)), k) for k in PER_PRECISION}
+                                        for prec in self.precisions})
 
     def optimizer_update(self, name: str, n: int) -> float:
         """s per update of n values by optimizer `name` (linear between measured sizes;
@@ -466,7 +498,8 @@ class Params:
         return sum((b - mb) * (t - mt) for b, t in pts) / sum((b - mb) ** 2 for b, _ in pts)
 
     def table1(self, run: Run) -> Table1:
-        """The paper's Table 1 for this run, from these calibrated values."""
+        """The paper's Table 1 for this run, from these calibrated values (its precision's)."""
+        self = self.at(run.precision)
         t_small, t_big = self.step(run.hidden, 16), self.step(run.hidden, 1024)
         c_p = (t_big - t_small) / (1024 - 16)
         fmt = "npy" if run.binary else "tsv"
@@ -476,6 +509,36 @@ class Params:
                       c_u=self.per_nw(self.server_update_s, run.n_w), r_d=self.r_d(run.reader, fmt),
                       r_m=self.memory_s_per_byte, r_net=self.r_net(),
                       point_bytes=self.bytes_per_point[fmt], value_bytes=run.value_bytes)
+
+
+DEFAULT_PRECISION = "float64"   # a Params' tables unless said otherwise (and every table of an older file)
+# the tables calibrate measures once per precision (params.json: params["precisions"][precision]);
+# the others (start-up, cores' worth, readers, ping-pong, caches) are shared
+PER_PRECISION = ("step_s", "step_cpu_s", "step_spread", "eval_s_per_point", "mp_step_s", "optimizer_s",
+                 "memory_s_per_byte", "worker_msg_s", "server_update_s", "round_trip_s", "contended_update_s",
+                 "exchange_s")
+
+
+class PrecisionFallback(UserWarning):
+    """A run priced at another precision's calibrated rates (Params.at)."""
+
+
+def _parse_tables(d: dict) -> dict:
+    """params.json's tables with their JSON string keys back to ints (sizes, ranks, K);
+    tables keyed by name first (optimizer, exchange kind) keep that key."""
+    def keys_int(t, depth=99):
+        return {int(k): (keys_int(v, depth - 1) if isinstance(v, dict) and depth > 1 else v) for k, v in t.items()}
+    p = dict(d)
+    for k in ("effective_cores", "startup_by_ranks", "contended_update_s", "step_s", "eval_s_per_point",
+              "worker_msg_s", "server_update_s", "round_trip_s", "pingpong_s", "link_s", "mp_step_s", "step_cpu_s"):
+        if k in p:  # a missing one is reported by the constructor, or takes its default
+            p[k] = keys_int(p[k])
+    if "step_spread" in p:   # [hidden][batch], then {"p": [...], "ratio": [...]}
+        p["step_spread"] = keys_int(p["step_spread"], 2)
+    for k in ("optimizer_s", "exchange_s", "link_efficiency"):   # keyed by name first
+        if k in p:
+            p[k] = {name: keys_int(t) for name, t in p[k].items()}
+    return p
 
 
 def extrapolate_linear(table: dict[int, float], x: float) -> float:

@@ -156,15 +156,15 @@ def at_ranks(p: Params, kind: str, by_probe: dict, ranks: float, cores: int = 0,
 PROBE_ROUNDS = 20   # steps per worker of a probe_run (the probes' own means are over 20-80)
 
 
-def probe_run(kind: str, P: int, rounds: int = PROBE_ROUNDS) -> Run:
+def probe_run(kind: str, P: int, rounds: int = PROBE_ROUNDS, precision: str = "float64") -> Run:
     """The asgd.train run that exchanges' KIND+step probe among P ranks is, `rounds` steps
     per worker, no held-out evaluation: what the model (crowding) and the simulator
     (asgd.sim.probes) each set against the probe's measured round. replica: replicas of 2
     with the logit sum inside each member's step; with an odd P, an asynchronous server on
     rank 0; with an even one the probe has no server and no exchange, which no run lacks:
-    a synchronous one stands in."""
+    a synchronous one stands in. precision: the probe's (calibrate runs them in each)."""
     H, B = STEP_PROBE
-    common = dict(hidden=H, batch=B, epochs=1, test_points=0)
+    common = dict(hidden=H, batch=B, epochs=1, test_points=0, precision=precision)
     if kind in ("ps", "async"):
         return Run(workers=P - 1, servers=1, points=B * (P - 1) * rounds, mode="sync" if kind == "ps" else "async",
                    **common)
@@ -182,7 +182,7 @@ def probe_run(kind: str, P: int, rounds: int = PROBE_ROUNDS) -> Run:
 def _probe_round(p: Params, kind: str, P: int) -> float:
     """This model's seconds for one round of exchanges' KIND+step probe among P ranks
     (async, and replica with its server: a worker's seconds per update)."""
-    probe = probe_run(kind, P)
+    probe = probe_run(kind, P, precision=p.precision)
     if not probe.lockstep:
         return probe.workers / predict_train(p, probe)["updates_per_s"]   # no turns: the model's own round
     if kind == "replica":   # steps and sums alone
@@ -303,10 +303,11 @@ def probe_link_time(p: Params, kind: str, ranks: int, n: int) -> float:
 
 
 def predict(p: Params, run: Run) -> Prediction:
-    """Predicted phases of one run of any architecture: analytic.predict_init, and
-    analytic.predict_train (the ranks' turns on shared cores: crowding) or, for a lockstep
-    run, lockstep."""
+    """Predicted phases of one run of any architecture, at calibrate's rates of its
+    precision (Params.at): analytic.predict_init, and analytic.predict_train (the ranks'
+    turns on shared cores: crowding) or, for a lockstep run, lockstep."""
     check(run)
+    p = p.at(run.precision)
     if run.reader not in ("sequential", "parallel"):
         raise ValueError(f"unknown reader {run.reader!r}")
     i = predict_init(p, run)

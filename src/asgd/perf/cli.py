@@ -21,6 +21,7 @@ import math
 import os
 import statistics
 import sys
+import warnings
 from dataclasses import asdict, replace
 
 from ..core.wire import PRECISIONS
@@ -41,6 +42,14 @@ DETAIL = ("compute", "comm")         # inside train: a worker's compute, and its
 
 class PerfError(RuntimeError):
     pass
+
+
+def warnings_in_one_line(prog: str) -> None:
+    """Print a warning (a run priced at another precision's rates: analytic.PrecisionFallback)
+    as one line of this command's, not Python's file, line and source."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"{prog}: warning: {message}", file=file or sys.stderr)
+    warnings.showwarning = show
 
 
 def load_params(path: str) -> Params:
@@ -315,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--allreduce", choices=("ring", "mpi"), default="ring", help="as asgd.train's (default ring)")
     pp.add_argument("--precision", choices=PRECISIONS, default=TRAIN.precision,
                     help="as asgd.train's (default %(default)s): the bytes of a value of w on links and in "
-                         "memory; compute and the exchanges at calibrate's rates, measured in float64")
+                         "memory, and calibrate's compute and exchange rates measured in it")
     pp.add_argument("--cores", type=positive_int, default=0,
                     help="cores the ranks share (default: the calibrated machine's)")
     pp.add_argument("--params", **params)
@@ -353,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--allreduce", choices=("ring", "mpi"), default="ring", help="as asgd.train's (default ring)")
     op.add_argument("--precision", choices=PRECISIONS, default=TRAIN.precision,
                     help="as asgd.train's (default %(default)s): the bytes of a value of w on links and in "
-                         "memory; compute and the exchanges at calibrate's rates, measured in float64")
+                         "memory, and calibrate's compute and exchange rates measured in it")
     op.add_argument("--max-ranks", type=positive_int,
                     help="most ranks to start (default: one per core, or per host of a testbed)")
     op.add_argument("--top", type=positive_int, default=10, help="configurations to print (default 10)")
@@ -376,6 +385,7 @@ def _fmt_s(x: float) -> str:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    warnings_in_one_line(f"asgd.perf {a.cmd}")
     try:
         if a.cmd == "calibrate":
             return _calibrate(a)

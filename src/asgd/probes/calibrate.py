@@ -28,6 +28,11 @@ the configurations to be predicted.
                algorithm this MPI picks: measured, not assumed), a replica's logit sum
                (asgd.probes.exchanges)                                   mpiexec -n P
 
+What a value's precision changes (the steps, their spread, evaluation, memory, the
+optimizers, model-parallel steps, messaging, contention and the exchanges) is measured in
+float32 and float64 (wire.PRECISIONS; the MPI probes both in one job), params.json's
+params["precisions"][precision] (asgd.perf.analytic.PER_PRECISION); the rest once.
+
 The orchestrating process (this module) never initializes MPI; the MPI probes run under
 the launcher (`--launcher`, default mpiexec) as `python -m asgd.probes.ranks PROBE ...`,
 each printing one JSON line.
@@ -53,7 +58,8 @@ from ..data import formats, problem
 from ..mpienv import cores_available
 from ..net import OPTIMIZERS, mlp
 from ..net.optimizers import Optimizer
-from ..perf.analytic import extrapolate_linear
+from ..core.wire import PRECISIONS
+from ..perf.analytic import PER_PRECISION, extrapolate_linear
 from ..perf.architectures import STEP, STEP_PROBE
 from . import CalibrationError
 
@@ -66,8 +72,9 @@ QUICK_HIDDEN, QUICK_BATCHES = (1000, 10000), (1, 16, 256, 1024)
 
 def gathered_step(step, ds, rng, b: int, w: np.ndarray, dw: np.ndarray):
     """One timed training step as a run takes it: b random points gathered into the batch
-    buffers, then the step on them (lr 1e-9: w barely moves between repetitions)."""
-    Xb, yb = np.empty((b, ds.X.shape[1])), np.empty(b, np.int64)
+    buffers (in ds.X's dtype: the run's precision), then the step on them (lr 1e-9: w
+    barely moves between repetitions)."""
+    Xb, yb = np.empty((b, ds.X.shape[1]), ds.X.dtype), np.empty(b, np.int64)
 
     def one():
         idx = rng.integers(0, len(ds.y), b)
@@ -99,18 +106,26 @@ def _best(f, min_time: float, max_reps: int = 1000, cpu: dict | None = None) -> 
     return best
 
 
-def measure_steps(hidden: tuple, batches: tuple, min_time: float, cpu_out: dict | None = None) -> dict:
-    """Seconds per worker step (batch gather + numba step), as run_worker does it; with
-    cpu_out, its least CPU seconds per step too (cpu_out[hidden][batch])."""
-    ds = problem.rings(65536, 0)
+def rings(n: int, seed: int, dtype) -> formats.Dataset:
+    """The rings problem with its features in `dtype`, as asgd.train casts a run's data."""
+    ds = problem.rings(n, seed)
+    ds.X = ds.X.astype(dtype)
+    return ds
+
+
+def measure_steps(hidden: tuple, batches: tuple, min_time: float, cpu_out: dict | None = None,
+                  dtype=np.float64) -> dict:
+    """Seconds per worker step (batch gather + numba step) in `dtype`, as run_worker does
+    it; with cpu_out, its least CPU seconds per step too (cpu_out[hidden][batch])."""
+    ds = rings(65536, 0, dtype)
     out = {}
     for h in hidden:
         layout = mlp.Layout(2, h, 2)
-        w, dw = mlp.init_params(layout, 0), np.zeros(layout.n_w)
+        w, dw = mlp.init_params(layout, 0, dtype), np.zeros(layout.n_w, dtype)
         out[h] = {}
         rng = np.random.default_rng(0)
         for b in batches:
-            step = mlp.make_step(layout, b)
+            step = mlp.make_step(layout, b, dtype)
             one = gathered_step(step, ds, rng, b, w, dw)
             got: dict = {}
             out[h][b] = _best(one, min_time * (1 if b * h < 2e7 else 0.3), 2000, got)
@@ -127,25 +142,25 @@ def _least(a: dict, b: dict) -> dict:
 SPREAD_P = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
 
 
-def measure_step_spread(hidden: tuple, batches: tuple, best: dict, budget_s: float) -> dict:
+def measure_step_spread(hidden: tuple, batches: tuple, best: dict, budget_s: float, dtype=np.float64) -> dict:
     """How single steps spread around the best (step_s is the least time per step over
     repetitions): [hidden][batch] -> {"p": probabilities, "ratio": quantiles of one step's
     time over the least}, from individually timed steps (asgd.sim draws step times from
     it). Each step's CPU time (the thread's clock), not its wall time: the spread of the
     work itself, not of other processes taking the core (a simulator shares the cores
     itself). Only where a step takes under 0.1 s; about budget_s per (hidden, batch)."""
-    ds = problem.rings(65536, 0)
+    ds = rings(65536, 0, dtype)
     out = {}
     for h in hidden:
         layout = mlp.Layout(2, h, 2)
-        w, dw = mlp.init_params(layout, 0), np.zeros(layout.n_w)
+        w, dw = mlp.init_params(layout, 0, dtype), np.zeros(layout.n_w, dtype)
         rng = np.random.default_rng(1)
         for b in batches:
             t_best = best[h][b]
             if t_best >= 0.1:
                 continue
-            step = mlp.make_step(layout, b)
-            Xb, yb = np.empty((b, 2)), np.empty(b, np.int64)
+            step = mlp.make_step(layout, b, dtype)
+            Xb, yb = np.empty((b, 2), dtype), np.empty(b, np.int64)
             times = []
             for _ in range(max(10, min(300, int(budget_s / t_best)))):
                 idx = rng.integers(0, len(ds.y), b)
@@ -170,19 +185,19 @@ def measure_sleep_overhead(reps: int = 200) -> float:
     return statistics.median(over)
 
 
-def measure_evaluate(hidden: tuple, min_time: float) -> dict:
-    test = problem.rings(2048, 1)
+def measure_evaluate(hidden: tuple, min_time: float, dtype=np.float64) -> dict:
+    test = rings(2048, 1, dtype)
     out = {}
     for h in hidden:
         layout = mlp.Layout(2, h, 2)
-        ev = mlp.make_evaluate(layout, mlp.init_params(layout, 0), test)
+        ev = mlp.make_evaluate(layout, mlp.init_params(layout, 0, dtype), test)
         out[h] = _best(ev, min_time, 50) / len(test.y)
     return out
 
 
-def measure_memory(mib: int = 128) -> float:
-    """r_m: seconds per byte moved by a large numpy copy (read + write counted)."""
-    a = np.ones(mib << 17)
+def measure_memory(mib: int = 128, dtype=np.float64) -> float:
+    """r_m: seconds per byte moved by a large numpy copy of `dtype` values (read + write counted)."""
+    a = np.ones((mib << 20) // np.dtype(dtype).itemsize, dtype)
     b = np.empty_like(a)
     t = _best(lambda: np.copyto(b, a), 0.3, 10)
     return t / (2 * a.nbytes)
@@ -205,24 +220,24 @@ def caches() -> dict[str, int]:
     return out
 
 
-def measure_optimizers(sizes: list[int], best) -> dict:
-    """[optimizer][n]: seconds per update of n values (Optimizer.update into another
-    buffer, scale 1: a server's update; allreduce's in place costs a little more), each the
-    least over repetitions (best: _best(f, min_time))."""
-    mlp.compile_kernels(*(f"update:{o}" for o in OPTIMIZERS))
+def measure_optimizers(sizes: list[int], best, dtype=np.float64) -> dict:
+    """[optimizer][n]: seconds per update of n values of `dtype` (Optimizer.update into
+    another buffer, scale 1: a server's update; allreduce's in place costs a little more),
+    each the least over repetitions (best: _best(f, min_time))."""
+    mlp.compile_kernels(*(f"update:{o}" for o in OPTIMIZERS), dtype=dtype)
     out: dict = {}
     for name in OPTIMIZERS:
         for n in sizes:
-            w, d, out_buf = np.zeros(n), np.full(n, 1e-3), np.empty(n)
-            opt = Optimizer(name, 1e-3, n)
+            w, d, out_buf = np.zeros(n, dtype), np.full(n, 1e-3, dtype), np.empty(n, dtype)
+            opt = Optimizer(name, 1e-3, n, dtype=dtype)
             out.setdefault(name, {})[n] = best(lambda: opt.update(w, d, out_buf))
     return out
 
 
-def measure_mp_steps(hidden: tuple, batches: tuple, Ks: tuple, best) -> dict:
-    """[K][hidden][batch]: seconds per step of member 0 of a replica of K (its slice's
-    forward and backward, the batch's gather; the logits' sum left out)."""
-    ds = problem.rings(65536, 0)
+def measure_mp_steps(hidden: tuple, batches: tuple, Ks: tuple, best, dtype=np.float64) -> dict:
+    """[K][hidden][batch]: seconds per step of member 0 of a replica of K in `dtype` (its
+    slice's forward and backward, the batch's gather; the logits' sum left out)."""
+    ds = rings(65536, 0, dtype)
     rng = np.random.default_rng(0)
     out: dict = {}
     for K in Ks:
@@ -230,11 +245,11 @@ def measure_mp_steps(hidden: tuple, batches: tuple, Ks: tuple, best) -> dict:
             if h % K:
                 continue
             sliced = mlp.Sliced(mlp.Layout(2, h, 2), K)
-            w = sliced.from_standard(mlp.init_params(sliced.layout, 0))
+            w = sliced.from_standard(mlp.init_params(sliced.layout, 0, dtype))
             a, b_ = sliced.bounds[0]
-            w0, dw = w[a:b_].copy(), np.zeros(b_ - a)
+            w0, dw = w[a:b_].copy(), np.zeros(b_ - a, dtype)
             for b in batches:
-                step = mlp.make_mp_step(sliced, 0, b, lambda Z: None)
+                step = mlp.make_mp_step(sliced, 0, b, lambda Z: None, dtype)
                 one = gathered_step(step, ds, rng, b, w0, dw)
                 out.setdefault(K, {}).setdefault(h, {})[b] = best(one)
     return out
@@ -260,23 +275,30 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
     """Every parameter, with units and the machine description: params.json's content."""
     t_all = time.perf_counter()
     hidden, batches = (QUICK_HIDDEN, QUICK_BATCHES) if quick else (HIDDEN, BATCHES)
+    # --quick's MPI probes take half their repetitions in each precision: as many as they
+    # took in float64 alone, so the quick calibration (the tests') costs about what it did
     min_time = 0.05 if quick else 0.25
     say("calibrate: startup of one rank (imports, MPI_Init, numba cache loads)")
     _launch(launcher, 1, ["startup"], 300)  # fills numba's cache if it is cold
     starts = [_launch(launcher, 1, ["startup"], 300) for _ in range(1 if quick else 5)]
     start = {k: statistics.median(s[k] for s in starts) for k in starts[0]}
     say("  " + ", ".join(f"{k[:-2]} {v:.3f} s" for k, v in start.items()))
-    say(f"calibrate: training step, hidden {hidden} x batch {batches}")
-    steps_cpu: dict = {}
-    steps = measure_steps(hidden, batches, min_time, steps_cpu)
-    say("calibrate: the spread of single steps around the best")
-    spread = measure_step_spread(hidden, batches, steps, 0.1 if quick else 0.4)
-    say("calibrate: held-out evaluation")
-    evaluate = measure_evaluate(hidden, min_time)
+    # what calibrate measures per precision (PER_PRECISION): [precision][table]
+    by_prec: dict = {prec: {} for prec in PRECISIONS}
+    precisions = ["--precisions", ",".join(PRECISIONS)]
+    for prec, t in by_prec.items():
+        say(f"calibrate: training step in {prec}, hidden {hidden} x batch {batches}")
+        t["step_cpu_s"] = {}
+        t["step_s"] = measure_steps(hidden, batches, min_time, t["step_cpu_s"], prec)
+        say(f"calibrate: the spread of single steps around the best, held-out evaluation ({prec})")
+        t["step_spread"] = measure_step_spread(hidden, batches, t["step_s"], 0.1 if quick else 0.4, prec)
+        t["eval_s_per_point"] = measure_evaluate(hidden, min_time, prec)
     nws = sorted({h * 3 + 2 * (h + 1) for h in hidden})  # Delta-w of each calibrated hidden size
     say(f"calibrate: messaging, ping-pong and push/pull at n_w {nws}")
     msg = _launch(launcher, 2, ["messaging", "--nw", ",".join(map(str, nws)),
-                                "--updates", "200" if quick else "1000"], 600)
+                                "--updates", "100" if quick else "1000", *precisions], 600)
+    for prec, t in by_prec.items():
+        t.update(msg["precisions"][prec])
     C = cores_available()
     counts = sorted({1, C, 2 * C + 1} if quick else {1, C, C + 1, 2 * C + 1, 4 * C + 1, 8 * C + 1})
     say(f"calibrate: cores' worth of training steps done by {counts} ranks at once, batch 256")
@@ -298,18 +320,23 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
     say("  " + ", ".join(f"{n}: {v:.2f} s" for n, v in job_start.items()))
     crowd = sorted({2 * C + 1} if quick else {C + 1, 2 * C + 1, 4 * C + 1})
     say(f"calibrate: push/pull CPU per update with {crowd} ranks sharing the cores (no-compute workers)")
-    contended = {}
     for n in crowd:
         got = _launch(launcher, n, ["contention", "--nw", ",".join(map(str, nws)),
-                                    "--updates", str(max(50, (400 if quick else 2000) // (n - 1)))], 600)
+                                    "--updates", str(max(50, (200 if quick else 2000) // (n - 1))), *precisions],
+                      600)
         c_eff = extrapolate_linear(worth[min(worth)], n)  # cores' worth the n ranks get
-        contended[n] = {int(k): c_eff / v for k, v in got["updates_per_s"].items()}
-    say("calibrate: the server-side optimizers' updates, and model-parallel members' steps")
+        for prec, t in by_prec.items():
+            t.setdefault("contended_update_s", {})[n] = {
+                int(k): c_eff / v for k, v in got["precisions"][prec]["updates_per_s"].items()}
     sizes = sorted({n // d for n in nws for d in (1, 4)})  # whole Delta-w and a quarter shard
-    optimizer_s = measure_optimizers(sizes, lambda f: _best(f, min_time / 4, 2000))
-    mp_steps = measure_mp_steps(hidden, batches, (2, 4), lambda f: _best(f, min_time / 2, 2000))
-    say("  " + ", ".join(f"{o} {1e6 * t[max(t)]:.0f} us" for o, t in optimizer_s.items()) + f" at n={max(sizes):,}")
-    exchange_s = measure_exchanges(launcher, C, nws, quick, say)
+    for prec, t in by_prec.items():
+        say(f"calibrate: the server-side optimizers' updates, and model-parallel members' steps ({prec})")
+        t["optimizer_s"] = measure_optimizers(sizes, lambda f: _best(f, min_time / 4, 2000), prec)
+        t["mp_step_s"] = measure_mp_steps(hidden, batches, (2, 4), lambda f: _best(f, min_time / 2, 2000), prec)
+        say("  " + ", ".join(f"{o} {1e6 * v[max(v)]:.0f} us" for o, v in t["optimizer_s"].items())
+            + f" at n={max(sizes):,}")
+    for prec, t in measure_exchanges(launcher, C, nws, quick, say).items():
+        by_prec[prec]["exchange_s"] = t
     say("calibrate: readers (TSV, .npy; sequential, parallel)")
     with tempfile.TemporaryDirectory(prefix="asgd-calibrate-") as tmp:
         ds = problem.rings(50_000 if quick else 400_000, 0)
@@ -321,32 +348,32 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
     # minute (CPU seconds and wall alike: three calibrations of one quiet machine measured
     # 7.9, 9.8 and 11.1 ms for the 2-10K-2 batch-256 step while the runs beside them took
     # 8.0-9.1 ms), and step_s is the least time per step, so the least of both windows.
-    say("calibrate: the training step again (the least of the two windows)")
-    again_cpu: dict = {}
-    again = measure_steps(hidden, batches, min_time, again_cpu)
-    drift = statistics.median(steps[h][b] / again[h][b] for h in hidden for b in batches)
-    say(f"  the first window's steps took {drift:.2f}x the second's (median)")
-    steps = _least(steps, again)
-    steps_cpu = _least(steps_cpu, again_cpu)
+    for prec, t in by_prec.items():
+        say(f"calibrate: the training step again in {prec} (the least of the two windows)")
+        again_cpu: dict = {}
+        again = measure_steps(hidden, batches, min_time, again_cpu, prec)
+        drift = statistics.median(t["step_s"][h][b] / again[h][b] for h in hidden for b in batches)
+        say(f"  the first window's steps took {drift:.2f}x the second's (median)")
+        t["step_s"] = _least(t["step_s"], again)
+        t["step_cpu_s"] = _least(t["step_cpu_s"], again_cpu)
     if not quick:   # the crowded rounds hold a step each: the least of two windows too
         say("calibrate: the rounds after a training step again (the least of the two windows)")
-        for kind, by_p in measure_exchanges(launcher, C, nws, quick, say, stepped_only=True).items():
-            exchange_s[kind] = _least(exchange_s[kind], by_p)
+        for prec, tables in measure_exchanges(launcher, C, nws, quick, say, stepped_only=True).items():
+            for kind, by_p in tables.items():
+                by_prec[prec]["exchange_s"][kind] = _least(by_prec[prec]["exchange_s"][kind], by_p)
     say("calibrate: memory bandwidth, caches")
+    for prec, t in by_prec.items():
+        t["memory_s_per_byte"] = measure_memory(32 if quick else 128, prec)
+    assert all(set(t) == set(PER_PRECISION) for t in by_prec.values())
     params = {
         "cores": C, "effective_cores": worth,
         "startup": {k: v for k, v in start.items() if k != "embedded_s"}, "embedded_s": start["embedded_s"],
-        "startup_by_ranks": job_start,
-        "step_s": steps, "eval_s_per_point": evaluate,
-        "worker_msg_s": msg["worker_msg_s"], "server_update_s": msg["server_update_s"],
-        "round_trip_s": msg["round_trip_s"], "pingpong_s": msg["pingpong_s"], "contended_update_s": contended,
+        "startup_by_ranks": job_start, "pingpong_s": msg["pingpong_s"],
         "read_s_per_byte": rd["read_s_per_byte"], "select_s_per_point": rd["select_s_per_point"],
-        "bytes_per_point": rd["bytes_per_point"],
-        "memory_s_per_byte": measure_memory(32 if quick else 128), "caches": caches(),
-        "step_spread": spread, "step_cpu_s": steps_cpu, "sleep_overhead_s": measure_sleep_overhead(),
-        "optimizer_s": optimizer_s, "mp_step_s": mp_steps, "exchange_s": exchange_s,
+        "bytes_per_point": rd["bytes_per_point"], "caches": caches(),
+        "sleep_overhead_s": measure_sleep_overhead(), "precisions": by_prec,
     }
-    return {"schema": 1, "params": params, "units": UNITS, "machine": describe(launcher),
+    return {"schema": 2, "params": params, "units": UNITS, "machine": describe(launcher),
             "quick": quick, "seconds": round(time.perf_counter() - t_all, 1)}
 
 
@@ -376,6 +403,8 @@ UNITS = {
                   "step (async+step: s per update of one worker; replica+step: s per member step of "
                   "model partitioning, the logit sum inside it, with a server on an odd rank 0), ranks > cores "
                   "only (asgd.probes.exchanges)",
+    "precisions": "[float32|float64]: the tables measured in that precision of w's values, the batches' and "
+                  "the messages' (" + ", ".join(PER_PRECISION) + "), as their own units say",
 }
 
 
@@ -384,11 +413,12 @@ EXCHANGE_KINDS = ("ps", "p2p", "ring", "mpi")
 
 def measure_exchanges(launcher: str | None, C: int, nws: list[int], quick: bool, say=print, run=None,
                       stepped_only: bool = False) -> dict:
-    """exchange_s: each architecture's synchronous round with no compute (asgd.probes.exchanges),
-    at P = 2, C + 1, 2C + 1, 4C + 1 ranks (quick: 2, 2C + 1) and every calibrated n_w, and a
-    replica's logit sum (K = P) at a few batch sizes: one job per rank count. `run(n, args,
-    timeout)` starts a probe (default: under `launcher` on this machine). stepped_only: the
-    KIND+step rounds alone (calibrate's second window of them)."""
+    """[precision] exchange_s: each architecture's synchronous round with no compute
+    (asgd.probes.exchanges), at P = 2, C + 1, 2C + 1, 4C + 1 ranks (quick: 2, 2C + 1) and
+    every calibrated n_w, and a replica's logit sum (K = P) at a few batch sizes, in every
+    precision: one job per rank count. `run(n, args, timeout)` starts a probe (default:
+    under `launcher` on this machine). stepped_only: the KIND+step rounds alone
+    (calibrate's second window of them)."""
     run = run or (lambda n, args, timeout: _launch(launcher, n, args, timeout))
     counts = sorted({2, 2 * C + 1} if quick else {2, C + 1, 2 * C + 1, 4 * C + 1})
     kinds = (*EXCHANGE_KINDS, "replica")
@@ -398,18 +428,20 @@ def measure_exchanges(launcher: str | None, C: int, nws: list[int], quick: bool,
         stepped = tuple(k + STEP for k in (*kinds, "async")) if P > C else ()
         got = run(P, ["exchange", "--kinds", ",".join((() if stepped_only else kinds) + stepped),
                       "--nw", ",".join(map(str, nws)),
-                      "--batches", "16,256,1024", "--rounds", "8" if quick else "20"], 900)
-        for kind, t in got["seconds"].items():
-            out.setdefault(kind, {})[P] = {int(k): v for k, v in t.items()}
+                      "--batches", "16,256,1024", "--rounds", "4" if quick else "20",
+                      "--precisions", ",".join(PRECISIONS)], 900)
+        for prec, answer in got["precisions"].items():
+            for kind, t in answer["seconds"].items():
+                out.setdefault(prec, {}).setdefault(kind, {})[P] = {int(k): v for k, v in t.items()}
     H, B = STEP_PROBE
-    for kind, by_p in out.items():
+    for kind, by_p in out[PRECISIONS[0]].items():   # float32's (asgd.train's default), as an example
         unit, scale = ("us", 1e6) if kind == "replica" else ("ms", 1e3)
         say(f"  {kind}: " + "; ".join(f"P={P} " + ", ".join(f"{scale * v:.2f} {unit}" for v in t.values())
                                      for P, t in by_p.items())
             + ((f" (half a 2-{H}-2 step at batch {B} each, the sum inside it)" if kind.startswith("replica")
                 else f" (a 2-{H}-2 step at batch {B} before each)")
                if kind.endswith(STEP)
-               else " (batch 16, 256, 1024)" if kind == "replica" else f" (n_w {nws})"))
+               else " (batch 16, 256, 1024)" if kind == "replica" else f" (n_w {nws})") + f" in {PRECISIONS[0]}")
     return out
 
 

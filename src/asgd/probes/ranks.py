@@ -10,6 +10,7 @@ module initializes MPI on import; the orchestrating process never imports it.
   messaging    raw ping-pong; asgd's push/pull round trip, server CPU per update, the
                worker's time per update beyond a stand-in step          mpiexec -n 2
   contention   1 server and P-1 no-compute workers on the node's cores
+(messaging, contention and exchange run once per value precision of --precisions, in one job)
   readers      both readers on one rank, TSV and .npy                   mpiexec -n 1
   exchange     one synchronous round per architecture (asgd.probes.exchanges)
 """
@@ -91,38 +92,26 @@ def probe_job_startup() -> dict | None:
     return {"startup_s": slowest} if comm.rank == 0 else None
 
 
-def probe_messaging(sizes: list[int], updates: int) -> dict | None:
-    """Rank 0 and 1: raw ping-pong one way at each size; then asgd's real Server and
-    worker loop (with a stand-in step) at each n_w, in the three passes below."""
+def probe_messaging(sizes: list[int], updates: int, precisions=("float64",)) -> dict | None:
+    """Rank 0 and 1: raw ping-pong one way at each size (bytes: any precision's); then
+    asgd's real Server and worker loop (with a stand-in step) at each n_w, in the three
+    passes below, once per precision: {"pingpong_s", "precisions": {precision: tables}}."""
     comm = MPI.COMM_WORLD
     if comm.size != 2:
         raise CalibrationError("the messaging probe needs exactly 2 ranks")
     me = comm.rank
     mlp.compile_kernels()  # the server's add and check: loaded now, not in the timed loop
-    out = {"pingpong_s": {}, "round_trip_s": {}, "server_update_s": {}, "worker_msg_s": {}}
+    out = {"pingpong_s": {}, "precisions": {}}
     for nbytes in sorted(set(PINGPONG_BYTES) | {8 * n for n in sizes}):  # and Delta-w's own sizes
         buf = np.zeros(max(nbytes // 8, 1))
         out["pingpong_s"][buf.nbytes] = pingpong(comm, buf, buf)
-    for n_w in sizes:
-        # 1: no compute, polling waits: the bare round trip. 2: no compute, sleeping waits
-        # (as when ranks share cores): the server is kept busy, its CPU per update is c_u.
-        # 3: polling waits (each rank has a core) and a step that computes for twice the
-        # round trip, as in async training: the worker's time per update beyond its step
-        # (the push/pull's share of c_b). MPI moves a large message only inside MPI calls,
-        # so part of the exchange still waits for the step to end: that is counted.
-        think = 0.0
-        for phase in ("round trip", "server", "worker"):
-            t, c = time.perf_counter(), time.process_time()
-            exchange(comm, n_w, updates, phase == "server", spin_step(think if phase == "worker" else 0.0))
-            wall, cpu = (time.perf_counter() - t) / updates, (time.process_time() - c) / updates
-            got = comm.bcast(comm.gather((wall, cpu)))
-            if phase == "round trip":
-                out["round_trip_s"][n_w] = got[1][0]
-                think = 2 * got[1][0]
-            elif phase == "server":
-                out["server_update_s"][n_w] = got[0][1]
-            else:
-                out["worker_msg_s"][n_w] = max(got[1][0] - think, 0.0)
+    for precision in precisions:
+        mlp.compile_kernels(dtype=precision)
+    for n_w in sizes:   # the precisions side by side at each size: the machine's drift shared alike
+        for precision in precisions:
+            got = push_pull(comm, n_w, updates, precision)
+            for k, v in got.items():
+                out["precisions"].setdefault(precision, {}).setdefault(k, {})[n_w] = v
     return out if me == 0 else None
 
 
@@ -149,16 +138,41 @@ def pingpong(comm, out: np.ndarray, back: np.ndarray, windows: int = 3, volume: 
     return min(best)
 
 
-def exchange(comm, n_w: int, updates: int, crowded: bool, step, dtype=np.float64, optimizer=None) -> np.ndarray:
+def push_pull(comm, n_w: int, updates: int, precision: str) -> dict:
+    """asgd's push/pull of n_w values of `precision` between rank 0 (serving) and rank 1:
+    round_trip_s, server_update_s, worker_msg_s."""
+    # 1: no compute, polling waits: the bare round trip. 2: no compute, sleeping waits
+    # (as when ranks share cores): the server is kept busy, its CPU per update is c_u.
+    # 3: polling waits (each rank has a core) and a step that computes for twice the
+    # round trip, as in async training: the worker's time per update beyond its step
+    # (the push/pull's share of c_b). MPI moves a large message only inside MPI calls,
+    # so part of the exchange still waits for the step to end: that is counted.
+    out, think = {}, 0.0
+    for phase in ("round trip", "server", "worker"):
+        t, c = time.perf_counter(), time.process_time()
+        exchange(comm, n_w, updates, phase == "server", spin_step(think if phase == "worker" else 0.0), precision)
+        wall, cpu = (time.perf_counter() - t) / updates, (time.process_time() - c) / updates
+        got = comm.bcast(comm.gather((wall, cpu)))
+        if phase == "round trip":
+            out["round_trip_s"] = got[1][0]
+            think = 2 * got[1][0]
+        elif phase == "server":
+            out["server_update_s"] = got[0][1]
+        else:
+            out["worker_msg_s"] = max(got[1][0] - think, 0.0)
+    return out
+
+
+def exchange(comm, n_w: int, updates: int, crowded: bool, step, precision: str = "float64",
+             optimizer=None) -> np.ndarray:
     """asgd's real protocol, after a barrier: rank 0 serves (Server.serve, async), every
-    other rank is a worker pushing `updates` Delta-w of n_w weights, computing with
-    `step`; waits sleep (crowded) or poll first, as mpiutil.Waiter does; w and the
-    messages in `dtype`; the server's `optimizer` (net.optimizers.Optimizer; default sgd,
-    w += Delta-w). Returns this rank's w at the end: the server's, or the worker's
-    last pull. (Also
+    other rank is a worker pushing `updates` Delta-w of n_w weights of `precision`,
+    computing with `step`; waits sleep (crowded) or poll first, as mpiutil.Waiter does;
+    the server's `optimizer` (net.optimizers.Optimizer; default sgd, w += Delta-w).
+    Returns this rank's w at the end: the server's, or the worker's last pull. (Also
     asgd.testbed.model's probe, and asgd.doctor's self-test.)"""
-    w = np.zeros(n_w, dtype)
-    X, y = np.zeros((updates, 2)), np.zeros(updates, np.int64)
+    w = np.zeros(n_w, precision)
+    X, y = np.zeros((updates, 2), precision), np.zeros(updates, np.int64)
     waiter = Waiter(crowded, time.monotonic() + 120, f"calibrate rank {comm.rank}")
     comm.Barrier()
     if comm.rank == 0:
@@ -205,17 +219,17 @@ def probe_cores(hidden: int, batch: int, seconds: float) -> dict | None:
     return {"steps_per_s": sum(rates)} if comm.rank == 0 else None
 
 
-def probe_contention(sizes: list[int], updates: int) -> dict | None:
-    """Rank 0 serves, every other rank is a no-compute worker pushing `updates` Delta-w:
-    the updates/s the whole job gets through at each n_w when its ranks share the cores
-    (message copies, wake-ups, caches shared), which 2 ranks alone do not show."""
+def probe_contention(sizes: list[int], updates: int, precision: str = "float64") -> dict | None:
+    """Rank 0 serves, every other rank is a no-compute worker pushing `updates` Delta-w
+    of `precision`: the updates/s the whole job gets through at each n_w when its ranks
+    share the cores (message copies, wake-ups, caches shared), which 2 ranks alone do not show."""
     comm = MPI.COMM_WORLD
-    mlp.compile_kernels()
+    mlp.compile_kernels(dtype=precision)
     crowded = oversubscribed(comm)
     out = {}
     for n_w in sizes:
         t = time.perf_counter()
-        exchange(comm, n_w, updates, crowded, spin_step(0.0))
+        exchange(comm, n_w, updates, crowded, spin_step(0.0), precision)
         out[n_w] = (comm.size - 1) * updates / (time.perf_counter() - t)
     return {"updates_per_s": out} if comm.rank == 0 else None
 
@@ -246,16 +260,34 @@ def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x]
 
 
+def _precisions(o: dict) -> list[str]:
+    """--precisions float32,float64 (default float64): the values' dtypes a probe runs in."""
+    return o.get("--precisions", "float64").split(",")
+
+
+def each_precision(probe):
+    """A probe run once per --precisions in one job (a launch costs seconds): rank 0's
+    {"precisions": {precision: its answer}}, None on the other ranks; without the
+    option, its float64 answer as it is (asgd.testbed.model's)."""
+    def run(o, rest):
+        if "--precisions" not in o:
+            return probe(o, rest, "float64")
+        got = {prec: probe(o, rest, prec) for prec in _precisions(o)}
+        return {"precisions": got} if MPI.COMM_WORLD.rank == 0 else None
+    return run
+
+
 # probe name -> its function of the options (--name value pairs) and positional arguments
 PROBES = {
     "startup": lambda o, rest: probe_startup(),
     "job-startup": lambda o, rest: probe_job_startup(),
-    "messaging": lambda o, rest: probe_messaging(_ints(o["--nw"]), int(o["--updates"])),
+    "messaging": lambda o, rest: probe_messaging(_ints(o["--nw"]), int(o["--updates"]), _precisions(o)),
     "cores": lambda o, rest: probe_cores(int(o["--hidden"]), int(o["--batch"]), float(o["--seconds"])),
-    "contention": lambda o, rest: probe_contention(_ints(o["--nw"]), int(o["--updates"])),
+    "contention": each_precision(lambda o, rest, prec: probe_contention(_ints(o["--nw"]), int(o["--updates"]), prec)),
     "readers": lambda o, rest: probe_readers(rest),
-    "exchange": lambda o, rest: probe_exchange(o["--kinds"].split(","), _ints(o.get("--nw", "")), int(o["--rounds"]),
-                                               _ints(o.get("--batches", "")), int(o.get("--servers", "1"))),
+    "exchange": each_precision(lambda o, rest, prec: probe_exchange(
+        o["--kinds"].split(","), _ints(o.get("--nw", "")), int(o["--rounds"]), _ints(o.get("--batches", "")),
+        int(o.get("--servers", "1")), prec)),
 }
 
 

@@ -83,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "bit per value plus two scales per column (parameter servers only)")
     g.add_argument("--precision", choices=PRECISIONS, default=None,
                    help=f"the values' precision (default as asgd.train's: {Config.precision}; with --like, the "
-                        "run's): the bytes of every value of w on the wire and in memory; compute is priced at "
-                        "calibrate's rates")
+                        "run's): the bytes of every value of w on the wire and in memory, and calibrate's "
+                        "compute and exchange rates measured in it")
     g.add_argument("--seed", type=int, default=None, help="seeds the step-time draws (default 0; with --like, "
                    "the run's)")
     g.add_argument("--like", metavar="RUN_DIR", help="simulate a real run: its results.json's options (its "
@@ -227,6 +227,7 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    perf_cli.warnings_in_one_line("asgd.sim")
     try:
         try:
             p, raw = load_params(a.params)

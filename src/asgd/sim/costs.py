@@ -6,6 +6,8 @@ machine.core_speed, sharing the cores among the actors that compute at once. Net
 costs are latencies and bandwidths the platform's links carry.
 
 Where each comes from (python -m asgd.perf calibrate, asgd.perf.analytic.Params):
+  precision       every table below that calibrate measures per precision is the run's
+                  (--precision; Params.at: params.json's params["precisions"])
   step            step_s[hidden][batch] (the best of many steps), interpolated like the
                   analytical model, times a draw from the measured spread of single
                   steps (step_spread, quantiles of step / best; none measured: no spread)
@@ -43,7 +45,7 @@ from .machines import Machine
 
 
 def load_params(path: str) -> tuple[Params, dict]:
-    """(Params, the raw params dict: it may hold tables Params does not know, e.g. step_spread)."""
+    """(Params, the raw params dict: what the probes' simulated rounds are cached under)."""
     with open(path) as f:
         got = json.load(f)
     raw = got["params"]
@@ -126,7 +128,9 @@ class Costs:
         (sim.probes.corrections, which simulates the probes: called only for a crowded run
         on this machine; on a testbed the model's crowding term stands in). None: the
         simulator's own rounds, what the corrections are measured against. Passed in, not
-        imported: the probes' simulation runs the simulator, which prices with this class."""
+        imported: the probes' simulation runs the simulator, which prices with this class.
+        Every cost is calibrate's at the run's precision (Params.at)."""
+        p = p.at(spec.run.precision)
         self.p, self.spec, self.run = p, spec, spec.run
         r = spec.run
         self.n_w = r.n_w
@@ -150,12 +154,10 @@ class Costs:
         n = -(-self.n_w // (max(r.servers, self.K) if spec.arch == "ps" else self.K))
         self.kind = kind
         self.eta = p.efficiency(kind, P, n) if self.links else 1.0
-        self.spread_q = _spread_table((raw or {}).get("step_spread"), r.hidden, r.batch) if spread else None
+        self.spread_q = _spread_table(p.step_spread, r.hidden, r.batch) if spread else None
         # a step's CPU seconds (calibrate's step_cpu_s: what it costs its core, whatever else ran on
         # the machine meanwhile; the simulator shares the cores itself), else its wall time step_s
-        cpu = (raw or {}).get("step_cpu_s")
-        self.step_table = ({int(h): {int(b): v for b, v in t.items()} for h, t in cpu.items()} if cpu
-                           else None)
+        self.step_table = p.step_cpu_s or None
         self.cores = spec.machine.cores_per_node
         # ranks per node, and whether a node's ranks outnumber its cores
         per_node = [0] * max(spec.nodes, 1)

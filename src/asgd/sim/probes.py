@@ -33,7 +33,7 @@ from .run import simulate_isolated
 def simulated_round(kind: str, P: int, p: Params, raw: dict) -> float:
     """Seconds of one round of the probe as the simulator has it, uncorrected (per member
     update for async and replica, as the probe counts them)."""
-    run = probe_run(kind, P)
+    run = probe_run(kind, P, precision=p.precision)
     spec = Spec(run=run, machine=here(p.cores))
     res = simulate_isolated(spec, Costs(p, spec, raw, corrections=None), None)
     return res["train_s"] / ROUNDS
@@ -48,10 +48,10 @@ def _code_digest() -> bytes:
     return h.digest()
 
 
-def _cache_path(raw: dict) -> Path:
-    """Keyed by the calibration and by asgd's code: a changed simulator simulates the
-    probes again."""
-    h = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode())
+def _cache_path(raw: dict, precision: str) -> Path:
+    """Keyed by the calibration, the precision of its tables and asgd's code: a changed
+    simulator simulates the probes again."""
+    h = hashlib.sha256(json.dumps([raw, precision], sort_keys=True, default=str).encode())
     h.update(_code_digest())
     key = h.hexdigest()[:16]
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "asgd"
@@ -63,7 +63,7 @@ _memo: dict[Path, dict] = {}
 
 def simulated_rounds(p: Params, raw: dict) -> dict[str, dict[int, float]]:
     """[kind][P]: the simulator's uncorrected round of every KIND+step probe in p (cached)."""
-    path = _cache_path(raw)
+    path = _cache_path(raw, p.precision)
     if path in _memo:
         return _memo[path]
     try:

@@ -67,9 +67,11 @@ def testbed_params(base: Params, rate_bit: float, latency_s: float = 0.0, bytes_
     B = rate_bit / 8.0
     burst = burst_bytes(rate_bit)
     ks = sorted(set(base.round_trip_s) | set(base.server_update_s) | set(sizes or []))
-    round_trip = {k: base.per_nw(base.round_trip_s, k) + 2 * latency_s for k in ks}
+
+    def round_trips(p: Params) -> Params:   # every precision's round trip (a Params.at table) crosses the links
+        return replace(p, round_trip_s={k: p.per_nw(p.round_trip_s, k) + 2 * latency_s for k in ks})
     pingpong = {b: v + max(frames_bytes(b) - burst, 0.0) / B + latency_s for b, v in base.pingpong_s.items()}
-    return replace(base, round_trip_s=round_trip, pingpong_s=pingpong,
+    return replace(base.each_precision(round_trips), pingpong_s=pingpong,
                    link_s={k: wire_bytes(k, bytes_per_weight) / B for k in ks}, link_burst_s=burst / B,
                    link_latency_s=latency_s, link_Bps=B)
 
