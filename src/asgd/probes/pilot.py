@@ -159,12 +159,13 @@ def pilot(train_args: list[str], updates_per_epoch: int, optimizers: list[str], 
     steps of one worker; target: (metric, value) or None."""
     t0 = time.perf_counter()
     refs, results = {}, {}
+    # held-out evaluations every `every` versions of w, asynchronous pilots too: the same resolution in samples
+    every = ["--eval-every", str(max(1, updates_per_epoch // EVALS_PER_EPOCH))]
     for opt in optimizers:
         args = [*train_args, "--optimizer", opt, "--epochs", str(epochs)]
         args += _target_args(target) if target else []
         out = os.path.join(folder, f"reference-{opt}")
-        every = max(1, updates_per_epoch // EVALS_PER_EPOCH)
-        r = train(launcher, 2, [*args, "--eval-every", str(every)], out, timeout)
+        r = train(launcher, 2, [*args, *every], out, timeout)
         results[opt] = r
         c = r["config"]
         curve = [{k: p[k] for k in ("samples", "accuracy", "loss")} for p in r["metrics"]["curve"]]
@@ -184,7 +185,7 @@ def pilot(train_args: list[str], updates_per_epoch: int, optimizers: list[str], 
     for W in workers:
         cap = max(1, int(np.ceil(ASYNC_EPOCHS * e_ref)))
         out = os.path.join(folder, f"async-{W}")
-        r = train(launcher, W + 1, [*train_args, "--optimizer", first, "--epochs", str(cap),
+        r = train(launcher, W + 1, [*train_args, "--optimizer", first, "--epochs", str(cap), *every,
                                     *_target_args((metric, value))], out, timeout)
         e, reached = epochs_reached(r, metric, value)
         pilots.append({"workers": W, "epochs": e, "reached": reached, "staleness": mean_staleness(r)})
