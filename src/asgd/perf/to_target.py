@@ -28,8 +28,15 @@ def rank_to_target(rows: list[dict], stats: Statistics, metric: str, value: floa
 def what_binds(ranked: list[dict]) -> str:
     """Whether hardware or statistics binds the winner, and how: its s/epoch against the
     least any configuration has (hardware efficiency) and its epochs to the target against
-    the fewest any needs (statistical efficiency); the further from its best binds."""
+    the fewest any needs (statistical efficiency); the further from its best binds. Start-up
+    first where it is most of the winner's time."""
     w = ranked[0]
+    start = (f"start-up first ({w['init_s']:.2f} s of its {w['time_to_target_s']:.2f} s); then "
+             if w["init_s"] >= w["time_to_target_s"] / 2 else "")
+    return start + _training_binds(w, ranked)
+
+
+def _training_binds(w: dict, ranked: list[dict]) -> str:
     fast = min(ranked, key=lambda r: r["per_epoch_s"])
     few = min(ranked, key=lambda r: r["epochs_to_target"])
     hw = w["per_epoch_s"] / fast["per_epoch_s"]
