@@ -16,7 +16,7 @@ The form, and its anchors (docs/model.md, "Time to a target"):
     and a batch of every replica's samples;
   - the optimizer and its learning rate: E_min comes from a sequential reference run with
     that optimizer at asgd.train's default lr, read off its held-out curve at the target.
-Pure functions of numbers: no I/O, no MPI.
+Pure functions of numbers and of results.json's dicts: no I/O, no MPI.
 """
 
 from __future__ import annotations
@@ -86,6 +86,14 @@ def fit_staleness_growth(workers: list[int], staleness: list[float]) -> tuple[fl
         return float(y.mean()), 0.0
     slope, s1 = np.polyfit(x, y, 1)
     return float(max(s1, 0.0)), float(max(slope, 0.0))
+
+
+def mean_staleness(results: dict) -> float:
+    """A run's workers' mean staleness, weighted by their updates (results.json's per rank,
+    a real run's or asgd.sim's)."""
+    ws = [r for r in results["ranks"] if r["role"] in ("worker", "peer") and "staleness" in r]
+    n = [sum(r["staleness"]["histogram"]) for r in ws]
+    return sum(r["staleness"]["mean"] * k for r, k in zip(ws, n)) / sum(n) if sum(n) else 0.0
 
 
 def samples_to_target(curve: list[dict], metric: str, value: float) -> float | None:

@@ -31,8 +31,8 @@ from ..data import formats, problem
 from ..net import reference
 from ..net.mlp import Layout, init_params
 from ..run.files import atomic_write
-from ..perf.statistics import (fit_staleness_cost, fit_staleness_growth, mean_sq_norm, noise_scale,
-                         samples_to_target)
+from ..perf.statistics import (fit_staleness_cost, fit_staleness_growth, mean_sq_norm, mean_staleness,
+                              noise_scale, samples_to_target)
 
 EVALS_PER_EPOCH = 16       # the reference's held-out curve: its resolution of the epochs to a target
 PILOT_SHARE = 0.9          # without a target: the staleness pilots aim at this share of the reference's gain
@@ -60,13 +60,6 @@ def train(launcher: str | None, ranks: int, args: list[str], out: str, timeout: 
         raise PilotError(f"{' '.join(cmd)} failed (exit {p.returncode}): {p.stderr.strip()[-600:]}")
     with open(os.path.join(out, "results.json")) as f:
         return json.load(f)
-
-
-def mean_staleness(results: dict) -> float:
-    """The workers' mean staleness, weighted by their updates (results.json's per rank)."""
-    ws = [r for r in results["ranks"] if r["role"] in ("worker", "peer") and "staleness" in r]
-    n = [sum(r["staleness"]["histogram"]) for r in ws]
-    return sum(r["staleness"]["mean"] * k for r, k in zip(ws, n)) / sum(n) if sum(n) else 0.0
 
 
 def epochs_reached(results: dict, metric: str, value: float) -> tuple[float, bool]:
