@@ -572,3 +572,34 @@ def test_the_simulated_async_server_answers_before_it_applies(params_file, tmp_p
     for k in range(pushes):
         push, reply = wire.flow_id(1, 0, k, False), wire.flow_id(1, 0, k, True)
         assert answered[reply] == pytest.approx(arrived[push], abs=1.0)   # µs: no c_u between
+
+
+@needs_simgrid
+def test_the_simulator_predicts_time_to_a_target_from_the_staleness_it_simulates(params_file, tmp_path):
+    """--target-accuracy: the pilot's statistics (in --params) fed the simulated staleness;
+    epochs x the simulated s/epoch + the simulated init. Lockstep: staleness 0, a batch of
+    every worker's samples."""
+    curve = [{"samples": 16384 * k, "accuracy": 0.5 + 0.1 * k, "loss": 1.0 / k} for k in range(1, 5)]
+    stats = {"b_noise": 100.0, "staleness_cost": 0.2, "staleness_one": 1.0, "staleness_per_worker": 1.0,
+             "references": {"adagrad": {"batch": 256, "staleness": 1.0, "points": 16384, "curve": curve}},
+             "data": "embedded", "hidden": 10000}
+    pf = params_file()
+    raw = json.loads(open(pf).read())
+    raw["statistics"] = stats
+    open(pf, "w").write(json.dumps(raw))
+    got = {}
+    for mode in ("async", "sync"):
+        p = sim_cli(["--params", pf, "-n", "4", "--epochs", "1", "--mode", mode, "--optimizer", "adagrad",
+                     "--target-accuracy", "0.8", "--json"])
+        assert p.returncode == 0, p.stderr
+        got[mode] = json.loads(p.stdout)
+    e_min = 3.0 / ((1 + 256 / 100) * (1 + 0.2 * 1.0))    # the reference reached 0.8 at 3 epochs
+    a, s = got["async"]["target"], got["sync"]["target"]
+    assert a["mean_staleness"] > 0 and s["mean_staleness"] == 0
+    assert a["epochs"] == pytest.approx(e_min * (1 + 256 / 100) * (1 + 0.2 * a["mean_staleness"]))
+    assert s["epochs"] == pytest.approx(e_min * (1 + 3 * 256 / 100))
+    for r in got.values():
+        assert r["target"]["per_epoch_s"] == pytest.approx(r["train_s"])
+        assert r["target"]["time_s"] == pytest.approx(r["init_s"] + r["target"]["epochs"] * r["train_s"])
+    p = sim_cli(["--params", pf, "-n", "4", "--hidden", "1000", "--target-accuracy", "0.8"])
+    assert p.returncode == 2 and "run python -m asgd.perf pilot for this problem" in p.stderr

@@ -1,12 +1,14 @@
-"""python -m asgd.perf calibrate | predict | compare | optimize | report: the performance
+"""python -m asgd.perf calibrate | predict | compare | optimize | pilot | report: the performance
 lab at the command line (the analytical model is asgd.perf.analytic and
 asgd.perf.architectures; the measurements asgd.probes).
 
   calibrate   measure this machine's parameters (asgd.probes.calibrate) into params.json
   predict     predicted init, compute, communication and total seconds per configuration
   compare     predicted against measured for asgd.train runs (their results.json)
-  optimize    the configurations with the least predicted time, ranked (Yan et al. 2015)
+  optimize    the configurations with the least predicted time, ranked (Yan et al. 2015); with a
+              target, by predicted time to it (the pilot's statistics, asgd.perf.statistics)
   report      the paper's figures from runs' results.json, or one HTML page of them (--html)
+  pilot       short runs on the data: what a configuration's epochs to a target depend on
 
 predict, compare and optimize read the parameters from --params (default params.json);
 report only with --html --params.
@@ -31,6 +33,8 @@ from ..net import OPTIMIZERS
 from ..run import config
 from ..run.files import atomic_write
 from . import analytic, html, report
+from .statistics import Statistics
+from .to_target import rank_to_target, what_binds
 from .analytic import Params, Run
 from .architectures import ARCHES, cluster_links, predict
 
@@ -366,9 +370,38 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--max-ranks", type=positive_int,
                     help="most ranks to start (default: one per core, or per host of a testbed)")
     op.add_argument("--top", type=positive_int, default=10, help="configurations to print (default 10)")
-    op.add_argument("--json", action="store_true", help="one JSON line per configuration, best first")
+    op.add_argument("--json", action="store_true", help="one JSON line per configuration, best first, each "
+                    "with its ranks and argv (asgd.train's options that run it)")
+    tg = op.add_mutually_exclusive_group()
+    tg.add_argument("--target-accuracy", type=float, metavar="A", help="rank by predicted time to held-out "
+                    "accuracy A: epochs to it (from --params' statistics: python -m asgd.perf pilot) x s/epoch "
+                    "+ start-up; as asgd.train's targets, one server and no --model-parallel")
+    tg.add_argument("--target-loss", type=float, metavar="L", help="as --target-accuracy, held-out loss L")
     op.add_argument("--params", **params)
     _data_args(op)
+
+    pl = sub.add_parser("pilot", help="short runs on your data: the statistics optimize --target-* needs "
+                        "(noise scale, staleness cost, each optimizer's reference)")
+    pl.add_argument("--params", **{**params, "help": "parameters file to add the statistics to (a calibrate "
+                    "params.json, or a new file) (default params.json)"})
+    pl.add_argument("--data", metavar="FILE", help="training data, as asgd.train's (default: the embedded problem)")
+    pl.add_argument("--label-column", metavar="NAME|INDEX", help="as asgd.train's")
+    pl.add_argument("--hidden", type=positive_int, help="hidden units (default as asgd.train's)")
+    pl.add_argument("--batch", type=positive_int, default=TRAIN.batch, help="the reference's and the "
+                    "asynchronous pilots' batch (default %(default)s)")
+    pl.add_argument("--optimizers", default=TRAIN.optimizer, help="optimizers to pilot, comma-separated "
+                    f"(default %(default)s; choose from {', '.join(OPTIMIZERS)})")
+    pl.add_argument("--workers", type=int_list, default=[2, 4], help="the asynchronous pilots' worker counts "
+                    "(default 2,4)")
+    pt = pl.add_mutually_exclusive_group()
+    pt.add_argument("--target-accuracy", type=float, metavar="A", help="the pilots' target (default: 0.9 of the "
+                    "way from the reference's first held-out accuracy to its best); optimize can then ask for "
+                    "any target the reference reached")
+    pt.add_argument("--target-loss", type=float, metavar="L", help="as --target-accuracy, of the held-out loss")
+    pl.add_argument("--epochs", type=positive_int, help="the reference's epochs at most (default as asgd.train's)")
+    pl.add_argument("--folder", help="where the pilot runs go (default: pilot/ beside --params)")
+    pl.add_argument("--launcher", help="MPI launcher command (default: mpiexec beside this Python)")
+    pl.add_argument("--timeout", type=float, default=120.0, help="seconds any one pilot run may take (default 120)")
 
     rp = sub.add_parser("report", help="the paper's profiling figures from runs' results.json")
     report.add_arguments(rp)
@@ -391,6 +424,8 @@ def main(argv=None) -> int:
             return _calibrate(a)
         if a.cmd == "report":
             return _report(a)
+        if a.cmd == "pilot":
+            return _pilot(a)
         p = load_params(a.params)
         return {"predict": _predict, "compare": _compare, "optimize": _optimize}[a.cmd](a, p)
     except (PerfError, ValueError, OSError) as e:
@@ -439,6 +474,32 @@ def _calibrate(a) -> int:
           f"(imports {st['imports_wall_s']:.3f}, cache loads {st['parsers_wall_s'] + st['kernels_wall_s']:.3f}); "
           f"{p.cores} cores")
     print(f"parameters: {a.out}")
+    return 0
+
+
+def _pilot(a) -> int:
+    # here: the probes are a layer above the model
+    from ..probes.pilot import PILOT_SHARE, PilotError, add_statistics, pilot
+    optimizers = _words(a.optimizers, OPTIMIZERS, "optimizer")
+    points = data_of(a.data, None, "embedded", None)["points"]   # training points, as asgd.train counts them
+    hidden = a.hidden or config.default_hidden(not a.data)
+    epochs = a.epochs or config.default_epochs(points if a.data else None)
+    args = ["--hidden", str(hidden), "--batch", str(a.batch)] + (["--data", a.data] if a.data else [])
+    args += ["--label-column", a.label_column] if a.label_column else []
+    target = (("accuracy", a.target_accuracy) if a.target_accuracy is not None else
+              ("loss", a.target_loss) if a.target_loss is not None else None)
+    folder = a.folder or os.path.join(os.path.dirname(os.path.abspath(a.params)), "pilot")
+    print(f"pilot: {', '.join(optimizers)}; references of 1 worker, asynchronous pilots of "
+          f"{', '.join(map(str, a.workers))} workers, batch {a.batch}, hidden {hidden}; "
+          + (f"target {target[0]} {target[1]:g}" if target else f"target {PILOT_SHARE:g} of the reference's gain")
+          + f"; runs in {folder}")
+    try:
+        stats = pilot(args, -(-points // a.batch), optimizers, a.workers, target, epochs, folder, a.launcher,
+                      a.timeout)
+    except PilotError as e:
+        raise PerfError(str(e)) from None
+    add_statistics(a.params, stats)
+    print(f"pilot took {stats['pilot']['seconds']:.0f} s; statistics added to {a.params}")
     return 0
 
 
@@ -512,7 +573,33 @@ def _compare(a, p: Params) -> int:
     return 0
 
 
+def load_statistics(path: str) -> Statistics:
+    """The pilot's statistics in a parameters file (python -m asgd.perf pilot)."""
+    with open(path) as f:
+        got = json.load(f).get("statistics")
+    if not got:
+        raise PerfError(f"{path}: no statistics for a target; measure them first: "
+                        f"python -m asgd.perf pilot --params {path} (with the same --data)")
+    return Statistics.from_dict(got)
+
+
+def train_argv(r: dict, base: Run, hidden: int, data: str | None, target: list[str]) -> list[str]:
+    """asgd.train's options that run optimize's row r (started on r['ranks'] ranks)."""
+    argv = ["--arch", r["arch"]] + (["--servers", str(r["servers"])] if r["arch"] == "ps" else [])
+    argv += ["--model-parallel", str(r["model_parallel"])] if r["model_parallel"] > 1 else []
+    argv += ["--allreduce", base.allreduce] if r["arch"] == "allreduce" else ["--mode", base.mode]
+    argv += ["--batch", str(r["batch"]), "--hidden", str(hidden), "--optimizer", base.optimizer,
+             "--precision", base.precision]
+    argv += ["--data", data, "--reader", r["reader"]] if data else []
+    return argv + target
+
+
 def _optimize(a, p: Params) -> int:
+    target = (("accuracy", a.target_accuracy) if a.target_accuracy is not None else
+              ("loss", a.target_loss) if a.target_loss is not None else None)
+    stats = load_statistics(a.params) if target else None
+    if target:   # asgd.train stops at a target where rank 0 holds all of w
+        a.servers, a.model_parallel = [1], [1]
     base = replace(_base_run(a, p), hidden=a.hidden, mode=a.mode, optimizer=a.optimizer, allreduce=a.allreduce,
                    precision=a.precision)
     readers = _words(a.readers, ("sequential", "parallel"), "reader")
@@ -535,23 +622,45 @@ def _optimize(a, p: Params) -> int:
                       archs=archs, Ks=a.model_parallel, memory_bytes=memory, shared_cores=testbed)
     if not ranked:
         raise PerfError(f"no configuration fits in {limit} ranks (--max-ranks) and the memory")
+    goal = [f"--target-{target[0]}", f"{target[1]:g}"] if target else ["--epochs", str(a.epochs)]
+    for r in ranked:
+        r["argv"] = train_argv(r, base, a.hidden, a.data, goal)
+    if target:
+        _same_problem(stats, a)
+        ranked = rank_to_target(ranked, stats, *target, a.optimizer, a.mode, TRAIN.staleness)
     if a.json:
         for r in ranked:
             print(json.dumps(r))
         return 0
     print(f"{len(ranked)} configurations on {where}, at most {limit} ranks; 2-{a.hidden}-2, {base.points:,} points, "
-          f"{a.epochs} epoch(s), {a.optimizer}, {a.mode}, {a.precision}; best first (predicted):")
-    print(" rank  arch       servers  K  workers  batch     init_s   train_s   total_s  s/epoch  bound")
-    for i, r in enumerate(ranked[:a.top], 1):
-        print(f"{i:5d}  {r['arch']:9s} {r['servers']:7d} {r['model_parallel']:2d} {r['workers']:8d} {r['batch']:6d} "
-              f"{_fmt_s(r['init_s'])} {_fmt_s(r['train_s'])} {_fmt_s(r['total_s'])} "
-              f"{r['per_epoch_s']:8.3f}  {r['bound']}")
+          + (f"to held-out {target[0]} {target[1]:g}" if target else f"{a.epochs} epoch(s)")
+          + f", {a.optimizer}, {a.mode}, {a.precision}; best first (predicted):")
+    if target:
+        print(" rank  arch       workers  batch  staleness  epochs  s/epoch    init_s  to_target_s  bound")
+        for i, r in enumerate(ranked[:a.top], 1):
+            print(f"{i:5d}  {r['arch']:9s} {r['workers']:8d} {r['batch']:6d} {r['mean_staleness']:10.1f} "
+                  f"{r['epochs_to_target']:7.2f} {r['per_epoch_s']:8.3f} {_fmt_s(r['init_s'])}    "
+                  f"{_fmt_s(r['time_to_target_s'])}  {r['bound']}")
+    else:
+        print(" rank  arch       servers  K  workers  batch     init_s   train_s   total_s  s/epoch  bound")
+        for i, r in enumerate(ranked[:a.top], 1):
+            print(f"{i:5d}  {r['arch']:9s} {r['servers']:7d} {r['model_parallel']:2d} {r['workers']:8d} "
+                  f"{r['batch']:6d} {_fmt_s(r['init_s'])} {_fmt_s(r['train_s'])} {_fmt_s(r['total_s'])} "
+                  f"{r['per_epoch_s']:8.3f}  {r['bound']}")
     w = ranked[0]
     print(f"best: --arch {w['arch']}" + (f" --servers {w['servers']}" if w["arch"] == "ps" else "")
           + (f" --model-parallel {w['model_parallel']}" if w["model_parallel"] > 1 else "")
-          + f" with {w['ranks']} ranks, --batch {w['batch']}; what binds it: {w['bound']}")
+          + f" with {w['ranks']} ranks, --batch {w['batch']}; what binds it: "
+          + (what_binds(ranked) if target else w["bound"]))
     return 0
 
+
+def _same_problem(stats: Statistics, a) -> None:
+    """The pilot's statistics are of one data set and model: refuse another's."""
+    data = os.path.abspath(a.data) if a.data else "embedded"
+    if (stats.data, stats.hidden) != (data, a.hidden):
+        raise PerfError(f"{a.params}: its pilot ran {stats.data} with hidden {stats.hidden}, not {data} with hidden "
+                        f"{a.hidden}: run python -m asgd.perf pilot for this problem")
 
 def _words(text: str, allowed, what: str) -> list[str]:
     got = [x.strip() for x in text.split(",") if x.strip()]

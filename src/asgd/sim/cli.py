@@ -28,6 +28,7 @@ import sys
 from ..core.wire import PRECISIONS
 from ..perf import cli as perf_cli
 from ..perf.analytic import Run
+from ..perf.statistics import mean_staleness
 from ..run.config import EMBEDDED_EPOCHS, EMBEDDED_HIDDEN, FILE_HIDDEN, Config, default_epochs, default_hidden
 from . import SimgridMissing
 from .costs import Costs, Spec, load_params
@@ -118,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--background", type=float, default=0.0, metavar="CORES",
                    help="cores' worth of CPU other processes take on each node meanwhile, as on a shared "
                         "machine (default 0)")
+    t = ap.add_argument_group("time to a target (--params holds the pilot's statistics: python -m asgd.perf "
+                              "pilot)").add_mutually_exclusive_group()
+    t.add_argument("--target-accuracy", type=float, metavar="A", help="also predict the time to held-out accuracy "
+                   "A: the pilot's epochs to it at the staleness this simulation had, x its simulated s/epoch, "
+                   "+ its init")
+    t.add_argument("--target-loss", type=float, metavar="L", help="as --target-accuracy, held-out loss L")
     o = ap.add_argument_group("output")
     o.add_argument("--out", help="run folder for results.json (and trace.json); default: print only")
     o.add_argument("--trace", action="store_true", help="also write trace.json (Chrome Trace Event format)")
@@ -225,6 +232,28 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
     return spec, data_path
 
 
+def target_of(a, spec: Spec, data_path: str | None):
+    """With --target-*: a function of the simulated results.json giving the predicted time to
+    the target, the statistical model (the pilot's, in --params) fed the staleness simulated."""
+    if a.target_accuracy is None and a.target_loss is None:
+        return None
+    metric, value = ("accuracy", a.target_accuracy) if a.target_accuracy is not None else ("loss", a.target_loss)
+    stats = perf_cli.load_statistics(a.params)
+    run = spec.run
+    data = os.path.abspath(data_path) if data_path else "embedded"
+    if (stats.data, stats.hidden) != (data, run.hidden):
+        raise SimError(f"{a.params}: its pilot ran {stats.data} with hidden {stats.hidden}, not {data} with hidden "
+                       f"{run.hidden}: run python -m asgd.perf pilot for this problem")
+
+    def predict(res: dict) -> dict:
+        s = mean_staleness(res)
+        e = stats.epochs_to_target(run.optimizer, metric, value, run.batch, run.replicas, run.lockstep, s)
+        per_epoch = res["train_s"] / run.epochs
+        return {"metric": metric, "value": value, "mean_staleness": s, "epochs": e, "per_epoch_s": per_epoch,
+                "time_s": res["init_s"] + e * per_epoch}
+    return predict
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     perf_cli.warnings_in_one_line("asgd.sim")
@@ -238,17 +267,24 @@ def main(argv=None) -> int:
             raise SimError(f"{a.params}: not a parameters file from 'asgd.perf calibrate' ({e})") from None
         spec, data_path = spec_from_args(a, p)
         costs = Costs(p, spec, raw, spread=not a.no_spread, corrections=corrections)
+        to_target = target_of(a, spec, data_path)   # before the simulation: a missing pilot fails now
         res = simulate(spec, costs, a.out, a.trace, a.trace_window, raw.get("sleep_overhead_s"),
                        data_path, os.path.abspath(a.params))
-    except (SimError, SimgridMissing, ValueError, OSError) as e:
+        predicted = to_target(res) if to_target else None
+    except (SimError, SimgridMissing, perf_cli.PerfError, ValueError, OSError) as e:
         print(f"asgd.sim: error: {e}", file=sys.stderr)
         return 2
     if a.json:
         print(json.dumps({"wall_s": res["wall_s"], "init_s": res["init_s"], "train_s": res["train_s"],
                           "updates_per_s": res["throughput"]["updates_per_s"],
-                          "sim_wall_s": res["simulated"]["sim_wall_s"], "bound": res["profile"]["bound"]}))
+                          "sim_wall_s": res["simulated"]["sim_wall_s"], "bound": res["profile"]["bound"],
+                          **({"target": predicted} if predicted else {})}))
     elif not a.quiet:
         print(summary(res))
+        if predicted:
+            print(f"to held-out {predicted['metric']} {predicted['value']:g}: {predicted['epochs']:.2f} epochs at mean "
+                  f"staleness {predicted['mean_staleness']:.2f} (simulated) x {predicted['per_epoch_s']:.3f} s/epoch "
+                  f"+ init {res['init_s']:.2f} s = {predicted['time_s']:.2f} s (predicted)")
         if a.out:
             print(f"results: {os.path.join(a.out, 'results.json')}")
     return 0

@@ -1,0 +1,198 @@
+"""The statistical model of epochs to a target (asgd.perf.statistics), optimize's ranking by
+time to a target (asgd.perf.to_target and the command), and the pilot end to end on a
+tiny setting."""
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from asgd.perf import cli
+from asgd.perf.statistics import (NoPilot, Reference, Statistics, batch_factor, fit_staleness_cost,
+                                  fit_staleness_growth, mean_sq_norm, noise_scale, samples_to_target,
+                                  staleness_factor)
+from asgd.perf.to_target import rank_to_target, what_binds
+from conftest import MPIEXEC, REPO
+from test_analytic import make_params
+
+
+def batch_gradients(G: np.ndarray, sigma: float, b: int, reps: int, rng) -> np.ndarray:
+    """reps gradients, each the mean of b per-sample gradients G + noise of covariance sigma^2 I."""
+    return G + rng.normal(0.0, sigma, (reps, b, len(G))).mean(axis=1)
+
+
+def test_the_noise_scale_of_synthetic_gradients_is_tr_sigma_over_g_squared():
+    rng = np.random.default_rng(0)
+    d, sigma = 50, 2.0
+    G = rng.normal(0.0, 1.0, d)
+    true = d * sigma**2 / (G @ G)     # tr(Sigma) / |G|^2
+    small, big = 4, 256
+    g2s = mean_sq_norm(batch_gradients(G, sigma, small, 4000, rng))
+    g2b = mean_sq_norm(batch_gradients(G, sigma, big, 400, rng))
+    b_noise, g2, trace = noise_scale(g2s, small, g2b, big)
+    assert g2 == pytest.approx(G @ G, rel=0.05)
+    assert trace == pytest.approx(d * sigma**2, rel=0.05)
+    assert b_noise == pytest.approx(true, rel=0.08)
+    with pytest.raises(ValueError):
+        noise_scale(g2s, big, g2b, small)
+
+
+def test_epochs_grow_with_the_batch_from_e_min_as_mccandlish_says():
+    b_noise = 100.0
+    factors = [batch_factor(b, b_noise) for b in (1, 10, 100, 1000, 10000)]
+    assert factors == sorted(factors) and len(set(factors)) == len(factors)
+    assert batch_factor(0, b_noise) == 1.0                                # B -> 0: E_min samples
+    assert batch_factor(b_noise, b_noise) == 2.0                          # B = B_noise: twice E_min
+    assert batch_factor(1e9, b_noise) * b_noise / 1e9 == pytest.approx(1.0, rel=1e-6)   # B -> inf: S_min steps
+    for B in (3.0, 100.0, 5000.0):   # (S/S_min - 1)(E/E_min - 1) = 1, S = E / B steps, S_min = E_min / B_noise
+        E = batch_factor(B, b_noise)   # in units of E_min
+        S = E / B * b_noise            # in units of S_min
+        assert (S - 1) * (E - 1) == pytest.approx(1.0)
+
+
+def test_the_staleness_factor_and_its_fit():
+    assert staleness_factor(0, 0.3) == 1.0 and staleness_factor(4, 0.25) == 2.0
+    assert staleness_factor(-1, 0.3) == 1.0
+    c, s_ref, s = 0.2, 1.0, [3.0, 7.0, 15.0]
+    ratios = [staleness_factor(x, c) / staleness_factor(s_ref, c) for x in s]
+    assert fit_staleness_cost(ratios, s, s_ref) == pytest.approx(c)
+    assert fit_staleness_cost([0.9, 0.8], [3.0, 7.0], 1.0) == 0.0     # faster when staler: no cost, not a gain
+    assert fit_staleness_cost([], [], 1.0) == 0.0
+    assert fit_staleness_growth([1, 3, 5], [1.0, 5.0, 9.0]) == pytest.approx((1.0, 2.0))
+    assert fit_staleness_growth([4, 4], [3.0, 5.0]) == (4.0, 0.0)
+
+
+CURVE = [{"samples": 100, "accuracy": 0.5, "loss": 0.9}, {"samples": 200, "accuracy": 0.7, "loss": 0.6},
+         {"samples": 300, "accuracy": 0.9, "loss": 0.3}]
+
+
+def test_samples_to_target_read_off_the_curve():
+    assert samples_to_target(CURVE, "accuracy", 0.8) == pytest.approx(250)
+    assert samples_to_target(CURVE, "accuracy", 0.4) == 100
+    assert samples_to_target(CURVE, "loss", 0.3) == pytest.approx(300)
+    assert samples_to_target(CURVE, "accuracy", 0.95) is None
+
+
+def stats(b_noise=20.0, c=0.1, s1=1.0, slope=1.0) -> Statistics:
+    ref = Reference(batch=16, staleness=1.0, points=100, curve=CURVE)
+    return Statistics(b_noise, c, s1, slope, {"adagrad": ref}, data="embedded", hidden=100)
+
+
+def test_epochs_to_target_of_a_configuration():
+    st = stats()
+    e_min = 2.5 / (batch_factor(16, 20) * staleness_factor(1.0, 0.1))   # 250 samples of 100 points
+    e = st.epochs_to_target("adagrad", "accuracy", 0.8, 64, 4, False, st.mean_staleness(4, "async", False))
+    assert e == pytest.approx(e_min * batch_factor(64, 20) * staleness_factor(4.0, 0.1))
+    sync = st.epochs_to_target("adagrad", "accuracy", 0.8, 64, 4, True, st.mean_staleness(4, "sync", True))
+    assert sync == pytest.approx(e_min * batch_factor(256, 20))     # lockstep: no staleness, 4 x 64 an update
+    assert st.mean_staleness(8, "ssp", False, bound=3) == 3
+    with pytest.raises(NoPilot, match="never reached"):
+        st.epochs_to_target("adagrad", "accuracy", 0.95, 16, 1, False, 1.0)
+    with pytest.raises(NoPilot, match="--optimizers sgd"):
+        st.epochs_to_target("sgd", "accuracy", 0.8, 16, 1, False, 1.0)
+    again = Statistics.from_dict(json.loads(json.dumps({**dataclasses.asdict(st), "references": {
+        "adagrad": dataclasses.asdict(st.references["adagrad"])}})))
+    assert again == st
+
+
+def row(batch, per_epoch_s, workers=1, arch="ps"):
+    return {"arch": arch, "workers": workers, "servers": 1, "model_parallel": 1, "replicas": workers,
+            "batch": batch, "ranks": workers + 1, "init_s": 0.1, "per_epoch_s": per_epoch_s, "bound": "workers"}
+
+
+def test_a_slower_epoch_that_needs_fewer_epochs_wins_when_the_statistics_say_so():
+    rows = [row(1024, 0.1), row(16, 0.3)]
+    ranked = rank_to_target(rows, stats(b_noise=20.0), "accuracy", 0.8, "adagrad", "async")
+    assert ranked[0]["batch"] == 16 and ranked[0]["per_epoch_s"] > ranked[1]["per_epoch_s"]
+    assert ranked[0]["epochs_to_target"] < ranked[1]["epochs_to_target"]
+    assert ranked[0]["time_to_target_s"] == pytest.approx(0.1 + 0.3 * ranked[0]["epochs_to_target"])
+    assert what_binds(ranked).startswith("hardware: its s/epoch is 3.00x the least")
+    # with a noise scale far above both batches, the batch barely matters: the faster epoch wins
+    ranked = rank_to_target(rows, stats(b_noise=1e6), "accuracy", 0.8, "adagrad", "async")
+    assert ranked[0]["batch"] == 1024
+    assert what_binds(ranked).startswith("neither")
+    ranked = rank_to_target([row(16, 0.1, workers=8), row(16, 0.5)], stats(c=1.0), "accuracy", 0.8, "adagrad",
+                            "async")
+    assert ranked[0]["workers"] == 8 and what_binds(ranked).startswith("statistics: it needs")
+    slow_start = [{**r, "init_s": 100.0} for r in rows]
+    ranked = rank_to_target(slow_start, stats(b_noise=20.0), "accuracy", 0.8, "adagrad", "async")
+    assert what_binds(ranked).startswith("start-up first (100.00 s of its 10") and "then hardware" in what_binds(ranked)
+
+
+def write_params(tmp_path, statistics: dict) -> str:
+    p = dataclasses.asdict(make_params())
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps({"schema": 1, "params": p, "statistics": statistics}))
+    return str(path)
+
+
+def st_dict(st: Statistics) -> dict:
+    return {**dataclasses.asdict(st), "references": {k: dataclasses.asdict(v) for k, v in st.references.items()}}
+
+
+def test_optimize_ranks_by_time_to_target_with_ranks_and_argv(tmp_path, capsys):
+    path = write_params(tmp_path, st_dict(stats(b_noise=20.0)))
+    base = ["optimize", "--params", path, "--cores-per-node", "4", "--hidden", "100", "--archs", "ps",
+            "--optimizer", "adagrad", "--batches", "16,1024", "--workers", "1,2", "--model-parallel", "1,2"]
+    assert cli.main([*base, "--json"]) == 0
+    by_epoch = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert cli.main([*base, "--target-accuracy", "0.8", "--json"]) == 0
+    ranked = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert by_epoch[0]["batch"] == 1024 and ranked[0]["batch"] == 16    # the time-per-epoch pick loses
+    assert all(r["model_parallel"] == 1 and r["servers"] == 1 for r in ranked)   # a target needs rank 0's whole w
+    assert [r["time_to_target_s"] for r in ranked] == sorted(r["time_to_target_s"] for r in ranked)
+    w = ranked[0]
+    assert w["ranks"] == w["workers"] + 1
+    assert w["argv"] == ["--arch", "ps", "--servers", "1", "--mode", "async", "--batch", "16", "--hidden", "100",
+                         "--optimizer", "adagrad", "--precision", "float32", "--target-accuracy", "0.8"]
+    assert by_epoch[0]["argv"][-2:] == ["--epochs", "5"]
+    assert cli.main([*base, "--target-accuracy", "0.8"]) == 0
+    out = capsys.readouterr().out
+    assert "to held-out accuracy 0.8" in out and "epochs  s/epoch" in out
+    assert "what binds it: " in out and "hardware: its s/epoch is" in out
+    assert cli.main([*base, "--target-accuracy", "0.99"]) == 2
+    assert "never reached held-out accuracy 0.99" in capsys.readouterr().err
+    assert cli.main([*base, "--hidden", "400", "--target-accuracy", "0.8"]) == 2
+    assert "run python -m asgd.perf pilot for this problem" in capsys.readouterr().err
+
+
+def test_optimize_to_a_target_without_a_pilot_says_how_to_run_one(tmp_path, capsys):
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps({"schema": 1, "params": dataclasses.asdict(make_params())}))
+    assert cli.main(["optimize", "--params", str(path), "--cores-per-node", "4", "--hidden", "100",
+                     "--target-loss", "0.1"]) == 2
+    assert f"python -m asgd.perf pilot --params {path}" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec on PATH (pip install -e '.[mpich]')")
+def test_the_pilot_end_to_end_on_a_tiny_setting(tmp_path, capsys):
+    """A reference and one asynchronous pilot of the penguins' 4-256-3 MLP at batch 16, then
+    optimize to a target from those statistics (the machine's parameters synthetic)."""
+    path = write_params(tmp_path, {})
+    data = str(REPO / "examples" / "penguins.csv")
+    cmd = [sys.executable, "-m", "asgd.perf", "pilot", "--params", path, "--data", data, "--label-column",
+           "species", "--batch", "16", "--workers", "2", "--epochs", "6", "--timeout", "60"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(open(path).read())
+    assert got["params"]["cores"] == 4          # the calibration kept, the statistics added
+    st = Statistics.from_dict(got["statistics"])
+    assert st.data == data and st.hidden == 256
+    assert math.isfinite(st.b_noise) and st.b_noise > 0 and st.staleness_cost >= 0
+    ref = st.references["adagrad"]
+    run = json.loads((tmp_path / "pilot" / "reference-adagrad" / "results.json").read_text())
+    assert ref.batch == 16 and ref.points == run["config"]["train_points"] and run["config"]["workers"] == 1
+    assert len(ref.curve) > 6     # evaluated more often than once an epoch
+    pilot = got["statistics"]["pilot"]
+    assert pilot["async"][0]["workers"] == 2 and pilot["async"][0]["staleness"] > 0
+    assert "statistics added to" in p.stdout
+    target = pilot["target"]["value"]
+    assert cli.main(["optimize", "--params", path, "--cores-per-node", "4", "--data", data, "--hidden", "256",
+                     "--archs", "ps,allreduce", "--workers", "1,2,3", "--target-accuracy", str(target),
+                     "--json"]) == 0
+    ranked = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert ranked and all(r["epochs_to_target"] > 0 for r in ranked)
