@@ -297,3 +297,47 @@ def test_the_options_page_names_only_what_asgd_has():
     hook = options_hook()
     names = {m.rstrip(".") for m in DOTTED.findall(hook.render())}
     assert names and all(resolves(n) for n in names), sorted(n for n in names if not resolves(n))
+
+
+def _headline():
+    spec = importlib.util.spec_from_file_location("headline", ROOT / "bench" / "headline.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_headline_figures_are_generated_from_one_source():
+    """README, model.md and simulator.md quote docs/figures.json through generated blocks
+    (bench/headline.py), each block as it renders now, every figure with its run."""
+    headline = _headline()
+    figures = __import__("json").loads(headline.FIGURES.read_text())
+    seen = set()
+    for page in headline.PAGES:
+        text = page.read_text()
+        blocks = list(headline.BLOCK.finditer(text))
+        assert blocks, f"{page.name} has no generated figures block"
+        for m in blocks:
+            ids = m[2].split()
+            missing = [i for i in ids if i not in figures]
+            assert not missing, f"{page.name} quotes figures docs/figures.json lacks: {missing}"
+            assert m[3] == headline.render(ids, figures), f"{page.name}: run python bench/headline.py"
+            seen.update(ids)
+    for i in seen:
+        assert all(figures[i].get(k) for k in ("value", "kind", "command", "date", "commit", "cpu", "load")), i
+
+
+# Numbers these pages may state outside the generated blocks: the paper's finding, and a
+# rule of the model (a threshold of the code, not a measurement).
+NOT_MEASUREMENTS = ("over 90 % of the run", "over 80 %", "1.000× is the best measured")
+MEASURED_LOOKING = re.compile(r"\b20\d\d-\d\d-\d\d\b|\d(?:\.\d+)? ?%|\d(?:\.\d+)?×")
+
+
+def test_no_headline_figure_is_typed_by_hand():
+    """README, model.md and simulator.md (benchmarks.md is the record of the runs)."""
+    headline = _headline()
+    for page in headline.PAGES[:3]:
+        text = headline.BLOCK.sub("", page.read_text())
+        for allowed in NOT_MEASUREMENTS:
+            text = text.replace(allowed, "")
+        typed = [m[0] for m in MEASURED_LOOKING.finditer(text)]
+        assert not typed, f"{page.name} types figures by hand ({typed}): put them in docs/figures.json"

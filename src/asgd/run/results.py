@@ -183,9 +183,10 @@ def profile(results: dict) -> dict:
 def eval_pct(results: dict) -> float | None:
     """The held-out evaluations during training (metrics.eval_s) as a % of train_s: what
     --eval-every costs (the server evaluates between two updates, the workers waiting for
-    its replies). None where no rank evaluated during training, or no training was timed."""
-    spent = results["metrics"].get("eval_s")
-    return None if spent is None or results["train_s"] <= 0 else 100.0 * spent / results["train_s"]
+    its replies). None where no rank evaluated during training, no training was timed, or
+    the results predate eval_s (a results.json of an older run, read by asgd.perf report)."""
+    spent, train = (results.get("metrics") or {}).get("eval_s"), results.get("train_s") or 0.0
+    return None if spent is None or train <= 0 else 100.0 * spent / train
 
 
 def slowest_init(results: dict) -> dict:
