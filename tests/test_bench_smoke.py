@@ -159,7 +159,8 @@ def test_rpc_peer(tmp_path):
     shares and batches (asgd's 3-rank run: 2 workers x 32 pushes), in float64 as asked, and
     writes the keys bench_e2e reads."""
     p = subprocess.run([*mpi(3, sys.executable, str(BENCH / "peers" / "rpc_peer.py")), "--hidden", "50",
-                        "--epochs", "1", "--precision", "float64", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240,
+                        "--epochs", "1", "--precision", "float64", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=240,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads((tmp_path / "results.json").read_text())
