@@ -594,9 +594,14 @@ def all_finite(a):
 
 @njit(boundscheck=False, cache=True)
 def add_scaled(w, dw, a):
-    """w += a * dw in place: a sync server's weighted average, one worker at a time."""
+    """w += a * dw in place: a sync server's weighted average, one worker at a time. In w's
+    dtype: a is rounded to it once, so a float32 w is summed in float32 lanes (a float64 a
+    would lift every product to float64). Each value is then within u |w'| + 2u |a dw| of the
+    exact w + a dw (u: the dtype's unit roundoff, 2^-24 in float32: a's rounding and the
+    product's, then the sum's), where a float64 product erred u |w'| only."""
     if w.size != dw.size:
         raise ValueError("add_scaled: size mismatch")
+    a = w.dtype.type(a)
     for i in range(w.size):
         w[i] += a * dw[i]
 
