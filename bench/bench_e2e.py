@@ -5,7 +5,9 @@ parameter server (bench/peers/rpc_peer.py: torch.distributed.rpc as PyTorch's tu
 builds it, asgd's shares, batches, optimizer and lr) and PyTorch
 DistributedDataParallel (gloo, CPU: bench/peers/ddp_peer.py, asgd's default optimizer as
 torch.optim spells it, at allreduce's default lr), each launched `mpiexec -n N python ...`,
-same data, model, init and batch 256 per rank.
+same data, model, init and batch 256 per rank, and each in every precision of --precisions
+(float32, asgd's and PyTorch's default, and float64: w, the data and the arithmetic in that
+dtype; the peers' --precision), all in one table.
 
 Two times to accuracy, from each run's results.json history (the first epoch at --target):
   whole process  wall_s, since rank 0's process started: what a user waits for (the target:
@@ -20,8 +22,7 @@ hosts, a rank per host, links shaped to RATE (the RPC peer --tcp-only, gloo on e
 row then has the MB its hosts sent (wire_mb) and link_util = updates/s over its
 architecture's link ceiling (a server's link, asgd.testbed.model.link_ceiling, or its
 workers' push-then-reply cycles; a ring's every link: rate / (2 (N-1)/N wire bytes of w)),
-each at the item size of its run's precision (asgd's: results.json's config, float32 by
-default; the PyTorch peers': float64).
+each at the item size of its run's precision.
 
     python bench/bench_e2e.py                          # ranks 2,4,8,16, 3 repetitions
     python bench/bench_e2e.py --quick                  # 4 ranks, once
@@ -35,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 import validate
 from common import int_list
+
+from asgd.core.wire import PRECISIONS
 
 import contextlib
 import statistics
@@ -53,6 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=4, help="epochs per run (default 4; DDP stops at --target)")
     p.add_argument("--target", type=float, default=0.95, help="held-out accuracy (default 0.95)")
     p.add_argument("--impls", type=common.word_list, default=",".join(IMPLS), help=f"comma list of {', '.join(IMPLS)}")
+    p.add_argument("--precisions", type=common.word_list, default=",".join(PRECISIONS),
+                   help=f"comma list of {', '.join(PRECISIONS)}: every implementation in each (default both)")
     p.add_argument("--quick", action="store_true", help="4 ranks only, one repetition, 3 epochs")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds one run may take (default 300; 900 with --testbed)")
@@ -66,8 +71,8 @@ def parse_args(argv=None):
     if a.quick:
         a.ranks, a.repeat, a.epochs = [4], 1, 3
     unknown = set(a.impls) - set(IMPLS)
-    if unknown:
-        p.error(f"unknown --impls {sorted(unknown)}")
+    if unknown or not set(a.precisions) <= set(PRECISIONS):
+        p.error(f"unknown --impls {sorted(unknown)} or --precisions {a.precisions}")
     for impl in TORCH:
         if impl in a.impls and not common._version("torch"):
             print(f"{impl}: skipped (torch is not installed: pip install torch==2.13.0)", flush=True)
@@ -91,15 +96,15 @@ def link_ceiling(impl: str, n: int, rate_bit: float, hidden: int, precision: str
     return rate_bit / 8.0 / (2 * (n - 1) / n * model.wire_bytes(n_w, size))
 
 
-def run_once(impl: str, n: int, args, tb=None) -> dict:
-    argv = [*IMPLS[impl], "--epochs", str(args.epochs)]
+def run_once(impl: str, precision: str, n: int, args, tb=None) -> dict:
+    argv = [*IMPLS[impl], "--epochs", str(args.epochs), "--precision", precision]
     argv += ["--stop-at", str(args.target)] if impl in TORCH else ["--quiet", "--timeout", str(args.timeout - 10)]
     if tb is not None and impl == "pytorch rpc ps":
         argv.append("--tcp-only")
     r, job = common.train_job(n, argv, args.timeout, env=TESTBED_ENV if tb else None, tb=tb)
     hist = r["metrics"]["history"]
     tta, train_tta = (common.time_to_accuracy(hist, args.target, clock) for clock in ("wall_s", "time_s"))
-    return {"impl": impl, "ranks": n, "precision": r["config"].get("precision", "float64"),   # the peers: float64
+    return {"impl": impl, "ranks": n, "precision": r["config"]["precision"],
             "time_to_accuracy_s": round(tta, 3) if tta is not None else None,
             "train_time_to_accuracy_s": round(train_tta, 3) if train_tta is not None else None,
             "epochs_to_accuracy": next((h["epoch"] for h in hist if (h["test_accuracy"] or 0) >= args.target), None),
@@ -115,16 +120,18 @@ def run_once(impl: str, n: int, args, tb=None) -> dict:
             "command": f"mpiexec -n {n} python {' '.join(argv)} --out DIR"}
 
 
-def summarize(rows, impls, ranks, rate_bit=None):
+def summarize(rows, configs, ranks, rate_bit=None):
+    """A line per (ranks, implementation, precision): medians over its runs, and ratios to
+    DDP's and the RPC server's in the same precision."""
     out = []
     for n in ranks:
-        for impl in impls:
-            rs = [r for r in rows if r["ranks"] == n and r["impl"] == impl]
+        for impl, prec in configs:
+            rs = [r for r in rows if r["ranks"] == n and r["impl"] == impl and r["precision"] == prec]
             if not rs:
                 continue
             ttas = [r["time_to_accuracy_s"] for r in rs if r["time_to_accuracy_s"] is not None]
             train = [r["train_time_to_accuracy_s"] for r in rs if r["train_time_to_accuracy_s"] is not None]
-            out.append({"ranks": n, "impl": impl, "runs": len(rs), "reached": len(ttas),
+            out.append({"ranks": n, "impl": impl, "precision": prec, "runs": len(rs), "reached": len(ttas),
                         "time_to_accuracy_s": round(statistics.median(ttas), 3) if ttas else None,
                         "train_time_to_accuracy_s": round(statistics.median(train), 3) if train else None,
                         "tta_min_s": min(ttas) if ttas else None, "tta_max_s": max(ttas) if ttas else None,
@@ -137,33 +144,35 @@ def summarize(rows, impls, ranks, rate_bit=None):
                         "job_wall_s": round(statistics.median(r["job_wall_s"] for r in rs), 3)})
             if rate_bit:
                 from asgd.run.config import EMBEDDED_HIDDEN
-                ceiling = link_ceiling(impl, n, rate_bit, EMBEDDED_HIDDEN, rs[0]["precision"])
+                ceiling = link_ceiling(impl, n, rate_bit, EMBEDDED_HIDDEN, prec)
                 ups = out[-1]["updates_per_s"]
                 out[-1].update(link_ceiling_updates_per_s=round(ceiling, 2),
                                link_util=round(ups / ceiling, 3) if ups else None,
                                wire_mb=round(statistics.median(r["wire_mb"] for r in rs), 1))
-        ddp, rpc = (next((s for s in out if s["ranks"] == n and s["impl"] == i), None) for i in TORCH[::-1])
-        for s in out:
-            if s["ranks"] == n:
-                for key, ratio in (("time_to_accuracy_s", "tta_vs_ddp"),
-                                   ("train_time_to_accuracy_s", "train_tta_vs_ddp")):
-                    s[ratio] = round(s[key] / ddp[key], 3) if ddp and ddp[key] and s[key] else None
-                s["updates_vs_rpc"] = (round(s["updates_per_s"] / rpc["updates_per_s"], 2)
-                                       if rpc and rpc["updates_per_s"] and s["updates_per_s"] else None)
+    for s in out:
+        ddp, rpc = (next((p for p in out if (p["ranks"], p["impl"], p["precision"]) == (s["ranks"], i, s["precision"])),
+                         None) for i in TORCH[::-1])
+        for key, ratio in (("time_to_accuracy_s", "tta_vs_ddp"), ("train_time_to_accuracy_s", "train_tta_vs_ddp")):
+            s[ratio] = round(s[key] / ddp[key], 3) if ddp and ddp[key] and s[key] else None
+        s["updates_vs_rpc"] = (round(s["updates_per_s"] / rpc["updates_per_s"], 2)
+                               if rpc and rpc["updates_per_s"] and s["updates_per_s"] else None)
     return out
 
 
 def plot(summary, target, where, path):
     plt = common.pyplot()
     ranks = sorted({s["ranks"] for s in summary})
-    impls = list(dict.fromkeys(s["impl"] for s in summary))
-    colors = {"asgd ps": "tab:blue", "asgd allreduce": "tab:cyan", "pytorch rpc ps": "tab:red",
-              "pytorch ddp": "tab:orange"}
-    by = {(s["ranks"], s["impl"]): s for s in summary}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
+    configs = list(dict.fromkeys((s["impl"], s["precision"]) for s in summary))
+    colors = {("asgd ps", "float32"): "tab:blue", ("asgd allreduce", "float32"): "tab:cyan",
+              ("pytorch rpc ps", "float32"): "tab:red", ("pytorch ddp", "float32"): "tab:orange",
+              ("asgd ps", "float64"): "navy", ("asgd allreduce", "float64"): "teal",
+              ("pytorch rpc ps", "float64"): "darkred", ("pytorch ddp", "float64"): "saddlebrown"}
+    by = {(s["ranks"], s["impl"], s["precision"]): s for s in summary}
+    fig, axes = plt.subplots(1, 2, figsize=(11 + len(configs) // 2, 4.3))
     for ax, key, fmt in ((axes[0], "time_to_accuracy_s", "{:.1f} s"), (axes[1], "samples_per_s", "{:,.0f}")):
-        common.bars(ax, ranks, impls, lambda n, i, key=key: by.get((n, i), {}).get(key), colors,
-                    lambda n, i, y, fmt=fmt: fmt.format(y) if y else "not\nreached", fontsize=7)
+        common.bars(ax, ranks, configs, lambda n, c, key=key: by.get((n, *c), {}).get(key), colors,
+                    lambda n, c, y, fmt=fmt: fmt.format(y) if y else "not\nreached", fontsize=7,
+                    labels={c: " ".join(c) for c in configs})
         ax.set_xlabel("MPI ranks (asgd ps: 1 server + N-1 workers)")
         ax.legend(fontsize=8)
     axes[0].set_ylabel(f"seconds from start to held-out accuracy ≥ {target} (median)")
@@ -174,19 +183,24 @@ def plot(summary, target, where, path):
     common.save_figure(fig, path)
 
 
+def configs(args) -> list[tuple[str, str]]:
+    """(implementation, precision): every implementation in every precision."""
+    return [(impl, prec) for impl in args.impls for prec in args.precisions]
+
+
 def measure(args, tb) -> list[dict]:
-    """Every (repetition, ranks, implementation), implementations in rotating order."""
+    """Every (repetition, ranks, implementation, precision), in rotating order."""
     rows = []
     for rep in range(args.repeat):
         for n in args.ranks:
-            for impl in common.rotated(args.impls, rep + n):
+            for impl, prec in common.rotated(configs(args), rep + n):
                 try:
-                    r = run_once(impl, n, args, tb)
+                    r = run_once(impl, prec, n, args, tb)
                 except common.JobFailed as e:
-                    print(f"  {impl} n={n}: FAILED {str(e)[:400]}", flush=True)
+                    print(f"  {impl} {prec} n={n}: FAILED {str(e)[:400]}", flush=True)
                     continue
                 rows.append({"rep": rep, **r})
-                print(f"  rep {rep + 1}/{args.repeat} n={n} {impl:<15} time to {args.target}: "
+                print(f"  rep {rep + 1}/{args.repeat} n={n} {impl:<15} {prec} time to {args.target}: "
                       f"{common.fmt(r['time_to_accuracy_s'], '.2f')} s (epoch {r['epochs_to_accuracy']}), "
                       f"{r['samples_per_s']:,.0f} samples/s, {common.fmt(r['updates_per_s'], ',.1f')} updates/s, "
                       f"acc by epoch {r['accuracy_by_epoch']}"
@@ -197,20 +211,20 @@ def measure(args, tb) -> list[dict]:
 def main(argv=None):
     args = parse_args(argv)
     run = common.Run("e2e", args, end_on_signals=bool(args.testbed))   # a killed bench takes its testbed down
-    for impl in args.impls:   # every side warmed alike: one discarded run each (shared memory)
-        run_once(impl, min(args.ranks), args)
+    for impl, prec in configs(args):   # every side warmed alike: one discarded run each (shared memory)
+        run_once(impl, prec, min(args.ranks), args)
     with (validate.testbed(args.testbed_name, max(args.ranks), args.testbed) if args.testbed
           else contextlib.nullcontext()) as tb:
         rows = measure(args, tb)
     rate_bit = validate.parse_rate(args.testbed) if args.testbed else None
-    summary = summarize(rows, args.impls, args.ranks, rate_bit)
+    summary = summarize(rows, configs(args), args.ranks, rate_bit)
     from asgd.net import optimizers
     from asgd.run.config import Config
     _opt = Config().optimizer
     info = run.meta(
         target_accuracy=args.target,
-        problem="asgd.data.problem.default_problem(): 16384 train / 4096 held-out rings; 2-10000-2, asgd in "
-                f"{Config().precision} (its default), the PyTorch peers in float64, "
+        problem="asgd.data.problem.default_problem(): 16384 train / 4096 held-out rings; 2-10000-2, every "
+                f"implementation in {' and '.join(args.precisions)} (asgd's default: {Config().precision}), "
                 f"batch 256 per worker rank; optimizer {_opt} (asgd's default) everywhere, lr "
                 f"{optimizers.default_lr(_opt, 10000):g} (asgd ps, async), allreduce and DDP at N ranks "
                 f"{', '.join(f'{optimizers.default_lr(_opt, 10000, n):g} (N={n})' for n in args.ranks)}",
@@ -221,8 +235,8 @@ def main(argv=None):
                  "samples_per_s": "training samples / train_s", "job_wall_s": "mpiexec start to exit",
                  "updates_per_s": "updates of w / train_s (a parameter server's: pushes applied; allreduce's "
                                   "and DDP's: synchronous steps)",
-                 "updates_vs_rpc": "updates_per_s / the PyTorch RPC parameter server's at the same ranks",
-                 "tta_vs_ddp": "time_to_accuracy_s / DDP's at the same ranks",
+                 "updates_vs_rpc": "updates_per_s / the PyTorch RPC parameter server's at the same ranks and precision",
+                 "tta_vs_ddp": "time_to_accuracy_s / DDP's at the same ranks and precision",
                  **({"wire_mb": "bytes every host sent on its shaped link, MB (veth counters)",
                      "link_ceiling_updates_per_s": "updates/s at which the architecture's busiest link is full",
                      "link_util": "updates_per_s / link_ceiling_updates_per_s"} if tb else {})},
@@ -234,6 +248,7 @@ def main(argv=None):
         run.plot(plot, summary, args.target, info["where"])
     run.print_machine()
     common.print_table(summary, [("ranks", "ranks", "d"), ("implementation", "impl", ""),
+                                 ("precision", "precision", ""),
                                  (f"time to {args.target}: whole process s", "time_to_accuracy_s", ".2f"),
                                  ("min", "tta_min_s", ".2f"), ("max", "tta_max_s", ".2f"),
                                  ("x DDP", "tta_vs_ddp", ".2f"),

@@ -5,10 +5,10 @@ STREAM-like bound measured in the same run.
 Per push, for each optimizer (--optimizers) and precision, on a shard of n_w values of that
 precision (itemsize bytes each: 4 or 8), each push's d from the next of W workers' receive
 buffers:
-  asgd     Optimizer.update (the server's call): one pass that checks d for NaN and inf,
-           writes the next version of the shard into the version pool (W + 1 buffers,
-           rotating as DenseShard's do) and the optimizer's state into its next buffers;
-           checked against `before` (the same w' from the same w and d).
+  asgd     Optimizer.update (the server's call): checks d for NaN and inf, writes the next
+           version of the shard into the version pool (W + 1 buffers, rotating as
+           DenseShard's do) and moves the optimizer's state in place; checked against
+           `before` (the same w' from the same w and d).
   before   the server before issue 29: all_finite(d), the update in place, then w copied
            into that worker's reply buffer: three passes (in float32 too, on float32 arrays).
 The floor: the bytes an update must move (sgd 3 x itemsize n, momentum and adagrad 5 x,
@@ -47,7 +47,7 @@ COLUMNS = {"precision": "the dtype of w, d, the versions and the optimizer's sta
            "bytes_moved": "bytes the path moves: the floor's, plus before's check (itemsize n) and copy "
                           "(2 itemsize n)",
            "vs_sgd": "us_per_op / sgd's, same model, workers, precision and path",
-           "footprint_bytes": "the path's buffers: w (asgd: W + 1 versions), the state (asgd: twice), "
+           "footprint_bytes": "the path's buffers: w (asgd: W + 1 versions), the state, "
                               "the W workers' d (before: and their reply buffers)",
            "gb_per_s": "bytes_per_op / median time (the floor's bytes: comparable across paths)",
            "bound_gb_per_s": "best of numpy copy/add/triad rotating over the path's footprint",
@@ -139,7 +139,7 @@ def parse_args(argv=None):
 def footprint(name, path, W):
     """The arrays of n values a path's buffers hold (see COLUMNS)."""
     state = UPDATES[name][1]
-    return (W + 1) + 2 * state + W if path == "asgd" else 1 + state + 2 * W
+    return (W + 1) + state + W if path == "asgd" else 1 + state + 2 * W
 
 
 def same_update(name, n, dtype=np.float64) -> float:

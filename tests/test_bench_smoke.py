@@ -140,13 +140,15 @@ def test_messaging_bench(tmp_path):
 
 @pytest.mark.skipif(MPIEXEC is None or not HAS_TORCH, reason="needs mpiexec and torch (the bench extra)")
 def test_ddp_peer(tmp_path):
-    """The DDP peer trains 2 ranks for one epoch and writes asgd's results.json keys."""
+    """The DDP peer trains 2 ranks for one epoch, in float32 by default, and writes asgd's
+    results.json keys."""
     p = subprocess.run([*mpi(2, sys.executable, str(BENCH / "peers" / "ddp_peer.py")), "--hidden", "50",
                         "--epochs", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads((tmp_path / "results.json").read_text())
     assert r["config"]["world_size"] == 2 and r["throughput"]["samples"] == 16384
+    assert r["config"]["precision"] == "float32"
     h = r["metrics"]["history"]
     assert len(h) == 1 and 0 <= h[0]["test_accuracy"] <= 1 and h[0]["wall_s"] > 0
 
@@ -154,15 +156,17 @@ def test_ddp_peer(tmp_path):
 @pytest.mark.skipif(MPIEXEC is None or not HAS_TORCH, reason="needs mpiexec and torch (the bench extra)")
 def test_rpc_peer(tmp_path):
     """The RPC parameter server trains 1 server and 2 trainers for one epoch on asgd's
-    shares and batches (asgd's 3-rank run: 2 workers x 32 pushes) and writes the keys
-    bench_e2e reads."""
+    shares and batches (asgd's 3-rank run: 2 workers x 32 pushes), in float64 as asked, and
+    writes the keys bench_e2e reads."""
     p = subprocess.run([*mpi(3, sys.executable, str(BENCH / "peers" / "rpc_peer.py")), "--hidden", "50",
-                        "--epochs", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240,
+                        "--epochs", "1", "--precision", "float64", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=240,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads((tmp_path / "results.json").read_text())
     t = r["throughput"]
     assert r["config"]["workers"] == 2 and t["samples"] == 16384 and t["updates"] == 64 and t["updates_per_s"] > 0
+    assert r["config"]["precision"] == "float64"
     h = r["metrics"]["history"]
     assert len(h) == 1 and 0 <= h[0]["test_accuracy"] <= 1 and h[0]["wall_s"] > 0
 

@@ -76,10 +76,11 @@ def test_convergence_notes(losses, refused, expect):
 
 @pytest.mark.parametrize("name", optimizers.OPTIMIZERS)
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_an_update_refuses_a_non_finite_d_in_its_one_pass_and_changes_nothing(name, bad):
-    """update() checks d in the pass that moves w: a NaN or inf anywhere (here in the
-    last block, after the pass has written the blocks before it) leaves w, the state and
-    t as they were; the next finite d then moves them as if the bad one never came."""
+def test_an_update_refuses_a_non_finite_d_and_changes_nothing(name, bad):
+    """update() refuses a d with NaN or inf anywhere (here in the last block: sgd's one
+    pass has written the blocks before it into out; the others check d before moving
+    their state in place) and leaves w, the state and t as they were; the next finite d
+    then moves them as if the bad one never came."""
     rng = np.random.default_rng(3)
     n = 3 * 512 + 17   # blocks and a tail
     w = rng.normal(size=n)

@@ -151,3 +151,21 @@ def test_predict_reads_weights_in_the_runs_precision_and_refuses_others(tmp_path
     np.save(tmp_path / "weights.npy", init_params(layout, 0))   # float64 beside a float32 config
     with pytest.raises(PredictError, match="weights.npy holds float64, the run trained in float32"):
         Run(str(tmp_path))
+
+
+def test_a_sync_means_weighted_sum_is_in_float32_within_its_stated_roundings():
+    """kernels.add_scaled on a float32 w multiplies in float32 (the weight rounded once):
+    each value within u |w'| + 2u |a dw| of the exact sum (u = 2^-24; its docstring), and a
+    float64 weight compiles no float64 arithmetic into the float32 loop (the result differs
+    from float64's product, rounded, where a's rounding shows)."""
+    from asgd.net import kernels
+    rng = np.random.default_rng(11)
+    u, a = 2.0 ** -24, 1 / 3   # a third: not a float32, so its rounding is visible
+    w = rng.normal(size=4000).astype(np.float32)
+    dw = (rng.normal(size=4000) * 10.0 ** rng.uniform(-3, 3, 4000)).astype(np.float32)
+    exact = w.astype(np.float64) + a * dw.astype(np.float64)
+    got = w.copy()
+    kernels.add_scaled(got, dw, a)
+    assert got.dtype == np.float32
+    np.testing.assert_array_less(np.abs(got - exact), u * np.abs(exact) + 2 * u * np.abs(a * dw) + 1e-45)
+    assert not np.array_equal(got, exact.astype(np.float32)), "the product was float64's"

@@ -3,7 +3,7 @@
     mpiexec -n N python bench/peers/ddp_peer.py [--epochs 5] [--out DIR] [--stop-at 0.95]
 
 As asgd's allreduce at N ranks: the same data, rank shares, per-epoch shuffles, model and
-init (asgd.net.mlp.init_params), batch B per rank, and asgd's optimizer at allreduce's
+init (asgd.net.mlp.init_params), precision (--precision), batch B per rank, and asgd's optimizer at allreduce's
 default lr as the torch.optim class with the same update (torch_mlp.torch_optimizer). Rank 0
 evaluates held-out accuracy each epoch and writes <out>/results.json in asgd's schema (the
 keys bench/ reads; an update is one synchronous step of all ranks).
@@ -49,11 +49,11 @@ def main(argv=None) -> int:
 
     train, test = problem.default_problem(args.seed)
     mine = np.flatnonzero(assign(len(train), args.seed, 0, size, holdout=False) == rank)   # = asgd allreduce's share
-    X, y = torch.from_numpy(train.X[mine]), torch.from_numpy(train.y[mine])
-    Xt, yt = torch.from_numpy(test.X), torch.from_numpy(test.y)
+    X, y = torch.from_numpy(train.X[mine].astype(args.precision)), torch.from_numpy(train.y[mine])
+    Xt, yt = torch.from_numpy(test.X.astype(args.precision)), torch.from_numpy(test.y)
 
     layout = mlp.Layout(train.features, args.hidden, train.classes)
-    model = torch_mlp(layout, mlp.init_params(layout, args.seed))
+    model = torch_mlp(layout, mlp.init_params(layout, args.seed, args.precision))
     ddp = DDP(model)
     optimizer, lr = optimizer_and_lr(args, size)
     opt = torch_optimizer(optimizer, ddp.parameters(), lr)

@@ -6,11 +6,12 @@ wanting an asynchronous parameter server in Python would pick instead of asgd.
 As PyTorch's tutorial "Implementing a Parameter Server Using Distributed RPC Framework"
 builds it: rank 0 holds the model and optimizer; each of the N-1 trainers rpc_asyncs its
 batch's gradient, the server steps under a lock and returns the parameters, which the
-trainer loads before its next step (no overlap). asgd's shares, init, batches, optimizer and
-async default lr. Rank 0 evaluates each epoch's worth of pushes and writes <out>/results.json
-(ddp_peer.py's keys). --tcp-only: TensorPipe's TCP transport only (by default it uses shared
-memory between one machine's processes, which the emulated cluster's hosts are: tensors
-would bypass the shaped links); bench_e2e --testbed passes it.
+trainer loads before its next step (no overlap). asgd's shares, init, precision
+(--precision), batches, optimizer and async default lr. Rank 0 evaluates each epoch's worth
+of pushes and writes <out>/results.json (ddp_peer.py's keys). --tcp-only: TensorPipe's TCP
+transport only (by default it uses shared memory between one machine's processes, which the
+emulated cluster's hosts are: tensors would bypass the shaped links); bench_e2e --testbed
+passes it.
 """
 
 import time
@@ -124,7 +125,7 @@ def main(argv=None) -> int:
 
     got = shares.embedded(rank, size, shares.Job(1, args.seed))   # asgd's shares: rank 0 the server
     layout = mlp.Layout(got.train.features, args.hidden, got.train.classes)
-    model = model_of(layout, mlp.init_params(layout, args.seed))
+    model = model_of(layout, mlp.init_params(layout, args.seed, args.precision))
     optimizer, lr = optimizer_and_lr(args, 1)
     if rank == 0:
         PS = ParameterServer(model, torch_optimizer(optimizer, model.parameters(), lr), got.train_points, size - 1,
@@ -136,8 +137,8 @@ def main(argv=None) -> int:
     init_s = time.perf_counter() - T0
     t_train = time.perf_counter()
     if rank == 0:
-        Xt, yt = torch.from_numpy(got.test.X), torch.from_numpy(got.test.y)
-        judge = model_of(layout, mlp.init_params(layout, args.seed))
+        Xt, yt = torch.from_numpy(got.test.X.astype(args.precision)), torch.from_numpy(got.test.y)
+        judge = model_of(layout, mlp.init_params(layout, args.seed, args.precision))
 
         def evaluate_params(params):
             with torch.no_grad():
@@ -146,7 +147,7 @@ def main(argv=None) -> int:
             return evaluate(judge, Xt, yt)
         history = serve(args, t_train, evaluate_params)
     else:
-        X, y = torch.from_numpy(got.train.X), torch.from_numpy(got.train.y)
+        X, y = torch.from_numpy(got.train.X.astype(args.precision)), torch.from_numpy(got.train.y)
         plan = Schedule(args.batch, args.epochs, (args.seed, rank - 1), 1.0)   # asgd's worker index: rank - 1
         loss_fn = nn.CrossEntropyLoss()
         for idx in (idx for epoch in range(args.epochs) for idx in plan.batches(len(y), epoch)):

@@ -134,6 +134,8 @@ def peer_parser(doc: str, name: str, *, per: str, epochs: int, lr_default: str, 
     p.add_argument("--optimizer", choices=("sgd", "momentum", "adagrad", "adam"), default=None,
                    help="default: asgd's (asgd.run.config.Config.optimizer)")
     p.add_argument("--lr", type=float, default=None, help=f"default: asgd.net.optimizers.default_lr{lr_default}")
+    p.add_argument("--precision", choices=("float32", "float64"), default="float32",
+                   help="the dtype of w, the data and torch's arithmetic (default float32: asgd's and torch's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop-at", type=float, default=None,
                    help="stop after the first epoch whose held-out accuracy reaches this")
@@ -184,8 +186,8 @@ def write_results(args, peer: str, ranks: dict, backend: str, run: dict, history
     last = history[-1] if history else {}
     res = {"schema": 1, "peer": peer,
            "config": {**ranks, "hidden": args.hidden, "batch": args.batch, "epochs": args.epochs,
-                      "epochs_run": len(history), "seed": args.seed, **run, "torch": torch.__version__,
-                      "backend": backend, "threads": torch.get_num_threads(),
+                      "epochs_run": len(history), "seed": args.seed, "precision": args.precision, **run,
+                      "torch": torch.__version__, "backend": backend, "threads": torch.get_num_threads(),
                       "python": platform.python_version(), "numpy": np.__version__},
            "wall_s": wall, "init_s": init_s, "train_s": train_s,
            "metrics": {"loss": last.get("test_loss"), "accuracy": last.get("test_accuracy"), "history": history},

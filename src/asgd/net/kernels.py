@@ -594,38 +594,57 @@ def all_finite(a):
 
 @njit(boundscheck=False, cache=True)
 def add_scaled(w, dw, a):
-    """w += a * dw in place: a sync server's weighted average, one worker at a time."""
+    """w += a * dw in place: a sync server's weighted average, one worker at a time. In w's
+    dtype: a is rounded to it once, so a float32 w is summed in float32 lanes (a float64 a
+    would lift every product to float64). Each value is then within u |w'| + 2u |a dw| of the
+    exact w + a dw (u: the dtype's unit roundoff, 2^-24 in float32: a's rounding and the
+    product's, then the sum's), where a float64 product erred u |w'| only."""
     if w.size != dw.size:
         raise ValueError("add_scaled: size mismatch")
+    a = w.dtype.type(a)
     for i in range(w.size):
         w[i] += a * dw[i]
 
 
 # -- server-side optimizers: w moves along d = -gradient (for sgd, d = -lr * gradient) ----
-# Each update is one streaming pass that does three jobs at once: it checks d for NaN and
-# inf, moves w into `out` (the server's next version of its shard: w itself stays as it
-# was, the version a reply may still be reading) and writes the optimizer's state into
-# its next buffers (the current ones stay as they were). d goes in blocks of _BLOCK
-# values: a block is checked, then used while it is still in L1, so d crosses the
-# memory bus once. A non-finite d returns False at its first bad block, having changed
-# nothing a caller keeps (out and the next state buffers are scratch until it returns
-# True): a refused update costs no copy and no undo. d is scaled by `scale` as it is read
-# (sync's and allreduce's means), never in place.
-# Each block is handed to a plain loop over slices (the `_*_block` kernels): written
-# inline as range(a, b) over the whole arrays, LLVM left the loop scalar, 2.5x (sgd) to
-# 4x (adagrad) slower at 400 KB (measured here, timing Optimizer.update alone).
+# An update moves w into `out` (the server's next version of its shard: w itself stays as
+# it was, the version a reply may still be reading; out None: w in place) and refuses a d
+# with NaN or inf, having changed nothing: a refused update costs no copy and no undo. d is
+# scaled by `scale` as it is read (sync's and allreduce's means), never in place.
+# sgd, which keeps no state, does it in one pass: d goes in blocks of _BLOCK values, each
+# checked, then used while it is still in L1, so d crosses the memory bus once (a bad
+# block found late leaves only `out`, scratch until True, partly written).
+# momentum, adagrad and adam check all of d first (all_finite: one read of d, which the
+# update then finds in cache: at 400 KB in L2, at 4 MB in L3), then move their state in
+# place. Double-buffering the state instead (a single pass writing the next state into
+# other buffers, swapped in on success) moves two more streams per state array than this
+# pass moves (the new buffers' write-allocate reads): adam 10 line transfers a value
+# against 8 (+ d again from cache), adagrad 7 against 6; measured here in float32
+# (2026-11-28, 2 shared cores, load ~15, ABAB medians of 9, CPU lock): adam over sgd per
+# update 3.25x -> 2.48x at 400 KB and 3.54x -> 2.81x at 4 MB, adagrad 2.12x -> 1.78x and
+# 1.96x -> 1.85x. adam's floor is 7 arrays moved against sgd's 3 (2.33x): it is
+# bandwidth-bound at both sizes (a 400 KB shard's 7 arrays are 2.8 MB, past the 1 MB L2).
+# Each update's loop is a plain loop over slices (the `_*_block` kernels): written inline
+# as range(a, b) over the whole arrays, LLVM left the loop scalar, 2.5x (sgd) to 4x
+# (adagrad) slower at 400 KB (measured here, timing Optimizer.update alone). In place
+# (out None) they go through a block-sized scratch, so that the loop's stores never
+# alias its loads (aliased, LLVM's runtime check would send it down its scalar path).
 # error_model="numpy": with numba's default ("python") every division checks for a zero
 # divisor, which keeps the loop scalar (adagrad and adam moved 4x less, bench_server.py).
 # The divisor is >= eps > 0, so nothing changes but the speed: sqrt and division stay
-# exact (no fastmath beyond contraction).
+# exact (no fastmath beyond contraction). Looser flags bought nothing: with
+# {"contract", "arcp", "afn"} LLVM still emits vsqrtps and vdivps on 16 lanes (zmm); with
+# "ninf" too the division becomes vrcp14ps and a Newton step, and adam's update took as
+# long (2026-11-28, as above: 3.44x sgd against 3.30x exact, at 400 KB): memory, not the
+# square root or the division, bounds it.
 # Precision: every scalar comes in w's dtype (Optimizer.update casts lr, eps, the betas,
 # Adam's bias corrections and the scales), so a float32 shard is updated in float32
 # arithmetic throughout, 16 lanes to an AVX-512 register where float64 had 8: sqrt and
 # division are IEEE float32's, correctly rounded. What that costs in accuracy, per update:
 # each value computed is within (its roundings) x 2^-24 relative of the same update done
-# in float64 from the same float32 inputs (adagrad's step: 6 roundings; Adam's: 8;
-# tests/test_optimizers.py), far inside what an optimizer needs, whose step size is a
-# learning rate tuned by factors of 2 and is perturbed far more by the staleness of an
+# in float64 from the same float32 inputs (adagrad's step: 6.5 roundings; Adam's: 8;
+# tests/test_optimizers.py pins both), far inside what an optimizer needs, whose step size
+# is a learning rate tuned by factors of 2 and is perturbed far more by the staleness of an
 # asynchronous push; summed over T updates, adagrad's G drifts at most T x 2^-24
 # relative (its terms are positive): after 10^5 updates, its step within 0.3 %.
 
@@ -678,94 +697,93 @@ def sgd_update(w, d, out, scale):
 
 
 @njit(**_EXACT)
-def _momentum_block(w, v, d, out, v_out, lr, mu, scale):
+def _momentum_block(w, v, d, out, lr, mu, scale):
     for i in range(w.size):
         vi = mu * v[i] + lr * (scale * d[i])
-        v_out[i] = vi
+        v[i] = vi
         out[i] = w[i] + vi
 
 
 @njit(**_EXACT)
-def momentum_update(w, v, d, out, v_out, lr, mu, scale):
-    """Heavy-ball momentum: v' = mu v + lr d; out = w + v'; d checked in the same pass."""
+def momentum_update(w, v, d, out, lr, mu, scale):
+    """Heavy-ball momentum: v = mu v + lr d in place; out = w + v; False (nothing changed) if d
+    is not finite."""
     n = w.size
-    if not _sizes_agree(n, v, d, v_out) or (out is not None and out.size != n):
+    if not _sizes_agree(n, v, d) or (out is not None and out.size != n):
         raise ValueError("momentum_update: sizes differ")
-    tmp = np.empty(_BLOCK if out is None else 0, w.dtype)   # in place: each block through L1 (see above)
+    if not all_finite(d):
+        return False
+    if out is not None:
+        _momentum_block(w, v, d, out, lr, mu, scale)
+        return True
+    tmp = np.empty(_BLOCK, w.dtype)   # in place: through a scratch block (see above)
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
-        if not _finite_block(d[a:b]):
-            return False
-        if out is None:
-            _momentum_block(w[a:b], v[a:b], d[a:b], tmp[:b - a], v_out[a:b], lr, mu, scale)
-            w[a:b] = tmp[:b - a]
-        else:
-            _momentum_block(w[a:b], v[a:b], d[a:b], out[a:b], v_out[a:b], lr, mu, scale)
+        _momentum_block(w[a:b], v[a:b], d[a:b], tmp[:b - a], lr, mu, scale)
+        w[a:b] = tmp[:b - a]
     return True
 
 
 @njit(**_OPT)
-def _adagrad_block(w, g2, d, out, g2_out, lr, eps, scale):
+def _adagrad_block(w, g2, d, out, lr, eps, scale):
     for i in range(w.size):
         di = scale * d[i]
         s = g2[i] + di * di
-        g2_out[i] = s
+        g2[i] = s
         out[i] = w[i] + lr * di / (math.sqrt(s) + eps)
 
 
 @njit(**_OPT)
-def adagrad_update(w, g2, d, out, g2_out, lr, eps, scale):
-    """Adagrad (Duchi et al. 2011; DistBelief's Downpour SGD): g2' = g2 + d^2;
-    out = w + lr d / (sqrt(g2') + eps); d checked in the same pass."""
+def adagrad_update(w, g2, d, out, lr, eps, scale):
+    """Adagrad (Duchi et al. 2011; DistBelief's Downpour SGD): g2 = g2 + d^2 in place;
+    out = w + lr d / (sqrt(g2) + eps); False (nothing changed) if d is not finite."""
     n = w.size
-    if not _sizes_agree(n, g2, d, g2_out) or (out is not None and out.size != n):
+    if not _sizes_agree(n, g2, d) or (out is not None and out.size != n):
         raise ValueError("adagrad_update: sizes differ")
-    tmp = np.empty(_BLOCK if out is None else 0, w.dtype)   # in place: each block through L1 (see above)
+    if not all_finite(d):
+        return False
+    if out is not None:
+        _adagrad_block(w, g2, d, out, lr, eps, scale)
+        return True
+    tmp = np.empty(_BLOCK, w.dtype)   # in place: through a scratch block (see above)
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
-        if not _finite_block(d[a:b]):
-            return False
-        if out is None:
-            _adagrad_block(w[a:b], g2[a:b], d[a:b], tmp[:b - a], g2_out[a:b], lr, eps, scale)
-            w[a:b] = tmp[:b - a]
-        else:
-            _adagrad_block(w[a:b], g2[a:b], d[a:b], out[a:b], g2_out[a:b], lr, eps, scale)
+        _adagrad_block(w[a:b], g2[a:b], d[a:b], tmp[:b - a], lr, eps, scale)
+        w[a:b] = tmp[:b - a]
     return True
 
 
 @njit(**_OPT)
-def _adam_block(w, m, v, d, out, m_out, v_out, lr, b1, b2, eps, c1, c2, scale):
+def _adam_block(w, m, v, d, out, lr, b1, b2, eps, c1, c2, scale):
     one = w.dtype.type(1.0)   # a literal 1.0 is float64: it would lift a float32 update to float64
     for i in range(w.size):
         di = scale * d[i]
         mi = b1 * m[i] + (one - b1) * di
         vi = b2 * v[i] + (one - b2) * di * di
-        m_out[i] = mi
-        v_out[i] = vi
+        m[i] = mi
+        v[i] = vi
         out[i] = w[i] + lr * (mi * c1) / (math.sqrt(vi * c2) + eps)
 
 
 @njit(**_OPT)
-def adam_update(w, m, v, d, out, m_out, v_out, lr, b1, b2, eps, c1, c2, scale):
-    """Adam (Kingma & Ba 2015), step t >= 1: m' = b1 m + (1-b1) d; v' = b2 v + (1-b2) d^2;
-    out = w + lr m^ / (sqrt(v^) + eps), with the bias corrections m^ = m' c1, v^ = v' c2,
-    c1 = 1/(1-b1^t), c2 = 1/(1-b2^t) (the caller's, computed in float64); d checked in the
-    same pass."""
+def adam_update(w, m, v, d, out, lr, b1, b2, eps, c1, c2, scale):
+    """Adam (Kingma & Ba 2015), step t >= 1: m = b1 m + (1-b1) d; v = b2 v + (1-b2) d^2, in
+    place; out = w + lr m^ / (sqrt(v^) + eps), with the bias corrections m^ = m c1, v^ = v c2,
+    c1 = 1/(1-b1^t), c2 = 1/(1-b2^t) (the caller's, computed in float64); False (nothing
+    changed) if d is not finite."""
     n = w.size
-    if not _sizes_agree(n, m, v, d, m_out, v_out) or (out is not None and out.size != n):
+    if not _sizes_agree(n, m, v, d) or (out is not None and out.size != n):
         raise ValueError("adam_update: sizes differ")
-    tmp = np.empty(_BLOCK if out is None else 0, w.dtype)   # in place: each block through L1 (see above)
+    if not all_finite(d):
+        return False
+    if out is not None:
+        _adam_block(w, m, v, d, out, lr, b1, b2, eps, c1, c2, scale)
+        return True
+    tmp = np.empty(_BLOCK, w.dtype)   # in place: through a scratch block (see above)
     for a in range(0, n, _BLOCK):
         b = min(a + _BLOCK, n)
-        if not _finite_block(d[a:b]):
-            return False
-        if out is None:
-            _adam_block(w[a:b], m[a:b], v[a:b], d[a:b], tmp[:b - a], m_out[a:b], v_out[a:b], lr, b1, b2, eps, c1,
-                        c2, scale)
-            w[a:b] = tmp[:b - a]
-        else:
-            _adam_block(w[a:b], m[a:b], v[a:b], d[a:b], out[a:b], m_out[a:b], v_out[a:b], lr, b1, b2, eps, c1, c2,
-                        scale)
+        _adam_block(w[a:b], m[a:b], v[a:b], d[a:b], tmp[:b - a], lr, b1, b2, eps, c1, c2, scale)
+        w[a:b] = tmp[:b - a]
     return True
 
 

@@ -12,10 +12,11 @@ applies lr. Keeping the state on the server, per shard, is how parameter servers
 field do it (DistBelief's Downpour SGD ran Adagrad there; MXNet's kvstore and ps-lite let
 the server own the optimizer): it sees every update, stale ones included.
 
-An update is one numba pass (net.kernels) that checks d for NaN and inf, writes the moved
-w into a buffer the caller names (a server's next version of its shard) and the state
-into its next buffers, which are swapped in only if d was finite: a refused d changes
-nothing, and needs neither a second pass nor an undo.
+An update (net.kernels) checks d for NaN and inf and writes the moved w into a buffer the
+caller names (a server's next version of its shard): sgd in one pass; the others check
+all of d first, then move their state in place in the pass that writes w (one state
+buffer each, not a next one to swap in: fewer bytes per update). A refused d changes
+nothing, and needs no undo.
 """
 
 from __future__ import annotations
@@ -40,32 +41,30 @@ class Optimizer:
         self.t = 0  # updates applied (Adam's bias correction counts them)
         shapes = {"sgd": (), "momentum": ("v",), "adagrad": ("g2",), "adam": ("m", "v")}[name]
         self.state = {k: np.zeros(size, self.dtype) for k in shapes}
-        self._next = {k: np.zeros(size, self.dtype) for k in shapes}   # what an update writes; swapped in if it took
 
     def update(self, w: np.ndarray, d: np.ndarray, out: np.ndarray | None, scale: float = 1.0,
                lr_scale: float = 1.0) -> bool:
         """out = w moved along scale * d with the learning rate times lr_scale (a stale
         update's smaller step: asgd.core.shard; for sgd, whose d carries the worker's lr,
-        both scale d), and the state moved with it, in one pass that also checks d: False,
-        with w, the state and t as they were (out is scratch), if d has NaN or inf. d is
-        never written. out None moves w itself, only for a d known to be finite (a bad
-        block found late would leave w partly moved): step()."""
-        s, nx, f = self.state, self._next, self.dtype.type   # scalars in w's dtype: see net.kernels
+        both scale d), and the state moved with it: False, with w, the state and t as they
+        were (out is scratch), if d has NaN or inf. d is never written. out None moves w
+        itself, only for a d known to be finite (sgd's one pass, finding a bad block late,
+        would leave w partly moved): step()."""
+        s, f = self.state, self.dtype.type   # scalars in w's dtype: see net.kernels
         lr, sgd_scale, scale = f(self.lr * lr_scale), f(scale * lr_scale), f(scale)   # each rounded once
         if self.name == "sgd":
             ok = kernels.sgd_update(w, d, out, sgd_scale)
         elif self.name == "momentum":
-            ok = kernels.momentum_update(w, s["v"], d, out, nx["v"], lr, f(self.mu), scale)
+            ok = kernels.momentum_update(w, s["v"], d, out, lr, f(self.mu), scale)
         elif self.name == "adagrad":
-            ok = kernels.adagrad_update(w, s["g2"], d, out, nx["g2"], lr, f(EPS), scale)
+            ok = kernels.adagrad_update(w, s["g2"], d, out, lr, f(EPS), scale)
         else:
             t = self.t + 1   # the bias corrections in float64, then cast: b2^t is 1 - t (1 - b2) early on
             c1, c2 = 1.0 / (1.0 - BETAS[0] ** t), 1.0 / (1.0 - BETAS[1] ** t)
-            ok = kernels.adam_update(w, s["m"], s["v"], d, out, nx["m"], nx["v"], lr, f(BETAS[0]), f(BETAS[1]), f(EPS),
-                                     f(c1), f(c2), scale)
+            ok = kernels.adam_update(w, s["m"], s["v"], d, out, lr, f(BETAS[0]), f(BETAS[1]), f(EPS), f(c1), f(c2),
+                                     scale)
         if ok:
             self.t += 1
-            self.state, self._next = nx, s
         return ok
 
     def step(self, w: np.ndarray, d: np.ndarray, scale: float = 1.0, lr_scale: float = 1.0) -> None:
@@ -76,8 +75,8 @@ class Optimizer:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of its state, and of the buffers its next state is written into."""
-        return sum(v.nbytes for v in (*self.state.values(), *self._next.values()))
+        """Bytes of its state."""
+        return sum(v.nbytes for v in self.state.values())
 
     def save(self) -> dict:
         """The state as arrays, for a checkpoint (t as a 0-d array)."""

@@ -8,8 +8,8 @@ the loop waits on all of them through the Waiter (no spinning), hands each compl
 to the shard, and ends when every worker has retired, whatever the policy. A push's
 receive is re-armed once the shard releases it (applied and answered), so a held push's
 buffer stays untouched. An apply is the shard's optimizer (net.optimizers: sgd adds
-Delta-w; momentum, adagrad and adam keep their state per shard) in one pass that checks
-Delta-w for NaN and inf and writes the next version of the shard into a buffer no reply is
+Delta-w; momentum, adagrad and adam keep their state per shard) that checks Delta-w for
+NaN and inf and writes the next version of the shard into a buffer no reply is
 being sent from; a reply is an Isend out of the version it carries, so no reply copies w
 and none reads a shard being written (protocol.messages' versions). How the messages sit
 in memory (dense, or 1-bit with a copy of the shard per worker) is the message

@@ -1,6 +1,6 @@
 """A server's updates of its shard: the optimizer (net.optimizers: sgd adds Delta-w;
-momentum, adagrad and adam keep their state per shard) moving it, in one pass that checks
-Delta-w for NaN and inf, into the next version in the message strategy's pool
+momentum, adagrad and adam keep their state per shard) moving it, having checked Delta-w
+for NaN and inf, into the next version in the message strategy's pool
 (protocol.messages: a buffer no reply is being sent from). These are the apply effects
 asgd.core.shard asks of the MPI transport (protocol.server)."""
 
