@@ -1,0 +1,161 @@
+"""The headline figures, written once: read the benches' result files, keep each figure with
+its run, date, commit, CPU and load in docs/figures.json, and rewrite every generated block
+of README.md, docs/model.md, docs/simulator.md and docs/benchmarks.md from that file, so those pages quote the
+figures rather than retype them (tests/test_docs.py checks each block against its rendering).
+
+A block is `<!-- figures: ID ID ... -->` ... `<!-- /figures -->`; its IDs are docs/figures.json's.
+
+    python bench/headline.py --data DIR --sim DIR --arch DIR --testbed DIR --commit HASH
+    python bench/headline.py                         # only re-render the blocks
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES = ROOT / "docs" / "figures.json"
+PAGES = [ROOT / "README.md", *(ROOT / "docs" / f"{page}.md" for page in ("model", "simulator", "benchmarks"))]
+BLOCK = re.compile(r"(<!-- figures: ([^>]*?) -->\n)(.*?)(<!-- /figures -->)", re.S)
+
+
+def source(j: dict, commit: str | None) -> dict:
+    """Where a bench's figures come from: its command, date, commit, CPU and load."""
+    m, load = j["machine"], j.get("load") or j.get("load_during_runs") or {}
+    return {"command": j["command"], "date": m["date"][:10], "commit": j.get("commit") or commit or "not recorded",
+            "cpu": f"{m['cpu']} ({m.get('llvm_cpu')}), {m['cores']} cores",
+            "load": (f"{load['loadavg_1min_median']} (1-min median)" if "loadavg_1min_median" in load
+                     else f"{m['loadavg_at_start'][0]} at start")}
+
+
+def pct(x: float) -> str:
+    return f"{x:.1f} %"
+
+
+def from_data(j: dict) -> dict:
+    s = j["summary"]
+    worst = min(s, key=lambda r: r["gap_to_sklearn"] if r["gap_to_sklearn"] is not None else -1)
+    others = [k for k in s[0] if k.startswith("gap_to_float")]
+    out = {"data_vs_sklearn": (f"asgd's defaults on {len({r['dataset'] for r in s})} data sets at "
+                               f"{', '.join(str(n) for n in sorted({r['ranks'] for r in s}))} ranks against "
+                               "scikit-learn's MLPClassifier(): the worst gap", "measured here",
+                               f"{worst['gap_to_sklearn']:+.3f} ({worst['dataset']}, {worst['ranks']} ranks); "
+                               f"{sum(r['gap_to_sklearn'] >= -0.03 for r in s)} of {len(s)} within 0.03")}
+    for ring in (r for r in s if r["dataset"] == "rings" and r["ranks"] == 16):   # the README's default run
+        out["default_run"] = ("the default 16-rank run (`mpiexec -n 16 python -m asgd.train`): held-out accuracy "
+                              "and mpiexec's wall time", "measured here",
+                              f"{ring['default_run_accuracy']:.4f} in {ring['default_run_s']:.1f} s")
+    for k in others:   # float32 (the default) against another precision, the same seeds
+        gaps = [(abs(r[k]), r) for r in s if r.get(k) is not None]
+        big, r = max(gaps, key=lambda g: g[0])
+        out[f"data_{k}"] = (f"float32 (the default) against {k[7:]}, the same seeds: the largest accuracy gap over "
+                            f"{len(gaps)} data set × rank points", "measured here",
+                            f"{big:.4f} ({r['dataset']}, {r['ranks']} ranks); {sum(g <= 0.005 for g, _ in gaps)} of "
+                            f"{len(gaps)} within 0.005")
+    return out
+
+
+def spread(by: dict, who: str) -> str:
+    meds = [v[who]["median"] for v in by.values() if v.get(who)]
+    return f"per architecture {min(meds):.1f}–{max(meds):.1f} %"
+
+
+def from_sim(j: dict) -> dict:
+    s = j["summary"]
+    runs = s["sim_train"]["runs"] if "runs" in s["sim_train"] else s["runs"]
+    return {"validation_sim": (f"the simulator's median error of train time, {runs} runs on shared memory that "
+                               "calibrated nothing (`bench_sim validate`)", "measured here, simulated",
+                               f"{pct(s['sim_train']['median'])} ({spread(s['by_architecture'], 'sim')})"),
+            "validation_model": (f"the analytical model's median error of train time, the same {runs} runs",
+                                 "measured here, predicted by the model",
+                                 f"{pct(s['model_train']['median'])} ({spread(s['by_architecture'], 'model')})"),
+            "calibrate_time": ("a full `python -m asgd.perf calibrate`", "measured here", f"{j['calibrate_s']:.0f} s")}
+
+
+def from_arch(j: dict) -> dict:
+    s, rate = j["summary"], j["summary"]["rate"]
+    ape = s["ape"]
+    out = {"arch_error": (f"time per iteration on the emulated cluster at {rate}, five architectures: median error "
+                          f"over {ape['pred']['all']['runs']} runs", "measured on the emulated cluster; predicted, "
+                          "simulated", f"model {pct(ape['pred']['all']['median'])}, simulator "
+                          f"{pct(ape['sim']['all']['median'])}")}
+    for h, o in s["optimizer"].items():
+        first, best = o["optimize_first_swept"], o["best_measured"]
+        out[f"pick_{rate}_h{h}"] = (f"optimize's first pick at {rate}, 2-{int(h) // 1000}K-2, against the best of "
+                                    "the sweep", "measured on the emulated cluster",
+                                    f"{o['ratio']:.3f}× ({first['label']} W={first['workers']} "
+                                    f"{first['measured_s']:.1f} s; best {best['label']} W={best['workers']} "
+                                    f"{best['measured_s']:.1f} s)")
+    for h, o in (s.get("second_rate") or {}).items():   # the winners, each measured at the second rate
+        rate2 = next(k for k in o["model_winner"] if k != rate)
+        pick = o["model_winner"][rate2]
+        got = {k: v for k, v in o["measured_s"][rate2].items() if v is not None}
+        mine = got.get(f"{pick['label']} W={pick['workers']}")
+        best = min(got, key=got.get)
+        out[f"pick_{rate2}_h{h}"] = (f"optimize's pick at {rate2}, 2-{int(h) // 1000}K-2, against the other rate's "
+                                     "pick, both measured at " + rate2, "measured on the emulated cluster",
+                                     (f"{mine / got[best]:.3f}× ({pick['label']} W={pick['workers']} {mine:.1f} s; "
+                                      f"best {best} {got[best]:.1f} s)") if mine else "not measured")
+    return out
+
+
+def from_testbed(j: dict) -> dict:
+    s, prec = j["summary"]["none"], j["rows"][0]["precision"]
+    proof = all(r["proof_ok"] for r in j["rows"] if r.get("proof_ok") is not None)
+    return {f"testbed_{prec}": (f"one server's ceiling on {j['args']['bandwidth']} links, {prec} (plain messages), "
+                                "the model's median error over the sweep, and the byte proof",
+                                "measured on the emulated cluster; predicted",
+                                f"{s['ceilings']['1']['ceiling_updates_per_s']:.2f} updates/s; model "
+                                f"{pct(s['model_median_ape_pct'])}; bytes {'PASS' if proof else 'FAIL'}")}
+
+
+READERS = {"data": ("data.json", from_data), "sim": ("validate.json", from_sim), "arch": ("arch.json", from_arch),
+           "testbed": ("testbed.json", from_testbed)}
+
+
+def render(ids: list[str], figures: dict) -> str:
+    """A block's table: each figure with where it comes from."""
+    lines = ["| figure | value | how | run |", "|---|---|---|---|"]
+    for i in ids:
+        f = figures[i]
+        lines.append(f"| {f['what']} | {f['value']} | {f['kind']} | `{f['command']}`, {f['date']}, commit "
+                     f"{f['commit']}, {f['cpu']}, load {f['load']} |")
+    return "\n".join(lines) + "\n"
+
+
+def rewrite(text: str, figures: dict) -> str:
+    return BLOCK.sub(lambda m: m[1] + render(m[2].split(), figures) + m[4], text)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, (file, _) in READERS.items():
+        p.add_argument(f"--{name}", type=Path, help=f"a bench_{name} output folder (its {file})")
+    p.add_argument("--commit", help="the commit the benches ran, for results that do not record it")
+    a = p.parse_args(argv)
+    figures = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
+    for name, (file, read) in READERS.items():
+        if getattr(a, name):
+            j = json.loads((getattr(a, name) / file).read_text())
+            src = source(j, a.commit)
+            for k, (what, kind, value) in read(j).items():
+                figures[k] = {"what": what, "value": value, "kind": kind, **src}
+    FIGURES.write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")
+    missing = {f"{q.name}: {i}" for q in PAGES for m in BLOCK.finditer(q.read_text()) for i in m[2].split()
+               if i not in figures}
+    if missing:
+        print(f"no result gave these figures yet (the pages are left as they were): {', '.join(sorted(missing))}")
+        return 1
+    for page in PAGES:
+        page.write_text(rewrite(page.read_text(), figures))
+    print(f"wrote {FIGURES.relative_to(ROOT)} ({len(figures)} figures) and the blocks of "
+          + ", ".join(str(q.relative_to(ROOT)) for q in PAGES))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
