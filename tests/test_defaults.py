@@ -82,3 +82,20 @@ def test_the_rule_is_asgd_trains():
     assert config.default_hidden(False) == config.FILE_HIDDEN
     assert config.default_epochs(700) == config.FILE_EPOCHS[1]
     assert config.default_epochs(10_000_000) == config.FILE_EPOCHS[0]
+
+
+def test_a_real_file_is_a_file_to_every_command(tmp_path):
+    """--data FILE (no --points or --format): a file's hidden layer and epochs rule in
+    predict, optimize and the simulator alike, not the embedded problem's."""
+    data = tmp_path / "d.tsv"
+    data.write_text("".join(f"{i % 3}\t{i * 0.1:.1f}\t{-i * 0.2:.1f}\n" for i in range(800)))
+    points = 800 - 800 // perf_cli.HOLDOUT
+    want = (config.default_epochs(points), config.default_hidden(False))
+    for cmd in ("predict", "optimize"):
+        extra = ["--cores-per-node", "2"] if cmd == "optimize" else []
+        a = perf_cli.build_parser().parse_args([cmd, *extra, "--data", str(data)])
+        run = perf_cli._base_run(a, params())
+        assert (run.epochs, run.file_bytes > 0) == (want[0], True)
+        assert (a.hidden == [want[1]]) if cmd == "predict" else (a.hidden == want[1])
+    spec, _ = sim_cli.spec_from_args(sim_cli.build_parser().parse_args(["-n", "3", "--data", str(data)]), params())
+    assert (spec.run.epochs, spec.run.hidden, spec.run.file_bytes > 0) == (*want, True)

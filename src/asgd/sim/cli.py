@@ -164,7 +164,7 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
             raise SimError(f"--data {a.data}: no such file (use --points N for a file that need not exist)")
         base.update(perf_cli.data_of(a.data, a.points, fmt, p))
         data_path = a.data or (None if fmt == "embedded" else f"simulated-{a.points or 16384}.{fmt}")
-        if fmt == "embedded":
+        if fmt == "embedded" and not a.data:   # --data FILE is that file, whatever --format says
             base.update(file_bytes=0, test_bytes=0)
     arch = a.arch or like.get("arch", "ps")
     ranks = a.ranks or like.get("world_size", 16)
