@@ -65,15 +65,17 @@ def spread(by: dict, who: str) -> str:
 
 
 def from_sim(j: dict) -> dict:
-    s = j["summary"]
-    runs = s["sim_train"]["runs"] if "runs" in s["sim_train"] else s["runs"]
-    return {"validation_sim": (f"the simulator's median error of train time, {runs} runs on shared memory that "
-                               "calibrated nothing (`bench_sim validate`)", "measured here, simulated",
-                               f"{pct(s['sim_train']['median'])} ({spread(s['by_architecture'], 'sim')})"),
-            "validation_model": (f"the analytical model's median error of train time, the same {runs} runs",
-                                 "measured here, predicted by the model",
-                                 f"{pct(s['model_train']['median'])} ({spread(s['by_architecture'], 'model')})"),
-            "calibrate_time": ("a full `python -m asgd.perf calibrate`", "measured here", f"{j['calibrate_s']:.0f} s")}
+    s, epochs = j["summary"], j["args"]["epochs"] if "args" in j else int(j["command"].split("--epochs ")[1].split()[0])
+    runs, tag = s["sim_train"].get("runs", s["runs"]), "" if epochs == 8 else f"_e{epochs}"   # 8: the bench's protocol
+    return {f"validation_sim{tag}": (f"the simulator's median error of train time, {runs} runs of {epochs} epochs on "
+                                     "shared memory that calibrated nothing (`bench_sim validate`)",
+                                     "measured here, simulated",
+                                     f"{pct(s['sim_train']['median'])} ({spread(s['by_architecture'], 'sim')})"),
+            f"validation_model{tag}": (f"the analytical model's median error of train time, the same {runs} runs",
+                                       "measured here, predicted by the model",
+                                       f"{pct(s['model_train']['median'])} ({spread(s['by_architecture'], 'model')})"),
+            **({"calibrate_time": ("a full `python -m asgd.perf calibrate`", "measured here",
+                                   f"{j['calibrate_s']:.0f} s")} if j.get("calibrate_s") else {})}
 
 
 def from_arch(j: dict) -> dict:
@@ -113,8 +115,53 @@ def from_testbed(j: dict) -> dict:
                                 f"{pct(s['model_median_ape_pct'])}; bytes {'PASS' if proof else 'FAIL'}")}
 
 
+def from_kernel(j: dict) -> dict:
+    rows = {(r["precision"], r["hidden"]): r for r in j["rows"] if r["impl"] == "numba" and r["batch"] == 256}
+
+    def one(h: int) -> str:
+        f32, f64 = rows["float32", h], rows["float64", h]
+        return (f"2-{h // 1000}K-2 {f32['samples_per_s'] / f64['samples_per_s']:.2f}× ({f32['pct_of_ceiling']:.0f} % "
+                f"/ {f64['pct_of_ceiling']:.0f} % of the ceiling)")
+    return {"kernel": ("the worker's step at batch 256 (numba): float32 over float64 samples/s, and each against "
+                       "its GEMM ceiling (SGEMM, DGEMM)", "measured here",
+                       "; ".join(one(h) for p, h in sorted(rows) if p == "float32"))}
+
+
+def from_messaging(j: dict) -> dict:
+    asgd = [r for r in j["rows"] if r["variant"].startswith("asgd")]
+    ratios = [r for r in j["float32_over_float64"] if r["variant"].startswith("asgd")]
+    worst = max(ratios, key=lambda r: r["float32_over_float64"])
+    floor = max((r for r in asgd if r["precision"] == "float32"), key=lambda r: r["vs_reply_first"])
+    return {"messaging": ("a push/pull round trip (2 ranks): float32 over float64, and float32's over the reply-first "
+                          "floor, the worst optimizer and size of each", "measured here",
+                          f"{worst['float32_over_float64']:.2f}× ({worst['variant']}, {worst['model']}); "
+                          f"{floor['vs_reply_first']:.2f}× the floor ({floor['variant']}, {floor['model']})")}
+
+
+def from_server(j: dict) -> dict:
+    rows = [r for r in j["rows"] if r["precision"] == "float32" and r["workers"] == 1 and r["path"] == "asgd"
+            and r["optimizer"] in ("adagrad", "adam")]
+    return {"server": ("the server's update per push in float32, 1 worker: adagrad and adam over sgd",
+                       "measured here", "; ".join(f"{r['model']} {r['optimizer']} {r['vs_sgd']:.2f}×" for r in rows))}
+
+
+def from_e2e(j: dict) -> dict:
+    out = {}
+    for n in sorted({r["ranks"] for r in j["summary"]}):
+        got = {(r["impl"], r["precision"]): r.get("time_to_accuracy_s") for r in j["summary"] if r["ranks"] == n}
+        impls = dict.fromkeys(r["impl"] for r in j["rows"] if r["ranks"] == n)   # failed runs are rows too
+        def cell(impl: str, p: str) -> str:
+            return f"{got[impl, p]:.2f} s" if got.get((impl, p)) else "no result"
+        out[f"e2e_{n}"] = (f"time to held-out accuracy {j['target_accuracy']} from process start, {n} ranks, each "
+                           "implementation in float32 / float64", "measured here",
+                           "; ".join(f"{impl} {cell(impl, 'float32')} / {cell(impl, 'float64')}" for impl in impls))
+    return out
+
+
 READERS = {"data": ("data.json", from_data), "sim": ("validate.json", from_sim), "arch": ("arch.json", from_arch),
-           "testbed": ("testbed.json", from_testbed)}
+           "testbed": ("testbed.json", from_testbed), "kernel": ("kernel.json", from_kernel),
+           "messaging": ("messaging.json", from_messaging), "server": ("server.json", from_server),
+           "e2e": ("e2e.json", from_e2e)}
 
 
 def render(ids: list[str], figures: dict) -> str:
