@@ -7,10 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from asgd import mpienv
 from asgd.doctor import BROKEN, OK, SKIPPED, WARN, cli, selftest
 from asgd.mpienv import cores_available
 
@@ -159,3 +161,21 @@ def test_a_file_that_is_not_a_params_json_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["--params", str(bad)])
     assert e.value.code == 2 and "not a params.json" in capsys.readouterr().err
+
+
+def test_a_job_past_its_time_is_killed_with_everything_it_started(tmp_path):
+    """mpienv.run_bounded (the doctor's self-test, calibrate's and the pilot's jobs): past
+    the timeout the whole session goes, so no rank outlives a killed mpiexec."""
+    pid_file = tmp_path / "child"
+    script = f"sleep 60 & echo $! > {pid_file}; wait"   # the launcher's stand-in, and a rank it started
+    t = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        mpienv.run_bounded(["bash", "-c", script], timeout=1.0)
+    assert time.monotonic() - t < 30
+    child = int(pid_file.read_text())
+    for _ in range(50):   # reaped by init shortly after the kill
+        if not os.path.exists(f"/proc/{child}") or "Z" in open(f"/proc/{child}/stat").read().split()[2]:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the job's child {child} outlived the timeout")

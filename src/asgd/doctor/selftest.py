@@ -6,9 +6,7 @@ the job's time against its budget."""
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -36,14 +34,12 @@ def launch(launcher: str, timed: bool, timeout: float) -> tuple[dict | None, str
     cmd = mpienv.command(2, sys.executable, "-m", "asgd.doctor.ranks", *(["--timed"] if timed else []),
                          launcher=launcher)
     t = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        out, err = p.communicate(timeout=timeout)
+        p = mpienv.run_bounded(cmd, timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)   # mpiexec and its ranks: the session it leads
-        p.communicate()
         return None, f"{shlex.join(cmd)} did not finish within {timeout:g} s", time.perf_counter() - t
     seconds = time.perf_counter() - t
+    out, err = p.stdout, p.stderr
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if p.returncode or not lines:
         said = [ln for ln in err.splitlines() if ln.strip()]

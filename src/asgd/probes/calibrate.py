@@ -260,7 +260,7 @@ def measure_mp_steps(hidden: tuple, batches: tuple, Ks: tuple, best, dtype=np.fl
 def _launch(launcher: str | None, n: int, args: list[str], timeout: float) -> dict:
     try:
         cmd = mpienv.command(n, sys.executable, "-m", "asgd.probes.ranks", *args, launcher=launcher)
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = mpienv.run_bounded(cmd, timeout)
     except FileNotFoundError as e:
         raise CalibrationError(f"cannot start MPI ({e}); is MPI installed? (or pass --launcher)") from None
     except subprocess.TimeoutExpired:

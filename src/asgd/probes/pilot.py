@@ -51,7 +51,7 @@ def train(launcher: str | None, ranks: int, args: list[str], out: str, timeout: 
     cmd = mpienv.command(ranks, sys.executable, "-m", "asgd.train", *args, "--out", out, "--force", "--quiet",
                          launcher=launcher)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = mpienv.run_bounded(cmd, timeout)
     except FileNotFoundError as e:
         raise PilotError(f"cannot start MPI ({e}); is MPI installed? (or pass --launcher)") from None
     except subprocess.TimeoutExpired:
