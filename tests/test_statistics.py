@@ -99,28 +99,40 @@ def test_epochs_to_target_of_a_configuration():
     assert again == st
 
 
-def row(batch, per_epoch_s, workers=1, arch="ps"):
-    return {"arch": arch, "workers": workers, "servers": 1, "model_parallel": 1, "replicas": workers,
+def row(batch, per_epoch_s, workers=1, arch="ps", mode="async"):
+    return {"arch": arch, "mode": mode, "workers": workers, "servers": 1, "model_parallel": 1, "replicas": workers,
             "batch": batch, "ranks": workers + 1, "init_s": 0.1, "per_epoch_s": per_epoch_s, "bound": "workers"}
 
 
 def test_a_slower_epoch_that_needs_fewer_epochs_wins_when_the_statistics_say_so():
     rows = [row(1024, 0.1), row(16, 0.3)]
-    ranked = rank_to_target(rows, stats(b_noise=20.0), "accuracy", 0.8, "adagrad", "async")
+    ranked = rank_to_target(rows, stats(b_noise=20.0), "accuracy", 0.8, "adagrad")
     assert ranked[0]["batch"] == 16 and ranked[0]["per_epoch_s"] > ranked[1]["per_epoch_s"]
     assert ranked[0]["epochs_to_target"] < ranked[1]["epochs_to_target"]
     assert ranked[0]["time_to_target_s"] == pytest.approx(0.1 + 0.3 * ranked[0]["epochs_to_target"])
     assert what_binds(ranked).startswith("hardware: its s/epoch is 3.00x the least")
     # with a noise scale far above both batches, the batch barely matters: the faster epoch wins
-    ranked = rank_to_target(rows, stats(b_noise=1e6), "accuracy", 0.8, "adagrad", "async")
+    ranked = rank_to_target(rows, stats(b_noise=1e6), "accuracy", 0.8, "adagrad")
     assert ranked[0]["batch"] == 1024
     assert what_binds(ranked).startswith("neither")
-    ranked = rank_to_target([row(16, 0.1, workers=8), row(16, 0.5)], stats(c=1.0), "accuracy", 0.8, "adagrad",
-                            "async")
+    ranked = rank_to_target([row(16, 0.1, workers=8), row(16, 0.5)], stats(c=1.0), "accuracy", 0.8, "adagrad")
     assert ranked[0]["workers"] == 8 and what_binds(ranked).startswith("statistics: it needs")
     slow_start = [{**r, "init_s": 100.0} for r in rows]
-    ranked = rank_to_target(slow_start, stats(b_noise=20.0), "accuracy", 0.8, "adagrad", "async")
+    ranked = rank_to_target(slow_start, stats(b_noise=20.0), "accuracy", 0.8, "adagrad")
     assert what_binds(ranked).startswith("start-up first (100.00 s of its 10") and "then hardware" in what_binds(ranked)
+
+
+def test_each_row_is_judged_in_its_own_mode():
+    """optimize ranks modes side by side: a sync row's update is every replica's batch at no
+    staleness; the async row of the same shape carries the pilots' staleness instead."""
+    st = stats(b_noise=20.0, c=1.0)
+    ranked = rank_to_target([row(16, 0.1, workers=4, mode="sync"), row(16, 0.1, workers=4)], st,
+                            "accuracy", 0.8, "adagrad")
+    by = {r["mode"]: r for r in ranked}
+    assert by["sync"]["mean_staleness"] == 0 and by["sync"]["update_samples"] == 64
+    assert by["async"]["mean_staleness"] > 0 and by["async"]["update_samples"] == 16
+    assert by["sync"]["epochs_to_target"] == pytest.approx(
+        st.epochs_to_target("adagrad", "accuracy", 0.8, 16, 4, True, 0.0))
 
 
 def write_params(tmp_path, statistics: dict) -> str:
@@ -150,6 +162,11 @@ def test_optimize_ranks_by_time_to_target_with_ranks_and_argv(tmp_path, capsys):
     assert w["argv"] == ["--arch", "ps", "--servers", "1", "--mode", "async", "--batch", "16", "--hidden", "100",
                          "--optimizer", "adagrad", "--precision", "float32", "--target-accuracy", "0.8"]
     assert by_epoch[0]["argv"][-2:] == ["--epochs", "5"]
+    assert {r["mode"] for r in by_epoch} == {"async"} and {r["mode"] for r in ranked} == {"async", "sync"}
+    assert cli.main([*base, "--mode", "sync,ssp", "--json"]) == 0
+    assert {json.loads(x)["mode"] for x in capsys.readouterr().out.splitlines()} == {"sync", "ssp"}
+    assert cli.main([*base, "--mode", "bsp"]) == 2
+    assert "unknown mode(s) ['bsp']" in capsys.readouterr().err
     assert cli.main([*base, "--target-accuracy", "0.8"]) == 0
     out = capsys.readouterr().out
     assert "to held-out accuracy 0.8" in out and "epochs  s/epoch" in out

@@ -359,8 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--model-parallel", type=int_list, default=[1, 2], help="model-parallel K to try (default 1,2)")
     op.add_argument("--batches", type=int_list, default=[16, 64, 256, 1024], help="default 16,64,256,1024")
     op.add_argument("--readers", default="parallel", help="default parallel (also: sequential)")
-    op.add_argument("--mode", choices=("async", "ssp", "sync"), default="async",
-                    help="consistency mode of ps and p2p, as asgd.train's (default async; allreduce is lockstep)")
+    op.add_argument("--mode", metavar="MODES",
+                    help="consistency modes of ps and p2p to try, as asgd.train's --mode, comma-separated (default "
+                         "async; with a target async,sync, which trade speed for staleness; allreduce is lockstep)")
     op.add_argument("--optimizer", choices=OPTIMIZERS, default=TRAIN.optimizer,
                     help="as asgd.train's (default %(default)s)")
     op.add_argument("--allreduce", choices=("ring", "mpi"), default="ring", help="as asgd.train's (default ring)")
@@ -587,7 +588,7 @@ def train_argv(r: dict, base: Run, hidden: int, data: str | None, target: list[s
     """asgd.train's options that run optimize's row r (started on r['ranks'] ranks)."""
     argv = ["--arch", r["arch"]] + (["--servers", str(r["servers"])] if r["arch"] == "ps" else [])
     argv += ["--model-parallel", str(r["model_parallel"])] if r["model_parallel"] > 1 else []
-    argv += ["--allreduce", base.allreduce] if r["arch"] == "allreduce" else ["--mode", base.mode]
+    argv += ["--allreduce", base.allreduce] if r["arch"] == "allreduce" else ["--mode", r["mode"]]
     argv += ["--batch", str(r["batch"]), "--hidden", str(hidden), "--optimizer", base.optimizer,
              "--precision", base.precision]
     argv += ["--data", data, "--reader", r["reader"]] if data else []
@@ -600,7 +601,8 @@ def _optimize(a, p: Params) -> int:
     stats = load_statistics(a.params) if target else None
     if target:   # asgd.train stops at a target where rank 0 holds all of w
         a.servers, a.model_parallel = [1], [1]
-    base = replace(_base_run(a, p), hidden=a.hidden, mode=a.mode, optimizer=a.optimizer, allreduce=a.allreduce,
+    modes = _words(a.mode or ("async,sync" if target else "async"), ("async", "ssp", "sync"), "mode")
+    base = replace(_base_run(a, p), hidden=a.hidden, mode=modes[0], optimizer=a.optimizer, allreduce=a.allreduce,
                    precision=a.precision)
     readers = _words(a.readers, ("sequential", "parallel"), "reader")
     archs = _words(a.archs, ARCHES, "architecture")
@@ -618,8 +620,14 @@ def _optimize(a, p: Params) -> int:
     limit = a.max_ranks or (a.nodes if testbed else a.nodes * a.cores_per_node)
     memory = a.memory_gb * 1e9 if a.memory_gb else _memory_bytes()
     workers = a.workers or list(range(1, limit + 1))
-    ranked = optimize(p, a.nodes, a.cores_per_node, base, workers, a.servers, a.batches, readers, limit,
-                      archs=archs, Ks=a.model_parallel, memory_bytes=memory, shared_cores=testbed)
+    ranked = []
+    for i, mode in enumerate(modes):   # allreduce is lockstep whatever --mode says: its rows once
+        kinds = [x for x in archs if x != "allreduce" or i == 0]
+        rows = optimize(p, a.nodes, a.cores_per_node, replace(base, mode=mode), workers, a.servers, a.batches,
+                        readers, limit, archs=kinds, Ks=a.model_parallel, memory_bytes=memory,
+                        shared_cores=testbed) if kinds else []
+        ranked += [{**r, "mode": "sync" if r["arch"] == "allreduce" else mode} for r in rows]
+    ranked.sort(key=lambda r: r["total_s"])
     if not ranked:
         raise PerfError(f"no configuration fits in {limit} ranks (--max-ranks) and the memory")
     goal = [f"--target-{target[0]}", f"{target[1]:g}"] if target else ["--epochs", str(a.epochs)]
@@ -627,28 +635,29 @@ def _optimize(a, p: Params) -> int:
         r["argv"] = train_argv(r, base, a.hidden, a.data, goal)
     if target:
         _same_problem(stats, a)
-        ranked = rank_to_target(ranked, stats, *target, a.optimizer, a.mode, TRAIN.staleness)
+        ranked = rank_to_target(ranked, stats, *target, a.optimizer, TRAIN.staleness)
     if a.json:
         for r in ranked:
             print(json.dumps(r))
         return 0
     print(f"{len(ranked)} configurations on {where}, at most {limit} ranks; 2-{a.hidden}-2, {base.points:,} points, "
           + (f"to held-out {target[0]} {target[1]:g}" if target else f"{a.epochs} epoch(s)")
-          + f", {a.optimizer}, {a.mode}, {a.precision}; best first (predicted):")
+          + f", {a.optimizer}, {','.join(modes)}, {a.precision}; best first (predicted):")
     if target:
-        print(" rank  arch       workers  batch  staleness  epochs  s/epoch    init_s  to_target_s  bound")
+        print(" rank  arch       mode   workers  batch  staleness  epochs  s/epoch    init_s  to_target_s  bound")
         for i, r in enumerate(ranked[:a.top], 1):
-            print(f"{i:5d}  {r['arch']:9s} {r['workers']:8d} {r['batch']:6d} {r['mean_staleness']:10.1f} "
-                  f"{r['epochs_to_target']:7.2f} {r['per_epoch_s']:8.3f} {_fmt_s(r['init_s'])}    "
-                  f"{_fmt_s(r['time_to_target_s'])}  {r['bound']}")
+            print(f"{i:5d}  {r['arch']:9s} {r['mode']:5s} {r['workers']:8d} {r['batch']:6d} "
+                  f"{r['mean_staleness']:10.1f} {r['epochs_to_target']:7.2f} {r['per_epoch_s']:8.3f} "
+                  f"{_fmt_s(r['init_s'])}    {_fmt_s(r['time_to_target_s'])}  {r['bound']}")
     else:
-        print(" rank  arch       servers  K  workers  batch     init_s   train_s   total_s  s/epoch  bound")
+        print(" rank  arch       mode   servers  K  workers  batch     init_s   train_s   total_s  s/epoch  bound")
         for i, r in enumerate(ranked[:a.top], 1):
-            print(f"{i:5d}  {r['arch']:9s} {r['servers']:7d} {r['model_parallel']:2d} {r['workers']:8d} "
+            print(f"{i:5d}  {r['arch']:9s} {r['mode']:5s} {r['servers']:7d} {r['model_parallel']:2d} {r['workers']:8d} "
                   f"{r['batch']:6d} {_fmt_s(r['init_s'])} {_fmt_s(r['train_s'])} {_fmt_s(r['total_s'])} "
                   f"{r['per_epoch_s']:8.3f}  {r['bound']}")
     w = ranked[0]
     print(f"best: --arch {w['arch']}" + (f" --servers {w['servers']}" if w["arch"] == "ps" else "")
+          + (f" --mode {w['mode']}" if w["arch"] != "allreduce" else "")
           + (f" --model-parallel {w['model_parallel']}" if w["model_parallel"] > 1 else "")
           + f" with {w['ranks']} ranks, --batch {w['batch']}; what binds it: "
           + (what_binds(ranked) if target else w["bound"]))

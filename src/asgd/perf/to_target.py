@@ -10,14 +10,15 @@ from .statistics import Statistics
 CLOSE = 1.1   # within this factor of the best of a kind, that kind is not what binds
 
 
-def rank_to_target(rows: list[dict], stats: Statistics, metric: str, value: float, optimizer: str, mode: str,
+def rank_to_target(rows: list[dict], stats: Statistics, metric: str, value: float, optimizer: str,
                    ssp_bound: int | None = None) -> list[dict]:
-    """optimize's rows with mean_staleness, update_samples (every replica's in lockstep),
-    epochs_to_target and time_to_target_s (init_s + epochs x per_epoch_s), best first."""
+    """optimize's rows (each with its mode) with mean_staleness, update_samples (every
+    replica's in lockstep), epochs_to_target and time_to_target_s (init_s + epochs x
+    per_epoch_s), best first."""
     out = []
     for r in rows:
-        lockstep = mode == "sync" or r["arch"] == "allreduce"
-        s = stats.mean_staleness(r["workers"], mode, lockstep, ssp_bound)
+        lockstep = r["mode"] == "sync" or r["arch"] == "allreduce"
+        s = stats.mean_staleness(r["workers"], r["mode"], lockstep, ssp_bound)
         e = stats.epochs_to_target(optimizer, metric, value, r["batch"], r["replicas"], lockstep, s)
         out.append({**r, "mean_staleness": s, "update_samples": r["batch"] * (r["replicas"] if lockstep else 1),
                     "epochs_to_target": e,
