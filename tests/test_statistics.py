@@ -185,6 +185,41 @@ def test_optimize_to_a_target_without_a_pilot_says_how_to_run_one(tmp_path, caps
     assert f"python -m asgd.perf pilot --params {path}" in capsys.readouterr().err
 
 
+def test_optimize_measure_calibrates_and_pilots_only_what_the_file_lacks(tmp_path, capsys, monkeypatch):
+    """--measure: no file, a calibration; a pilot where the statistics cannot answer (none,
+    another optimizer, a target the reference never reached); none where they can."""
+    calls = []
+
+    def calibrate(a):
+        calls.append(("calibrate", a.out))
+        (tmp_path / "params.json").write_text(json.dumps({"schema": 1, "params": dataclasses.asdict(make_params())}))
+        return 0
+
+    def pilot(a):
+        calls.append(("pilot", a.optimizers, a.target_accuracy))
+        add = json.loads((tmp_path / "params.json").read_text())
+        got = st_dict(stats())
+        add["statistics"] = {**got, "references": {a.optimizers: got["references"]["adagrad"]}}
+        (tmp_path / "params.json").write_text(json.dumps(add))
+        return 0
+
+    monkeypatch.setattr(cli, "_calibrate", calibrate)
+    monkeypatch.setattr(cli, "_pilot", pilot)
+    path = str(tmp_path / "params.json")
+    base = ["optimize", "--measure", "--params", path, "--cores-per-node", "4", "--hidden", "100", "--json"]
+    assert cli.main([*base, "--target-accuracy", "0.8"]) == 0
+    assert calls == [("calibrate", path), ("pilot", "adagrad", 0.8)]
+    assert "no pilot: piloting the data first" in capsys.readouterr().out
+    assert cli.main([*base, "--target-accuracy", "0.8"]) == 0          # the file answers now
+    assert len(calls) == 2
+    assert cli.main([*base, "--target-accuracy", "0.8", "--optimizer", "adam"]) == 0
+    assert calls[-1] == ("pilot", "adam", 0.8) and "did not run --optimizer adam" in capsys.readouterr().out
+    # a target past the new pilot's reach too (this fake pilot's curve ends at 0.9): optimize says so
+    assert cli.main([*base, "--target-accuracy", "0.95"]) == 2
+    out, err = capsys.readouterr()
+    assert calls[-1] == ("pilot", "adagrad", 0.95) and "never reached held-out accuracy 0.95" in out + err
+
+
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec on PATH (pip install -e '.[mpich]')")
 def test_the_pilot_end_to_end_on_a_tiny_setting(tmp_path, capsys):
     """A reference and one asynchronous pilot of the penguins' 4-256-3 MLP at batch 16, then

@@ -33,7 +33,7 @@ from ..net import OPTIMIZERS
 from ..run import config
 from ..run.files import atomic_write
 from . import analytic, html, report
-from .statistics import Statistics
+from .statistics import Statistics, samples_to_target
 from .to_target import rank_to_target, what_binds
 from .analytic import Params, Run
 from .architectures import ARCHES, cluster_links, predict
@@ -379,6 +379,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "+ start-up; as asgd.train's targets, one server and no --model-parallel")
     tg.add_argument("--target-loss", type=float, metavar="L", help="as --target-accuracy, held-out loss L")
     op.add_argument("--params", **params)
+    op.add_argument("--measure", action="store_true", help="first measure what --params lacks for this question: "
+                    "calibrate this machine if the file does not exist (minutes), and with a target pilot the data "
+                    "if its statistics are of other data, another optimizer or never reached the target (at most "
+                    "about 2 minutes); both are kept in the file, so the next call is instant")
+    op.add_argument("--launcher", help="with --measure: MPI launcher command (default: mpiexec beside this Python)")
     _data_args(op)
 
     pl = sub.add_parser("pilot", help="short runs on your data: the statistics optimize --target-* needs "
@@ -427,6 +432,8 @@ def main(argv=None) -> int:
             return _report(a)
         if a.cmd == "pilot":
             return _pilot(a)
+        if a.cmd == "optimize" and a.measure:
+            _measure(a)
         p = load_params(a.params)
         return {"predict": _predict, "compare": _compare, "optimize": _optimize}[a.cmd](a, p)
     except (PerfError, ValueError, OSError) as e:
@@ -487,8 +494,7 @@ def _pilot(a) -> int:
     epochs = a.epochs or config.default_epochs(points if a.data else None)
     args = ["--hidden", str(hidden), "--batch", str(a.batch)] + (["--data", a.data] if a.data else [])
     args += ["--label-column", a.label_column] if a.label_column else []
-    target = (("accuracy", a.target_accuracy) if a.target_accuracy is not None else
-              ("loss", a.target_loss) if a.target_loss is not None else None)
+    target = _target(a)
     folder = a.folder or os.path.join(os.path.dirname(os.path.abspath(a.params)), "pilot")
     print(f"pilot: {', '.join(optimizers)}; references of 1 worker, asynchronous pilots of "
           f"{', '.join(map(str, a.workers))} workers, batch {a.batch}, hidden {hidden}; "
@@ -502,6 +508,47 @@ def _pilot(a) -> int:
     add_statistics(a.params, stats)
     print(f"pilot took {stats['pilot']['seconds']:.0f} s; statistics added to {a.params}")
     return 0
+
+
+def _measure(a) -> None:
+    """optimize --measure: calibrate and pilot where --params lacks them for this question."""
+    target = _target(a)
+    launcher = ["--launcher", a.launcher] if a.launcher else []
+    if not os.path.exists(a.params):
+        print(f"optimize --measure: no {a.params}: calibrating this machine first (minutes, once)", flush=True)
+        _calibrate(parse_args(["calibrate", "--out", a.params, *launcher]))
+    if target is None:
+        return
+    why = _pilot_missing(a, target)
+    if why:
+        print(f"optimize --measure: {why}: piloting the data first (about 2 minutes)", flush=True)
+        _pilot(parse_args(["pilot", "--params", a.params, "--optimizers", a.optimizer, f"--target-{target[0]}",
+                           str(target[1]), *(["--data", a.data] if a.data else []),
+                           *(["--hidden", str(a.hidden)] if a.hidden else []), *launcher]))
+
+
+def _pilot_missing(a, target: tuple[str, float]) -> str | None:
+    """Why the statistics in --params cannot answer this target (None: they can)."""
+    with open(a.params) as f:
+        got = json.load(f).get("statistics")
+    if not got:
+        return f"{a.params} has no pilot"
+    stats = Statistics.from_dict(got)
+    data = os.path.abspath(a.data) if a.data else "embedded"
+    hidden = a.hidden or config.default_hidden(not a.data)
+    if (stats.data, stats.hidden) != (data, hidden):
+        return f"its pilot ran {stats.data} with hidden {stats.hidden}"
+    ref = stats.references.get(a.optimizer)
+    if ref is None:
+        return f"its pilot did not run --optimizer {a.optimizer}"
+    if samples_to_target(ref.curve, *target) is None:
+        return f"its pilot's reference never reached held-out {target[0]} {target[1]:g}"
+    return None
+
+
+def _target(a) -> tuple[str, float] | None:
+    return (("accuracy", a.target_accuracy) if a.target_accuracy is not None else
+            ("loss", a.target_loss) if a.target_loss is not None else None)
 
 
 def _base_run(a, p: Params) -> Run:
@@ -596,8 +643,7 @@ def train_argv(r: dict, base: Run, hidden: int, data: str | None, target: list[s
 
 
 def _optimize(a, p: Params) -> int:
-    target = (("accuracy", a.target_accuracy) if a.target_accuracy is not None else
-              ("loss", a.target_loss) if a.target_loss is not None else None)
+    target = _target(a)
     stats = load_statistics(a.params) if target else None
     if target:   # asgd.train stops at a target where rank 0 holds all of w
         a.servers, a.model_parallel = [1], [1]
@@ -669,7 +715,7 @@ def _same_problem(stats: Statistics, a) -> None:
     data = os.path.abspath(a.data) if a.data else "embedded"
     if (stats.data, stats.hidden) != (data, a.hidden):
         raise PerfError(f"{a.params}: its pilot ran {stats.data} with hidden {stats.hidden}, not {data} with hidden "
-                        f"{a.hidden}: run python -m asgd.perf pilot for this problem")
+                        f"{a.hidden}: run python -m asgd.perf pilot for this problem (or optimize --measure)")
 
 def _words(text: str, allowed, what: str) -> list[str]:
     got = [x.strip() for x in text.split(",") if x.strip()]
