@@ -955,3 +955,43 @@ def test_a_crowded_replica_pays_the_turns_its_probe_measured():
     assert 8 / pm.predict_train(q, probe, arch.crowding)["updates_per_s"] == pytest.approx(period + 0.05)
     whole = Run(workers=8, servers=1, hidden=H, batch=B, points=8 * B * 20)
     assert 8 / pm.predict_train(q, whole, arch.crowding)["updates_per_s"] > 0.5   # a whole-model worker pays async's
+
+
+# [hidden][batch][D + C] a step of a D-H-C MLP; 4 is 2-H-2 (STEP_S's own values)
+SHAPE_S = {h: {b: {4: t, 5: 2 * t, 74: 20 * t, 794: 200 * t} for b, t in STEP_S[h].items() if b in (16, 1024)}
+           for h in STEP_S}
+SHAPE_S[400][1024] = {4: STEP_S[400][1024], 5: 3 * STEP_S[400][1024], 74: 30 * STEP_S[400][1024],
+                      794: 300 * STEP_S[400][1024]}
+
+
+def test_a_data_files_features_and_classes_price_its_steps():
+    """calibrate's step tables are 2-H-2's: a 784-H-10 run (MNIST's shape) is priced at
+    the measured generic step over the fused 2-H-2 one's, in every table the model and the
+    simulator read (its evaluation too); log-log between measured D + C, in proportion
+    beyond; the nearest measured hidden and batch beyond theirs. The crowding probes,
+    which stepped 2-10K-2, keep 2-H-2's."""
+    p = make_params(shape_s=SHAPE_S)
+    m = p.shaped(784, 10)
+    assert m.step(100, 16) == approx(200 * p.step(100, 16)) and m.step(400, 1024) == approx(300 * p.step(400, 1024))
+    assert m.step(100, 64) == approx(200 * p.step(100, 64))             # ratios alike at batch 16 and 1024
+    assert m.eval_s_per_point[100] == approx(200 * p.eval_s_per_point[100])
+    assert p.shape_factor(1578, 10, 100, 16) == approx(400)             # beyond 794: in proportion to D + C
+    between = p.shape_factor(30, 10, 100, 16)                          # log-log between 5 and 74
+    assert between == approx(2 * 10 ** (math.log(40 / 5) / math.log(74 / 5)))
+    assert p.shape_factor(784, 10, 50, 16) == approx(200) and p.shape_factor(784, 10, 4000, 2048) == approx(300)
+    assert m.paper_shape() == p and p.shaped(2, 2) is p
+    run = Run(workers=1, hidden=100, batch=16, points=4096)
+    wide = dataclasses.replace(run, features=784, classes=10)
+    assert predict(p, wide).compute_s == approx(200 * predict(p, run).compute_s)
+    assert predict(p, wide).comm_s > predict(p, run).comm_s               # and its messages are n_w's
+    with pytest.warns(pm.ShapeFallback, match="784-H-10 run's steps are priced as 2-H-2's.*calibrate again"):
+        assert make_params().shaped(784, 10).step(100, 16) == approx(p.step(100, 16))
+
+
+def test_a_shaped_params_keeps_its_shape_in_every_precision():
+    two = two_precisions(2.0)
+    two["precisions"]["float64"]["shape_s"] = SHAPE_S
+    two["precisions"]["float32"]["shape_s"] = SHAPE_S
+    m = Params.from_dict(json.loads(json.dumps(two))).shaped(784, 10)
+    f32 = m.at("float32")
+    assert f32.shape == (784, 10) and f32.step(100, 16) == approx(m.step(100, 16) / 2)

@@ -93,3 +93,20 @@ def test_label_out_of_range_for_classes(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(DataError, match="data file not found"):
         formats.read_tsv(str(tmp_path / "nope.tsv"))
+
+
+def test_shape_of_a_file_is_what_asgd_train_finds(tmp_path):
+    """(features, classes) without parsing the features, for the model's predictions of a
+    file: a .npy's, a .npz's and a text file's, integer labels (max + 1) or names."""
+    rng = np.random.default_rng(0)
+    d = formats.Dataset(rng.standard_normal((50, 64)), np.r_[rng.integers(0, 9, 49), 9], 10)
+    for name in ("d.npy", "d.tsv"):
+        formats.write(str(tmp_path / name), d)
+        assert formats.shape_of(str(tmp_path / name)) == (64, 10)
+    np.savez(tmp_path / "d.npz", X=d.X, y=d.y)
+    assert formats.shape_of(str(tmp_path / "d.npz")) == (64, 10)
+    named = tmp_path / "named.csv"
+    named.write_text("a,kind,b\n1.0,cat,2\n3,dog,4\n5,cat,6\n")
+    assert formats.shape_of(str(named), "kind") == (2, 2)
+    with pytest.raises(DataError, match="data file not found"):
+        formats.shape_of(str(tmp_path / "none.tsv"))

@@ -163,6 +163,25 @@ def test_predict_counts_the_points_of_an_npy_file(quick_params, tmp_path):
         assert "875 training points" in p.stdout or "875 points" in p.stdout, p.stdout
 
 
+def test_a_files_features_and_classes_are_priced(quick_params, tmp_path):
+    """A 64-feature, 10-class file: predict prices 64-256-10 steps (calibrate's shape
+    probe) and messages, not the paper's 2-256-2 ones."""
+    import numpy as np
+    from asgd.data import formats, problem
+    rng = np.random.default_rng(0)
+    formats.write(str(tmp_path / "wide.npy"), formats.Dataset(rng.standard_normal((1000, 64)),
+                                                              rng.integers(0, 10, 1000), 10))
+    formats.write(str(tmp_path / "rings.npy"), problem.rings(1000, 0))
+    got = {}
+    for name in ("wide", "rings"):
+        p = perf("predict", "--workers", "1", "--params", str(quick_params), "--data", str(tmp_path / f"{name}.npy"),
+                 "--json")
+        assert p.returncode == 0 and "ShapeFallback" not in p.stderr, p.stderr
+        got[name] = json.loads(p.stdout.splitlines()[0])
+    assert (got["wide"]["run"]["features"], got["wide"]["run"]["classes"]) == (64, 10)
+    assert got["wide"]["compute_s"] > 5 * got["rings"]["compute_s"]
+
+
 def test_the_second_window_measures_the_crowded_rounds_alone():
     """calibrate measures the rounds after a training step (KIND+step) twice, minutes
     apart, as it does the step: the second pass starts only the crowded jobs (P > C) and

@@ -24,6 +24,7 @@ everywhere: seconds, bytes, data points.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import warnings
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -337,6 +338,12 @@ class Params:
     # both, its tables float64's): Params.at swaps them in
     precision: str = "float64"
     precisions: dict = field(default_factory=dict)
+    # [hidden][batch][D + C] s per step of a D-H-C MLP (4: 2-H-2), and the (features,
+    # classes) the step tables are priced for (Params.shaped); none measured: every shape
+    # is priced as 2-H-2's
+    shape_s: dict = field(default_factory=dict)
+    shape: tuple = (2, 2)
+    unshaped: dict = field(default_factory=dict)   # the 2-H-2 step tables shaped() replaced
 
     @classmethod
     def from_dict(cls, d: dict) -> Params:
@@ -348,6 +355,8 @@ class Params:
             top = next(iter(measured))
         names = {f.name for f in fields(cls)}
         p = _parse_tables({k: v for k, v in d.items() if k in names and k != "precisions"})
+        if "shape" in p:   # JSON's list
+            p["shape"] = tuple(p["shape"])
         return cls(**{**p, **measured.get(top, {}), "precision": top, "precisions": measured})
 
     def at(self, precision: str) -> Params:
@@ -365,7 +374,51 @@ class Params:
                 f"precisions): a {precision} run's compute and exchanges are priced at {self.precision}'s; "
                 f"calibrate again for {precision}'s own"), stacklevel=2)
             return self
-        return replace(self, **tables, precision=precision)
+        return replace(self, **tables, precision=precision, shape=(2, 2), unshaped={}).shaped(*self.shape)
+
+    def shaped(self, features: int, classes: int) -> Params:
+        """These parameters with the step tables (step_s, step_cpu_s, mp_step_s,
+        eval_s_per_point) priced for a features-hidden-classes MLP. calibrate's grids are
+        2-H-2's, the paper's shape; MNIST's 784 features and 10 classes make a step over a
+        hundred times longer. The one place the model and the simulator meet the data's
+        shape (after at(), which keeps it)."""
+        if (features, classes) == self.shape:
+            return self
+        if self.shape != (2, 2):
+            raise ValueError(f"these parameters are priced for {self.shape[0]}-H-{self.shape[1]} already")
+        if not self.shape_s:
+            warnings.warn(ShapeFallback(
+                f"the parameters were calibrated before calibrate measured steps of other shapes than 2-H-2: "
+                f"a {features}-H-{classes} run's steps are priced as 2-H-2's (too fast for many features); "
+                "calibrate again"), stacklevel=2)
+            return self
+        f = functools.partial(self.shape_factor, features, classes)
+
+        def scale(t: dict) -> dict:
+            return {h: {b: v * f(h, b) for b, v in row.items()} for h, row in t.items()}
+        big = max(b for row in self.step_s.values() for b in row)   # evaluation goes in big batches
+        tables = ("step_s", "step_cpu_s", "mp_step_s", "eval_s_per_point")
+        return replace(self, step_s=scale(self.step_s), step_cpu_s=scale(self.step_cpu_s),
+                       mp_step_s={K: scale(t) for K, t in self.mp_step_s.items()},
+                       eval_s_per_point={h: v * f(h, big) for h, v in self.eval_s_per_point.items()},
+                       shape=(features, classes), unshaped={k: getattr(self, k) for k in tables})
+
+    def paper_shape(self) -> Params:
+        """These parameters with the 2-H-2 step tables back: for calibrate's probes (2-10K-2
+        steps between rounds), whatever shape a run's prediction has priced."""
+        return replace(self, **self.unshaped, shape=(2, 2), unshaped={}) if self.unshaped else self
+
+    def shape_factor(self, features: int, classes: int, hidden: int, batch: int) -> float:
+        """A features-hidden-classes step's time over 2-H-2's at this hidden and batch
+        (shape_s): the generic path's time interpolated in D + C (log-log, linear beyond
+        the largest), over the fused path's, interpolated in batch and hidden between the
+        measured ones (the nearest beyond them)."""
+        s = features + classes
+
+        def at(h: int) -> float:
+            return _clamped_log({b: interpolate_log({k: v for k, v in t.items() if k != 4}, s) / t[4]
+                                 for b, t in self.shape_s[h].items()}, batch)
+        return _clamped_log({h: at(h) for h in self.shape_s}, hidden)
 
     def each_precision(self, change) -> Params:
         """change(params) applied to these parameters at every measured precision: for
@@ -499,7 +552,7 @@ class Params:
 
     def table1(self, run: Run) -> Table1:
         """The paper's Table 1 for this run, from these calibrated values (its precision's)."""
-        self = self.at(run.precision)
+        self = self.at(run.precision).shaped(run.features, run.classes)
         t_small, t_big = self.step(run.hidden, 16), self.step(run.hidden, 1024)
         c_p = (t_big - t_small) / (1024 - 16)
         fmt = "npy" if run.binary else "tsv"
@@ -516,11 +569,22 @@ DEFAULT_PRECISION = "float64"   # a Params' tables unless said otherwise (and ev
 # the others (start-up, cores' worth, readers, ping-pong, caches) are shared
 PER_PRECISION = ("step_s", "step_cpu_s", "step_spread", "eval_s_per_point", "mp_step_s", "optimizer_s",
                  "memory_s_per_byte", "worker_msg_s", "server_update_s", "round_trip_s", "contended_update_s",
-                 "exchange_s")
+                 "exchange_s", "shape_s")
 
 
 class PrecisionFallback(UserWarning):
     """A run priced at another precision's calibrated rates (Params.at)."""
+
+
+class ShapeFallback(UserWarning):
+    """A run of another shape than 2-H-2 priced at 2-H-2's steps (Params.shaped)."""
+
+
+def _clamped_log(table: dict[int, float], x: float) -> float:
+    """interpolate_log between the measured points, the nearest one's value beyond them
+    (for ratios, which do not grow with x as costs do)."""
+    xs = sorted(table)
+    return interpolate_log(table, min(max(x, xs[0]), xs[-1]))
 
 
 def _parse_tables(d: dict) -> dict:
@@ -530,7 +594,8 @@ def _parse_tables(d: dict) -> dict:
         return {int(k): (keys_int(v, depth - 1) if isinstance(v, dict) and depth > 1 else v) for k, v in t.items()}
     p = dict(d)
     for k in ("effective_cores", "startup_by_ranks", "contended_update_s", "step_s", "eval_s_per_point",
-              "worker_msg_s", "server_update_s", "round_trip_s", "pingpong_s", "link_s", "mp_step_s", "step_cpu_s"):
+              "worker_msg_s", "server_update_s", "round_trip_s", "pingpong_s", "link_s", "mp_step_s", "step_cpu_s",
+              "shape_s"):
         if k in p:  # a missing one is reported by the constructor, or takes its default
             p[k] = keys_int(p[k])
     if "step_spread" in p:   # [hidden][batch], then {"p": [...], "ratio": [...]}

@@ -136,6 +136,7 @@ def crowding(p: Params, kind: str, ranks: int, cores: int = 0, step_s: float | N
     t = p.exchange_s.get(kind + STEP)
     if not t or ranks <= (cores or p.cores):
         return 0.0
+    p = p.paper_shape()   # the probes stepped 2-10K-2, whatever the run's shape
     lost = {P: max(by_n[min(by_n)] - _probe_round(p, kind, P), 0.0) for P, by_n in t.items()}
     return max(at_ranks(p, kind, lost, ranks, cores, step_s), 0.0)
 
@@ -147,6 +148,7 @@ def at_ranks(p: Params, kind: str, by_probe: dict, ranks: float, cores: int = 0,
     every rank has a core, linear in ranks between the probes, none beyond the largest's;
     in proportion to the run's step (step_s) where it is shorter than the probe's."""
     H, B = STEP_PROBE
+    p = p.paper_shape()
     by_probe = {**by_probe, p.cores: 0.0}   # every rank on a core of its own: nothing
     x = ranks * p.cores / (cores or p.cores)   # as crowded as the probes' ranks on this machine's cores
     share = 1.0 if step_s is None else min(step_s / (p.mp_step(2, H, B) if kind == "replica" else p.step(H, B)), 1.0)
@@ -307,7 +309,7 @@ def predict(p: Params, run: Run) -> Prediction:
     precision (Params.at): analytic.predict_init, and analytic.predict_train (the ranks'
     turns on shared cores: crowding) or, for a lockstep run, lockstep."""
     check(run)
-    p = p.at(run.precision)
+    p = p.at(run.precision).shaped(run.features, run.classes)
     if run.reader not in ("sequential", "parallel"):
         raise ValueError(f"unknown reader {run.reader!r}")
     i = predict_init(p, run)

@@ -70,19 +70,22 @@ def load_params(path: str) -> Params:
 
 # -- the data a configuration reads ------------------------------------------------------
 
-def data_of(path: str | None, points: int | None, fmt: str, p: Params) -> dict:
-    """Run fields for the data: a real file (size, points, held-out companion), a file of
-    `points` points in `fmt` that need not exist, or the embedded problem."""
+def data_of(path: str | None, points: int | None, fmt: str, p: Params, label_column: str | None = None) -> dict:
+    """Run fields for the data: a real file (size, points, held-out companion, features
+    and classes), a file of `points` points in `fmt` that need not exist, or the embedded
+    problem."""
     if path:
         binary = formats.is_binary(path)
         size = os.path.getsize(path)
         n = _points(path, binary)
+        features, classes = formats.shape_of(path, label_column)
+        shape = dict(features=features, classes=classes, binary=binary)
         test = formats.test_path(path)
         if os.path.exists(test):
             tn = _points(test, binary)
-            return dict(points=n, test_points=tn, file_bytes=size, test_bytes=os.path.getsize(test), binary=binary)
+            return dict(points=n, test_points=tn, file_bytes=size, test_bytes=os.path.getsize(test), **shape)
         held = n // HOLDOUT  # without a held-out file, the readers hold out 1/HOLDOUT of it
-        return dict(points=n - held, test_points=held, file_bytes=size, test_bytes=0, binary=binary)
+        return dict(points=n - held, test_points=held, file_bytes=size, test_bytes=0, **shape)
     if fmt == "embedded":
         return dict(points=points or problem.DEFAULT_POINTS,
                     test_points=points // 4 if points else problem.DEFAULT_TEST_POINTS)

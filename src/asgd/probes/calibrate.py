@@ -8,6 +8,9 @@ the configurations to be predicted.
                (c_p, c_b; the batch sizes span the caches: Figure 4), the least of
                two windows, at the start and at the end                  in process
   evaluate     held-out evaluation per point, per hidden size            in process
+  shapes       the step of D-H-C MLPs beside 2-H-2's, D + C from 5 to 794: a data
+               file's features and classes (the kernels' generic path) scale the
+               2-H-2 tables (Params.shaped)                              in process
   job startup  P ranks starting at once, with asgd.train's staged cache loads, no data
                                                                          mpiexec -n P
   cores        P ranks stepping at once (2-10K-2 and 2-100K-2): how many cores' worth of
@@ -63,9 +66,14 @@ from ..perf.analytic import PER_PRECISION, extrapolate_linear
 from ..perf.architectures import STEP, STEP_PROBE
 from . import CalibrationError
 
-HIDDEN = (1000, 10000, 100000)
+HIDDEN = (256, 1000, 10000, 100000)   # 256: a data file's default (run.config.FILE_HIDDEN)
 BATCHES = (1, 4, 16, 64, 256, 1024, 4096)
-QUICK_HIDDEN, QUICK_BATCHES = (1000, 10000), (1, 16, 256, 1024)
+QUICK_HIDDEN, QUICK_BATCHES = (256, 1000, 10000), (1, 16, 256, 1024)
+# (features, classes) of the shape probe: the paper's 2-2 (the kernels' fused path), then
+# the generic path from a few inputs to MNIST's 784 pixels and 10 digits
+SHAPES = ((2, 2), (3, 2), (16, 4), (64, 10), (784, 10))
+QUICK_SHAPES = ((2, 2), (3, 2), (64, 10), (784, 10))
+SHAPE_HIDDEN, SHAPE_BATCHES, QUICK_SHAPE_BATCHES = (256, 1000), (16, 64, 256, 1024), (16, 256)
 
 
 # -- in-process microbenchmarks ------------------------------------------------------------
@@ -131,6 +139,23 @@ def measure_steps(hidden: tuple, batches: tuple, min_time: float, cpu_out: dict 
             out[h][b] = _best(one, min_time * (1 if b * h < 2e7 else 0.3), 2000, got)
             if cpu_out is not None:
                 cpu_out.setdefault(h, {})[b] = got["s"]
+    return out
+
+
+def measure_shapes(shapes: tuple, hidden: tuple, batches: tuple, min_time: float, dtype=np.float64) -> dict:
+    """Seconds per step of features-hidden-classes MLPs, [hidden][batch][features +
+    classes], as measure_steps times them (random data: a step's time does not depend on
+    the values). 2-H-2 (4) is the kernels' fused path, every other shape their generic one."""
+    rng = np.random.default_rng(0)
+    out = {h: {b: {} for b in batches} for h in hidden}
+    for d, c in shapes:
+        ds = formats.Dataset(rng.standard_normal((4096, d)).astype(dtype), rng.integers(0, c, 4096), c)
+        for h in hidden:
+            layout = mlp.Layout(d, h, c)
+            w, dw = mlp.init_params(layout, 0, dtype), np.zeros(layout.n_w, dtype)
+            for b in batches:
+                one = gathered_step(mlp.make_step(layout, b, dtype), ds, rng, b, w, dw)
+                out[h][b][d + c] = _best(one, min_time * (1 if b * h * (d + c) < 1e8 else 0.3), 500)
     return out
 
 
@@ -293,6 +318,9 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
         say(f"calibrate: the spread of single steps around the best, held-out evaluation ({prec})")
         t["step_spread"] = measure_step_spread(hidden, batches, t["step_s"], 0.1 if quick else 0.4, prec)
         t["eval_s_per_point"] = measure_evaluate(hidden, min_time, prec)
+        say(f"calibrate: steps of other shapes than 2-H-2 (a data file's features and classes, {prec})")
+        t["shape_s"] = measure_shapes(QUICK_SHAPES if quick else SHAPES, SHAPE_HIDDEN,
+                                      QUICK_SHAPE_BATCHES if quick else SHAPE_BATCHES, min_time, prec)
     nws = sorted({h * 3 + 2 * (h + 1) for h in hidden})  # Delta-w of each calibrated hidden size
     say(f"calibrate: messaging, ping-pong and push/pull at n_w {nws}")
     msg = _launch(launcher, 2, ["messaging", "--nw", ",".join(map(str, nws)),
@@ -385,6 +413,7 @@ UNITS = {
     "startup_by_ranks": "s, a job's start-up with P ranks and no data (slowest rank), [P]",
     "step_s": "s per training step (the least of two windows), [hidden][batch]",
     "eval_s_per_point": "s per held-out point, [hidden]",
+    "shape_s": "s per training step of a D-H-C MLP, [hidden][batch][D + C] (4: 2-H-2)",
     "worker_msg_s": "s a worker spends per push/pull beyond its step, 2 ranks, [n_w]",
     "server_update_s": "c_u: server CPU s per update, [n_w]",
     "round_trip_s": "s per push/pull round trip without compute, [n_w]",

@@ -130,7 +130,7 @@ class Costs:
         simulator's own rounds, what the corrections are measured against. Passed in, not
         imported: the probes' simulation runs the simulator, which prices with this class.
         Every cost is calibrate's at the run's precision (Params.at)."""
-        p = p.at(spec.run.precision)
+        p = p.at(spec.run.precision).shaped(spec.run.features, spec.run.classes)
         self.p, self.spec, self.run = p, spec, spec.run
         r = spec.run
         self.n_w = r.n_w
@@ -179,7 +179,8 @@ class Costs:
             self.crowd = {k: [crowding(p, k, n, self.cores, own) for n in per_node] for k in kinds}
         elif corrections is not None and any(self.crowded) and spec.machine.name == "here" and \
                 any(k.endswith(STEP) for k in p.exchange_s):
-            table = corrections(p, raw if raw is not None else asdict(p))
+            probes = p.paper_shape()   # calibrate's probes stepped 2-10K-2
+            table = corrections(probes, raw if raw is not None else asdict(probes))
             for k, by_P in table.items():
                 self.crowd[k] = [at_ranks(p, k, by_P, n, self.cores, own) if n > self.cores else 0.0
                                  for n in per_node]
