@@ -492,7 +492,8 @@ def _pilot(a) -> int:
     # here: the probes are a layer above the model
     from ..probes.pilot import PILOT_SHARE, PilotError, add_statistics, pilot
     optimizers = _words(a.optimizers, OPTIMIZERS, "optimizer")
-    points = data_of(a.data, None, "embedded", None)["points"]   # training points, as asgd.train counts them
+    # training points, as asgd.train counts them
+    points = data_of(a.data, None, "embedded", None, a.label_column)["points"]
     hidden = a.hidden or config.default_hidden(not a.data)
     epochs = a.epochs or config.default_epochs(points if a.data else None)
     args = ["--hidden", str(hidden), "--batch", str(a.batch)] + (["--data", a.data] if a.data else [])
