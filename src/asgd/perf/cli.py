@@ -296,7 +296,9 @@ def int_list(s: str) -> list[int]:
 
 def _data_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("data (default: the embedded problem)")
-    g.add_argument("--data", help="a real data file: points, size and held-out companion from it")
+    g.add_argument("--data", help="a real data file: points, size, features, classes and held-out companion from it")
+    g.add_argument("--label-column", metavar="NAME|INDEX", help="the --data file's label column, as asgd.train's "
+                   "(default: the last)")
     g.add_argument("--points", type=positive_int, help="training points of a file that need not exist")
     g.add_argument("--format", choices=("tsv", "npy", "embedded"), default=None,
                    help="with --points: tsv or npy file, or the embedded problem (default tsv with --points)")
@@ -528,6 +530,7 @@ def _measure(a) -> None:
         print(f"optimize --measure: {why}: piloting the data first (about 2 minutes)", flush=True)
         _pilot(parse_args(["pilot", "--params", a.params, "--optimizers", a.optimizer, f"--target-{target[0]}",
                            str(target[1]), *(["--data", a.data] if a.data else []),
+                           *(["--label-column", a.label_column] if a.label_column else []),
                            *(["--hidden", str(a.hidden)] if a.hidden else []), *launcher]))
 
 
@@ -559,7 +562,7 @@ def _base_run(a, p: Params) -> Run:
     """The data's run fields; --epochs and --hidden, when not given, by asgd.train's rule
     (written into `a`, so the headers print what was predicted)."""
     fmt = a.format or ("tsv" if a.points else "embedded")
-    data = data_of(a.data, a.points, fmt, p)
+    data = data_of(a.data, a.points, fmt, p, a.label_column)
     embedded = fmt == "embedded" and not a.data
     if a.epochs is None:
         a.epochs = config.default_epochs(None if embedded else data["points"])
@@ -635,7 +638,8 @@ def load_statistics(path: str) -> Statistics:
     return Statistics.from_dict(got)
 
 
-def train_argv(r: dict, base: Run, hidden: int, data: str | None, target: list[str]) -> list[str]:
+def train_argv(r: dict, base: Run, hidden: int, data: str | None, target: list[str],
+               label_column: str | None = None) -> list[str]:
     """asgd.train's options that run optimize's row r (started on r['ranks'] ranks)."""
     argv = ["--arch", r["arch"]] + (["--servers", str(r["servers"])] if r["arch"] == "ps" else [])
     argv += ["--model-parallel", str(r["model_parallel"])] if r["model_parallel"] > 1 else []
@@ -643,6 +647,7 @@ def train_argv(r: dict, base: Run, hidden: int, data: str | None, target: list[s
     argv += ["--batch", str(r["batch"]), "--hidden", str(hidden), "--optimizer", base.optimizer,
              "--precision", base.precision]
     argv += ["--data", data, "--reader", r["reader"]] if data else []
+    argv += ["--label-column", label_column] if data and label_column else []
     return argv + target
 
 
@@ -682,7 +687,7 @@ def _optimize(a, p: Params) -> int:
         raise PerfError(f"no configuration fits in {limit} ranks (--max-ranks) and the memory")
     goal = [f"--target-{target[0]}", f"{target[1]:g}"] if target else ["--epochs", str(a.epochs)]
     for r in ranked:
-        r["argv"] = train_argv(r, base, a.hidden, a.data, goal)
+        r["argv"] = train_argv(r, base, a.hidden, a.data, goal, a.label_column)
     if target:
         _same_problem(stats, a)
         ranked = rank_to_target(ranked, stats, *target, a.optimizer, TRAIN.staleness)
