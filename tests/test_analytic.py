@@ -582,10 +582,11 @@ def test_predict_init_embedded(workers, read):
     assert got["read_s"] == approx(read)
 
 
-# Training. 3 workers on 960 points: a share of 320, batch 64 -> 5 steps each, 15 updates.
+# Training. 3 workers on 960 points: a share of 320, batch 64 -> 5 steps each, 15 updates;
+# held-out evaluation at each epoch's end (--eval-every epoch; auto: test_evaluation_cadence).
 #   think Z = step(100, 64) + worker_msg(502) = 8e-4 + 1e-5 = 8.1e-4 s
 #   c_u = server_update(502) = 2e-5 s; evaluation 100 held-out points x 1e-6 s = 1e-4 s
-TRAIN = dict(workers=3, servers=1, hidden=100, batch=64, points=960, test_points=100, epochs=1)
+TRAIN = dict(workers=3, servers=1, hidden=100, batch=64, points=960, test_points=100, epochs=1, eval_every="epoch")
 
 
 def test_predict_train_cpu_bound_past_the_cores():
@@ -817,6 +818,23 @@ def test_evaluation_per_epoch_with_one_server_once_with_shards():
     assert pm.evaluations(Run(**mp)) == 3
     assert pm.evaluations(Run(**{**mp, "arch": "p2p"})) == pm.evaluations(Run(**{**mp, "arch": "allreduce"})) == 1
     assert pm.evaluations(Run(**{**mp, "model_parallel": 1, "arch": "p2p"})) == 3
+
+
+def test_evaluation_cadence():
+    """--eval-every, as asgd.core.target.Cadence spends it: auto takes EVAL_BUDGET of the
+    training time (5 %: 5/95 of the rest) where one evaluation fits in it, and none where
+    it does not; N updates adds one every N updates to the epochs' ends; N seconds one
+    every N seconds of training, evaluations included. One evaluation here: 1e-4 s."""
+    p, run = make_params(), Run(**{**TRAIN, "epochs": 3})
+    auto = dataclasses.replace(run, eval_every="auto")
+    assert pm.evaluation_s(p, auto, 1.0, 45) == approx(0.05 / 0.95)
+    assert pm.evaluation_s(p, auto, 1e-3, 45) == 0.0              # one costs more than 5 % of 1 ms
+    assert pm.evaluation_s(p, dataclasses.replace(run, eval_every="15"), 1.0, 45) == approx((3 + 3) * 1e-4)
+    assert pm.evaluation_s(p, dataclasses.replace(run, eval_every="0.1s"), 1.0, 45) == approx(
+        (3 + 1.0 / (0.1 - 1e-4)) * 1e-4)
+    assert pm.evaluation_s(p, dataclasses.replace(auto, servers=2), 1.0, 45) == approx(1e-4)   # once, at the end
+    d = pm.predict_train(p, auto)
+    assert d["evaluate_s"] == approx(0.05 / 0.95 * (d["train_s"] - d["evaluate_s"]))
 
 
 # -- every architecture in Alqahtani & Demirbas's form (asgd.perf.architectures) ----------

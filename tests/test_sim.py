@@ -243,7 +243,9 @@ def test_other_users_load_takes_its_share_of_the_cores(params_file):
     workers on 2 cores compute at 2/3 of a core each; with one core's worth taken by
     others, at 1/3."""
     pf = params_file()
-    run = dict(workers=3, points=3 * 256 * 50, test_points=16, epochs=1)
+    # evaluations at the epoch's end only: auto's, during training, would take rank 0's
+    # share of the cores too (test_evaluations_follow_the_cadence)
+    run = dict(workers=3, points=3 * 256 * 50, test_points=16, epochs=1, eval_every="epoch")
     alone = simulate(pf, **run)["ranks"][1]["phases"]["compute"]
     shared = simulate(pf, background=1.0, **run)["ranks"][1]["phases"]["compute"]
     assert alone == pytest.approx(50 * STEP_256 * 1.5, rel=0.05)
@@ -544,12 +546,30 @@ def test_one_server_evaluates_every_epoch_with_model_partitioning(params_file):
     asgd.train's does (run.roles.tracker_of); with two servers, once at the end."""
     epochs, test_points = 3, 4096
     one = simulate(params_file(), workers=2, model_parallel=2, epochs=epochs, points=2 * 256 * 2,
-                   test_points=test_points)
+                   test_points=test_points, eval_every="epoch")
     per = test_points * 1e-5          # eval_s_per_point at hidden 10,000 (3 ranks share 2 cores: a bit more)
     assert epochs * per <= one["ranks"][0]["phases"]["evaluate"] < (epochs + 0.5) * per
     two = simulate(params_file(), workers=2, servers=2, model_parallel=2, epochs=epochs, points=2 * 256 * 2,
-                   test_points=test_points)
+                   test_points=test_points, eval_every="epoch")
     assert two["ranks"][0]["phases"].get("evaluate", 0.0) < 1.5 * per
+
+
+@needs_simgrid
+def test_evaluations_follow_the_cadence(params_file):
+    """Rank 0 evaluates when asgd.core.target.Cadence says, as asgd.train's does: auto
+    within 5 % of the training time however cheap one is, `epoch` at each epoch's end, N
+    updates every N besides."""
+    run = dict(workers=2, epochs=2, points=2 * 256 * 100, test_points=256)
+    per = 256 * 1e-5          # eval_s_per_point at hidden 10,000
+    got = {}
+    for every in ("auto", "epoch", "50"):
+        res = simulate(params_file(), eval_every=every, **run)
+        got[every] = res["ranks"][0]["phases"].get("evaluate", 0.0), res["train_s"]
+    spent, train = got["auto"]
+    assert 0.03 * train < spent <= 0.05 * train and spent > 3 * per    # several, within the budget
+    # (3 ranks share 2 cores: an evaluation's wall time is up to 1.5 x its cost)
+    assert 2 * per <= got["epoch"][0] <= 2 * 1.5 * per
+    assert got["50"][0] / got["epoch"][0] == pytest.approx((400 / 50 + 2) / 2, rel=0.1)   # 400 updates, 2 epoch ends
 
 
 @needs_simgrid

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..core import wire
 from ..core.schedule import OverlapRule
+from ..core.target import EVAL_BUDGET
 
 # -- Part 1: the paper's model ---------------------------------------------------------
 
@@ -233,6 +234,7 @@ class Run:
                                     # calibrate's tables price its compute and exchanges (Params.at)
     node_ranks: int = 0             # ranks sharing one node's cores and link (0: all of them: one
                                     # node, or a testbed whose hosts share this machine's cores)
+    eval_every: str = "auto"        # --eval-every: when rank 0 evaluates the held-out set (evaluation_s)
 
     @property
     def value_bytes(self) -> int:
@@ -730,7 +732,7 @@ def predict_train(p: Params, run: Run, crowding=None) -> dict:
         X_cpu = w / (w / X_cpu + lost)
     X = min(X_mva, X_cpu)
     steps_s = updates / X
-    evaluate = evaluations(run) * run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
+    evaluate = evaluation_s(p, run, steps_s, updates)
     # a worker's own compute, stretched by sharing the cores
     busy = w + min(S, S * X * D) if run.arch == "ps" else w   # the workers, and the servers' utilization
     compute = steps * step / cores_shared(busy, C)
@@ -750,6 +752,24 @@ def predict_train(p: Params, run: Run, crowding=None) -> dict:
             "working_set_bytes": (ws := working_set_bytes(run.batch, run.n_w // K, run.hidden // K, run.features,
                                                           run.value_bytes)),
             "cache_level": cache_level(ws, p.caches)}
+
+
+def evaluation_s(p: Params, run: Run, steps_s: float, updates: int) -> float:
+    """Seconds rank 0 spends on held-out evaluations during `steps_s` of training's own
+    work, as --eval-every decides them (asgd.core.target.Cadence): `epoch` one at each
+    epoch's end; `auto` as many as EVAL_BUDGET of the training time pays for (none where
+    one evaluation costs more); N updates or N seconds one every N besides the epochs'.
+    A rank 0 without all of w evaluates once, at the end (evaluations)."""
+    one = run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
+    n = evaluations(run)
+    if n < run.epochs or run.eval_every == "epoch":
+        return n * one
+    if run.eval_every == "auto":
+        share = EVAL_BUDGET / (1 - EVAL_BUDGET) * steps_s   # of the time with the evaluations in it
+        return share if one <= share else 0.0
+    every = float(run.eval_every.removesuffix("s"))
+    between = steps_s / max(every - one, 1e-9) if run.eval_every.endswith("s") else updates / every
+    return (n + between) * one
 
 
 def evaluations(run: Run) -> int:
