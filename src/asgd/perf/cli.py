@@ -696,7 +696,8 @@ def _optimize(a, p: Params) -> int:
         for r in ranked:
             print(json.dumps(r))
         return 0
-    print(f"{len(ranked)} configurations on {where}, at most {limit} ranks; 2-{a.hidden}-2, {base.points:,} points, "
+    print(f"{len(ranked)} configurations on {where}, at most {limit} ranks; "
+          f"{base.features}-{a.hidden}-{base.classes}, {base.points:,} points, "
           + (f"to held-out {target[0]} {target[1]:g}" if target else f"{a.epochs} epoch(s)")
           + f", {a.optimizer}, {','.join(modes)}, {a.precision}; best first (predicted):")
     if target:
