@@ -45,6 +45,10 @@ def test_the_options_default_as_asgd_train(command):
         got = action.default[0] if isinstance(action.default, list) and len(action.default) == 1 else action.default
         assert got == want, f"{command} {shared[0]} defaults to {action.default!r}, asgd.train to {want!r}"
         checked += 1
+    if command == "optimize":   # --mode resolved with the question: train's, and sync beside it to a target
+        assert perf_cli.optimize_modes(None, target=False) == [config.Config.mode]
+        assert perf_cli.optimize_modes(None, target=True)[0] == config.Config.mode
+        checked += 1
     assert checked >= (3 if command == "optimize" else 5)
 
 
@@ -88,14 +92,14 @@ def test_a_real_file_is_a_file_to_every_command(tmp_path):
     """--data FILE (no --points or --format): a file's hidden layer and epochs rule in
     predict, optimize and the simulator alike, not the embedded problem's."""
     data = tmp_path / "d.tsv"
-    data.write_text("".join(f"{i % 3}\t{i * 0.1:.1f}\t{-i * 0.2:.1f}\n" for i in range(800)))
+    data.write_text("".join(f"{i * 0.1:.1f}\t{-i * 0.2:.1f}\t{i % 3}\n" for i in range(800)))   # the label last
     points = 800 - 800 // perf_cli.HOLDOUT
     want = (config.default_epochs(points), config.default_hidden(False))
     for cmd in ("predict", "optimize"):
         extra = ["--cores-per-node", "2"] if cmd == "optimize" else []
         a = perf_cli.build_parser().parse_args([cmd, *extra, "--data", str(data)])
         run = perf_cli._base_run(a, params())
-        assert (run.epochs, run.file_bytes > 0) == (want[0], True)
+        assert (run.epochs, run.file_bytes > 0, run.features, run.classes) == (want[0], True, 2, 3)
         assert (a.hidden == [want[1]]) if cmd == "predict" else (a.hidden == want[1])
     spec, _ = sim_cli.spec_from_args(sim_cli.build_parser().parse_args(["-n", "3", "--data", str(data)]), params())
-    assert (spec.run.epochs, spec.run.hidden, spec.run.file_bytes > 0) == (*want, True)
+    assert (spec.run.epochs, spec.run.hidden, spec.run.file_bytes > 0, spec.run.classes) == (*want, True, 3)

@@ -657,7 +657,7 @@ def _optimize(a, p: Params) -> int:
     stats = load_statistics(a.params) if target else None
     if target:   # asgd.train stops at a target where rank 0 holds all of w
         a.servers, a.model_parallel = [1], [1]
-    modes = _words(a.mode or ("async,sync" if target else "async"), ("async", "ssp", "sync"), "mode")
+    modes = optimize_modes(a.mode, target is not None)
     base = replace(_base_run(a, p), hidden=a.hidden, mode=modes[0], optimizer=a.optimizer, allreduce=a.allreduce,
                    precision=a.precision)
     readers = _words(a.readers, ("sequential", "parallel"), "reader")
@@ -719,6 +719,13 @@ def _optimize(a, p: Params) -> int:
           + f" with {w['ranks']} ranks, --batch {w['batch']}; what binds it: "
           + (what_binds(ranked) if target else w["bound"]))
     return 0
+
+
+def optimize_modes(spec: str | None, target: bool) -> list[str]:
+    """optimize's --mode: the modes given, else asgd.train's; to a target, sync beside it
+    (a lockstep update is fresher and slower, which is what the target weighs)."""
+    default = [TRAIN.mode] + (["sync"] if target and TRAIN.mode != "sync" else [])
+    return _words(spec, ("async", "ssp", "sync"), "mode") if spec else default
 
 
 def _same_problem(stats: Statistics, a) -> None:
