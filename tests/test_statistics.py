@@ -117,6 +117,7 @@ def test_a_slower_epoch_that_needs_fewer_epochs_wins_when_the_statistics_say_so(
     assert ranked[0]["batch"] == 16 and ranked[0]["per_epoch_s"] > ranked[1]["per_epoch_s"]
     assert ranked[0]["epochs_to_target"] < ranked[1]["epochs_to_target"]
     assert ranked[0]["time_to_target_s"] == pytest.approx(0.01 + 0.3 * ranked[0]["epochs_to_target"])
+    assert [r["update_samples"] for r in ranked] == [1000 / 63, 1000]   # 1,000 points: 63 steps of 16, or all at once
     assert what_binds(ranked).startswith("hardware: its s/epoch is 3.00x the least")
     # with a noise scale far above both batches, the batch barely matters: the faster epoch wins
     ranked = rank_to_target(rows, stats(b_noise=1e6), "accuracy", 0.8, "adagrad", "async")
