@@ -12,7 +12,8 @@ import pytest
 
 from asgd.perf import cli
 from asgd.perf.statistics import (NoPilot, Reference, Statistics, batch_factor, fit_efficiency,
-                                  fit_staleness_growth, samples_to_target, staleness_factor, update_samples)
+                                  fit_staleness_growth, pooled_in_lockstep, samples_to_target, staleness_factor,
+                                  update_samples)
 from asgd.perf.to_target import rank_to_target, what_binds
 from conftest import MPIEXEC, REPO
 from test_analytic import make_params
@@ -97,6 +98,12 @@ def test_epochs_to_target_of_a_configuration():
     assert st.mean_staleness(8, "async", False) == 8
     assert st.mean_staleness(8, "ssp", False, bound=3) == 7          # it reads its own last update
     assert stats(slope=3.0).mean_staleness(8, "ssp", False, bound=2) == 16   # 2 steps ahead x 8 workers
+    # sgd's default lr is W times in lockstep (linear scaling): a round moves w as W steps of one replica's
+    assert pooled_in_lockstep("adagrad") and pooled_in_lockstep("adam")
+    assert not pooled_in_lockstep("sgd") and not pooled_in_lockstep("momentum")
+    sgd = Statistics(20.0, 0.1, 1.0, 1.0, {"sgd": st.references["adagrad"]})
+    assert sgd.update_samples("sgd", 50, 4, True) == 50 and st.update_samples("adagrad", 50, 4, True) == 200
+    assert sgd.epochs_to_target("sgd", "accuracy", 0.8, 50, 4, True, 0.0) == pytest.approx(e_min * batch_factor(50, 20))
     with pytest.raises(NoPilot, match="never reached"):
         st.epochs_to_target("adagrad", "accuracy", 0.95, 16, 1, False, 1.0)
     with pytest.raises(NoPilot, match="--optimizers sgd"):

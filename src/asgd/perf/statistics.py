@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..net.optimizers import default_lr
+
 
 class NoPilot(ValueError):
     """The statistics cannot answer: no pilot of this optimizer, or a target past its curve."""
@@ -41,6 +43,14 @@ def update_samples(points: int, replicas: int, batch: int, lockstep: bool) -> fl
     batch past the share is the share; in lockstep an update is every replica's step."""
     share = math.ceil(points / replicas)
     return share / math.ceil(share / batch) * (replicas if lockstep else 1)
+
+
+def pooled_in_lockstep(optimizer: str) -> bool:
+    """Whether a lockstep round of W replicas is one update of all their samples (adagrad,
+    adam: the default lr is the same at any W) or, as far as w moves, W updates of one
+    replica's (sgd, momentum: the default lr is W times, Goyal et al.'s linear scaling,
+    so the mean of W gradients steps as far as their sum at one replica's lr)."""
+    return default_lr(optimizer, 1, 2) == default_lr(optimizer, 1, 1)
 
 
 def batch_factor(update: float, b_noise: float) -> float:
@@ -165,14 +175,20 @@ class Statistics:
             return min(s, bound * workers) if bound is not None else s
         return s
 
+    def update_samples(self, optimizer: str, batch: int, replicas: int, lockstep: bool) -> float:
+        """The samples an update carries as epochs_to_target prices it (update_samples on the
+        pilot's data): a lockstep round pools its replicas' only where pooled_in_lockstep."""
+        points = self.references[optimizer].points
+        return update_samples(points, replicas, batch, lockstep and pooled_in_lockstep(optimizer))
+
     def epochs_to_target(self, optimizer: str, metric: str, value: float, batch: int, replicas: int,
                          lockstep: bool, mean_staleness: float) -> float:
         """E(config) = E_min(target, optimizer) x (1 + U / B_noise) x (1 + c s): U is one
-        update's samples (update_samples: every replica's in lockstep), s its mean staleness."""
+        update's samples (self.update_samples), s its mean staleness."""
         ref = self.references.get(optimizer)
         if ref is None:
             raise NoPilot(f"no pilot of --optimizer {optimizer} (piloted: {', '.join(self.references)}): "
                           f"python -m asgd.perf pilot --optimizers {optimizer}")
         e_min = ref.epochs_min(metric, value, self.b_noise, self.staleness_cost)
-        update = update_samples(ref.points, replicas, batch, lockstep)
+        update = self.update_samples(optimizer, batch, replicas, lockstep)
         return e_min * batch_factor(update, self.b_noise) * staleness_factor(mean_staleness, self.staleness_cost)

@@ -5,14 +5,14 @@ speed into hardware efficiency x statistical efficiency."""
 
 from __future__ import annotations
 
-from .statistics import Statistics, update_samples
+from .statistics import Statistics
 
 CLOSE = 1.1   # within this factor of the best of a kind, that kind is not what binds
 
 
 def rank_to_target(rows: list[dict], stats: Statistics, metric: str, value: float, optimizer: str, mode: str,
                    ssp_bound: int | None = None) -> list[dict]:
-    """optimize's rows with mean_staleness, update_samples (every replica's in lockstep, a
+    """optimize's rows with mean_staleness, update_samples (as the statistics price it: a
     share's where it is less than the batch), epochs_to_target and time_to_target_s
     (init_s + epochs x per_epoch_s), best first."""
     out = []
@@ -20,7 +20,7 @@ def rank_to_target(rows: list[dict], stats: Statistics, metric: str, value: floa
         lockstep = mode == "sync" or r["arch"] == "allreduce"
         s = stats.mean_staleness(r["workers"], mode, lockstep, ssp_bound)
         e = stats.epochs_to_target(optimizer, metric, value, r["batch"], r["replicas"], lockstep, s)
-        u = update_samples(stats.references[optimizer].points, r["replicas"], r["batch"], lockstep)
+        u = stats.update_samples(optimizer, r["batch"], r["replicas"], lockstep)
         out.append({**r, "mean_staleness": s, "update_samples": u, "epochs_to_target": e,
                     "time_to_target_s": r["init_s"] + e * r["per_epoch_s"]})
     return sorted(out, key=lambda r: r["time_to_target_s"])

@@ -30,8 +30,8 @@ import numpy as np
 
 from .. import mpienv
 from ..run.files import atomic_write
-from ..perf.statistics import (PILOT_BATCHES, fit_efficiency, fit_staleness_growth, mean_staleness, samples_to_target,
-                              update_samples)
+from ..perf.statistics import (PILOT_BATCHES, fit_efficiency, fit_staleness_growth, mean_staleness,
+                              pooled_in_lockstep, samples_to_target, update_samples)
 
 EVALS_PER_EPOCH = 16       # every run's held-out curve: its resolution of the epochs to a target
 PILOT_SHARE = 0.9          # without a target: the pilots aim at this share of the reference's gain
@@ -120,7 +120,7 @@ def pilot(train_args: list[str], points: int, batch: int, optimizers: list[str],
 
     def to_pilot_target(name: str, W: int, b: int, mode: str = "async") -> dict:
         lockstep = mode == "sync"
-        u = update_samples(points, W, b, lockstep)
+        u = update_samples(points, W, b, lockstep and pooled_in_lockstep(first))
         cap = max(1, int(np.ceil(PILOT_EPOCHS * e_ref * max(1.0, u / u_ref))))
         r = train(launcher, W + 1, [*train_args, "--batch", str(b), "--optimizer", first, "--mode", mode,
                                     "--epochs", str(cap), *_every(points, b * (W if lockstep else 1)),
