@@ -33,7 +33,7 @@ from ..net import OPTIMIZERS
 from ..run import config
 from ..run.files import atomic_write
 from . import analytic, html, report
-from .statistics import Statistics, samples_to_target
+from .statistics import PILOT_BATCHES, Statistics, samples_to_target
 from .to_target import rank_to_target, what_binds
 from .analytic import Params, Run
 from .architectures import ARCHES, cluster_links, predict
@@ -401,10 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--hidden", type=positive_int, help="hidden units (default as asgd.train's)")
     pl.add_argument("--batch", type=positive_int, default=TRAIN.batch, help="the reference's and the "
                     "asynchronous pilots' batch (default %(default)s)")
+    pl.add_argument("--batches", type=int_list, default=list(PILOT_BATCHES), help="the sequential pilots' other "
+                    f"batches, whose epochs fit B_noise (default {','.join(map(str, PILOT_BATCHES))})")
     pl.add_argument("--optimizers", default=TRAIN.optimizer, help="optimizers to pilot, comma-separated "
                     f"(default %(default)s; choose from {', '.join(OPTIMIZERS)})")
-    pl.add_argument("--workers", type=int_list, default=[2, 4], help="the asynchronous pilots' worker counts "
-                    "(default 2,4)")
+    pl.add_argument("--workers", type=int_list, default=[2, 4, 8], help="the asynchronous pilots' worker counts "
+                    "(default 2,4,8)")
     pt = pl.add_mutually_exclusive_group()
     pt.add_argument("--target-accuracy", type=float, metavar="A", help="the pilots' target (default: 0.9 of the "
                     "way from the reference's first held-out accuracy to its best); optimize can then ask for "
@@ -499,17 +501,18 @@ def _pilot(a) -> int:
     points = data_of(a.data, None, "embedded", None, a.label_column)["points"]
     hidden = a.hidden or config.default_hidden(not a.data)
     epochs = a.epochs or config.default_epochs(points if a.data else None)
-    args = ["--hidden", str(hidden), "--batch", str(a.batch)] + (["--data", a.data] if a.data else [])
+    args = ["--hidden", str(hidden)] + (["--data", a.data] if a.data else [])
     args += ["--label-column", a.label_column] if a.label_column else []
     target = _target(a)
     folder = a.folder or os.path.join(os.path.dirname(os.path.abspath(a.params)), "pilot")
     print(f"pilot: {', '.join(optimizers)}; references of 1 worker, asynchronous pilots of "
-          f"{', '.join(map(str, a.workers))} workers, batch {a.batch}, hidden {hidden}; "
+          f"{', '.join(map(str, a.workers))} workers and 2 in lockstep, batch {a.batch}; 1 worker at batches "
+          f"{', '.join(map(str, a.batches))}; hidden {hidden}; "
           + (f"target {target[0]} {target[1]:g}" if target else f"target {PILOT_SHARE:g} of the reference's gain")
           + f"; runs in {folder}")
     try:
-        stats = pilot(args, -(-points // a.batch), optimizers, a.workers, target, epochs, folder, a.launcher,
-                      a.timeout)
+        stats = pilot(args, points, a.batch, optimizers, a.workers, target, epochs, folder, a.launcher,
+                      a.timeout, tuple(a.batches))
     except PilotError as e:
         raise PerfError(str(e)) from None
     add_statistics(a.params, stats)

@@ -7,13 +7,15 @@ user's data (its `statistics` in params.json), so that time to a target is
     init + epochs_to_target(config) x seconds per epoch.
 
 The form, and its anchors (docs/model.md, "Time to a target"):
-  - batch: McCandlish et al. 2018's E = E_min (1 + B / B_noise), in samples, with the
-    simple noise scale B_noise = tr(Sigma) / |G|^2 estimated from gradient norms at two
-    batch sizes (their appendix A.1);
+  - batch: McCandlish et al. 2018's E = E_min (1 + U / B_noise), U the samples an update
+    carries (the batch, or less where a worker's share ends an epoch), B_noise fitted to
+    the epochs sequential pilots at several batches took (as Omnivore and Pollux measure
+    statistical efficiency with short runs), not read off gradient norms: asgd trains at
+    a fixed lr, which McCandlish et al.'s noise scale, tuned lr at every batch, assumes not;
   - staleness: each update's progress divided by (1 + c x mean staleness), as in Zhang et
     al. 2016's staleness-aware SGD and Dutta et al. 2018's error-runtime trade-off, with c
-    fitted to short asynchronous pilots; lockstep runs (sync, allreduce) have staleness 0
-    and a batch of every replica's samples;
+    fitted with B_noise to the same pilots; lockstep runs (sync, allreduce) have staleness
+    0 and every replica's samples an update;
   - the optimizer and its learning rate: E_min comes from a sequential reference run with
     that optimizer at asgd.train's default lr, read off its held-out curve at the target.
 Pure functions of numbers and of results.json's dicts: no I/O, no MPI.
@@ -26,38 +28,35 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..net.optimizers import default_lr
+
 
 class NoPilot(ValueError):
     """The statistics cannot answer: no pilot of this optimizer, or a target past its curve."""
 
 
-# -- the gradient noise scale (McCandlish et al. 2018, appendix A.1) ------------------------
-
-def noise_scale(g2_small: float, b_small: float, g2_big: float, b_big: float) -> tuple[float, float, float]:
-    """(B_noise, |G|^2, tr Sigma) from the mean squared norms of gradients averaged over
-    batches of b_small and of b_big samples, since E|G_B|^2 = |G|^2 + tr(Sigma) / B:
-        |G|^2    = (b_big |G_big|^2 - b_small |G_small|^2) / (b_big - b_small)
-        tr Sigma = (|G_small|^2 - |G_big|^2) / (1 / b_small - 1 / b_big)
-    Each is unbiased; their ratio is B_simple, which McCandlish et al. find close to the
-    noise scale that sets E(B) (B_noise: inf where the mean gradient is lost in the noise)."""
-    if not 0 < b_small < b_big:
-        raise ValueError(f"need 0 < b_small < b_big, got {b_small}, {b_big}")
-    g2 = (b_big * g2_big - b_small * g2_small) / (b_big - b_small)
-    trace = (g2_small - g2_big) / (1 / b_small - 1 / b_big)
-    return (trace / g2 if g2 > 0 else math.inf), g2, trace
-
-
-def mean_sq_norm(gradients: np.ndarray) -> float:
-    """Mean of |g|^2 over the rows of `gradients` (one gradient per row)."""
-    return float(np.mean(np.einsum("ij,ij->i", gradients, gradients)))
-
-
 # -- epochs to a target ----------------------------------------------------------------------
 
-def batch_factor(batch: float, b_noise: float) -> float:
-    """McCandlish et al.'s E / E_min = 1 + B / B_noise: the samples a batch of B needs
-    to reach a target, over the least any batch needs (B -> 0)."""
-    return 1.0 + batch / b_noise
+def update_samples(points: int, replicas: int, batch: int, lockstep: bool) -> float:
+    """The samples an update carries, over an epoch: each replica's share of the points
+    (ceil(points / replicas)) goes in ceil(share / batch) steps, the last one short, so a
+    batch past the share is the share; in lockstep an update is every replica's step."""
+    share = math.ceil(points / replicas)
+    return share / math.ceil(share / batch) * (replicas if lockstep else 1)
+
+
+def pooled_in_lockstep(optimizer: str) -> bool:
+    """Whether a lockstep round of W replicas is one update of all their samples (adagrad,
+    adam: the default lr is the same at any W) or, as far as w moves, W updates of one
+    replica's (sgd, momentum: the default lr is W times, Goyal et al.'s linear scaling,
+    so the mean of W gradients steps as far as their sum at one replica's lr)."""
+    return default_lr(optimizer, 1, 2) == default_lr(optimizer, 1, 1)
+
+
+def batch_factor(update: float, b_noise: float) -> float:
+    """McCandlish et al.'s E / E_min = 1 + U / B_noise: the samples updates of U samples
+    need to reach a target, over the least any batch needs (U -> 0)."""
+    return 1.0 + update / b_noise
 
 
 def staleness_factor(mean_staleness: float, c: float) -> float:
@@ -66,14 +65,25 @@ def staleness_factor(mean_staleness: float, c: float) -> float:
     return 1.0 + c * max(mean_staleness, 0.0)
 
 
-def fit_staleness_cost(ratios: list[float], staleness: list[float], reference_staleness: float) -> float:
-    """c of staleness_factor, least squares, from pilots at the reference's batch: run i
-    needed ratios[i] times the reference's samples at mean staleness staleness[i], where
-    the model says ratio = (1 + c s_i) / (1 + c s_ref). The residual r_i (1 + c s_ref) -
-    (1 + c s_i) is linear in c. Never negative: staleness does not help."""
-    num = sum((r - 1) * (s - r * reference_staleness) for r, s in zip(ratios, staleness))
-    den = sum((s - r * reference_staleness) ** 2 for r, s in zip(ratios, staleness))
-    return max(num / den, 0.0) if den > 0 else 0.0
+PILOT_BATCHES = (32, 1024)                    # the pilot's sequential runs besides its reference: optimize's range
+B_NOISE_GRID = np.geomspace(1.0, 1e6, 361)   # samples: from epochs near proportional to U to flat in U
+COST_GRID = np.linspace(0.0, 2.0, 401)        # c: staleness never helps
+
+
+def fit_efficiency(update: list[float], staleness: list[float], epochs: list[float]) -> tuple[float, float]:
+    """(B_noise, c) from pilot runs to one target, run i with updates of update[i] samples
+    at mean staleness staleness[i] needing epochs[i]: least squares in log epochs of
+        log E_i = log E_min + log batch_factor(U_i, B_noise) + log staleness_factor(s_i, c)
+    with E_min free (the mean residual). A grid, not a solver: a handful of runs, two
+    bounded parameters, and no starting point to get wrong. Needs two update sizes."""
+    u, s, e = (np.asarray(x, float) for x in (update, staleness, epochs))
+    if len(set(u)) < 2:
+        raise ValueError(f"the batch's effect needs runs at two update sizes, got {sorted(set(u))}")
+    r = (np.log(e) - np.log1p(u / B_NOISE_GRID[:, None, None])
+         - np.log1p(COST_GRID[None, :, None] * np.maximum(s, 0.0)))
+    sse = ((r - r.mean(axis=-1, keepdims=True)) ** 2).sum(axis=-1)
+    i, j = np.unravel_index(np.argmin(sse), sse.shape)
+    return float(B_NOISE_GRID[i]), float(COST_GRID[j])
 
 
 def fit_staleness_growth(workers: list[int], staleness: list[float]) -> tuple[float, float]:
@@ -130,7 +140,8 @@ class Reference:
             got = best((p[metric] for p in self.curve if p[metric] is not None), default=None)
             raise NoPilot(f"the pilot's reference never reached held-out {metric} {value:g} (best {got}): "
                           "run the pilot with this target (--target-accuracy/--target-loss) or more --epochs")
-        return s / self.points / (batch_factor(self.batch, b_noise) * staleness_factor(self.staleness, c))
+        own = batch_factor(update_samples(self.points, 1, self.batch, False), b_noise)
+        return s / self.points / (own * staleness_factor(self.staleness, c))
 
 
 @dataclass(frozen=True)
@@ -152,21 +163,32 @@ class Statistics:
                    data=d.get("data", "embedded"), hidden=d.get("hidden", 0))
 
     def mean_staleness(self, workers: int, mode: str, lockstep: bool, bound: int | None = None) -> float:
-        """A configuration's mean staleness: 0 in lockstep; asynchronous: the pilots' line in
-        the workers; ssp: at most its bound."""
+        """A configuration's mean staleness, in versions of w: 0 in lockstep; asynchronous:
+        the pilots' line in the workers; ssp: one less (it applies a push before it answers,
+        so a worker reads its own last update), and at most its bound of steps ahead of the
+        slowest worker, which is bound x workers versions."""
         if lockstep:
             return 0.0
         s = self.staleness_one + self.staleness_per_worker * (workers - 1)
-        return min(s, bound) if mode == "ssp" and bound is not None else s
+        if mode == "ssp":
+            s = max(s - 1.0, 0.0)
+            return min(s, bound * workers) if bound is not None else s
+        return s
+
+    def update_samples(self, optimizer: str, batch: int, replicas: int, lockstep: bool) -> float:
+        """The samples an update carries as epochs_to_target prices it (update_samples on the
+        pilot's data): a lockstep round pools its replicas' only where pooled_in_lockstep."""
+        points = self.references[optimizer].points
+        return update_samples(points, replicas, batch, lockstep and pooled_in_lockstep(optimizer))
 
     def epochs_to_target(self, optimizer: str, metric: str, value: float, batch: int, replicas: int,
                          lockstep: bool, mean_staleness: float) -> float:
-        """E(config) = E_min(target, optimizer) x (1 + B / B_noise) x (1 + c s): B is one
-        update's samples (every replica's in lockstep), s its mean staleness."""
+        """E(config) = E_min(target, optimizer) x (1 + U / B_noise) x (1 + c s): U is one
+        update's samples (self.update_samples), s its mean staleness."""
         ref = self.references.get(optimizer)
         if ref is None:
             raise NoPilot(f"no pilot of --optimizer {optimizer} (piloted: {', '.join(self.references)}): "
                           f"python -m asgd.perf pilot --optimizers {optimizer}")
         e_min = ref.epochs_min(metric, value, self.b_noise, self.staleness_cost)
-        update = batch * replicas if lockstep else batch
+        update = self.update_samples(optimizer, batch, replicas, lockstep)
         return e_min * batch_factor(update, self.b_noise) * staleness_factor(mean_staleness, self.staleness_cost)

@@ -12,16 +12,16 @@ CLOSE = 1.1   # within this factor of the best of a kind, that kind is not what 
 
 def rank_to_target(rows: list[dict], stats: Statistics, metric: str, value: float, optimizer: str,
                    ssp_bound: int | None = None) -> list[dict]:
-    """optimize's rows (each with its mode) with mean_staleness, update_samples (every
-    replica's in lockstep), epochs_to_target and time_to_target_s (init_s + epochs x
-    per_epoch_s), best first."""
+    """optimize's rows (each with its mode) with mean_staleness, update_samples (as the statistics price it: a
+    share's where it is less than the batch), epochs_to_target and time_to_target_s
+    (init_s + epochs x per_epoch_s), best first."""
     out = []
     for r in rows:
         lockstep = r["mode"] == "sync" or r["arch"] == "allreduce"
         s = stats.mean_staleness(r["workers"], r["mode"], lockstep, ssp_bound)
         e = stats.epochs_to_target(optimizer, metric, value, r["batch"], r["replicas"], lockstep, s)
-        out.append({**r, "mean_staleness": s, "update_samples": r["batch"] * (r["replicas"] if lockstep else 1),
-                    "epochs_to_target": e,
+        u = stats.update_samples(optimizer, r["batch"], r["replicas"], lockstep)
+        out.append({**r, "mean_staleness": s, "update_samples": u, "epochs_to_target": e,
                     "time_to_target_s": r["init_s"] + e * r["per_epoch_s"]})
     return sorted(out, key=lambda r: r["time_to_target_s"])
 
@@ -48,7 +48,7 @@ def _training_binds(w: dict, ranked: list[dict]) -> str:
     if st >= hw:
         return (f"statistics: it needs {st:.2f}x the fewest epochs of any ({few['epochs_to_target']:.2f}, "
                 f"{_name(few)}), which take {few['per_epoch_s'] / w['per_epoch_s']:.2f}x its s/epoch; "
-                f"mean staleness {w['mean_staleness']:.1f}, {w['update_samples']} samples an update")
+                f"mean staleness {w['mean_staleness']:.1f}, {w['update_samples']:.0f} samples an update")
     more = fast["epochs_to_target"] / w["epochs_to_target"]
     return (f"hardware: its s/epoch is {hw:.2f}x the least ({fast['per_epoch_s']:.3f}, {_name(fast)}), whose "
             f"{fast['epochs_to_target']:.2f} epochs to the target are {more:.2f}x its own; its epoch's time is "
