@@ -1,33 +1,15 @@
-"""Validation sweep of the performance model (asgd.perf.analytic, `python -m asgd.perf`):
-its predictions against measured asgd.train runs on this machine, on bench/validate.py.
+"""Validation sweep of the performance model (`python -m asgd.perf`) against measured
+asgd.train runs on this machine (the grid, the limits and the results: docs/benchmarks.md).
 
-The parameters come from `python -m asgd.perf calibrate` alone (microbenchmarks, run here
-BEFORE the sweep), or --params FILE; nothing is fitted to the sweep. A run at a rank count
-calibrate measured a job at (1, C, C+1, 2C+1, 4C+1, 8C+1 for C cores; --quick: 1, C, 2C+1)
-is IN-SAMPLE, any other OUT-OF-SAMPLE; the pass/fail limits apply to the out-of-sample runs.
+Parameters come from `python -m asgd.perf calibrate` run first, or --params; nothing is
+fitted to the sweep. A run at a rank count calibrate measured a job at is in sample, any
+other out of sample; the pass/fail limits apply out of sample. Then asgd.perf optimize over
+the measured grid: its top configuration's measured total against the best measured.
+Writes model.csv, model.json and model.png; exits 0 whether or not the model passes.
 
-  grid       hidden 10000: workers {1,2,3,4,6,8} x batch {16,64,256,1024} x reader
-             {sequential, parallel}; hidden 100000: batch {64,1024}, the readers alternating
-             over the workers; 3 epochs each on one generated TSV file, after a discarded
-             warm-up run, shuffled with --seed. Each run is `mpiexec -n W+1 python -m
-             asgd.train --optimizer sgd --data D --reader R --batch B --hidden H --epochs E`.
-  score      APE = |pred - meas| / meas per phase: median APE of total <= 15%, of init and
-             train <= 25% (out of sample); compute and comm inside train are detail. Beside
-             them, the paper's own equations (eq. 9, section 5.3) with the same parameters.
-  optimizer  per hidden size, asgd.perf optimize over exactly the grid measured there: its
-             top configuration's measured total (run now if the sweep did not) against the
-             best measured: pass if top / best <= 1.10.
-
-Writes OUT/model.csv (a row per run: configuration, {phase}_pred_s, _meas_s, _ape),
-OUT/model.json (rows, APE summary, breakdown, optimizer check, pass/fail, machine, load)
-and OUT/model.png (predicted against measured; APE of total by workers, batch and hidden).
-The exit status is 0 whether or not the model passes (the verdict is in the output).
-
-    python bench/bench_model.py                           # the sweep above: 60 runs, about 15 minutes
-    python bench/bench_model.py --params params.json      # reuse a calibration (no calibrate step)
-    python bench/bench_model.py --hidden 10000 --workers 1,2 --batches 64,256
-    python bench/bench_model.py --quick                   # hidden 1000, workers 1,2, batch 64,256,
-                                                          # 20,000 points, 1 epoch, calibrate --quick: ~40 s
+    python bench/bench_model.py                           # 60 runs, about 15 minutes
+    python bench/bench_model.py --params params.json      # reuse a calibration
+    python bench/bench_model.py --quick                   # 4 small runs, calibrate --quick: ~40 s
 """
 
 from __future__ import annotations

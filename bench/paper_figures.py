@@ -1,18 +1,11 @@
 """The paper's Figures 2, 3, 4 and 9 (Hashemi et al. 2016) measured on this machine with asgd.train.
 
-Every point is one `mpiexec -n N python -m asgd.train --optimizer sgd --epochs E` run (default
-problem; the paper's ASGD, whose server update calibrate measures; asgd's defaults otherwise);
-the numbers come from its results.json (wall_s, init_s, train_s).
-  figure2.png  total time against ranks, 2-10K-2, several batch sizes
-  figure3.png  total time against ranks, 2-10K-2 against 2-100K-2, batch 256
-  figure4.png  training time per epoch against batch size, several rank counts; says whether
-               the paper's cache jump (time falls with the batch, then jumps up) appears
-  figure9.png  phase by phase (initialization, training, total) against ranks, batch 256,
-               with asgd's performance model (asgd.perf.analytic) overlaid: parameters from
-               --params, or from `python -m asgd.perf calibrate` run first (never fitted
-               to these runs)
-Runs are shared between figures and done in a shuffled order (drift in the machine's load
-does not line up with one axis). Writes paper.csv (one row per run), paper.json, the PNGs.
+Every point is one `mpiexec -n N python -m asgd.train --optimizer sgd --epochs E` run, read
+from its results.json: figure2.png (total against ranks by batch), figure3.png (2-10K-2
+against 2-100K-2), figure4.png (training per epoch against batch: the paper's cache jump?)
+and figure9.png (phases against ranks, with asgd.perf.analytic's prediction from --params
+or a calibrate run first). Runs are shared between figures, in a shuffled order.
+Writes paper.csv (one row per run), paper.json and the PNGs.
 
     python bench/paper_figures.py                 # ranks 2,4,8,16; batch 16..1024; 2 epochs
     python bench/paper_figures.py --quick         # ranks 2,8; batch 64,256,1024; 1 epoch
