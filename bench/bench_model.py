@@ -218,16 +218,6 @@ def report(rows, summary, parts, checks, meta) -> None:
         ratio = f"{c['ratio']:.3f}" if c["ratio"] is not None else "-"
         print(f"  top measured / best measured = {ratio} (<= {validate.OPTIMIZER_LIMIT:.2f}): "
               f"{validate.verdict(c['pass'])}")
-    print()
-    for k in PHASES:
-        e = summary[k]
-        print(f"{validate.verdict(e['pass'])}: median APE of {k} {e['median']:.1f}% <= {LIMITS[k]:.0f}% "
-              f"(out of sample; in sample {e['in_sample']['median'] if e['in_sample'] else float('nan'):.1f}%)")
-    for k in DETAIL:
-        print(f"info: median APE of {k} {summary[k]['median']:.1f}% (detail, not pass/fail)")
-    for c in checks:
-        print(f"{validate.verdict(c['pass'])}: optimizer at hidden {c['hidden']}, top / best measured "
-              f"{c['ratio'] if c['ratio'] is None else round(c['ratio'], 3)} <= {validate.OPTIMIZER_LIMIT:.2f}")
 
 
 def plot(rows: list[dict], title: str, path: Path) -> None:

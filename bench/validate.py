@@ -1,11 +1,9 @@
 """The validation harness: a grid of configurations -> measured (mpiexec here, or the emulated
-cluster) -> predicted (asgd.perf's analytical model) -> simulated (asgd.sim) -> scored (one
-error: the absolute percentage error, medians per group) -> reported (common's table,
-CSV/JSON and PNG). bench_sim validate, bench_model, bench_arch and bench_testbed are each a
-grid and its targets on top of it.
-
-bench/'s doors into asgd's model, simulator and testbed are all here (asgd.launch's in
-common.py): when those modules move, this file follows them."""
+cluster) -> predicted (asgd.perf's analytical model) -> simulated (asgd.sim) -> scored (the
+absolute percentage error, medians per group) -> reported. bench_sim validate, bench_model,
+bench_arch and bench_testbed are each a grid and its targets on top of it. bench/'s doors
+into asgd's model, simulator and testbed are all here: when those modules move, this file
+follows them."""
 
 from __future__ import annotations
 
