@@ -199,11 +199,6 @@ def ranked_configurations(params, hidden: int, a, hosts: int, workers, servers) 
                              ["parallel"], hosts, archs=("ps", "p2p", "allreduce"), Ks=(1, 2), shared_cores=True)
 
 
-def sweep_precision(rows: list[dict]) -> str:
-    """The --precision of an earlier sweep's runs (float64: rows from before --precision)."""
-    return rows[0].get("precision", "float64")
-
-
 def optimizer_check(params, rows: list[dict], hidden: int, a, hosts: int) -> dict:
     """The optimizer over the sweep's grid at this hidden size: its first configuration among
     those measured, against the best measured."""
@@ -321,7 +316,8 @@ def main(argv=None) -> int:
         rows = [r for r in sweep_rows if r["rate"] == a.rate]
         if not rows or a.second_rate == "none":
             raise SystemExit(f"bench_arch: --sweep needs rows at --rate {a.rate} in {a.sweep} and a --second-rate")
-        a.precision = sweep_precision(rows)   # the winners measured again as that sweep measured them
+        # the winners measured again as that sweep measured them (float64: before --precision)
+        a.precision = rows[0].get("precision", "float64")
         params = validate.load_params(a.sweep.parent / f"testbed-params-{a.rate}.json")
         got = second_rate(a, base, base_raw, rows, params, out, hosts)
         run.paths.append(common.write_json(out / "second_rate.json", got))
