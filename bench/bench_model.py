@@ -73,10 +73,10 @@ def label(c: dict) -> str:
     return f"h{c['hidden']}-w{c['workers']}-b{c['batch']}-{c['reader']}"
 
 
-def train_argv(c: dict, data: Path, epochs: int, run_dir: Path) -> list[str]:
-    """asgd.train's arguments for configuration c (its ranks: workers + 1)."""
-    return ["-m", "asgd.train", "--optimizer", "sgd", "--data", str(data), "--reader", c["reader"], "--batch",
-            str(c["batch"]), "--hidden", str(c["hidden"]), "--epochs", str(epochs), "--quiet", "--out", str(run_dir)]
+def train_argv(c: dict, data: Path, epochs: int) -> list[str]:
+    """asgd.train's options for configuration c (its ranks: workers + 1)."""
+    return ["--optimizer", "sgd", "--data", str(data), "--reader", c["reader"], "--batch", str(c["batch"]),
+            "--hidden", str(c["hidden"]), "--epochs", str(epochs)]
 
 
 def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: list, params) -> list[dict]:
@@ -87,8 +87,8 @@ def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: 
 
     def one(c):
         d = common.fresh_dir((out / "runs" / label(c)).resolve())   # never read a stale results.json
-        job = validate.run_job(c["workers"] + 1, train_argv(c, data, a.epochs, d) + ["--timeout", str(a.timeout)],
-                               a.timeout + 30)
+        job = validate.run_job(c["workers"] + 1, ["-m", "asgd.train", *train_argv(c, data, a.epochs), "--quiet",
+                                                  "--out", str(d), "--timeout", str(a.timeout)], a.timeout + 30)
         res = validate.results(d)
         (row,) = validate.compare([str(d)], params) or [None]
         return row and {**row, "label": label(c), "source": source, "launch_wall_s": job["wall_s"],
@@ -282,18 +282,13 @@ def main(argv=None) -> int:
     if not configs:
         sys.exit("bench_model: nothing to run")
     data = validate.generate(out / "data" / "d.tsv", a.points, a.test_points)
-    if a.params:   # the parameters first, and never from the sweep's runs
-        params_path, meta["calibrate_s"] = a.params.resolve(), None
-    else:
-        params_path, meta["calibrate_s"] = validate.calibrate(out, a.quick, a.cpu_lock)
+    params_path, meta["calibrate_s"] = validate.params_file(a.params, out, a.quick, a.cpu_lock)
     params = validate.load_params(params_path)
     meta.update(params_file=str(params_path), params_calibrated_here=a.params is None)
 
-    print("warm-up run (numba's caches; discarded) ...", flush=True)
     warm = dict(hidden=min(c["hidden"] for c in configs), workers=1, batch=max(c["batch"] for c in configs),
                 reader="parallel")
-    validate.sweep([warm], lambda c: validate.run_job(
-        2, train_argv(c, data, a.epochs, common.fresh_dir((out / "warmup").resolve())), a.timeout), label)
+    validate.warm_up(out, a.timeout, *train_argv(warm, data, a.epochs), lock=a.cpu_lock)
 
     run.sample_load()
     failed: list[dict] = []

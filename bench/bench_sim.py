@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # first: pins threads, puts src/ on the path
 import validate
-from common import JobFailed, LoadSampler, command_line, print_table, save_figure, write_outputs
+from common import LoadSampler, command_line, print_table, save_figure, write_outputs
 
 import dataclasses
 import json
@@ -232,12 +232,7 @@ def plot_validate(rows: list[dict], summary: dict, path: Path, title: str) -> No
 def run_validate(a, out: Path, params: Path, meta: dict) -> None:
     data = validate.generate(out / "data" / "d.tsv", a.points, a.points // 20)
     runs = plan(a)
-    print("warm-up run (numba's caches; discarded) ...", flush=True)
-    try:
-        common.mpiexec(2, ["-m", "asgd.train", "--epochs", "1", "--quiet", "--out",
-                           str(common.fresh_dir(out / "warmup"))], a.timeout)
-    except JobFailed as e:
-        print(f"warm-up failed (going on): {str(e)[:200]}")
+    validate.warm_up(out, a.timeout, "--epochs", "1")
     load = LoadSampler()
     t0 = time.perf_counter()
     print(f"{len(runs)} validation runs (none used to calibrate), shuffled with seed {a.seed}:", flush=True)
@@ -536,10 +531,7 @@ def main(argv=None) -> int:
     run = common.Run("sim", a, load_every_s=None)   # validate samples the load during its runs
     out = run.out
     meta = {"machine": run.machine, "command": command_line(), "quick": a.quick}
-    if a.params:
-        params = a.params.resolve()
-    else:
-        params, meta["calibrate_s"] = validate.calibrate(out, a.quick, a.cpu_lock)
+    params, meta["calibrate_s"] = validate.params_file(a.params, out, a.quick, a.cpu_lock)
     meta["params_file"] = str(params)
     validate.need_simulator()
     if a.part in ("all", "validate"):

@@ -206,9 +206,8 @@ def figure9(rows, model, path):
 
 
 def measure(a) -> list[dict]:
-    common.mpiexec(2, ["-m", "asgd.train", "--epochs", "1", "--quiet", "--out",
-                       str(common.fresh_dir(a.out / ".warm"))], timeout=a.timeout)   # numba's cache warm first
-    common.fresh_dir(a.out / ".warm")
+    validate.warm_up(a.out, a.timeout, "--epochs", "1")
+    common.fresh_dir(a.out / "warmup")   # no run of it left among the figures' runs
     def say(r):
         return (f"wall {r['wall_s']:6.2f} s (init {r['init_s']:.2f}, train {r['train_s']:.2f}), "
                 f"{r['samples_per_s']:,.0f} samples/s, bound: {r['bound']}")

@@ -196,6 +196,22 @@ def calibrate(out: Path, quick: bool, lock: str | None = None) -> tuple[Path, fl
     return path, wall
 
 
+def params_file(given: Path | None, out: Path, quick: bool, lock: str | None = None) -> tuple[Path, float | None]:
+    """--params, or calibrate() now, before any run of the sweep: (its path, calibrate's wall or None)."""
+    return (given.resolve(), None) if given else calibrate(out, quick, lock)
+
+
+def warm_up(out: Path, timeout: float, *opts: str, lock: str | None = None) -> None:
+    """One discarded 2-rank `asgd.train OPTS` into out/warmup: numba's caches warm before any timed run."""
+    print("warm-up run (numba's caches; discarded) ...", flush=True)
+    try:
+        with common.cpu_lock(lock):
+            common.mpiexec(2, ["-m", "asgd.train", *opts, "--quiet", "--out", str(common.fresh_dir(out / "warmup"))],
+                           timeout)
+    except JobFailed as e:
+        print(f"warm-up failed (going on): {str(e)[:200]}")
+
+
 def generate(path: Path, points: int, test_points: int) -> Path:
     """A file of the rings problem (`python -m asgd.data generate`), written once."""
     path = path.resolve()
