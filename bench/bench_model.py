@@ -273,7 +273,7 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     run = common.Run("model", a, load_every_s=None)   # the load: sampled during the sweep only
     out = run.out
-    meta = {"machine": run.machine, "command": common.command_line(), "points": a.points,
+    meta = {**run.head(), "points": a.points,
             "test_points": a.test_points, "epochs": a.epochs, "quick": a.quick, "seed": a.seed, "timeout_s": a.timeout,
             "limits": {"median_ape_pct": LIMITS, "optimizer_ratio": validate.OPTIMIZER_LIMIT},
             "run_command": "mpiexec -n W+1 python -m asgd.train --optimizer sgd --data D --reader R --batch B "

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # first: pins threads, puts src/ on the path
 import validate
-from common import LoadSampler, command_line, print_table, save_figure, write_outputs
+from common import LoadSampler, print_table, save_figure, write_outputs
 
 import dataclasses
 import json
@@ -530,7 +530,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     run = common.Run("sim", a, load_every_s=None)   # validate samples the load during its runs
     out = run.out
-    meta = {"machine": run.machine, "command": command_line(), "quick": a.quick}
+    meta = {**run.head(), "quick": a.quick}   # machine, command, commit, args: what headline.py reads
     params, meta["calibrate_s"] = validate.params_file(a.params, out, a.quick, a.cpu_lock)
     meta["params_file"] = str(params)
     validate.need_simulator()
