@@ -1,38 +1,15 @@
-"""Alqahtani & Demirbas's experiment with asgd's numbers, on the emulated cluster: synchronous
-SGD's time per iteration, split into computation and communication, and updates/s, against
-workers (2, 4, 8, 12, 16) for five architectures, at 2-10K-2 and 2-100K-2, every point
-measured, predicted by the analytical model and simulated, in one run; then Yan et al.'s
-optimizer checked against the measurements, at this rate and at a second one.
+"""Alqahtani & Demirbas's experiment with asgd's numbers, on the emulated cluster (root):
+synchronous SGD's time per iteration (computation and communication) and updates/s against
+workers for 1-PS, PS S=W/4, P2P, RA and PS K=2, each point measured, predicted by the
+analytical model and simulated; then Yan et al.'s optimizer against the measurements, at
+--rate and at --second-rate. The architectures, the columns and why 100 Mbit/s:
+docs/benchmarks.md and arch.json's `columns`. --no-sim without SimGrid; run it without an
+outer `flock`. Writes arch.csv, arch.json and arch-h{H}.png per model size.
 
-    python bench/bench_arch.py                       # the sweep below: about 25 minutes on 2 cores
-    python bench/bench_arch.py --quick               # workers 2,4; 2-10K-2; 5 iterations; no second rate
-    python bench/bench_arch.py --params params.json  # reuse a calibration of this machine
+    python bench/bench_arch.py                       # about 25 minutes on 2 cores
+    python bench/bench_arch.py --quick               # workers 2,4; 2-10K-2; 5 iterations
     python bench/bench_arch.py --sweep bench/results/arch/arch.json --second-rate 300mbit \
         --out bench/results/arch-300                 # only the winner check at another rate
-
-Architectures (asgd.train --mode sync --optimizer sgd, every rank on a host of its own):
-1-PS (--arch ps --servers 1); PS S=W/4 (--servers W/4; at 2 and 4 workers the 1-PS run);
-P2P (--arch p2p); RA (--arch allreduce, asgd's ring); PS K=2 (--model-parallel 2: W worker
-ranks in W/2 replicas of 2, Yan et al.'s model partitioning). Why 100 Mbit/s (--rate):
-docs/benchmarks.md.
-
-  measured   `asgd.testbed run [--check-bytes] -- mpiexec -n N python -m asgd.train --mode sync
-             ...`: per iteration = (train_s - rank 0's evaluation) / iterations, its
-             computation the workers' mean `compute` phase, its communication the rest; the
-             byte proof checks every ps and ring run.
-  predicted  asgd.perf.architectures.predict with asgd.testbed.model.testbed_params: this
-             machine's calibration, the links' rate, burst and framing, and each exchange's
-             link efficiency from no-compute probes at rank counts none of the sweep's.
-  simulated  asgd.sim --like RUN --machine testbed with the same parameters.
-Then the orderings at 8 and 16 workers beside Alqahtani & Demirbas's finding (1PS worst, RA
-best, P2P between); the optimizer (asgd.perf optimize over the sweep's configurations: time
-to --epochs epochs of --points points) against the best measured (pass: <= 1.10); and at
---second-rate the model's winner at each rate, both measured at both rates.
-
-Writes arch.csv, arch.json and arch-h{H}.png per model size (time per iteration per
-architecture and worker count, computation and communication, measured, with the model's
-and the simulator's; updates/s) under --out. Needs root (asgd.testbed) and SimGrid for the
-simulated column (--no-sim without it). Run it without an outer `flock`.
 """
 
 import sys
@@ -222,11 +199,6 @@ def ranked_configurations(params, hidden: int, a, hosts: int, workers, servers) 
                              ["parallel"], hosts, archs=("ps", "p2p", "allreduce"), Ks=(1, 2), shared_cores=True)
 
 
-def sweep_precision(rows: list[dict]) -> str:
-    """The --precision of an earlier sweep's runs (float64: rows from before --precision)."""
-    return rows[0].get("precision", "float64")
-
-
 def optimizer_check(params, rows: list[dict], hidden: int, a, hosts: int) -> dict:
     """The optimizer over the sweep's grid at this hidden size: its first configuration among
     those measured, against the best measured."""
@@ -344,7 +316,8 @@ def main(argv=None) -> int:
         rows = [r for r in sweep_rows if r["rate"] == a.rate]
         if not rows or a.second_rate == "none":
             raise SystemExit(f"bench_arch: --sweep needs rows at --rate {a.rate} in {a.sweep} and a --second-rate")
-        a.precision = sweep_precision(rows)   # the winners measured again as that sweep measured them
+        # the winners measured again as that sweep measured them (float64: before --precision)
+        a.precision = rows[0].get("precision", "float64")
         params = validate.load_params(a.sweep.parent / f"testbed-params-{a.rate}.json")
         got = second_rate(a, base, base_raw, rows, params, out, hosts)
         run.paths.append(common.write_json(out / "second_rate.json", got))

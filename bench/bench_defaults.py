@@ -1,21 +1,15 @@
 """The study behind asgd's defaults (issues 14 and 28): held-out accuracy of asgd across data
 sets x worker counts x candidate settings, each against scikit-learn's MLPClassifier() on
-the same split, so a default is chosen for robustness (the best worst case).
+the same split (bench_data's), so a default is chosen for robustness (the best worst case).
 
-Every run is `mpiexec -n W+1 python -m asgd.train --data <split> --seed S` (bench_data's
-splits, 1 server, W asynchronous workers) plus the candidate's options: a learning-rate rule
-per optimizer (`--rules "sgd=3/H,30/H;adam=0.001,0.003"`: --optimizer O --lr LR, LR a Python
-expression in H, hidden units, and W, workers) or `--variants "NAME=OPTIONS;..."` (any
-asgd.train options, e.g. "defaults=;sqrt=--stale-step sqrt"; rows with optimizer "variant").
-Per rule, over data sets, workers and seeds: the worst and median gap to sklearn, the runs
-more than --tolerance below it, the diverged ones (non-zero exit, refused updates, or an
-accuracy no better than the majority class's), the overconfident ones (held-out loss above
-the class frequencies'); the worst gap per data set and worker count; the same per hidden
-size. Rows are appended to defaults.csv as they finish (an interrupted study resumes;
---fresh starts over). Writes defaults.csv, defaults.json (summary), defaults.png under --out.
+A candidate is a learning-rate rule per optimizer (`--rules "sgd=3/H,30/H;adam=0.001"`, LR
+a Python expression in H, hidden units, and W, workers) or `--variants "NAME=OPTIONS;..."`
+(any asgd.train options). Per rule: the worst and median gap to sklearn, the runs more than
+--tolerance below it, the diverged and the overconfident ones, the worst gap per data set,
+worker count and hidden size. Rows are appended to defaults.csv as they finish (an
+interrupted study resumes; --fresh starts over); also defaults.json and defaults.png.
 
     python bench/bench_defaults.py                               # the whole grid, seed 0 (hours on 2 cores)
-    python bench/bench_defaults.py --seeds 1 --rules "adam=0.001,0.003;adagrad=0.01,0.03"
     python bench/bench_defaults.py --datasets mnist,digits --workers 1,15,31 \\
         --variants "defaults=;sqrt=--stale-step sqrt"
     python bench/bench_defaults.py --summarize                   # the table from the rows already there

@@ -1,28 +1,13 @@
 """End to end: time to held-out accuracy >= 0.95, samples/s and updates/s at 2, 4, 8 and 16
-ranks, for asgd's parameter server (default options, but --eval-every epoch: every epoch's
-end evaluated, as the peers do), asgd's allreduce (--arch allreduce), PyTorch's RPC
-parameter server (bench/peers/rpc_peer.py: torch.distributed.rpc as PyTorch's tutorial
-builds it, asgd's shares, batches, optimizer and lr) and PyTorch
-DistributedDataParallel (gloo, CPU: bench/peers/ddp_peer.py, asgd's default optimizer as
-torch.optim spells it, at allreduce's default lr), each launched `mpiexec -n N python ...`,
-same data, model, init and batch 256 per rank, and each in every precision of --precisions
-(float32, asgd's and PyTorch's default, and float64: w, the data and the arithmetic in that
-dtype; the peers' --precision), all in one table.
-
-Two times to accuracy, from each run's results.json history (the first epoch at --target):
-  whole process  wall_s, since rank 0's process started: what a user waits for (the target:
-                 asgd before PyTorch DDP)
-  training only  time_s, since training started (the evaluations included)
-Every implementation is warmed by one discarded run; runs rotate their order in each
-repetition; medians. Writes e2e.csv (a row per run), e2e.json (per-configuration medians)
-and e2e.png.
-
---testbed RATE (e.g. 8mbit; root): every job across an emulated cluster of max(--ranks)
-hosts, a rank per host, links shaped to RATE (the RPC peer --tcp-only, gloo on eth0); each
-row then has the MB its hosts sent (wire_mb) and link_util = updates/s over its
-architecture's link ceiling (a server's link, asgd.testbed.model.link_ceiling, or its
-workers' push-then-reply cycles; a ring's every link: rate / (2 (N-1)/N wire bytes of w)),
-each at the item size of its run's precision.
+ranks for asgd's parameter server (--eval-every epoch, as the peers evaluate), asgd's
+allreduce, PyTorch's RPC parameter server (bench/peers/rpc_peer.py) and PyTorch DDP
+(bench/peers/ddp_peer.py), each `mpiexec -n N python ...` with the same data, model, init and
+batch, in every precision of --precisions, all in one table (the peers: docs/benchmarks.md).
+Two times to accuracy from each run's history: whole process (wall_s, what a user waits
+for) and training only (time_s). Every implementation warmed by one discarded run; the
+order rotates per repetition; medians. --testbed RATE (root): every job across an emulated
+cluster, a rank per host, each row with its wire MB and link_util against its
+architecture's link ceiling. Writes e2e.csv (a row per run), e2e.json and e2e.png.
 
     python bench/bench_e2e.py                          # ranks 2,4,8,16, 3 repetitions
     python bench/bench_e2e.py --quick                  # 4 ranks, once

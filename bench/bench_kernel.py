@@ -1,25 +1,15 @@
 """Worker training-step throughput on one core: asgd's numba kernel vs numpy, PyTorch and the FLOP ceiling.
 
-Samples/s of one SGD step of the d_in-H-d_out MLP (sigmoid hidden layer, softmax
-cross-entropy) per precision (--precisions: float32, asgd.train's default, and float64;
-every implementation in that dtype), hidden and batch size, medians of interleaved
-repetitions:
-  numba         asgd.net.mlp.make_step: the worker's kernel (writes Delta-w)
-  numpy         asgd.net.reference.step: plain numpy, the reference numba's and torch's
-                Delta-w are checked against (max_rel_diff_vs_numpy)
-  torch         a typical PyTorch step: nn.Linear -> nn.Sigmoid -> nn.Linear,
-                nn.CrossEntropyLoss, autograd, optim.SGD (1 thread, same init weights)
-  torch_manual  PyTorch with hand-written forward/backward on preallocated tensors
-  exp_only      asgd's vectorized exp over B cache-resident rows of H values: the sigmoids' cost
-  ceiling       this core's GEMM rate in the row's precision (SGEMM for float32, DGEMM for
-                float64; 1 thread, both measured in the same run) over the step's FLOPs per sample
-Writes kernel.csv, kernel.json (with the machine and numba's float32/float64 ratio per case)
-and kernel.png under --out.
+Samples/s of one SGD step of the d_in-H-d_out MLP per precision (--precisions), hidden and
+batch size, medians of interleaved repetitions: numba (asgd.net.mlp.make_step), numpy
+(asgd.net.reference.step: the reference the others' Delta-w are checked against), torch (a
+typical nn.Module step, 1 thread), torch_manual (hand-written forward/backward), exp_only
+(the sigmoids' exps alone) and the ceiling (this core's GEMM rate in the row's precision
+over the step's FLOPs). Writes kernel.csv, kernel.json and kernel.png under --out.
 
     python bench/bench_kernel.py                      # 2-10K-2, batch 256
     python bench/bench_kernel.py --batch 16,64,256,1024 --hidden 10000,100000
     python bench/bench_kernel.py --quick              # batch 64,256, 2-10K-2, few repeats
-    python bench/bench_kernel.py --precisions float64 # only float64 (the figures before float32)
 """
 
 import sys

@@ -1,33 +1,15 @@
-"""Validation sweep of the performance model (asgd.perf.analytic, `python -m asgd.perf`):
-its predictions against measured asgd.train runs on this machine, on bench/validate.py.
+"""Validation sweep of the performance model (`python -m asgd.perf`) against measured
+asgd.train runs on this machine (the grid, the limits and the results: docs/benchmarks.md).
 
-The parameters come from `python -m asgd.perf calibrate` alone (microbenchmarks, run here
-BEFORE the sweep), or --params FILE; nothing is fitted to the sweep. A run at a rank count
-calibrate measured a job at (1, C, C+1, 2C+1, 4C+1, 8C+1 for C cores; --quick: 1, C, 2C+1)
-is IN-SAMPLE, any other OUT-OF-SAMPLE; the pass/fail limits apply to the out-of-sample runs.
+Parameters come from `python -m asgd.perf calibrate` run first, or --params; nothing is
+fitted to the sweep. A run at a rank count calibrate measured a job at is in sample, any
+other out of sample; the pass/fail limits apply out of sample. Then asgd.perf optimize over
+the measured grid: its top configuration's measured total against the best measured.
+Writes model.csv, model.json and model.png; exits 0 whether or not the model passes.
 
-  grid       hidden 10000: workers {1,2,3,4,6,8} x batch {16,64,256,1024} x reader
-             {sequential, parallel}; hidden 100000: batch {64,1024}, the readers alternating
-             over the workers; 3 epochs each on one generated TSV file, after a discarded
-             warm-up run, shuffled with --seed. Each run is `mpiexec -n W+1 python -m
-             asgd.train --optimizer sgd --data D --reader R --batch B --hidden H --epochs E`.
-  score      APE = |pred - meas| / meas per phase: median APE of total <= 15%, of init and
-             train <= 25% (out of sample); compute and comm inside train are detail. Beside
-             them, the paper's own equations (eq. 9, section 5.3) with the same parameters.
-  optimizer  per hidden size, asgd.perf optimize over exactly the grid measured there: its
-             top configuration's measured total (run now if the sweep did not) against the
-             best measured: pass if top / best <= 1.10.
-
-Writes OUT/model.csv (a row per run: configuration, {phase}_pred_s, _meas_s, _ape),
-OUT/model.json (rows, APE summary, breakdown, optimizer check, pass/fail, machine, load)
-and OUT/model.png (predicted against measured; APE of total by workers, batch and hidden).
-The exit status is 0 whether or not the model passes (the verdict is in the output).
-
-    python bench/bench_model.py                           # the sweep above: 60 runs, about 15 minutes
-    python bench/bench_model.py --params params.json      # reuse a calibration (no calibrate step)
-    python bench/bench_model.py --hidden 10000 --workers 1,2 --batches 64,256
-    python bench/bench_model.py --quick                   # hidden 1000, workers 1,2, batch 64,256,
-                                                          # 20,000 points, 1 epoch, calibrate --quick: ~40 s
+    python bench/bench_model.py                           # 60 runs, about 15 minutes
+    python bench/bench_model.py --params params.json      # reuse a calibration
+    python bench/bench_model.py --quick                   # 4 small runs, calibrate --quick: ~40 s
 """
 
 from __future__ import annotations
@@ -91,10 +73,10 @@ def label(c: dict) -> str:
     return f"h{c['hidden']}-w{c['workers']}-b{c['batch']}-{c['reader']}"
 
 
-def train_argv(c: dict, data: Path, epochs: int, run_dir: Path) -> list[str]:
-    """asgd.train's arguments for configuration c (its ranks: workers + 1)."""
-    return ["-m", "asgd.train", "--optimizer", "sgd", "--data", str(data), "--reader", c["reader"], "--batch",
-            str(c["batch"]), "--hidden", str(c["hidden"]), "--epochs", str(epochs), "--quiet", "--out", str(run_dir)]
+def train_argv(c: dict, data: Path, epochs: int) -> list[str]:
+    """asgd.train's options for configuration c (its ranks: workers + 1)."""
+    return ["--optimizer", "sgd", "--data", str(data), "--reader", c["reader"], "--batch", str(c["batch"]),
+            "--hidden", str(c["hidden"]), "--epochs", str(epochs)]
 
 
 def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: list, params) -> list[dict]:
@@ -105,8 +87,8 @@ def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: 
 
     def one(c):
         d = common.fresh_dir((out / "runs" / label(c)).resolve())   # never read a stale results.json
-        job = validate.run_job(c["workers"] + 1, train_argv(c, data, a.epochs, d) + ["--timeout", str(a.timeout)],
-                               a.timeout + 30)
+        job = validate.run_job(c["workers"] + 1, ["-m", "asgd.train", *train_argv(c, data, a.epochs), "--quiet",
+                                                  "--out", str(d), "--timeout", str(a.timeout)], a.timeout + 30)
         res = validate.results(d)
         (row,) = validate.compare([str(d)], params) or [None]
         return row and {**row, "label": label(c), "source": source, "launch_wall_s": job["wall_s"],
@@ -236,16 +218,6 @@ def report(rows, summary, parts, checks, meta) -> None:
         ratio = f"{c['ratio']:.3f}" if c["ratio"] is not None else "-"
         print(f"  top measured / best measured = {ratio} (<= {validate.OPTIMIZER_LIMIT:.2f}): "
               f"{validate.verdict(c['pass'])}")
-    print()
-    for k in PHASES:
-        e = summary[k]
-        print(f"{validate.verdict(e['pass'])}: median APE of {k} {e['median']:.1f}% <= {LIMITS[k]:.0f}% "
-              f"(out of sample; in sample {e['in_sample']['median'] if e['in_sample'] else float('nan'):.1f}%)")
-    for k in DETAIL:
-        print(f"info: median APE of {k} {summary[k]['median']:.1f}% (detail, not pass/fail)")
-    for c in checks:
-        print(f"{validate.verdict(c['pass'])}: optimizer at hidden {c['hidden']}, top / best measured "
-              f"{c['ratio'] if c['ratio'] is None else round(c['ratio'], 3)} <= {validate.OPTIMIZER_LIMIT:.2f}")
 
 
 def plot(rows: list[dict], title: str, path: Path) -> None:
@@ -301,7 +273,7 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     run = common.Run("model", a, load_every_s=None)   # the load: sampled during the sweep only
     out = run.out
-    meta = {"machine": run.machine, "command": common.command_line(), "points": a.points,
+    meta = {**run.head(), "points": a.points,
             "test_points": a.test_points, "epochs": a.epochs, "quick": a.quick, "seed": a.seed, "timeout_s": a.timeout,
             "limits": {"median_ape_pct": LIMITS, "optimizer_ratio": validate.OPTIMIZER_LIMIT},
             "run_command": "mpiexec -n W+1 python -m asgd.train --optimizer sgd --data D --reader R --batch B "
@@ -310,18 +282,13 @@ def main(argv=None) -> int:
     if not configs:
         sys.exit("bench_model: nothing to run")
     data = validate.generate(out / "data" / "d.tsv", a.points, a.test_points)
-    if a.params:   # the parameters first, and never from the sweep's runs
-        params_path, meta["calibrate_s"] = a.params.resolve(), None
-    else:
-        params_path, meta["calibrate_s"] = validate.calibrate(out, a.quick, a.cpu_lock)
+    params_path, meta["calibrate_s"] = validate.params_file(a.params, out, a.quick, a.cpu_lock)
     params = validate.load_params(params_path)
     meta.update(params_file=str(params_path), params_calibrated_here=a.params is None)
 
-    print("warm-up run (numba's caches; discarded) ...", flush=True)
     warm = dict(hidden=min(c["hidden"] for c in configs), workers=1, batch=max(c["batch"] for c in configs),
                 reader="parallel")
-    validate.sweep([warm], lambda c: validate.run_job(
-        2, train_argv(c, data, a.epochs, common.fresh_dir((out / "warmup").resolve())), a.timeout), label)
+    validate.warm_up(out, a.timeout, *train_argv(warm, data, a.epochs), lock=a.cpu_lock)
 
     run.sample_load()
     failed: list[dict] = []

@@ -1,21 +1,10 @@
-"""How much of a worker's push/pull exchange hides behind its compute: Delta-w of 2-10K-2
-(200 KB in float32, asgd.train's default --precision; 400 KB in float64) and 2-100K-2 (2.0
-and 4.0 MB), on shared memory (mpiexec, 2 ranks) and on the emulated cluster (asgd.testbed:
-server and worker on two hosts, TCP through links at --bandwidth).
-
-Both ranks run asgd's real protocol (rank 0 serves, rank 1 runs run_worker with the real
-step on real data). The modes cycle step by step within each run (the same load and batch
-for all): `alone` (no compute: the exchange alone), `off` (only the waits move the messages)
-and `on` (the step tests the exchange between its sample blocks, asgd.train's default).
-
-Per step on the worker, medians over the run's steps of each mode (a TraceClock):
-  E         the exchange alone (the `alone` steps of the same run)
-  c         the compute, at a batch timed to take about r x E, r in --ratios
-  exposed   its push and comm_wait phases; T its time per step, beside max(c, E) and c + E
-  hidden    (c0 + E - T) / min(E, c0) clipped to [0, 1], c0 the compute with progress off:
-            the share of the exchange the step's period does not show
-  headline  hidden at r = 2 (a compute twice the exchange: everything could hide)
-
+"""How much of a worker's push/pull exchange hides behind its compute, for the Delta-w of
+2-10K-2 and 2-100K-2, on shared memory (mpiexec, 2 ranks) and on two testbed hosts (root).
+Both ranks run asgd's real protocol and step; the modes `alone` (the exchange alone, E),
+`off` and `on` (--progress) cycle step by step within each run. Per step, medians: the
+compute c (a batch timed to r x E, r in --ratios), the time per step T beside max(c, E)
+and c + E, and hidden = (c0 + E - T) / min(E, c0) clipped to [0, 1] (c0: the compute with
+progress off); the headline is hidden at r = 2. Details: docs/benchmarks.md.
 Writes overlap.csv, overlap.json (machine, load, testbed), overlap.png under --out.
 
     python bench/bench_overlap.py                        # both sizes, shm and testbed (root), progress on and off

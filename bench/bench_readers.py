@@ -1,23 +1,15 @@
-"""Initialization against workers for the two readers: the paper's finding and its fix.
+"""Initialization against workers for the two readers: the paper's finding (sec. 5.2.2, 5.3:
+every rank reads the whole file in turn, eq. 12) and its fix (`--reader parallel`).
 
-The paper (sec. 5.2.2, 5.3) found CNTK's init dominated by reading: every rank reads and
-parses the whole file in turn, so init grows linearly with the nodes (eq. 12). asgd's
-`--reader sequential` does that on purpose; `--reader parallel` (the default) reads each
-rank's part at once and shuffles with one all-to-all.
-
-For each workers w and reader (alternating): `mpiexec -n w+1 python -m asgd.train --data FILE
---reader R --epochs 1 --hidden 100`; from results.json: init_s and the slowest rank's
-read + parse + shuffle ("data"). The model: data(w) = (w+1) x T_disk(d), r_d calibrated on
-the 1-worker sequential run. Writes readers.csv, readers.json, readers.png; prints a table,
-the sequential reader's slope and R^2 of init against workers, and parallel / sequential at 8.
+Per workers w and reader: `mpiexec -n w+1 python -m asgd.train --data FILE --reader R
+--epochs 1 --hidden 100`, its init_s and the slowest rank's read + parse + shuffle, beside
+eq. 12 (r_d calibrated on the 1-worker sequential run). Writes readers.csv, readers.json,
+readers.png; prints the sequential reader's slope and R^2, and parallel / sequential at 8.
+--baseline REV runs every job again from a checkout of REV, interleaved.
 
     python bench/bench_readers.py                 # 1,000,000 points, workers 1,2,4,8,16
     python bench/bench_readers.py --quick         # 100,000 points, workers 1,2,4,8
-    python bench/bench_readers.py --format tsv,npy
     python bench/bench_readers.py --workers 1 --repeat 3 --baseline 7e950d0   # the parser before/after
-
---baseline REV runs every job again from a checkout of REV (its src/ on PYTHONPATH),
-interleaved, and prints this tree's parse time over the baseline's.
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
-"""asgd.sim (the SimGrid simulation) checked against this machine, then put beside the paper.
+"""asgd.sim (the SimGrid simulation) checked against this machine, then put beside the paper
+(what each part runs and measures: docs/benchmarks.md).
 
-  validate   out-of-sample validation: `python -m asgd.perf calibrate` first (microbenchmarks
-             only; or --params FILE), then asgd.train runs never used to calibrate anything
-             (1-16 workers, oversubscribed included; S = 1-4 servers; async / ssp / sync;
-             both readers on a TSV file; allreduce, p2p, model partitioning; sgd and
-             adagrad), each simulated from its own configuration (asgd.sim --like RUN) and
-             predicted by the analytical model: the absolute percentage error (APE) of
-             train_s, init_s, wall_s and updates/s. Writes validate.{csv,json,png}.
-  paper      the paper's experiments on its machines (Mustang, a 7-node rack; Blue Waters,
-             a torus, up to 64 nodes), simulated beside the paper's stated figures in two
-             cost models: asgd (this machine's calibration, cores scaled to the paper's
-             CPUs) and cntk (costs inferred from four of the paper's numbers, its other
-             statements then checked); then the fixes at 16-1024 workers: the parallel
-             reader, 2-8 servers, 1-bit compression. Writes paper.{csv,json,png} and
-             paper-fixes.png.
-  scale      seconds of this machine to simulate 1,024 workers for one epoch of the default
-             problem (target: under 60 s), here and on Blue Waters. Writes scale.json.
+  validate   calibrate (or --params), then asgd.train runs none of calibrate's, each simulated
+             from its own run (asgd.sim --like RUN) and predicted by the analytical model:
+             validate.{csv,json,png}
+  paper      the paper's experiments on Mustang and Blue Waters in two cost models (asgd's
+             calibration; cntk's, inferred from four of the paper's numbers), then the fixes
+             at 16-1024 workers: paper.{csv,json,png}, paper-fixes.png
+  scale      seconds to simulate 1,024 workers for one epoch (target: < 60 s): scale.json
 
     python bench/bench_sim.py                       # all three: calibrate, 61 runs, simulations
-    python bench/bench_sim.py validate --params params.json
-    python bench/bench_sim.py paper --params params.json
-    python bench/bench_sim.py scale --params params.json
     python bench/bench_sim.py validate --quick      # calibrate --quick, 8 short runs
-Every figure says where each number comes from: measured here, simulated, predicted by
-the analytical model, or stated in the paper.
+    python bench/bench_sim.py paper --params params.json
 """
 
 from __future__ import annotations
@@ -34,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # first: pins threads, puts src/ on the path
 import validate
-from common import JobFailed, LoadSampler, command_line, print_table, save_figure, write_outputs
+from common import LoadSampler, print_table, save_figure, write_outputs
 
 import dataclasses
 import json
@@ -244,12 +232,7 @@ def plot_validate(rows: list[dict], summary: dict, path: Path, title: str) -> No
 def run_validate(a, out: Path, params: Path, meta: dict) -> None:
     data = validate.generate(out / "data" / "d.tsv", a.points, a.points // 20)
     runs = plan(a)
-    print("warm-up run (numba's caches; discarded) ...", flush=True)
-    try:
-        common.mpiexec(2, ["-m", "asgd.train", "--epochs", "1", "--quiet", "--out",
-                           str(common.fresh_dir(out / "warmup"))], a.timeout)
-    except JobFailed as e:
-        print(f"warm-up failed (going on): {str(e)[:200]}")
+    validate.warm_up(out, a.timeout, "--epochs", "1")
     load = LoadSampler()
     t0 = time.perf_counter()
     print(f"{len(runs)} validation runs (none used to calibrate), shuffled with seed {a.seed}:", flush=True)
@@ -547,11 +530,8 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     run = common.Run("sim", a, load_every_s=None)   # validate samples the load during its runs
     out = run.out
-    meta = {"machine": run.machine, "command": command_line(), "quick": a.quick}
-    if a.params:
-        params = a.params.resolve()
-    else:
-        params, meta["calibrate_s"] = validate.calibrate(out, a.quick, a.cpu_lock)
+    meta = {**run.head(), "quick": a.quick}   # machine, command, commit, args: what headline.py reads
+    params, meta["calibrate_s"] = validate.params_file(a.params, out, a.quick, a.cpu_lock)
     meta["params_file"] = str(params)
     validate.need_simulator()
     if a.part in ("all", "validate"):

@@ -1,19 +1,10 @@
-"""Start-up, before and after: per-rank start-up CPU by role, and the default 16-rank
-run's wall time, of this tree and of a baseline commit, side by side in one run.
+"""Start-up, before and after: per-rank start-up CPU by role (`mpiexec -n R python
+bench/peers/cpu_of.py asgd.train --hidden 10 --epochs 1`) and the default 16-rank run's
+wall, init_s and train_s, of this tree and of a baseline commit (from a git worktree,
+<out>/baseline-<rev>, with this tree's Python, MPI and numba), repetitions interleaved.
+Writes startup.csv, startup.json and startup.png under bench/results/startup/.
 
     python bench/bench_startup.py [--baseline 7584051] [--repeat 5] [--ranks 16]
-
-The baseline runs from its own src/ in a git worktree (<out>/baseline-<rev>) with this
-tree's Python, MPI and numba; each tree's numba cache is warmed first; repetitions
-interleave the trees.
-
-  per-rank CPU  `mpiexec -n R python bench/peers/cpu_of.py asgd.train --hidden 10 --epochs 1`:
-                each rank's process CPU (user + system) at exit: training takes a few ms,
-                the rest is start-up (imports, MPI_Init, numba, the data) and the end.
-  default run   `mpiexec -n R python -m asgd.train`: the launcher's wall time, and
-                init_s / train_s from results.json.
-
-Writes startup.csv, startup.json and startup.png under bench/results/startup/.
 """
 
 from __future__ import annotations

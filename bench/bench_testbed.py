@@ -1,24 +1,12 @@
-"""The paper's second wall, measured: updates/s against workers on an emulated cluster
-(asgd.testbed) whose links, not the cores, are the bottleneck; 1, 2 and 4 servers, each on
-a host of its own, and the performance model's prediction drawn over the measurements.
-Why a testbed, and why 8 Mbit/s: docs/benchmarks.md.
-
-Each run is `asgd.testbed run --check-bytes -- mpiexec -n W+S python -m asgd.train
---optimizer sgd --servers S --epochs E --trace ...`; its rate in steady state is server 0's
-receipts (trace.json) between the 10th and 90th percentile of the run, its bytes are proven
-against each host's veth (asgd.testbed.proof), and the model's prediction uses
-asgd.testbed.model's testbed_params (calibration + the links' rate, burst, latency and
-TCP/IP framing: derived, not fitted; a two-host probe is printed beside them). testbed.json's
-`columns` says what each column is. --compress none,1bit runs every (workers, servers) point
-both ways, back to back. --accuracy-epochs E (default 5) adds two runs of the default
-problem (one server, the most workers, none and 1bit): held-out accuracy per epoch, time to
->= 0.95, wire bytes.
-
-Writes testbed.csv, testbed.json (rows, summary: ceilings, ratios, median APE; the probe,
-the testbed, the machine, the load), testbed.png under --out (bench/results/testbed).
+"""The paper's second wall, measured: updates/s against workers on the emulated cluster
+(root), links the bottleneck, 1, 2 and 4 servers on hosts of their own, every run's bytes
+proven against its veths, the performance model's prediction beside it, plus two accuracy
+runs (--accuracy-epochs). Why a testbed, why 8 Mbit/s, and what is measured:
+docs/benchmarks.md; testbed.json's `columns` says what each column is.
+Writes testbed.csv, testbed.json and testbed.png under --out.
 
     python bench/bench_testbed.py                          # 36 runs + 2 accuracy runs, about 40 minutes
-    python bench/bench_testbed.py --quick                  # workers 1,4; servers 1,2; 2 epochs; no accuracy runs
+    python bench/bench_testbed.py --quick                  # workers 1,4; servers 1,2; 2 epochs
     python bench/bench_testbed.py --params params.json     # reuse a calibration
 """
 

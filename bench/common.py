@@ -1,18 +1,7 @@
 """Helpers every benchmark shares: one core per process (import it before numpy), the
-machine's description, the CPU lock, MPI jobs with a time limit, the command line and the
-CSV/JSON/PNG/table outputs. A bench's main() reads
-
-    args = common.parser(__doc__, "kernel", lock=True).parse_args(argv)   # --out, --no-plot, --cpu-lock
-    run = common.Run("kernel", args)        # its folder, the machine, the load while it runs
-    got = common.micro(variants, repeat, checks=...)   # variants checked against the reference, timed
-    run.write(rows, run.meta(columns=...))  # kernel.csv, kernel.json
-    run.plot(plot, rows)                    # kernel.png (unless --no-plot)
-    run.print_machine(); ...; run.wrote()
-
-A bench of whole jobs runs its variants in rotated order per repetition with train_job.
-ASGD_BENCH_STREAM_MIB (default 128) sizes the memory-bandwidth arrays of the machine's
-description; ASGD_CPU_LOCK (default /tmp/asgd-cpu.lock; none: no lock) is the timed runs' lock.
-"""
+machine's description, the CPU lock (ASGD_CPU_LOCK; none: no lock), the micro-benchmarks'
+shape (micro), MPI jobs with a time limit, the command line and the CSV/JSON/PNG/table
+outputs (Run). ASGD_BENCH_STREAM_MIB (default 128) sizes the memory-bandwidth arrays."""
 
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """The paper's Figures 2, 3, 4 and 9 (Hashemi et al. 2016) measured on this machine with asgd.train.
 
-Every point is one `mpiexec -n N python -m asgd.train --optimizer sgd --epochs E` run (default
-problem; the paper's ASGD, whose server update calibrate measures; asgd's defaults otherwise);
-the numbers come from its results.json (wall_s, init_s, train_s).
-  figure2.png  total time against ranks, 2-10K-2, several batch sizes
-  figure3.png  total time against ranks, 2-10K-2 against 2-100K-2, batch 256
-  figure4.png  training time per epoch against batch size, several rank counts; says whether
-               the paper's cache jump (time falls with the batch, then jumps up) appears
-  figure9.png  phase by phase (initialization, training, total) against ranks, batch 256,
-               with asgd's performance model (asgd.perf.analytic) overlaid: parameters from
-               --params, or from `python -m asgd.perf calibrate` run first (never fitted
-               to these runs)
-Runs are shared between figures and done in a shuffled order (drift in the machine's load
-does not line up with one axis). Writes paper.csv (one row per run), paper.json, the PNGs.
+Every point is one `mpiexec -n N python -m asgd.train --optimizer sgd --epochs E` run, read
+from its results.json: figure2.png (total against ranks by batch), figure3.png (2-10K-2
+against 2-100K-2), figure4.png (training per epoch against batch: the paper's cache jump?)
+and figure9.png (phases against ranks, with asgd.perf.analytic's prediction from --params
+or a calibrate run first). Runs are shared between figures, in a shuffled order.
+Writes paper.csv (one row per run), paper.json and the PNGs.
 
     python bench/paper_figures.py                 # ranks 2,4,8,16; batch 16..1024; 2 epochs
     python bench/paper_figures.py --quick         # ranks 2,8; batch 64,256,1024; 1 epoch
@@ -213,9 +206,8 @@ def figure9(rows, model, path):
 
 
 def measure(a) -> list[dict]:
-    common.mpiexec(2, ["-m", "asgd.train", "--epochs", "1", "--quiet", "--out",
-                       str(common.fresh_dir(a.out / ".warm"))], timeout=a.timeout)   # numba's cache warm first
-    common.fresh_dir(a.out / ".warm")
+    validate.warm_up(a.out, a.timeout, "--epochs", "1")
+    common.fresh_dir(a.out / "warmup")   # no run of it left among the figures' runs
     def say(r):
         return (f"wall {r['wall_s']:6.2f} s (init {r['init_s']:.2f}, train {r['train_s']:.2f}), "
                 f"{r['samples_per_s']:,.0f} samples/s, bound: {r['bound']}")

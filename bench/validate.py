@@ -1,11 +1,9 @@
 """The validation harness: a grid of configurations -> measured (mpiexec here, or the emulated
-cluster) -> predicted (asgd.perf's analytical model) -> simulated (asgd.sim) -> scored (one
-error: the absolute percentage error, medians per group) -> reported (common's table,
-CSV/JSON and PNG). bench_sim validate, bench_model, bench_arch and bench_testbed are each a
-grid and its targets on top of it.
-
-bench/'s doors into asgd's model, simulator and testbed are all here (asgd.launch's in
-common.py): when those modules move, this file follows them."""
+cluster) -> predicted (asgd.perf's analytical model) -> simulated (asgd.sim) -> scored (the
+absolute percentage error, medians per group) -> reported. bench_sim validate, bench_model,
+bench_arch and bench_testbed are each a grid and its targets on top of it. bench/'s doors
+into asgd's model, simulator and testbed are all here: when those modules move, this file
+follows them."""
 
 from __future__ import annotations
 
@@ -196,6 +194,22 @@ def calibrate(out: Path, quick: bool, lock: str | None = None) -> tuple[Path, fl
         wall = python(["-m", "asgd.perf", "calibrate", "--out", str(path), *(["--quick"] if quick else [])],
                       900 if quick else 3600, "asgd.perf calibrate")
     return path, wall
+
+
+def params_file(given: Path | None, out: Path, quick: bool, lock: str | None = None) -> tuple[Path, float | None]:
+    """--params, or calibrate() now, before any run of the sweep: (its path, calibrate's wall or None)."""
+    return (given.resolve(), None) if given else calibrate(out, quick, lock)
+
+
+def warm_up(out: Path, timeout: float, *opts: str, lock: str | None = None) -> None:
+    """One discarded 2-rank `asgd.train OPTS` into out/warmup: numba's caches warm before any timed run."""
+    print("warm-up run (numba's caches; discarded) ...", flush=True)
+    try:
+        with common.cpu_lock(lock):
+            common.mpiexec(2, ["-m", "asgd.train", *opts, "--quiet", "--out", str(common.fresh_dir(out / "warmup"))],
+                           timeout)
+    except JobFailed as e:
+        print(f"warm-up failed (going on): {str(e)[:200]}")
 
 
 def generate(path: Path, points: int, test_points: int) -> Path:
