@@ -14,6 +14,7 @@ import math
 import pytest
 
 from asgd.perf import analytic as pm
+from asgd.core.target import EVAL_BUDGET
 from asgd.core.wire import DOUBLE, PUSH_HEADER
 from asgd.perf import architectures as arch
 from asgd.perf.analytic import Params, Run, Table1
@@ -622,7 +623,7 @@ def test_predict_train_server_bound():
     # c_u = 1e-3 > Z: the one server runs flat out, X = 1 / c_u (MVA with overlap: n=1 R=1e-3,
     # cycle 1e-3, X=1000, Q=1; n=2 R=2e-3, X=1000; n=3 R=3e-3, X=1000; no extra latency)
     p = make_params(server_update_s={502: 1e-3, 2002: 1e-3}, round_trip_s={502: 6e-5, 2002: 6e-5})
-    d = pm.predict_train(p, Run(**TRAIN))
+    d = pm.predict_train(p, Run(**TRAIN, eval_every="epoch"))   # (auto's budget would pay for 7 in 15 ms)
     assert d["bound"] == "server"
     assert d["updates_per_s"] == approx(1000.0)
     assert d["train_s"] == approx(0.0151)  # 15 / 1000 + 1e-4
@@ -805,18 +806,33 @@ def test_a_clusters_nodes_each_bring_their_own_cores():
     assert crowded["updates_per_s"] < cluster["updates_per_s"] and crowded["bound"] == "cores"   # one node: they crowd
 
 
-def test_evaluation_per_epoch_with_one_server_once_with_shards():
-    # 100 held-out points x 1e-6 s (hidden 100): after each of 3 epochs with one server,
-    # once at the end with two (rank 0 evaluates the assembled w only then)
-    one = pm.predict_train(make_params(), Run(**{**TRAIN, "epochs": 3}))
-    two = pm.predict_train(make_params(), Run(**{**TRAIN, "epochs": 3, "servers": 2}))
-    assert one["evaluate_s"] == approx(3e-4) and two["evaluate_s"] == approx(1e-4)
-    # model partitioning: one server holds both slices, so rank 0 evaluates every epoch as
-    # with one (asgd.run.roles.tracker_of); p2p's and allreduce's rank 0 holds a slice: once
-    mp = {**TRAIN, "epochs": 3, "workers": 2, "model_parallel": 2}
-    assert pm.evaluations(Run(**mp)) == 3
-    assert pm.evaluations(Run(**{**mp, "arch": "p2p"})) == pm.evaluations(Run(**{**mp, "arch": "allreduce"})) == 1
-    assert pm.evaluations(Run(**{**mp, "model_parallel": 1, "arch": "p2p"})) == 3
+def test_evaluation_at_the_runs_cadence_where_rank_0_holds_w_and_never_with_shards():
+    # 100 held-out points x 1e-6 s (hidden 100): --eval-every epoch, after each of 3 epochs
+    # with one server; none during training with two (rank 0 assembles w only for the
+    # final metrics, after train_s)
+    epoch = {**TRAIN, "epochs": 3, "eval_every": "epoch"}
+    one = pm.predict_train(make_params(), Run(**epoch))
+    two = pm.predict_train(make_params(), Run(**{**epoch, "servers": 2}))
+    assert one["evaluate_s"] == approx(3e-4) and two["evaluate_s"] == 0.0
+    # model partitioning: one server holds both slices, so rank 0 evaluates as with one
+    # (asgd.run.roles.tracker_of); p2p's and allreduce's rank 0 holds a slice: never
+    mp = {**epoch, "workers": 2, "model_parallel": 2}
+    assert pm.evaluates(Run(**mp)) and pm.evaluates(Run(**{**mp, "model_parallel": 1, "arch": "p2p"}))
+    assert not pm.evaluates(Run(**{**mp, "arch": "p2p"})) and not pm.evaluates(Run(**{**mp, "arch": "allreduce"}))
+
+
+def test_auto_evaluation_stays_within_its_budget_where_one_an_epoch_would_not():
+    """--eval-every auto (the default): a fast run (float32's 2-10K-2 here: an evaluation
+    ~14 % of an epoch) gets only what EVAL_BUDGET of its training pays for, after the
+    estimate's wait; the model charged one an epoch (train +14 %, its median APE 15.5 %)."""
+    p = make_params(eval_s_per_point={100: 1e-4, 400: 4e-4})   # an evaluation: 0.01 s
+    run = Run(**{**TRAIN, "epochs": 8})
+    steps_s = pm.predict_train(p, dataclasses.replace(run, test_points=0))["train_s"]
+    assert 0.01 > 0.05 * steps_s / 8   # one an epoch would cost more than its budget
+    auto = pm.predict_train(p, run)["evaluate_s"]
+    assert auto <= EVAL_BUDGET * (steps_s + auto) and auto < 8 * 0.01
+    assert pm.predict_train(p, dataclasses.replace(run, eval_every="epoch"))["evaluate_s"] == approx(8 * 0.01)
+    assert pm.predict_train(p, dataclasses.replace(run, epochs=400))["evaluate_s"] > 0   # a long run: some
 
 
 # -- every architecture in Alqahtani & Demirbas's form (asgd.perf.architectures) ----------

@@ -51,8 +51,8 @@ from dataclasses import dataclass, field, replace
 
 from ..net import OPTIMIZERS
 from ..core.wire import DOUBLE, PUSH_HEADER
-from .analytic import (Params, Prediction, Run, cache_level, evaluations, extrapolate_linear, interpolate_log,
-                       predict_init, predict_train, working_set_bytes)
+from .analytic import (Params, Prediction, Run, cache_level, evaluation_s, extrapolate_linear, predict_init,
+                       predict_train, working_set_bytes)
 
 ARCHES = ("ps", "p2p", "allreduce")
 KINDS = ("ps", "async", "p2p", "ring", "mpi", "replica")   # the exchange probes (asgd.probes.exchanges)
@@ -261,8 +261,8 @@ def lockstep(p: Params, run: Run) -> dict:
     it = iteration(p, run)
     share = math.ceil(run.points / run.replicas)
     iterations = math.ceil(share / run.batch) * run.epochs
-    evaluate = evaluations(run) * run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
     steps_s = iterations * it.iteration_s
+    evaluate = evaluation_s(p, run, steps_s, iterations)   # a version of w each iteration
     updates = iterations * (1 if run.arch == "allreduce" else run.workers)
     return {"train_s": steps_s + evaluate, "compute_s": iterations * it.compute_s,
             "comm_s": iterations * it.comm_s, "evaluate_s": evaluate, "updates": updates,
