@@ -3,10 +3,10 @@ run's target (--target-accuracy, --target-loss), and when the next evaluation is
 (--eval-every). The trainer's rank 0 asks these after each new version of w
 (asgd.run.progress); a run that reaches its target ends as a run whose epochs are done
 (the servers' replies say STOP_DONE, allreduce's sum its done share), so every rank
-finishes cleanly and the results are written. The simulator can ask the same questions
-of its own clock and counts (asgd.sim does not yet evaluate: an evaluation there would cost
-calibrate's eval_s_per_point times the held-out points, charged to rank 0, with Cadence
-deciding when, as here).
+finishes cleanly and the results are written. The simulator asks the same questions of
+its own clock and counts (an evaluation there costs calibrate's eval_s_per_point times
+the held-out points, charged to rank 0), and the analytical model replays them on its
+predicted timeline (replay).
 """
 
 from __future__ import annotations
