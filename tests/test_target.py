@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from pytest import approx
 
-from asgd.core.target import EVAL_BUDGET, Cadence, Evaluations, Target, replay, target
+from asgd.core.target import EVAL_BUDGET, REPLAYED, Cadence, Evaluations, Target, replay, target
 from asgd.core.wire import stop_share, summed_stop
 from asgd.run import config
 from asgd.run.progress import EpochTracker
@@ -115,6 +115,18 @@ def test_replay_makes_the_trackers_evaluations_without_asking_at_every_version(c
     assert got.count > 0
     float32 = replay(Cadence("auto"), 8, 64, 0.45 / 512, 0.0079, 2 * 0.0079)
     assert float32.spent_s <= EVAL_BUDGET * 0.45 and float32.count < 8
+
+
+@pytest.mark.parametrize("cadence", [Cadence("auto"), Cadence("updates", 3), Cadence("seconds", 0.01)],
+                         ids=["auto", "3 updates", "0.01 s"])
+def test_a_long_replay_extrapolates_its_steady_rate(cadence):
+    """A cheap evaluation in a long run (400,000 versions: auto evaluates every other one)
+    costs replay() a few thousand bisections, not one per evaluation, and charges within
+    1 % of the evaluations found one by one."""
+    exact = replay(cadence, 10, 40_000, 1e-3, 1e-4, 2e-4, exact=10**9)
+    quick = replay(cadence, 10, 40_000, 1e-3, 1e-4, 2e-4)
+    assert exact.count > 10 * REPLAYED   # past what is replayed one by one
+    assert quick.spent_s == approx(exact.spent_s, rel=0.01) and quick.count == approx(exact.count, rel=0.01)
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 5, 16])

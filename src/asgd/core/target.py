@@ -91,14 +91,20 @@ class Cadence:
         return evals.spent_s + cost + reserve <= EVAL_BUDGET * seconds
 
 
+REPLAYED = 2000   # evaluations replay() finds one by one; past them, the rest at the rate they came
+
+
 def replay(cadence: Cadence, epochs: int, versions: int, version_s: float, cost_s: float,
-           first_cost_s: float) -> Evaluations:
+           first_cost_s: float, exact: int = REPLAYED) -> Evaluations:
     """The evaluations `cadence` makes in a run of `epochs` epochs of `versions` versions of
     w each, one every version_s seconds of training, each evaluation costing cost_s and
     holding the run up meanwhile (auto's first waits for first_cost_s, its estimate): what
     the model and the simulator charge rank 0 (asgd.run.progress.EpochTracker asks due()
     after every version; between epoch ends due() only turns true as versions go by, so
-    each evaluation's version is found by bisection, not by asking at every version)."""
+    each evaluation's version is found by bisection, not by asking at every version).
+    A cheap evaluation in a long run comes every few versions, millions of them: past
+    `exact` evaluations the rest of the run has them at the rate the replayed ones came
+    (per version), as auto's budget, a count or a period keeps it steady."""
     evals = Evaluations(took_s=first_cost_s)
     if epochs < 1 or versions < 1:
         return evals
@@ -106,9 +112,15 @@ def replay(cadence: Cadence, epochs: int, versions: int, version_s: float, cost_
     def at(k: int) -> float:   # training seconds when version k arrives
         return k * version_s + evals.spent_s
 
-    def evaluate(k: int) -> None:
+    def evaluate(k: int) -> bool:   # True once the replay has done enough: the rest extrapolated
         start = at(k)
         evals.add(k, start, start + cost_s)
+        if evals.count < exact:
+            return False
+        rest = (epochs * versions - k) / k
+        evals.spent_s += evals.spent_s * rest
+        evals.count += round(evals.count * rest)
+        return True
 
     epoch_s, began, first = None, 0.0, 1
     for e in range(1, epochs + 1):
@@ -118,12 +130,14 @@ def replay(cadence: Cadence, epochs: int, versions: int, version_s: float, cost_
             while lo < hi:
                 mid = (lo + hi) // 2
                 lo, hi = (lo, mid) if cadence.due(evals, mid, at(mid), epoch_s=epoch_s) else (mid + 1, hi)
-            evaluate(lo)
+            if evaluate(lo):
+                return evals
             first = lo + 1
         now = at(end)
         epoch_s, began = now - began, now
         if cadence.due(evals, end, now, epoch_end=True, epoch_s=epoch_s):
-            evaluate(end)
+            if evaluate(end):
+                return evals
             first = end + 1
         else:   # the tracker asks again at this version, as one between epochs
             first = end
