@@ -50,9 +50,9 @@ from ..core.schedule import Schedule, schedule
 from ..core.shard import Shard
 from ..core.stats import merge_shards
 from ..core.target import PROBE_MARGIN, Evaluations
-from ..run.config import eval_cadence
 from ..core.wire import DOUBLE, R_VERSION, RECV, SEND, flow_id
 from ..core.worker import allreduce_loop, loop
+from ..run.config import eval_cadence
 from .clock import SimClock
 from .costs import Costs, Spec, worker_points
 from .links import MailboxLink, RingSum
