@@ -4,8 +4,9 @@ tracker that asks them after each version (asgd.run.progress)."""
 
 import numpy as np
 import pytest
+from pytest import approx
 
-from asgd.core.target import EVAL_BUDGET, Cadence, Evaluations, Target, target
+from asgd.core.target import EVAL_BUDGET, REPLAYED, Cadence, Evaluations, Target, replay, target
 from asgd.core.wire import stop_share, summed_stop
 from asgd.run import config
 from asgd.run.progress import EpochTracker
@@ -51,14 +52,17 @@ def test_auto_evaluates_when_the_budget_allows_and_between_epochs_leaves_one_for
 class FakeRun:
     """A training run on a fake clock: an update every `update_s` seconds, `per_epoch`
     updates an epoch, each held-out evaluation `eval_s` seconds (the server's: training
-    waits for it). Its tracker is rank 0's, with the trainer's default cadence."""
+    waits for it). Its tracker is rank 0's, with the trainer's default cadence (or
+    `cadence`) and the cost estimated before training `first_s` (none: eval_s)."""
 
-    def __init__(self, update_s: float, per_epoch: int, eval_s: float, epochs: int):
+    def __init__(self, update_s: float, per_epoch: int, eval_s: float, epochs: int, cadence: Cadence | None = None,
+                 first_s: float | None = None):
         self.t, self.eval_s, self.update_s, self.per_epoch = 0.0, eval_s, update_s, per_epoch
         self.shares = []   # the evaluations' share of the training time after each one
-        said, cadence = [], config.eval_cadence(config.parse([], 3).eval_every)
+        said, cadence = [], cadence or config.eval_cadence(config.parse([], 3).eval_every)
         self.tracker = EpochTracker(per_epoch * 10, epochs, self.evaluate, said.append, 60.0, _Clock(),
-                                    cadence=cadence, eval_cost_s=eval_s, now=lambda: self.t)
+                                    cadence=cadence, eval_cost_s=eval_s if first_s is None else first_s,
+                                    now=lambda: self.t)
 
     def evaluate(self):
         self.t += self.eval_s
@@ -91,6 +95,38 @@ def test_the_default_cadence_keeps_evaluation_within_its_budget_and_the_curve_as
         assert all(evaluated_ends) and len(t.curve) > epochs   # every epoch's end, and the rest between
     else:
         assert 0 < sum(evaluated_ends) < epochs
+
+
+@pytest.mark.parametrize("cadence", [Cadence("auto"), Cadence("epoch"), Cadence("updates", 7),
+                                     Cadence("seconds", 1 / 32)], ids=["auto", "epoch", "7 updates", "1/32 s"])
+@pytest.mark.parametrize("eval_epochs, first", [(1 / 4, 1), (1 / 64, 1), (1 / 64, 3), (1 / 2, 2)],
+                         ids=["a quarter epoch", "1/64 epoch", "1/64 epoch, estimated 3x", "half an epoch, 2x"])
+def test_replay_makes_the_trackers_evaluations_without_asking_at_every_version(cadence, eval_epochs, first):
+    """What the model and the simulator charge rank 0 (core.target.replay) is what the
+    tracker does on the same timeline: as many evaluations, at the same versions, as
+    long. Float32's default run (2-10K-2, 8 epochs of 0.06 s, an evaluation 8 ms, its
+    estimate 16 ms) has none: one an epoch (0.063 s, 14 %) was the model's 15 % median."""
+    per_epoch, epochs, update_s = 64, 48, 1 / 1024   # binary fractions: both clocks add exactly
+    eval_s = eval_epochs * per_epoch * update_s
+    run = FakeRun(update_s, per_epoch, eval_s, epochs, cadence, first * eval_s).train()
+    got = replay(cadence, epochs, per_epoch, update_s, eval_s, first * eval_s)
+    t = run.tracker
+    assert (got.count, got.updates, got.spent_s) == (len(t.curve), t.evals.updates, approx(t.evals.spent_s))
+    assert got.count > 0
+    float32 = replay(Cadence("auto"), 8, 64, 0.45 / 512, 0.0079, 2 * 0.0079)
+    assert float32.spent_s <= EVAL_BUDGET * 0.45 and float32.count < 8
+
+
+@pytest.mark.parametrize("cadence", [Cadence("auto"), Cadence("updates", 3), Cadence("seconds", 0.01)],
+                         ids=["auto", "3 updates", "0.01 s"])
+def test_a_long_replay_extrapolates_its_steady_rate(cadence):
+    """A cheap evaluation in a long run (400,000 versions: auto evaluates every other one)
+    costs replay() a few thousand bisections, not one per evaluation, and charges within
+    1 % of the evaluations found one by one."""
+    exact = replay(cadence, 10, 40_000, 1e-3, 1e-4, 2e-4, exact=10**9)
+    quick = replay(cadence, 10, 40_000, 1e-3, 1e-4, 2e-4)
+    assert exact.count > 10 * REPLAYED   # past what is replayed one by one
+    assert quick.spent_s == approx(exact.spent_s, rel=0.01) and quick.count == approx(exact.count, rel=0.01)
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 5, 16])

@@ -3,10 +3,10 @@ run's target (--target-accuracy, --target-loss), and when the next evaluation is
 (--eval-every). The trainer's rank 0 asks these after each new version of w
 (asgd.run.progress); a run that reaches its target ends as a run whose epochs are done
 (the servers' replies say STOP_DONE, allreduce's sum its done share), so every rank
-finishes cleanly and the results are written. The simulator asks Cadence the same
-question of its own clock and counts (asgd.sim.actors.World.track: an evaluation costs
-calibrate's eval_s_per_point times the held-out points, charged to rank 0), and the model
-prices what it spends (asgd.perf.analytic.evaluation_s).
+finishes cleanly and the results are written. The simulator asks the same questions of
+its own clock and counts (an evaluation there costs calibrate's eval_s_per_point times
+the held-out points, charged to rank 0), and the analytical model replays them on its
+predicted timeline (replay).
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 EVAL_BUDGET = 0.05   # --eval-every auto: held-out evaluation takes at most this share of the time
+# auto's first evaluation waits for this many times the cost its probe estimated before training
+# (asgd.run.roles.evaluation_cost): during training the evaluation shares its core with the workers
+PROBE_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -86,3 +89,58 @@ class Cadence:
         per_epoch_fits = epoch_s is None or cost <= EVAL_BUDGET * epoch_s
         reserve = cost if not epoch_end and per_epoch_fits else 0.0
         return evals.spent_s + cost + reserve <= EVAL_BUDGET * seconds
+
+
+REPLAYED = 2000   # evaluations replay() finds one by one; past them, the rest at the rate they came
+
+
+def replay(cadence: Cadence, epochs: int, versions: int, version_s: float, cost_s: float,
+           first_cost_s: float, exact: int = REPLAYED) -> Evaluations:
+    """The evaluations `cadence` makes in a run of `epochs` epochs of `versions` versions of
+    w each, one every version_s seconds of training, each evaluation costing cost_s and
+    holding the run up meanwhile (auto's first waits for first_cost_s, its estimate): what
+    the model and the simulator charge rank 0 (asgd.run.progress.EpochTracker asks due()
+    after every version; between epoch ends due() only turns true as versions go by, so
+    each evaluation's version is found by bisection, not by asking at every version).
+    A cheap evaluation in a long run comes every few versions, millions of them: past
+    `exact` evaluations the rest of the run has them at the rate the replayed ones came
+    (per version), as auto's budget, a count or a period keeps it steady."""
+    evals = Evaluations(took_s=first_cost_s)
+    if epochs < 1 or versions < 1:
+        return evals
+
+    def at(k: int) -> float:   # training seconds when version k arrives
+        return k * version_s + evals.spent_s
+
+    def evaluate(k: int) -> bool:   # True once the replay has done enough: the rest extrapolated
+        start = at(k)
+        evals.add(k, start, start + cost_s)
+        if evals.count < exact:
+            return False
+        rest = (epochs * versions - k) / k
+        evals.spent_s += evals.spent_s * rest
+        evals.count += round(evals.count * rest)
+        return True
+
+    epoch_s, began, first = None, 0.0, 1
+    for e in range(1, epochs + 1):
+        end = e * versions
+        while first < end and cadence.due(evals, end - 1, at(end - 1), epoch_s=epoch_s):
+            lo, hi = first, end - 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if cadence.due(evals, mid, at(mid), epoch_s=epoch_s) else (mid + 1, hi)
+            if evaluate(lo):
+                return evals
+            first = lo + 1
+        now = at(end)
+        epoch_s, began = now - began, now
+        if cadence.due(evals, end, now, epoch_end=True, epoch_s=epoch_s):
+            if evaluate(end):
+                return evals
+            first = end + 1
+        else:   # the tracker asks again at this version, as one between epochs
+            first = end
+    if first == end and cadence.due(evals, end, at(end), epoch_s=epoch_s):
+        evaluate(end)
+    return evals

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..core import wire
 from ..core.schedule import OverlapRule
-from ..core.target import EVAL_BUDGET
+from ..core.target import PROBE_MARGIN, replay
 
 # -- Part 1: the paper's model ---------------------------------------------------------
 
@@ -732,7 +732,7 @@ def predict_train(p: Params, run: Run, crowding=None) -> dict:
         X_cpu = w / (w / X_cpu + lost)
     X = min(X_mva, X_cpu)
     steps_s = updates / X
-    evaluate = evaluation_s(p, run, steps_s, updates)
+    evaluate = evaluation_s(p, run, steps_s, updates // K)   # shard 0's versions: its slice's pushes
     # a worker's own compute, stretched by sharing the cores
     busy = w + min(S, S * X * D) if run.arch == "ps" else w   # the workers, and the servers' utilization
     compute = steps * step / cores_shared(busy, C)
@@ -754,27 +754,25 @@ def predict_train(p: Params, run: Run, crowding=None) -> dict:
             "cache_level": cache_level(ws, p.caches)}
 
 
-def evaluation_s(p: Params, run: Run, steps_s: float, updates: int) -> float:
-    """Seconds rank 0 spends on held-out evaluations during `steps_s` of training's own
-    work, as --eval-every decides them (asgd.core.target.Cadence): `epoch` one at each
-    epoch's end; `auto` as many as EVAL_BUDGET of the training time pays for (none where
-    one evaluation costs more); N updates or N seconds one every N besides the epochs'.
-    A rank 0 without all of w evaluates once, at the end (evaluations)."""
-    one = run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
-    n = evaluations(run)
-    if n < run.epochs or run.eval_every == "epoch":
-        return n * one
-    if run.eval_every == "auto":
-        share = EVAL_BUDGET / (1 - EVAL_BUDGET) * steps_s   # of the time with the evaluations in it
-        return share if one <= share else 0.0
-    every = float(run.eval_every.removesuffix("s"))
-    between = steps_s / max(every - one, 1e-9) if run.eval_every.endswith("s") else updates / every
-    return (n + between) * one
+def evaluates(run: Run) -> bool:
+    """Whether rank 0 evaluates the held-out set during training (asgd.run.roles.tracker_of):
+    where it holds all of w (one server, model-partitioned or not; a p2p peer's own w,
+    allreduce, without model partitioning). Elsewhere only the final metrics are taken,
+    after training (outside train_s)."""
+    return (run.arch == "ps" and run.servers == 1) or (run.model_parallel == 1 and run.arch != "ps")
 
 
-def evaluations(run: Run) -> int:
-    """Held-out evaluations a run's rank 0 makes (asgd.run.roles.tracker_of): after every
-    epoch where it holds all of w (one server, model-partitioned or not; a p2p peer's own
-    w, allreduce, without model partitioning), else once, on the w assembled at the end."""
-    whole = (run.arch == "ps" and run.servers == 1) or (run.model_parallel == 1 and run.arch != "ps")
-    return run.epochs if whole else 1
+def evaluation_s(p: Params, run: Run, steps_s: float, versions: int) -> float:
+    """Seconds rank 0's held-out evaluations add to a training of steps_s seconds (without
+    them) and `versions` versions of w (training waits for each): the ones run.eval_every's
+    cadence makes (asgd.core.target.replay: the tracker's own rule), each costing the
+    calibrated evaluation; --eval-every auto's first waits for PROBE_MARGIN times it, as
+    the trainer's estimate does. auto holds them to EVAL_BUDGET of the training time, so
+    a fast run (float32's) may have none: one an epoch would be priced far above it."""
+    if not evaluates(run) or versions < 1 or run.epochs < 1:
+        return 0.0
+    from ..run.config import eval_cadence   # here: the run layer imports numba (as working_set_bytes does)
+    cost = run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
+    per_epoch = max(versions // run.epochs, 1)
+    return replay(eval_cadence(run.eval_every), run.epochs, per_epoch, steps_s / (per_epoch * run.epochs), cost,
+                  PROBE_MARGIN * cost).spent_s

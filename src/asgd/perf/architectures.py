@@ -264,6 +264,7 @@ def lockstep(p: Params, run: Run) -> dict:
     share = math.ceil(run.points / run.replicas)
     iterations = math.ceil(share / run.batch) * run.epochs
     steps_s = iterations * it.iteration_s
+    evaluate = evaluation_s(p, run, steps_s, iterations)   # a version of w each iteration
     updates = iterations * (1 if run.arch == "allreduce" else run.workers)
     evaluate = evaluation_s(p, run, steps_s, updates)
     return {"train_s": steps_s + evaluate, "compute_s": iterations * it.compute_s,

@@ -30,7 +30,7 @@ from ..protocol.messages import link_messages, shard_messages
 from ..protocol.p2p import peer_link, run_peer
 from ..protocol.replica import Replica
 from ..core.policy import policy
-from ..core.target import target
+from ..core.target import PROBE_MARGIN, target
 from ..core.stats import ServerStats, merge_shards
 from ..protocol.server import Server, gather_shards, serve_all
 from ..protocol.worker import PushPull, run_worker
@@ -86,7 +86,6 @@ def tracker_of(job: Job, m: Model, w=None, publish=None) -> EpochTracker | None:
 
 
 EVAL_PROBE = 256    # held-out points timed before training (evaluation_cost)
-PROBE_MARGIN = 2.0  # an evaluation during training over the probe's estimate, at most (below)
 
 
 def evaluation_cost(m: Model) -> float:

@@ -49,10 +49,10 @@ from ..core.policy import policy
 from ..core.schedule import Schedule, schedule
 from ..core.shard import Shard
 from ..core.stats import merge_shards
-from ..core.target import Evaluations
+from ..core.target import PROBE_MARGIN, Evaluations
 from ..core.wire import DOUBLE, R_VERSION, RECV, SEND, flow_id
 from ..core.worker import allreduce_loop, loop
-from ..run import config
+from ..run.config import eval_cadence
 from .clock import SimClock
 from .costs import Costs, Spec, worker_points
 from .links import MailboxLink, RingSum
@@ -101,13 +101,10 @@ class World:
         self.samples = 0
         self.epoch = 0
         self.serve_start = None
-        # rank 0's held-out evaluations, when the run's --eval-every says (the Cadence
-        # asgd.run.progress asks), each charged to rank 0; auto's first waits for one's cost
-        self.cadence = config.eval_cadence(spec.run.eval_every)
-        self.evals = Evaluations(took_s=costs.evaluate())
-        self.updates = 0
-        self.epoch_s: float | None = None
-        self.epoch_began: float | None = None
+        self.versions = 0          # of w, on rank 0 (the tracker's updates)
+        self.epoch_began = self.epoch_s = None
+        self.cadence = eval_cadence(spec.run.eval_every)
+        self.evals = Evaluations(took_s=PROBE_MARGIN * costs.evaluate())   # auto's first waits for the estimate
         self.wall = 0.0
         self.rngs = [random_stream(spec.seed, r, "steps") for r in range(self.P)]
         self.credit = [0.0] * self.P   # CPU seconds each rank's next steps are short of (crowd_turns)
@@ -253,31 +250,30 @@ class World:
     # -- the epoch tracker (asgd.run.progress.EpochTracker on rank 0) -----------------------
 
     def track(self, m: int, evaluate) -> None:
-        """A new version of w of m samples: the epochs it ends, and the held-out
-        evaluations the cadence asks for (evaluate charges one to rank 0; None: rank 0
-        does not hold all of w)."""
+        """A version of m samples: the epochs it ends, and the held-out evaluations
+        `evaluate` makes at --eval-every's cadence (the tracker's own rule, on this clock)."""
         self.samples += m
-        self.updates += 1
-        n, start = self.run.points, self.serve_start or 0.0
+        self.versions += 1
+        start, n = self.serve_start or 0.0, self.run.points
         while self.epoch < self.run.epochs and self.samples >= (self.epoch + 1) * n:
             self.epoch += 1
             t = self.now()
             self.epoch_s, self.epoch_began = t - (start if self.epoch_began is None else self.epoch_began), t
-            if evaluate is not None and self.cadence.due(self.evals, self.updates, t - start, epoch_end=True,
+            if evaluate is not None and self.cadence.due(self.evals, self.versions, t - start, epoch_end=True,
                                                          epoch_s=self.epoch_s):
                 self._held_out(evaluate, start)
             t = self.now()
             self.history.append({"epoch": self.epoch, "samples": self.samples,
                                  "time_s": round(t - start, 4), "wall_s": round(t, 4),
                                  "train_loss": None, "test_loss": None, "test_accuracy": None})
-        if evaluate is not None and self.cadence.due(self.evals, self.updates, self.now() - start,
+        if evaluate is not None and self.cadence.due(self.evals, self.versions, self.now() - start,
                                                      epoch_s=self.epoch_s):
             self._held_out(evaluate, start)
 
     def _held_out(self, evaluate, start: float) -> None:
         began = self.now()
         evaluate()
-        self.evals.add(self.updates, began - start, self.now() - start)
+        self.evals.add(self.versions, began - start, self.now() - start)
 
 
 class _Delivery:
