@@ -107,7 +107,7 @@ class PushPull:
             fields = [0.0] * PUSH_HEADER
             fields[P_VERSION], fields[P_LOSS], fields[P_SAMPLES], fields[P_STEP], fields[P_STOP], fields[P_CUT] = (
                 self.stamp[s], loss_sum, samples, self.step, stop, cut)
-            self.msgs.push_header(s)[:] = fields   # one assignment, not one per field
+            self.msgs.write_push_header(s, fields)   # one call, not one per field
             c, r = self.routes[s]
             self.pending.append(c.Isend(self.msgs.push(s, dw), r, TAG_PUSH))
             self.pending.append(c.Irecv(self.msgs.pull(s), r, TAG_PULL))
