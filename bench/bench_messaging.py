@@ -12,6 +12,10 @@ the worker:
   pingpong+versioned  rank 0 writes w + Delta-w into the other of two buffers, replies from it.
   pingpong+reply-first  rank 0 replies from the current version, then writes the next one
                       while the reply is on its way (asgd's async server).
+  pingpong+reply-first+O  the same, rank 0 also moving optimizer O's state arrays as O's
+                      update does (momentum, adagrad: one, read and written; adam: two), no arithmetic:
+                      O's bytes per push at the machine's rate, after the receive (in a closed
+                      loop the next push waits for both): the floor of an `asgd O` row.
   asgd O              the real Server (async, optimizer O: --optimizers) and run_worker with a
                       stub step (no compute); the server's busy time per push beside it.
 Writes messaging.csv, messaging.json, messaging.png under --out.
@@ -38,9 +42,14 @@ COLUMNS = {"precision": "the dtype of every buffer (MPI.FLOAT or MPI.DOUBLE), w 
            "rtt_us": "median over repetitions of each repetition's median exchange (µs)",
            "vs_pingpong": "rtt_us / the raw ping-pong's, same size and precision, same run",
            "vs_reply_first": "rtt_us / pingpong+reply-first's (asgd's async server's floor), same size and precision",
+           "vs_own_floor": "asgd O: rtt_us / pingpong+reply-first+O's (the floor moving O's bytes; sgd's: "
+                           "reply-first's), same size and precision",
            "gb_per_s_both_ways": "2 itemsize n_w bytes / rtt",
            "server_aggregate_us": "asgd only: the server's busy time per push (take, the one-pass check and "
                                   "update, Isend)"}
+
+
+STATE_ARRAYS = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}   # net.optimizers' state, arrays of n_w
 
 
 @njit(boundscheck=False, cache=True)
@@ -48,6 +57,28 @@ def add_to(w, dw, out):
     """out = w + dw in one pass (the ping-pong variants' server work without a copy)."""
     for i in range(w.size):
         out[i] = w[i] + dw[i]
+
+
+@njit(boundscheck=False, cache=True)
+def add_to_moving(w, dw, out, s):
+    """add_to that also reads and writes a state array: a one-state optimizer's bytes (5 n)."""
+    for i in range(w.size):
+        s[i] += dw[i]
+        out[i] = w[i] + s[i]
+
+
+@njit(boundscheck=False, cache=True)
+def add_to_moving2(w, dw, out, s, t):
+    """add_to moving two state arrays: adam's bytes (7 n)."""
+    for i in range(w.size):
+        s[i] += dw[i]
+        t[i] += dw[i]
+        out[i] = w[i] + s[i] + t[i]
+
+
+def floor_of(optimizer: str) -> str:
+    """The ping-pong variant an `asgd optimizer` row is judged against."""
+    return "pingpong+reply-first" + (f"+{optimizer}" if STATE_ARRAYS[optimizer] else "")
 
 
 def parse_args(argv=None):
@@ -70,7 +101,8 @@ def parse_args(argv=None):
         p.error("--optimizers: a comma list of sgd, momentum, adagrad, adam")
     if not a.precisions or set(a.precisions) - set(PRECISIONS):
         p.error(f"--precisions: a comma list of {', '.join(PRECISIONS)}")
-    a.variants = PINGPONGS + tuple(f"asgd {o}" for o in a.optimizers)
+    a.floors = tuple(floor_of(o) for o in a.optimizers if STATE_ARRAYS[o])
+    a.variants = PINGPONGS + a.floors + tuple(f"asgd {o}" for o in a.optimizers)
     return a
 
 
@@ -107,6 +139,9 @@ def child(args) -> None:
         out, back = np.ones(n, dtype), np.empty(n, dtype)
         w, reply = np.zeros(n, dtype), np.empty(n, dtype)
         vers = [np.zeros(n, dtype), np.zeros(n, dtype)]
+        state = [np.zeros(n, dtype) for _ in range(STATE_ARRAYS[variant.split("+")[-1]]
+                                                      if variant.startswith("pingpong+reply-first+") else 0)]
+        move = {0: add_to, 1: add_to_moving, 2: add_to_moving2}[len(state)]
         kind = from_numpy_dtype(out.dtype)   # MPI.FLOAT or MPI.DOUBLE
         rtt = np.empty(iters)
         if me == 1:
@@ -126,11 +161,11 @@ def child(args) -> None:
             elif variant == "pingpong+versioned":
                 add_to(vers[i % 2], back, vers[(i + 1) % 2])
                 send = vers[(i + 1) % 2]
-            elif variant == "pingpong+reply-first":
+            elif variant.startswith("pingpong+reply-first"):
                 send = vers[i % 2]
             req = comm.Isend([send, kind], 1, 2)
-            if variant == "pingpong+reply-first":   # the next version while this one is on its way
-                add_to(vers[i % 2], back, vers[(i + 1) % 2])
+            if variant.startswith("pingpong+reply-first"):   # the next version while this one is on its way
+                move(vers[i % 2], back, vers[(i + 1) % 2], *state)
             if i + 1 < iters:
                 recv = comm.Irecv([back, kind], 1, 1)
             req.Wait()
@@ -162,7 +197,7 @@ def child(args) -> None:
     for hid in args.hidden:
         n_w = Layout(2, hid, 2).n_w
         for prec in args.precisions:
-            for v in PINGPONGS[1:]:
+            for v in PINGPONGS[1:] + args.floors:
                 pingpong(n_w, 3, v, prec)                   # warm up (and JIT the kernels)
             for o in args.optimizers:
                 protocol(n_w, 5, o, prec)                   # warm up the protocol path
@@ -196,8 +231,9 @@ def plot(rows, path):
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     by = {(f"{r['model']} {r['precision']}", r["variant"]): r for r in rows}
     colors = {"pingpong": "0.6", "pingpong+aggregate": "tab:green", "pingpong+versioned": "tab:olive",
-              "pingpong+reply-first": "tab:purple", "asgd sgd": "tab:blue", "asgd momentum": "tab:pink",
-              "asgd adagrad": "tab:cyan", "asgd adam": "tab:red"}
+              "pingpong+reply-first": "tab:purple", "pingpong+reply-first+momentum": "plum",
+              "pingpong+reply-first+adagrad": "thistle", "pingpong+reply-first+adam": "violet",
+              "asgd sgd": "tab:blue", "asgd momentum": "tab:pink", "asgd adagrad": "tab:cyan", "asgd adam": "tab:red"}
     fig, ax = plt.subplots(figsize=(4 + 2 * len(models), 4.5))
     at = common.bars(ax, models, variants, lambda m, v: by[m, v]["rtt_us"], colors,
                      lambda m, v, y: f"{y:,.0f}\n{by[m, v]['vs_pingpong']:.2f}x")
@@ -248,6 +284,10 @@ def main(argv=None):
         floor = next((f["rtt_us"] for f in rows if f["variant"] == "pingpong+reply-first"
                       and (f["model"], f["precision"]) == (r["model"], r["precision"])), None)
         r["vs_reply_first"] = round(r["rtt_us"] / floor, 3) if floor else None
+        own = r["variant"].startswith("asgd ") and next(
+            f["rtt_us"] for f in rows if f["variant"] == floor_of(r["variant"].split()[1])
+            and (f["model"], f["precision"]) == (r["model"], r["precision"]))
+        r["vs_own_floor"] = round(r["rtt_us"] / own, 3) if own else None
     ratios = precision_ratios(rows)
     info = run.meta(ranks=raw["ranks"], oversubscribed=raw["oversubscribed"], mpiexec=job["cmd"],
                     job_wall_s=round(job["wall_s"], 2), float32_over_float64=ratios, columns=COLUMNS,
@@ -260,10 +300,14 @@ def main(argv=None):
                               ("variant", "variant", ""),
                               ("round trip µs", "rtt_us", ",.1f"), ("min µs", "rtt_us_min", ",.1f"),
                               ("x ping-pong", "vs_pingpong", ".2f"), ("x reply-first", "vs_reply_first", ".2f"),
+                              ("x own floor", "vs_own_floor", ".2f"),
                               ("GB/s both ways", "gb_per_s_both_ways", ".2f"),
                               ("server busy µs/push", "server_aggregate_us", ",.1f")])
     print("how far from the floor (the ping-pong of the same bytes): " + "; ".join(
         f"{r['model']} {r['precision']} {r['variant']} {r['vs_pingpong']:.2f}x" for r in rows
+        if r["variant"].startswith("asgd ")))
+    print("against its own floor (reply-first moving the optimizer's bytes): " + "; ".join(
+        f"{r['model']} {r['precision']} {r['variant']} {r['vs_own_floor']:.2f}x" for r in rows
         if r["variant"].startswith("asgd ")))
     if ratios:
         print("float32 / float64 round trip: " + "; ".join(

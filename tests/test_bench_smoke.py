@@ -124,16 +124,22 @@ def test_messaging_bench(tmp_path):
               "--optimizers", "sgd,adam", "--out", str(out))
     rows, meta = read_outputs(out, "messaging")
     assert {r["variant"] for r in rows} == {"pingpong", "pingpong+aggregate", "pingpong+versioned",
-                                              "pingpong+reply-first", "asgd sgd", "asgd adam"}
+                                              "pingpong+reply-first", "pingpong+reply-first+adam", "asgd sgd",
+                                              "asgd adam"}
     floor = next(line for line in p.stdout.splitlines() if line.startswith("how far from the floor"))
     assert "asgd sgd" in floor and "asgd adam" in floor
+    by = {(r["variant"], r["precision"]): r for r in rows}   # each asgd row against its own optimizer's floor
+    for prec in ("float32", "float64"):
+        for o, floor_variant in (("sgd", "pingpong+reply-first"), ("adam", "pingpong+reply-first+adam")):
+            assert float(by[f"asgd {o}", prec]["vs_own_floor"]) == pytest.approx(
+                float(by[f"asgd {o}", prec]["rtt_us"]) / float(by[floor_variant, prec]["rtt_us"]), abs=1e-3)
     assert all(float(r["rtt_us"]) > 0 for r in rows)
     # every variant in both precisions, each moving its own item size
     assert {(r["variant"], r["precision"]) for r in rows} == {(v, prec) for v in {r["variant"] for r in rows}
                                                                for prec in ("float32", "float64")}
     assert all(float(r["kb"]) == pytest.approx({"float32": 4, "float64": 8}[r["precision"]] * int(r["n_w"]) / 1e3)
                for r in rows)
-    assert len(meta["float32_over_float64"]) == 6 and "float32 / float64" in p.stdout
+    assert len(meta["float32_over_float64"]) == 7 and "float32 / float64" in p.stdout
     assert meta["ranks"] == 2 and not (out / "messaging_raw.json").exists()
     assert (out / "messaging.png").stat().st_size > 0
 

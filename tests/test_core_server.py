@@ -4,6 +4,7 @@ order (the sans-I/O style: no mpiexec, no simulator)."""
 
 import math
 
+import numpy as np
 import pytest
 
 from asgd.core.policy import SSP, Async, Sync, policy
@@ -123,6 +124,28 @@ def test_staleness_and_step_gaps_are_recorded_per_worker():
     assert versions == [(1, 4.0), (2, 4.0), (3, 4.0)]
     rec = shard.st.record((0, 8), shard.ranks)
     assert rec["staleness_hist"] == {10: [1, 2]} and rec["rounds"] == 3 and rec["requests"] == 3
+
+
+def test_step_gaps_follow_the_slowest_active_worker_through_retirements():
+    """gap() keeps the slowest active worker's count as pushes come (no min over the
+    workers a push): random pushes, done and lost workers, each gap recorded equal to
+    its definition, worker j's pushes less the fewest of any active worker's (0 with none)."""
+    rng = np.random.default_rng(4)
+    for trial in range(30):
+        W = int(rng.integers(1, 6))
+        shard = Shard(list(range(W)), Recorder(), Async())
+        for _ in range(60):
+            live = np.flatnonzero(shard.active)
+            if not live.size:
+                break
+            j = int(rng.choice(live))
+            if rng.random() < 0.05:
+                shard.done(j) if rng.random() < 0.5 else shard.lost(j, when=0.0)
+                continue
+            shard.pushed(j, shard.st.rounds, int(shard.steps[j]), 0, 1.0, 1.0)
+            active = shard.steps[shard.active]
+            expected = int(shard.steps[j] - active.min()) if active.size else 0
+            assert shard.st.step_gap[j][-1] == max(expected, 0), (trial, W, j)
 
 
 @pytest.mark.parametrize("rule", [Async(), Async(reply_first=False), SSP(2)], ids=["async", "apply-first", "ssp"])

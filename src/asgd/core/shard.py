@@ -77,6 +77,8 @@ class Shard:
         self.active = np.ones(W, bool)
         self.live = W                            # active workers (the loop's test, without numpy)
         self.steps = np.zeros(W, np.int64)       # pushes taken per worker
+        self.slowest = 0                         # the fewest an active worker took (gap(): no numpy min a push)
+        self.levels = {0: W}                     # active workers per count of pushes taken
         self.samples = np.zeros(W)               # samples their pushes brought
         self.pushed_step = np.zeros(W, np.int64)   # each worker's last push's step
         self.lr_scale = np.ones(W)               # each worker's last push: the share of lr its staleness earns
@@ -104,6 +106,8 @@ class Shard:
             self.lr_scale[j] = self.stale_step(staleness)
         self.st.updates += 1
         self.steps[j] += 1
+        if self.active[j]:
+            self.count_step(int(self.steps[j]))
         self.samples[j] += samples
         self.pushed_step[j] = step
         if self.at_target:   # computed before its worker heard: answered (done), not applied
@@ -186,9 +190,20 @@ class Shard:
             self.start_cut()   # before this version's replies go out: they carry it
 
     def gap(self, j: int) -> int:
-        """How many steps worker j is ahead of the slowest active worker."""
-        slowest = self.steps.min() if self.live == self.W else self.steps[self.active].min(initial=self.steps[j])
-        return int(self.steps[j] - slowest)
+        """How many steps worker j is ahead of the slowest active worker (0 with none active)."""
+        return max(int(self.steps[j]) - self.slowest, 0) if self.live else 0
+
+    def count_step(self, now: int) -> None:
+        """An active worker's pushes went from now - 1 to now: the levels move, and the
+        slowest with them once no active worker is left at its level (then all are past it,
+        and the one that moved is at the next)."""
+        levels = self.levels
+        levels[now] = levels.get(now, 0) + 1
+        left = levels.pop(now - 1) - 1
+        if left:
+            levels[now - 1] = left
+        elif now - 1 == self.slowest:
+            self.slowest = now
 
     # -- retiring, answering, cuts ------------------------------------------------------
 
@@ -196,6 +211,12 @@ class Shard:
         if self.active[j]:
             self.active[j] = False
             self.live -= 1
+            at = int(self.steps[j])
+            left = self.levels.pop(at) - 1
+            if left:
+                self.levels[at] = left
+            elif at == self.slowest and self.levels:
+                self.slowest = min(self.levels)
 
     def answer_due(self) -> None:
         """Answer every worker the policy says is due, then free its push."""

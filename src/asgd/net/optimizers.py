@@ -41,6 +41,8 @@ class Optimizer:
         self.t = 0  # updates applied (Adam's bias correction counts them)
         shapes = {"sgd": (), "momentum": ("v",), "adagrad": ("g2",), "adam": ("m", "v")}[name]
         self.state = {k: np.zeros(size, self.dtype) for k in shapes}
+        f = self.dtype.type   # the constants in w's dtype, made once: a push's update makes only its own
+        self._mu, self._eps, self._betas = f(momentum), f(EPS), (f(BETAS[0]), f(BETAS[1]))
 
     def update(self, w: np.ndarray, d: np.ndarray, out: np.ndarray | None, scale: float = 1.0,
                lr_scale: float = 1.0) -> bool:
@@ -55,14 +57,13 @@ class Optimizer:
         if self.name == "sgd":
             ok = kernels.sgd_update(w, d, out, sgd_scale)
         elif self.name == "momentum":
-            ok = kernels.momentum_update(w, s["v"], d, out, lr, f(self.mu), scale)
+            ok = kernels.momentum_update(w, s["v"], d, out, lr, self._mu, scale)
         elif self.name == "adagrad":
-            ok = kernels.adagrad_update(w, s["g2"], d, out, lr, f(EPS), scale)
+            ok = kernels.adagrad_update(w, s["g2"], d, out, lr, self._eps, scale)
         else:
             t = self.t + 1   # the bias corrections in float64, then cast: b2^t is 1 - t (1 - b2) early on
             c1, c2 = 1.0 / (1.0 - BETAS[0] ** t), 1.0 / (1.0 - BETAS[1] ** t)
-            ok = kernels.adam_update(w, s["m"], s["v"], d, out, lr, f(BETAS[0]), f(BETAS[1]), f(EPS), f(c1), f(c2),
-                                     scale)
+            ok = kernels.adam_update(w, s["m"], s["v"], d, out, lr, *self._betas, self._eps, f(c1), f(c2), scale)
         if ok:
             self.t += 1
         return ok

@@ -24,6 +24,8 @@ before it completed, and its w changes only in pulled(), after the step that rea
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
@@ -48,6 +50,22 @@ def header_view(buf: np.ndarray, start: int, slots: int) -> np.ndarray:
     return buf[start:start + slots].view(np.float64)
 
 
+class Header:
+    """A message buffer's float64 header at values [start, start + slots), made once per
+    buffer: `view` (header_view) to read it, write(values) to fill it. The write packs with
+    struct: numpy's assignment of a few Python floats took ten times as long (about 1 µs,
+    once per push and per reply, on the round trip's path)."""
+
+    def __init__(self, buf: np.ndarray, start: int, slots: int):
+        self.view = header_view(buf, start, slots)
+        self._bytes = memoryview(buf).cast("B")
+        self._at = start * buf.itemsize
+        self._pack = struct.Struct(f"={len(self.view)}d").pack_into   # native order, no padding
+
+    def write(self, values) -> None:
+        self._pack(self._bytes, self._at, *values)
+
+
 # -- the worker's side ------------------------------------------------------------------
 
 class DenseLink:
@@ -67,6 +85,10 @@ class DenseLink:
         self.cur[:n] = w0
         self.nxt = np.empty_like(self.cur)
         self.free = 0  # the push buffer not in flight
+        self.push_heads = [[Header(b, n + s * self.push_slots, self.push_slots) for s in range(S)]
+                           for b in self.pushes]
+        self.cur_heads, self.nxt_heads = ([header_view(b, n + s * self.pull_slots, self.pull_slots) for s in range(S)]
+                                          for b in (self.cur, self.nxt))
 
     @property
     def w(self) -> np.ndarray:
@@ -76,7 +98,10 @@ class DenseLink:
         return self.pushes[self.free][:self.n]
 
     def push_header(self, s: int) -> np.ndarray:
-        return header_view(self.pushes[self.free], self.n + s * self.push_slots, self.push_slots)
+        return self.push_heads[self.free][s].view
+
+    def write_push_header(self, s: int, values: list) -> None:
+        self.push_heads[self.free][s].write(values)
 
     def push(self, s: int, dw: np.ndarray):
         """Server s's push message of dw (delta()'s buffer, its header filled)."""
@@ -90,10 +115,11 @@ class DenseLink:
 
     def pulled(self, s: int) -> np.ndarray:
         """Server s's reply has arrived; its header."""
-        return header_view(self.nxt, self.n + s * self.pull_slots, self.pull_slots)
+        return self.nxt_heads[s]
 
     def all_pulled(self) -> None:
         self.cur, self.nxt = self.nxt, self.cur
+        self.cur_heads, self.nxt_heads = self.nxt_heads, self.cur_heads
 
     def close(self) -> None:
         for t in self.push_types + self.pull_types:
@@ -125,6 +151,9 @@ class OneBitLink:
 
     def push_header(self, s: int) -> np.ndarray:
         return self.push_codec[s].head(self.out[s])
+
+    def write_push_header(self, s: int, values: list) -> None:
+        self.push_header(s)[:] = values
 
     def push(self, s: int, dw: np.ndarray):
         lo, hi = self.shards[s]
@@ -198,6 +227,7 @@ class DenseShard:
         self.heads = [header_view(r, n, self.push_slots) for r in self.recv]
         self.pool = [np.empty(n + self.pull_slots, dt) for _ in range(2)]
         self.views = [b[:n] for b in self.pool]
+        self.heads_out = [Header(b, n, self.pull_slots) for b in self.pool]   # each version's reply header
         self.pool[0][:n] = w
         self.cur, self.next = 0, 1     # the current version's buffer; the one fresh() gave
         self.written = [None, None]    # per buffer, the header values at its tail (None: none written yet)
@@ -240,6 +270,7 @@ class DenseShard:
                 return self.views[b]
         self.pool.append(np.empty(self.n + self.pull_slots, self.home.dtype))
         self.views.append(self.pool[-1][:self.n])
+        self.heads_out.append(Header(self.pool[-1], self.n, self.pull_slots))
         self.written.append(None)
         self.senders.append(set())
         self.made.append(-1)
@@ -264,7 +295,7 @@ class DenseShard:
                 published = self.published
                 self.commit()
                 self.published = published
-            header_view(self.pool[self.cur], self.n, self.pull_slots)[:] = head
+            self.heads_out[self.cur].write(head)
             self.written[self.cur] = head
         buf = self.pool[self.cur]
         if self.source[j] >= 0:
