@@ -280,7 +280,8 @@ def parse_args(argv=None):
     p.add_argument("--testbed", metavar="RATE", help="run the sweep on the emulated cluster, links at RATE "
                    "(e.g. 1gbit; needs root)")
     p.add_argument("--testbed-name", default="tta", help="the testbed's name (default tta)")
-    p.add_argument("--quick", action="store_true", help="rings5 only, 2,048 points, hidden 64, to 0.5, 2 configurations (a smoke test)")
+    p.add_argument("--quick", action="store_true",
+                   help="rings5 only, 2,048 points, hidden 64, to 0.5, 2 configurations (a smoke test)")
     a = p.parse_args(argv)
     bad = [d for d in a.datasets if d not in DATASETS]
     if bad:
