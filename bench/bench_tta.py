@@ -39,7 +39,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import common
@@ -71,6 +71,10 @@ SWEEP = [("ps", "async", 3, 256, "adagrad", 0), ("ps", "async", 6, 256, "adagrad
          ("p2p", "async", 4, 256, "adagrad", 0), ("allreduce", "sync", 4, 256, "adagrad", 0),
          ("allreduce", "sync", 2, 64, "adagrad", 0), ("ps", "async", 3, 64, "adam", 0)]
 QUICK = [("ps", "async", 3, 64, "adagrad", 0), ("allreduce", "sync", 2, 64, "adagrad", 0)]
+
+
+def config(c: tuple) -> dict:
+    return dict(zip(("arch", "mode", "workers", "batch", "optimizer", "backup"), c))
 
 
 def label(c: dict) -> str:
@@ -149,18 +153,16 @@ def simulate(run_dir: Path, params: Path, ds: DataSet) -> dict:
     return {"sim_time_s": t["epochs"] * t["per_epoch_s"], "sim_epochs": t["epochs"]}
 
 
-def optimize_ranked(params: Path, data: Path, ds: DataSet, configs: list[dict], testbed: bool) -> list[dict]:
-    """optimize --target-accuracy --json over the sweep's architectures, workers and batches."""
-    argv = ["-m", "asgd.perf", "optimize", "--params", str(params), "--data", str(data), "--hidden", str(ds.hidden),
-            "--cores-per-node", "2", "--target-accuracy", str(ds.target), "--json", "--archs", "ps,p2p,allreduce",
-            "--workers", ",".join(str(w) for w in sorted({c["workers"] for c in configs})),
-            "--batches", ",".join(str(b) for b in sorted({c["batch"] for c in configs})),
-            "--max-ranks", str(max(ranks(c) for c in configs))]
-    argv += ["--nodes", str(max(ranks(c) for c in configs))] if testbed else []
-    p = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, cwd=common.ROOT)
-    if p.returncode:
-        raise JobFailed(f"asgd.perf optimize: {p.stderr.strip()[-300:]}")
-    return [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
+def optimize_ranked(hw, stats, data: Path, ds: DataSet, configs: list[dict], testbed: bool) -> list[dict]:
+    """optimize --target-accuracy's ranking (asgd's defaults: async, adagrad) over the sweep's
+    architectures, workers and batches, on this machine's 2 cores or the testbed's hosts."""
+    most = max(ranks(c) for c in configs)
+    base = replace(validate.Run(workers=1, epochs=ds.epochs, **perf.data_of(str(data), None, "embedded", hw)),
+                   hidden=ds.hidden, mode="async", optimizer="adagrad")
+    rows = validate.optimize(hw, most if testbed else 1, 2, base, sorted({c["workers"] for c in configs}), [1],
+                             sorted({c["batch"] for c in configs}), ["parallel"], most,
+                             archs=("ps", "p2p", "allreduce"), shared_cores=testbed)
+    return rank_to_target(rows, stats, "accuracy", ds.target, "adagrad", "async", perf.TRAIN.staleness)
 
 
 def key(r: dict) -> tuple:
@@ -203,8 +205,7 @@ def one_dataset(name: str, args, base_params: Path, tb) -> tuple[list[dict], dic
     if tb is not None:
         hw = validate.testbed_model().testbed_params(hw, validate.parse_rate(args.testbed))
     stats = perf.load_statistics(str(params))
-    configs = [dict(zip(("arch", "mode", "workers", "batch", "optimizer", "backup"), c), dataset=name)
-               for c in (QUICK if args.quick else SWEEP)]
+    configs = [{**config(c), "dataset": name} for c in (QUICK if args.quick else SWEEP)]
     sim_missing = "SimGrid is not installed" if not _sim_available() else (
         "the simulator's params hold no testbed links" if tb is not None else None)
 
@@ -228,11 +229,7 @@ def one_dataset(name: str, args, base_params: Path, tb) -> tuple[list[dict], dic
     rows = validate.sweep(configs, one, label, say, lock=args.cpu_lock, tag=f"{name} ")
     for r in rows:
         r["label"] = label(r)
-    try:
-        ranked = optimize_ranked(params, data, ds, configs, tb is not None)
-    except JobFailed as e:
-        print(f"{name}: {e}", flush=True)
-        ranked = []
+    ranked = optimize_ranked(hw, stats, data, ds, configs, tb is not None)
     scores = {f"{who}_{k}": validate.score(rows, f"{who}_ape_{k}")
               for who in ("model", "sim") for k in ("time", "epochs")}
     return rows, {"pilot": got, "target": ds.target, "epochs_cap": ds.epochs, "hidden": ds.hidden,
@@ -296,7 +293,7 @@ def main(argv=None) -> int:
     run = common.Run("tta", args)
     t0 = time.perf_counter()
     params = args.params.resolve() if args.params else validate.calibrate(args.out, True, args.cpu_lock)[0]
-    hosts = max(ranks(dict(zip(("arch", "mode", "workers", "batch", "optimizer", "backup"), c))) for c in SWEEP)
+    hosts = max(ranks(config(c)) for c in (QUICK if args.quick else SWEEP))
     rows, summary = [], {}
     with (validate.testbed(args.testbed_name, hosts, args.testbed) if args.testbed else contextlib.nullcontext()) as tb:
         for name in args.datasets:
