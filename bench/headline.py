@@ -5,7 +5,7 @@ figures rather than retype them (tests/test_docs.py checks each block against it
 
 A block is `<!-- figures: ID ID ... -->` ... `<!-- /figures -->`; its IDs are docs/figures.json's.
 
-    python bench/headline.py --data DIR --sim DIR --arch DIR --testbed DIR --commit HASH
+    python bench/headline.py --data DIR --sim DIR --arch DIR --testbed DIR --tta DIR --commit HASH
     python bench/headline.py                         # only re-render the blocks
 """
 
@@ -158,10 +158,31 @@ def from_e2e(j: dict) -> dict:
     return out
 
 
+def from_tta(j: dict) -> dict:
+    """Time to a target per data set: the model's and the simulator's median errors, optimize's pick."""
+    where = j.get("where", "shared memory")
+    tag = "" if where == "shared memory" else "_testbed"
+
+    def med(s: dict, k: str) -> str:
+        return pct(s[k]["median"]) if s.get(k) else "-"
+    errs = {who: "; ".join(f"{n} time {med(s, f'{who}_time')}, epochs {med(s, f'{who}_epochs')}"
+                           for n, s in j["summary"].items()) for who in ("model", "sim")}
+    picks = "; ".join(f"{n} {s['pick']['ratio']:.2f}× ({s['pick']['tta_pick']}; best {s['pick']['best']}"
+                      + (f"; s/epoch pick {s['pick']['per_epoch_pick']} {s['pick']['per_epoch_pick_s']:.2f} s"
+                         f" against {s['pick']['tta_pick_s']:.2f} s" if s["pick"]["picks_differ"] else "") + ")"
+                      if "ratio" in s["pick"] else f"{n} {s['pick']['skipped']}" for n, s in j["summary"].items())
+    kind = "measured " + ("here" if not tag else "on the emulated cluster")
+    return {f"tta_model{tag}": (f"time to a target, {where}: the model's median error of time and epochs to it, "
+                                "configurations no pilot ran", f"{kind}; predicted", errs["model"]),
+            f"tta_sim{tag}": (f"the same, the simulator's ({where})", f"{kind}; simulated", errs["sim"]),
+            f"tta_pick{tag}": (f"optimize --target-accuracy's first pick, measured, over the best measured ({where})",
+                               f"{kind}; predicted", picks)}
+
+
 READERS = {"data": ("data.json", from_data), "sim": ("validate.json", from_sim), "arch": ("arch.json", from_arch),
            "testbed": ("testbed.json", from_testbed), "kernel": ("kernel.json", from_kernel),
            "messaging": ("messaging.json", from_messaging), "server": ("server.json", from_server),
-           "e2e": ("e2e.json", from_e2e)}
+           "e2e": ("e2e.json", from_e2e), "tta": ("tta.json", from_tta)}
 
 
 def render(ids: list[str], figures: dict) -> str:

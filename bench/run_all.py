@@ -3,7 +3,8 @@
     python bench/run_all.py            # the five benchmarks below (about 20 minutes on 2 cores)
     python bench/run_all.py --quick    # smaller sweeps (about 1.5 minutes on 2 cores), into bench/results/quick/
     python bench/run_all.py --only kernel,server
-    python bench/run_all.py --everything   # also bench_trace, bench_readers, bench_model, bench_startup, bench_data
+    python bench/run_all.py --everything   # also bench_trace, bench_readers, bench_model, bench_startup,
+                                           # bench_data, bench_tta
 
 Each benchmark runs as its own process (`python bench/<script> ...`, with a time limit) and
 writes CSV, JSON (with the machine and the load average) and a PNG under
@@ -40,6 +41,7 @@ OTHERS = {
     "model": ("bench_model.py", [], ["--quick"]),
     "startup": ("bench_startup.py", [], ["--repeat", "1"]),
     "data": ("bench_data.py", [], ["--quick"]),
+    "tta": ("bench_tta.py", [], ["--quick"]),
 }
 
 

@@ -209,6 +209,41 @@ def test_model_bench(tmp_path, quick_params):
     assert "median APE" in p.stdout and "optimizer" in p.stdout
 
 
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install -e '.[mpich]')")
+def test_tta_bench(tmp_path, quick_params):
+    """Time to accuracy in --quick (a pilot and 2 runs to the target, with the session's quick
+    calibration): every run that reached the target has its measured and predicted time and
+    epochs, the scores are the medians of the rows' errors, the pilot's wall is recorded, and
+    the figure is written. No threshold is asserted (the verdict is the bench's)."""
+    out = tmp_path / "tta"
+    p = bench("bench_tta.py", "--quick", "--params", str(quick_params), "--out", str(out), timeout=90)
+    _, meta = read_outputs(out, "tta")
+    rows, s = meta["rows"], meta["summary"]["rings5"]
+    assert len(rows) == 2 and s["pilot"]["wall_s"] > 0 and s["runs"] == 2
+    for r in rows:
+        assert r["model_epochs"] > 0 and r["model_time_s"] > 0, r["label"]
+        if r["reached"]:
+            assert r["meas_time_s"] > 0 and r["meas_epochs"] > 0, r["label"]
+            assert r["model_ape_epochs"] == pytest.approx(100 * abs(r["model_epochs"] / r["meas_epochs"] - 1))
+    apes = [r["model_ape_time"] for r in rows if r["model_ape_time"] is not None]
+    if apes:
+        assert s["model_time"]["median"] == pytest.approx(statistics.median(apes))
+    assert "ratio" in s["pick"] or "skipped" in s["pick"]
+    assert (out / "tta.png").stat().st_size > 0 and "median error" in p.stdout
+
+
+def test_tta_sweep_repeats_no_pilot():
+    """The sweep is out of sample: no configuration is one the pilot ran (ps async at its
+    batch with 1, 2 or 4 workers and a piloted optimizer)."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import bench_tta as t; "
+            "opts = t.PILOT_OPTIMIZERS.split(','); "
+            "print(sum(c[:2] == ('ps', 'async') and c[2] in (1, 2, 4) and c[3] == 256 and c[4] in opts and not c[5] "
+            "for c in t.SWEEP + t.QUICK), len(t.SWEEP))")
+    p = subprocess.run([sys.executable, "-c", code, str(BENCH)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["0", "12"]
+
+
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch (the bench extra)")
 def test_the_pytorch_peers_optimizers_make_asgds_updates():
     """bench/peers/torch_mlp.py's torch.optim optimizers (the DDP and RPC peers', bench_data's

