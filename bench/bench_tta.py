@@ -36,6 +36,7 @@ against training time, Dutta et al. 2018's figure, a panel per data set).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shutil
 import subprocess
@@ -113,9 +114,21 @@ def pilot(data: Path, ds: DataSet, params: Path, quick: bool) -> dict:
             "reference_epochs": stats["pilot"]["reference_epochs"]}
 
 
+EVALS_PER_EPOCH = 16   # as the pilot's reference: the measured epochs to the target to 1/16 of an epoch
+
+
+@functools.lru_cache
+def training_points(data: Path) -> int:
+    return perf.data_of(str(data), None, "embedded", None)["points"]
+
+
 def train_argv(c: dict, data: Path, ds: DataSet, run_dir: Path) -> list[str]:
+    """The run to the target, evaluated EVALS_PER_EPOCH times an epoch's updates (auto's
+    budget evaluates a sub-second MNIST run once or twice, which rounds its epochs up by
+    several); the model and the simulator price those evaluations (--eval-every's cadence)."""
+    every = max(1, round(training_points(data) / c["batch"] / EVALS_PER_EPOCH))
     argv = ["-m", "asgd.train", "--data", str(data), "--hidden", str(ds.hidden), "--epochs", str(ds.epochs),
-            "--batch", str(c["batch"]), "--optimizer", c["optimizer"], "--arch", c["arch"],
+            "--batch", str(c["batch"]), "--optimizer", c["optimizer"], "--arch", c["arch"], "--eval-every", str(every),
             "--target-accuracy", str(ds.target), "--quiet", "--out", str(run_dir)]
     argv += ["--mode", c["mode"]] if c["arch"] != "allreduce" else []
     return argv + (["--backup-workers", str(c["backup"])] if c["backup"] else [])
