@@ -1,7 +1,7 @@
 """bench_chaos: many short runs, each with a random fault at a random time, reproducible
 from --seed; per fault kind (--kinds: worker, workers, server, straggler, link), what became
 of the runs: completed, restarted, hung, accuracy, ranks and training lost, and whether the
-checkpoint is one consistent cut. The kinds and the fault's timing: docs/benchmarks.md.
+checkpoint is one consistent cut. The kinds and the fault's timing: docs/bench-suite.md.
 
 Writes bench/results/chaos/chaos.csv (a row per run), chaos.json (rows, the per-kind table,
 the straggler's costs) and prints the table. A run that hung, failed or left a bad

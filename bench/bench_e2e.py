@@ -2,7 +2,7 @@
 ranks for asgd's parameter server (--eval-every epoch, as the peers evaluate), asgd's
 allreduce, PyTorch's RPC parameter server (bench/peers/rpc_peer.py) and PyTorch DDP
 (bench/peers/ddp_peer.py), each `mpiexec -n N python ...` with the same data, model, init and
-batch, in every precision of --precisions, all in one table (the peers: docs/benchmarks.md).
+batch, in every precision of --precisions, all in one table (the peers: docs/bench-suite.md).
 Two times to accuracy from each run's history: whole process (wall_s, what a user waits
 for) and training only (time_s). Every implementation warmed by one discarded run; the
 order rotates per repetition; medians. --testbed RATE (root): every job across an emulated

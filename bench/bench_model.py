@@ -1,5 +1,5 @@
 """Validation sweep of the performance model (`python -m asgd.perf`) against measured
-asgd.train runs on this machine (the grid, the limits and the results: docs/benchmarks.md).
+asgd.train runs on this machine (the grid and the limits: docs/bench-suite.md; the results: docs/benchmarks.md).
 
 Parameters come from `python -m asgd.perf calibrate` run first, or --params; nothing is
 fitted to the sweep. A run at a rank count calibrate measured a job at is in sample, any

@@ -1,5 +1,5 @@
 """asgd.sim (the SimGrid simulation) checked against this machine, then put beside the paper
-(what each part runs and measures: docs/benchmarks.md).
+(what each part runs and measures: docs/bench-suite.md).
 
   validate   calibrate (or --params), then asgd.train runs none of calibrate's, each simulated
              from its own run (asgd.sim --like RUN) and predicted by the analytical model:
