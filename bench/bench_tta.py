@@ -179,13 +179,9 @@ def optimize_ranked(hw, stats, data: Path, ds: DataSet, configs: list[dict], tes
     most = max(ranks(c) for c in configs)
     base = replace(validate.Run(workers=1, epochs=ds.epochs, **perf.data_of(str(data), None, "embedded", hw)),
                    hidden=ds.hidden, optimizer="adagrad")
-    rows = []
-    for mode in perf.optimize_modes(None, target=True):   # allreduce is lockstep whatever the mode: once
-        archs = ("ps", "p2p", "allreduce") if not rows else ("ps", "p2p")
-        got = validate.optimize(hw, most if testbed else 1, 2, replace(base, mode=mode),
-                                sorted({c["workers"] for c in configs}), [1], sorted({c["batch"] for c in configs}),
-                                ["parallel"], most, archs=archs, shared_cores=testbed)
-        rows += [{**r, "mode": "sync" if r["arch"] == "allreduce" else mode} for r in got]
+    rows = perf.optimize_in_modes(perf.optimize_modes(None, target=True), hw, most if testbed else 1, 2, base,
+                                  sorted({c["workers"] for c in configs}), [1], sorted({c["batch"] for c in configs}),
+                                  ["parallel"], most, archs=("ps", "p2p", "allreduce"), shared_cores=testbed)
     return rank_to_target(rows, stats, "accuracy", ds.target, "adagrad", perf.TRAIN.staleness)
 
 

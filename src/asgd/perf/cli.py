@@ -240,6 +240,18 @@ def optimize(p: Params, nodes: int, cores_per_node: int, base: Run, workers: lis
     return out
 
 
+def optimize_in_modes(modes: list[str], p: Params, nodes: int, cores_per_node: int, base: Run, *args,
+                      archs=("ps",), **kw) -> list[dict]:
+    """optimize's grid in each consistency mode, each row with its `mode`, best total first;
+    allreduce's rows once (lockstep whatever the mode: "sync")."""
+    out = []
+    for i, mode in enumerate(modes):
+        kinds = [x for x in archs if x != "allreduce" or i == 0]
+        rows = optimize(p, nodes, cores_per_node, replace(base, mode=mode), *args, archs=kinds, **kw) if kinds else []
+        out += [{**r, "mode": "sync" if r["arch"] == "allreduce" else mode} for r in rows]
+    return sorted(out, key=lambda r: r["total_s"])
+
+
 def configurations(base: Run, archs, workers, servers, Ks, batches, readers, limit: int):
     """The grid's Runs that asgd.train would accept, within `limit` ranks."""
     for arch in archs:
@@ -679,14 +691,8 @@ def _optimize(a, p: Params) -> int:
     limit = a.max_ranks or (a.nodes if testbed else a.nodes * a.cores_per_node)
     memory = a.memory_gb * 1e9 if a.memory_gb else _memory_bytes()
     workers = a.workers or list(range(1, limit + 1))
-    ranked = []
-    for i, mode in enumerate(modes):   # allreduce is lockstep whatever --mode says: its rows once
-        kinds = [x for x in archs if x != "allreduce" or i == 0]
-        rows = optimize(p, a.nodes, a.cores_per_node, replace(base, mode=mode), workers, a.servers, a.batches,
-                        readers, limit, archs=kinds, Ks=a.model_parallel, memory_bytes=memory,
-                        shared_cores=testbed) if kinds else []
-        ranked += [{**r, "mode": "sync" if r["arch"] == "allreduce" else mode} for r in rows]
-    ranked.sort(key=lambda r: r["total_s"])
+    ranked = optimize_in_modes(modes, p, a.nodes, a.cores_per_node, base, workers, a.servers, a.batches, readers,
+                               limit, archs=archs, Ks=a.model_parallel, memory_bytes=memory, shared_cores=testbed)
     if not ranked:
         raise PerfError(f"no configuration fits in {limit} ranks (--max-ranks) and the memory")
     goal = [f"--target-{target[0]}", f"{target[1]:g}"] if target else ["--epochs", str(a.epochs)]
