@@ -120,14 +120,15 @@ class RingSum:
         for rnd in (range(2 * (P - 1)) if not self.mpi else ()):   # Ring.sum's chunks: sent, then received
             j, pos = rnd % (P - 1), self.pos
             out_c, in_c = ((pos - j) % P, (pos - j - 1) % P) if rnd < P - 1 else ((pos + 1 - j) % P, (pos - j) % P)
+            swap = world.now()   # Ring._swap: each swap a wait of its own, its backoff from the first sleep
             out = world.send(rank, self.right, f"ar{self.right}", rnd, c.itemsize * self.chunk[out_c])
             world.recv(f"ar{rank}")
             out.wait()
+            world.notice(rank, swap)  # the schedule moves on only when the rank polls
             st.bytes_sent += c.itemsize * self.chunk[out_c]
             st.bytes_recv += c.itemsize * self.chunk[in_c]
-            if rnd < P - 1:
+            if rnd < P - 1:   # then the received chunk is added in
                 world.execute(c.allreduce_add(self.chunk[in_c]))
-            world.notice(rank, started)  # the schedule moves on only when the rank polls
         if P > 1:
             world.crowd_turns(rank, world.run.allreduce)
 
