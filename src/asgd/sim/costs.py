@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field, replace
 from ..core import wire
 from ..core.topology import Topology
 from ..net.mlp import Layout, Sliced
-from ..perf.analytic import Params, Run, extrapolate_linear, interpolate_log
+from ..perf.analytic import SHARD_PASSES, Params, Run, extrapolate_linear, interpolate_log
 from ..perf.architectures import STEP, at_ranks, crowding
 from ..core.wire import DOUBLE, shard_bounds
 from .machines import Machine
@@ -256,6 +256,11 @@ class Costs:
         if self.spec.compress == "1bit":  # unpack and scale: about one pass over the shard
             base += self.p.memory_s_per_byte * 2 * self.itemsize * shard_nw
         return base
+
+    def shard_bytes(self, shard_nw: int) -> float:
+        """A p2p owner's push served inside its peer's loop (no wake-up of its own): the add
+        and the reply's copy, analytic.SHARD_PASSES passes over the shard."""
+        return self.p.memory_s_per_byte * SHARD_PASSES * self.itemsize * shard_nw
 
     def optimizer_extra(self, shard_nw: int) -> float:
         """The server-side optimizer's update beyond sgd's add, once per version of a shard."""
