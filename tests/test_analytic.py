@@ -589,6 +589,14 @@ def test_predict_init_embedded(workers, read):
 TRAIN = dict(workers=3, servers=1, hidden=100, batch=64, points=960, test_points=100, epochs=1)
 
 
+def test_an_asynchronous_p2p_peer_pays_one_push_pulls_fixed_part_per_update():
+    # 3 peers, shards of k = 168 of n_w 502: one push/pull per update (worker_msg(168) =
+    # 3.32e-6, c_u(168) = 1.332e-5: a wait and a server's handling) and, for each of the 2
+    # further shards, its owner's add and reply's copy: 4 passes x 8 bytes x 168 x 1e-10 s/byte
+    d = pm.predict_train(make_params(), Run(arch="p2p", **{**TRAIN, "servers": 3}))
+    assert d["think_s"] == approx(8e-4 + 3.32e-6 + 1.332e-5 + 2 * 4 * 8 * 168 * 1e-10)
+
+
 def test_predict_train_cpu_bound_past_the_cores():
     # 4 ranks on 2 cores: X = C / (Z + S c_u) = 2 / 8.3e-4 = 2409.638554216867... updates/s
     # (MVA alone: nearly 3 / 8.1e-4 = 3703.7, more than the cores can give)
