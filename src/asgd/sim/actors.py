@@ -104,7 +104,11 @@ class World:
         self.versions = 0          # of w, on rank 0 (the tracker's updates)
         self.epoch_began = self.epoch_s = None
         self.cadence = eval_cadence(spec.run.eval_every)
-        self.evals = Evaluations(took_s=PROBE_MARGIN * costs.evaluate())   # auto's first waits for the estimate
+        # auto's first waits for the trainer's estimate, timed in the run while rank 0's node's
+        # other ranks compute (analytic.evaluation_s): at the cores' share they leave it
+        ranks = costs.ranks_on[self.node[0]]
+        shared = ranks / max(min(ranks, costs.cores_worth(ranks)), 1e-9)
+        self.evals = Evaluations(took_s=PROBE_MARGIN * costs.evaluate() * shared)
         self.wall = 0.0
         self.rngs = [random_stream(spec.seed, r, "steps") for r in range(self.P)]
         self.credit = [0.0] * self.P   # CPU seconds each rank's next steps are short of (crowd_turns)

@@ -20,8 +20,10 @@ Where each comes from (python -m asgd.perf calibrate, asgd.perf.analytic.Params)
                   effective_cores[hidden][P] is how many cores' worth P busy ranks get
   messages        ping-pong: one-way time at 8 bytes is the latency, r_net's slope the
                   bandwidth (shared memory here; a cluster's links come from the machine)
-  evaluation      eval_s_per_point[hidden] x held-out points, on rank 0, at --eval-every's
-                  cadence (asgd.core.target.Cadence, asked after each version of w)
+  evaluation      eval_s_per_point[hidden] x held-out points, on rank 0 (CPU shared with the
+                  node's computing ranks), at --eval-every's cadence (asgd.core.target.Cadence,
+                  asked after each version of w); auto's first waits for the trainer's estimate,
+                  timed in the run on the cores the node's ranks share
   start-up        startup {imports,parsers,kernels}_{wall,cpu}_s: one rank's stages;
                   startup_by_ranks[P] (a whole job's start, measured) is used to check them
   reading         read_s_per_byte[reader][format] (r_d: read + parse on one rank),
