@@ -23,6 +23,7 @@ from asgd.net.optimizers import default_lr, worker_lr
 from asgd.perf import analytic
 from asgd.run.config import Config
 from asgd.sim import INSTALL_HINT, available
+from asgd.sim.actors import CROWDED_MAX_SLEEP_S
 from asgd.sim.costs import Costs, Spec, worker_points
 from asgd.sim.machines import Machine, by_name
 from asgd.sim.probes import corrections
@@ -271,6 +272,17 @@ def test_the_simulated_ring_moves_the_bytes_a_real_ring_counts(params_file):
     for x in res["ranks"]:
         sent, recv = wire.ring_bytes(n, 3, x["rank"])
         assert (x["bytes_sent"], x["bytes_recv"]) == (sent * x["updates"], recv * x["updates"]) != (0, 0)
+
+
+@needs_simgrid
+def test_each_ring_swap_is_a_wait_of_its_own(params_file):
+    """Ring._swap waits for each swap on its own (Waiter.all), its backoff from the first
+    sleep: 5 ranks on 2 cores, no crowding probes, an iteration takes the steps' shared
+    compute (5 x STEP_256 / 2) and little more. Waking every swap at the 1 ms steady sleep
+    of one wait from the start of the sum added a millisecond to each of the 8 swaps."""
+    res = simulate(params_file(), workers=5, points=5 * 256 * 4, arch="allreduce", servers=0, test_points=0)
+    floor = 5 * STEP_256 / 2
+    assert floor < res["train_s"] / 4 < floor + 2 * CROWDED_MAX_SLEEP_S
 
 
 def two_precisions(float32_speedup: float) -> dict:

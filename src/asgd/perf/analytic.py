@@ -657,6 +657,9 @@ def predict_init(p: Params, run: Run) -> dict:
     return {"startup_s": startup, "read_s": read, "init_s": startup + read}
 
 
+SHARD_PASSES = 4   # an owner's push served: Delta-w and w read, w written, w copied into the reply
+
+
 def predict_train(p: Params, run: Run, crowding=None) -> dict:
     """The training phase: each worker's steps (think time Z), the servers' work per
     Delta-w (c_u, split over S shards), and the held-out evaluation after every epoch.
@@ -700,9 +703,15 @@ def predict_train(p: Params, run: Run, crowding=None) -> dict:
     visits = max(1, S // K)                                 # messages per update of one member
     c_u = p.per_nw(p.server_update_s, k) + p.optimizer_extra(run.optimizer, k)
     wm = p.per_nw(p.worker_msg_s, k)
-    Z = step + visits * wm
-    if run.arch == "p2p":   # a peer also serves its shard: the pushes of every peer of its slice
-        Z += w * visits / S * c_u
+    # p2p: a peer waits once for all its owners' replies, and its owner serves inside the
+    # peer's loop with no wake-up of its own, so a push/pull's fixed part (the waits, the
+    # MPI calls: in wm and c_u, measured one server at a time) is paid once per update;
+    # each further shard costs its bytes: the owner's add and its reply's copy
+    more = visits - 1 if run.arch == "p2p" else 0
+    shard_s = p.memory_s_per_byte * SHARD_PASSES * run.value_bytes * k + p.optimizer_extra(run.optimizer, k)
+    msg = (visits - more) * (wm + c_u) + more * shard_s   # all ranks' CPU per update
+    # a p2p peer also serves its shard: as many pushes per update as it makes
+    Z = step + (msg if run.arch == "p2p" else visits * wm)
     D = c_u * visits / S    # each station's demand per member update (every update visits `visits` of S)
     rtt_free = p.per_nw(p.round_trip_s, k)   # transfer both ways, no queueing
     link = p.per_nw(p.link_s, run.wire_values(k)) if p.link_s else 0.0
@@ -719,16 +728,16 @@ def predict_train(p: Params, run: Run, crowding=None) -> dict:
                    overlap_within=OverlapRule.RATIO if run.overlap == "auto" else math.inf)
     crowded = node > (run.cores or p.cores)
     # with ranks sharing cores, messaging costs what it measured under the same crowding
-    msg = visits * (wm + c_u)
     if crowded and p.contended_update_s:
-        msg = visits * (p.contended(node, k) + p.optimizer_extra(run.optimizer, k))
+        msg = (visits - more) * (p.contended(node, k) + p.optimizer_extra(run.optimizer, k)) + more * shard_s
     cpu_per_update = step + msg
     X_cpu = C / cpu_per_update if crowded else math.inf
     if crowded and crowding:   # the ranks' turns on shared cores: each update also waits for ranks not running
         own = p.mp_step(K, run.hidden, b) if K > 1 else step
-        # a replica's probe is an asynchronous model-partitioned job, its server's turns included
+        # a replica's probe is an asynchronous model-partitioned job, its server's turns included;
+        # an asynchronous p2p peer waits on owners that may not be running as a ps worker on its server
         lost = (crowding(p, "replica", node, run.cores, own) if K > 1 else
-                crowding(p, "async", node, run.cores, own) if run.arch == "ps" else 0.0)
+                crowding(p, "async", node, run.cores, own))
         X_cpu = w / (w / X_cpu + lost)
     X = min(X_mva, X_cpu)
     steps_s = updates / X
@@ -772,7 +781,12 @@ def evaluation_s(p: Params, run: Run, steps_s: float, versions: int) -> float:
     if not evaluates(run) or versions < 1 or run.epochs < 1:
         return 0.0
     from ..run.config import eval_cadence   # here: the run layer imports numba (as working_set_bytes does)
-    cost = run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
+    # rank 0 evaluates while the node's other ranks compute (an asynchronous run's workers,
+    # a lockstep run's next steps), sharing the cores with them, and the trainer's first
+    # estimate (run.roles.evaluation_cost) is timed in the run under the same crowding
+    node = run.node_ranks or run.ranks
+    shared = node / max(min(node, p.parallelism(node, run.cores, run.hidden)), 1e-9)
+    cost = run.test_points * interpolate_log(p.eval_s_per_point, run.hidden) * shared
     per_epoch = max(versions // run.epochs, 1)
     return replay(eval_cadence(run.eval_every), run.epochs, per_epoch, steps_s / (per_epoch * run.epochs), cost,
                   PROBE_MARGIN * cost).spent_s

@@ -104,7 +104,11 @@ class World:
         self.versions = 0          # of w, on rank 0 (the tracker's updates)
         self.epoch_began = self.epoch_s = None
         self.cadence = eval_cadence(spec.run.eval_every)
-        self.evals = Evaluations(took_s=PROBE_MARGIN * costs.evaluate())   # auto's first waits for the estimate
+        # auto's first waits for the trainer's estimate, timed in the run while rank 0's node's
+        # other ranks compute (analytic.evaluation_s): at the cores' share they leave it
+        ranks = costs.ranks_on[self.node[0]]
+        shared = ranks / max(min(ranks, costs.cores_worth(ranks)), 1e-9)
+        self.evals = Evaluations(took_s=PROBE_MARGIN * costs.evaluate() * shared)
         self.wall = 0.0
         self.rngs = [random_stream(spec.seed, r, "steps") for r in range(self.P)]
         self.credit = [0.0] * self.P   # CPU seconds each rank's next steps are short of (crowd_turns)
@@ -538,7 +542,10 @@ class ShardCosts:
     def __init__(self, world: World, rank: int, v: int, clock: SimClock):
         c, (lo, hi) = world.costs, world.topo.shards[v]
         self.world, self.rank, self.v, self.clock, self.shard = world, rank, v, clock, None
-        self.c_u, self.extra = c.server_update(world.node[rank], hi - lo), c.optimizer_extra(hi - lo)
+        # a p2p owner serves inside its peer's loop: each push its bytes (the fixed part is its
+        # peer's, once per update: links.MailboxLink)
+        self.c_u = c.shard_bytes(hi - lo) if world.spec.arch == "p2p" else c.server_update(world.node[rank], hi - lo)
+        self.extra = c.optimizer_extra(hi - lo)
         self.push_bytes, self.pull_bytes = c.push_bytes(v), c.pull_bytes(v)
         self.sends: list = []
 

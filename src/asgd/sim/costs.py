@@ -20,8 +20,10 @@ Where each comes from (python -m asgd.perf calibrate, asgd.perf.analytic.Params)
                   effective_cores[hidden][P] is how many cores' worth P busy ranks get
   messages        ping-pong: one-way time at 8 bytes is the latency, r_net's slope the
                   bandwidth (shared memory here; a cluster's links come from the machine)
-  evaluation      eval_s_per_point[hidden] x held-out points, on rank 0, at --eval-every's
-                  cadence (asgd.core.target.Cadence, asked after each version of w)
+  evaluation      eval_s_per_point[hidden] x held-out points, on rank 0 (CPU shared with the
+                  node's computing ranks), at --eval-every's cadence (asgd.core.target.Cadence,
+                  asked after each version of w); auto's first waits for the trainer's estimate,
+                  timed in the run on the cores the node's ranks share
   start-up        startup {imports,parsers,kernels}_{wall,cpu}_s: one rank's stages;
                   startup_by_ranks[P] (a whole job's start, measured) is used to check them
   reading         read_s_per_byte[reader][format] (r_d: read + parse on one rank),
@@ -39,7 +41,7 @@ from dataclasses import asdict, dataclass, field, replace
 from ..core import wire
 from ..core.topology import Topology
 from ..net.mlp import Layout, Sliced
-from ..perf.analytic import Params, Run, extrapolate_linear, interpolate_log
+from ..perf.analytic import SHARD_PASSES, Params, Run, extrapolate_linear, interpolate_log
 from ..perf.architectures import STEP, at_ranks, crowding
 from ..core.wire import DOUBLE, shard_bounds
 from .machines import Machine
@@ -256,6 +258,11 @@ class Costs:
         if self.spec.compress == "1bit":  # unpack and scale: about one pass over the shard
             base += self.p.memory_s_per_byte * 2 * self.itemsize * shard_nw
         return base
+
+    def shard_bytes(self, shard_nw: int) -> float:
+        """A p2p owner's push served inside its peer's loop (no wake-up of its own): the add
+        and the reply's copy, analytic.SHARD_PASSES passes over the shard."""
+        return self.p.memory_s_per_byte * SHARD_PASSES * self.itemsize * shard_nw
 
     def optimizer_extra(self, shard_nw: int) -> float:
         """The server-side optimizer's update beyond sgd's add, once per version of a shard."""

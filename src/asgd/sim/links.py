@@ -27,7 +27,12 @@ class MailboxLink:
         self.world, self.rank, self.c, self.clock = world, rank, c, world.clocks[rank]
         self.shards, self.hosts = shards, [topo.hosts[v] for v in shards]
         self.index = {v: i for i, v in enumerate(shards)}
-        self.cpu = sum(c.worker_message(world.node[rank], topo.shards[v][1] - topo.shards[v][0]) for v in shards)
+        node, sizes = world.node[rank], [topo.shards[v][1] - topo.shards[v][0] for v in shards]
+        self.cpu = sum(c.worker_message(node, k) for k in sizes)
+        if spec.arch == "p2p":   # one wait for all the owners' replies, its owners never woken: one
+            # push/pull's fixed part (the worker's and the server's, less the bytes each owner charges)
+            k = sizes[0]
+            self.cpu = c.worker_message(node, k) + max(c.server_update(node, k) - c.shard_bytes(k), 0.0)
         self.versions = [0] * len(shards)   # each shard's version of my w (the last reply's)
         self.stamp = list(self.versions)    # the versions the Delta-w being computed comes from
         self.step = 0
@@ -35,9 +40,10 @@ class MailboxLink:
         sync = world.run.mode == "sync"
         # the crowding calibrate measured for each exchange (Costs.crowd): a lockstep
         # round's once its replies are in; an asynchronous push's after it (a replica's
-        # member: in its sum's; p2p's only probe is its sync round, whose messages are the same)
+        # member: in its sum's; an asynchronous p2p peer waits on its owners as a ps worker on its
+        # server, not in lockstep as p2p's sync probe does)
         self.round_crowd = spec.arch if sync else None
-        self.push_crowd = None if sync or c.K > 1 else ("async" if spec.arch == "ps" else "p2p")
+        self.push_crowd = None if sync or c.K > 1 else "async"
 
     def delta(self) -> np.ndarray:
         self.stamp = list(self.versions)
@@ -120,14 +126,15 @@ class RingSum:
         for rnd in (range(2 * (P - 1)) if not self.mpi else ()):   # Ring.sum's chunks: sent, then received
             j, pos = rnd % (P - 1), self.pos
             out_c, in_c = ((pos - j) % P, (pos - j - 1) % P) if rnd < P - 1 else ((pos + 1 - j) % P, (pos - j) % P)
+            swap = world.now()   # Ring._swap: each swap a wait of its own, its backoff from the first sleep
             out = world.send(rank, self.right, f"ar{self.right}", rnd, c.itemsize * self.chunk[out_c])
             world.recv(f"ar{rank}")
             out.wait()
+            world.notice(rank, swap)  # the schedule moves on only when the rank polls
             st.bytes_sent += c.itemsize * self.chunk[out_c]
             st.bytes_recv += c.itemsize * self.chunk[in_c]
-            if rnd < P - 1:
+            if rnd < P - 1:   # then the received chunk is added in
                 world.execute(c.allreduce_add(self.chunk[in_c]))
-            world.notice(rank, started)  # the schedule moves on only when the rank polls
         if P > 1:
             world.crowd_turns(rank, world.run.allreduce)
 
