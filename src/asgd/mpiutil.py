@@ -7,6 +7,7 @@ messages (asgd.core.wire) or roles (asgd.protocol).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import signal
@@ -46,19 +47,49 @@ def _text(waiting_for) -> str:
     return waiting_for() if callable(waiting_for) else waiting_for
 
 
+TIMER_SLACK_NS = 1000   # a sleep's allowed lateness (Linux's default: 50 us)
+_PR_SET_TIMERSLACK = 29   # prctl's option (linux/prctl.h)
+
+
+def tighten_timer_slack(ns: int = TIMER_SLACK_NS) -> bool:
+    """Let this thread's sleeps end within `ns` of their time (Linux's prctl
+    PR_SET_TIMERSLACK; elsewhere nothing). Linux lets a sleep run 50 us late by default,
+    to batch wake-ups: measured here, time.sleep(10e-6) took 82 us and sleep(100e-6) 173;
+    with 1 us of slack, 26 and 124 (the rest is the VM's wake-up). A Waiter that woke so
+    late held a push or a reply that long, and a large message, which MPI moves only
+    inside MPI calls, stood still meanwhile. True if set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None).prctl(_PR_SET_TIMERSLACK, ns, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 class Waiter:
     """Completes requests by polling Test*, never by MPI's blocking Wait.
 
     MPICH busy-polls inside Wait; with more ranks than cores that steals the cores of
     the ranks doing work (measured here: a Test loop with sleep backoff was 4-5x faster
     on one rank working while 15 waited, at 1/8 of the CPU).
-    So: spin briefly (only when every rank has a core), then sleep, doubling from
-    10 us to max_sleep. Every wait also checks the job's deadline, so nothing hangs.
+    So: spin first (only when every rank has a core: SPIN_S), then sleep, doubling from
+    10 us to max_sleep, with the thread's timer slack cut to 1 us so that a sleep ends
+    when asked (tighten_timer_slack). Every wait also checks the job's deadline, so
+    nothing hangs. Make it on the thread that waits (the slack is per thread).
     """
+
+    # A rank with a core of its own spins this long before it sleeps: longer than a
+    # large exchange, which MPI moves only inside MPI calls (a 4 MB push and its reply
+    # take about 0.6 ms on shared memory), so that neither end sleeps through one. With
+    # 200 us, both did: asgd's 4 MB float64 round trip took 1.62x (sgd) and 1.31x
+    # (adagrad) the bench's busy-waiting reply-first floor, 0.87x and 0.84x with 1 or
+    # 2 ms (2026-11-28, 2 cores, load 1.1-1.2; 200 KB and 2 MB rows unchanged).
+    SPIN_S = 2e-3
 
     def __init__(self, oversubscribed: bool, deadline: float = 0.0, what: str = "",
                  stall_s: float = 0.0):
-        self.spin_s = 0.0 if oversubscribed else 200e-6
+        tighten_timer_slack()
+        self.spin_s = 0.0 if oversubscribed else self.SPIN_S
         self.max_sleep_s = 1e-3 if oversubscribed else 100e-6
         self.deadline = deadline  # time.monotonic() value, 0: none (--timeout)
         self.stall_s = stall_s    # longest one wait may take, 0: no limit (--stall-timeout)

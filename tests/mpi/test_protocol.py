@@ -2,6 +2,9 @@
 Every wait has a deadline, and assertions come after the last collective, so a
 failure cannot leave the other ranks hanging."""
 
+import ctypes
+import sys
+import threading
 import time
 
 import numpy as np
@@ -10,7 +13,7 @@ from mpi4py import MPI
 
 from asgd.net import mlp
 from asgd.data import problem
-from asgd.mpiutil import StallError, Waiter, oversubscribed
+from asgd.mpiutil import TIMER_SLACK_NS, StallError, Waiter, oversubscribed
 from asgd.core.wire import shard_bounds
 from asgd.run.progress import EpochTracker
 from asgd.net.optimizers import Optimizer, worker_lr
@@ -175,6 +178,27 @@ def test_a_stalled_wait_ends_with_who_waited_on_whom():
     assert str(e.value) == (f"rank {comm.rank} (worker) waited 0.3 s for rank {peer}'s message: "
                             "stalled (--stall-timeout)")
     assert 0.3 <= waited < 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's (prctl)")
+def test_a_waiter_lets_its_threads_sleeps_end_on_time():
+    """Its thread's timer slack is cut from Linux's default (50 us, which made each backoff
+    sleep that much late) to TIMER_SLACK_NS; another thread's is left alone."""
+    prctl = ctypes.CDLL(None).prctl
+    get, put = 30, 29   # PR_GET_TIMERSLACK, PR_SET_TIMERSLACK
+    got = []
+
+    def make_one():
+        prctl(put, 50_000, 0, 0, 0)
+        got.append(prctl(get, 0, 0, 0, 0))
+        Waiter(False, 0.0, "test")
+        got.append(prctl(get, 0, 0, 0, 0))
+    mine = prctl(get, 0, 0, 0, 0)
+    t = threading.Thread(target=make_one)
+    t.start()
+    t.join()
+    assert got == [50_000, TIMER_SLACK_NS]
+    assert prctl(get, 0, 0, 0, 0) == mine
 
 
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
