@@ -236,6 +236,22 @@ def test_optimize_measure_calibrates_and_pilots_only_what_the_file_lacks(tmp_pat
     assert calls[-1] == ("pilot", "adagrad", 0.95) and "never reached held-out accuracy 0.95" in out + err
 
 
+def test_optimize_measure_calibrates_a_file_that_holds_only_a_pilot_and_keeps_it(tmp_path, capsys, monkeypatch):
+    """A params.json a pilot made first (statistics, no calibration): --measure calibrates,
+    and the calibration keeps the pilot's statistics, so no second pilot runs."""
+    import asgd.probes.calibrate as probe
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps({"schema": 1, "statistics": st_dict(stats())}))
+    monkeypatch.setattr(probe, "calibrate", lambda launcher, quick: {
+        "schema": 1, "params": dataclasses.asdict(make_params()), "seconds": 1.0})
+    monkeypatch.setattr(cli, "_pilot", lambda a: pytest.fail("the pilot's statistics were lost"))
+    assert cli.main(["optimize", "--measure", "--params", str(path), "--cores-per-node", "4", "--hidden", "100",
+                     "--json", "--target-accuracy", "0.8"]) == 0
+    assert f"{path} has no calibration: calibrating" in capsys.readouterr().out
+    got = json.loads(path.read_text())
+    assert got["params"]["cores"] == 4 and got["statistics"] == st_dict(stats())
+
+
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec on PATH (pip install -e '.[mpich]')")
 def test_the_pilot_end_to_end_on_a_tiny_setting(tmp_path, capsys):
     """A reference, the batch pilots, one asynchronous and the lockstep pilot of the penguins'

@@ -488,7 +488,12 @@ def _calibrate(a) -> int:
         got = calibrate(a.launcher, a.quick)
     except CalibrationError as e:
         raise PerfError(str(e)) from None
+    kept = _file_part(a.out, "statistics")   # a pilot may have made the file first
+    if kept:
+        got["statistics"] = kept
     atomic_write(a.out, lambda f: json.dump(got, f, indent=1))
+    if kept:
+        print(f"kept {a.out}'s pilot statistics beside the new calibration")
     p = Params.from_dict(got["params"])
     t = p.table1(Run(workers=1, hidden=10000, batch=256))
     print(f"Table 1 on this machine (2-10K-2, batch 256), measured in {got['seconds']:.0f} s:")
@@ -536,8 +541,9 @@ def _measure(a) -> None:
     """optimize --measure: calibrate and pilot where --params lacks them for this question."""
     target = _target(a)
     launcher = ["--launcher", a.launcher] if a.launcher else []
-    if not os.path.exists(a.params):
-        print(f"optimize --measure: no {a.params}: calibrating this machine first (minutes, once)", flush=True)
+    if not _file_part(a.params, "params"):
+        why = "has no calibration" if os.path.exists(a.params) else "does not exist"
+        print(f"optimize --measure: {a.params} {why}: calibrating this machine first (minutes, once)", flush=True)
         _calibrate(parse_args(["calibrate", "--out", a.params, *launcher]))
     if target is None:
         return
@@ -548,6 +554,17 @@ def _measure(a) -> None:
                            str(target[1]), *(["--data", a.data] if a.data else []),
                            *(["--label-column", a.label_column] if a.label_column else []),
                            *(["--hidden", str(a.hidden)] if a.hidden else []), *launcher]))
+
+
+def _file_part(path: str, key: str):
+    """`key`'s part of a parameters file (calibrate's "params", pilot's "statistics"); None if
+    the file, or that part, is missing or unreadable."""
+    try:
+        with open(path) as f:
+            got = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+    return got.get(key) if isinstance(got, dict) else None
 
 
 def _pilot_missing(a, target: tuple[str, float]) -> str | None:
