@@ -205,3 +205,24 @@ def test_the_second_window_measures_the_crowded_rounds_alone():
     again = measure_exchanges(None, 2, [5002], False, say=lambda *a: None, run=fake, stepped_only=True)["float32"]
     assert [n for n, _ in calls] == [3, 5, 9] and all(k.endswith("+step") for _, kinds in calls for k in kinds)
     assert set(again) == {k for k in first["float32"] if k.endswith("+step")} and set(again["async+step"]) == {3, 5, 9}
+
+
+def test_the_label_hint_names_an_option_predict_optimize_pilot_and_sim_take(tmp_path):
+    """A column of 1,500 distinct integer labels reads as a measurement; the error's fix,
+    --classes N, is an option of every command that reads the file's shape, and with it
+    the file is priced at those classes."""
+    import numpy as np
+    from asgd.data.formats import DataError
+    from asgd.sim import cli as sim_cli
+    rng = np.random.default_rng(0)
+    path = tmp_path / "many.tsv"
+    np.savetxt(path, np.column_stack([rng.normal(size=(2000, 3)), rng.permutation(2000) % 1500]), delimiter="\t",
+               fmt=["%.4f"] * 3 + ["%d"])
+    with pytest.raises(DataError, match="give --classes N if these are classes"):
+        cli.data_of(str(path), None, "embedded", None)
+    for argv in (["predict"], ["optimize", "--cores-per-node", "2"], ["pilot"]):
+        assert cli.parse_args([*argv, "--data", str(path), "--classes", "1500"]).classes == 1500
+    assert sim_cli.parse_args(["--data", str(path), "--classes", "1500"]).classes == 1500
+    got = cli.data_of(str(path), None, "embedded", None, classes=1500)
+    assert (got["features"], got["classes"]) == (3, 1500)
+    assert cli.label_args(cli.parse_args(["pilot", "--classes", "1500"])) == ["--classes", "1500"]

@@ -208,21 +208,22 @@ def read_text(path: str, classes: int | None = None, delimiter: str = "auto", he
 read_tsv = read_text   # the name before 0.4: the paper's format is one dialect of it
 
 
-def shape_of(path: str, label_column: str | None = None) -> tuple[int, int]:
+def shape_of(path: str, label_column: str | None = None, classes: int | None = None) -> tuple[int, int]:
     """(features, classes) of a data file as asgd.train finds them, without parsing the
     features: a .npy's columns and label column; a text file's dialect and its label
-    column alone (labels.decide); a .npz read whole, as asgd.train reads it."""
+    column alone (labels.decide); a .npz read whole, as asgd.train reads it. classes:
+    asgd.train's --classes."""
     if is_npz(path):
         X, y, tokens = read_npz(path, None, label_column)
         return X.shape[1], lab.decide(path, npz_dialect(path, X.shape[1], label_column),
-                                      npz_labels(path, y, tokens, None), len(y), None).classes
+                                      npz_labels(path, y, tokens, None), len(y), classes).classes
     if is_binary(path):
         offset, rows, cols = npy_header(path)
         c = _column(path, label_column, cols)
         y = np.asarray(np.load(path, mmap_mode="r")[:, c])
         whole = bool((y == np.round(y)).all() and (y >= 0).all())
         fl = npz_labels(path, y.astype(np.int64) if whole else y, None if whole else y.astype(str), None)
-        return cols - 1, lab.decide(path, npz_dialect(path, cols - 1, label_column), fl, rows, None).classes
+        return cols - 1, lab.decide(path, npz_dialect(path, cols - 1, label_column), fl, rows, classes).classes
     d = dialect_of(path, label_column=label_column)
     if d.label is None or d.columns < 2:
         raise DataError(f"{path}: need features and a label column, got {d.columns} column(s)")
@@ -234,7 +235,7 @@ def shape_of(path: str, label_column: str | None = None) -> tuple[int, int]:
             fields = split(text, d.delimiter)
             if len(fields) == d.columns:   # a bad line is the reader's to report, with its words
                 fl.add(fields[d.label].encode("latin-1").decode("utf-8", "replace"), d.first_line + i, None)
-    return d.columns - 1, lab.decide(path, d, fl, len(lines), None).classes
+    return d.columns - 1, lab.decide(path, d, fl, len(lines), classes).classes
 
 
 def _read_bytes(path: str) -> bytes:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import os
@@ -70,7 +71,8 @@ def load_params(path: str) -> Params:
 
 # -- the data a configuration reads ------------------------------------------------------
 
-def data_of(path: str | None, points: int | None, fmt: str, p: Params, label_column: str | None = None) -> dict:
+def data_of(path: str | None, points: int | None, fmt: str, p: Params, label_column: str | None = None,
+            classes: int | None = None) -> dict:
     """Run fields for the data: a real file (size, points, held-out companion, features
     and classes), a file of `points` points in `fmt` that need not exist, or the embedded
     problem."""
@@ -78,7 +80,7 @@ def data_of(path: str | None, points: int | None, fmt: str, p: Params, label_col
         binary = formats.is_binary(path)
         size = os.path.getsize(path)
         n = _points(path, binary)
-        features, classes = formats.shape_of(path, label_column)
+        features, classes = _shape(path, label_column, classes, os.stat(path).st_mtime_ns)
         shape = dict(features=features, classes=classes, binary=binary)
         test = formats.test_path(path)
         if os.path.exists(test):
@@ -93,6 +95,19 @@ def data_of(path: str | None, points: int | None, fmt: str, p: Params, label_col
     per = p.bytes_per_point[fmt]
     return dict(points=n, test_points=n // 4, file_bytes=int(n * per), test_bytes=int(n // 4 * per),
                 binary=fmt == "npy")
+
+
+@functools.lru_cache(maxsize=8)
+def _shape(path: str, label_column: str | None, classes: int | None, mtime_ns: int) -> tuple[int, int]:
+    """formats.shape_of, once per file version: it reads the whole label column, and
+    optimize --measure asks before and after its pilot."""
+    return formats.shape_of(path, label_column, classes)
+
+
+def label_args(a) -> list[str]:
+    """asgd.train's options that pick a --data file's labels, as this command was given them."""
+    return ((["--label-column", a.label_column] if a.label_column else [])
+            + (["--classes", str(a.classes)] if a.classes else []))
 
 
 def _points(path: str, binary: bool) -> int:
@@ -312,6 +327,8 @@ def _data_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--data", help="a real data file: points, size, features, classes and held-out companion from it")
     g.add_argument("--label-column", metavar="NAME|INDEX", help="the --data file's label column, as asgd.train's "
                    "(default: the last)")
+    g.add_argument("--classes", type=positive_int, help="the --data file's classes, as asgd.train's (default: from "
+                   "the labels)")
     g.add_argument("--points", type=positive_int, help="training points of a file that need not exist")
     g.add_argument("--format", choices=("tsv", "npy", "embedded"), default=None,
                    help="with --points: tsv or npy file, or the embedded problem (default tsv with --points)")
@@ -410,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "params.json, or a new file) (default params.json)"})
     pl.add_argument("--data", metavar="FILE", help="training data, as asgd.train's (default: the embedded problem)")
     pl.add_argument("--label-column", metavar="NAME|INDEX", help="as asgd.train's")
+    pl.add_argument("--classes", type=positive_int, help="as asgd.train's")
     pl.add_argument("--hidden", type=positive_int, help="hidden units (default as asgd.train's)")
     pl.add_argument("--batch", type=positive_int, default=TRAIN.batch, help="the reference's and the "
                     "asynchronous pilots' batch (default %(default)s)")
@@ -515,11 +533,11 @@ def _pilot(a) -> int:
     from ..probes.pilot import PILOT_SHARE, PilotError, add_statistics, pilot
     optimizers = _words(a.optimizers, OPTIMIZERS, "optimizer")
     # training points, as asgd.train counts them
-    points = data_of(a.data, None, "embedded", None, a.label_column)["points"]
+    points = data_of(a.data, None, "embedded", None, a.label_column, a.classes)["points"]
     hidden = a.hidden or config.default_hidden(not a.data)
     epochs = a.epochs or config.default_epochs(points if a.data else None)
     args = ["--hidden", str(hidden)] + (["--data", a.data] if a.data else [])
-    args += ["--label-column", a.label_column] if a.label_column else []
+    args += label_args(a)
     target = _target(a)
     folder = a.folder or os.path.join(os.path.dirname(os.path.abspath(a.params)), "pilot")
     print(f"pilot: {', '.join(optimizers)}; references of 1 worker, asynchronous pilots of "
@@ -552,7 +570,7 @@ def _measure(a) -> None:
         print(f"optimize --measure: {why}: piloting the data first (about 2 minutes)", flush=True)
         _pilot(parse_args(["pilot", "--params", a.params, "--optimizers", a.optimizer, f"--target-{target[0]}",
                            str(target[1]), *(["--data", a.data] if a.data else []),
-                           *(["--label-column", a.label_column] if a.label_column else []),
+                           *label_args(a),
                            *(["--hidden", str(a.hidden)] if a.hidden else []), *launcher]))
 
 
@@ -595,7 +613,7 @@ def _base_run(a, p: Params) -> Run:
     """The data's run fields; --epochs and --hidden, when not given, by asgd.train's rule
     (written into `a`, so the headers print what was predicted)."""
     fmt = a.format or ("tsv" if a.points else "embedded")
-    data = data_of(a.data, a.points, fmt, p, a.label_column)
+    data = data_of(a.data, a.points, fmt, p, a.label_column, a.classes)
     embedded = fmt == "embedded" and not a.data
     if a.epochs is None:
         a.epochs = config.default_epochs(None if embedded else data["points"])
@@ -672,15 +690,16 @@ def load_statistics(path: str) -> Statistics:
 
 
 def train_argv(r: dict, base: Run, hidden: int, data: str | None, target: list[str],
-               label_column: str | None = None) -> list[str]:
-    """asgd.train's options that run optimize's row r (started on r['ranks'] ranks)."""
+               labels: list[str] = ()) -> list[str]:
+    """asgd.train's options that run optimize's row r (started on r['ranks'] ranks); labels:
+    the data's label options (label_args)."""
     argv = ["--arch", r["arch"]] + (["--servers", str(r["servers"])] if r["arch"] == "ps" else [])
     argv += ["--model-parallel", str(r["model_parallel"])] if r["model_parallel"] > 1 else []
     argv += ["--allreduce", base.allreduce] if r["arch"] == "allreduce" else ["--mode", r["mode"]]
     argv += ["--batch", str(r["batch"]), "--hidden", str(hidden), "--optimizer", base.optimizer,
              "--precision", base.precision]
     argv += ["--data", data, "--reader", r["reader"]] if data else []
-    argv += ["--label-column", label_column] if data and label_column else []
+    argv += list(labels) if data else []
     return argv + target
 
 
@@ -714,7 +733,7 @@ def _optimize(a, p: Params) -> int:
         raise PerfError(f"no configuration fits in {limit} ranks (--max-ranks) and the memory")
     goal = [f"--target-{target[0]}", f"{target[1]:g}"] if target else ["--epochs", str(a.epochs)]
     for r in ranked:
-        r["argv"] = train_argv(r, base, a.hidden, a.data, goal, a.label_column)
+        r["argv"] = train_argv(r, base, a.hidden, a.data, goal, label_args(a))
     if target:
         _same_problem(stats, a)
         ranked = rank_to_target(ranked, stats, *target, a.optimizer, TRAIN.staleness)

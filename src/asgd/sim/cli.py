@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--data", help="a data file: its size, points, features, classes and held-out companion")
     d.add_argument("--label-column", metavar="NAME|INDEX", help="the --data file's label column, as asgd.train's "
                    "(default: the last)")
+    d.add_argument("--classes", type=positive, help="the --data file's classes, as asgd.train's (default: from "
+                   "the labels)")
     d.add_argument("--points", type=positive, help="training points of a file that need not exist")
     d.add_argument("--format", choices=("tsv", "npy", "embedded"), default=None,
                    help="with --points: tsv (default), npy, or the embedded problem")
@@ -164,7 +166,7 @@ def spec_from_args(a, p) -> tuple[Spec, str | None]:
         fmt = a.format or ("tsv" if a.points else "embedded")
         if a.data and not os.path.exists(a.data):
             raise SimError(f"--data {a.data}: no such file (use --points N for a file that need not exist)")
-        base.update(perf_cli.data_of(a.data, a.points, fmt, p, a.label_column))
+        base.update(perf_cli.data_of(a.data, a.points, fmt, p, a.label_column, a.classes))
         data_path = a.data or (None if fmt == "embedded" else f"simulated-{a.points or 16384}.{fmt}")
         if fmt == "embedded" and not a.data:   # --data FILE is that file, whatever --format says
             base.update(file_bytes=0, test_bytes=0)
