@@ -600,17 +600,15 @@ def test_an_asynchronous_p2p_peer_pays_one_push_pulls_fixed_part_per_update():
 def test_predict_train_cpu_bound_past_the_cores():
     # 4 ranks on 2 cores: X = C / (Z + S c_u) = 2 / 8.3e-4 = 2409.638554216867... updates/s
     # (MVA alone: nearly 3 / 8.1e-4 = 3703.7, more than the cores can give)
-    # (an evaluation at the epoch's end: --eval-every auto's budget would hold this one back)
-    d = pm.predict_train(make_params(), Run(cores=2, eval_every="epoch", **TRAIN))
+    d = pm.predict_train(make_params(), Run(cores=2, **TRAIN))
     assert d["bound"] == "cores"
     assert d["updates"] == 15
     assert d["think_s"] == approx(8.1e-4)
     assert d["c_u_s"] == approx(2e-5)
     assert d["updates_per_s"] == approx(2409.6385542168674)
-    # rank 0 evaluates on the cores the 4 ranks share, 2 cores' worth: 1e-4 x 4 / 2
-    assert d["evaluate_s"] == approx(2e-4)
-    # 15 / X = 15 x 8.3e-4 / 2 = 6.225e-3, plus 2e-4 of evaluation
-    assert d["train_s"] == approx(6.425e-3)
+    assert d["evaluate_s"] == approx(1e-4)
+    # 15 / X = 15 x 8.3e-4 / 2 = 6.225e-3, plus 1e-4 of evaluation
+    assert d["train_s"] == approx(6.325e-3)
     # busy ranks: 3 + X c_u = 3 + 4e-5 / 8.3e-4 = 3.048192771084337; compute = 5 steps x 8e-4
     # stretched by busy / 2 cores: 2e-3 x 3.048192771084337
     assert d["compute_s"] == approx(6.096385542168675e-3)
@@ -709,15 +707,15 @@ def test_predict_train_with_messages_that_fit_the_links_burst():
 
 def test_predict_total_is_init_plus_train():
     p = make_params()
-    pr = predict(p, Run(cores=2, eval_every="epoch", **TRAIN))
+    pr = predict(p, Run(cores=2, **TRAIN))
     # embedded (no file), P=4 on 2 cores: startup 1.46 (test_predict_startup), generate 0.2 x 2
     assert pr.init_s == approx(1.86)
-    assert pr.train_s == approx(6.425e-3)   # test_predict_train_cpu_bound_past_the_cores
-    assert pr.total_s == approx(1.866425)
+    assert pr.train_s == approx(6.325e-3)
+    assert pr.total_s == approx(1.866325)
     assert pr.compute_s == approx(6.096385542168675e-3)
     assert pr.detail["bound"] == "cores" and pr.detail["startup_s"] == approx(1.46)
     d = pr.as_dict()
-    assert d["total_s"] == approx(1.866425) and d["detail"]["updates"] == 15
+    assert d["total_s"] == approx(1.866325) and d["detail"]["updates"] == 15
 
 
 def test_predict_with_a_file():
@@ -758,13 +756,12 @@ def test_contended_interpolates_in_ranks_then_n_w():
 
 def test_predict_train_crowded_uses_the_contended_messaging_cost():
     # 4 ranks on 2 cores, contended push/pull 1e-4 s per update at 502 weights:
-    # X = 2 / (step 8e-4 + 1 x 1e-4) = 2222.222... updates/s; 15 updates: 6.75e-3 s + 2e-4 of
-    # evaluation at the epoch's end (1e-4 on the cores 4 ranks share: test_predict_train_cpu_bound_past_the_cores)
+    # X = 2 / (step 8e-4 + 1 x 1e-4) = 2222.222... updates/s; 15 updates: 6.75e-3 s + 1e-4 evaluation
     p = make_params(contended_update_s={3: {502: 1e-4, 2002: 1e-4}})
-    d = pm.predict_train(p, Run(cores=2, eval_every="epoch", **TRAIN))
+    d = pm.predict_train(p, Run(cores=2, **TRAIN))
     assert d["bound"] == "cores"
     assert d["updates_per_s"] == approx(2222.222222222222)
-    assert d["train_s"] == approx(6.95e-3)
+    assert d["train_s"] == approx(6.85e-3)
 
 
 def test_r_d_per_reader_and_format_or_flat():

@@ -781,12 +781,7 @@ def evaluation_s(p: Params, run: Run, steps_s: float, versions: int) -> float:
     if not evaluates(run) or versions < 1 or run.epochs < 1:
         return 0.0
     from ..run.config import eval_cadence   # here: the run layer imports numba (as working_set_bytes does)
-    # rank 0 evaluates while the node's other ranks compute (an asynchronous run's workers,
-    # a lockstep run's next steps), sharing the cores with them, and the trainer's first
-    # estimate (run.roles.evaluation_cost) is timed in the run under the same crowding
-    node = run.node_ranks or run.ranks
-    shared = node / max(min(node, p.parallelism(node, run.cores, run.hidden)), 1e-9)
-    cost = run.test_points * interpolate_log(p.eval_s_per_point, run.hidden) * shared
+    cost = run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
     per_epoch = max(versions // run.epochs, 1)
     return replay(eval_cadence(run.eval_every), run.epochs, per_epoch, steps_s / (per_epoch * run.epochs), cost,
                   PROBE_MARGIN * cost).spent_s
