@@ -104,8 +104,9 @@ class World:
         self.versions = 0          # of w, on rank 0 (the tracker's updates)
         self.epoch_began = self.epoch_s = None
         self.cadence = eval_cadence(spec.run.eval_every)
-        # auto's first waits for the trainer's estimate, timed in the run while rank 0's node's
-        # other ranks compute (analytic.evaluation_s): at the cores' share they leave it
+        # auto's first waits for the trainer's estimate (run.roles.evaluation_cost), timed as the
+        # node's other ranks start and compute: at the cores' share they leave it. The analytical
+        # model prices that estimate unstretched (analytic.evaluation_s): the two differ here
         ranks = costs.ranks_on[self.node[0]]
         shared = ranks / max(min(ranks, costs.cores_worth(ranks)), 1e-9)
         self.evals = Evaluations(took_s=PROBE_MARGIN * costs.evaluate() * shared)
