@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 from . import BadInput
 from .mpienv import OVERSUBSCRIBED_ENV, cores_available
+from .core import waiting
 from .core.wire import TAG_CLOCK
 
 CLOCK_PINGS = 5   # clock_offsets: round trips per rank; the least delayed one wins
@@ -78,19 +79,13 @@ class Waiter:
     nothing hangs. Make it on the thread that waits (the slack is per thread).
     """
 
-    # A rank with a core of its own spins this long before it sleeps: longer than a
-    # large exchange, which MPI moves only inside MPI calls (a 4 MB push and its reply
-    # take about 0.6 ms on shared memory), so that neither end sleeps through one. With
-    # 200 us, both did: asgd's 4 MB float64 round trip took 1.62x (sgd) and 1.31x
-    # (adagrad) the bench's busy-waiting reply-first floor, 0.87x and 0.84x with 1 or
-    # 2 ms (2026-11-28, 2 cores, load 1.1-1.2; 200 KB and 2 MB rows unchanged).
-    SPIN_S = 2e-3
+    SPIN_S = waiting.SPIN_S   # why so long: asgd.core.waiting
 
     def __init__(self, oversubscribed: bool, deadline: float = 0.0, what: str = "",
                  stall_s: float = 0.0):
         tighten_timer_slack()
         self.spin_s = 0.0 if oversubscribed else self.SPIN_S
-        self.max_sleep_s = 1e-3 if oversubscribed else 100e-6
+        self.max_sleep_s = waiting.CROWDED_MAX_SLEEP_S if oversubscribed else waiting.MAX_SLEEP_S
         self.deadline = deadline  # time.monotonic() value, 0: none (--timeout)
         self.stall_s = stall_s    # longest one wait may take, 0: no limit (--stall-timeout)
         self.what = what          # "rank 3 (worker)", for the messages
@@ -100,7 +95,7 @@ class Waiter:
         duties of this rank, e.g. a p2p owner serving its shard), and when it did nothing,
         sleep with the backoff."""
         start = time.perf_counter()
-        sleep = 10e-6
+        sleep = waiting.FIRST_SLEEP_S
         while True:
             done = test()
             if done is not None:
@@ -114,7 +109,7 @@ class Waiter:
                 raise StallError(f"{self.what} waited {self.stall_s:g} s for {_text(waiting_for)}: "
                                  "stalled (--stall-timeout)")
             if busy:
-                sleep = 10e-6   # it found work: more may come soon
+                sleep = waiting.FIRST_SLEEP_S   # it found work: more may come soon
             elif now - start >= self.spin_s:
                 time.sleep(sleep)
                 sleep = min(sleep * 2, self.max_sleep_s)

@@ -50,6 +50,7 @@ from ..core.schedule import Schedule, schedule
 from ..core.shard import Shard
 from ..core.stats import merge_shards
 from ..core.target import PROBE_MARGIN, Evaluations
+from ..core.waiting import CROWDED_MAX_SLEEP_S, FIRST_SLEEP_S, MAX_SLEEP_S, SPIN_S   # the Waiter's polls
 from ..core.wire import DOUBLE, R_VERSION, RECV, SEND, flow_id
 from ..core.worker import allreduce_loop, loop
 from ..run.config import eval_cadence
@@ -58,7 +59,6 @@ from .costs import Costs, Spec, worker_points
 from .links import MailboxLink, RingSum
 from .platform import FLOPS
 
-SPIN_S, MAX_SLEEP_S, CROWDED_MAX_SLEEP_S, FIRST_SLEEP_S = 200e-6, 100e-6, 1e-3, 10e-6
 
 
 def random_stream(seed: int, rank: int, purpose: str) -> random.Random:
