@@ -24,7 +24,8 @@ Cost on this 2-core machine, shared memory, loaded (nice 19): calibrate --quick 
 simulations: 273 s for all three (2026-11-28), so about 6 min in all. --quick: rings5 only,
 small, 2 configurations (the smoke test).
 --testbed RATE: the same sweep with every rank on a host of its own, links at RATE; the model
-gets asgd.testbed.model.testbed_params, the simulator is skipped there (no links in its params).
+and the simulator (--machine testbed) get asgd.testbed.model.testbed_params: this machine's
+calibration with the links' rate, burst and framing (written beside the data set's params).
 
 Writes tta.json (rows, per data set pilot and scores), tta.csv and tta.png (held-out error
 against training time, Dutta et al. 2018's figure, a panel per data set).
@@ -36,6 +37,7 @@ against training time, Dutta et al. 2018's figure, a panel per data set).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import shutil
@@ -161,9 +163,11 @@ def model(res: dict, c: dict, params, stats, ds: DataSet) -> dict:
     return {"model_time_s": r["time_to_target_s"] - r["init_s"], "model_epochs": r["epochs_to_target"]}
 
 
-def simulate(run_dir: Path, params: Path, ds: DataSet) -> dict:
-    """asgd.sim --like the run, to the target: its time and epochs (train time, as measured)."""
-    p = subprocess.run([sys.executable, "-m", "asgd.sim", "--like", str(run_dir), "--params", str(params),
+def simulate(run_dir: Path, params: Path, ds: DataSet, testbed: bool) -> dict:
+    """asgd.sim --like the run, to the target: its time and epochs (train time, as measured);
+    on the testbed, every rank on a host of its own behind params' links."""
+    machine = ["--machine", "testbed"] if testbed else []
+    p = subprocess.run([sys.executable, "-m", "asgd.sim", "--like", str(run_dir), "--params", str(params), *machine,
                         "--target-accuracy", str(ds.target), "--json"], capture_output=True, text=True, timeout=300,
                        cwd=common.ROOT)
     if p.returncode:   # e.g. no pilot reference for its optimizer: the run's other columns stand
@@ -211,6 +215,16 @@ def picks(ranked: list[dict], rows: list[dict]) -> dict:
             "picks_differ": label(per_epoch) != label(first)}
 
 
+def with_links(params: Path, hw) -> Path:
+    """A copy of params (the pilot's statistics kept) whose costs are hw's, the testbed's links
+    among them, for the simulator (asgd.sim reads a file)."""
+    raw = json.loads(params.read_text())
+    raw["params"] = {**raw["params"], **json.loads(json.dumps(dataclasses.asdict(hw)))}
+    path = params.with_name("testbed-params.json")
+    path.write_text(json.dumps(raw, indent=1))
+    return path
+
+
 def one_dataset(name: str, args, base_params: Path, tb) -> tuple[list[dict], dict]:
     ds = DATASETS[name]
     if args.quick:
@@ -227,16 +241,17 @@ def one_dataset(name: str, args, base_params: Path, tb) -> tuple[list[dict], dic
     hw = validate.load_params(params)
     if tb is not None:
         hw = validate.testbed_model().testbed_params(hw, validate.parse_rate(args.testbed))
+        params = with_links(params, hw)
     stats = perf.load_statistics(str(params))
     configs = [{**config(c), "dataset": name} for c in (QUICK if args.quick else SWEEP)]
-    sim_missing = "SimGrid is not installed" if not _sim_available() else (
-        "the simulator's params hold no testbed links" if tb is not None else None)
+    sim_missing = None if _sim_available() else "SimGrid is not installed"
 
     def one(c):
         run_dir = folder / "runs" / label(c).replace(" ", "_")
         row = measure(c, data, ds, run_dir, tb)
         row.update(model(validate.results(run_dir), c, hw, stats, ds))
-        row.update(simulate(run_dir, params, ds) if not sim_missing else {"sim_time_s": None, "sim_epochs": None})
+        row.update({"sim_time_s": None, "sim_epochs": None} if sim_missing
+                   else simulate(run_dir, params, ds, tb is not None))
         for who in ("model", "sim"):
             ok = row["reached"] and row[f"{who}_time_s"] is not None
             row[f"{who}_ape_time"] = validate.ape(row[f"{who}_time_s"], row["meas_time_s"]) if ok else None
