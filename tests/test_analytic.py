@@ -829,6 +829,14 @@ def test_evaluation_at_the_runs_cadence_where_rank_0_holds_w_and_never_with_shar
     assert not pm.evaluates(Run(**{**mp, "arch": "p2p"})) and not pm.evaluates(Run(**{**mp, "arch": "allreduce"}))
 
 
+def test_a_lockstep_run_is_evaluated_per_round_not_per_workers_push():
+    """A sync round is one version of w on the server's tracker (bench_tta's MNIST ps sync
+    4x256 at --eval-every 1: 36 evaluations over 9 epochs of 4 rounds), so 4 workers' rounds
+    at every version make 4 evaluations an epoch, not 16."""
+    run = Run(workers=4, mode="sync", hidden=100, batch=64, points=1024, test_points=100, epochs=1, eval_every="1")
+    assert arch.lockstep(make_params(), run)["evaluate_s"] == approx(4 * 100 * 1e-6)
+
+
 def test_auto_evaluation_stays_within_its_budget_where_one_an_epoch_would_not():
     """--eval-every auto (the default): a fast run (float32's 2-10K-2 here: an evaluation
     ~14 % of an epoch) gets only what EVAL_BUDGET of its training pays for, after the
