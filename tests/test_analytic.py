@@ -829,6 +829,14 @@ def test_evaluation_at_the_runs_cadence_where_rank_0_holds_w_and_never_with_shar
     assert not pm.evaluates(Run(**{**mp, "arch": "p2p"})) and not pm.evaluates(Run(**{**mp, "arch": "allreduce"}))
 
 
+def test_a_lockstep_run_is_evaluated_per_round_not_per_workers_push():
+    """A sync round is one version of w on the server's tracker (bench_tta's MNIST ps sync
+    4x256 at --eval-every 1: 36 evaluations over 9 epochs of 4 rounds), so 4 workers' rounds
+    at every version make 4 evaluations an epoch, not 16."""
+    run = Run(workers=4, mode="sync", hidden=100, batch=64, points=1024, test_points=100, epochs=1, eval_every="1")
+    assert arch.lockstep(make_params(), run)["evaluate_s"] == approx(4 * 100 * 1e-6)
+
+
 def test_auto_evaluation_stays_within_its_budget_where_one_an_epoch_would_not():
     """--eval-every auto (the default): a fast run (float32's 2-10K-2 here: an evaluation
     ~14 % of an epoch) gets only what EVAL_BUDGET of its training pays for, after the
@@ -1010,6 +1018,43 @@ def test_a_data_files_features_and_classes_price_its_steps():
     assert predict(p, wide).comm_s > predict(p, run).comm_s               # and its messages are n_w's
     with pytest.warns(pm.ShapeFallback, match="784-H-10 run's steps are priced as 2-H-2's.*calibrate again"):
         assert make_params().shaped(784, 10).step(100, 16) == approx(p.step(100, 16))
+
+
+def measured_at(features: int, classes: int, hidden: int, s_per_point: float, precision: str = "float64") -> dict:
+    """params.json's statistics.evaluation as the pilot writes it (asgd.probes.pilot.measured_evaluation)."""
+    return {"s_per_point": s_per_point, "evaluations": 50, "features": features, "classes": classes,
+            "hidden": hidden, "precision": precision}
+
+
+def test_an_evaluation_at_the_pilots_shape_is_priced_at_its_measured_figure():
+    """Where the pilot measured the held-out evaluation on the data (784-H-10 at hidden 100),
+    the model prices it at that figure, not 2-H-2's scaled by the step's shape factor (200
+    here, 2e-4 s a point); at other hidden sizes, the estimate's ratio between them. Its
+    steps keep the shape factor. Another shape, or the other precision, keeps the estimate."""
+    p = make_params(shape_s=SHAPE_S, evaluation=measured_at(784, 10, 100, 5e-5))
+    m = p.shaped(784, 10)
+    assert m.eval_s_per_point[100] == approx(5e-5)                     # measured, not 200 x 1e-6
+    assert m.eval_s_per_point[400] == approx(5e-5 * (300 * 4e-6) / (200 * 1e-6))   # the estimate's ratio
+    assert m.step(100, 16) == approx(200 * p.step(100, 16))
+    assert p.shaped(64, 10).eval_s_per_point == make_params(shape_s=SHAPE_S).shaped(64, 10).eval_s_per_point
+    other = make_params(shape_s=SHAPE_S, evaluation=measured_at(784, 10, 100, 5e-5, "float32"))
+    assert other.shaped(784, 10).eval_s_per_point[100] == approx(200 * 1e-6)
+    run = Run(workers=1, hidden=100, batch=16, points=4096, test_points=1000, epochs=3, eval_every="epoch",
+              features=784, classes=10)
+    assert predict(p, run).detail["evaluate_s"] == approx(3 * 1000 * 5e-5)
+    assert predict(make_params(shape_s=SHAPE_S), run).detail["evaluate_s"] == approx(3 * 1000 * 200 * 1e-6)
+    with pytest.warns(pm.ShapeFallback):   # calibrated before shape_s: the steps 2-H-2's, the evaluation measured
+        assert make_params(evaluation=measured_at(784, 10, 100, 5e-5)).shaped(784, 10).eval_s_per_point[100] \
+            == approx(5e-5)
+
+
+def test_params_from_a_whole_file_carry_the_pilots_measured_evaluation():
+    params = json.loads(json.dumps(dataclasses.asdict(make_params(shape_s=SHAPE_S))))
+    measured = measured_at(784, 10, 100, 5e-5)
+    assert Params.from_file({"params": params, "statistics": {"b_noise": 1.0, "evaluation": measured}}).evaluation \
+        == measured
+    assert Params.from_file({"params": params}).evaluation == {}             # no pilot
+    assert Params.from_file({"params": params, "statistics": {"b_noise": 1.0}}).evaluation == {}   # an older one
 
 
 def test_a_shaped_params_keeps_its_shape_in_every_precision():

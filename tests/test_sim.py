@@ -315,6 +315,28 @@ def test_the_simulator_prices_each_precision_at_its_own_rates(params_file):
     assert c32.allreduce_add(1000) == pytest.approx(c64.allreduce_add(1000) / 4)
 
 
+def test_the_simulator_prices_an_evaluation_at_the_pilots_measured_figure(params_file):
+    """Where the pilot measured the held-out evaluation on the data (statistics.evaluation),
+    a run of that shape and precision evaluates at it, as the model does (Params.shaped);
+    at another hidden size, by calibrate's ratio between them (no shape_s here)."""
+    from asgd.sim.costs import load_params
+    path = params_file()
+    got = json.loads(open(path).read())
+    got["statistics"] = {"evaluation": {"s_per_point": 3e-5, "evaluations": 40, "features": 784, "classes": 10,
+                                        "hidden": 1000, "precision": "float64"}}
+    with open(path, "w") as f:
+        json.dump(got, f)
+    p, raw = load_params(path)
+
+    def evaluation(hidden):
+        run = analytic.Run(workers=3, hidden=hidden, batch=256, cores=p.cores, features=784, classes=10,
+                           test_points=100, precision="float64")
+        return Costs(p, Spec(run=run, machine=by_name("here", p.cores)), raw, corrections=None).evaluate()
+    with pytest.warns(analytic.ShapeFallback):   # its steps: calibrated before shape_s, 2-H-2's
+        assert evaluation(1000) == pytest.approx(100 * 3e-5)
+        assert evaluation(10000) == pytest.approx(100 * 3e-5 * 10)   # 1e-5 / 1e-6 between the hidden sizes
+
+
 def test_an_old_float64_params_file_still_simulates_float32_at_its_rates(params_file):
     """A params.json from before both precisions (every table flat) is float64's: a
     float32 run gets its rates with a PrecisionFallback warning, and its own bytes."""

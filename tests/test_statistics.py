@@ -15,6 +15,7 @@ from asgd.perf.statistics import (NoPilot, Reference, Statistics, batch_factor, 
                                   fit_staleness_growth, pooled_in_lockstep, samples_to_target, staleness_factor,
                                   update_samples)
 from asgd.perf.to_target import rank_to_target, what_binds
+from asgd.probes.pilot import measured_evaluation
 from conftest import MPIEXEC, REPO
 from test_analytic import make_params
 
@@ -252,6 +253,20 @@ def test_optimize_measure_calibrates_a_file_that_holds_only_a_pilot_and_keeps_it
     assert got["params"]["cores"] == 4 and got["statistics"] == st_dict(stats())
 
 
+def test_the_pilots_evaluation_cost_pools_its_runs_evaluations():
+    """The held-out evaluation's seconds a point, over every pilot run's evaluations during
+    training (metrics.eval_s, one curve point each), at the runs' shape and precision; a
+    run whose rank 0 did not evaluate adds nothing."""
+    def run(eval_s, evaluations, test_points=100):
+        return {"metrics": {"eval_s": eval_s, "curve": [{}] * evaluations},
+                "config": {"features": 784, "classes": 10, "hidden": 256, "precision": "float32",
+                           "test_points": test_points}}
+    got = measured_evaluation([run(0.2, 10), run(0.6, 20), run(None, 0)])
+    assert got == {"s_per_point": pytest.approx(0.8 / (30 * 100)), "evaluations": 30, "features": 784,
+                   "classes": 10, "hidden": 256, "precision": "float32"}
+    assert measured_evaluation([run(None, 0)]) is None
+
+
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec on PATH (pip install -e '.[mpich]')")
 def test_the_pilot_end_to_end_on_a_tiny_setting(tmp_path, capsys):
     """A reference, the batch pilots, one asynchronous and the lockstep pilot of the penguins'
@@ -279,6 +294,11 @@ def test_the_pilot_end_to_end_on_a_tiny_setting(tmp_path, capsys):
     assert pilot["lockstep"][0]["mode"] == "sync" and pilot["lockstep"][0]["staleness"] == 0
     assert pilot["lockstep"][0]["update_samples"] == pytest.approx(16, rel=0.01)   # 2 x 8, shares ending short
     assert "statistics added to" in p.stdout
+    evaluation = got["statistics"]["evaluation"]   # every pilot run evaluated: their cost a held-out point
+    assert (evaluation["features"], evaluation["classes"], evaluation["hidden"]) == (4, 3, 256)
+    assert evaluation["precision"] == run["config"]["precision"] and evaluation["s_per_point"] > 0
+    assert evaluation["evaluations"] >= len(ref.curve)
+    assert cli.load_params(path).evaluation == evaluation    # the model's and the simulator's evaluations
     target = pilot["target"]["value"]
     assert cli.main(["optimize", "--params", path, "--cores-per-node", "4", "--data", data, "--hidden", "256",
                      "--archs", "ps,allreduce", "--workers", "1,2,3", "--target-accuracy", str(target),

@@ -346,6 +346,10 @@ class Params:
     shape_s: dict = field(default_factory=dict)
     shape: tuple = (2, 2)
     unshaped: dict = field(default_factory=dict)   # the 2-H-2 step tables shaped() replaced
+    # the held-out evaluation the pilot measured on the user's data (params.json's
+    # statistics.evaluation: s_per_point at features-hidden-classes, precision); none: no
+    # pilot, or one from before it measured this (Params.shaped then estimates it)
+    evaluation: dict = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict) -> Params:
@@ -360,6 +364,14 @@ class Params:
         if "shape" in p:   # JSON's list
             p["shape"] = tuple(p["shape"])
         return cls(**{**p, **measured.get(top, {}), "precision": top, "precisions": measured})
+
+    @classmethod
+    def from_file(cls, got: dict) -> Params:
+        """Params from a whole params.json: calibrate's "params", and the held-out evaluation
+        the pilot measured on the user's data where its "statistics" hold one."""
+        p = cls.from_dict(got["params"])
+        measured = (got.get("statistics") or {}).get("evaluation")
+        return replace(p, evaluation=measured) if measured else p
 
     def at(self, precision: str) -> Params:
         """These parameters with `precision`'s compute and exchange tables (PER_PRECISION)
@@ -383,7 +395,8 @@ class Params:
         eval_s_per_point) priced for a features-hidden-classes MLP. calibrate's grids are
         2-H-2's, the paper's shape; MNIST's 784 features and 10 classes make a step over a
         hundred times longer. The one place the model and the simulator meet the data's
-        shape (after at(), which keeps it)."""
+        shape (after at(), which keeps it). An evaluation is priced at the pilot's measured
+        figure where it has one (measured_evaluation)."""
         if (features, classes) == self.shape:
             return self
         if self.shape != (2, 2):
@@ -393,17 +406,36 @@ class Params:
                 f"the parameters were calibrated before calibrate measured steps of other shapes than 2-H-2: "
                 f"a {features}-H-{classes} run's steps are priced as 2-H-2's (too fast for many features); "
                 "calibrate again"), stacklevel=2)
-            return self
+            return replace(self, eval_s_per_point=self.measured_evaluation(features, classes, self.eval_s_per_point))
         f = functools.partial(self.shape_factor, features, classes)
 
         def scale(t: dict) -> dict:
             return {h: {b: v * f(h, b) for b, v in row.items()} for h, row in t.items()}
         big = max(b for row in self.step_s.values() for b in row)   # evaluation goes in big batches
+        estimate = {h: v * f(h, big) for h, v in self.eval_s_per_point.items()}
         tables = ("step_s", "step_cpu_s", "mp_step_s", "eval_s_per_point")
         return replace(self, step_s=scale(self.step_s), step_cpu_s=scale(self.step_cpu_s),
                        mp_step_s={K: scale(t) for K, t in self.mp_step_s.items()},
-                       eval_s_per_point={h: v * f(h, big) for h, v in self.eval_s_per_point.items()},
+                       eval_s_per_point=self.measured_evaluation(features, classes, estimate),
                        shape=(features, classes), unshaped={k: getattr(self, k) for k in tables})
+
+    def measured_evaluation(self, features: int, classes: int, estimate: dict[int, float]) -> dict[int, float]:
+        """eval_s_per_point ([hidden]) of a features-hidden-classes MLP: `estimate`, calibrate's
+        2-H-2 figure times the shape's step factor at the biggest batch, rescaled to what the
+        pilot measured in its runs on the user's data (self.evaluation) where it evaluated
+        this shape at this precision: the measured figure at the pilot's hidden size, the
+        estimate's ratio between hidden sizes (at 784-H-10, 4.1 from 256 to 1,024 as a
+        forward pass's H, where 2-H-2's own, fixed costs and all, is 3.1). Why: the step's
+        factor (forward and backward, at training batches) extrapolates a forward pass
+        over the held-out set from 2-H-2 by a factor 220 at 784-256-10, and the pilot's runs
+        measured 9-24 % under it on MNIST, digits and 5-class rings (2026-11-28). Without
+        the pilot's figure (an older file, other data, the other precision) the estimate
+        stands."""
+        m = self.evaluation
+        if not m or (m["features"], m["classes"], m["precision"]) != (features, classes, self.precision):
+            return estimate
+        k = m["s_per_point"] / interpolate_log(estimate, m["hidden"])
+        return {h: v * k for h, v in estimate.items()}
 
     def paper_shape(self) -> Params:
         """These parameters with the 2-H-2 step tables back: for calibrate's probes (2-10K-2

@@ -266,7 +266,6 @@ def lockstep(p: Params, run: Run) -> dict:
     steps_s = iterations * it.iteration_s
     evaluate = evaluation_s(p, run, steps_s, iterations)   # a version of w each iteration
     updates = iterations * (1 if run.arch == "allreduce" else run.workers)
-    evaluate = evaluation_s(p, run, steps_s, updates)
     return {"train_s": steps_s + evaluate, "compute_s": iterations * it.compute_s,
             "comm_s": iterations * it.comm_s, "evaluate_s": evaluate, "updates": updates,
             "updates_per_s": updates / steps_s if steps_s > 0 else math.inf, "bound": it.bound,

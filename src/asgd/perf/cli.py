@@ -61,7 +61,7 @@ def load_params(path: str) -> Params:
     try:
         with open(path) as f:
             got = json.load(f)
-        return Params.from_dict(got["params"])
+        return Params.from_file(got)
     except FileNotFoundError:
         raise PerfError(f"{path}: no such file; measure this machine first: "
                          f"python -m asgd.perf calibrate --out {path}") from None

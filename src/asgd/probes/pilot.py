@@ -92,12 +92,16 @@ def pilot(train_args: list[str], points: int, batch: int, optimizers: list[str],
     options shared by every run (data, hidden), of `points` training points; batch: the
     reference's and the asynchronous pilots'; target: (metric, value) or None."""
     t0 = time.perf_counter()
-    refs, results = {}, {}
+    refs, results, every_run = {}, {}, []
     args = [*train_args, "--batch", str(batch)]
+
+    def train_one(ranks: int, argv: list[str], out: str) -> dict:
+        every_run.append(train(launcher, ranks, argv, out, timeout))
+        return every_run[-1]
     for opt in optimizers:
         out = os.path.join(folder, f"reference-{opt}")
-        r = train(launcher, 2, [*args, "--optimizer", opt, "--epochs", str(epochs), *_every(points, batch),
-                                *(_target_args(target) if target else [])], out, timeout)
+        r = train_one(2, [*args, "--optimizer", opt, "--epochs", str(epochs), *_every(points, batch),
+                          *(_target_args(target) if target else [])], out)
         results[opt] = r
         c = r["config"]
         curve = [{k: p[k] for k in ("samples", "accuracy", "loss")} for p in r["metrics"]["curve"]]
@@ -122,9 +126,9 @@ def pilot(train_args: list[str], points: int, batch: int, optimizers: list[str],
         lockstep = mode == "sync"
         u = update_samples(points, W, b, lockstep and pooled_in_lockstep(first))
         cap = max(1, int(np.ceil(PILOT_EPOCHS * e_ref * max(1.0, u / u_ref))))
-        r = train(launcher, W + 1, [*train_args, "--batch", str(b), "--optimizer", first, "--mode", mode,
-                                    "--epochs", str(cap), *_every(points, b * (W if lockstep else 1)),
-                                    *_target_args((metric, value))], os.path.join(folder, name), timeout)
+        r = train_one(W + 1, [*train_args, "--batch", str(b), "--optimizer", first, "--mode", mode,
+                              "--epochs", str(cap), *_every(points, b * (W if lockstep else 1)),
+                              *_target_args((metric, value))], os.path.join(folder, name))
         e, reached = epochs_reached(r, metric, value)
         run = {"workers": W, "batch": b, "mode": mode, "update_samples": u, "epochs": e, "reached": reached,
                "staleness": mean_staleness(r)}
@@ -145,10 +149,33 @@ def pilot(train_args: list[str], points: int, batch: int, optimizers: list[str],
         f"mean staleness {s1:.2f} + {slope:.2f} per worker more")
     cf = ref["config"]
     data = os.path.abspath(cf["data"]) if cf.get("data") else "embedded"
+    evaluation = measured_evaluation(every_run)
+    if evaluation:
+        say(f"  held-out evaluation: {evaluation['s_per_point'] * 1e6:.3g} us a point "
+            f"({evaluation['evaluations']} evaluations of {cf['test_points']} points)")
     return {"b_noise": b_noise, "staleness_cost": c, "staleness_one": s1, "staleness_per_worker": slope,
-            "references": refs, "data": data, "hidden": cf["hidden"],
+            "references": refs, "data": data, "hidden": cf["hidden"], "evaluation": evaluation,
             "pilot": {"target": {"metric": metric, "value": value}, "reference_epochs": e_ref, "async": asyn,
                       "batches": by_batch, "lockstep": lockstep, "seconds": time.perf_counter() - t0}}
+
+
+def measured_evaluation(runs: list[dict]) -> dict | None:
+    """The held-out evaluation's cost on this data, from the pilot's own runs (results.json's
+    metrics.eval_s over its curve's evaluations, one point each): seconds per held-out point,
+    pooled over every run that evaluated during training, and the shape, hidden size and
+    precision it was measured at (what asgd.perf.analytic.Params.shaped prices an evaluation
+    at, for the model and the simulator). In-run, as the runs it predicts evaluate: rank 0
+    evaluating while the workers wait on it, on as many ranks as the pilots had. None if no
+    run evaluated (rank 0 holding only a shard)."""
+    timed = [r for r in runs if r["metrics"].get("eval_s") and r["metrics"]["curve"]]
+    if not timed:
+        return None
+    c = timed[0]["config"]
+    spent = sum(r["metrics"]["eval_s"] for r in timed)
+    evaluations = sum(len(r["metrics"]["curve"]) for r in timed)
+    return {"s_per_point": spent / sum(len(r["metrics"]["curve"]) * r["config"]["test_points"] for r in timed),
+            "evaluations": evaluations, "features": c["features"], "classes": c["classes"], "hidden": c["hidden"],
+            "precision": c["precision"]}
 
 
 def _every(points: int, batch: int) -> list[str]:

@@ -51,8 +51,7 @@ def load_params(path: str) -> tuple[Params, dict]:
     """(Params, the raw params dict: what the probes' simulated rounds are cached under)."""
     with open(path) as f:
         got = json.load(f)
-    raw = got["params"]
-    return Params.from_dict(raw), raw
+    return Params.from_file(got), got["params"]
 
 
 def worker_points(points: int, workers: int, j: int) -> int:
