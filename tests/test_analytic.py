@@ -616,7 +616,7 @@ def test_a_crowded_asynchronous_update_waits_as_the_probe_of_whom_it_waits_on(ar
     asked = []
     run = Run(arch=arch_, cores=2, model_parallel=K, **{**TRAIN, "workers": 4, "servers": 4 if arch_ == "p2p" else 2})
     pm.predict_train(make_params(), run, lambda p, k, *args: asked.append(k) or 0.0)
-    assert asked == [kind] and arch.async_crowding_kind(arch_, K) == kind
+    assert asked == [kind] and pm.async_crowding_kind(arch_, K) == kind
 
 
 def test_predict_train_cpu_bound_past_the_cores():

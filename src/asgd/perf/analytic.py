@@ -680,6 +680,19 @@ def predict_init(p: Params, run: Run) -> dict:
 SHARD_PASSES = 4   # an owner's push served: Delta-w and w read, w written, w copied into the reply
 
 
+def async_crowding_kind(arch: str, model_parallel: int) -> str:
+    """The KIND+step probe whose crowding (architectures.crowding) an asynchronous update
+    meets, by whom it waits on: a model-parallel member on its replica's partners in the
+    logit sum (replica); a p2p
+    peer on every owner, each a computing rank that serves only when it runs (Server.poll
+    from its peer's step and waits: protocol.p2p), as in p2p's lockstep probe (p2p); a ps
+    worker on a server that sleeps between pushes and so wakes ahead of the computing
+    ranks (async)."""
+    if model_parallel > 1:
+        return "replica"
+    return "p2p" if arch == "p2p" else "async"
+
+
 def predict_train(p: Params, run: Run, crowding=None) -> dict:
     """The training phase: each worker's steps (think time Z), the servers' work per
     Delta-w (c_u, split over S shards), and the held-out evaluation after every epoch.
@@ -753,7 +766,6 @@ def predict_train(p: Params, run: Run, crowding=None) -> dict:
     if crowded and crowding:   # the ranks' turns on shared cores: each update also waits for ranks not running
         own = p.mp_step(K, run.hidden, b) if K > 1 else step
         # a replica's probe is an asynchronous model-partitioned job, its server's turns included
-        from .architectures import async_crowding_kind   # here: architectures imports this module
         lost = crowding(p, async_crowding_kind(run.arch, K), node, run.cores, own)
         X_cpu = w / (w / X_cpu + lost)
     X = min(X_mva, X_cpu)

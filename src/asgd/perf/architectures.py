@@ -141,18 +141,6 @@ def crowding(p: Params, kind: str, ranks: int, cores: int = 0, step_s: float | N
     return max(at_ranks(p, kind, lost, ranks, cores, step_s), 0.0)
 
 
-def async_crowding_kind(arch: str, model_parallel: int) -> str:
-    """The KIND+step probe whose crowding an asynchronous update meets, by whom it waits on:
-    a model-parallel member on its replica's partners in the logit sum (replica); a p2p
-    peer on every owner, each a computing rank that serves only when it runs (Server.poll
-    from its peer's step and waits: protocol.p2p), as in p2p's lockstep probe (p2p); a ps
-    worker on a server that sleeps between pushes and so wakes ahead of the computing
-    ranks (async)."""
-    if model_parallel > 1:
-        return "replica"
-    return "p2p" if arch == "p2p" else "async"
-
-
 def at_ranks(p: Params, kind: str, by_probe: dict, ranks: float, cores: int = 0, step_s: float | None = None
              ) -> float:
     """Seconds a round of `kind` with `ranks` ranks on a node of `cores` (0: the calibrated

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..core.wire import DOUBLE, RECV, SEND, flow_id, shard_bounds
 from ..core.worker import WorkerStats
-from ..perf.architectures import async_crowding_kind
+from ..perf.analytic import async_crowding_kind
 
 NO_BUFFER = np.empty(0)   # a simulated Delta-w: only its size (the costs') matters
 
@@ -40,7 +40,7 @@ class MailboxLink:
         sync = world.run.mode == "sync"
         # the crowding calibrate measured for each exchange (Costs.crowd): a lockstep
         # round's once its replies are in; an asynchronous push's after it, the probe's
-        # whose waits it shares (architectures.async_crowding_kind; a replica's member: in
+        # whose waits it shares (analytic.async_crowding_kind; a replica's member: in
         # its sum's)
         self.round_crowd = spec.arch if sync else None
         self.push_crowd = None if sync or c.K > 1 else async_crowding_kind(spec.arch, c.K)
