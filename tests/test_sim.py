@@ -7,6 +7,7 @@ the first skips, saying why, where SimGrid's Python bindings are not installed
 (scripts/install_simgrid.sh).
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -547,6 +548,8 @@ def test_a_p2p_peer_pays_one_wait_and_its_owners_only_their_bytes(params_file, m
     # it as uncrowded (worker_msg_s is a tenth of server_update_s at every size): 1/11
     assert k == 10000 and link.cpu == pytest.approx(5e-3 / 11) and link.push_crowd == crowd
     assert c.owner_push(k) == pytest.approx(4 * c.itemsize * k * 1e-10)
+    onebit = Costs(p, dataclasses.replace(spec, compress="1bit"), raw, corrections=None)   # and it decodes each
+    assert onebit.owner_push(k) == pytest.approx(6 * c.itemsize * k * 1e-10)
 
 
 @needs_simgrid

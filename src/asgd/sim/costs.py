@@ -249,15 +249,17 @@ class Costs:
     def server_update(self, node: int, shard_nw: int) -> float:
         """c_u: the server's CPU per Delta-w of a shard (1-bit: decode the signs too), its
         add included (calibrate measured sgd's)."""
-        base = self._msg_split(node, shard_nw)[1]
-        if self.spec.compress == "1bit":  # unpack and scale: about one pass over the shard
-            base += self.p.memory_s_per_byte * 2 * self.itemsize * shard_nw
-        return base
+        return self._msg_split(node, shard_nw)[1] + self._decode(shard_nw)
 
     def owner_push(self, shard_nw: int) -> float:
         """A p2p owner's push served inside its peer's loop (no wake-up of its own): its
-        bytes (Params.owner_push_s)."""
-        return self.p.owner_push_s(shard_nw, self.itemsize)
+        bytes (Params.owner_push_s), 1-bit's decoding too."""
+        return self.p.owner_push_s(shard_nw, self.itemsize) + self._decode(shard_nw)
+
+    def _decode(self, shard_nw: int) -> float:
+        """A 1-bit push's unpacking and scaling on its server or owner: about one pass over
+        the shard (none without compression)."""
+        return self.p.memory_s_per_byte * 2 * self.itemsize * shard_nw if self.spec.compress == "1bit" else 0.0
 
     def optimizer_extra(self, shard_nw: int) -> float:
         """The server-side optimizer's update beyond sgd's add, once per version of a shard."""
