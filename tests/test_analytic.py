@@ -589,12 +589,34 @@ def test_predict_init_embedded(workers, read):
 TRAIN = dict(workers=3, servers=1, hidden=100, batch=64, points=960, test_points=100, epochs=1)
 
 
-def test_an_asynchronous_p2p_peer_pays_one_push_pulls_fixed_part_per_update():
-    # 3 peers, shards of k = 168 of n_w 502: one push/pull per update (worker_msg(168) =
-    # 3.32e-6, c_u(168) = 1.332e-5: a wait and a server's handling) and, for each of the 2
-    # further shards, its owner's add and reply's copy: 4 passes x 8 bytes x 168 x 1e-10 s/byte
+def test_an_asynchronous_p2p_peer_pays_one_wait_and_its_owners_pay_their_bytes():
+    # 3 peers, shards of k = 168 of n_w 502: the peer's one wait for all its owners
+    # (worker_msg(168) = 3.32e-6) and, for each of the 3 shards, its owner's add and reply's
+    # copy: 4 passes x 8 bytes x 168 x 1e-10 s/byte. No c_u(168) = 1.332e-5: that is a
+    # server's that sleeps between pushes (the probe's), an owner is polled in its peer's loop
     d = pm.predict_train(make_params(), Run(arch="p2p", **{**TRAIN, "servers": 3}))
-    assert d["think_s"] == approx(8e-4 + 3.32e-6 + 1.332e-5 + 2 * 4 * 8 * 168 * 1e-10)
+    assert d["think_s"] == approx(8e-4 + 3.32e-6 + 3 * 4 * 8 * 168 * 1e-10)
+    assert d["c_u_s"] == approx(4 * 8 * 168 * 1e-10)
+
+
+def test_a_crowded_p2p_peer_pays_the_workers_share_of_the_contended_push_pull():
+    # 4 peers on 2 cores, k = 126: contended_update_s[4](126) = 2e-4 for worker_msg(126) +
+    # c_u(126) = 2.48e-6 + 1.248e-5: the worker's share 2e-4 x 2.48 / 14.96; each owner's push
+    # its 4 passes x 8 bytes x 126 x 1e-10 as uncrowded. Cores' worth 2: X = 2 / (step + msg)
+    p = make_params(contended_update_s={4: {502: 2e-4, 2002: 2e-4}})
+    d = pm.predict_train(p, Run(arch="p2p", cores=2, **{**TRAIN, "workers": 4, "servers": 4, "points": 1024}))
+    msg = 2e-4 * 2.48e-6 / (2.48e-6 + 1.248e-5) + 4 * 4 * 8 * 126 * 1e-10
+    assert d["bound"] == "cores" and d["updates_per_s"] == approx(2 / (8e-4 + msg))
+
+
+@pytest.mark.parametrize("arch_, K, kind", [("p2p", 1, "p2p"), ("ps", 1, "async"), ("ps", 2, "replica")])
+def test_a_crowded_asynchronous_update_waits_as_the_probe_of_whom_it_waits_on(arch_, K, kind):
+    # a p2p peer waits on owners that compute (served when their ranks run): p2p's probe's turns;
+    # a ps worker on a server that sleeps and wakes ahead of them: the asynchronous probe's
+    asked = []
+    run = Run(arch=arch_, cores=2, model_parallel=K, **{**TRAIN, "workers": 4, "servers": 4 if arch_ == "p2p" else 2})
+    pm.predict_train(make_params(), run, lambda p, k, *args: asked.append(k) or 0.0)
+    assert asked == [kind] and pm.async_crowding_kind(arch_, K) == kind
 
 
 def test_predict_train_cpu_bound_past_the_cores():

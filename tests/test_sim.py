@@ -7,6 +7,7 @@ the first skips, saying why, where SimGrid's Python bindings are not installed
 (scripts/install_simgrid.sh).
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -547,6 +548,30 @@ def test_p2p_and_model_partitioning_follow_the_protocol(params_file):
         return sum(s["phases"].get("aggregate", 0) for s in r["ranks"][:2])
     extra = 1e-3 - (5002 - 2501) * (1e-2 - 1e-3) / 45000 - 1e-5 * 2501 / 5002   # adagrad less sgd at a shard
     assert busy(runs["adagrad"]) - busy(mp) == pytest.approx(2 * 8 * extra, rel=0.25)   # 8 updates a server
+
+
+@pytest.mark.parametrize("mode, crowd", [("async", "p2p"), ("sync", None)])
+def test_a_p2p_peer_pays_one_wait_and_its_owners_only_their_bytes(params_file, mode, crowd):
+    """protocol.p2p: an owner serves inside its peer's loop (Server.poll from the step's
+    progress and the link's waits), never sleeping and waking for a push as calibrate's
+    server did (c_u's fixed part): a peer's push costs the worker's part of one push/pull,
+    each owner's push its bytes. Crowded, an asynchronous push meets p2p's probe's turns:
+    its owners are computing ranks (a lockstep round meets them once its replies are in)."""
+    from types import SimpleNamespace
+    from asgd.sim.costs import load_params
+    from asgd.sim.links import MailboxLink
+    p, raw = load_params(params_file(contended_update_s={"5": {"5002": 5e-3, "50002": 5e-3}}))
+    spec = Spec(run=analytic.Run(workers=5, servers=5, arch="p2p", mode=mode, cores=2), machine=by_name("here", 2))
+    c = Costs(p, spec, raw, corrections=None)
+    world = SimpleNamespace(costs=c, topo=c.topo, spec=spec, run=spec.run, clocks=[None] * 5, node=[0] * 5)
+    k = c.topo.shards[0][1] - c.topo.shards[0][0]
+    link = MailboxLink(world, 1, [0, 1, 2, 3, 4])
+    # 5 ranks on 2 cores: the contended 5e-3 per push/pull of a shard, the worker's part of
+    # it as uncrowded (worker_msg_s is a tenth of server_update_s at every size): 1/11
+    assert k == 10000 and link.cpu == pytest.approx(5e-3 / 11) and link.push_crowd == crowd
+    assert c.owner_push(k) == pytest.approx(4 * c.itemsize * k * 1e-10)
+    onebit = Costs(p, dataclasses.replace(spec, compress="1bit"), raw, corrections=None)   # and it decodes each
+    assert onebit.owner_push(k) == pytest.approx(6 * c.itemsize * k * 1e-10)
 
 
 @needs_simgrid

@@ -556,6 +556,26 @@ class Params:
         slope = (table[b] - table[a]) / (b - a)
         return max(table[a] + slope * (n_w - a), 0.0)
 
+    def message_cpu(self, n_w: int, crowded_ranks: int = 0) -> tuple[float, float]:
+        """(worker's, server's) CPU seconds per push/pull of a shard of n_w weights:
+        worker_msg_s and server_update_s (c_u, its sgd add included), each measured with a
+        core of its own; with `crowded_ranks` ranks sharing the cores (0: not crowded),
+        contended_update_s's total for them, split in the same proportion."""
+        wm, c_u = self.per_nw(self.worker_msg_s, n_w), self.per_nw(self.server_update_s, n_w)
+        if crowded_ranks and self.contended_update_s:
+            f = self.contended(crowded_ranks, n_w) / max(wm + c_u, 1e-12)
+            return wm * f, c_u * f
+        return wm, c_u
+
+    def owner_push_s(self, n_w: int, value_bytes: int) -> float:
+        """A p2p owner's CPU per push of its shard of n_w weights (sgd's; an optimizer's
+        extra comes on top). It serves inside its peer's loop (protocol.p2p: Server.poll
+        from the step's progress hook and the link's waits), so it never sleeps and wakes
+        for a push as a server does, and c_u's fixed part (the probe's server slept between
+        pushes: probes.ranks.push_pull) is not its own: only the add and the reply's copy,
+        SHARD_PASSES passes over the shard."""
+        return self.memory_s_per_byte * SHARD_PASSES * value_bytes * n_w
+
     def contended(self, ranks: int, n_w: int) -> float:
         """CPU seconds per push/pull (worker's and server's, messages included) when
         `ranks` ranks share the cores: linear in ranks between measured counts."""
@@ -692,6 +712,19 @@ def predict_init(p: Params, run: Run) -> dict:
 SHARD_PASSES = 4   # an owner's push served: Delta-w and w read, w written, w copied into the reply
 
 
+def async_crowding_kind(arch: str, model_parallel: int) -> str:
+    """The KIND+step probe whose crowding (architectures.crowding) an asynchronous update
+    meets, by whom it waits on: a model-parallel member on its replica's partners in the
+    logit sum (replica); a p2p
+    peer on every owner, each a computing rank that serves only when it runs (Server.poll
+    from its peer's step and waits: protocol.p2p), as in p2p's lockstep probe (p2p); a ps
+    worker on a server that sleeps between pushes and so wakes ahead of the computing
+    ranks (async)."""
+    if model_parallel > 1:
+        return "replica"
+    return "p2p" if arch == "p2p" else "async"
+
+
 def predict_train(p: Params, run: Run, crowding=None) -> dict:
     """The training phase: each worker's steps (think time Z), the servers' work per
     Delta-w (c_u, split over S shards), and the held-out evaluation after every epoch.
@@ -733,17 +766,14 @@ def predict_train(p: Params, run: Run, crowding=None) -> dict:
     # w's shards never cross a slice: max(S, K) of them; a member pushes to its slice's servers
     k = math.ceil(run.n_w / max(S, K))
     visits = max(1, S // K)                                 # messages per update of one member
-    c_u = p.per_nw(p.server_update_s, k) + p.optimizer_extra(run.optimizer, k)
-    wm = p.per_nw(p.worker_msg_s, k)
-    # p2p: a peer waits once for all its owners' replies, and its owner serves inside the
-    # peer's loop with no wake-up of its own, so a push/pull's fixed part (the waits, the
-    # MPI calls: in wm and c_u, measured one server at a time) is paid once per update;
-    # each further shard costs its bytes: the owner's add and its reply's copy
-    more = visits - 1 if run.arch == "p2p" else 0
-    shard_s = p.memory_s_per_byte * SHARD_PASSES * run.value_bytes * k + p.optimizer_extra(run.optimizer, k)
-    msg = (visits - more) * (wm + c_u) + more * shard_s   # all ranks' CPU per update
+    peer = run.arch == "p2p"
+    wm, c_u = p.message_cpu(k)
+    # p2p: a peer waits once for all its owners' replies (wm), and each owner serves inside
+    # its peer's loop with no wake-up of its own: each push costs the owner its bytes
+    c_u = (p.owner_push_s(k, run.value_bytes) if peer else c_u) + p.optimizer_extra(run.optimizer, k)
+    msg = (wm if peer else visits * wm) + visits * c_u   # all ranks' CPU per update
     # a p2p peer also serves its shard: as many pushes per update as it makes
-    Z = step + (msg if run.arch == "p2p" else visits * wm)
+    Z = step + (msg if peer else visits * wm)
     D = c_u * visits / S    # each station's demand per member update (every update visits `visits` of S)
     rtt_free = p.per_nw(p.round_trip_s, k)   # transfer both ways, no queueing
     link = p.per_nw(p.link_s, run.wire_values(k)) if p.link_s else 0.0
@@ -761,15 +791,14 @@ def predict_train(p: Params, run: Run, crowding=None) -> dict:
     crowded = node > (run.cores or p.cores)
     # with ranks sharing cores, messaging costs what it measured under the same crowding
     if crowded and p.contended_update_s:
-        msg = (visits - more) * (p.contended(node, k) + p.optimizer_extra(run.optimizer, k)) + more * shard_s
+        wm_c, c_u_c = p.message_cpu(k, node)   # an owner's push never slept: its bytes, as uncrowded
+        msg = wm_c + visits * c_u if peer else visits * (wm_c + c_u_c + p.optimizer_extra(run.optimizer, k))
     cpu_per_update = step + msg
     X_cpu = C / cpu_per_update if crowded else math.inf
     if crowded and crowding:   # the ranks' turns on shared cores: each update also waits for ranks not running
         own = p.mp_step(K, run.hidden, b) if K > 1 else step
-        # a replica's probe is an asynchronous model-partitioned job, its server's turns included;
-        # an asynchronous p2p peer waits on owners that may not be running as a ps worker on its server
-        lost = (crowding(p, "replica", node, run.cores, own) if K > 1 else
-                crowding(p, "async", node, run.cores, own))
+        # a replica's probe is an asynchronous model-partitioned job, its server's turns included
+        lost = crowding(p, async_crowding_kind(run.arch, K), node, run.cores, own)
         X_cpu = w / (w / X_cpu + lost)
     X = min(X_mva, X_cpu)
     steps_s = updates / X

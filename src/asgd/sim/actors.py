@@ -543,9 +543,8 @@ class ShardCosts:
     def __init__(self, world: World, rank: int, v: int, clock: SimClock):
         c, (lo, hi) = world.costs, world.topo.shards[v]
         self.world, self.rank, self.v, self.clock, self.shard = world, rank, v, clock, None
-        # a p2p owner serves inside its peer's loop: each push its bytes (the fixed part is its
-        # peer's, once per update: links.MailboxLink)
-        self.c_u = c.shard_bytes(hi - lo) if world.spec.arch == "p2p" else c.server_update(world.node[rank], hi - lo)
+        # a p2p owner serves inside its peer's loop, never woken: each push its bytes
+        self.c_u = c.owner_push(hi - lo) if world.spec.arch == "p2p" else c.server_update(world.node[rank], hi - lo)
         self.extra = c.optimizer_extra(hi - lo)
         self.push_bytes, self.pull_bytes = c.push_bytes(v), c.pull_bytes(v)
         self.sends: list = []

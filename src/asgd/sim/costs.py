@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field, replace
 from ..core import wire
 from ..core.topology import Topology
 from ..net.mlp import Layout, Sliced
-from ..perf.analytic import SHARD_PASSES, Params, Run, extrapolate_linear, interpolate_log
+from ..perf.analytic import Params, Run, extrapolate_linear, interpolate_log
 from ..perf.architectures import STEP, at_ranks, crowding
 from ..core.wire import DOUBLE, shard_bounds
 from .machines import Machine
@@ -242,26 +242,23 @@ class Costs:
 
     def _msg_split(self, node: int, shard_nw: int) -> tuple[float, float]:
         """(worker's, server's) CPU per push/pull of one shard, crowded or not."""
-        c_u = self.p.per_nw(self.p.server_update_s, shard_nw)
-        wm = self.p.per_nw(self.p.worker_msg_s, shard_nw)
-        if self.crowded[node] and self.p.contended_update_s and self.spec.machine.calibrated:
-            total = self.p.contended(self.ranks_on[node], shard_nw)
-            f = total / max(c_u + wm, 1e-12)
-            return wm * f, c_u * f
-        return wm, c_u
+        crowded = self.crowded[node] and self.spec.machine.calibrated
+        return self.p.message_cpu(shard_nw, self.ranks_on[node] if crowded else 0)
 
     def server_update(self, node: int, shard_nw: int) -> float:
         """c_u: the server's CPU per Delta-w of a shard (1-bit: decode the signs too), its
         add included (calibrate measured sgd's)."""
-        base = self._msg_split(node, shard_nw)[1]
-        if self.spec.compress == "1bit":  # unpack and scale: about one pass over the shard
-            base += self.p.memory_s_per_byte * 2 * self.itemsize * shard_nw
-        return base
+        return self._msg_split(node, shard_nw)[1] + self._decode(shard_nw)
 
-    def shard_bytes(self, shard_nw: int) -> float:
-        """A p2p owner's push served inside its peer's loop (no wake-up of its own): the add
-        and the reply's copy, analytic.SHARD_PASSES passes over the shard."""
-        return self.p.memory_s_per_byte * SHARD_PASSES * self.itemsize * shard_nw
+    def owner_push(self, shard_nw: int) -> float:
+        """A p2p owner's push served inside its peer's loop (no wake-up of its own): its
+        bytes (Params.owner_push_s), 1-bit's decoding too."""
+        return self.p.owner_push_s(shard_nw, self.itemsize) + self._decode(shard_nw)
+
+    def _decode(self, shard_nw: int) -> float:
+        """A 1-bit push's unpacking and scaling on its server or owner: about one pass over
+        the shard (none without compression)."""
+        return self.p.memory_s_per_byte * 2 * self.itemsize * shard_nw if self.spec.compress == "1bit" else 0.0
 
     def optimizer_extra(self, shard_nw: int) -> float:
         """The server-side optimizer's update beyond sgd's add, once per version of a shard."""

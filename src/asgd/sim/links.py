@@ -9,6 +9,7 @@ import numpy as np
 
 from ..core.wire import DOUBLE, RECV, SEND, flow_id, shard_bounds
 from ..core.worker import WorkerStats
+from ..perf.analytic import async_crowding_kind
 
 NO_BUFFER = np.empty(0)   # a simulated Delta-w: only its size (the costs') matters
 
@@ -29,21 +30,20 @@ class MailboxLink:
         self.index = {v: i for i, v in enumerate(shards)}
         node, sizes = world.node[rank], [topo.shards[v][1] - topo.shards[v][0] for v in shards]
         self.cpu = sum(c.worker_message(node, k) for k in sizes)
-        if spec.arch == "p2p":   # one wait for all the owners' replies, its owners never woken: one
-            # push/pull's fixed part (the worker's and the server's, less the bytes each owner charges)
-            k = sizes[0]
-            self.cpu = c.worker_message(node, k) + max(c.server_update(node, k) - c.shard_bytes(k), 0.0)
+        if spec.arch == "p2p":   # one wait for all the owners' replies; its owners, never woken,
+            # charge their pushes' bytes themselves (ShardCosts)
+            self.cpu = c.worker_message(node, sizes[0])
         self.versions = [0] * len(shards)   # each shard's version of my w (the last reply's)
         self.stamp = list(self.versions)    # the versions the Delta-w being computed comes from
         self.step = 0
         self.stats = WorkerStats()
         sync = world.run.mode == "sync"
         # the crowding calibrate measured for each exchange (Costs.crowd): a lockstep
-        # round's once its replies are in; an asynchronous push's after it (a replica's
-        # member: in its sum's; an asynchronous p2p peer waits on its owners as a ps worker on its
-        # server, not in lockstep as p2p's sync probe does)
+        # round's once its replies are in; an asynchronous push's after it, the probe's
+        # whose waits it shares (analytic.async_crowding_kind; a replica's member: in
+        # its sum's)
         self.round_crowd = spec.arch if sync else None
-        self.push_crowd = None if sync or c.K > 1 else "async"
+        self.push_crowd = None if sync or c.K > 1 else async_crowding_kind(spec.arch, c.K)
 
     def delta(self) -> np.ndarray:
         self.stamp = list(self.versions)
