@@ -851,6 +851,16 @@ def test_evaluation_at_the_runs_cadence_where_rank_0_holds_w_and_never_with_shar
     assert not pm.evaluates(Run(**{**mp, "arch": "p2p"})) and not pm.evaluates(Run(**{**mp, "arch": "allreduce"}))
 
 
+def test_a_p2p_rank_0_evaluates_at_most_once_an_exchange_of_its_own():
+    """At --eval-every 1 a ps server evaluates every version; p2p's rank 0 only after its
+    worker's own exchanges (core.target.AfterExchange): 3 peers of 5 steps make 15
+    versions and 5 evaluations of 100 points x 1e-6 s."""
+    run = {**TRAIN, "eval_every": "1"}
+    ps = pm.predict_train(make_params(), Run(**run))["evaluate_s"]
+    p2p = pm.predict_train(make_params(), Run(**{**run, "arch": "p2p"}))["evaluate_s"]
+    assert ps == approx(15 * 1e-4) and p2p == approx(5 * 1e-4)
+
+
 def test_a_lockstep_run_is_evaluated_per_round_not_per_workers_push():
     """A sync round is one version of w on the server's tracker (bench_tta's MNIST ps sync
     4x256 at --eval-every 1: 36 evaluations over 9 epochs of 4 rounds), so 4 workers' rounds

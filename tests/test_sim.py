@@ -646,6 +646,20 @@ def test_evaluations_follow_the_cadence(params_file):
 
 
 @needs_simgrid
+def test_a_p2p_rank_0_evaluates_after_its_own_exchanges_as_the_trainer_does(params_file):
+    """At --eval-every 1 a ps server evaluates every version; p2p's rank 0 evaluates its
+    worker's w once that worker's exchange is done (core.target.AfterExchange), so at
+    most once an exchange of its own: 3 peers of 20 steps make 60 versions, and rank 0
+    about 20 evaluations, on its worker's clock."""
+    run = dict(workers=3, epochs=1, points=3 * 64 * 20, batch=64, test_points=256, eval_every="1")
+    per = 256 * 1e-5          # eval_s_per_point at hidden 10,000
+    ps = simulate(params_file(), **run)["ranks"][0]["phases"].get("evaluate", 0.0)
+    p2p = simulate(params_file(), arch="p2p", **run)["ranks"][0]["phases"].get("evaluate", 0.0)
+    assert ps >= 55 * per
+    assert 15 * per <= p2p <= 1.5 * 21 * per   # (ranks share cores: up to 1.5 x its cost)
+
+
+@needs_simgrid
 def test_the_simulated_async_server_answers_before_it_applies(params_file, tmp_path):
     """The simulator's server drives asgd.core's shard and policy, as the real one does:
     async answers a push the moment it arrives and applies it after, so the update's cost

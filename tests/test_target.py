@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from pytest import approx
 
-from asgd.core.target import EVAL_BUDGET, REPLAYED, Cadence, Evaluations, Target, replay, target
+from asgd.core.target import EVAL_BUDGET, REPLAYED, AfterExchange, Cadence, Evaluations, Target, replay, target
 from asgd.core.wire import stop_share, summed_stop
 from asgd.run import config
 from asgd.run.progress import EpochTracker
@@ -198,3 +198,23 @@ def test_the_final_metrics_reuse_the_last_evaluation_only_when_it_was_of_the_wei
     t.evaluated_w = np.ones(3)
     assert t.final_metrics(np.ones(3), lambda: (9.0, 0.0)) == (0.3, 0.95)
     assert t.final_metrics(np.zeros(3), lambda: (9.0, 0.0)) == (9.0, 0.0)
+
+
+def test_a_p2p_rank_0_owes_its_evaluations_until_its_worker_has_exchanged():
+    """p2p's rank 0 evaluates its worker's w, which only that worker's exchange refreshes
+    (core.target.AfterExchange): versions applied by its owner in between make an
+    evaluation due but do not make it; the exchange makes one, however many came due."""
+    t, _ = tracker([(0.5, 0.6), (0.4, 0.95)], target=Target("accuracy", 0.9), cadence=Cadence("updates", 1),
+                   after_exchange=AfterExchange())
+    assert not any(t.add(100.0, 10) for _ in range(5)) and t.curve == []   # due at each, none made
+    t.exchanged()
+    t.exchanged()   # nothing new came due: nothing owed
+    assert [p["updates"] for p in t.curve] == [5]
+    t.add(100.0, 10)
+    t.exchanged()   # reaches the target: the owner's next version ends the run
+    assert [p["updates"] for p in t.curve] == [5, 6] and t.reached is not None and t.add(100.0, 10)
+    # everywhere else an evaluation due is made at once
+    t, _ = tracker([(0.5, 0.6)] * 3, cadence=Cadence("updates", 1))
+    for _ in range(3):
+        t.add(100.0, 10)
+    assert [p["updates"] for p in t.curve] == [1, 2, 3]

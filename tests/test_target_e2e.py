@@ -87,3 +87,18 @@ def test_an_unreachable_target_trains_every_epoch_with_a_curve_every_n_seconds(t
     for a, b in zip(curve, curve[1:]):   # at least 0.01 s apart (from the end of the one before)
         assert b["samples"] in ends or b["train_s"] - a["train_s"] >= 0.01, (a, b)
     assert "never reached the target 1e-09" in p.stdout
+
+
+def test_p2p_rank_0_evaluates_its_fresh_w_after_its_own_exchanges(tmp_path):
+    """p2p's rank 0 evaluates its worker's w, which only that worker's exchange refreshes
+    (asgd.core.target.AfterExchange): at --eval-every 1 it evaluates at most once an
+    exchange of its own, not at each of the owner's versions (4 peers: 4 times as many).
+    Made at once, the evaluations starved its worker and saw the same stale w again."""
+    p = mpiexec(4, [*SMALL, "--arch", "p2p", "--epochs", "2", "--eval-every", "1", "--out", str(tmp_path)],
+                timeout=90)
+    assert p.returncode == 0, p.stderr
+    r = load_results(tmp_path)
+    mine, versions = r["ranks"][0]["updates"], r["throughput"]["updates"]
+    curve = r["metrics"]["curve"]
+    assert versions >= 3 * mine and mine // 2 <= len(curve) <= mine + len(r["metrics"]["history"])
+    assert all(b["updates"] > a["updates"] for a, b in zip(curve, curve[1:]))   # each of a newer w

@@ -802,7 +802,8 @@ def predict_train(p: Params, run: Run, crowding=None) -> dict:
         X_cpu = w / (w / X_cpu + lost)
     X = min(X_mva, X_cpu)
     steps_s = updates / X
-    evaluate = evaluation_s(p, run, steps_s, updates // K)   # shard 0's versions: its slice's pushes
+    # shard 0's versions: its slice's pushes; a p2p rank 0 evaluates after its own exchanges
+    evaluate = evaluation_s(p, run, steps_s, updates // K, steps if peer else None)
     # a worker's own compute, stretched by sharing the cores
     busy = w + min(S, S * X * D) if run.arch == "ps" else w   # the workers, and the servers' utilization
     compute = steps * step / cores_shared(busy, C)
@@ -832,17 +833,20 @@ def evaluates(run: Run) -> bool:
     return (run.arch == "ps" and run.servers == 1) or (run.model_parallel == 1 and run.arch != "ps")
 
 
-def evaluation_s(p: Params, run: Run, steps_s: float, versions: int) -> float:
+def evaluation_s(p: Params, run: Run, steps_s: float, versions: int, exchanges: int | None = None) -> float:
     """Seconds rank 0's held-out evaluations add to a training of steps_s seconds (without
     them) and `versions` versions of w (training waits for each): the ones run.eval_every's
     cadence makes (asgd.core.target.replay: the tracker's own rule), each costing the
     calibrated evaluation; --eval-every auto's first waits for PROBE_MARGIN times it, as
     the trainer's estimate does. auto holds them to EVAL_BUDGET of the training time, so
-    a fast run (float32's) may have none: one an epoch would be priced far above it."""
+    a fast run (float32's) may have none: one an epoch would be priced far above it.
+    exchanges: where rank 0 evaluates only after its worker's own exchanges (a p2p peer's:
+    core.target.AfterExchange), their number, at most one evaluation each."""
     if not evaluates(run) or versions < 1 or run.epochs < 1:
         return 0.0
     from ..run.config import eval_cadence   # here: the run layer imports numba (as working_set_bytes does)
     cost = run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
     per_epoch = max(versions // run.epochs, 1)
-    return replay(eval_cadence(run.eval_every), run.epochs, per_epoch, steps_s / (per_epoch * run.epochs), cost,
-                  PROBE_MARGIN * cost).spent_s
+    spent = replay(eval_cadence(run.eval_every), run.epochs, per_epoch, steps_s / (per_epoch * run.epochs), cost,
+                   PROBE_MARGIN * cost).spent_s
+    return spent if exchanges is None else min(spent, exchanges * cost)

@@ -56,6 +56,7 @@ class PushPull:
         self.routes = [ep.route(r) for r in self.servers]    # (communicator, rank) per server
         self.cut_source = None   # model-parallel: the cut its replica agreed on this step (protocol.replica)
         self.stop_source = None  # model-parallel: whether its replica agreed to stop
+        self.exchanged = None    # p2p's rank 0: its owed evaluation, after each wait (core.target.AfterExchange)
         # per server, Python floats (read every step: no numpy scalars on the hot path)
         self.versions = [0.0] * self.S     # each shard's version of `w` (0: the initial w)
         self.stamp = [0.0] * self.S        # the versions of the w the Delta-w being written comes from
@@ -148,6 +149,8 @@ class PushPull:
             if self.traced:
                 self.ep.clock.message(RECV, rank, self.msgs.pull_bytes[s], flow_id(self.ep.rank, rank, ticket, True))
         self.msgs.all_pulled()
+        if self.exchanged is not None:
+            self.exchanged()
 
     def close(self) -> WorkerStats:
         """Tell every server this worker is done (after its last exchange completed)."""

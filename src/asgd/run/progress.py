@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.target import Cadence, Evaluations, Target
+from ..core.target import AfterExchange, Cadence, Evaluations, Target
 from .trace import PhaseClock
 
 
@@ -34,6 +34,7 @@ class EpochTracker:
     target: Target | None = None     # --target-accuracy, --target-loss: the run ends once an evaluation reaches it
     cadence: Cadence | None = None   # --eval-every (None: at every epoch's end, nothing between)
     eval_cost_s: float = 0.0         # an evaluation's seconds, estimated before any was made (auto's first wait)
+    after_exchange: AfterExchange | None = None   # p2p's rank 0: --eval-every's evaluations wait for exchanged()
     now: Callable[[], float] = time.perf_counter   # the clock (a test's fake one)
 
     def __post_init__(self):
@@ -90,7 +91,10 @@ class EpochTracker:
             self._end_epoch(now)
         if (self.cadence is not None and self.evaluate is not None and self.reached is None
                 and self.cadence.due(self.evals, self.updates, now - self.t_start, epoch_s=self.epoch_s)):
-            self._held_out()
+            if self.after_exchange is None:
+                self._held_out()
+            else:
+                self.after_exchange.ask()
         if now - self.last_line >= self.every_s:
             self.last_line = now
             done = int(self.samples - (self.ends - self.size))
@@ -98,6 +102,12 @@ class EpochTracker:
                         f"train loss {self.loss_sum / max(self.loss_n, 1):.4f}  "
                         f"{(self.samples - self.first_samples) / max(now - self.t_start, 1e-9):,.0f} samples/s")
         return self.reached is not None
+
+    def exchanged(self) -> None:
+        """This rank's worker has its exchange's fresh w: the evaluation owed, if any
+        (AfterExchange)."""
+        if self.after_exchange.take() and self.reached is None:
+            self._held_out()
 
     def _held_out(self) -> tuple[float, float]:
         """Evaluate the current w on the held-out set: a point of the curve, and whether it

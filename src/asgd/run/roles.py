@@ -30,7 +30,7 @@ from ..protocol.messages import link_messages, shard_messages
 from ..protocol.p2p import peer_link, run_peer
 from ..protocol.replica import Replica
 from ..core.policy import policy
-from ..core.target import PROBE_MARGIN, target
+from ..core.target import PROBE_MARGIN, AfterExchange, target
 from ..core.stats import ServerStats, merge_shards
 from ..protocol.server import Server, gather_shards, serve_all
 from ..protocol.worker import PushPull, run_worker
@@ -81,7 +81,8 @@ def tracker_of(job: Job, m: Model, w=None, publish=None) -> EpochTracker | None:
                            samples=m.first_epoch * m.n_train, step_losses=[] if lockstep else None,
                            target=target(cfg.target_accuracy, cfg.target_loss),
                            cadence=config.eval_cadence(cfg.eval_every),
-                           eval_cost_s=evaluation_cost(m) if current else 0.0)
+                           eval_cost_s=evaluation_cost(m) if current else 0.0,
+                           after_exchange=AfterExchange() if w is not None and topo.K == 1 else None)
     return tracker
 
 
@@ -296,6 +297,8 @@ def peer(job: Job, m: Model) -> dict:
     link = peer_link(member_endpoint(job, replica), shards, msgs, owner, rule, hosts)
     if replica is not None:
         link.cut_source, link.stop_source = (lambda: replica.cut), (lambda: replica.stop)
+    if job.tracker and job.tracker.after_exchange:   # evaluations wait for my w to be fresh
+        link.exchanged = job.tracker.exchanged
     step = step_of(job, m, replica, cut=lambda: link.cut, link=link)
     weights = msgs.nbytes
     del w

@@ -49,7 +49,7 @@ from ..core.policy import policy
 from ..core.schedule import Schedule, schedule
 from ..core.shard import Shard
 from ..core.stats import merge_shards
-from ..core.target import PROBE_MARGIN, Evaluations
+from ..core.target import PROBE_MARGIN, AfterExchange, Evaluations
 from ..core.waiting import CROWDED_MAX_SLEEP_S, FIRST_SLEEP_S, MAX_SLEEP_S, SPIN_S   # the Waiter's polls
 from ..core.wire import DOUBLE, R_VERSION, RECV, SEND, flow_id
 from ..core.worker import allreduce_loop, loop
@@ -104,6 +104,8 @@ class World:
         self.versions = 0          # of w, on rank 0 (the tracker's updates)
         self.epoch_began = self.epoch_s = None
         self.cadence = eval_cadence(spec.run.eval_every)
+        # a p2p peer's rank 0 evaluates its worker's w, made once that worker's exchange is done
+        self.after_exchange = AfterExchange() if spec.arch == "p2p" and self.topo.K == 1 else None
         # auto's first waits for the trainer's estimate (run.roles.evaluation_cost), timed as the
         # node's other ranks start and compute: at the cores' share they leave it. The analytical
         # model prices that estimate unstretched (analytic.evaluation_s): the two differ here
@@ -273,7 +275,16 @@ class World:
                                  "train_loss": None, "test_loss": None, "test_accuracy": None})
         if evaluate is not None and self.cadence.due(self.evals, self.versions, self.now() - start,
                                                      epoch_s=self.epoch_s):
-            self._held_out(evaluate, start)
+            if self.after_exchange is None:
+                self._held_out(evaluate, start)
+            else:
+                self.after_exchange.ask()
+
+    def exchanged(self) -> None:
+        """Rank 0's worker, a p2p peer, has its exchange's fresh w: the evaluation owed,
+        made on the worker's clock (run.progress.EpochTracker.exchanged)."""
+        if self.after_exchange is not None and self.after_exchange.take():
+            self._held_out(lambda: _evaluate(self, self.clocks[0]), self.serve_start or 0.0)
 
     def _held_out(self, evaluate, start: float) -> None:
         began = self.now()

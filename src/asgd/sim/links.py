@@ -77,6 +77,8 @@ class MailboxLink:
             self.clock.message(RECV, h, self.c.pull_bytes(v), flow_id(rank, h, ticket, True))
         if self.round_crowd:
             world.crowd_turns(rank, self.round_crowd)
+        if rank == 0:
+            world.exchanged()
 
     def close(self) -> WorkerStats:
         """`done` to each of my servers, waited for until delivered."""
