@@ -182,12 +182,12 @@ def run_torch(name: str, seed: int, optimizer: str | None = None, lr: float | No
 
 def parse_args(argv=None):
     p = common.parser(__doc__, "data")
-    p.add_argument("--datasets", type=common.word_list, default=",".join(DATASETS),
+    p.add_argument("--datasets", type=common.choice_list(DATASETS), default=",".join(DATASETS),
                    help=f"comma list of {', '.join(DATASETS)} (default all)")
     p.add_argument("--ranks", type=int_list, default=[2, 4, 16, 32],
                    help="MPI ranks of asgd, comma list (default 2,4,16,32)")
     p.add_argument("--seeds", type=int_list, default=[0], help="splits and initializations (default 0)")
-    p.add_argument("--precisions", type=common.word_list, default=",".join(PRECISIONS),
+    p.add_argument("--precisions", type=common.choice_list(PRECISIONS), default=",".join(PRECISIONS),
                    help="asgd's --precision, comma list; the first is the one compared with sklearn, each "
                         f"other must be within {PRECISION_TOLERANCE} of it (default {','.join(PRECISIONS)})")
     p.add_argument("--tolerance", type=float, default=0.03, help="pass: asgd within this of sklearn (default 0.03)")
@@ -197,11 +197,6 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.quick:
         a.datasets, a.ranks, a.seeds = ["iris", "rings"], [2, 4], [0]
-    if not a.precisions or set(a.precisions) - set(PRECISIONS):
-        p.error(f"--precisions: a comma list of {', '.join(PRECISIONS)}; got {a.precisions}")
-    unknown = set(a.datasets) - set(DATASETS)
-    if unknown:
-        p.error(f"unknown --datasets {sorted(unknown)}; choose from {', '.join(DATASETS)}")
     if not a.no_torch and not common._version("torch"):
         print("pytorch: skipped (torch is not installed: pip install torch==2.13.0)", flush=True)
         a.no_torch = True

@@ -77,7 +77,7 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=21, help="timed repetitions per implementation (default 21)")
     p.add_argument("--min-time", type=float, default=0.05,
                    help="seconds per repetition; short steps are looped to reach it (default 0.05)")
-    p.add_argument("--precisions", type=common.word_list, default=",".join(PRECISIONS),
+    p.add_argument("--precisions", type=common.choice_list(PRECISIONS), default=",".join(PRECISIONS),
                    help=f"comma list of {', '.join(PRECISIONS)} (default both)")
     p.add_argument("--dgemm-n", type=int, default=2048,
                    help="size of the peak-measuring SGEMM and DGEMM (default 2048)")
@@ -86,8 +86,6 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.quick:
         a.hidden, a.batch, a.repeat, a.min_time = [10000], [64, 256], 5, 0.03
-    if not a.precisions or set(a.precisions) - set(PRECISIONS):
-        p.error(f"--precisions: a comma list of {', '.join(PRECISIONS)}; got {a.precisions}")
     return a
 
 

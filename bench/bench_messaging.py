@@ -88,19 +88,15 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=9, help="interleaved repetitions of each variant (default 9)")
     p.add_argument("--iters", type=int, default=0,
                    help="exchanges per repetition (default 0: enough for about 0.15 s)")
-    p.add_argument("--optimizers", type=common.word_list, default="sgd,adagrad,adam",
+    p.add_argument("--optimizers", type=common.choice_list(STATE_ARRAYS), default="sgd,adagrad,adam",
                    help="the asgd server's optimizers, one variant each (default sgd,adagrad,adam)")
-    p.add_argument("--precisions", type=common.word_list, default=",".join(PRECISIONS),
+    p.add_argument("--precisions", type=common.choice_list(PRECISIONS), default=",".join(PRECISIONS),
                    help=f"comma list of {', '.join(PRECISIONS)} (default both)")
     p.add_argument("--quick", action="store_true", help="3 repetitions of about 0.05 s")
     p.add_argument("--timeout", type=float, default=300, help="seconds before the MPI job is killed (default 300)")
     a = p.parse_args(argv)
     if a.quick:
         a.repeat = min(a.repeat, 3)
-    if not a.optimizers or set(a.optimizers) - {"sgd", "momentum", "adagrad", "adam"}:
-        p.error("--optimizers: a comma list of sgd, momentum, adagrad, adam")
-    if not a.precisions or set(a.precisions) - set(PRECISIONS):
-        p.error(f"--precisions: a comma list of {', '.join(PRECISIONS)}")
     a.floors = tuple(floor_of(o) for o in a.optimizers if STATE_ARRAYS[o])
     a.variants = PINGPONGS + a.floors + tuple(f"asgd {o}" for o in a.optimizers)
     return a

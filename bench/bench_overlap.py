@@ -43,10 +43,10 @@ def float_list(s: str) -> list[float]:
 def parse_args(argv=None):
     p = common.parser(__doc__, "overlap", mpi_child=True)
     p.add_argument("--hidden", type=int_list, default=[10000, 100000], help="2-H-2 sizes (default 10000,100000)")
-    p.add_argument("--where", type=common.word_list, default="shm,testbed",
+    p.add_argument("--where", type=common.choice_list(("shm", "testbed")), default="shm,testbed",
                    help="comma list of shm, testbed (default both; testbed: root)")
     p.add_argument("--bandwidth", default="1gbit", help="the testbed's links, each way (default 1gbit)")
-    p.add_argument("--progress", type=common.word_list, default="on,off",
+    p.add_argument("--progress", type=common.choice_list(("on", "off")), default="on,off",
                    help="comma list of on, off: the worker's step tests the "
                    "exchange between its sample blocks, or not (default both, alternating)")
     p.add_argument("--name", default="ov", help="testbed name (default ov)")
@@ -61,8 +61,6 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.quick:
         a.ratios, a.updates, a.repeat = [2.0], 10, 1
-    if not a.progress or set(a.progress) - {"on", "off"}:
-        p.error(f"--progress: a comma list of on, off; got {a.progress}")
     return a
 
 

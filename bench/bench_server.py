@@ -122,15 +122,11 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=15, help="interleaved repetitions (default 15)")
     p.add_argument("--min-time", type=float, default=0.05, help="seconds per repetition (default 0.05)")
     p.add_argument("--quick", action="store_true", help="workers 1 only, 5 repeats")
-    p.add_argument("--optimizers", type=common.word_list, default=",".join(OPTIMIZERS),
+    p.add_argument("--optimizers", type=common.choice_list(OPTIMIZERS), default=",".join(OPTIMIZERS),
                    help=f"comma list of {', '.join(OPTIMIZERS)} (default all)")
-    p.add_argument("--precisions", type=common.word_list, default=",".join(PRECISIONS),
+    p.add_argument("--precisions", type=common.choice_list(PRECISIONS), default=",".join(PRECISIONS),
                    help=f"comma list of {', '.join(PRECISIONS)} (default both)")
     a = p.parse_args(argv)
-    if not a.optimizers or set(a.optimizers) - set(OPTIMIZERS):
-        p.error(f"--optimizers: a comma list of {', '.join(OPTIMIZERS)}")
-    if not a.precisions or set(a.precisions) - set(PRECISIONS):
-        p.error(f"--precisions: a comma list of {', '.join(PRECISIONS)}")
     if a.quick:
         a.workers, a.repeat, a.min_time = [1], 5, 0.03
     return a

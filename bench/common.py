@@ -53,6 +53,16 @@ def word_list(s: str) -> list[str]:
     return [w.strip() for w in str(s).split(",") if w.strip()]
 
 
+def choice_list(choices):
+    """An argparse type: a non-empty comma list of `choices` (else argparse's usage error)."""
+    def parse(s: str) -> list[str]:
+        got = word_list(s)
+        if not got or set(got) - set(choices):
+            raise argparse.ArgumentTypeError(f"a comma list of {', '.join(choices)}; got {s!r}")
+        return got
+    return parse
+
+
 def exit_on_signals() -> None:
     """SIGTERM and SIGHUP end the bench as SystemExit, so its `finally` blocks run (a testbed
     bench takes its testbed down); Python's default for SIGTERM skips them."""
