@@ -176,20 +176,6 @@ def gemm_ceilings(n: int) -> dict:
     return {p: gemm_gflops(p, n) for p in PRECISIONS}
 
 
-def precision_ratios(rows) -> list[dict]:
-    """Per (hidden, batch, impl) measured in both precisions: float32's samples/s over
-    float64's, wall clock and CPU time."""
-    by = {(r["hidden"], r["batch"], r["impl"], r["precision"]): r for r in rows}
-    out = []
-    for (hid, batch, impl, prec), r32 in by.items():
-        r64 = by.get((hid, batch, impl, "float64"))
-        if prec == "float32" and r64:
-            out.append({"hidden": hid, "batch": batch, "impl": impl,
-                        "float32_over_float64": round(r32["samples_per_s"] / r64["samples_per_s"], 3),
-                        "float32_over_float64_cpu": round(r32["samples_per_s_cpu"] / r64["samples_per_s_cpu"], 3)})
-    return out
-
-
 def main(argv=None):
     args = parse_args(argv)
     run = common.Run("kernel", args)
@@ -226,7 +212,9 @@ def main(argv=None):
         r["ceiling_samples_per_s"] = round(gflops[r["precision"]] * 1e9 / r["flops_per_sample"])
         r["pct_of_ceiling"] = round(100 * r["samples_per_s"] / r["ceiling_samples_per_s"], 2)
         r["dgemm_bound_samples_per_s"] = round(gflops["float64"] * 1e9 / r["flops_per_sample"])   # the old column
-    ratios = precision_ratios(rows)
+    ratios = common.precision_ratios(rows, ("hidden", "batch", "impl"),   # samples/s, wall clock and CPU time
+                                     {"float32_over_float64": "samples_per_s",
+                                      "float32_over_float64_cpu": "samples_per_s_cpu"})
     info = run.meta(dgemm_gflops_1thread=gflops["float64"], sgemm_gflops_1thread=gflops["float32"],
                     float32_over_float64=ratios,
                     torch=with_torch or "not measured (not installed, or --no-torch)", columns=COLUMNS)

@@ -244,13 +244,6 @@ def plot(rows, path):
     common.save_figure(fig, path)
 
 
-def precision_ratios(rows) -> list[dict]:
-    """Each variant's round trip in float32 over float64's, per model."""
-    by = {(r["model"], r["variant"], r["precision"]): r for r in rows}
-    return [{"model": m, "variant": v, "float32_over_float64": round(r["rtt_us"] / by[m, v, "float64"]["rtt_us"], 3)}
-            for (m, v, prec), r in by.items() if prec == "float32" and (m, v, "float64") in by]
-
-
 def main(argv=None):
     args = parse_args(argv)
     if common.as_mpi_child(args, child):
@@ -284,7 +277,7 @@ def main(argv=None):
             f["rtt_us"] for f in rows if f["variant"] == floor_of(r["variant"].split()[1])
             and (f["model"], f["precision"]) == (r["model"], r["precision"]))
         r["vs_own_floor"] = round(r["rtt_us"] / own, 3) if own else None
-    ratios = precision_ratios(rows)
+    ratios = common.precision_ratios(rows, ("model", "variant"), {"float32_over_float64": "rtt_us"})
     info = run.meta(ranks=raw["ranks"], oversubscribed=raw["oversubscribed"], mpiexec=job["cmd"],
                     job_wall_s=round(job["wall_s"], 2), float32_over_float64=ratios, columns=COLUMNS,
                     raw=raw["rows"])

@@ -232,14 +232,6 @@ def row(res, name, path, prec, hid, n, W, bound_mem) -> dict:
             "max_rel_diff_vs_before": r["max_rel_diff"]}
 
 
-def precision_ratios(rows) -> list[dict]:
-    """asgd's µs per push in float32 over float64's, per model, workers and optimizer."""
-    by = {(r["model"], r["workers"], r["optimizer"], r["precision"]): r for r in rows if r["path"] == "asgd"}
-    return [{"model": m, "workers": W, "optimizer": o,
-             "float32_over_float64": round(r["us_per_op"] / by[m, W, o, "float64"]["us_per_op"], 3)}
-            for (m, W, o, prec), r in by.items() if prec == "float32" and (m, W, o, "float64") in by]
-
-
 def main(argv=None):
     args = parse_args(argv)
     run = common.Run("server", args)
@@ -262,7 +254,8 @@ def main(argv=None):
                 print(f"  2-{hid}-2 W={W} {prec}: " + ", ".join(
                     f"{r['optimizer']} {r['us_per_op']:,.0f} µs ({r['pct_of_floor']:.0f}% of floor; before "
                     f"{b['us_per_op']:,.0f})" for r, b in zip(group[::2], group[1::2])), flush=True)
-    ratios = precision_ratios(rows)
+    ratios = common.precision_ratios([r for r in rows if r["path"] == "asgd"], ("model", "workers", "optimizer"),
+                                     {"float32_over_float64": "us_per_op"})
     info = run.meta(memory_bound_gb_per_s=bound_mem, float32_over_float64=ratios, columns=COLUMNS)
     run.write(rows, info)
     run.plot(plot, rows)

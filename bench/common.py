@@ -358,6 +358,15 @@ def time_to_accuracy(history: list[dict], target: float, clock: str = "wall_s") 
     return None
 
 
+def precision_ratios(rows: list[dict], keys: tuple, ratios: dict) -> list[dict]:
+    """Per case (its `keys`) measured in both precisions: {keys..., out: float32's row[col] /
+    float64's, for out, col in ratios}."""
+    by = {(*(r[k] for k in keys), r["precision"]): r for r in rows}
+    return [{**dict(zip(keys, case)), **{out: round(r[col] / by[(*case, "float64")][col], 3)
+                                         for out, col in ratios.items()}}
+            for (*case, prec), r in by.items() if prec == "float32" and (*case, "float64") in by]
+
+
 def linear_fit(x, y) -> tuple[float, float, float]:
     """Least-squares line y = a + b x: (b, a, R^2)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
