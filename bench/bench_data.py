@@ -17,7 +17,6 @@ per run), data.json (the summary, the protocol, the machine and the load) and da
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from common import int_list
 

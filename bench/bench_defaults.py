@@ -18,7 +18,6 @@ interrupted study resumes; --fresh starts over); also defaults.json and defaults
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from common import int_list
 

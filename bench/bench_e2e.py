@@ -15,9 +15,7 @@ architecture's link ceiling. Writes e2e.csv (a row per run), e2e.json and e2e.pn
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 import validate
 from common import int_list

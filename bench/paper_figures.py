@@ -14,7 +14,6 @@ Writes paper.csv (one row per run), paper.json and the PNGs.
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from common import int_list
 

@@ -16,7 +16,6 @@ the headline numbers, the exact commands, the load average, and each target met 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
 import json
