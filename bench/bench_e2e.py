@@ -1,13 +1,9 @@
-"""End to end: time to held-out accuracy >= 0.95, samples/s and updates/s at 2, 4, 8 and 16
-ranks for asgd's parameter server (--eval-every epoch, as the peers evaluate), asgd's
-allreduce, PyTorch's RPC parameter server (bench/peers/rpc_peer.py) and PyTorch DDP
-(bench/peers/ddp_peer.py), each `mpiexec -n N python ...` with the same data, model, init and
-batch, in every precision of --precisions, all in one table (the peers: docs/bench-suite.md).
-Two times to accuracy from each run's history: whole process (wall_s, what a user waits
-for) and training only (time_s). Every implementation warmed by one discarded run; the
-order rotates per repetition; medians. --testbed RATE (root): every job across an emulated
-cluster, a rank per host, each row with its wire MB and link_util against its
-architecture's link ceiling. Writes e2e.csv (a row per run), e2e.json and e2e.png.
+"""End to end: time to held-out accuracy >= 0.95 (from process start and from the start of
+training), samples/s and updates/s at 2, 4, 8 and 16 ranks for asgd's parameter server and
+allreduce against PyTorch's RPC parameter server and DDP (bench/peers/), in every precision
+of --precisions; each implementation warmed by one discarded run, the order rotating per
+repetition, medians; --testbed RATE (root): across an emulated cluster. Details:
+docs/bench-suite.md. Writes e2e.csv (a row per run), e2e.json and e2e.png.
 
     python bench/bench_e2e.py                          # ranks 2,4,8,16, 3 repetitions
     python bench/bench_e2e.py --quick                  # 4 ranks, once

@@ -1,11 +1,8 @@
 """Worker training-step throughput on one core: asgd's numba kernel vs numpy, PyTorch and the FLOP ceiling.
 
-Samples/s of one SGD step of the d_in-H-d_out MLP per precision (--precisions), hidden and
-batch size, medians of interleaved repetitions: numba (asgd.net.mlp.make_step), numpy
-(asgd.net.reference.step: the reference the others' Delta-w are checked against), torch (a
-typical nn.Module step, 1 thread), torch_manual (hand-written forward/backward), exp_only
-(the sigmoids' exps alone) and the ceiling (this core's GEMM rate in the row's precision
-over the step's FLOPs). Writes kernel.csv, kernel.json and kernel.png under --out.
+Samples/s of one SGD step per precision (--precisions), hidden and batch size, medians of
+interleaved repetitions; the implementations (IMPLS) and the ceiling: docs/bench-suite.md.
+Writes kernel.csv, kernel.json and kernel.png under --out.
 
     python bench/bench_kernel.py                      # 2-10K-2, batch 256
     python bench/bench_kernel.py --batch 16,64,256,1024 --hidden 10000,100000

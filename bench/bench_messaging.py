@@ -1,24 +1,10 @@
 """Messaging: a worker's push/pull round trip through asgd's real protocol against a raw MPI
-ping-pong of the same size, 2 ranks, in one MPI job (this script starts it under mpiexec),
-in float32 (asgd.train's default) and float64 (--precisions): every buffer, the server's w
-and optimizer state in the row's precision, so a float32 row's floors move float32 buffers.
-
-Variants x precisions, repetitions interleaved (the order rotates), per-exchange median on
-the worker:
-  pingpong            raw MPI: rank 1 Isend + Irecv n_w values, Waitall; rank 0 echoes (its
-                      Irecv posted ahead): the hardware/MPI bound.
-  pingpong+aggregate  rank 0 doing the server's per-push work between receive and send
-                      (add_into Delta-w, copy w into the reply): the protocol's floor.
-  pingpong+versioned  rank 0 writes w + Delta-w into the other of two buffers, replies from it.
-  pingpong+reply-first  rank 0 replies from the current version, then writes the next one
-                      while the reply is on its way (asgd's async server).
-  pingpong+reply-first+O  the same, rank 0 also moving optimizer O's state arrays as O's
-                      update does (momentum, adagrad: one, read and written; adam: two), no arithmetic:
-                      O's bytes per push at the machine's rate, after the receive (in a closed
-                      loop the next push waits for both): the floor of an `asgd O` row.
-  asgd O              the real Server (async, optimizer O: --optimizers) and run_worker with a
-                      stub step (no compute); the server's busy time per push beside it.
-Writes messaging.csv, messaging.json, messaging.png under --out.
+ping-pong of the same size and the floors between them, 2 ranks, in one MPI job (this
+script starts it under mpiexec), in float32 and float64 (--precisions); variants x
+precisions interleaved, the order rotating, per-exchange medians on the worker. The
+variants (pingpong, +aggregate, +versioned, +reply-first, +reply-first+O, asgd O) and the
+columns: docs/bench-suite.md, and COLUMNS below. Writes messaging.csv, messaging.json,
+messaging.png under --out.
 
     python bench/bench_messaging.py                      # 2-10K-2 and 2-100K-2 sizes
     python bench/bench_messaging.py --hidden 100 --repeat 1 --iters 20     # seconds

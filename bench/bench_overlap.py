@@ -1,10 +1,7 @@
 """How much of a worker's push/pull exchange hides behind its compute, for the Delta-w of
-2-10K-2 and 2-100K-2, on shared memory (mpiexec, 2 ranks) and on two testbed hosts (root).
-Both ranks run asgd's real protocol and step; the modes `alone` (the exchange alone, E),
-`off` and `on` (--progress) cycle step by step within each run. Per step, medians: the
-compute c (a batch timed to r x E, r in --ratios), the time per step T beside max(c, E)
-and c + E, and hidden = (c0 + E - T) / min(E, c0) clipped to [0, 1] (c0: the compute with
-progress off); the headline is hidden at r = 2. Details: docs/benchmarks.md.
+2-10K-2 and 2-100K-2, on shared memory (mpiexec, 2 ranks) and on two testbed hosts (root),
+through asgd's real protocol and step, --progress on and off; the headline is the fraction
+hidden at compute = 2 x the exchange. The method: docs/bench-suite.md and docs/benchmarks.md.
 Writes overlap.csv, overlap.json (machine, load, testbed), overlap.png under --out.
 
     python bench/bench_overlap.py                        # both sizes, shm and testbed (root), progress on and off

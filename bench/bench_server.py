@@ -1,22 +1,9 @@
-"""The server's per-push work for each optimizer, before and now, against its floor: updates/s
-and GB/s, one core, in float32 (asgd.train's default) and float64 (--precisions), against a
-STREAM-like bound measured in the same run.
-
-Per push, for each optimizer (--optimizers) and precision, on a shard of n_w values of that
-precision (itemsize bytes each: 4 or 8), each push's d from the next of W workers' receive
-buffers:
-  asgd     Optimizer.update (the server's call): checks d for NaN and inf, writes the next
-           version of the shard into the version pool (W + 1 buffers, rotating as
-           DenseShard's do) and moves the optimizer's state in place; checked against
-           `before` (the same w' from the same w and d).
-  before   the server before issue 29: all_finite(d), the update in place, then w copied
-           into that worker's reply buffer: three passes (in float32 too, on float32 arrays).
-The floor: the bytes an update must move (sgd 3 x itemsize n, momentum and adagrad 5 x,
-adam 7 x) at the best of numpy copy/add/triad rotating over the update's own footprint (the
-same bytes, in that precision; floor_us; pct_of_floor = floor_us / us_per_push);
-pct_of_memory_bound: the same bytes against copy/add/triad on ASGD_BENCH_STREAM_MIB arrays.
-The precisions of a model and worker count are timed interleaved, under the same load.
-Writes server.csv, server.json, server.png under --out.
+"""The server's per-push work for each optimizer, now (asgd: Optimizer.update into the next
+version) and before issue 29 (check, update in place, copy into the reply buffer), against
+its floor: the update's bytes (sgd 3 x itemsize n, momentum and adagrad 5 x, adam 7 x) at
+the best of numpy copy/add/triad over the same footprint, measured in the same run; one
+core, float32 and float64 (--precisions) timed interleaved. Details and columns:
+docs/bench-suite.md, and COLUMNS below. Writes server.csv, server.json, server.png under --out.
 
     python bench/bench_server.py                        # 2-10K-2 and 2-100K-2, 1 and 8 workers
     python bench/bench_server.py --hidden 10000 --workers 1 --quick
