@@ -74,15 +74,6 @@ def exit_on_signals() -> None:
 
 # -- the machine -----------------------------------------------------------------------
 
-def _proc_field(path: str, key: str) -> str | None:
-    """The value after `key` on its line of a /proc file (None: no such line or file)."""
-    try:
-        with open(path) as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(key)), None)
-    except OSError:
-        return None
-
-
 def _mpi_library() -> dict:
     """MPI library and version as mpi4py sees them, without initializing MPI."""
     try:
@@ -165,17 +156,18 @@ def memory_bandwidth() -> dict:
 def machine(bandwidth: bool = True) -> dict:
     """What the numbers were measured on: CPU, cores, caches, memory (and its bandwidth on
     ASGD_BENCH_STREAM_MIB arrays), MPI library, package versions, load average."""
+    from asgd.doctor.install import cpu_model, meminfo
     from asgd.probes.calibrate import caches
     try:
         import llvmlite.binding as llvm
         llvm_cpu = llvm.get_host_cpu_name()
     except Exception:   # llvmlite absent or unable to name this CPU: the description goes without it
         llvm_cpu = None
-    mem_kib = _proc_field("/proc/meminfo", "MemTotal:")
-    m = {"cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or "unknown",
+    mem = meminfo("MemTotal")
+    m = {"cpu": cpu_model(),
          "llvm_cpu": llvm_cpu, "cores": os.cpu_count(), "cores_usable": launch.cores_available(),
          "caches": {name: f"{size >> 10}K" for name, size in caches().items()}, "lscpu": _lscpu(),
-         "memory_gib": round(int(mem_kib.split()[0]) / 2**20, 1) if mem_kib else None, "host": platform.node(),
+         "memory_gib": round(mem / 2**30, 1) if mem else None, "host": platform.node(),
          "platform": platform.platform(), "python": platform.python_version(),
          "numpy": np.__version__, "numba": _version("numba"), "torch": _version("torch"),
          "matplotlib": _version("matplotlib"), **_mpi_library(),
