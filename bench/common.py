@@ -132,25 +132,17 @@ def stream_kernels(n: int, sets: int = 1) -> dict:
     return {"copy": copy, "add": add, "triad": triad}
 
 
-def stream(n: int = 1 << 24, reps: int = 5) -> dict:
-    """STREAM-like bandwidth, GB/s counting the bytes each kernel moves (best of reps, interleaved)."""
-    kernels = stream_kernels(n)
-    best = {k: float("inf") for k in kernels}
-    for _ in range(reps):
-        for k, f in kernels.items():
-            t0 = time.perf_counter()
-            f()
-            best[k] = min(best[k], time.perf_counter() - t0)
-    return {k: round(STREAM_BYTES[k] * n / best[k] / 1e9, 2) for k in kernels}
-
-
 STREAM_MIB = int(os.environ.get("ASGD_BENCH_STREAM_MIB", "128"))
 
 
 @functools.lru_cache(maxsize=None)
 def memory_bandwidth() -> dict:
-    """stream() on ASGD_BENCH_STREAM_MIB arrays, measured once per process."""
-    return {**stream(STREAM_MIB << 17), "array_mib": STREAM_MIB, "tool": "numpy, 1 thread, best of 5"}
+    """STREAM-like bandwidth on ASGD_BENCH_STREAM_MIB arrays, GB/s counting the bytes each
+    kernel moves (best of 5, interleaved), measured once per process."""
+    n = STREAM_MIB << 17
+    got = interleaved(stream_kernels(n), 5, min_time=0, warmup=0)
+    return {**{k: round(STREAM_BYTES[k] * n / t["min_s"] / 1e9, 2) for k, t in got.items()},
+            "array_mib": STREAM_MIB, "tool": "numpy, 1 thread, best of 5"}
 
 
 def machine(bandwidth: bool = True) -> dict:
