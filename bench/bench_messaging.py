@@ -245,23 +245,20 @@ def main(argv=None):
                 rs = [r for r in raw["rows"] if (r["hidden"], r["precision"], r["variant"]) == (hid, prec, v)]
                 med = float(np.median([r["rtt_median_s"] for r in rs]))
                 agg = [r["server_aggregate_s_per_push"] for r in rs if r["server_aggregate_s_per_push"] is not None]
-                n_w, rtt_us = rs[0]["n_w"], round(1e6 * med, 2)
-                if v == "pingpong":   # the first variant, the others' reference
-                    pp = rtt_us
+                n_w = rs[0]["n_w"]
                 rows.append({"model": f"2-{hid}-2", "n_w": n_w, "precision": prec, "kb": size * n_w / 1e3,
-                             "variant": v, "rtt_us": rtt_us,
+                             "variant": v, "rtt_us": round(1e6 * med, 2),
                              "rtt_us_min": round(1e6 * min(r["rtt_min_s"] for r in rs), 2),
                              "exchanges_per_s": round(1 / med, 1),
                              "gb_per_s_both_ways": round(2 * size * n_w / med / 1e9, 3),
                              "server_aggregate_us": round(1e6 * float(np.median(agg)), 2) if agg else None,
-                             "repeat": len(rs), "iters": rs[0]["iters"], "vs_pingpong": round(rtt_us / pp, 3)})
-    for r in rows:   # against asgd's async server's floor, the same size and precision
-        floor = next((f["rtt_us"] for f in rows if f["variant"] == "pingpong+reply-first"
-                      and (f["model"], f["precision"]) == (r["model"], r["precision"])), None)
-        r["vs_reply_first"] = round(r["rtt_us"] / floor, 3) if floor else None
-        own = r["variant"].startswith("asgd ") and next(
-            f["rtt_us"] for f in rows if f["variant"] == floor_of(r["variant"].split()[1])
-            and (f["model"], f["precision"]) == (r["model"], r["precision"]))
+                             "repeat": len(rs), "iters": rs[0]["iters"]})
+    rtt = {(r["model"], r["precision"], r["variant"]): r["rtt_us"] for r in rows}
+    for r in rows:   # against the ping-pong and the floors of the same size and precision (all measured)
+        m = (r["model"], r["precision"])
+        r["vs_pingpong"] = round(r["rtt_us"] / rtt[(*m, "pingpong")], 3)
+        r["vs_reply_first"] = round(r["rtt_us"] / rtt[(*m, "pingpong+reply-first")], 3)
+        own = r["variant"].startswith("asgd ") and rtt[(*m, floor_of(r["variant"].split()[1]))]
         r["vs_own_floor"] = round(r["rtt_us"] / own, 3) if own else None
     ratios = common.precision_ratios(rows, ("model", "variant"), {"float32_over_float64": "rtt_us"})
     info = run.meta(ranks=raw["ranks"], oversubscribed=raw["oversubscribed"], mpiexec=job["cmd"],
