@@ -1,13 +1,9 @@
 """Real data with the defaults: held-out accuracy of asgd with no option but --data (and
 --seed) on scikit-learn's small data sets, a 5,000-image MNIST sample and the embedded
-problem, at 2, 4, 16 and 32 ranks, next to scikit-learn's MLPClassifier() with its own
-defaults on the same stratified 70/30 split (the better of raw and standardized features),
-and asgd's model in one PyTorch process (--no-torch: none); the protocol: docs/benchmarks.md.
-
-Pass: asgd's mean accuracy within --tolerance (0.03) of the reference for every data set
-and rank count, each other precision within 0.005 of the first; rings at 16 ranks also
->= 0.95 within 60 s of job wall time (the README's default run). Writes data.csv (one row
-per run), data.json (the summary, the protocol, the machine and the load) and data.png.
+problem, at 2, 4, 16 and 32 ranks, against scikit-learn's MLPClassifier() on the same split
+and asgd's model in one PyTorch process (--no-torch: none). The protocol and the pass rule
+(--tolerance, each other precision within 0.005, the default 16-rank rings run): docs/bench-suite.md
+and docs/benchmarks.md. Writes data.csv (a row per run), data.json (the summary) and data.png.
 
     python bench/bench_data.py                            # 6 data sets x 2,4,16,32 ranks x seed 0
     python bench/bench_data.py --quick                    # iris and rings, 2 and 4 ranks, seed 0
