@@ -75,22 +75,21 @@ def check_checkpoint(out: Path, lost: bool) -> str:
     return f"cut {cut}: shards at versions {rounds}" if len(rounds) > 1 and not lost else "ok"
 
 
-def plain_run(a, train: list[str]) -> tuple[subprocess.CompletedProcess, dict | None]:
+def plain_run(a, train: list[str]) -> tuple[dict, dict | None]:
     """An undisturbed `mpiexec -n --ranks python -m asgd.train TRAIN` (MPICH, no supervisor):
-    the job, and its results.json (None if it failed)."""
-    p = subprocess.run(mpiexec_command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
-                       text=True, timeout=a.limit_s)
+    the job (common.mpiexec's), and its results.json (None if it failed)."""
+    job = common.mpiexec(a.ranks, ["-m", "asgd.train", *train], a.limit_s, check=False)
     res = Path(train[train.index("--out") + 1]) / "results.json"
-    return p, json.loads(res.read_text()) if p.returncode == 0 and res.exists() else None
+    return job, json.loads(res.read_text()) if job["rc"] == 0 and res.exists() else None
 
 
 def pilot(a, work: Path) -> float:
     """train_s of an undisturbed async run with the bench's --ranks, --hidden and --epochs."""
-    p, r = plain_run(a, ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden", str(a.hidden),
-                         "--checkpoint-every", "0.5s", "--quiet", "--out", str(work / "pilot")])
+    job, r = plain_run(a, ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden",
+                           str(a.hidden), "--checkpoint-every", "0.5s", "--quiet", "--out", str(work / "pilot")])
     if r is None:
-        last = p.stderr.strip().splitlines()[-1:] or ["no message"]
-        raise SystemExit(f"bench_chaos: the undisturbed pilot run failed (exit {p.returncode}): {last[0]}")
+        last = job["stderr"].strip().splitlines()[-1:] or ["no message"]
+        raise SystemExit(f"bench_chaos: the undisturbed pilot run failed (exit {job['rc']}): {last[0]}")
     return r["train_s"]
 
 
@@ -226,9 +225,9 @@ def undisturbed(a, work: Path, row: dict) -> dict | None:
     (the row then has no comparison)."""
     out = work / f"twin-{row['kind']}-{row['run']}"
     shutil.rmtree(out, ignore_errors=True)
-    p, r = plain_run(a, [*row["train"][:row["train"].index("--out")], "--out", str(out)])
+    job, r = plain_run(a, [*row["train"][:row["train"].index("--out")], "--out", str(out)])
     if r is None:
-        print(f"bench_chaos: the twin of {row['kind']} run {row['run']} failed (exit {p.returncode})", flush=True)
+        print(f"bench_chaos: the twin of {row['kind']} run {row['run']} failed (exit {job['rc']})", flush=True)
     return r
 
 
