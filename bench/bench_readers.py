@@ -30,7 +30,8 @@ def parse_args(argv=None):
     p = common.parser(__doc__, "readers")
     p.add_argument("--points", type=int, default=1_000_000, help="training points in the file (default 1,000,000)")
     p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 16], help="comma list (default 1,2,4,8,16)")
-    p.add_argument("--format", type=common.word_list, default="tsv", help="tsv, npy or tsv,npy (default tsv)")
+    p.add_argument("--format", type=common.choice_list(("tsv", "npy")), default="tsv",
+                   help="tsv, npy or tsv,npy (default tsv)")
     p.add_argument("--repeat", type=int, default=1, help="runs per (format, reader, workers); the median counts")
     p.add_argument("--quick", action="store_true", help="100,000 points, workers 1,2,4,8")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
@@ -38,8 +39,6 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.quick:
         a.points, a.workers = 100_000, [1, 2, 4, 8]
-    if not set(a.format) <= {"tsv", "npy"}:
-        p.error("--format takes tsv, npy or both")
     return a
 
 

@@ -1,22 +1,9 @@
-"""The server's per-push work for each optimizer, before and now, against its floor: updates/s
-and GB/s, one core, in float32 (asgd.train's default) and float64 (--precisions), against a
-STREAM-like bound measured in the same run.
-
-Per push, for each optimizer (--optimizers) and precision, on a shard of n_w values of that
-precision (itemsize bytes each: 4 or 8), each push's d from the next of W workers' receive
-buffers:
-  asgd     Optimizer.update (the server's call): checks d for NaN and inf, writes the next
-           version of the shard into the version pool (W + 1 buffers, rotating as
-           DenseShard's do) and moves the optimizer's state in place; checked against
-           `before` (the same w' from the same w and d).
-  before   the server before issue 29: all_finite(d), the update in place, then w copied
-           into that worker's reply buffer: three passes (in float32 too, on float32 arrays).
-The floor: the bytes an update must move (sgd 3 x itemsize n, momentum and adagrad 5 x,
-adam 7 x) at the best of numpy copy/add/triad rotating over the update's own footprint (the
-same bytes, in that precision; floor_us; pct_of_floor = floor_us / us_per_push);
-pct_of_memory_bound: the same bytes against copy/add/triad on ASGD_BENCH_STREAM_MIB arrays.
-The precisions of a model and worker count are timed interleaved, under the same load.
-Writes server.csv, server.json, server.png under --out.
+"""The server's per-push work for each optimizer, now (asgd: Optimizer.update into the next
+version) and before issue 29 (check, update in place, copy into the reply buffer), against
+its floor: the update's bytes (sgd 3 x itemsize n, momentum and adagrad 5 x, adam 7 x) at
+the best of numpy copy/add/triad over the same footprint, measured in the same run; one
+core, float32 and float64 (--precisions) timed interleaved. Details and columns:
+docs/bench-suite.md, and COLUMNS below. Writes server.csv, server.json, server.png under --out.
 
     python bench/bench_server.py                        # 2-10K-2 and 2-100K-2, 1 and 8 workers
     python bench/bench_server.py --hidden 10000 --workers 1 --quick
@@ -122,15 +109,11 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=15, help="interleaved repetitions (default 15)")
     p.add_argument("--min-time", type=float, default=0.05, help="seconds per repetition (default 0.05)")
     p.add_argument("--quick", action="store_true", help="workers 1 only, 5 repeats")
-    p.add_argument("--optimizers", type=common.word_list, default=",".join(OPTIMIZERS),
+    p.add_argument("--optimizers", type=common.choice_list(OPTIMIZERS), default=",".join(OPTIMIZERS),
                    help=f"comma list of {', '.join(OPTIMIZERS)} (default all)")
-    p.add_argument("--precisions", type=common.word_list, default=",".join(PRECISIONS),
+    p.add_argument("--precisions", type=common.choice_list(PRECISIONS), default=",".join(PRECISIONS),
                    help=f"comma list of {', '.join(PRECISIONS)} (default both)")
     a = p.parse_args(argv)
-    if not a.optimizers or set(a.optimizers) - set(OPTIMIZERS):
-        p.error(f"--optimizers: a comma list of {', '.join(OPTIMIZERS)}")
-    if not a.precisions or set(a.precisions) - set(PRECISIONS):
-        p.error(f"--precisions: a comma list of {', '.join(PRECISIONS)}")
     if a.quick:
         a.workers, a.repeat, a.min_time = [1], 5, 0.03
     return a
@@ -236,14 +219,6 @@ def row(res, name, path, prec, hid, n, W, bound_mem) -> dict:
             "max_rel_diff_vs_before": r["max_rel_diff"]}
 
 
-def precision_ratios(rows) -> list[dict]:
-    """asgd's µs per push in float32 over float64's, per model, workers and optimizer."""
-    by = {(r["model"], r["workers"], r["optimizer"], r["precision"]): r for r in rows if r["path"] == "asgd"}
-    return [{"model": m, "workers": W, "optimizer": o,
-             "float32_over_float64": round(r["us_per_op"] / by[m, W, o, "float64"]["us_per_op"], 3)}
-            for (m, W, o, prec), r in by.items() if prec == "float32" and (m, W, o, "float64") in by]
-
-
 def main(argv=None):
     args = parse_args(argv)
     run = common.Run("server", args)
@@ -266,7 +241,8 @@ def main(argv=None):
                 print(f"  2-{hid}-2 W={W} {prec}: " + ", ".join(
                     f"{r['optimizer']} {r['us_per_op']:,.0f} µs ({r['pct_of_floor']:.0f}% of floor; before "
                     f"{b['us_per_op']:,.0f})" for r, b in zip(group[::2], group[1::2])), flush=True)
-    ratios = precision_ratios(rows)
+    ratios = common.precision_ratios([r for r in rows if r["path"] == "asgd"], ("model", "workers", "optimizer"),
+                                     {"float32_over_float64": "us_per_op"})
     info = run.meta(memory_bound_gb_per_s=bound_mem, float32_over_float64=ratios, columns=COLUMNS)
     run.write(rows, info)
     run.plot(plot, rows)

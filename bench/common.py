@@ -53,6 +53,16 @@ def word_list(s: str) -> list[str]:
     return [w.strip() for w in str(s).split(",") if w.strip()]
 
 
+def choice_list(choices):
+    """An argparse type: a non-empty comma list of `choices` (else argparse's usage error)."""
+    def parse(s: str) -> list[str]:
+        got = word_list(s)
+        if not got or set(got) - set(choices):
+            raise argparse.ArgumentTypeError(f"a comma list of {', '.join(choices)}; got {s!r}")
+        return got
+    return parse
+
+
 def exit_on_signals() -> None:
     """SIGTERM and SIGHUP end the bench as SystemExit, so its `finally` blocks run (a testbed
     bench takes its testbed down); Python's default for SIGTERM skips them."""
@@ -63,15 +73,6 @@ def exit_on_signals() -> None:
 
 
 # -- the machine -----------------------------------------------------------------------
-
-def _proc_field(path: str, key: str) -> str | None:
-    """The value after `key` on its line of a /proc file (None: no such line or file)."""
-    try:
-        with open(path) as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(key)), None)
-    except OSError:
-        return None
-
 
 def _mpi_library() -> dict:
     """MPI library and version as mpi4py sees them, without initializing MPI."""
@@ -131,41 +132,34 @@ def stream_kernels(n: int, sets: int = 1) -> dict:
     return {"copy": copy, "add": add, "triad": triad}
 
 
-def stream(n: int = 1 << 24, reps: int = 5) -> dict:
-    """STREAM-like bandwidth, GB/s counting the bytes each kernel moves (best of reps, interleaved)."""
-    kernels = stream_kernels(n)
-    best = {k: float("inf") for k in kernels}
-    for _ in range(reps):
-        for k, f in kernels.items():
-            t0 = time.perf_counter()
-            f()
-            best[k] = min(best[k], time.perf_counter() - t0)
-    return {k: round(STREAM_BYTES[k] * n / best[k] / 1e9, 2) for k in kernels}
-
-
 STREAM_MIB = int(os.environ.get("ASGD_BENCH_STREAM_MIB", "128"))
 
 
 @functools.lru_cache(maxsize=None)
 def memory_bandwidth() -> dict:
-    """stream() on ASGD_BENCH_STREAM_MIB arrays, measured once per process."""
-    return {**stream(STREAM_MIB << 17), "array_mib": STREAM_MIB, "tool": "numpy, 1 thread, best of 5"}
+    """STREAM-like bandwidth on ASGD_BENCH_STREAM_MIB arrays, GB/s counting the bytes each
+    kernel moves (best of 5, interleaved), measured once per process."""
+    n = STREAM_MIB << 17
+    got = interleaved(stream_kernels(n), 5, min_time=0, warmup=0)
+    return {**{k: round(STREAM_BYTES[k] * n / t["min_s"] / 1e9, 2) for k, t in got.items()},
+            "array_mib": STREAM_MIB, "tool": "numpy, 1 thread, best of 5"}
 
 
 def machine(bandwidth: bool = True) -> dict:
     """What the numbers were measured on: CPU, cores, caches, memory (and its bandwidth on
     ASGD_BENCH_STREAM_MIB arrays), MPI library, package versions, load average."""
+    from asgd.doctor.install import cpu_model, meminfo
     from asgd.probes.calibrate import caches
     try:
         import llvmlite.binding as llvm
         llvm_cpu = llvm.get_host_cpu_name()
     except Exception:   # llvmlite absent or unable to name this CPU: the description goes without it
         llvm_cpu = None
-    mem_kib = _proc_field("/proc/meminfo", "MemTotal:")
-    m = {"cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or "unknown",
+    mem = meminfo("MemTotal")
+    m = {"cpu": cpu_model(),
          "llvm_cpu": llvm_cpu, "cores": os.cpu_count(), "cores_usable": launch.cores_available(),
          "caches": {name: f"{size >> 10}K" for name, size in caches().items()}, "lscpu": _lscpu(),
-         "memory_gib": round(int(mem_kib.split()[0]) / 2**20, 1) if mem_kib else None, "host": platform.node(),
+         "memory_gib": round(mem / 2**30, 1) if mem else None, "host": platform.node(),
          "platform": platform.platform(), "python": platform.python_version(),
          "numpy": np.__version__, "numba": _version("numba"), "torch": _version("torch"),
          "matplotlib": _version("matplotlib"), **_mpi_library(),
@@ -346,6 +340,15 @@ def time_to_accuracy(history: list[dict], target: float, clock: str = "wall_s") 
         if h.get("test_accuracy") is not None and h["test_accuracy"] >= target:
             return h[clock]
     return None
+
+
+def precision_ratios(rows: list[dict], keys: tuple, ratios: dict) -> list[dict]:
+    """Per case (its `keys`) measured in both precisions: {keys..., out: float32's row[col] /
+    float64's, for out, col in ratios}."""
+    by = {(*(r[k] for k in keys), r["precision"]): r for r in rows}
+    return [{**dict(zip(keys, case)), **{out: round(r[col] / by[(*case, "float64")][col], 3)
+                                         for out, col in ratios.items()}}
+            for (*case, prec), r in by.items() if prec == "float32" and (*case, "float64") in by]
 
 
 def linear_fit(x, y) -> tuple[float, float, float]:

@@ -1,11 +1,9 @@
 """The paper's Figures 2, 3, 4 and 9 (Hashemi et al. 2016) measured on this machine with asgd.train.
 
-Every point is one `mpiexec -n N python -m asgd.train --optimizer sgd --epochs E` run, read
-from its results.json: figure2.png (total against ranks by batch), figure3.png (2-10K-2
-against 2-100K-2), figure4.png (training per epoch against batch: the paper's cache jump?)
-and figure9.png (phases against ranks, with asgd.perf.analytic's prediction from --params
-or a calibrate run first). Runs are shared between figures, in a shuffled order.
-Writes paper.csv (one row per run), paper.json and the PNGs.
+Every point is one `mpiexec -n N python -m asgd.train --optimizer sgd --epochs E` run, shared
+between the figures and run in a shuffled order; Figure 9 overlays asgd.perf.analytic's
+prediction (--params, or a calibrate run first). Writes paper.csv (a row per run),
+paper.json and figure{2,3,4,9}.png.
 
     python bench/paper_figures.py                 # ranks 2,4,8,16; batch 16..1024; 2 epochs
     python bench/paper_figures.py --quick         # ranks 2,8; batch 64,256,1024; 1 epoch
@@ -14,7 +12,6 @@ Writes paper.csv (one row per run), paper.json and the PNGs.
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from common import int_list
 

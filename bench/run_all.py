@@ -6,17 +6,14 @@
     python bench/run_all.py --everything   # also bench_trace, bench_readers, bench_model, bench_startup,
                                            # bench_data, bench_tta
 
-Each benchmark runs as its own process (`python bench/<script> ...`, with a time limit) and
-writes CSV, JSON (with the machine and the load average) and a PNG under
-bench/results/<name>/ (--quick: bench/results/quick/<name>/); this script then writes
-summary.json and summary.md beside them:
-the headline numbers, the exact commands, the load average, and each target met or missed.
+Each benchmark runs as its own process with a time limit, into bench/results/<name>/
+(--quick: bench/results/quick/<name>/); then summary.json and summary.md beside them (what
+they hold: docs/bench-suite.md).
 """
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
 import json

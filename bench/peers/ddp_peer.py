@@ -13,17 +13,12 @@ import time
 
 T0 = time.perf_counter()   # wall is measured from process start: imports count, as in asgd.train
 
-import os
-
-for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ[_v] = "1"
-
 import sys
 
-import numpy as np
-
 from torch_mlp import (as_peer, epoch_entry, evaluate, optimizer_and_lr, peer_parser, rank_and_size, torch_mlp,
-                       torch_optimizer, write_results)
+                       torch_optimizer, write_results)   # first: it pins one thread per process before numpy
+
+import numpy as np
 
 
 def main(argv=None) -> int:

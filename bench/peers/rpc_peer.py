@@ -18,16 +18,11 @@ import time
 
 T0 = time.perf_counter()   # wall is measured from process start: imports count, as in asgd.train
 
-import os
-
-for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ[_v] = "1"
-
 import sys
 import threading
 
 from torch_mlp import (as_peer, epoch_entry, evaluate, optimizer_and_lr, peer_parser, rank_and_size,
-                       torch_mlp as model_of, torch_optimizer, write_results)
+                       torch_mlp as model_of, torch_optimizer, write_results)   # pins one thread per process
 
 SERVER = "ps"
 PS = None   # rank 0's ParameterServer: the RPC handlers run in the server's process and find it here

@@ -12,6 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")   # a peer: one thread per process, like one MPI rank; before numpy
+
 import numpy as np
 
 
