@@ -70,7 +70,8 @@ class Server:
         self.updates = ShardUpdates(self.optimizer, self.msgs, self.replies)   # the apply effects
         self.apply, self.apply_mean, self.finite = self.updates.apply, self.updates.apply_mean, self.updates.finite
         self.deaths = Deaths(ep.comm, self.ranks, fault_tolerant)
-        self.dead, self.watch = self.deaths.dead, self.deaths.watch
+        self.dead = self.deaths.dead
+        self.watch = self.deaths.watch if fault_tolerant else None   # else a call per poll that does nothing
         self.wire = [int(r != ep.rank) for r in self.ranks]    # 0: a p2p owner's own worker, no wire between
         self.error = None                      # a reply that failed (a worker that died): raised after the event
         MPI.Prequest.Startall(self.pushes)
@@ -78,11 +79,13 @@ class Server:
     def serve(self, policy: Policy) -> ServerStats:
         """Answer pushes as `policy` says until every worker has sent its end-of-work message."""
         self.shard.policy = policy
+
+        def waiting_for():   # made once, called only for a message
+            return f"a push from any of the worker ranks {[self.ranks[j] for j in np.flatnonzero(self.shard.active)]}"
         while self.shard.live:
             self.clock.switch("idle")
             try:
-                i = self.waiter.any(self.requests, lambda: "a push from any of the worker ranks "
-                                    f"{[self.ranks[j] for j in np.flatnonzero(self.shard.active)]}", self.watch)
+                i = self.waiter.any(self.requests, waiting_for, self.watch)
                 self.clock.switch("aggregate")
                 self.event(i)   # its replies may meet a worker that died since
             except MPI.Exception as e:
