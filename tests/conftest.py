@@ -249,29 +249,48 @@ for dt, tag in ((np.float64, ""), (np.float32, ".f32")):   # a specialization pe
             loss = step(w, X, y, 0.05, dw)
             out[f"{use}{i}{tag}"] = np.append(dw, loss)
 np.savez(sys.argv[1], **out)
+if len(sys.argv) > 3:   # the compiling session: the float32 step's LLVM IR (code loaded from the cache has none)
+    from asgd.net import kernels as K
+    sig = next(s for s in K.step_rows.signatures if str(s[0].dtype) == "float32")
+    open(sys.argv[3], "w").write(K.step_rows.inspect_llvm(sig))
 """
 
 
 @pytest.fixture(scope="session")
-def cold_cache_steps(tmp_path_factory):
+def cold_cache(tmp_path_factory):
     """Three processes sharing a numba cache that starts empty, as a job's ranks do: the
     first compiles make_step, the second loads it from the cache and compiles the
-    model-parallel step (a slice of 1), the third loads both. -> {session: {key: Delta-w
-    with the loss appended}}, keys "s<i>" (make_step) and "m<i>" (the slice's step) for
-    three shapes i, in float64, and "s<i>.f32", "m<i>.f32" in float32. Read by
-    test_kernels (make_step compiled or loaded: the same bits) and test_model_parallel
-    (the slice's step is make_step's, whichever was compiled), which each ran the first
-    two processes themselves."""
+    model-parallel step (a slice of 1), the third loads both. -> ({session: {key: Delta-w
+    with the loss appended}}, the float32 step_rows' LLVM IR as the first compiled it):
+    keys "s<i>" (make_step) and "m<i>" (the slice's step) for three shapes i, in float64,
+    and "s<i>.f32", "m<i>.f32" in float32. One compilation serves the tests below."""
     tmp = tmp_path_factory.mktemp("cold-cache")
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp / "numba")}
-    sessions = {}
+    sessions, llvm = {}, tmp / "step_rows.f32.ll"
     for session, uses in (("compiles make_step", "s"), ("loads it, compiles the slice's", "sm"), ("loads both", "ms")):
         path = tmp / f"{len(sessions)}.npz"
-        p = subprocess.run([sys.executable, "-c", COLD_CACHE_STEPS, str(path), uses], capture_output=True, text=True,
-                           timeout=300, env=env)
+        ir = [str(llvm)] if not sessions else []
+        p = subprocess.run([sys.executable, "-c", COLD_CACHE_STEPS, str(path), uses, *ir], capture_output=True,
+                           text=True, timeout=300, env=env)
         assert p.returncode == 0, p.stderr
         sessions[session] = dict(np.load(path))
-    return sessions
+    return sessions, llvm.read_text()
+
+
+@pytest.fixture(scope="session")
+def cold_cache_steps(cold_cache):
+    """cold_cache's Delta-w by session. Read by test_kernels (make_step compiled or loaded:
+    the same bits) and test_model_parallel (the slice's step is make_step's, whichever was
+    compiled), which each ran the first two processes themselves."""
+    return cold_cache[0]
+
+
+@pytest.fixture(scope="session")
+def float32_step_llvm(cold_cache):
+    """The LLVM IR of the float32 step_rows, compiled in cold_cache's first process (a
+    fresh cache: code loaded from numba's cache has no IR to inspect): test_kernels reads
+    its vector lanes without compiling the step again."""
+    return cold_cache[1]
 
 
 @pytest.fixture(scope="session")

@@ -71,28 +71,15 @@ def test_a_float32_step_matches_the_float64_reference_within_its_sums_roundings(
     np.testing.assert_allclose(dw, dw_ref, rtol=0, atol=(d_h + batch) * U32 * np.abs(dw_ref).max())
 
 
-def test_the_float32_step_runs_in_float32_vector_lanes(tmp_path):
+def test_the_float32_step_runs_in_float32_vector_lanes(float32_step_llvm):
     """The float32 specialization of the step's rows (the worker's: mlp.make_step) computes
     its hot loops in float32: the sigmoid's exp is _vexp32, vectorized (its 2^k a shift by
     23 of int32 lanes, not float64's by 52 of int64 lanes), and the sums are float32
     vectors (a float64 literal in the loop would lift them to double and halve the lanes;
-    only the per-sample softmax over d_out values stays float64)."""
-    import os
+    only the per-sample softmax over d_out values stays float64). The IR: conftest's
+    float32_step_llvm, from the compile the cold-cache tests share."""
     import re
-    source = """
-import numpy as np
-from asgd.net import kernels as K
-from asgd.net.mlp import Layout, init_params, make_step
-layout = Layout(2, 600, 2)
-w, X = init_params(layout, 1, np.float32), np.ones((8, 2), np.float32)
-make_step(layout, 8, np.float32)(w, X, np.zeros(8, np.int64), 0.1, np.empty(layout.n_w, np.float32))
-sig = next(s for s in K.step_rows.signatures if str(s[0].dtype) == "float32")
-print(K.step_rows.inspect_llvm(sig))
-"""
-    # a fresh cache: code loaded from numba's cache has no LLVM IR to inspect
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    code = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=300, env=env,
-                          check=True).stdout
+    code = float32_step_llvm
     assert re.search(r"shl <\d+ x i32> [^\n]*i32 23", code), "the float32 exp did not vectorize"
     assert not re.search(r"shl <\d+ x i64> [^\n]*i64 52", code), "float64's exp in the float32 step"
     assert re.search(r"fmul[^\n]*<\d+ x float>", code), "no float32 vector multiply in the float32 step"

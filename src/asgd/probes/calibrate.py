@@ -11,8 +11,8 @@ the configurations to be predicted.
   shapes       the step of D-H-C MLPs beside 2-H-2's, D + C from 5 to 794: a data
                file's features and classes (the kernels' generic path) scale the
                2-H-2 tables (Params.shaped)                              in process
-  job startup  P ranks starting at once, with asgd.train's staged cache loads, no data
-                                                                         mpiexec -n P
+  job startup  P ranks starting at once, with asgd.train's staged cache loads, no data:
+               the start of each cores job                               mpiexec -n P
   cores        P ranks stepping at once (2-10K-2 and 2-100K-2): how many cores' worth of
                work they get done                                        mpiexec -n P
   messaging    raw ping-pong (r_net); asgd's push/pull: the round trip (no compute), the
@@ -329,23 +329,22 @@ def calibrate(launcher: str | None = None, quick: bool = False, say=print) -> di
         t.update(msg["precisions"][prec])
     C = cores_available()
     counts = sorted({1, C, 2 * C + 1} if quick else {1, C, C + 1, 2 * C + 1, 4 * C + 1, 8 * C + 1})
-    say(f"calibrate: cores' worth of training steps done by {counts} ranks at once, batch 256")
+    say(f"calibrate: a job's start-up (no data), then cores' worth of training steps done by {counts} "
+        "ranks at once, batch 256")
     worth = {}  # [hidden][ranks]: cores' worth of steps, against one rank's
+    job_start = {n: [] for n in counts}   # every cores job's start-up, its ranks' count's samples
     for h in [x for x in hidden if x >= 10000]:
         rates = {n: [] for n in counts}
         for _ in range(1 if quick else 2):  # interleaved repetitions, medians: the machine drifts
             for n in counts:
-                rates[n].append(_launch(launcher, n, ["cores", "--hidden", str(h), "--batch", "256",
-                                                      "--seconds", "0.5" if quick else "1.0"], 300)["steps_per_s"])
+                got = _launch(launcher, n, ["cores", "--hidden", str(h), "--batch", "256",
+                                            "--seconds", "0.5" if quick else "1.0"], 300)
+                rates[n].append(got["steps_per_s"])
+                job_start[n].append(got["startup_s"])
         worth[h] = {n: statistics.median(r) / statistics.median(rates[1]) for n, r in rates.items()}
         say(f"  hidden {h}: " + ", ".join(f"{n}: {v:.2f}" for n, v in worth[h].items()))
-    say(f"calibrate: a job's start-up (no data) with {counts} ranks")
-    job_start = {n: [] for n in counts}
-    for _ in range(1 if quick else 3):
-        for n in counts:
-            job_start[n].append(_launch(launcher, n, ["job-startup"], 300)["startup_s"])
     job_start = {n: statistics.median(v) for n, v in job_start.items()}
-    say("  " + ", ".join(f"{n}: {v:.2f} s" for n, v in job_start.items()))
+    say("  start-up: " + ", ".join(f"{n}: {v:.2f} s" for n, v in job_start.items()))
     crowd = sorted({2 * C + 1} if quick else {C + 1, 2 * C + 1, 4 * C + 1})
     say(f"calibrate: push/pull CPU per update with {crowd} ranks sharing the cores (no-compute workers)")
     for n in crowd:

@@ -5,8 +5,9 @@ module initializes MPI on import; the orchestrating process never imports it.
 
   startup      one rank of asgd.train up to its first data: imports, MPI_Init, numba
                cache loads (wall and CPU seconds)                       mpiexec -n 1
-  job-startup  P ranks starting at once, with asgd.train's staged cache loads, no data
-  cores        P ranks stepping at once: how many cores' worth of work they get done
+  cores        P ranks starting at once, with asgd.train's staged cache loads, no data
+               (the job's start-up), then stepping at once: how many cores' worth of
+               work they get done (one job for both: a launch costs seconds)
   messaging    raw ping-pong; asgd's push/pull round trip, server CPU per update, the
                worker's time per update beyond a stand-in step          mpiexec -n 2
   contention   1 server and P-1 no-compute workers on the node's cores
@@ -75,11 +76,11 @@ def probe_startup() -> dict:
     return out
 
 
-def probe_job_startup() -> dict | None:
+def job_startup() -> float | None:
     """A whole job's start with this many ranks, as asgd.train's with a data file up to
     its first read: every rank's imports at once, then the staged numba cache loads of
     its role (startup.warm_up: the node's first rank, then the others). The slowest
-    rank's seconds since its start, as init_s counts them."""
+    rank's seconds since its start, as init_s counts them (on rank 0; None elsewhere)."""
     for name in startup.RANK_MODULES:
         importlib.import_module(name)
     comm = MPI.COMM_WORLD
@@ -88,8 +89,7 @@ def probe_job_startup() -> dict | None:
     error = startup.warm_up(comm, waiter, startup.loads(role, comm.rank, True), startup.node_loads(True))
     if error:
         raise error
-    slowest = comm.reduce((time.perf_counter_ns() - T0_NS) / 1e9, op=MPI.MAX)
-    return {"startup_s": slowest} if comm.rank == 0 else None
+    return comm.reduce((time.perf_counter_ns() - T0_NS) / 1e9, op=MPI.MAX)
 
 
 def probe_messaging(sizes: list[int], updates: int, precisions=("float64",)) -> dict | None:
@@ -201,9 +201,11 @@ def spin_step(seconds: float):
 
 
 def probe_cores(hidden: int, batch: int, seconds: float) -> dict | None:
-    """Every rank runs training steps for `seconds` at once; rank 0 reports the steps per
-    second of all of them together. Against one rank's, this is how many cores' worth of
-    work P ranks get done on this node (hyperthreads, sharing, context switches)."""
+    """The job's start-up first (job_startup: startup_s), then every rank runs training
+    steps for `seconds` at once; rank 0 reports the steps per second of all of them
+    together. Against one rank's, this is how many cores' worth of work P ranks get done
+    on this node (hyperthreads, sharing, context switches)."""
+    startup_s = job_startup()
     comm = MPI.COMM_WORLD
     layout = mlp.Layout(2, hidden, 2)
     w, dw, ds = mlp.init_params(layout, 0), np.zeros(layout.n_w), problem.rings(batch, comm.rank)
@@ -216,7 +218,7 @@ def probe_cores(hidden: int, batch: int, seconds: float) -> dict | None:
         step(w, ds.X, ds.y, 1e-9, dw)
         n += 1
     rates = comm.gather(n / (time.perf_counter() - t0))
-    return {"steps_per_s": sum(rates)} if comm.rank == 0 else None
+    return {"steps_per_s": sum(rates), "startup_s": startup_s} if comm.rank == 0 else None
 
 
 def probe_contention(sizes: list[int], updates: int, precision: str = "float64") -> dict | None:
@@ -280,7 +282,6 @@ def each_precision(probe):
 # probe name -> its function of the options (--name value pairs) and positional arguments
 PROBES = {
     "startup": lambda o, rest: probe_startup(),
-    "job-startup": lambda o, rest: probe_job_startup(),
     "messaging": lambda o, rest: probe_messaging(_ints(o["--nw"]), int(o["--updates"]), _precisions(o)),
     "cores": lambda o, rest: probe_cores(int(o["--hidden"]), int(o["--batch"]), float(o["--seconds"])),
     "contention": each_precision(lambda o, rest, prec: probe_contention(_ints(o["--nw"]), int(o["--updates"]), prec)),
