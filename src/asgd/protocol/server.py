@@ -22,6 +22,7 @@ and tells the shard, which retires it and goes on with the rest. A dead server e
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -70,8 +71,7 @@ class Server:
         self.updates = ShardUpdates(self.optimizer, self.msgs, self.replies)   # the apply effects
         self.apply, self.apply_mean, self.finite = self.updates.apply, self.updates.apply_mean, self.updates.finite
         self.deaths = Deaths(ep.comm, self.ranks, fault_tolerant)
-        self.dead = self.deaths.dead
-        self.watch = self.deaths.watch if fault_tolerant else None   # else a call per poll that does nothing
+        self.dead, self.watch = self.deaths.dead, (self.deaths.watch if fault_tolerant else None)   # else a no-op
         self.wire = [int(r != ep.rank) for r in self.ranks]    # 0: a p2p owner's own worker, no wire between
         self.error = None                      # a reply that failed (a worker that died): raised after the event
         MPI.Prequest.Startall(self.pushes)
@@ -79,9 +79,7 @@ class Server:
     def serve(self, policy: Policy) -> ServerStats:
         """Answer pushes as `policy` says until every worker has sent its end-of-work message."""
         self.shard.policy = policy
-
-        def waiting_for():   # made once, called only for a message
-            return f"a push from any of the worker ranks {[self.ranks[j] for j in np.flatnonzero(self.shard.active)]}"
+        waiting_for = functools.partial(_awaited_push, self)   # made once, said only if the wait ends the job
         while self.shard.live:
             self.clock.switch("idle")
             try:
@@ -191,6 +189,10 @@ class Server:
         self.waiter.all(self.replies, "workers to take their last replies", self.watch)
         self.publish()
         return self.st
+
+
+def _awaited_push(srv: Server) -> str:
+    return f"a push from any of the worker ranks {[srv.ranks[j] for j in np.flatnonzero(srv.shard.active)]}"
 
 
 def _failed(call) -> MPI.Exception | None:
