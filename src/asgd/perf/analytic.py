@@ -715,11 +715,10 @@ SHARD_PASSES = 4   # an owner's push served: Delta-w and w read, w written, w co
 def async_crowding_kind(arch: str, model_parallel: int) -> str:
     """The KIND+step probe whose crowding (architectures.crowding) an asynchronous update
     meets, by whom it waits on: a model-parallel member on its replica's partners in the
-    logit sum (replica); a p2p
-    peer on every owner, each a computing rank that serves only when it runs (Server.poll
-    from its peer's step and waits: protocol.p2p), as in p2p's lockstep probe (p2p); a ps
-    worker on a server that sleeps between pushes and so wakes ahead of the computing
-    ranks (async)."""
+    logit sum (replica); a p2p peer on every owner, each a computing rank that serves only
+    when it runs (Server.poll from its peer's step and waits: protocol.p2p), as in p2p's
+    lockstep probe (p2p); a ps worker on a server that sleeps between pushes and so wakes
+    ahead of the computing ranks (async)."""
     if model_parallel > 1:
         return "replica"
     return "p2p" if arch == "p2p" else "async"
