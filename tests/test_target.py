@@ -213,6 +213,13 @@ def test_a_p2p_rank_0_owes_its_evaluations_until_its_worker_has_exchanged():
     t.add(100.0, 10)
     t.exchanged()   # reaches the target: the owner's next version ends the run
     assert [p["updates"] for p in t.curve] == [5, 6] and t.reached is not None and t.add(100.0, 10)
+    # one owed, then an epoch's end evaluates (inside the owner's polling): nothing newer is
+    # left for the exchange to evaluate, so the curve has no second point of the same version
+    t, _ = tracker([(0.5, 0.6)] * 2, cadence=Cadence("updates", 1), after_exchange=AfterExchange())
+    t.add(100.0, 500)
+    t.add(100.0, 500)   # the epoch's end, at 1,000 samples
+    t.exchanged()
+    assert [p["updates"] for p in t.curve] == [2]
     # everywhere else an evaluation due is made at once
     t, _ = tracker([(0.5, 0.6)] * 3, cadence=Cadence("updates", 1))
     for _ in range(3):

@@ -70,10 +70,12 @@ class AfterExchange:
     def ask(self) -> None:
         self.owed = True
 
-    def take(self) -> bool:
-        """Whether an evaluation is owed now (and no longer, once taken)."""
+    def take(self, evaluated: int, versions: int) -> bool:
+        """Whether to evaluate now: one is owed, and w has versions the last evaluation (of
+        `evaluated`) did not see: an epoch's end may have evaluated since it was asked.
+        Owed no longer either way."""
         owed, self.owed = self.owed, False
-        return owed
+        return owed and versions > evaluated
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ class EpochTracker:
     def exchanged(self) -> None:
         """This rank's worker has its exchange's fresh w: the evaluation owed, if any
         (AfterExchange)."""
-        if self.after_exchange.take() and self.reached is None:
+        if self.after_exchange.take(self.evals.updates, self.updates) and self.reached is None:
             self._held_out()
 
     def _held_out(self) -> tuple[float, float]:

@@ -283,7 +283,7 @@ class World:
     def exchanged(self) -> None:
         """Rank 0's worker, a p2p peer, has its exchange's fresh w: the evaluation owed,
         made on the worker's clock (run.progress.EpochTracker.exchanged)."""
-        if self.after_exchange is not None and self.after_exchange.take():
+        if self.after_exchange is not None and self.after_exchange.take(self.evals.updates, self.versions):
             self._held_out(lambda: _evaluate(self, self.clocks[0]), self.serve_start or 0.0)
 
     def _held_out(self, evaluate, start: float) -> None:
