@@ -79,12 +79,10 @@ class Waiter:
     nothing hangs. Make it on the thread that waits (the slack is per thread).
     """
 
-    SPIN_S = waiting.SPIN_S   # why so long: asgd.core.waiting
-
     def __init__(self, oversubscribed: bool, deadline: float = 0.0, what: str = "",
                  stall_s: float = 0.0):
         tighten_timer_slack()
-        self.spin_s = 0.0 if oversubscribed else self.SPIN_S
+        self.spin_s = 0.0 if oversubscribed else waiting.SPIN_S   # why so long: asgd.core.waiting
         self.max_sleep_s = waiting.CROWDED_MAX_SLEEP_S if oversubscribed else waiting.MAX_SLEEP_S
         self.deadline = deadline  # time.monotonic() value, 0: none (--timeout)
         self.stall_s = stall_s    # longest one wait may take, 0: no limit (--stall-timeout)

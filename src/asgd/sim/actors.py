@@ -60,7 +60,6 @@ from .links import MailboxLink, RingSum
 from .platform import FLOPS
 
 
-
 def random_stream(seed: int, rank: int, purpose: str) -> random.Random:
     """A random stream of its own per (seed, rank, purpose), the same in every process:
     random.Random seeds from a str through SHA-512, never through Python's hash(), which
