@@ -206,3 +206,13 @@ def test_the_shipped_example_data_is_what_its_script_writes(tmp_path):
     make_penguins.main(tmp_path)
     for name in ("penguins.csv", "penguins-new.csv"):
         assert (tmp_path / name).read_bytes() == (ROOT / "examples" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_help_renders_each_option_as_text(command):
+    """--help of each command and subcommand: argparse expands %-formats in help strings,
+    so a bare '20%' there printed the option's whole internals instead of its text."""
+    p = parser_of(command)
+    for name, sub in {command: p, **subparsers(p)}.items():
+        text = sub.format_help()
+        assert "option_strings" not in text and "%(" not in text, f"{name} --help:\n{text}"

@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the ranks you mean to run on this machine: a warning when they outnumber its cores")
     p.add_argument("--params", metavar="PARAMS",
                    help="a params.json (python -m asgd.perf calibrate): the self-test's figures against it, "
-                        f"each more than {selftest.OFF:.0%} away named")
+                        f"each more than {100 * selftest.OFF:.0f}%% away named")
     p.add_argument("--no-self-test", action="store_true", help="the install and the parts only: no MPI job")
     p.add_argument("--timeout", type=float, default=selftest.TIMEOUT_S, metavar="SECONDS",
                    help="end the self-test's job after this long (default %(default)g)")
