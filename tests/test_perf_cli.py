@@ -226,3 +226,29 @@ def test_the_label_hint_names_an_option_predict_optimize_pilot_and_sim_take(tmp_
     got = cli.data_of(str(path), None, "embedded", None, classes=1500)
     assert (got["features"], got["classes"]) == (3, 1500)
     assert cli.label_args(cli.parse_args(["pilot", "--classes", "1500"])) == ["--classes", "1500"]
+
+
+def test_the_crowded_rounds_keep_the_least_of_their_windows():
+    """crowded_again: windows 2..STEPPED_WINDOWS of the KIND+step rounds, each a pass of
+    the crowded jobs alone, and each table's least of all windows kept (the first window's
+    included); the rounds without a step are left as the first pass measured them."""
+    from asgd.probes.calibrate import STEPPED_WINDOWS, crowded_again
+
+    seconds = iter([4.0, 2.0, 5.0, 1.0] * 100)   # ms, one per job: windows 2, 3 at P = 3, 5, 9
+
+    def fake(n, args, timeout):
+        kinds = args[args.index("--kinds") + 1].split(",")
+        calls.append((n, kinds))
+        value = next(seconds) * 1e-3
+        return {"precisions": {"float32": {"seconds": {k: {"5002": value} for k in kinds}}}}
+    stepped = ("ps+step", "p2p+step", "ring+step", "mpi+step", "replica+step", "async+step")
+    first = {k: {P: {5002: 3.5e-3} for P in (3, 5, 9)} for k in stepped}
+    by_prec = {"float32": {"exchange_s": {**first, "ps": {3: {5002: 9e-3}}}}}
+    calls = []
+    crowded_again(by_prec, None, 2, [5002], say=lambda *a: None, run=fake)
+    assert STEPPED_WINDOWS == 3 and [n for n, _ in calls] == [3, 5, 9, 3, 5, 9]
+    assert all(set(kinds) == set(stepped) for _, kinds in calls)
+    got = by_prec["float32"]["exchange_s"]
+    # P=3: 3.5 (first), 4 (second), 1 (third); P=5: 3.5, 2, 4; P=9: 3.5, 5, 2
+    assert {P: got["ring+step"][P][5002] for P in (3, 5, 9)} == {3: 1e-3, 5: 2e-3, 9: 2e-3}
+    assert got["ps"] == {3: {5002: 9e-3}}   # not a crowded round: as the first pass measured it
