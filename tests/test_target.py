@@ -90,6 +90,7 @@ def test_the_default_cadence_keeps_evaluation_within_its_budget_and_the_curve_as
     assert t.evals.spent_s <= EVAL_BUDGET * run.t
     affordable = int(EVAL_BUDGET * run.t / run.eval_s)
     assert affordable - 1 <= len(t.curve) <= affordable
+    assert [p["eval_s"] for p in t.curve] == [approx(run.eval_s)] * len(t.curve)   # each point its own seconds
     evaluated_ends = [h["test_loss"] is not None for h in t.history]
     if eval_epochs <= EVAL_BUDGET:
         assert all(evaluated_ends) and len(t.curve) > epochs   # every epoch's end, and the rest between

@@ -119,7 +119,7 @@ class EpochTracker:
         self.clock.switch(prev)
         end = self.now()
         point = {"train_s": round(start - self.t_start, 4), "samples": self.samples, "updates": self.updates,
-                 "loss": loss, "accuracy": accuracy}
+                 "loss": loss, "accuracy": accuracy, "eval_s": round(end - start, 6)}
         self.curve.append(point)
         self.evals.add(self.updates, start - self.t_start, end - self.t_start)
         if self.reached is None and self.target is not None and self.target.reached(loss, accuracy):
