@@ -861,6 +861,17 @@ def test_a_p2p_rank_0_evaluates_at_most_once_an_exchange_of_its_own():
     assert ps == approx(15 * 1e-4) and p2p == approx(5 * 1e-4)
 
 
+def test_deferred_evaluations_are_priced_as_copies_of_w_at_the_same_cadence():
+    """--eval-deferred: the same 15 versions at --eval-every 1, each a copy of w (n_w
+    values at memory_s_per_byte a byte), not 100 held-out points at 1e-6 s (the simulator's
+    Costs.evaluate is analytic.evaluation_cost_s too)."""
+    run = Run(**{**TRAIN, "eval_every": "1", "eval_deferred": True})
+    p = make_params()
+    copy = run.n_w * run.value_bytes * p.memory_s_per_byte
+    assert pm.evaluation_cost_s(p, run) == approx(copy) and copy < 1e-4
+    assert pm.predict_train(p, run)["evaluate_s"] == approx(15 * copy)
+
+
 def test_a_lockstep_run_is_evaluated_per_round_not_per_workers_push():
     """A sync round is one version of w on the server's tracker (bench_tta's MNIST ps sync
     4x256 at --eval-every 1: 36 evaluations over 9 epochs of 4 rounds), so 4 workers' rounds

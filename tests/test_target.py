@@ -226,3 +226,59 @@ def test_a_p2p_rank_0_owes_its_evaluations_until_its_worker_has_exchanged():
     for _ in range(3):
         t.add(100.0, 10)
     assert [p["updates"] for p in t.curve] == [1, 2, 3]
+
+
+def test_deferred_evaluations_copy_w_in_training_and_settle_finds_the_target_after_it():
+    """--eval-deferred: the same cadence, the same points, but during training each is a
+    copy of w (nothing evaluated, the run never stopped); settle() evaluates the copies in
+    order after training: the curve's figures, the epochs' ends' and the target, the
+    first that reached it, as the online tracker would have found it."""
+    figures = [(0.6, 0.7), (0.4, 0.85), (0.3, 0.91), (0.2, 0.95), (0.25, 0.93), (0.2, 0.96)] * 3
+    online, _ = tracker(list(figures), target=Target("accuracy", 0.9), cadence=Cadence("updates", 4), now=lambda: 0.0)
+    copied, evaluated = [], []
+
+    def deferred():   # a copy of "w" (its version) now; its figures when evaluated
+        version = t.updates
+        copied.append(version)
+        return lambda: evaluated.append(version) or figures[len(evaluated) - 1]
+    t, said = tracker([], target=Target("accuracy", 0.9), cadence=Cadence("updates", 4), deferred=deferred,
+                      now=lambda: 0.0)
+    assert not any(t.add(100.0, 100) for _ in range(30))   # all 3 epochs trained: found later, never stopped
+    assert evaluated == [] and all(p["loss"] is None for p in t.curve) and t.reached is None
+    assert [h["test_accuracy"] for h in t.history] == [None] * 3
+    t.settle()
+    assert evaluated == copied == [p["updates"] for p in t.curve]   # each copy evaluated once, in order
+    for _ in range(30):
+        if online.add(100.0, 100):
+            break
+    assert t.target_record() == online.target_record() and t.target_record()["updates"] == 10
+    n = len(online.curve)
+    assert [(p["updates"], p["accuracy"]) for p in t.curve[:n]] == [(p["updates"], p["accuracy"]) for p in online.curve]
+    ends = {p["updates"]: p["accuracy"] for p in t.curve}
+    assert [h["test_accuracy"] for h in t.history] == [ends[10], ends[20], ends[30]]   # the epochs' ends filled
+    assert any("found after training (--eval-deferred)" in line for line in said)
+    t.settle()
+    assert len(evaluated) == len(copied)   # settled once: nothing evaluated twice
+
+
+def test_the_copies_a_deferred_run_takes_are_counted_and_touched_ahead(monkeypatch):
+    """expected_copies: an epoch's end each, and a cadence of updates' copies between
+    (versions of update_samples samples); Copies: that many rows touched before training,
+    a copy into the next, past them a copy allocated as it comes; at most
+    PREALLOCATED_BYTES touched."""
+    from asgd.run.deferred import PREALLOCATED_BYTES, Copies, expected_copies
+    assert expected_copies(Cadence("updates", 2), 3, 1000, 100) == 3 * (1 + 10 // 2)
+    assert expected_copies(Cadence("updates", 1), 2, 3500, 256 * 4) == 2 * (1 + 4)   # lockstep: W batches a version
+    assert expected_copies(Cadence("epoch"), 5, 1000, 100) == 5
+    assert expected_copies(Cadence("seconds", 0.1), 5, 1000, 100) == 5   # not known ahead: the epochs' ends
+    store = Copies(2, 4, np.float32)
+    w = np.arange(4, dtype=np.float32)
+    first = store.take(w)
+    w += 1
+    second, third = store.take(w), store.take(w)
+    assert np.shares_memory(first, store.store) and np.shares_memory(second, store.store)
+    assert not np.shares_memory(third, store.store) and not np.shares_memory(third, w)
+    assert first.tolist() == [0, 1, 2, 3] and second.tolist() == third.tolist() == [1, 2, 3, 4]
+    assert len(Copies(3, 1000, np.float64).store) == 3 and PREALLOCATED_BYTES == 1 << 30
+    monkeypatch.setattr("asgd.run.deferred.PREALLOCATED_BYTES", 20_000)
+    assert len(Copies(10**9, 1000, np.float64).store) == 2   # 2 x 8,000 bytes within 20,000

@@ -102,3 +102,33 @@ def test_p2p_rank_0_evaluates_its_fresh_w_after_its_own_exchanges(tmp_path):
     curve = r["metrics"]["curve"]
     assert versions >= 3 * mine and mine // 2 <= len(curve) <= mine + len(r["metrics"]["history"])
     assert all(b["updates"] > a["updates"] for a, b in zip(curve, curve[1:]))   # each of a newer w
+
+
+def test_deferred_evaluation_is_the_online_curve_without_stopping(tmp_path):
+    """--eval-deferred: rank 0 copies w at the cadence and evaluates the copies after
+    training. In lockstep (sync, deterministic) the same cadence online gives the same
+    curve, figure for figure; the deferred run trains every epoch and finds its target
+    afterwards, the first copy that reached it; the epochs' ends carry their copies'
+    figures."""
+    args = [*SMALL, "--mode", "sync", "--epochs", "6", "--eval-every", "3"]
+    online = mpiexec(3, [*args, "--out", str(tmp_path / "online")], timeout=90)
+    deferred = mpiexec(3, [*args, "--eval-deferred", "--target-accuracy", "0.97", "--out", str(tmp_path / "later")],
+                       timeout=90)
+    assert online.returncode == 0 and deferred.returncode == 0, online.stderr + deferred.stderr
+    a, b = load_results(tmp_path / "online"), load_results(tmp_path / "later")
+    figures = [[(c["updates"], c["loss"], c["accuracy"]) for c in r["metrics"]["curve"]] for r in (a, b)]
+    assert figures[0] == figures[1] and len(figures[1]) > 6
+    ends = [[h["test_accuracy"] for h in r["metrics"]["history"]] for r in (a, b)]
+    assert ends[0] == ends[1] and None not in ends[1]
+    assert len(b["metrics"]["history"]) == 6 and b["throughput"]["samples"] == a["throughput"]["samples"]
+    assert b["metrics"]["eval_after_s"] > 0 and a["metrics"]["eval_after_s"] is None   # the copies' evaluations
+    t, curve = b["target"], b["metrics"]["curve"]
+    first = next(c for c in curve if c["accuracy"] >= 0.97)   # the embedded rings reach it within 6 epochs
+    assert t["reached"] and (t["updates"], t["train_s"]) == (first["updates"], first["train_s"])
+    assert "found after training (--eval-deferred), every epoch trained" in deferred.stdout
+    assert f"{len(curve)} copies of w during training, evaluated after it" in deferred.stdout
+
+
+def test_deferred_evaluation_needs_a_cadence_it_can_count():
+    p = mpiexec(2, [*SMALL, "--eval-deferred", "--dry-run"], timeout=60)
+    assert p.returncode != 0 and "--eval-deferred needs --eval-every N, Ns or epoch" in p.stderr + p.stdout

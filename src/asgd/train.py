@@ -308,6 +308,7 @@ def save(job: Job, m: Model, record: dict) -> None:
     if job.rank != 0:
         return
     records, events = [g[0] for g in gathered], [g[1] for g in gathered]
+    job.tracker.settle()   # --eval-deferred: the copies of w taken during training, evaluated now
     notes = data_notes(cfg, m, [r.pop("class_counts", None) for r in records])
     for r, nbytes in zip(records, sent):   # the gather's own bytes: each rank's pickle, rank 0's receipt
         r["bytes"]["finish"]["sent"] += nbytes
@@ -339,7 +340,8 @@ def save(job: Job, m: Model, record: dict) -> None:
                 "samples": tracker.samples, "samples_run": tracker.samples - tracker.first_samples,
                 "history": tracker.history, "loss": loss, "accuracy": accuracy,
                 "curve": tracker.curve, "target": tracker.target_record(),
-                "eval_s": tracker.evals.spent_s if tracker.evaluate else None})
+                "eval_s": tracker.evals.spent_s if tracker.evaluate else None,
+                "eval_after_s": tracker.settled_s if tracker.deferred else None})
     res["stopped"] = (signals.requested() or "a stop request") if stopped else None
     if os.environ.get(RESTARTS_ENV):   # python -m asgd.launch restarted this run: its history
         with open(os.environ[RESTARTS_ENV]) as f:
@@ -384,19 +386,21 @@ def save(job: Job, m: Model, record: dict) -> None:
     for note in res["notes"]:
         print(f"asgd.train: note: {note}", flush=True)
     if res["target"] is not None:
-        print(target_line(res["target"]), flush=True)
+        print(target_line(res["target"], cfg.eval_deferred), flush=True)
     if stopped:
         print(f"asgd.train: stopped early by {res['stopped']} after epoch {tracker.epoch} "
               f"({tracker.samples:,} samples); checkpoint in {checkpoint.folder(job.out)}; "
               f"continue with --resume {job.out}", flush=True)
 
 
-def target_line(t: dict) -> str:
-    """The summary's line on --target-accuracy or --target-loss."""
+def target_line(t: dict, deferred: bool = False) -> str:
+    """The summary's line on --target-accuracy or --target-loss (deferred: found after
+    training, every epoch trained)."""
     if not t["reached"]:
         return f"asgd.train: the held-out {t['metric']} never reached the target {t['value']:g}"
     return (f"asgd.train: reached the target held-out {t['metric']} {t['value']:g} after {t['train_s']:.2f} s of "
-            f"training, {t['epochs']:.2f} epochs ({t['samples']:,} samples, {t['updates']:,} updates)")
+            f"training, {t['epochs']:.2f} epochs ({t['samples']:,} samples, {t['updates']:,} updates)"
+            + ("; found after training (--eval-deferred), every epoch trained" if deferred else ""))
 
 
 if __name__ == "__main__":

@@ -235,6 +235,7 @@ class Run:
     node_ranks: int = 0             # ranks sharing one node's cores and link (0: all of them: one
                                     # node, or a testbed whose hosts share this machine's cores)
     eval_every: str = "auto"        # --eval-every: when rank 0 evaluates the held-out set (evaluation_s)
+    eval_deferred: bool = False     # --eval-deferred: it copies w then, evaluated after training
 
     @property
     def value_bytes(self) -> int:
@@ -832,6 +833,15 @@ def evaluates(run: Run) -> bool:
     return (run.arch == "ps" and run.servers == 1) or (run.model_parallel == 1 and run.arch != "ps")
 
 
+def evaluation_cost_s(p: Params, run: Run) -> float:
+    """One of rank 0's held-out evaluations during training: the held-out points at the
+    calibrated (or the pilot's measured) cost a point; with --eval-deferred a copy of w,
+    its evaluation made after training (outside train_s)."""
+    if run.eval_deferred:
+        return run.n_w * run.value_bytes * p.memory_s_per_byte
+    return run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
+
+
 def evaluation_s(p: Params, run: Run, steps_s: float, versions: int, exchanges: int | None = None) -> float:
     """Seconds rank 0's held-out evaluations add to a training of steps_s seconds (without
     them) and `versions` versions of w (training waits for each): the ones run.eval_every's
@@ -844,7 +854,7 @@ def evaluation_s(p: Params, run: Run, steps_s: float, versions: int, exchanges: 
     if not evaluates(run) or versions < 1 or run.epochs < 1:
         return 0.0
     from ..run.config import eval_cadence   # here: the run layer imports numba (as working_set_bytes does)
-    cost = run.test_points * interpolate_log(p.eval_s_per_point, run.hidden)
+    cost = evaluation_cost_s(p, run)
     per_epoch = max(versions // run.epochs, 1)
     spent = replay(eval_cadence(run.eval_every), run.epochs, per_epoch, steps_s / (per_epoch * run.epochs), cost,
                    PROBE_MARGIN * cost).spent_s

@@ -141,7 +141,8 @@ def run_of(results: dict, p: Params) -> Run:
                model_parallel=c.get("model_parallel", 1), optimizer=c.get("optimizer", "sgd"),
                allreduce=c.get("allreduce") or "ring", precision=c.get("precision", "float64"),   # before it: float64
                overlap=c.get("overlap", "on"),   # before --overlap, workers always overlapped
-               eval_every=c.get("eval_every", "epoch"), **got)   # before --eval-every, every epoch's end
+               eval_every=c.get("eval_every", "epoch"),   # before --eval-every, every epoch's end
+               eval_deferred=c.get("eval_deferred", False), **got)
 
 
 COMM_PHASES = ("push", "comm_wait", "replica_sum", "aggregate")   # a worker's (peer's) time beside its step

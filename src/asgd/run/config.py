@@ -76,6 +76,7 @@ class Config:
     target_accuracy: float | None = None   # end the run once the held-out accuracy reaches this
     target_loss: float | None = None       # ... or the held-out loss falls to this (core.target)
     eval_every: str = "auto"     # held-out evaluations: "N" updates, "Ns" seconds, "epoch" (their ends only), or auto
+    eval_deferred: bool = False  # --eval-every's evaluations made after training, of copies of w taken on time
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -186,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "the checks of a target. auto (default): as often as keeps all of them within "
                         f"{EVAL_BUDGET * 100:g} %% of the training time so far, epoch ends first (some epochs "
                         "have none where one an epoch costs more). Rank 0 must hold all of w, as for a target")
+    t.add_argument("--eval-deferred", action="store_true", default=d.eval_deferred,
+                   help="at --eval-every's times copy w instead of evaluating it, and evaluate the copies "
+                        "after training: the curve and the time to a target (found, not stopped at: every "
+                        "epoch is trained) without the evaluations' own time in the training's, as a "
+                        "benchmark of time to accuracy wants; a copy of w each (memory), no --lr-guard "
+                        "(nothing evaluated during training); needs --eval-every N, Ns or epoch")
     t.add_argument("--seed", type=int, default=d.seed,
                    help="seed of the data split, shuffles and initial weights (default %(default)s)")
     t.add_argument("--precision", choices=PRECISIONS, default=d.precision,
@@ -414,6 +421,9 @@ def validate_target(cfg: Config) -> None:
         raise ConfigError(f"--target-loss must be a positive finite number, got {loss}")
     if a is not None and loss is not None:
         raise ConfigError("give --target-accuracy or --target-loss, not both")
+    if cfg.eval_deferred and cfg.eval_every == "auto":
+        raise ConfigError("--eval-deferred needs --eval-every N, Ns or epoch: auto paces evaluations by "
+                          "what they cost, and a copy of w costs next to nothing")
     asked = ("--target-accuracy" if a is not None else "--target-loss" if loss is not None
              else "--eval-every" if cfg.eval_every != "auto" else None)
     why = no_evaluation_in_training(cfg)

@@ -35,6 +35,8 @@ class EpochTracker:
     cadence: Cadence | None = None   # --eval-every (None: at every epoch's end, nothing between)
     eval_cost_s: float = 0.0         # an evaluation's seconds, estimated before any was made (auto's first wait)
     after_exchange: AfterExchange | None = None   # p2p's rank 0: --eval-every's evaluations wait for exchanged()
+    # --eval-deferred: a copy of w now, as the evaluation of it that settle() calls after training
+    deferred: Callable[[], Callable[[], tuple[float, float]]] | None = None
     now: Callable[[], float] = time.perf_counter   # the clock (a test's fake one)
 
     def __post_init__(self):
@@ -51,6 +53,9 @@ class EpochTracker:
         self.curve: list[dict] = []   # every held-out evaluation during training (metrics.curve)
         self.reached: dict | None = None   # the evaluation that reached the target (results.json's target)
         self.evals = Evaluations(took_s=self.eval_cost_s)   # during training (results.json's eval_s)
+        # --eval-deferred: (curve point, its copy of w's evaluation, the epoch's history entry or None)
+        self.pending: list[tuple[dict, Callable, dict | None]] = []
+        self.settled_s = 0.0   # ... and the seconds settle() took to evaluate them (results.json's eval_after_s)
 
     def lose(self, pushed: float, workers: int) -> None:
         """A worker died having pushed `pushed` samples: its share (1/workers of the data)
@@ -109,25 +114,51 @@ class EpochTracker:
         if self.after_exchange.take(self.evals.updates, self.updates) and self.reached is None:
             self._held_out()
 
-    def _held_out(self) -> tuple[float, float]:
+    def _held_out(self, epoch: dict | None = None) -> tuple[float | None, float | None]:
         """Evaluate the current w on the held-out set: a point of the curve, and whether it
-        reaches the target. Its time is when it started: the weights are of then."""
+        reaches the target. Its time is when it started: the weights are of then. Deferred
+        (--eval-deferred): a copy of w instead, its figures (and `epoch`'s, an epoch's end's
+        history entry) None until settle()."""
         prev = self.clock.phase
         start = self.now()
         self.clock.switch("evaluate")
-        loss, accuracy = self.evaluate()
+        if self.deferred is None:
+            loss, accuracy = self.evaluate()
+        else:
+            loss = accuracy = None
+            later = self.deferred()
         self.clock.switch(prev)
         end = self.now()
         point = {"train_s": round(start - self.t_start, 4), "samples": self.samples, "updates": self.updates,
                  "loss": loss, "accuracy": accuracy, "eval_s": round(end - start, 6)}
         self.curve.append(point)
         self.evals.add(self.updates, start - self.t_start, end - self.t_start)
-        if self.reached is None and self.target is not None and self.target.reached(loss, accuracy):
-            self.reached = point
-            got = accuracy if self.target.metric == "accuracy" else loss
-            self.report(f"held-out {self.target.metric} {got:.4f} reached the target {self.target.value:g} after "
-                        f"{point['train_s']:.2f} s, {self.samples / self.n_train:.2f} epochs: finishing")
+        if self.deferred is None:
+            self._check(point, "finishing")
+        else:
+            self.pending.append((point, later, epoch))
         return loss, accuracy
+
+    def _check(self, point: dict, then: str) -> None:
+        """Whether the evaluation at `point` reaches the target (the first one that does)."""
+        if self.reached is None and self.target is not None and self.target.reached(point["loss"], point["accuracy"]):
+            self.reached = point
+            got = point["accuracy"] if self.target.metric == "accuracy" else point["loss"]
+            self.report(f"held-out {self.target.metric} {got:.4f} reached the target {self.target.value:g} after "
+                        f"{point['train_s']:.2f} s, {point['samples'] / self.n_train:.2f} epochs: {then}")
+
+    def settle(self) -> None:
+        """--eval-deferred, after training: evaluate the copies of w taken during it, in
+        order: the curve's held-out figures, the epochs' ends' and the target's (the first
+        evaluation to reach it; the run trained on past it)."""
+        start = self.now()
+        for point, evaluate, epoch in self.pending:
+            point["loss"], point["accuracy"] = evaluate()
+            if epoch is not None:
+                epoch["test_loss"], epoch["test_accuracy"] = point["loss"], point["accuracy"]
+            self._check(point, "found after training (--eval-deferred)")
+        self.settled_s += self.now() - start
+        self.pending = []
 
     def target_record(self) -> dict | None:
         """results.json's `target`: what was asked and when an evaluation reached it (null
@@ -144,14 +175,13 @@ class EpochTracker:
         self.ends += self.size
         self.epoch_s, self.epoch_began = now - self.epoch_began, now
         elapsed = now - self.t_start
-        test_loss = test_acc = None
+        h = {"epoch": self.epoch, "samples": self.samples, "time_s": round(elapsed, 4), "wall_s": None,
+             "train_loss": self.loss_sum / max(self.loss_n, 1), "test_loss": None, "test_accuracy": None}
         if self.evaluate is not None and (self.cadence is None or self.cadence.due(
                 self.evals, self.updates, elapsed, epoch_end=True, epoch_s=self.epoch_s)):
-            test_loss, test_acc = self._held_out()
-        h = {"epoch": self.epoch, "samples": self.samples, "time_s": round(elapsed, 4),
-             "wall_s": round(self.clock.elapsed(), 4),  # since this rank's process started
-             "train_loss": self.loss_sum / max(self.loss_n, 1),
-             "test_loss": test_loss, "test_accuracy": test_acc}
+            h["test_loss"], h["test_accuracy"] = self._held_out(h)
+        h["wall_s"] = round(self.clock.elapsed(), 4)   # since this rank's process started
+        test_loss, test_acc = h["test_loss"], h["test_accuracy"]
         self.history.append(h)
         held_out = f"held-out loss {test_loss:.4f} acc {test_acc:.4f}  " if test_acc is not None else ""
         guarded = self._guard(test_loss)

@@ -74,7 +74,7 @@ def build(config: dict, ranks: list[dict], server: dict, wall_s: float, meta: di
         "train_s": train_s,
         "metrics": {"loss": server["loss"], "accuracy": server["accuracy"],
                     "history": server["history"], "curve": server.get("curve", []),
-                    "eval_s": server.get("eval_s")},
+                    "eval_s": server.get("eval_s"), "eval_after_s": server.get("eval_after_s")},
         "target": server.get("target"),
         "throughput": {"samples_per_s": None if no_rate else server.get("samples_run", server["samples"]) / train_s,
                        "updates_per_s": None if no_rate else server["updates"] / train_s,
@@ -275,6 +275,9 @@ def evaluations_text(results: dict) -> str:
     if pct is None:
         return ""
     m = results["metrics"]
+    if results["config"].get("eval_deferred"):
+        return (f"  ({len(m['curve'])} copies of w during training, evaluated after it: {m['eval_s']:.2f} s, "
+                f"{pct:.1f}% of train)")
     return f"  ({len(m['curve'])} evaluations during training: {m['eval_s']:.2f} s, {pct:.1f}% of train)"
 
 

@@ -35,6 +35,7 @@ from ..core.stats import ServerStats, merge_shards
 from ..protocol.server import Server, gather_shards, serve_all
 from ..protocol.worker import PushPull, run_worker
 from . import checkpoint, config, signals
+from .deferred import Copies, expected_copies
 from .job import Job, Model
 from .progress import EpochTracker
 
@@ -75,14 +76,23 @@ def tracker_of(job: Job, m: Model, w=None, publish=None) -> EpochTracker | None:
         now = current()
         tracker.evaluated_w = now.copy()   # the final metrics reuse this evaluation only for these weights
         return mlp.make_evaluate(m.layout, now, m.test)()
+
     lockstep = cfg.mode == "sync" or cfg.arch == "allreduce"
+    cadence = config.eval_cadence(cfg.eval_every)
+    if current and cfg.eval_deferred:   # copies of w now, evaluated after training
+        copies = Copies(expected_copies(cadence, cfg.epochs - m.first_epoch, m.n_train,
+                                        cfg.batch * (job.workers if lockstep else 1)), m.layout.n_w, m.w.dtype)
+
+        def deferred():
+            return mlp.make_evaluate(m.layout, copies.take(current()), m.test)
     tracker = EpochTracker(m.n_train, cfg.epochs, evaluate if current else None, job.say, cfg.progress, job.clock,
                            history=list(m.resumed.get("history", [])), epoch=m.first_epoch,
                            samples=m.first_epoch * m.n_train, step_losses=[] if lockstep else None,
                            target=target(cfg.target_accuracy, cfg.target_loss),
-                           cadence=config.eval_cadence(cfg.eval_every),
+                           cadence=cadence,
                            eval_cost_s=evaluation_cost(m) if current else 0.0,
-                           after_exchange=AfterExchange() if w is not None and topo.K == 1 else None)
+                           after_exchange=AfterExchange() if w is not None and topo.K == 1 else None,
+                           deferred=deferred if current and cfg.eval_deferred else None)
     return tracker
 
 

@@ -20,7 +20,8 @@ Where each comes from (python -m asgd.perf calibrate, asgd.perf.analytic.Params)
                   effective_cores[hidden][P] is how many cores' worth P busy ranks get
   messages        ping-pong: one-way time at 8 bytes is the latency, r_net's slope the
                   bandwidth (shared memory here; a cluster's links come from the machine)
-  evaluation      eval_s_per_point[hidden] x held-out points, on rank 0 (CPU shared with the
+  evaluation      eval_s_per_point[hidden] x held-out points (--eval-deferred: a copy of w,
+                  memory_s_per_byte x its bytes), on rank 0 (CPU shared with the
                   node's computing ranks), at --eval-every's cadence (asgd.core.target.Cadence,
                   asked after each version of w); auto's first waits for the trainer's estimate,
                   timed in the run on the cores the node's ranks share
@@ -41,7 +42,7 @@ from dataclasses import asdict, dataclass, field, replace
 from ..core import wire
 from ..core.topology import Topology
 from ..net.mlp import Layout, Sliced
-from ..perf.analytic import Params, Run, extrapolate_linear, interpolate_log
+from ..perf.analytic import Params, Run, evaluation_cost_s, extrapolate_linear, interpolate_log
 from ..perf.architectures import STEP, at_ranks, crowding
 from ..core.wire import DOUBLE, shard_bounds
 from .machines import Machine
@@ -305,8 +306,8 @@ class Costs:
         return self.p.per_nw(self.p.link_s, max(nbytes / DOUBLE, 1)) * self.spec.machine.link_bw * self.eta
 
     def evaluate(self) -> float:
-        """Rank 0's held-out evaluation after an epoch."""
-        return self.run.test_points * interpolate_log(self.p.eval_s_per_point, self.run.hidden)
+        """Rank 0's held-out evaluation during training (a copy of w with --eval-deferred)."""
+        return evaluation_cost_s(self.p, self.run)
 
     # -- messages ------------------------------------------------------------------------
 
