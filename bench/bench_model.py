@@ -86,9 +86,8 @@ def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: 
     calibrated = validate.calibrated_ranks(params)
 
     def one(c):
-        d = common.fresh_dir((out / "runs" / label(c)).resolve())   # never read a stale results.json
-        job = validate.run_job(c["workers"] + 1, ["-m", "asgd.train", *train_argv(c, data, a.epochs), "--quiet",
-                                                  "--out", str(d), "--timeout", str(a.timeout)], a.timeout + 30)
+        d = (out / "runs" / label(c)).resolve()
+        job = validate.train_here(c["workers"] + 1, train_argv(c, data, a.epochs), d, a.timeout)
         res = validate.results(d)
         (row,) = validate.compare([str(d)], params) or [None]
         return row and {**row, "label": label(c), "source": source, "launch_wall_s": job["wall_s"],

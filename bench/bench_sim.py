@@ -100,10 +100,9 @@ def measure(runs: list[dict], data: Path, out: Path, a) -> list[dict]:
     """Each run (shuffled with --seed), holding the CPU lock, with the cores' worth of CPU the
     other users took meanwhile (an input of the simulation, like the machine's cores)."""
     def one(r):
-        d = common.fresh_dir((out / "runs" / r["label"]).resolve())
+        d = (out / "runs" / r["label"]).resolve()
         opts = r["opts"] if "--optimizer" in r["opts"] else ["--optimizer", "sgd", *r["opts"]]
-        argv = ["-m", "asgd.train", *opts, "--quiet", "--out", str(d), "--timeout", str(a.timeout)]
-        job = validate.run_job(r["ranks"], argv + (["--data", str(data)] if r["data"] else []), a.timeout + 30)
+        job = validate.train_here(r["ranks"], opts + (["--data", str(data)] if r["data"] else []), d, a.timeout)
         return {"run_dir": str(d), "others_cores": job["others_cores"], "launch_s": job["wall_s"]}
 
     def say(r):

@@ -169,6 +169,14 @@ def run_job(n: int, argv: list[str], timeout: float) -> dict:
     return {"wall_s": time.perf_counter() - t0, "others_cores": others.cores()}
 
 
+def train_here(ranks: int, opts: list[str], run_dir: Path, timeout: float) -> dict:
+    """`asgd.train OPTS` on `ranks` ranks here, into run_dir made fresh (a stale results.json
+    misleads) and bounded by asgd.train's own --timeout first; run_job's {wall_s, others_cores}."""
+    d = common.fresh_dir(Path(run_dir).resolve())
+    return run_job(ranks, ["-m", "asgd.train", *opts, "--quiet", "--out", str(d), "--timeout", str(timeout)],
+                   timeout + 30)
+
+
 def python(argv: list[str], timeout: float, what: str) -> float:
     """`python argv` from the repository root, its output to ours, its process group killed
     after `timeout` s (calibrate starts mpiexec jobs of its own); its wall. Exits on failure."""
