@@ -402,9 +402,8 @@ def report(rows: list[dict], info: dict) -> None:
             print(f"2-{h}-2, {W} workers: measured order (fastest first) {' < '.join(o['measured'])}; predicted "
                   f"{' < '.join(o['predicted'])}; simulated {' < '.join(o.get('simulated') or [])}; Alqahtani & "
                   f"Demirbas: {ALQAHTANI}; agrees: {o.get('agrees_with_alqahtani')}")
-    for who, by in info["ape"].items():
-        print(f"{'model' if who == 'pred' else 'simulator'} median APE of the time per iteration: "
-              + ", ".join(f"{lab} {v['median']}% (max {v['max']}%, {v['runs']} runs)" for lab, v in by.items()))
+    validate.print_scores(info["ape"], "pred: model, sim: simulator", stats=("median", "max", "runs"),
+                          title="\nAPE of the time per iteration, per architecture")
     for h, o in info["optimizer"].items():
         f, b = o["optimize_first_swept"], o["best_measured"]
         print(f"optimize, 2-{h}-2: first {f and f['label']} W={f and f['workers']} ({f and f['bound']}-bound), "

@@ -75,6 +75,18 @@ def judged(meas: dict, **predicted: dict) -> dict:
     return row
 
 
+def print_scores(scores: dict, first: str, title: str, stats=("median", "p90"), extra=()) -> None:
+    """A table of scores: a row per key of `scores` ({group: errors() or None}), each group's
+    `stats` side by side, then `extra` columns ((header, key, format)) read from the group
+    "extra" ({key: value}) of that row."""
+    groups = [g for g in dict.fromkeys(g for row in scores.values() for g in row) if g != "extra"]
+    rows = [{first: name, **row.get("extra", {}), **{f"{g} {q}": (row.get(g) or {}).get(q) for g in groups
+                                                     for q in stats}} for name, row in scores.items()]
+    cols = [(first, first, "")] + [(f"{g} {q}" + (" APE%" if q == "median" else ""), f"{g} {q}",
+                                    "d" if q == "runs" else ".1f") for g in groups for q in stats]
+    common.print_table(rows, cols + list(extra), title=title)
+
+
 def verdict(ok) -> str:
     return "PASS" if ok else "FAIL"
 
