@@ -108,14 +108,13 @@ def one_run(tb, c: dict, a, out: Path) -> dict:
     data = validate.generate(out / "data" / f"d{points}.tsv", points, 16)
     run_dir = out / "runs" / f"{rate}-h{hidden}-w{W}-{label.replace(' ', '').replace('/', '').replace('=', '')}"
     ranks = W + (cfg["servers"] if cfg["arch"] == "ps" else 0)
-    cmd = [validate.launcher(), "-n", str(ranks), sys.executable, "-m", "asgd.train", "--arch", cfg["arch"], "--mode",
-           "sync", "--optimizer", "sgd", "--hidden", str(hidden), "--batch", str(a.batch), "--epochs", "1", "--data",
-           str(data), "--precision", a.precision, "--quiet", "--out", str(run_dir),
-           "--timeout", str(int(a.timeout - 60))]
-    cmd += ["--servers", str(cfg["servers"])] if cfg["arch"] == "ps" else []
-    cmd += ["--model-parallel", str(cfg["model_parallel"])] if cfg["model_parallel"] > 1 else []
+    argv = ["-m", "asgd.train", "--arch", cfg["arch"], "--mode", "sync", "--optimizer", "sgd", "--hidden", str(hidden),
+            "--batch", str(a.batch), "--epochs", "1", "--data", str(data), "--precision", a.precision, "--quiet",
+            "--out", str(run_dir), "--timeout", str(int(a.timeout - 60))]
+    argv += ["--servers", str(cfg["servers"])] if cfg["arch"] == "ps" else []
+    argv += ["--model-parallel", str(cfg["model_parallel"])] if cfg["model_parallel"] > 1 else []
     provable = not a.no_check_bytes and cfg["arch"] in ("ps", "allreduce") and cfg["model_parallel"] == 1
-    res, load = validate.testbed_job(tb, cmd, a.timeout, provable)
+    res, load = validate.testbed_job(tb, ranks, argv, a.timeout, provable)
     r = res.results
     m = measured(r, iterations)
     app_sent = sum(x["bytes_sent"] for x in r["ranks"])

@@ -147,7 +147,7 @@ def measure(c: dict, data: Path, ds: DataSet, run_dir: Path, tb) -> dict:
     if tb is None:
         common.mpiexec(ranks(c), argv, 300)
     else:
-        validate.testbed_job(tb, [validate.launcher(), "-n", str(ranks(c)), sys.executable, *argv], 300, False)
+        validate.testbed_job(tb, ranks(c), argv, 300, False)
     res = validate.results(run_dir)
     t = res["target"]
     return {"reached": t["reached"], "meas_time_s": t["train_s"], "meas_epochs": t["epochs"],

@@ -402,12 +402,13 @@ def testbed(name: str, hosts: int, rate: str, latency_us: float = 0.0):
         tb.down()
 
 
-def testbed_job(tb, cmd: list[str], timeout: float, check_bytes: bool):
-    """`cmd` run on the testbed `tb`, its output captured; (its result, the 1-minute load
-    averaged over its start and end). A run that fails raises JobFailed."""
+def testbed_job(tb, ranks: int, argv: list[str], timeout: float, check_bytes: bool):
+    """`mpiexec -n ranks python argv` on the testbed `tb`, its output captured; (its result,
+    the 1-minute load averaged over its start and end). A run that fails raises JobFailed."""
     load0 = os.getloadavg()[0]
     try:
-        res = tb.run(cmd, check_bytes=check_bytes, timeout=timeout, capture=True, say=lambda *a, **k: None)
+        res = tb.run([launcher(), "-n", str(ranks), sys.executable, *argv], check_bytes=check_bytes,
+                     timeout=timeout, capture=True, say=lambda *a, **k: None)
     except Exception as e:   # any failure of the run: reported, and the sweep goes on
         raise JobFailed(f"failed: {str(e)[-400:]}") from None
     if res.rc or res.results is None:
