@@ -173,7 +173,7 @@ def cores_ceiling(S: int, W: int, args, tmp: Path, compress: str = "none") -> di
         print(f"  cores check failed: {e}", flush=True)
         return None
     rate, n = steady_rate(out / "trace.json")
-    r = json.loads((out / "results.json").read_text())
+    r = validate.results(out)
     return {"compress": compress, "servers": S, "workers": W, "updates_per_s": round(rate, 2),
             "updates_per_s_run": round(r["throughput"]["updates_per_s"], 2), "load_1min": round(os.getloadavg()[0], 2)}
 
