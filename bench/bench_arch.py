@@ -308,7 +308,7 @@ def main(argv=None) -> int:
         except (ValueError, KeyError, TypeError):
             raise SystemExit(f"bench_arch: --sweep {a.sweep}: not an arch.json that bench_arch wrote") from None
         a.params = a.params or Path(sweep_params)   # the calibration that sweep was predicted from
-    base_path = a.params or validate.calibrate(out, False, a.cpu_lock)[0]
+    base_path = validate.params_file(a.params, out, False, a.cpu_lock)[0]
     base, base_raw = validate.load_params(base_path), json.loads(Path(base_path).read_text())
     hosts = max(a.workers) + max(1, max(a.workers) // 4)
     if a.sweep:   # the winner at another rate, against a sweep measured before

@@ -289,7 +289,7 @@ def main(argv=None):
     run = common.Run("testbed", args, end_on_signals=True)   # timeout/kill -TERM: the testbed goes down too
     rate_bit, format_rate = validate.parse_rate(args.bandwidth), validate.format_rate
     params_src = f"given: {args.params}" if args.params else "python -m asgd.perf calibrate --quick (this run)"
-    base = validate.load_params(args.params or validate.calibrate(run.out, True, args.cpu_lock)[0])
+    base = validate.load_params(validate.params_file(args.params, run.out, True, args.cpu_lock)[0])
     hosts = max(args.servers) + max(args.workers)
     accuracy, t_all = [], time.perf_counter()
     with validate.testbed(args.name, hosts, args.bandwidth, args.latency) as tb, \

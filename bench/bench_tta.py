@@ -335,7 +335,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     run = common.Run("tta", args)
     t0 = time.perf_counter()
-    params = args.params.resolve() if args.params else validate.calibrate(args.out, True, args.cpu_lock)[0]
+    params = validate.params_file(args.params, args.out, True, args.cpu_lock)[0]
     hosts = max(ranks(config(c)) for c in (QUICK if args.quick else SWEEP))
     rows, summary = [], {}
     with (validate.testbed(args.testbed_name, hosts, args.testbed) if args.testbed else contextlib.nullcontext()) as tb:
