@@ -401,8 +401,10 @@ def report(rows: list[dict], info: dict) -> None:
             print(f"2-{h}-2, {W} workers: measured order (fastest first) {' < '.join(o['measured'])}; predicted "
                   f"{' < '.join(o['predicted'])}; simulated {' < '.join(o.get('simulated') or [])}; Alqahtani & "
                   f"Demirbas: {ALQAHTANI}; agrees: {o.get('agrees_with_alqahtani')}")
-    validate.print_scores(info["ape"], "pred: model, sim: simulator", stats=("median", "max", "runs"),
-                          title="\nAPE of the time per iteration, per architecture")
+    labels = dict.fromkeys(lab for by in info["ape"].values() for lab in by)
+    validate.print_scores({lab: {who: by.get(lab) for who, by in info["ape"].items()} for lab in labels}, "arch",
+                          stats=("median", "max", "runs"),
+                          title="\nAPE of the time per iteration (pred: the model, sim: the simulator)")
     for h, o in info["optimizer"].items():
         f, b = o["optimize_first_swept"], o["best_measured"]
         print(f"optimize, 2-{h}-2: first {f and f['label']} W={f and f['workers']} ({f and f['bound']}-bound), "
