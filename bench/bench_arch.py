@@ -108,14 +108,13 @@ def one_run(tb, c: dict, a, out: Path) -> dict:
     data = validate.generate(out / "data" / f"d{points}.tsv", points, 16)
     run_dir = out / "runs" / f"{rate}-h{hidden}-w{W}-{label.replace(' ', '').replace('/', '').replace('=', '')}"
     ranks = W + (cfg["servers"] if cfg["arch"] == "ps" else 0)
-    cmd = [validate.launcher(), "-n", str(ranks), sys.executable, "-m", "asgd.train", "--arch", cfg["arch"], "--mode",
-           "sync", "--optimizer", "sgd", "--hidden", str(hidden), "--batch", str(a.batch), "--epochs", "1", "--data",
-           str(data), "--precision", a.precision, "--quiet", "--out", str(run_dir),
-           "--timeout", str(int(a.timeout - 60))]
-    cmd += ["--servers", str(cfg["servers"])] if cfg["arch"] == "ps" else []
-    cmd += ["--model-parallel", str(cfg["model_parallel"])] if cfg["model_parallel"] > 1 else []
+    argv = ["-m", "asgd.train", "--arch", cfg["arch"], "--mode", "sync", "--optimizer", "sgd", "--hidden", str(hidden),
+            "--batch", str(a.batch), "--epochs", "1", "--data", str(data), "--precision", a.precision, "--quiet",
+            "--out", str(run_dir), "--timeout", str(int(a.timeout - 60))]
+    argv += ["--servers", str(cfg["servers"])] if cfg["arch"] == "ps" else []
+    argv += ["--model-parallel", str(cfg["model_parallel"])] if cfg["model_parallel"] > 1 else []
     provable = not a.no_check_bytes and cfg["arch"] in ("ps", "allreduce") and cfg["model_parallel"] == 1
-    res, load = validate.testbed_job(tb, cmd, a.timeout, provable)
+    res, load = validate.testbed_job(tb, ranks, argv, a.timeout, provable)
     r = res.results
     m = measured(r, iterations)
     app_sent = sum(x["bytes_sent"] for x in r["ranks"])
@@ -309,7 +308,7 @@ def main(argv=None) -> int:
         except (ValueError, KeyError, TypeError):
             raise SystemExit(f"bench_arch: --sweep {a.sweep}: not an arch.json that bench_arch wrote") from None
         a.params = a.params or Path(sweep_params)   # the calibration that sweep was predicted from
-    base_path = a.params or validate.calibrate(out, False, a.cpu_lock)[0]
+    base_path = validate.params_file(a.params, out, False, a.cpu_lock)[0]
     base, base_raw = validate.load_params(base_path), json.loads(Path(base_path).read_text())
     hosts = max(a.workers) + max(1, max(a.workers) // 4)
     if a.sweep:   # the winner at another rate, against a sweep measured before
@@ -402,9 +401,10 @@ def report(rows: list[dict], info: dict) -> None:
             print(f"2-{h}-2, {W} workers: measured order (fastest first) {' < '.join(o['measured'])}; predicted "
                   f"{' < '.join(o['predicted'])}; simulated {' < '.join(o.get('simulated') or [])}; Alqahtani & "
                   f"Demirbas: {ALQAHTANI}; agrees: {o.get('agrees_with_alqahtani')}")
-    for who, by in info["ape"].items():
-        print(f"{'model' if who == 'pred' else 'simulator'} median APE of the time per iteration: "
-              + ", ".join(f"{lab} {v['median']}% (max {v['max']}%, {v['runs']} runs)" for lab, v in by.items()))
+    labels = dict.fromkeys(lab for by in info["ape"].values() for lab in by)
+    validate.print_scores({lab: {who: by.get(lab) for who, by in info["ape"].items()} for lab in labels}, "arch",
+                          stats=("median", "max", "runs"),
+                          title="\nAPE of the time per iteration (pred: the model, sim: the simulator)")
     for h, o in info["optimizer"].items():
         f, b = o["optimize_first_swept"], o["best_measured"]
         print(f"optimize, 2-{h}-2: first {f and f['label']} W={f and f['workers']} ({f and f['bound']}-bound), "

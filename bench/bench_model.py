@@ -14,7 +14,6 @@ Writes model.csv, model.json and model.png; exits 0 whether or not the model pas
 
 from __future__ import annotations
 
-import random
 import statistics
 import sys
 import time
@@ -79,16 +78,16 @@ def train_argv(c: dict, data: Path, epochs: int) -> list[str]:
             "--hidden", str(c["hidden"]), "--epochs", str(epochs)]
 
 
-def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: list, params) -> list[dict]:
+def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: list, params,
+            seed: int | None = None) -> list[dict]:
     """Run each configuration (one asgd.train job) and compare it with the model: asgd.perf
     compare's row, with the order, source, launcher wall and sample (in: a rank count
     calibrate measured; out: any other)."""
     calibrated = validate.calibrated_ranks(params)
 
     def one(c):
-        d = common.fresh_dir((out / "runs" / label(c)).resolve())   # never read a stale results.json
-        job = validate.run_job(c["workers"] + 1, ["-m", "asgd.train", *train_argv(c, data, a.epochs), "--quiet",
-                                                  "--out", str(d), "--timeout", str(a.timeout)], a.timeout + 30)
+        d = (out / "runs" / label(c)).resolve()
+        job = validate.train_here(c["workers"] + 1, train_argv(c, data, a.epochs), d, a.timeout)
         res = validate.results(d)
         (row,) = validate.compare([str(d)], params) or [None]
         return row and {**row, "label": label(c), "source": source, "launch_wall_s": job["wall_s"],
@@ -98,7 +97,7 @@ def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: 
         return (f"wall {r['launch_wall_s']:6.2f} s (job {r['total_meas_s']:.2f}: init {r['init_meas_s']:.2f} "
                 f"+ train {r['train_meas_s']:.2f})")
     lost: list[dict] = []
-    rows = validate.sweep(configs, one, label, say, lock=a.cpu_lock, failed=lost,
+    rows = validate.sweep(configs, one, label, say, seed=seed, lock=a.cpu_lock, failed=lost,
                           tag="[optimizer] " if source == "optimizer" else "")
     failed += [{**f, "source": source} for f in lost]
     return rows
@@ -186,18 +185,14 @@ def report(rows, summary, parts, checks, meta) -> None:
     order = sorted(rows, key=lambda r: (r["hidden"], r["reader"], r["workers"], r["batch"]))
     print_table(order, cols, title=f"\npredicted / measured seconds and APE per run ({len(rows)} runs; "
                                    "compute, comm: a worker's, inside train)")
-    srows = [{"phase": k, "median": e["median"], "p90": e["p90"],
-              "in_median": (e["in_sample"] or {}).get("median"), "in_p90": (e["in_sample"] or {}).get("p90"),
-              "limit": f"<= {e['limit_median']:.0f}%" if e["limit_median"] else "-",
-              "verdict": validate.verdict(e["pass"]) if e["pass"] is not None else "detail, not pass/fail"}
-             for k, e in summary.items()]
     n_out = sum(r["sample"] == "out" for r in rows)
-    print_table(srows, [("phase", "phase", ""), ("out-of-sample median APE%", "median", ".1f"),
-                        ("p90", "p90", ".1f"), ("in-sample median APE%", "in_median", ".1f"), ("p90", "in_p90", ".1f"),
-                        ("median limit", "limit", ""), ("verdict", "verdict", "")],
-                title=f"\nAPE over {n_out} out-of-sample runs (rank counts calibrate never measured) and "
-                      f"{len(rows) - n_out} in-sample runs (validated: init, train, total; "
-                      "compute and comm are detail)")
+    validate.print_scores(
+        {k: {"out-of-sample": e, "in-sample": e["in_sample"],
+             "extra": {"limit": f"<= {e['limit_median']:.0f}%" if e["limit_median"] else "-",
+                       "verdict": validate.verdict(e["pass"]) if e["pass"] is not None else "detail, not pass/fail"}}
+         for k, e in summary.items()}, "phase", extra=[("median limit", "limit", ""), ("verdict", "verdict", "")],
+        title=f"\nAPE over {n_out} out-of-sample runs (rank counts calibrate never measured) and "
+              f"{len(rows) - n_out} in-sample runs (validated: init, train, total; compute and comm are detail)")
     print("\nmedian APE% (signed median error of total, + = predicted slower) by:")
     for dim, groups in parts.items():
         cells = "   ".join(f"{v}: init {g['init_median_ape']:.0f} train {g['train_median_ape']:.0f} "
@@ -294,8 +289,7 @@ def main(argv=None) -> int:
     failed: list[dict] = []
     t_sweep = time.perf_counter()
     print(f"{len(configs)} runs, in an order shuffled with seed {a.seed}:", flush=True)
-    random.Random(a.seed).shuffle(configs)
-    rows = measure(configs, data, out, a, "sweep", failed, params)
+    rows = measure(configs, data, out, a, "sweep", failed, params, seed=a.seed)
     if not rows:
         sys.exit("bench_model: no run finished")
     checks = optimizer_check(rows, params, data, out, a, failed)

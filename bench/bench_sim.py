@@ -100,10 +100,9 @@ def measure(runs: list[dict], data: Path, out: Path, a) -> list[dict]:
     """Each run (shuffled with --seed), holding the CPU lock, with the cores' worth of CPU the
     other users took meanwhile (an input of the simulation, like the machine's cores)."""
     def one(r):
-        d = common.fresh_dir((out / "runs" / r["label"]).resolve())
+        d = (out / "runs" / r["label"]).resolve()
         opts = r["opts"] if "--optimizer" in r["opts"] else ["--optimizer", "sgd", *r["opts"]]
-        argv = ["-m", "asgd.train", *opts, "--quiet", "--out", str(d), "--timeout", str(a.timeout)]
-        job = validate.run_job(r["ranks"], argv + (["--data", str(data)] if r["data"] else []), a.timeout + 30)
+        job = validate.train_here(r["ranks"], opts + (["--data", str(data)] if r["data"] else []), d, a.timeout)
         return {"run_dir": str(d), "others_cores": job["others_cores"], "launch_s": job["wall_s"]}
 
     def say(r):
@@ -250,25 +249,17 @@ def run_validate(a, out: Path, params: Path, meta: dict) -> None:
                  ("model", f"model_{k}", ".2f"), ("APE%", f"model_ape_{k}", ".0f")]
     print_table(sorted(rows, key=lambda r: (r["arch"], r["mode"], r["reader"], r["servers"], r["ranks"])), cols,
                 title=f"\nmeasured here / simulated / analytical model, seconds and APE ({len(rows)} runs)")
-    srows = [{"metric": k, **{f"{w}_{q}": summary.get(f"{w}_{k}", {}).get(q) for w in ("sim", "simq", "model")
-                              for q in ("median", "p90")}} for k in METRICS]
-    print_table(srows, [("metric", "metric", ""), ("sim median APE%", "sim_median", ".1f"),
-                        ("sim p90", "sim_p90", ".1f"), ("sim, no load: median", "simq_median", ".1f"),
-                        ("p90", "simq_p90", ".1f"), ("model median APE%", "model_median", ".1f"),
-                        ("model p90", "model_p90", ".1f")],
-                title=f"\nout-of-sample APE over the {summary['runs']} runs (every architecture; both predict each)")
-    for k in ("train", "init"):
-        so, mo = summary.get(f"sim_{k}_rank_count_out"), summary.get(f"model_{k}_rank_count_out")
-        if so and mo:
-            print(f"{k}, the {so['runs']} runs at rank counts calibrate never started: simulator median APE "
-                  f"{so['median']:.1f}% (p90 {so['p90']:.1f}%), analytical model {mo['median']:.1f}% "
-                  f"(p90 {mo['p90']:.1f}%)")
+    validate.print_scores({k: {w: summary.get(f"{w}_{k}") for w in ("sim", "simq", "model")} for k in METRICS},
+                          "metric", title=f"\nout-of-sample APE over the {summary['runs']} runs (every architecture; "
+                                          "both predict each; simq: the simulator without the others' load)")
+    validate.print_scores({k: {w: summary.get(f"{w}_{k}_rank_count_out") for w in ("sim", "model")}
+                           for k in ("train", "init")}, "metric", stats=("median", "p90", "runs"),
+                          title="\nAPE over the runs at rank counts calibrate never started a job at")
     for key in ("by_architecture", "by_optimizer"):
-        for v, e in summary[key].items():
-            print(f"{v:15s} ({e['sim']['runs']:2d} runs): train median APE simulator {e['sim']['median']:5.1f}% "
-                  f"(p90 {e['sim']['p90']:5.1f}%), analytical model {e['model']['median']:5.1f}% "
-                  f"(p90 {e['model']['p90']:5.1f}%; without its crowding term "
-                  f"{e['model_no_crowding']['median']:5.1f}%)")
+        validate.print_scores({v: {**e, "extra": {"runs": e["sim"]["runs"]}} for v, e in summary[key].items()},
+                              key[3:], extra=[("runs", "runs", "d")],
+                              title=f"\ntrain APE {key.replace('_', ' ')} (model_no_crowding: the model without "
+                                    "its crowding term)")
     t = summary["target"]
     print(f"{validate.verdict(t['every_architecture_le_15'])}: every architecture's median train APE <= 15% "
           f"(model and simulator); {validate.verdict(t['adagrad_le_10'])}: adagrad's <= 10%")

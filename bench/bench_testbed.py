@@ -22,7 +22,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 
@@ -119,8 +118,9 @@ def bytes_per_weight(compress: str, hidden: int, S: int, precision: str) -> floa
     return float(size) if compress == "none" else onebit.bytes_per_weight(Layout(2, hidden, 2), S, size)
 
 
-def train_cmd(mpiexec: str, S: int, W: int, compress: str, args, out: Path, epochs: int | None = None) -> list[str]:
-    cmd = [mpiexec, "-n", str(W + S), sys.executable, "-m", "asgd.train", "--optimizer", "sgd", "--servers", str(S),
+def train_argv(S: int, compress: str, args, out: Path, epochs: int | None = None) -> list[str]:
+    """python's argv of one run (W + S ranks) with S servers."""
+    cmd = ["-m", "asgd.train", "--optimizer", "sgd", "--servers", str(S),
            "--hidden", str(args.hidden), "--batch", str(args.batch), "--epochs", str(epochs or args.epochs), "--quiet",
            "--precision", args.precision,
            "--trace", "--trace-steps", "0:1000000", "--timeout", str(int(args.timeout - 30)), "--out", str(out)]
@@ -131,8 +131,7 @@ def train_cmd(mpiexec: str, S: int, W: int, compress: str, args, out: Path, epoc
 def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | None = None) -> dict:
     model = validate.testbed_model()
     out = tmp / f"s{S}-w{W}-{compress}-{time.monotonic_ns()}"
-    res, load = validate.testbed_job(tb, train_cmd(validate.launcher(), S, W, compress, args, out, epochs),
-                                     args.timeout, True)
+    res, load = validate.testbed_job(tb, W + S, train_argv(S, compress, args, out, epochs), args.timeout, True)
     r = res.results
     rate, n = steady_rate(out / "trace.json")
     ev = r["ranks"][0]["phases"].get("evaluate", 0.0)
@@ -168,14 +167,13 @@ def one_run(tb, S, W, compress, args, tmp: Path, rate_bit: int, epochs: int | No
 def cores_ceiling(S: int, W: int, args, tmp: Path, compress: str = "none") -> dict | None:
     """The same job on shared memory (plain mpiexec, no links): what the cores allow."""
     out = tmp / f"cores-{compress}"
-    cmd = train_cmd(validate.launcher(), S, W, compress, args, out)
     try:
-        subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=True)
-    except (subprocess.SubprocessError, OSError) as e:
+        common.mpiexec(W + S, train_argv(S, compress, args, out), args.timeout)
+    except (common.JobFailed, OSError) as e:
         print(f"  cores check failed: {e}", flush=True)
         return None
     rate, n = steady_rate(out / "trace.json")
-    r = json.loads((out / "results.json").read_text())
+    r = validate.results(out)
     return {"compress": compress, "servers": S, "workers": W, "updates_per_s": round(rate, 2),
             "updates_per_s_run": round(r["throughput"]["updates_per_s"], 2), "load_1min": round(os.getloadavg()[0], 2)}
 
@@ -291,7 +289,7 @@ def main(argv=None):
     run = common.Run("testbed", args, end_on_signals=True)   # timeout/kill -TERM: the testbed goes down too
     rate_bit, format_rate = validate.parse_rate(args.bandwidth), validate.format_rate
     params_src = f"given: {args.params}" if args.params else "python -m asgd.perf calibrate --quick (this run)"
-    base = validate.load_params(args.params or validate.calibrate(run.out, True, args.cpu_lock)[0])
+    base = validate.load_params(validate.params_file(args.params, run.out, True, args.cpu_lock)[0])
     hosts = max(args.servers) + max(args.workers)
     accuracy, t_all = [], time.perf_counter()
     with validate.testbed(args.name, hosts, args.bandwidth, args.latency) as tb, \

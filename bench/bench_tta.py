@@ -147,7 +147,7 @@ def measure(c: dict, data: Path, ds: DataSet, run_dir: Path, tb) -> dict:
     if tb is None:
         common.mpiexec(ranks(c), argv, 300)
     else:
-        validate.testbed_job(tb, [validate.launcher(), "-n", str(ranks(c)), sys.executable, *argv], 300, False)
+        validate.testbed_job(tb, ranks(c), argv, 300, False)
     res = validate.results(run_dir)
     t = res["target"]
     return {"reached": t["reached"], "meas_time_s": t["train_s"], "meas_epochs": t["epochs"],
@@ -335,7 +335,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     run = common.Run("tta", args)
     t0 = time.perf_counter()
-    params = args.params.resolve() if args.params else validate.calibrate(args.out, True, args.cpu_lock)[0]
+    params = validate.params_file(args.params, args.out, True, args.cpu_lock)[0]
     hosts = max(ranks(config(c)) for c in (QUICK if args.quick else SWEEP))
     rows, summary = [], {}
     with (validate.testbed(args.testbed_name, hosts, args.testbed) if args.testbed else contextlib.nullcontext()) as tb:

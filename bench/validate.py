@@ -75,6 +75,18 @@ def judged(meas: dict, **predicted: dict) -> dict:
     return row
 
 
+def print_scores(scores: dict, first: str, title: str, stats=("median", "p90"), extra=()) -> None:
+    """A table of scores: a row per key of `scores` ({group: errors() or None}), each group's
+    `stats` side by side, then `extra` columns ((header, key, format)) read from the group
+    "extra" ({key: value}) of that row."""
+    groups = [g for g in dict.fromkeys(g for row in scores.values() for g in row) if g != "extra"]
+    rows = [{first: name, **row.get("extra", {}), **{f"{g} {q}": (row.get(g) or {}).get(q) for g in groups
+                                                     for q in stats}} for name, row in scores.items()]
+    cols = [(first, first, "")] + [(f"{g} {q}" + (" APE%" if q == "median" else ""), f"{g} {q}",
+                                    "d" if q == "runs" else ".1f") for g in groups for q in stats]
+    common.print_table(rows, cols + list(extra), title=title)
+
+
 def verdict(ok) -> str:
     return "PASS" if ok else "FAIL"
 
@@ -167,6 +179,14 @@ def run_job(n: int, argv: list[str], timeout: float) -> dict:
     if p.returncode:
         raise JobFailed(f"exit {p.returncode}: {' '.join(cmd)}\n{err[-2000:]}")
     return {"wall_s": time.perf_counter() - t0, "others_cores": others.cores()}
+
+
+def train_here(ranks: int, opts: list[str], run_dir: Path, timeout: float) -> dict:
+    """`asgd.train OPTS` on `ranks` ranks here, into run_dir made fresh (a stale results.json
+    misleads) and bounded by asgd.train's own --timeout first; run_job's {wall_s, others_cores}."""
+    d = common.fresh_dir(Path(run_dir).resolve())
+    return run_job(ranks, ["-m", "asgd.train", *opts, "--quiet", "--out", str(d), "--timeout", str(timeout)],
+                   timeout + 30)
 
 
 def python(argv: list[str], timeout: float, what: str) -> float:
@@ -382,12 +402,13 @@ def testbed(name: str, hosts: int, rate: str, latency_us: float = 0.0):
         tb.down()
 
 
-def testbed_job(tb, cmd: list[str], timeout: float, check_bytes: bool):
-    """`cmd` run on the testbed `tb`, its output captured; (its result, the 1-minute load
-    averaged over its start and end). A run that fails raises JobFailed."""
+def testbed_job(tb, ranks: int, argv: list[str], timeout: float, check_bytes: bool):
+    """`mpiexec -n ranks python argv` on the testbed `tb`, its output captured; (its result,
+    the 1-minute load averaged over its start and end). A run that fails raises JobFailed."""
     load0 = os.getloadavg()[0]
     try:
-        res = tb.run(cmd, check_bytes=check_bytes, timeout=timeout, capture=True, say=lambda *a, **k: None)
+        res = tb.run([launcher(), "-n", str(ranks), sys.executable, *argv], check_bytes=check_bytes,
+                     timeout=timeout, capture=True, say=lambda *a, **k: None)
     except Exception as e:   # any failure of the run: reported, and the sweep goes on
         raise JobFailed(f"failed: {str(e)[-400:]}") from None
     if res.rc or res.results is None:
