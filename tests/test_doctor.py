@@ -179,3 +179,19 @@ def test_a_job_past_its_time_is_killed_with_everything_it_started(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"the job's child {child} outlived the timeout")
+
+
+def test_stale_mpich_segments_are_named_with_their_fix_and_a_mapped_one_is_not(tmp_path):
+    """Segments of killed MPICH jobs (no process maps them) warn with the rm that clears
+    them; a segment some process maps (here this one) is in use, not stale."""
+    import mmap
+    from asgd.doctor.install import stale_shm
+    assert stale_shm(str(tmp_path)).status == OK   # none at all
+    (tmp_path / "mpich_shm_dead_0").write_bytes(b"\0" * 4096)
+    live = tmp_path / "mpich_shm_live_0"
+    live.write_bytes(b"\0" * 4096)
+    with open(live, "r+b") as f, mmap.mmap(f.fileno(), 4096):
+        got = stale_shm(str(tmp_path))
+        assert got.status == WARN and got.data["stale"] == 1 and got.data["stale_bytes"] == 4096, got
+        assert f"rm {tmp_path}/mpich_shm_*" in got.fix and "1 MPICH shared-memory segments" in got.what
+    assert stale_shm(str(tmp_path)).data["stale"] == 2   # unmapped: both left behind

@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import platform
+import glob
 import re
 import subprocess
 import sys
@@ -157,6 +158,32 @@ def machine(ranks: int | None) -> list[Finding]:
     return out
 
 
+def stale_shm(folder: str = "/dev/shm") -> Finding:
+    """MPICH's shared-memory segments of this user that no process of theirs maps: left by
+    jobs that were killed. A later job whose job id names the same segment (a restarted
+    Slurm numbers its jobs 1, 2, ... again) attaches to the stale one and hangs or fails in
+    MPI_Init ("Message truncated"): the local Slurm's 4-rank srun job hung until its 120 s
+    limit here, 2026-11-29, with 454 such segments (1.9 GB) from a day's killed runs."""
+    mine = [f for f in glob.glob(os.path.join(folder, "mpich_shm_*")) if os.stat(f).st_uid == os.getuid()]
+    if not mine:
+        return finding("stale shm", OK, "no MPICH shared-memory segments left in " + folder, stale=0)
+    mapped = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                mapped.update(line.split()[-1] for line in f if "mpich_shm_" in line)
+        except OSError:   # gone, or not ours to read
+            continue
+    stale = [f for f in mine if os.path.realpath(f) not in mapped]
+    if not stale:
+        return finding("stale shm", OK, f"{len(mine)} MPICH shared-memory segments, all in use", stale=0)
+    size = sum(os.path.getsize(f) for f in stale)
+    return finding("stale shm", WARN, f"{len(stale)} MPICH shared-memory segments in {folder} ({size / 2**20:,.0f} "
+                   "MiB) belong to no running process: killed jobs left them, and a later job with the same job id "
+                   "can attach to one and hang or fail in MPI_Init", f"with no MPI job of yours running: rm "
+                   f"{os.path.join(folder, 'mpich_shm_')}*", stale=len(stale), stale_bytes=size)
+
+
 def meminfo(key: str) -> int:
     """Bytes of /proc/meminfo's `key` (0 where there is none)."""
     try:
@@ -231,7 +258,7 @@ def check(ranks: int | None = None) -> tuple[list[Finding], dict]:
     out = [python(), library("numpy"), numba]
     mpi_found, mpi = mpi4py()
     launcher_found, launcher = mpiexec(mpi)
-    out += [mpi_found, launcher_found, ulfm(mpi), *machine(ranks)]
+    out += [mpi_found, launcher_found, ulfm(mpi), *machine(ranks), stale_shm()]
     if numba.status == OK:
         out += [cpu(), numba_cache()]
     else:   # one line for one cause: numba's above
