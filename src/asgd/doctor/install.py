@@ -164,7 +164,14 @@ def stale_shm(folder: str = "/dev/shm") -> Finding:
     Slurm numbers its jobs 1, 2, ... again) attaches to the stale one and hangs or fails in
     MPI_Init ("Message truncated"): the local Slurm's 4-rank srun job hung until its 120 s
     limit here, 2026-11-29, with 454 such segments (1.9 GB) from a day's killed runs."""
-    mine = [f for f in glob.glob(os.path.join(folder, "mpich_shm_*")) if os.stat(f).st_uid == os.getuid()]
+    mine = {}   # path -> bytes, stat'ed once: a job that attaches meanwhile unlinks its segment
+    for f in glob.glob(os.path.join(folder, "mpich_shm_*")):
+        try:
+            st = os.stat(f)
+        except FileNotFoundError:
+            continue
+        if st.st_uid == os.getuid():
+            mine[f] = st.st_size
     if not mine:
         return finding("stale shm", OK, "no MPICH shared-memory segments left in " + folder, stale=0)
     mapped = set()
@@ -177,7 +184,7 @@ def stale_shm(folder: str = "/dev/shm") -> Finding:
     stale = [f for f in mine if os.path.realpath(f) not in mapped]
     if not stale:
         return finding("stale shm", OK, f"{len(mine)} MPICH shared-memory segments, all in use", stale=0)
-    size = sum(os.path.getsize(f) for f in stale)
+    size = sum(mine[f] for f in stale)
     return finding("stale shm", WARN, f"{len(stale)} MPICH shared-memory segments in {folder} ({size / 2**20:,.0f} "
                    "MiB) belong to no running process: killed jobs left them, and a later job with the same job id "
                    "can attach to one and hang or fail in MPI_Init", f"with no MPI job of yours running: rm "
