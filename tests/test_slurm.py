@@ -90,7 +90,7 @@ def test_the_script_passes_its_own_checks(slurm):
 def test_training_job_under_srun(slurm):
     j = job(slurm, "train")
     assert (j["state"], j["exit"]) == ("COMPLETED", "0:0"), job_output(j)
-    check_results(slurm["work"] / "jobs" / "train", world=4, epochs=2, hidden=1000)
+    check_results(slurm["work"] / "jobs" / "train", world=4, epochs=4, hidden=1000)
     assert "via srun" in job_output(j)
 
 
@@ -99,7 +99,7 @@ def test_sweep_job_under_mpiexec_gathers_runs_and_figures(slurm):
     assert (j["state"], j["exit"]) == ("COMPLETED", "0:0"), job_output(j)
     sweep = slurm["work"] / "jobs" / "sweep"
     for k in (2, 3):
-        check_results(sweep / f"n{k}", world=k, epochs=1, hidden=1000)
+        check_results(sweep / f"n{k}", world=k, epochs=4, hidden=1000)
     pngs = sorted(p.name for p in sweep.glob("*.png"))
     assert pngs == ["profile-0-w1.png", "profile-1-w2.png", "scaling.png",
                     "timeline-0-w1.png", "timeline-1-w2.png"]
@@ -128,7 +128,7 @@ def test_failing_job_reports_its_exit_code_to_the_scheduler(slurm):
 def test_pbs_script_through_qsub(slurm):
     j = job(slurm, "pbs")  # qsub -V -l nodes=1:ppn=3 pbs/train.pbs
     assert (j["state"], j["exit"]) == ("COMPLETED", "0:0"), job_output(j)
-    check_results(slurm["work"] / "jobs" / "pbs", world=3, epochs=1, hidden=1000)
+    check_results(slurm["work"] / "jobs" / "pbs", world=3, epochs=4, hidden=1000)
 
 
 def test_no_daemon_left_running(slurm):
