@@ -145,13 +145,8 @@ def train_argv(c: dict, data: Path, ds: DataSet, run_dir: Path) -> list[str]:
 
 
 def measure(c: dict, data: Path, ds: DataSet, run_dir: Path, tb, repeats: int = 1) -> dict:
-    """The configuration trained to the target `repeats` times: the median time and epochs
-    (None: the median run did not reach it), the run with the median time (its folder and
-    curve: what the model and the simulator are set against), and the repeats' spread.
-    One run's time to the target is a draw: its epochs vary with the asynchronous order, and
-    a sub-second run on shared cores with the scheduler's turns. A prediction is of the
-    draw's middle, so it is scored against the median, and the spread ((max - min) / median
-    of the times) says how close any predictor can get."""
+    """The configuration trained to the target `repeats` times (folders r0, r1, ...): middle()
+    of their results."""
     runs = []
     for i in range(repeats):
         folder = run_dir / f"r{i}" if repeats > 1 else run_dir
@@ -161,19 +156,34 @@ def measure(c: dict, data: Path, ds: DataSet, run_dir: Path, tb, repeats: int = 
             common.mpiexec(ranks(c), argv, 300)
         else:
             validate.testbed_job(tb, ranks(c), argv, 300, False)
-        res = validate.results(folder)
-        runs.append((res["target"]["train_s"] if res["target"]["reached"] else math.inf, res, folder))
-    runs.sort(key=lambda r: r[0])
-    time_s, res, folder = runs[len(runs) // 2]
+        runs.append((validate.results(folder), folder))
+    return middle(runs)
+
+
+def middle(runs: list[tuple[dict, Path]]) -> dict:
+    """Repeats of one configuration (results.json, folder): the median time and epochs to
+    the target (a run that missed it counts as endless: None if the median run did), the
+    run with the median time (its folder and curve: what the model and the simulator are
+    set against), and the spread ((max - min) / median of the times that reached it).
+    One run's time to the target is a draw: its epochs vary with the asynchronous order,
+    and a sub-second run on shared cores with the scheduler's turns. A prediction is of
+    the draw's middle, so it is scored against the median; the spread says how close any
+    predictor can get."""
+    def time_of(res):
+        return res["target"]["train_s"] if res["target"]["reached"] else math.inf
+    def epochs_of(res):
+        return res["target"]["epochs"] if res["target"]["reached"] else math.inf
+    ranked = sorted(runs, key=lambda r: time_of(r[0]))
+    res, folder = ranked[len(ranked) // 2]
+    times = [time_of(r) for r, _ in runs]
+    reached = [t for t in times if t < math.inf]
     t = res["target"]
-    epochs = sorted(r[1]["target"]["epochs"] if r[1]["target"]["reached"] else math.inf for r in runs)
-    reached = [r[0] for r in runs if r[0] < math.inf]
-    spread = (max(reached) - min(reached)) / time_s if len(reached) > 1 and t["reached"] else None
-    return {"reached": t["reached"], "meas_time_s": t["train_s"], "meas_epochs": epochs[len(epochs) // 2]
-            if t["reached"] else t["epochs"], "meas_init_s": res["init_s"], "repeats": repeats,
-            "meas_times_s": [round(r[0], 4) if r[0] < math.inf else None for r in runs],
-            "meas_spread": spread, "run_dir": str(folder),
-            "curve": [(p["train_s"], p["accuracy"]) for p in res["metrics"]["curve"]]}
+    return {"reached": t["reached"], "meas_time_s": t["train_s"],
+            "meas_epochs": sorted(epochs_of(r) for r, _ in runs)[len(runs) // 2] if t["reached"] else t["epochs"],
+            "meas_init_s": res["init_s"], "repeats": len(runs),
+            "meas_times_s": [round(x, 4) if x < math.inf else None for x in times],
+            "meas_spread": (max(reached) - min(reached)) / t["train_s"] if len(reached) > 1 and t["reached"] else None,
+            "run_dir": str(folder), "curve": [(p["train_s"], p["accuracy"]) for p in res["metrics"]["curve"]]}
 
 
 def model(res: dict, c: dict, params, stats, ds: DataSet) -> dict:
