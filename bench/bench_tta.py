@@ -6,8 +6,8 @@ async/sync/ssp/sync with backup workers x optimizer), each trained to the target
 `asgd.train --target-accuracy`; for each, the model's predicted time and epochs to the target
 (asgd.perf.to_target.rank_to_target: the pilot's statistics x predict's s/epoch + start-up,
 what optimize ranks by) and the simulator's (`python -m asgd.sim --like RUN --target-accuracy`:
-its own staleness fed to the same statistics). Each configuration runs --repeats times (3)
-and is scored by its median run; the repeats' spread is the measurement's own noise.
+its own staleness fed to the same statistics). The sweep runs --repeats times (3 passes), and
+each configuration is scored by its median run; the repeats' spread is the measurement's own noise.
 Scores, per data set: median/p90 error of both
 (every configuration is out of sample: the pilot ran ps async at batch 256 with 1, 2, 4
 workers and adagrad/adam, none of which the sweep repeats); optimize's first pick, measured,
@@ -144,20 +144,15 @@ def train_argv(c: dict, data: Path, ds: DataSet, run_dir: Path) -> list[str]:
     return argv + (["--backup-workers", str(c["backup"])] if c["backup"] else [])
 
 
-def measure(c: dict, data: Path, ds: DataSet, run_dir: Path, tb, repeats: int = 1) -> dict:
-    """The configuration trained to the target `repeats` times (folders r0, r1, ...): middle()
-    of their results."""
-    runs = []
-    for i in range(repeats):
-        folder = run_dir / f"r{i}" if repeats > 1 else run_dir
-        common.fresh_dir(folder)
-        argv = train_argv(c, data, ds, folder)
-        if tb is None:
-            common.mpiexec(ranks(c), argv, 300)
-        else:
-            validate.testbed_job(tb, ranks(c), argv, 300, False)
-        runs.append((validate.results(folder), folder))
-    return middle(runs)
+def measure(c: dict, data: Path, ds: DataSet, folder: Path, tb) -> dict:
+    """One run of the configuration to the target, into folder: its results.json."""
+    common.fresh_dir(folder)
+    argv = train_argv(c, data, ds, folder)
+    if tb is None:
+        common.mpiexec(ranks(c), argv, 300)
+    else:
+        validate.testbed_job(tb, ranks(c), argv, 300, False)
+    return validate.results(folder)
 
 
 def middle(runs: list[tuple[dict, Path]]) -> dict:
@@ -282,17 +277,8 @@ def one_dataset(name: str, args, base_params: Path, tb) -> tuple[list[dict], dic
     configs = [{**config(c), "dataset": name} for c in (QUICK if args.quick else SWEEP)]
     sim_missing = None if _sim_available() else "SimGrid is not installed"
 
-    def one(c):
-        row = measure(c, data, ds, folder / "runs" / label(c).replace(" ", "_"), tb, args.repeats)
-        run_dir = Path(row["run_dir"])
-        row.update(model(validate.results(run_dir), c, hw, stats, ds))
-        row.update({"sim_time_s": None, "sim_epochs": None} if sim_missing
-                   else simulate(run_dir, params, ds, tb is not None))
-        for who in ("model", "sim"):
-            ok = row["reached"] and row[f"{who}_time_s"] is not None
-            row[f"{who}_ape_time"] = validate.ape(row[f"{who}_time_s"], row["meas_time_s"]) if ok else None
-            row[f"{who}_ape_epochs"] = validate.ape(row[f"{who}_epochs"], row["meas_epochs"]) if ok else None
-        return row
+    def folder_of(c):
+        return folder / "runs" / label(c).replace(" ", "_")
 
     def say(r):
         if not r["reached"]:
@@ -300,8 +286,41 @@ def one_dataset(name: str, args, base_params: Path, tb) -> tuple[list[dict], dic
         model = (f"model {r['model_time_s']:.2f} s {r['model_epochs']:.2f} epochs" if r["model_time_s"] is not None
                  else "no model prediction")
         sim = f", sim {r['sim_time_s']:.2f} s" if r["sim_time_s"] is not None else ""
-        return f"{r['meas_time_s']:6.2f} s {r['meas_epochs']:6.2f} epochs; {model}{sim}"
-    rows = validate.sweep(configs, one, label, say, lock=args.cpu_lock, tag=f"{name} ")
+        spread = f" (repeats {r['meas_spread'] * 100:.0f} % apart)" if r["meas_spread"] is not None else ""
+        return f"{r['meas_time_s']:6.2f} s {r['meas_epochs']:6.2f} epochs{spread}; {model}{sim}"
+
+    def say_run(r):
+        return (f"{r['time_s']:6.2f} s {r['epochs']:6.2f} epochs" if r["reached"]
+                else f"did not reach {ds.target} in {ds.epochs} epochs")
+    # the repeats are passes through the whole sweep, not back-to-back runs: draws apart in
+    # time, as this VM's cores run slower for seconds at a time
+    runs: dict[str, list] = {label(c): [] for c in configs}
+    loads: dict[str, list] = {label(c): [] for c in configs}
+    for i in range(args.repeats):
+        def once(c, i=i):
+            run_folder = folder_of(c) / f"r{i}" if args.repeats > 1 else folder_of(c)
+            res = measure(c, data, ds, run_folder, tb)
+            runs[label(c)].append((res, run_folder))
+            t = res["target"]
+            return {"reached": t["reached"], "time_s": t["train_s"], "epochs": t["epochs"]}
+        tag = f"{name} " + (f"pass {i + 1}/{args.repeats} " if args.repeats > 1 else "")
+        for r in validate.sweep(configs, once, label, say_run, lock=args.cpu_lock, tag=tag):
+            loads[label(r)].append(r["load_1min"])
+
+    rows = []
+    for c in (c for c in configs if runs[label(c)]):   # a configuration whose every run failed: none
+        row = {**c, **middle(runs[label(c)]), "load_1min": statistics.median(loads[label(c)])}
+        with common.cpu_lock(args.cpu_lock):   # the simulator's CPU beside no timed run
+            run_dir = Path(row["run_dir"])
+            row.update(model(validate.results(run_dir), c, hw, stats, ds))
+            row.update({"sim_time_s": None, "sim_epochs": None} if sim_missing
+                       else simulate(run_dir, params, ds, tb is not None))
+        for who in ("model", "sim"):
+            ok = row["reached"] and row[f"{who}_time_s"] is not None
+            row[f"{who}_ape_time"] = validate.ape(row[f"{who}_time_s"], row["meas_time_s"]) if ok else None
+            row[f"{who}_ape_epochs"] = validate.ape(row[f"{who}_epochs"], row["meas_epochs"]) if ok else None
+        rows.append(row)
+        print(f"{name} {label(c):30s} {say(row)}", flush=True)
     for r in rows:
         r["label"] = label(r)
     ranked = optimize_ranked(hw, stats, data, ds, configs, tb is not None)
@@ -354,8 +373,8 @@ def parse_args(argv=None):
     p.add_argument("--testbed", metavar="RATE", help="run the sweep on the emulated cluster, links at RATE "
                    "(e.g. 1gbit; needs root)")
     p.add_argument("--testbed-name", default="tta", help="the testbed's name (default tta)")
-    p.add_argument("--repeats", type=int, default=None, help="runs of each configuration, scored by their "
-                   "median (default 3; --quick 1)")
+    p.add_argument("--repeats", type=int, default=None, help="passes through the sweep: runs of each "
+                   "configuration, scored by their median (default 3; --quick 1)")
     p.add_argument("--quick", action="store_true",
                    help="rings5 only, 2,048 points, hidden 64, to 0.5, 2 configurations, 1 run each (a smoke test)")
     a = p.parse_args(argv)
