@@ -802,6 +802,21 @@ def test_extrapolate_linear():
     assert pm.extrapolate_linear({4: 2.0}, 9) == 2.0
 
 
+def test_an_exchange_round_between_probed_rank_counts_is_geometric():
+    """Between two probes, the log of a round is linear in the ranks; beyond them, and at a
+    probe, the rounds are as extrapolate_linear's."""
+    t = {2: 0.01, 3: 0.1, 5: 1.6, 9: 2.0}
+    assert pm.interpolate_geometric(t, 4) == approx(0.4)          # sqrt(0.1 x 1.6), not 0.85
+    assert pm.interpolate_geometric(t, 7) == approx(math.sqrt(1.6 * 2.0))
+    assert pm.interpolate_geometric(t, 3) == approx(0.1)
+    assert pm.interpolate_geometric(t, 17) == approx(pm.extrapolate_linear(t, 17)) == approx(2.8)
+    assert pm.interpolate_geometric(t, 1) == approx(pm.extrapolate_linear(t, 1))
+    assert pm.interpolate_geometric({2: 0.0, 4: 1.0}, 3) == approx(0.5)   # no log of 0: linear
+    n = 1000
+    p = make_params(exchange_s={"ring": {P: {n: v} for P, v in t.items()}})
+    assert p.exchange("ring", 4, n) == approx(0.4) and p.exchange("ring", 12, n) == approx(2.3)
+
+
 def test_predict_init_uses_the_measured_job_startup():
     # measured start-up of 2 and 6 ranks: 1.0 and 3.0 s; 4 ranks (3 workers + 1 server): 2.0 s,
     # then the embedded problem: embedded_s 0.2 x max(1, 4 / 4 cores) = 0.2

@@ -232,6 +232,32 @@ def test_tta_bench(tmp_path, quick_params):
     assert (out / "tta.png").stat().st_size > 0 and "median error" in p.stdout
 
 
+def test_tta_scores_a_configurations_median_run():
+    """bench_tta's repeats: the median run's time (its folder and curve beside it), the
+    median epochs, a run that missed the target counted as endless, and the spread."""
+    code = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import bench_tta as t
+def run(time, epochs, reached=True):
+    return ({"target": {"reached": reached, "train_s": time, "epochs": epochs}, "init_s": 1.0,
+             "metrics": {"curve": [{"train_s": time, "accuracy": 0.9}]}}, "dir%g" % time)
+got = t.middle([run(0.3, 12.0), run(0.1, 10.0), run(0.2, 14.0)])
+assert (got["meas_time_s"], got["meas_epochs"], got["run_dir"]) == (0.2, 12.0, "dir0.2"), got
+assert got["meas_times_s"] == [0.3, 0.1, 0.2] and abs(got["meas_spread"] - 1.0) < 1e-12 and got["reached"]
+assert got["curve"] == [(0.2, 0.9)] and got["repeats"] == 3
+got = t.middle([run(0.3, 12.0), run(9.0, 80.0, False), run(0.2, 14.0)])
+assert (got["meas_time_s"], got["meas_epochs"], got["meas_times_s"][1]) == (0.3, 14.0, None), got
+got = t.middle([run(0.3, 12.0), run(9.0, 80.0, False), run(8.0, 80.0, False)])
+assert not got["reached"] and got["meas_spread"] is None
+one = t.middle([run(0.3, 12.0)])
+assert one["meas_spread"] is None and one["meas_time_s"] == 0.3
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", code, str(BENCH)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0 and p.stdout.split() == ["ok"], p.stderr
+
+
 def test_tta_sweep_repeats_no_pilot():
     """The sweep is out of sample: no configuration is one the pilot ran (ps async at its
     batch with 1, 2 or 4 workers and a piloted optimizer)."""

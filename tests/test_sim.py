@@ -252,6 +252,15 @@ def test_other_users_load_takes_its_share_of_the_cores(params_file):
     shared = simulate(pf, background=1.0, **run)["ranks"][1]["phases"]["compute"]
     assert alone == pytest.approx(50 * STEP_256 * 1.5, rel=0.05)
     assert shared == pytest.approx(2 * alone, rel=0.05)
+    # on a machine whose calibrated cores' worth is less than its cores, a sliver of others'
+    # load takes its sliver of that worth: never the cores' worth replaced by the cores left
+    worth = params_file(effective_cores={"10000": {"1": 1.0, "2": 1.6, "5": 1.6}})
+    alone = simulate(worth, **run)["ranks"][1]["phases"]["compute"]
+    sliver = simulate(worth, background=0.02, **run)["ranks"][1]["phases"]["compute"]
+    half = simulate(worth, background=1.0, **run)["ranks"][1]["phases"]["compute"]
+    assert alone == pytest.approx(50 * STEP_256 * 3 / 1.6, rel=0.05)
+    assert alone < sliver == pytest.approx(alone / 0.99, rel=0.02)
+    assert half == pytest.approx(2 * alone, rel=0.05)
 
 
 def wire_sizes(servers: int, compress: str, precision: str = "float64") -> list[tuple[int, int]]:

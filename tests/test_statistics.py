@@ -69,6 +69,10 @@ def test_the_fit_recovers_b_noise_and_the_staleness_cost():
     assert fit_efficiency([32, 256, 256], [2.0, 2.0, 8.0], [4.0, 10.0, 8.0])[1] == 0.0
     with pytest.raises(ValueError, match="two update sizes"):
         fit_efficiency([256, 256], [2.0, 5.0], [10.0, 12.0])
+    # c known (the shared staleness cost): B_noise alone, from two runs of a second optimizer
+    u, s, e = runs_of(10.0, 60.0, 0.15)
+    got = fit_efficiency([u[0], u[1]], [s[0], s[1]], [e[0], e[1]], costs=[0.15])   # reference, batch 32
+    assert got[0] == pytest.approx(60.0, rel=0.03) and got[1] == 0.15
 
 
 CURVE = [{"samples": 100, "accuracy": 0.5, "loss": 0.9}, {"samples": 200, "accuracy": 0.7, "loss": 0.6},
@@ -112,6 +116,25 @@ def test_epochs_to_target_of_a_configuration():
     again = Statistics.from_dict(json.loads(json.dumps({**dataclasses.asdict(st), "references": {
         "adagrad": dataclasses.asdict(st.references["adagrad"])}})))
     assert again == st
+
+
+def test_an_optimizer_piloted_at_two_batches_has_its_own_b_noise():
+    """adam's epochs priced with adam's B_noise (its reference's E_min too); adagrad's with
+    the first optimizer's; a file from before per-optimizer B_noise reads as before."""
+    ref = stats().references["adagrad"]
+    st = Statistics(20.0, 0.1, 1.0, 1.0, {"adagrad": ref, "adam": ref}, b_noise_by_optimizer={"adam": 5.0})
+    assert st.b_noise_of("adam") == 5.0 and st.b_noise_of("adagrad") == 20.0
+    for opt, b in (("adam", 5.0), ("adagrad", 20.0)):
+        e_min = 0.25 / (batch_factor(1000 / 63, b) * staleness_factor(1.0, 0.1))
+        got = st.epochs_to_target(opt, "accuracy", 0.8, 50, 4, False, 4.0)
+        assert got == pytest.approx(e_min * batch_factor(50, b) * staleness_factor(4.0, 0.1))
+    # a smaller B_noise: a larger batch costs more epochs than the first optimizer's says
+    assert (st.epochs_to_target("adam", "accuracy", 0.8, 256, 1, False, 1.0)
+            > st.epochs_to_target("adagrad", "accuracy", 0.8, 256, 1, False, 1.0))
+    d = {**dataclasses.asdict(st), "references": {k: dataclasses.asdict(v) for k, v in st.references.items()}}
+    assert Statistics.from_dict(json.loads(json.dumps(d))) == st
+    del d["b_noise_by_optimizer"]
+    assert Statistics.from_dict(d).b_noise_of("adam") == 20.0
 
 
 def row(batch, per_epoch_s, workers=1, arch="ps", mode="async"):
@@ -275,7 +298,8 @@ def test_the_pilot_end_to_end_on_a_tiny_setting(tmp_path, capsys):
     path = write_params(tmp_path, {})
     data = str(REPO / "examples" / "penguins.csv")
     cmd = [sys.executable, "-m", "asgd.perf", "pilot", "--params", path, "--data", data, "--label-column",
-           "species", "--batch", "16", "--workers", "2", "--epochs", "6", "--timeout", "60"]
+           "species", "--batch", "16", "--workers", "2", "--epochs", "6", "--timeout", "60", "--optimizers",
+           "adagrad,adam"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
     assert p.returncode == 0, p.stderr
     got = json.loads(open(path).read())
@@ -293,6 +317,10 @@ def test_the_pilot_end_to_end_on_a_tiny_setting(tmp_path, capsys):
     assert pilot["batches"][1]["update_samples"] == ref.points        # a batch past the data: all of it an update
     assert pilot["lockstep"][0]["mode"] == "sync" and pilot["lockstep"][0]["staleness"] == 0
     assert pilot["lockstep"][0]["update_samples"] == pytest.approx(16, rel=0.01)   # 2 x 8, shares ending short
+    # the second optimizer at the smallest batch too: its own B_noise
+    assert [(r["optimizer"], r["workers"], r["batch"]) for r in pilot["optimizer_batches"]] == [("adam", 1, 32)]
+    assert pilot["optimizer_batches"][0]["reached"] and st.b_noise_of("adam") > 0
+    assert list(st.b_noise_by_optimizer) == ["adam"]
     assert "statistics added to" in p.stdout
     evaluation = got["statistics"]["evaluation"]   # every pilot run evaluated: their cost a held-out point
     assert (evaluation["features"], evaluation["classes"], evaluation["hidden"]) == (4, 3, 256)

@@ -434,7 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "asynchronous pilots' batch (default %(default)s)")
     pl.add_argument("--batches", type=int_list, default=list(PILOT_BATCHES), help="the sequential pilots' other "
                     f"batches, whose epochs fit B_noise (default {','.join(map(str, PILOT_BATCHES))})")
-    pl.add_argument("--optimizers", default=TRAIN.optimizer, help="optimizers to pilot, comma-separated "
+    pl.add_argument("--optimizers", default=TRAIN.optimizer, help="optimizers to pilot, comma-separated; each "
+                    "after the first also runs at the smallest --batches, for its own B_noise "
                     f"(default %(default)s; choose from {', '.join(OPTIMIZERS)})")
     pl.add_argument("--workers", type=int_list, default=[2, 4, 8], help="the asynchronous pilots' worker counts "
                     "(default 2,4,8)")

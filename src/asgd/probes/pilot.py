@@ -5,7 +5,8 @@ configuration's epochs to a target depend on (asgd.perf.statistics):
                default lr, its held-out curve evaluated every few updates: E_min at any
                target it reaches;
   batch        sequential runs of the first optimizer at a few other batches, to a pilot
-               target;
+               target; each other optimizer at the smallest of those too (its own B_noise,
+               fitted with the shared staleness cost c);
   staleness    the same at a few asynchronous worker counts, at the reference's batch, and
                the staleness's growth with the workers (results.json's mean staleness); and
                two workers in lockstep (--mode sync) at half the batch: the reference's
@@ -122,18 +123,21 @@ def pilot(train_args: list[str], points: int, batch: int, optimizers: list[str],
     reference = {"workers": 1, "batch": batch, "mode": "async", "update_samples": u_ref, "epochs": e_ref,
                  "reached": True, "staleness": refs[first]["staleness"]}
 
-    def to_pilot_target(name: str, W: int, b: int, mode: str = "async") -> dict:
+    def to_pilot_target(name: str, W: int, b: int, mode: str = "async", opt: str = first, e0: float = e_ref
+                        ) -> dict:
+        """A run of opt to the pilot target, its epochs capped at PILOT_EPOCHS x its
+        reference's (e0), more for a larger update."""
         lockstep = mode == "sync"
-        u = update_samples(points, W, b, lockstep and pooled_in_lockstep(first))
-        cap = max(1, int(np.ceil(PILOT_EPOCHS * e_ref * max(1.0, u / u_ref))))
-        r = train_one(W + 1, [*train_args, "--batch", str(b), "--optimizer", first, "--mode", mode,
+        u = update_samples(points, W, b, lockstep and pooled_in_lockstep(opt))
+        cap = max(1, int(np.ceil(PILOT_EPOCHS * e0 * max(1.0, u / u_ref))))
+        r = train_one(W + 1, [*train_args, "--batch", str(b), "--optimizer", opt, "--mode", mode,
                               "--epochs", str(cap), *_every(points, b * (W if lockstep else 1)),
                               *_target_args((metric, value))], os.path.join(folder, name))
         e, reached = epochs_reached(r, metric, value)
         run = {"workers": W, "batch": b, "mode": mode, "update_samples": u, "epochs": e, "reached": reached,
                "staleness": mean_staleness(r)}
-        say(f"  {mode} {W} worker(s) x batch {b}: {e:.2f} epochs to {metric} {value:g}" + ("" if reached else
-            " (not reached)") + f", mean staleness {run['staleness']:.2f}")
+        say(f"  {'' if opt == first else opt + ' '}{mode} {W} worker(s) x batch {b}: {e:.2f} epochs to {metric} "
+            f"{value:g}" + ("" if reached else " (not reached)") + f", mean staleness {run['staleness']:.2f}")
         return run
     by_batch = [to_pilot_target(f"batch-{b}", 1, b) for b in batches if b != batch]
     asyn = [to_pilot_target(f"async-{W}", W, batch) for W in workers]
@@ -144,19 +148,35 @@ def pilot(train_args: list[str], points: int, batch: int, optimizers: list[str],
         b_noise, c = fit_efficiency(*([r[k] for r in fit] for k in ("update_samples", "staleness", "epochs")))
     except ValueError as e:
         raise PilotError(f"{e}: the batch pilots never reached {metric} {value:g}; give an easier target") from None
+    by_optimizer, optimizer_batches = {}, []
+    others = [b for b in batches if b != batch]
+    for opt in optimizers[1:]:   # each other optimizer at the smallest batch pilot's too: its own B_noise, c shared
+        e_opt, ok = epochs_reached(results[opt], metric, value)
+        if not ok or not others:
+            continue
+        small = min(others)
+        own = {"update_samples": u_ref, "staleness": refs[opt]["staleness"], "epochs": e_opt}
+        run = to_pilot_target(f"batch-{small}-{opt}", 1, small, opt=opt, e0=e_opt)
+        optimizer_batches.append({**run, "optimizer": opt})
+        if run["reached"]:
+            by_optimizer[opt] = fit_efficiency(*([r[k] for r in (own, run)]
+                                                 for k in ("update_samples", "staleness", "epochs")), costs=[c])[0]
     s1, slope = fit_staleness_growth(*zip(*((r["workers"], r["staleness"]) for r in (reference, *asyn))))
     say(f"  fitted to the epochs of {len(fit)} runs: B_noise {b_noise:.1f} samples, staleness cost c {c:.3f}; "
-        f"mean staleness {s1:.2f} + {slope:.2f} per worker more")
+        f"mean staleness {s1:.2f} + {slope:.2f} per worker more"
+        + "".join(f"; {opt}'s B_noise {b:.1f}" for opt, b in by_optimizer.items()))
     cf = ref["config"]
     data = os.path.abspath(cf["data"]) if cf.get("data") else "embedded"
     evaluation = measured_evaluation(every_run)
     if evaluation:
         say(f"  held-out evaluation: {evaluation['s_per_point'] * 1e6:.3g} us a point "
             f"({evaluation['evaluations']} evaluations of {cf['test_points']} points)")
-    return {"b_noise": b_noise, "staleness_cost": c, "staleness_one": s1, "staleness_per_worker": slope,
+    return {"b_noise": b_noise, "b_noise_by_optimizer": by_optimizer, "staleness_cost": c,
+            "staleness_one": s1, "staleness_per_worker": slope,
             "references": refs, "data": data, "hidden": cf["hidden"], "evaluation": evaluation,
             "pilot": {"target": {"metric": metric, "value": value}, "reference_epochs": e_ref, "async": asyn,
-                      "batches": by_batch, "lockstep": lockstep, "seconds": time.perf_counter() - t0}}
+                      "batches": by_batch, "lockstep": lockstep,
+                      "optimizer_batches": optimizer_batches, "seconds": time.perf_counter() - t0}}
 
 
 def measured_evaluation(runs: list[dict]) -> dict | None:
