@@ -7,7 +7,7 @@ Writes trace.csv and trace.json and prints median wall and training time per mod
 import sys
 
 import common  # first: one core per process, src on the path
-import runs_report
+from runs_report import median
 
 TIMES = ("wall_s", "train_s")
 
@@ -25,8 +25,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     out = common.Run("trace", a, measure=False).out
     run(a.ranks, False, a.train_args)  # warm numba's cache
-    rows = runs_report.interleaved([False, True], a.repeat, lambda trace, _: run(a.ranks, trace, a.train_args))
-    med = {m: {k: runs_report.median([r for r in rows if r["trace"] == m], k) for k in TIMES} for m in (False, True)}
+    rows = [run(a.ranks, trace, a.train_args) for i in range(a.repeat) for trace in common.rotated([False, True], i)]
+    med = {m: {k: median([r for r in rows if r["trace"] == m], k) for k in TIMES} for m in (False, True)}
     over = {k: 100 * (med[True][k] / med[False][k] - 1) for k in TIMES}
     common.write_csv(out / "trace.csv", rows)
     common.write_json(out / "trace.json", {"ranks": a.ranks, "repeat": a.repeat,
