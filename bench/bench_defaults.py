@@ -26,7 +26,7 @@ import statistics
 import tempfile
 
 import bench_data
-from runs_report import difference
+from runs_report import difference, grouped, median
 
 RULES = ("sgd=3/H,10/H,30/H,100/H;momentum=0.3/H,1/H,3/H,10/H;"
          "adagrad=0.003,0.01,0.03,0.1;adam=0.0003,0.001,0.003,0.01")
@@ -117,17 +117,16 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
                 "overconfident": sum(1 for r in rs if r["loss"] is not None and r["loss"] > r["chance_loss"]),
                 "worst_gap": round(min(gaps), 4) if len(gaps) == len(rs) else None,
                 "worst_at": f"{worst['dataset']} W={worst['workers']} s{worst['seed']}",
-                "median_gap": round(statistics.median(gaps), 4) if gaps else None,
+                "median_gap": median(rs, "gap", 4),
                 "mean_gap": round(statistics.fmean(gaps), 4) if gaps else None,
                 "failing": sum(1 for r in rs if r["gap"] is None or r["gap"] < -tolerance)}
     table = []
-    for opt, rule in dict.fromkeys((r["optimizer"], r["rule"]) for r in rows):
-        rs = [r for r in rows if r["optimizer"] == opt and r["rule"] == rule]
+    for (opt, rule), rs in grouped(rows, ("optimizer", "rule")).items():
         s = {"optimizer": opt, "rule": rule, **stats(rs)}
-        for name in dict.fromkeys(r["dataset"] for r in rs):
-            s[f"worst_{name}"] = stats([r for r in rs if r["dataset"] == name])["worst_gap"]
-        for w in sorted({r["workers"] for r in rs}):
-            s[f"worst_W{w}"] = stats([r for r in rs if r["workers"] == w])["worst_gap"]
+        for (name,), theirs in grouped(rs, ("dataset",)).items():
+            s[f"worst_{name}"] = stats(theirs)["worst_gap"]
+        for (w,), theirs in sorted(grouped(rs, ("workers",)).items()):
+            s[f"worst_W{w}"] = stats(theirs)["worst_gap"]
         table.append(s)
     table.sort(key=lambda s: (s["diverged"], -(s["worst_gap"] if s["worst_gap"] is not None else -9)))
     return {"by_rule": table}
