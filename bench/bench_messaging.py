@@ -13,6 +13,7 @@ messaging.png under --out.
 import sys
 
 import common
+import micro
 from common import int_list
 
 import json
@@ -20,8 +21,6 @@ import time
 
 import numpy as np
 from numba import njit
-
-from asgd.core.wire import PRECISIONS
 
 PINGPONGS = ("pingpong", "pingpong+aggregate", "pingpong+versioned", "pingpong+reply-first")
 COLUMNS = {"precision": "the dtype of every buffer (MPI.FLOAT or MPI.DOUBLE), w and the optimizer's state",
@@ -71,14 +70,11 @@ def parse_args(argv=None):
     p = common.parser(__doc__, "messaging", mpi_child=True)
     p.add_argument("--hidden", type=int_list, default=[10000, 100000],
                    help="2-H-2 models whose n_w sets the message size, comma list (default 10000,100000)")
-    p.add_argument("--repeat", type=int, default=9, help="interleaved repetitions of each variant (default 9)")
+    micro.add_options(p, 9, "3 repetitions of about 0.05 s", min_time=None)
     p.add_argument("--iters", type=int, default=0,
                    help="exchanges per repetition (default 0: enough for about 0.15 s)")
     p.add_argument("--optimizers", type=common.choice_list(STATE_ARRAYS), default="sgd,adagrad,adam",
                    help="the asgd server's optimizers, one variant each (default sgd,adagrad,adam)")
-    p.add_argument("--precisions", type=common.choice_list(PRECISIONS), default=",".join(PRECISIONS),
-                   help=f"comma list of {', '.join(PRECISIONS)} (default both)")
-    p.add_argument("--quick", action="store_true", help="3 repetitions of about 0.05 s")
     p.add_argument("--timeout", type=float, default=300, help="seconds before the MPI job is killed (default 300)")
     a = p.parse_args(argv)
     if a.quick:
@@ -121,8 +117,7 @@ def child(args) -> None:
         out, back = np.ones(n, dtype), np.empty(n, dtype)
         w, reply = np.zeros(n, dtype), np.empty(n, dtype)
         vers = [np.zeros(n, dtype), np.zeros(n, dtype)]
-        state = [np.zeros(n, dtype) for _ in range(STATE_ARRAYS[variant.split("+")[-1]]
-                                                      if variant.startswith("pingpong+reply-first+") else 0)]
+        state = [np.zeros(n, dtype) for _ in range(STATE_ARRAYS.get(variant.split("+")[-1], 0))]   # +O's arrays
         move = {0: add_to, 1: add_to_moving, 2: add_to_moving2}[len(state)]
         kind = from_numpy_dtype(out.dtype)   # MPI.FLOAT or MPI.DOUBLE
         rtt = np.empty(iters)
@@ -264,27 +259,17 @@ def main(argv=None):
     info = run.meta(ranks=raw["ranks"], oversubscribed=raw["oversubscribed"], mpiexec=job["cmd"],
                     job_wall_s=round(job["wall_s"], 2), float32_over_float64=ratios, columns=COLUMNS,
                     raw=raw["rows"])
-    run.write(rows, info)
-    run.plot(plot, rows)
-    run.print_machine()
     print(f"2 ranks ({'oversubscribed' if raw['oversubscribed'] else 'ranks <= cores'}), {job['cmd'].split()[0]}")
-    common.print_table(rows, [("model", "model", ""), ("precision", "precision", ""), ("KB each way", "kb", ",.0f"),
-                              ("variant", "variant", ""),
-                              ("round trip µs", "rtt_us", ",.1f"), ("min µs", "rtt_us_min", ",.1f"),
-                              ("x ping-pong", "vs_pingpong", ".2f"), ("x reply-first", "vs_reply_first", ".2f"),
-                              ("x own floor", "vs_own_floor", ".2f"),
-                              ("GB/s both ways", "gb_per_s_both_ways", ".2f"),
-                              ("server busy µs/push", "server_aggregate_us", ",.1f")])
-    print("how far from the floor (the ping-pong of the same bytes): " + "; ".join(
-        f"{r['model']} {r['precision']} {r['variant']} {r['vs_pingpong']:.2f}x" for r in rows
-        if r["variant"].startswith("asgd ")))
-    print("against its own floor (reply-first moving the optimizer's bytes): " + "; ".join(
-        f"{r['model']} {r['precision']} {r['variant']} {r['vs_own_floor']:.2f}x" for r in rows
-        if r["variant"].startswith("asgd ")))
-    if ratios:
-        print("float32 / float64 round trip: " + "; ".join(
-            f"{r['model']} {r['variant']} {r['float32_over_float64']:.2f}" for r in ratios))
-    run.wrote()
+    micro.report(run, rows, info, plot, rows, [
+        ("model", "model", ""), ("precision", "precision", ""), ("KB each way", "kb", ",.0f"),
+        ("variant", "variant", ""), ("round trip µs", "rtt_us", ",.1f"), ("min µs", "rtt_us_min", ",.1f"),
+        ("x ping-pong", "vs_pingpong", ".2f"), ("x reply-first", "vs_reply_first", ".2f"),
+        ("x own floor", "vs_own_floor", ".2f"),
+        ("GB/s both ways", "gb_per_s_both_ways", ".2f"), ("server busy µs/push", "server_aggregate_us", ",.1f")],
+        ["how far from the floor (the ping-pong of the same bytes; in brackets, its own: reply-first moving the "
+         "optimizer's bytes): " + "; ".join(f"{r['model']} {r['precision']} {r['variant']} {r['vs_pingpong']:.2f}x "
+                                           f"({r['vs_own_floor']:.2f}x)" for r in rows if r["vs_own_floor"]),
+         *micro.ratio_line("round trip", ratios, lambda r: f"{r['model']} {r['variant']}")])
     return 0
 
 
