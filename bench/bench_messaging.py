@@ -16,6 +16,7 @@ import common
 import micro
 from common import int_list
 
+import itertools
 import json
 import time
 
@@ -233,21 +234,16 @@ def main(argv=None):
     job = common.mpiexec(2, common.mpi_child_argv(__file__, argv), timeout=args.timeout + 30)
     raw = common.child_result(job["stdout"])
     rows = []
-    for hid in args.hidden:
-        for prec in args.precisions:
-            size = np.dtype(prec).itemsize
-            for v in args.variants:
-                rs = [r for r in raw["rows"] if (r["hidden"], r["precision"], r["variant"]) == (hid, prec, v)]
-                med = float(np.median([r["rtt_median_s"] for r in rs]))
-                agg = [r["server_aggregate_s_per_push"] for r in rs if r["server_aggregate_s_per_push"] is not None]
-                n_w = rs[0]["n_w"]
-                rows.append({"model": f"2-{hid}-2", "n_w": n_w, "precision": prec, "kb": size * n_w / 1e3,
-                             "variant": v, "rtt_us": round(1e6 * med, 2),
-                             "rtt_us_min": round(1e6 * min(r["rtt_min_s"] for r in rs), 2),
-                             "exchanges_per_s": round(1 / med, 1),
-                             "gb_per_s_both_ways": round(2 * size * n_w / med / 1e9, 3),
-                             "server_aggregate_us": round(1e6 * float(np.median(agg)), 2) if agg else None,
-                             "repeat": len(rs), "iters": rs[0]["iters"]})
+    for hid, prec, v in itertools.product(args.hidden, args.precisions, args.variants):
+        rs = [r for r in raw["rows"] if (r["hidden"], r["precision"], r["variant"]) == (hid, prec, v)]
+        med = float(np.median([r["rtt_median_s"] for r in rs]))
+        agg = [r["server_aggregate_s_per_push"] for r in rs if r["server_aggregate_s_per_push"] is not None]
+        size, n_w = np.dtype(prec).itemsize, rs[0]["n_w"]
+        rows.append({"model": f"2-{hid}-2", "n_w": n_w, "precision": prec, "kb": size * n_w / 1e3, "variant": v,
+                     "rtt_us": round(1e6 * med, 2), "rtt_us_min": round(1e6 * min(r["rtt_min_s"] for r in rs), 2),
+                     "exchanges_per_s": round(1 / med, 1), "gb_per_s_both_ways": round(2 * size * n_w / med / 1e9, 3),
+                     "server_aggregate_us": round(1e6 * float(np.median(agg)), 2) if agg else None,
+                     "repeat": len(rs), "iters": rs[0]["iters"]})
     rtt = {(r["model"], r["precision"], r["variant"]): r["rtt_us"] for r in rows}
     for r in rows:   # against the ping-pong and the floors of the same size and precision (all measured)
         m = (r["model"], r["precision"])
