@@ -12,8 +12,10 @@ Writes kernel.csv, kernel.json and kernel.png under --out.
 import sys
 
 import common  # pins one thread per process before numpy loads
+import micro
 from common import int_list
 
+import itertools
 import time
 import warnings
 
@@ -69,30 +71,26 @@ def parse_args(argv=None):
     p = common.parser(__doc__, "kernel", lock=True)
     p.add_argument("--hidden", type=int_list, default=[10000], help="hidden sizes, comma list (default 10000)")
     p.add_argument("--batch", type=int_list, default=[256], help="batch sizes, comma list (default 256)")
-    p.add_argument("--d-in", type=int, default=2, help="input size (default 2)")
-    p.add_argument("--d-out", type=int, default=2, help="classes (default 2)")
-    p.add_argument("--repeat", type=int, default=21, help="timed repetitions per implementation (default 21)")
-    p.add_argument("--min-time", type=float, default=0.05,
-                   help="seconds per repetition; short steps are looped to reach it (default 0.05)")
-    p.add_argument("--precisions", type=common.choice_list(PRECISIONS), default=",".join(PRECISIONS),
-                   help=f"comma list of {', '.join(PRECISIONS)} (default both)")
+    micro.add_options(p, 21, "batch 64,256 at 2-10K-2, 5 repeats, 0.03 s each")
     p.add_argument("--dgemm-n", type=int, default=2048,
                    help="size of the peak-measuring SGEMM and DGEMM (default 2048)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch peers (skipped anyway without torch)")
-    p.add_argument("--quick", action="store_true", help="batch 64,256 at 2-10K-2, 5 repeats, 0.03 s each")
     a = p.parse_args(argv)
     if a.quick:
         a.hidden, a.batch, a.repeat, a.min_time = [10000], [64, 256], 5, 0.03
     return a
 
 
-def gemm_gflops(dtype, n=2048, reps=4):
-    """One-thread matmul rate in `dtype` (SGEMM, DGEMM; best of reps, after one untimed):
-    the core's practical FLOP peak in that precision."""
-    a, b = np.random.default_rng(0).random((2, n, n)).astype(dtype)
-    c = np.empty((n, n), dtype)
-    got = common.interleaved({"gemm": lambda: np.matmul(a, b, out=c)}, reps, min_time=0, warmup=0)["gemm"]
-    return 2 * n**3 / got["min_s"] / 1e9
+def gemm_ceilings(n: int) -> dict:
+    """{precision: GFLOP/s} of one-thread SGEMM and DGEMM (best of 4, after one untimed): the
+    core's practical FLOP peak in each precision, whatever --precisions."""
+    rng, got = np.random.default_rng(0), {}
+    for p in PRECISIONS:
+        a, b = rng.random((2, n, n)).astype(p)
+        c = np.empty((n, n), p)
+        t = common.interleaved({"gemm": lambda: np.matmul(a, b, out=c)}, 4, min_time=0, warmup=0)["gemm"]
+        got[p] = 2 * n**3 / t["min_s"] / 1e9
+    return got
 
 
 def step_flops(layout):
@@ -128,12 +126,10 @@ def bench_case(layout, batch, repeat, min_time, with_torch, lock=None, dtype=np.
         check["torch"] = common.rel_diff(delta_typical(), dw_ref)
         fns["torch"], fns["torch_manual"] = typical, manual
     res = common.micro(fns, repeat, min_time, checks=check, lock=lock)
-    out = {}
-    for name, r in res.items():
-        out[name] = {"samples_per_s": batch / r["median_s"], "samples_per_s_min": batch / r["max_s"],
-                     "samples_per_s_max": batch / r["min_s"], "samples_per_s_cpu": batch / r["cpu_median_s"],
-                     "step_ms": 1e3 * r["median_s"],
-                     "steps_per_repeat": r["loops"], "max_rel_diff_vs_numpy": r["max_rel_diff"]}
+    out = {name: {"samples_per_s": batch / r["median_s"], "samples_per_s_min": batch / r["max_s"],
+                  "samples_per_s_max": batch / r["min_s"], "samples_per_s_cpu": batch / r["cpu_median_s"],
+                  "step_ms": 1e3 * r["median_s"], "steps_per_repeat": r["loops"],
+                  "max_rel_diff_vs_numpy": r["max_rel_diff"]} for name, r in res.items()}
     out["numba"]["first_call_s"] = first_call_s
     return out
 
@@ -167,41 +163,34 @@ def plot(rows, path):
     common.save_figure(fig, path)
 
 
-def gemm_ceilings(n: int) -> dict:
-    """{precision: GFLOP/s} of SGEMM and DGEMM, one thread: both, whatever --precisions (the
-    ceilings' own ratio is a figure beside the steps')."""
-    return {p: gemm_gflops(p, n) for p in PRECISIONS}
+def case_rows(res: dict, prec: str, layout, batch: int) -> list[dict]:
+    """One (precision, layout, batch)'s rows, an implementation each, numba's first with how
+    much of its step the exps take."""
+    flops, base = step_flops(layout), {"precision": prec, "d_in": layout.d_in, "hidden": layout.d_hidden,
+                                       "d_out": layout.d_out, "batch": batch}
+    rows = [{**base, "impl": impl, **{k: float(f"{v:.7g}") if isinstance(v, float) else v for k, v in r.items()},
+             "flops_per_sample": flops, "gflops": round(r["samples_per_s"] * flops / 1e9, 3),
+             "speedup_vs_numpy": round(r["samples_per_s"] / res["numpy"]["samples_per_s"], 3),
+             "vs_torch": round(r["samples_per_s"] / res["torch"]["samples_per_s"], 3) if "torch" in res else None}
+            for impl, r in ((i, res[i]) for i in IMPLS if i in res)]
+    t_step, t_exp = 1 / res["numba"]["samples_per_s"], 1 / res["exp_only"]["samples_per_s"]
+    rows[0]["exp_share_pct"] = round(100 * t_exp / t_step, 1)
+    rows[0]["gflops_without_exp"] = (round((flops - layout.d_hidden) / (t_step - t_exp) / 1e9, 2)
+                                     if t_step > t_exp else None)
+    return rows
 
 
 def main(argv=None):
     args = parse_args(argv)
     run = common.Run("kernel", args)
     with_torch = not args.no_torch and common._version("torch") is not None
-    gflops = gemm_ceilings(args.dgemm_n)
-    rows, cases = [], []
-    for hid in args.hidden:
-        layout = Layout(args.d_in, hid, args.d_out)
-        flops = step_flops(layout)
-        for batch in args.batch:
-            for prec in args.precisions:   # one case's precisions back to back: the same load
-                res = bench_case(layout, batch, args.repeat, args.min_time, with_torch, args.cpu_lock, np.dtype(prec))
-                for impl in (i for i in IMPLS if i in res):
-                    r = res[impl]
-                    rows.append({"precision": prec, "d_in": args.d_in, "hidden": hid, "d_out": args.d_out,
-                                 "batch": batch, "impl": impl,
-                                 **{k: float(f"{v:.7g}") if isinstance(v, float) else v for k, v in r.items()},
-                                 "flops_per_sample": flops, "gflops": round(r["samples_per_s"] * flops / 1e9, 3),
-                                 "speedup_vs_numpy": round(r["samples_per_s"] / res["numpy"]["samples_per_s"], 3),
-                                 "vs_torch": round(r["samples_per_s"] / res["torch"]["samples_per_s"], 3)
-                                 if "torch" in res else None})
-                cases.append(rows[-len(res):])
-                nb = cases[-1][0]   # numba's (IMPLS' first): how much of its step is the exp
-                t_step, t_exp = 1 / res["numba"]["samples_per_s"], 1 / res["exp_only"]["samples_per_s"]
-                nb["exp_share_pct"] = round(100 * t_exp / t_step, 1)
-                nb["gflops_without_exp"] = (round((flops - hid) / max(t_step - t_exp, 1e-12) / 1e9, 2)
-                                            if t_step > t_exp else None)
-                print(f"  {prec} {args.d_in}-{hid}-{args.d_out} batch {batch}: "
-                      + ", ".join(f"{i} {res[i]['samples_per_s']:,.0f}" for i in IMPLS if i in res), flush=True)
+    gflops, rows = gemm_ceilings(args.dgemm_n), []
+    for hid, batch, prec in itertools.product(args.hidden, args.batch, args.precisions):   # a case's precisions
+        layout = Layout(2, hid, 2)                                                         # back to back
+        res = bench_case(layout, batch, args.repeat, args.min_time, with_torch, args.cpu_lock, np.dtype(prec))
+        rows += case_rows(res, prec, layout, batch)
+        print(f"  {prec} 2-{hid}-2 batch {batch}: "
+              + ", ".join(f"{i} {res[i]['samples_per_s']:,.0f}" for i in IMPLS if i in res), flush=True)
     again = gemm_ceilings(args.dgemm_n)   # again at the end: best of both
     gflops = {p: max(v, again[p]) for p, v in gflops.items()}
     for r in rows:
@@ -215,32 +204,24 @@ def main(argv=None):
     info = run.meta(dgemm_gflops_1thread=gflops["float64"], sgemm_gflops_1thread=gflops["float32"],
                     float32_over_float64=ratios,
                     torch=with_torch or "not measured (not installed, or --no-torch)", columns=COLUMNS)
-    run.write(rows, info)
-    run.plot(plot, rows)
-
-    run.print_machine()
-    print(f"SGEMM 1 thread {gflops['float32']:.1f} GFLOP/s, DGEMM {gflops['float64']:.1f}; torch: {info['torch']}")
     table = []   # a line per case: numba's row, every impl's samples/s
-    for case in cases:
+    for _, case in itertools.groupby(rows, lambda r: (r["hidden"], r["batch"], r["precision"])):
         by = {r["impl"]: r for r in case}
-        table.append({**by["numba"], "model": f"{args.d_in}-{by['numba']['hidden']}-{args.d_out}",
+        table.append({**by["numba"], "model": f"2-{by['numba']['hidden']}-2",
                       **{i: r["samples_per_s"] for i, r in by.items()},
                       "x_torch_cpu": (by["numba"]["samples_per_s_cpu"] / by["torch"]["samples_per_s_cpu"]
                                       if "torch" in by else None)})
-    common.print_table(table, [("precision", "precision", ""), ("model", "model", ""), ("batch", "batch", "d"),
-                               ("numba s/s", "numba", ",.0f"),
-                               ("numpy", "numpy", ",.0f"), ("torch", "torch", ",.0f"),
-                               ("torch manual", "torch_manual", ",.0f"), ("exp only", "exp_only", ",.0f"),
-                               ("ceiling", "ceiling_samples_per_s", ",.0f"), ("numba % ceil", "pct_of_ceiling", ".1f"),
-                               ("x numpy", "speedup_vs_numpy", ".1f"), ("x torch", "vs_torch", ".1f"),
-                               ("x torch (cpu time)", "x_torch_cpu", ".1f"), ("exp % of step", "exp_share_pct", ".0f"),
-                               ("GFLOP/s w/o exp", "gflops_without_exp", ".1f")])
-    print("s/s: samples/s, median wall clock; 'cpu time': the same ratio from the steps' CPU time (load-proof)")
-    if ratios:
-        print("float32 / float64 samples/s (wall; cpu time): " + "; ".join(
-            f"{r['impl']} 2-{r['hidden']}-2 b{r['batch']} {r['float32_over_float64']:.2f} "
-            f"({r['float32_over_float64_cpu']:.2f})" for r in ratios))
-    run.wrote()
+    print(f"SGEMM 1 thread {gflops['float32']:.1f} GFLOP/s, DGEMM {gflops['float64']:.1f}; torch: {info['torch']}")
+    micro.report(run, rows, info, plot, table, [
+        ("precision", "precision", ""), ("model", "model", ""), ("batch", "batch", "d"), ("numba s/s", "numba", ",.0f"),
+        ("numpy", "numpy", ",.0f"), ("torch", "torch", ",.0f"), ("torch manual", "torch_manual", ",.0f"),
+        ("exp only", "exp_only", ",.0f"), ("ceiling", "ceiling_samples_per_s", ",.0f"),
+        ("numba % ceil", "pct_of_ceiling", ".1f"), ("x numpy", "speedup_vs_numpy", ".1f"),
+        ("x torch", "vs_torch", ".1f"), ("x torch (cpu time)", "x_torch_cpu", ".1f"),
+        ("exp % of step", "exp_share_pct", ".0f"), ("GFLOP/s w/o exp", "gflops_without_exp", ".1f")],
+        ["s/s: samples/s, median wall clock; 'cpu time': the same ratio from the steps' CPU time (load-proof)",
+         *micro.ratio_line("samples/s (wall; cpu time)", ratios,
+                           lambda r: f"{r['impl']} 2-{r['hidden']}-2 b{r['batch']}", cpu=True)])
     return 0
 
 

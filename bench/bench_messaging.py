@@ -13,15 +13,15 @@ messaging.png under --out.
 import sys
 
 import common
+import micro
 from common import int_list
 
+import itertools
 import json
 import time
 
 import numpy as np
 from numba import njit
-
-from asgd.core.wire import PRECISIONS
 
 PINGPONGS = ("pingpong", "pingpong+aggregate", "pingpong+versioned", "pingpong+reply-first")
 COLUMNS = {"precision": "the dtype of every buffer (MPI.FLOAT or MPI.DOUBLE), w and the optimizer's state",
@@ -71,14 +71,11 @@ def parse_args(argv=None):
     p = common.parser(__doc__, "messaging", mpi_child=True)
     p.add_argument("--hidden", type=int_list, default=[10000, 100000],
                    help="2-H-2 models whose n_w sets the message size, comma list (default 10000,100000)")
-    p.add_argument("--repeat", type=int, default=9, help="interleaved repetitions of each variant (default 9)")
+    micro.add_options(p, 9, "3 repetitions of about 0.05 s", min_time=None)
     p.add_argument("--iters", type=int, default=0,
                    help="exchanges per repetition (default 0: enough for about 0.15 s)")
     p.add_argument("--optimizers", type=common.choice_list(STATE_ARRAYS), default="sgd,adagrad,adam",
                    help="the asgd server's optimizers, one variant each (default sgd,adagrad,adam)")
-    p.add_argument("--precisions", type=common.choice_list(PRECISIONS), default=",".join(PRECISIONS),
-                   help=f"comma list of {', '.join(PRECISIONS)} (default both)")
-    p.add_argument("--quick", action="store_true", help="3 repetitions of about 0.05 s")
     p.add_argument("--timeout", type=float, default=300, help="seconds before the MPI job is killed (default 300)")
     a = p.parse_args(argv)
     if a.quick:
@@ -121,8 +118,7 @@ def child(args) -> None:
         out, back = np.ones(n, dtype), np.empty(n, dtype)
         w, reply = np.zeros(n, dtype), np.empty(n, dtype)
         vers = [np.zeros(n, dtype), np.zeros(n, dtype)]
-        state = [np.zeros(n, dtype) for _ in range(STATE_ARRAYS[variant.split("+")[-1]]
-                                                      if variant.startswith("pingpong+reply-first+") else 0)]
+        state = [np.zeros(n, dtype) for _ in range(STATE_ARRAYS.get(variant.split("+")[-1], 0))]   # +O's arrays
         move = {0: add_to, 1: add_to_moving, 2: add_to_moving2}[len(state)]
         kind = from_numpy_dtype(out.dtype)   # MPI.FLOAT or MPI.DOUBLE
         rtt = np.empty(iters)
@@ -238,21 +234,16 @@ def main(argv=None):
     job = common.mpiexec(2, common.mpi_child_argv(__file__, argv), timeout=args.timeout + 30)
     raw = common.child_result(job["stdout"])
     rows = []
-    for hid in args.hidden:
-        for prec in args.precisions:
-            size = np.dtype(prec).itemsize
-            for v in args.variants:
-                rs = [r for r in raw["rows"] if (r["hidden"], r["precision"], r["variant"]) == (hid, prec, v)]
-                med = float(np.median([r["rtt_median_s"] for r in rs]))
-                agg = [r["server_aggregate_s_per_push"] for r in rs if r["server_aggregate_s_per_push"] is not None]
-                n_w = rs[0]["n_w"]
-                rows.append({"model": f"2-{hid}-2", "n_w": n_w, "precision": prec, "kb": size * n_w / 1e3,
-                             "variant": v, "rtt_us": round(1e6 * med, 2),
-                             "rtt_us_min": round(1e6 * min(r["rtt_min_s"] for r in rs), 2),
-                             "exchanges_per_s": round(1 / med, 1),
-                             "gb_per_s_both_ways": round(2 * size * n_w / med / 1e9, 3),
-                             "server_aggregate_us": round(1e6 * float(np.median(agg)), 2) if agg else None,
-                             "repeat": len(rs), "iters": rs[0]["iters"]})
+    for hid, prec, v in itertools.product(args.hidden, args.precisions, args.variants):
+        rs = [r for r in raw["rows"] if (r["hidden"], r["precision"], r["variant"]) == (hid, prec, v)]
+        med = float(np.median([r["rtt_median_s"] for r in rs]))
+        agg = [r["server_aggregate_s_per_push"] for r in rs if r["server_aggregate_s_per_push"] is not None]
+        size, n_w = np.dtype(prec).itemsize, rs[0]["n_w"]
+        rows.append({"model": f"2-{hid}-2", "n_w": n_w, "precision": prec, "kb": size * n_w / 1e3, "variant": v,
+                     "rtt_us": round(1e6 * med, 2), "rtt_us_min": round(1e6 * min(r["rtt_min_s"] for r in rs), 2),
+                     "exchanges_per_s": round(1 / med, 1), "gb_per_s_both_ways": round(2 * size * n_w / med / 1e9, 3),
+                     "server_aggregate_us": round(1e6 * float(np.median(agg)), 2) if agg else None,
+                     "repeat": len(rs), "iters": rs[0]["iters"]})
     rtt = {(r["model"], r["precision"], r["variant"]): r["rtt_us"] for r in rows}
     for r in rows:   # against the ping-pong and the floors of the same size and precision (all measured)
         m = (r["model"], r["precision"])
@@ -264,27 +255,17 @@ def main(argv=None):
     info = run.meta(ranks=raw["ranks"], oversubscribed=raw["oversubscribed"], mpiexec=job["cmd"],
                     job_wall_s=round(job["wall_s"], 2), float32_over_float64=ratios, columns=COLUMNS,
                     raw=raw["rows"])
-    run.write(rows, info)
-    run.plot(plot, rows)
-    run.print_machine()
     print(f"2 ranks ({'oversubscribed' if raw['oversubscribed'] else 'ranks <= cores'}), {job['cmd'].split()[0]}")
-    common.print_table(rows, [("model", "model", ""), ("precision", "precision", ""), ("KB each way", "kb", ",.0f"),
-                              ("variant", "variant", ""),
-                              ("round trip µs", "rtt_us", ",.1f"), ("min µs", "rtt_us_min", ",.1f"),
-                              ("x ping-pong", "vs_pingpong", ".2f"), ("x reply-first", "vs_reply_first", ".2f"),
-                              ("x own floor", "vs_own_floor", ".2f"),
-                              ("GB/s both ways", "gb_per_s_both_ways", ".2f"),
-                              ("server busy µs/push", "server_aggregate_us", ",.1f")])
-    print("how far from the floor (the ping-pong of the same bytes): " + "; ".join(
-        f"{r['model']} {r['precision']} {r['variant']} {r['vs_pingpong']:.2f}x" for r in rows
-        if r["variant"].startswith("asgd ")))
-    print("against its own floor (reply-first moving the optimizer's bytes): " + "; ".join(
-        f"{r['model']} {r['precision']} {r['variant']} {r['vs_own_floor']:.2f}x" for r in rows
-        if r["variant"].startswith("asgd ")))
-    if ratios:
-        print("float32 / float64 round trip: " + "; ".join(
-            f"{r['model']} {r['variant']} {r['float32_over_float64']:.2f}" for r in ratios))
-    run.wrote()
+    micro.report(run, rows, info, plot, rows, [
+        ("model", "model", ""), ("precision", "precision", ""), ("KB each way", "kb", ",.0f"),
+        ("variant", "variant", ""), ("round trip µs", "rtt_us", ",.1f"), ("min µs", "rtt_us_min", ",.1f"),
+        ("x ping-pong", "vs_pingpong", ".2f"), ("x reply-first", "vs_reply_first", ".2f"),
+        ("x own floor", "vs_own_floor", ".2f"),
+        ("GB/s both ways", "gb_per_s_both_ways", ".2f"), ("server busy µs/push", "server_aggregate_us", ",.1f")],
+        ["how far from the floor (the ping-pong of the same bytes; in brackets, its own: reply-first moving the "
+         "optimizer's bytes): " + "; ".join(f"{r['model']} {r['precision']} {r['variant']} {r['vs_pingpong']:.2f}x "
+                                           f"({r['vs_own_floor']:.2f}x)" for r in rows if r["vs_own_floor"]),
+         *micro.ratio_line("round trip", ratios, lambda r: f"{r['model']} {r['variant']}")])
     return 0
 
 

@@ -13,6 +13,7 @@ docs/bench-suite.md, and COLUMNS below. Writes server.csv, server.json, server.p
 import sys
 
 import common
+import micro
 from common import int_list
 
 import math
@@ -22,7 +23,7 @@ from numba import njit
 
 from asgd.net import OPTIMIZERS, kernels
 from asgd.net.optimizers import BETAS, EPS, MOMENTUM, Optimizer
-from asgd.core.wire import PRECISIONS, PULL_HEADER, PUSH_HEADER, header_slots
+from asgd.core.wire import PULL_HEADER, PUSH_HEADER, header_slots
 from asgd.net.mlp import Layout
 
 UPDATES = {"sgd": (3, 0), "momentum": (5, 1), "adagrad": (5, 1), "adam": (7, 2)}   # (arrays of n moved, state arrays)
@@ -82,20 +83,16 @@ def before_update(name, n, lr=1e-3, w=None, dtype=np.float64):
     w = np.random.default_rng(5).normal(size=n).astype(dtype) if w is None else w
     state = [np.zeros(n, w.dtype) for _ in range(UPDATES[name][1])]
     t = [0]
+    move = {"sgd": lambda d: kernels.add_into(w, d),
+            "momentum": lambda d: _before_momentum(w, *state, d, lr, MOMENTUM),
+            "adagrad": lambda d: _before_adagrad(w, *state, d, lr, EPS),
+            "adam": lambda d: _before_adam(w, *state, d, lr, *BETAS, EPS, t[0])}[name]
 
     def apply(d, reply):
-        if not kernels.all_finite(d):
-            return
-        t[0] += 1
-        if name == "sgd":
-            kernels.add_into(w, d)
-        elif name == "momentum":
-            _before_momentum(w, state[0], d, lr, MOMENTUM)
-        elif name == "adagrad":
-            _before_adagrad(w, state[0], d, lr, EPS)
-        else:
-            _before_adam(w, state[0], state[1], d, lr, BETAS[0], BETAS[1], EPS, t[0])
-        reply[:n] = w
+        if kernels.all_finite(d):
+            t[0] += 1
+            move(d)
+            reply[:n] = w
     return apply
 
 
@@ -106,13 +103,9 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int_list, default=[10000, 100000],
                    help="2-H-2 models, comma list (default 10000,100000)")
     p.add_argument("--workers", type=int_list, default=[1, 8], help="workers the pushes rotate over (default 1,8)")
-    p.add_argument("--repeat", type=int, default=15, help="interleaved repetitions (default 15)")
-    p.add_argument("--min-time", type=float, default=0.05, help="seconds per repetition (default 0.05)")
-    p.add_argument("--quick", action="store_true", help="workers 1 only, 5 repeats")
+    micro.add_options(p, 15, "workers 1 only, 5 repeats")
     p.add_argument("--optimizers", type=common.choice_list(OPTIMIZERS), default=",".join(OPTIMIZERS),
                    help=f"comma list of {', '.join(OPTIMIZERS)} (default all)")
-    p.add_argument("--precisions", type=common.choice_list(PRECISIONS), default=",".join(PRECISIONS),
-                   help=f"comma list of {', '.join(PRECISIONS)} (default both)")
     a = p.parse_args(argv)
     if a.quick:
         a.workers, a.repeat, a.min_time = [1], 5, 0.03
@@ -238,31 +231,20 @@ def main(argv=None):
                 for r in group:
                     r["vs_sgd"] = round(r["us_per_op"] / sgd[r["path"]], 2) if sgd else None
                 rows += group
-                print(f"  2-{hid}-2 W={W} {prec}: " + ", ".join(
-                    f"{r['optimizer']} {r['us_per_op']:,.0f} µs ({r['pct_of_floor']:.0f}% of floor; before "
-                    f"{b['us_per_op']:,.0f})" for r, b in zip(group[::2], group[1::2])), flush=True)
     ratios = common.precision_ratios([r for r in rows if r["path"] == "asgd"], ("model", "workers", "optimizer"),
                                      {"float32_over_float64": "us_per_op"})
     info = run.meta(memory_bound_gb_per_s=bound_mem, float32_over_float64=ratios, columns=COLUMNS)
-    run.write(rows, info)
-    run.plot(plot, rows)
-    run.print_machine()
-    common.print_table(rows, [("model", "model", ""), ("workers", "workers", "d"), ("precision", "precision", ""),
-                              ("optimizer", "optimizer", ""), ("path", "path", ""),
-                              ("floor bytes/(itemsize n)", "units", "d"), ("µs/push", "us_per_op", ",.1f"),
-                              ("updates/s", "ops_per_s", ",.0f"), ("GB/s", "gb_per_s", ".1f"),
-                              ("bound GB/s", "bound_gb_per_s", ".1f"), ("floor µs", "floor_us", ",.1f"),
-                              ("% of floor", "pct_of_floor", ".0f"), ("x before", "speedup_vs_before", ".2f"),
-                              ("x sgd", "vs_sgd", ".2f")],
-                       title="the server's per-push work, one core (floor: the update's bytes at the bound of its "
-                             "footprint)")
-    print("how far from the floor (asgd): " + "; ".join(
-        f"{r['model']} W={r['workers']} {r['precision']} {r['optimizer']} {r['pct_of_floor']:.0f}%"
-        for r in rows if r["path"] == "asgd"))
-    if ratios:
-        print("float32 / float64 µs per push (asgd): " + "; ".join(
-            f"{r['model']} W={r['workers']} {r['optimizer']} {r['float32_over_float64']:.2f}" for r in ratios))
-    run.wrote()
+    micro.report(run, rows, info, plot, rows, [
+        ("model", "model", ""), ("workers", "workers", "d"), ("precision", "precision", ""),
+        ("optimizer", "optimizer", ""), ("path", "path", ""), ("floor bytes/(itemsize n)", "units", "d"),
+        ("µs/push", "us_per_op", ",.1f"), ("updates/s", "ops_per_s", ",.0f"), ("GB/s", "gb_per_s", ".1f"),
+        ("bound GB/s", "bound_gb_per_s", ".1f"), ("floor µs", "floor_us", ",.1f"),
+        ("% of floor", "pct_of_floor", ".0f"), ("x before", "speedup_vs_before", ".2f"), ("x sgd", "vs_sgd", ".2f")],
+        ["how far from the floor (asgd): " + "; ".join(
+            f"{r['model']} W={r['workers']} {r['precision']} {r['optimizer']} {r['pct_of_floor']:.0f}%"
+            for r in rows if r["path"] == "asgd"),
+         *micro.ratio_line("µs per push (asgd)", ratios, lambda r: f"{r['model']} W={r['workers']} {r['optimizer']}")],
+        title="the server's per-push work, one core (floor: the update's bytes at the bound of its footprint)")
     return 0
 
 

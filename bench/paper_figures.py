@@ -15,7 +15,9 @@ from pathlib import Path
 import common
 from common import int_list
 
+import itertools
 import json
+import operator
 import statistics
 import textwrap
 
@@ -67,16 +69,14 @@ def run_once(c: dict, a) -> dict:
             "server_busy_pct": max(busy) if busy else None, "oversubscribed": r["config"].get("oversubscribed")}
 
 
+MEDIANS = ("wall_s", "init_s", "train_s", "train_s_per_epoch", "job_wall_s", "samples_per_s", "updates_per_s")
+
+
 def median_rows(rows):
     """A row per (ranks, hidden, batch): its first run's, with its runs' median times and rates."""
-    out = []
-    for k in sorted({(r["ranks"], r["hidden"], r["batch"]) for r in rows}):
-        rs = [r for r in rows if (r["ranks"], r["hidden"], r["batch"]) == k]
-        out.append({**rs[0], **{f: statistics.median(r[f] for r in rs) for f in MEDIANS}, "runs": len(rs)})
-    return out
-
-
-MEDIANS = ("wall_s", "init_s", "train_s", "train_s_per_epoch", "job_wall_s", "samples_per_s", "updates_per_s")
+    point = operator.itemgetter("ranks", "hidden", "batch")
+    return [{**rs[0], **{f: statistics.median(r[f] for r in rs) for f in MEDIANS}, "runs": len(rs)}
+            for rs in (list(g) for _, g in itertools.groupby(sorted(rows, key=point), point))]
 
 
 def pick(rows, **kw):
@@ -130,7 +130,7 @@ def figure2(rows, batches, path):
     fig, ax = plt.subplots(figsize=(6.5, 4.3))
     for b in sorted(batches):
         rs = pick(rows, hidden=10000, batch=b)
-        if len(rs) > 1 and len({r["ranks"] for r in rs}) > 1:
+        if len({r["ranks"] for r in rs}) > 1:   # a line, not a point
             ax.plot([r["ranks"] for r in rs], [r["wall_s"] for r in rs], marker="o", label=f"batch {b}")
     finish(fig, ax, {r["ranks"] for r in rows}, RANKS, "total time, s (results.json wall_s)",
            "Figure 2 on this machine: scalability by batch size, 2-10K-2", path)
@@ -157,10 +157,7 @@ def cache_jump(rows, fig4_ranks) -> tuple[list[str], bool]:
     for n in fig4_ranks:
         per = [(r["batch"], r["train_s_per_epoch"]) for r in pick(rows, hidden=10000, ranks=n)]
         rises[n] = {(b0, b1): t1 / t0 for (b0, t0), (b1, t1) in zip(per, per[1:]) if t1 > 1.5 * t0}
-    steps = {}
-    for n, rs in rises.items():
-        for step in rs:
-            steps.setdefault(step, []).append(n)
+    steps = {step: [n for n in fig4_ranks if step in rises[n]] for step in set().union(*rises.values())}
     need = min(2, len(fig4_ranks))
     jumps = {step: ns for step, ns in steps.items() if len(ns) >= need}
     lines = [f"batch {b0} -> {b1}: time per epoch x{', x'.join(f'{rises[n][(b0, b1)]:.2f}' for n in ns)} "
@@ -205,13 +202,11 @@ def figure9(rows, model, path):
 def measure(a) -> list[dict]:
     validate.warm_up(a.out, a.timeout, "--epochs", "1")
     common.fresh_dir(a.out / "warmup")   # no run of it left among the figures' runs
-    def say(r):
-        return (f"wall {r['wall_s']:6.2f} s (init {r['init_s']:.2f}, train {r['train_s']:.2f}), "
-                f"{r['samples_per_s']:,.0f} samples/s, bound: {r['bound']}")
     return validate.sweep([{"ranks": n, "hidden": h, "batch": b} for n, h, b in plan(a) * a.repeat],
                           lambda c: run_once(c, a),
                           lambda c: f"n={c['ranks']:>2} 2-{c['hidden']}-2 batch {c['batch']:>4}",
-                          say, seed=0)
+                          lambda r: f"wall {r['wall_s']:6.2f} s (init {r['init_s']:.2f}, train {r['train_s']:.2f}), "
+                                    f"{r['samples_per_s']:,.0f} samples/s, bound: {r['bound']}", seed=0)
 
 
 def main(argv=None):

@@ -48,8 +48,6 @@ def parse_args(argv=None):
     p.add_argument("--only", type=common.word_list, default=",".join(SUITE),
                    help=f"comma list of {', '.join(SUITE)} (default all of these) or {', '.join(OTHERS)}")
     p.add_argument("--everything", action="store_true", help=f"also {', '.join(OTHERS)} (bench/'s other scripts)")
-    p.add_argument("--summarize", action="store_true",
-                   help="run nothing: rebuild summary.md/.json from the results already there")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one benchmark may take (default 1800)")
     p.add_argument("--out", type=Path, default=None,
                    help="results root (default bench/results, with --quick bench/results/quick: a quick run "
@@ -68,38 +66,39 @@ def load_json(out: Path, name: str) -> dict | None:
     return json.loads(f.read_text()) if f.exists() else None
 
 
+def rows_of(out: Path, name: str, keep=lambda r: True) -> list[dict]:
+    """The rows a benchmark wrote that keep(row) takes ([]: it wrote none)."""
+    return [r for r in (load_json(out, name) or {}).get("rows", []) if keep(r)]
+
+
 def targets(out: Path) -> list[dict]:
     """Each target: what was measured against what, and met/missed (None: not measured)."""
     res = []
-    k = load_json(out, "kernel")
-    if k:   # per precision measured (rows from before --precisions: float64)
-        by = {(r["hidden"], r["batch"], r["impl"], r.get("precision", "float64")): r for r in k["rows"]}
-        for prec in dict.fromkeys(key[3] for key in by):
-            nb, pt = by.get((10000, 256, "numba", prec)), by.get((10000, 256, "torch", prec))
-            if nb and pt:
-                x, xc = nb["samples_per_s"] / pt["samples_per_s"], nb["samples_per_s_cpu"] / pt["samples_per_s_cpu"]
-                res.append({"target": f"worker kernel >= 5x PyTorch, 2-10K-2, batch 256, {prec}, 1 core",
-                            "measured": f"{nb['samples_per_s']:,.0f} vs {pt['samples_per_s']:,.0f} samples/s: "
-                                        f"{x:.1f}x (CPU-time ratio {xc:.1f}x); {nb['pct_of_ceiling']:.0f}% of the "
-                                        f"FLOP ceiling {nb['ceiling_samples_per_s']:,}", "met": x >= 5})
-            else:
-                res.append({"target": f"worker kernel >= 5x PyTorch, {prec}", "measured": "PyTorch not measured",
-                            "met": None})
-    s = load_json(out, "server")
-    for r in (r for r in (s or {}).get("rows", []) if r["path"] == "asgd"):
+    kernel = rows_of(out, "kernel")
+    at = {(r["precision"], r["impl"]): r for r in kernel if (r["hidden"], r["batch"]) == (10000, 256)}
+    for prec in dict.fromkeys(r["precision"] for r in kernel):   # each precision measured
+        nb, pt = at.get((prec, "numba")), at.get((prec, "torch"))
+        if nb and pt:
+            x, xc = nb["samples_per_s"] / pt["samples_per_s"], nb["samples_per_s_cpu"] / pt["samples_per_s_cpu"]
+            res.append({"target": f"worker kernel >= 5x PyTorch, 2-10K-2, batch 256, {prec}, 1 core",
+                        "measured": f"{nb['samples_per_s']:,.0f} vs {pt['samples_per_s']:,.0f} samples/s: "
+                                    f"{x:.1f}x (CPU-time ratio {xc:.1f}x); {nb['pct_of_ceiling']:.0f}% of the "
+                                    f"FLOP ceiling {nb['ceiling_samples_per_s']:,}", "met": x >= 5})
+        else:
+            res.append({"target": f"worker kernel >= 5x PyTorch, {prec}", "measured": "PyTorch not measured",
+                        "met": None})
+    for r in rows_of(out, "server", lambda r: r["path"] == "asgd"):
         res.append({"target": f"server >= 50% of its floor, {r['model']}, {r['workers']} worker(s), {r['optimizer']}, "
-                              f"{r.get('precision', 'float64')}",
+                              f"{r['precision']}",
                     "measured": f"{r['us_per_op']:,.0f} µs a push, {r['pct_of_floor']:.0f}% of the floor "
                                 f"{r['floor_us']:,.0f} µs ({r['gb_per_s']:.1f} GB/s)", "met": r["pct_of_floor"] >= 50})
-    m = load_json(out, "messaging")
-    for r in (r for r in (m or {}).get("rows", []) if r["variant"].startswith("asgd ")):
-        prec = r.get("precision", "float64")   # rows from before --precisions: float64
-        pp = next(x for x in m["rows"] if (x["model"], x["variant"], x.get("precision", "float64"))
-                  == (r["model"], "pingpong", prec))
-        res.append({"target": f"push/pull round trip <= 1.5x ping-pong, {r['model']}, {prec}, {r['variant']}, "
-                              "2 ranks",
-                    "measured": f"{r['rtt_us']:,.0f} vs {pp['rtt_us']:,.0f} µs median: {r['vs_pingpong']:.2f}x",
-                    "met": r["vs_pingpong"] <= 1.5})
+    messaging = rows_of(out, "messaging")
+    rtt = {(r["model"], r["precision"], r["variant"]): r["rtt_us"] for r in messaging}
+    for r in (r for r in messaging if r["variant"].startswith("asgd ")):
+        res.append({"target": f"push/pull round trip <= 1.5x ping-pong, {r['model']}, {r['precision']}, "
+                              f"{r['variant']}, 2 ranks",
+                    "measured": f"{r['rtt_us']:,.0f} vs {rtt[r['model'], r['precision'], 'pingpong']:,.0f} µs "
+                                f"median: {r['vs_pingpong']:.2f}x", "met": r["vs_pingpong"] <= 1.5})
     e = load_json(out, "e2e")
     for n in sorted({x["ranks"] for x in (e or {}).get("summary", [])}):
         got = {x["impl"]: x for x in e["summary"] if x["ranks"] == n}
@@ -157,7 +156,7 @@ def main(argv=None):
     load = common.LoadSampler()
     t_start = time.perf_counter()
     ran = []
-    for name in [] if a.summarize else a.only:
+    for name in a.only:
         script, full, quick = {**SUITE, **OTHERS}[name]
         args = quick if a.quick else full
         cmd = [sys.executable, str(common.BENCH / script), *args, "--out", str(a.out / name)]
@@ -171,16 +170,12 @@ def main(argv=None):
         ran.append({"benchmark": name, "command": shown, "rc": rc, "seconds": round(time.perf_counter() - t0, 1)})
         print(f"=== {name}: {'ok' if rc == 0 else f'FAILED ({rc})'} in {ran[-1]['seconds']:.0f} s", flush=True)
     checks = targets(a.out)
-    if a.summarize:   # what each results folder says it ran
-        ran += [{"benchmark": name, "command": j.get("command", "?"), "rc": 0, "seconds": None, "load": j.get("load")}
-                for name in a.only if (j := load_json(a.out, name))]
     summary = {"suite": "quick" if a.quick else "full", "machine": common.machine(bandwidth=False),
                "load": load.summary(), "seconds": round(time.perf_counter() - t_start, 1), "benchmarks": ran,
                "targets": checks}
     common.write_json(a.out / "summary.json", summary)
-    head = "rebuilt from the results there" if a.summarize else f"{summary['seconds']:.0f} s"
-    lines = [f"# asgd benchmarks ({summary['suite']} suite, {head})", "",
-             common.describe(summary["machine"], None if a.summarize else summary["load"]), "",
+    lines = [f"# asgd benchmarks ({summary['suite']} suite, {summary['seconds']:.0f} s)", "",
+             common.describe(summary["machine"], summary["load"]), "",
              "| benchmark | command | status | seconds |", "|---|---|---|---|"]
     lines += [f"| {r['benchmark']} | `{r['command']}` | {'ok' if r['rc'] == 0 else r['rc']} | {r['seconds']} |"
               for r in ran]

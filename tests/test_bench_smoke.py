@@ -298,7 +298,8 @@ print("ok")
 
 
 # no scripts: modules the benches import (so each --help below loads them)
-LIBRARIES = {BENCH / "common.py", BENCH / "validate.py", BENCH / "runs_report.py", BENCH / "peers" / "torch_mlp.py"}
+LIBRARIES = {BENCH / "common.py", BENCH / "micro.py", BENCH / "validate.py", BENCH / "runs_report.py",
+             BENCH / "peers" / "torch_mlp.py"}
 SCRIPTS = sorted(str(p.relative_to(ROOT)) for p in [*BENCH.glob("*.py"), *BENCH.glob("peers/*.py"),
                                                       *(ROOT / "scripts").glob("*.py")] if p not in LIBRARIES)
 

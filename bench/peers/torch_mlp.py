@@ -35,17 +35,13 @@ def torch_mlp(layout, w):
 def torch_optimizer(name: str, params, lr: float):
     """The torch.optim optimizer that makes asgd.net.optimizers' update `name` (same
     hyper-parameters; torch's momentum keeps v/lr where asgd keeps v, the same steps)."""
-    import torch
-    from asgd.net import optimizers
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=optimizers.MOMENTUM)
-    if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=lr, eps=optimizers.EPS)   # torch's default eps is 1e-10
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=optimizers.BETAS, eps=optimizers.EPS)
-    raise ValueError(f"optimizer must be one of {optimizers.OPTIMIZERS}, got {name!r}")
+    from torch import optim
+    from asgd.net.optimizers import BETAS, EPS, MOMENTUM, OPTIMIZERS
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+    return {"sgd": lambda: optim.SGD(params, lr=lr), "momentum": lambda: optim.SGD(params, lr=lr, momentum=MOMENTUM),
+            "adagrad": lambda: optim.Adagrad(params, lr=lr, eps=EPS),   # torch's default eps is 1e-10
+            "adam": lambda: optim.Adam(params, lr=lr, betas=BETAS, eps=EPS)}[name]()
 
 
 def torch_steps(layout, w, X, y, lr):
