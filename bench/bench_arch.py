@@ -267,11 +267,10 @@ def plot(rows: list[dict], info: dict, hidden: int, path: Path) -> None:
                         label="simulated (asgd.sim)" if i == j == 0 else None)
     ax.set_xticks(range(len(workers)), [str(w) for w in workers])
     ax.set_yscale("log")
-    ax.set(xlabel="workers (each on a host of its own)", ylabel="seconds per iteration (log)")
-    ax.set_title(f"2-{hidden}-2, batch {rs[0]['batch'] if rs else '?'}, sync SGD, {info['rate']} links: measured "
-                 "bars (dark: computation, light: communication)", fontsize=9)
-    ax.legend(fontsize=6.5, ncol=2, loc="upper left")
-    ax.grid(alpha=0.3, axis="y", which="both")
+    common.decorate(ax, f"2-{hidden}-2, batch {rs[0]['batch'] if rs else '?'}, sync SGD, {info['rate']} links: "
+                    "measured bars (dark: computation, light: communication)", 9,
+                    dict(fontsize=6.5, ncol=2, loc="upper left"), dict(axis="y", which="both"),
+                    xlabel="workers (each on a host of its own)", ylabel="seconds per iteration (log)")
     for lab in ARCHS:
         pts = validate.series(rs, "workers", label=lab)
         if pts:
@@ -280,11 +279,8 @@ def plot(rows: list[dict], info: dict, hidden: int, path: Path) -> None:
             if pts[0].get("pred_iteration_s"):
                 ax2.plot([x["workers"] for x in pts], [1 / x["pred_iteration_s"] for x in pts], "--",
                          color=colors[lab], alpha=0.6, label=f"{lab}, predicted")
-    ax2.set(xlabel="workers", ylabel="updates/s (one per iteration)")
-    ax2.set_yscale("log")
-    ax2.set_title("updates/s: measured (solid), predicted (dashed)", fontsize=9)
-    ax2.grid(alpha=0.3, which="both")
-    ax2.legend(fontsize=6.5, ncol=2)
+    common.decorate(ax2, "updates/s: measured (solid), predicted (dashed)", 9, dict(fontsize=6.5, ncol=2),
+                    dict(which="both"), xlabel="workers", ylabel="updates/s (one per iteration)", yscale="log")
     fig.suptitle("Measured on the emulated cluster, predicted by the analytical model, simulated by asgd.sim "
                  f"(load 1-min median {info.get('load', {}).get('loadavg_1min_median', '?')})", fontsize=10)
     common.save_figure(fig, path)

@@ -239,11 +239,9 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
     ax2.legend(handles=h_, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # off the points
     ax2.set_xscale("log", base=2)
     ax2.set_xticks(ws, [str(w) for w in ws])
-    ax2.set(xlim=(min(ws) / 1.4, max(ws) * 1.4), ylim=(0, max(max(r["total_ape"] for r in rows) * 1.15,
-                                                            LIMITS["total"] * 1.5)),
-            xlabel="workers (ranks = workers + 1)", ylabel="APE of total, % of measured")
-    ax2.set_title("where the error of the total sits", fontsize=10)
-    ax2.grid(alpha=0.3)
+    common.decorate(ax2, "where the error of the total sits", 10, xlim=(min(ws) / 1.4, max(ws) * 1.4),
+                    ylim=(0, max(max(r["total_ape"] for r in rows) * 1.15, LIMITS["total"] * 1.5)),
+                    xlabel="workers (ranks = workers + 1)", ylabel="APE of total, % of measured")
     fig.suptitle(title, fontsize=11)
     common.save_figure(fig, path, bbox_inches="tight")
 

@@ -218,10 +218,7 @@ def plot_validate(rows: list[dict], summary: dict, path: Path, title: str) -> No
                label=f"{what} (none for allreduce)" if who == "model" else what)
     ax.axhline(10, color="tab:red", ls="--", lw=1, label="10% (target: median)")
     ax.set_xticks(list(x), [r["label"] for r in order], rotation=90, fontsize=7)
-    ax.set_ylabel("APE of train_s, % of measured")
-    ax.set_title("per run", fontsize=10)
-    ax.legend(fontsize=7.5)
-    ax.grid(alpha=0.3, axis="y")
+    common.decorate(ax, "per run", 10, dict(fontsize=7.5), dict(axis="y"), ylabel="APE of train_s, % of measured")
     fig.suptitle(title, fontsize=11)
     save_figure(fig, path)
 
@@ -447,22 +444,18 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
         ax.axvline(16, color="tab:orange", ls=":", lw=1, label=f"training lowest, {SRC['paper']} (16 nodes)")
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
-        ax.set(xlabel="Blue Waters nodes (one worker each, server on node 0, sequential reader)", ylabel="seconds")
         what = ("costs inferred from 4 of the paper's numbers (CNTK)" if cost == "cntk"
                 else "asgd's costs: this machine's calibration, cores scaled")
-        ax.set_title(f"Figure 9 on a simulated Blue Waters: {what}", fontsize=9)
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
+        common.decorate(ax, f"Figure 9 on a simulated Blue Waters: {what}", 9, dict(fontsize=7), ylabel="seconds",
+                        xlabel="Blue Waters nodes (one worker each, server on node 0, sequential reader)")
     ax = axes[2]
     for cost, style in (("cntk", "o-"), ("asgd", "s--")):
         ms = validate.series(rows, "nodes", experiment="mustang-scaling", costs=cost)
         if ms:
             ax.plot([r["nodes"] for r in ms], [r["total_s"] for r in ms], style,
                     label=f"total, {SRC['sim']}, {cost} costs")
-    ax.set(xlabel="Mustang nodes (a 7-node rack, one switch)", ylabel="seconds")
-    ax.set_title("Mustang, batch 256 (paper: scales from 1 to 2 nodes, not beyond)", fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
+    common.decorate(ax, "Mustang, batch 256 (paper: scales from 1 to 2 nodes, not beyond)", 9, dict(fontsize=7),
+                    xlabel="Mustang nodes (a 7-node rack, one switch)", ylabel="seconds")
     save_figure(fig, path)
 
     fixes = [r for r in rows if r["experiment"] == "bluewaters-fixes"]
@@ -478,11 +471,9 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
         ax.set_yscale("log")
         ws = sorted({r["workers"] for r in sub})
         ax.set_xticks(ws, [str(w) for w in ws])
-        ax.set(xlabel="workers (16 ranks per Blue Waters node)", ylabel=f"total seconds, {SRC['sim']}")
-        ax.set_title(f"the fixes, {'CNTK-like costs (from the paper)' if cost == 'cntk' else 'asgd costs'}",
-                     fontsize=10)
-        ax.legend(fontsize=7.5)
-        ax.grid(alpha=0.3, which="both")
+        common.decorate(ax, f"the fixes, {'CNTK-like costs (from the paper)' if cost == 'cntk' else 'asgd costs'}",
+                        10, dict(fontsize=7.5), dict(which="both"), xlabel="workers (16 ranks per Blue Waters node)",
+                        ylabel=f"total seconds, {SRC['sim']}")
     save_figure(fig, path_fixes)
 
 

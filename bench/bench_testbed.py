@@ -268,15 +268,11 @@ def plot(rows, info, path):
                 ax.axhline(cc["updates_per_s"], color="0.3", lw=1, ls="-.", label=what)
             else:   # far above: a line there would flatten the curves
                 title += f"\n{what}: {cc['updates_per_s']:.0f}/s, off the scale"
-        ax.set(ylim=(0, top), xlabel="workers (each on a host of its own)", ylabel="updates/s (steady state)")
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6.5, loc="upper left")
-    ape_ax.set(xlabel="workers", ylabel="model APE, %")
-    ape_ax.set_title(f"model against measured: median APE {info['summary']['model_median_ape_pct']} %", fontsize=9)
+        common.decorate(ax, title, 9, dict(fontsize=6.5, loc="upper left"), ylim=(0, top),
+                        xlabel="workers (each on a host of its own)", ylabel="updates/s (steady state)")
     ape_ax.axhline(15, color="0.5", ls=":", lw=0.8)
-    ape_ax.grid(alpha=0.3)
-    ape_ax.legend(fontsize=6.5)
+    common.decorate(ape_ax, f"model against measured: median APE {info['summary']['model_median_ape_pct']} %", 9,
+                    dict(fontsize=6.5), xlabel="workers", ylabel="model APE, %")
     fig.suptitle(f"Measured on the emulated cluster (2-{info['args']['hidden']}-2, batch {info['args']['batch']}, "
                  f"{info['testbed']['rate']} links each way); dashed: predicted by the analytical model", fontsize=10)
     common.save_figure(fig, path)

@@ -458,6 +458,15 @@ def bars(ax, groups: list, series: list, height, colors: dict | None = None, not
     return at
 
 
+def decorate(ax, title: str, size: float = 9, legend: dict | None = None, grid: dict | None = None, **axes) -> None:
+    """ax.set(**axes), the title in font size `size`, a legend (its keywords; None: none) and a light grid."""
+    ax.set(**axes)
+    ax.set_title(title, fontsize=size)
+    if legend is not None:
+        ax.legend(**legend)
+    ax.grid(alpha=0.3, **(grid or {}))
+
+
 def save_figure(fig, path: Path, dpi: int = 120, rect: tuple | None = None, **savefig) -> None:
     """Lay the figure out (inside `rect`: room for text below it), write it and close it."""
     fig.tight_layout(**({"rect": rect} if rect else {}))

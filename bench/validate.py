@@ -107,9 +107,8 @@ def pred_vs_meas(ax, series: list[tuple], band: float, margin: float, xlabel: st
     ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = measured")
     for xs, ys, kw in series:
         ax.scatter(xs, ys, **kw)
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel=xlabel, ylabel=ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3, which="both")
+    common.decorate(ax, title, 10, grid=dict(which="both"), xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
+                    xlabel=xlabel, ylabel=ylabel)
 
 
 # -- measuring ---------------------------------------------------------------------------------
