@@ -8,8 +8,6 @@ outer `flock`. Writes arch.csv, arch.json and arch-h{H}.png per model size.
 
     python bench/bench_arch.py                       # about 25 minutes on 2 cores
     python bench/bench_arch.py --quick               # workers 2,4; 2-10K-2; 5 iterations
-    python bench/bench_arch.py --sweep bench/results/arch/arch.json --second-rate 300mbit \
-        --out bench/results/arch-300                 # only the winner check at another rate
 """
 
 import sys
@@ -57,15 +55,12 @@ def parse_args(argv=None):
     p.add_argument("--points", type=int, default=16384, help="optimize: training points (default 16384)")
     p.add_argument("--params", type=Path, help="this machine's calibration (default: calibrate now)")
     p.add_argument("--precision", choices=PRECISIONS, default=Config().precision,
-                   help="asgd.train's --precision of every run (default asgd.train's; with --sweep: that sweep's)")
+                   help="asgd.train's --precision of every run (default asgd.train's)")
     p.add_argument("--name", default="ba", help="testbed name (default ba)")
     p.add_argument("--no-check-bytes", action="store_true", help="skip the byte proof of ps and ring runs")
     p.add_argument("--no-sim", action="store_true", help="no simulated column (no SimGrid here)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds one run may take (default 1200)")
     p.add_argument("--quick", action="store_true", help="workers 2,4; 2-10K-2; 5 iterations; no second rate")
-    p.add_argument("--sweep", type=Path, help="an earlier run's arch.json: only the --second-rate check, on that "
-                   "sweep (its --rate rows, testbed-params-RATE.json beside it, and its calibration unless "
-                   "--params); writes second_rate.json")
     a = p.parse_args(argv)
     if a.quick:
         a.workers, a.hidden, a.iterations, a.second_rate = [2, 4], [10000], [5], "none"
@@ -73,8 +68,6 @@ def parse_args(argv=None):
         a.iterations = a.iterations * len(a.hidden)
     if len(a.iterations) != len(a.hidden):
         p.error("--iterations: one per --hidden")
-    if a.sweep and not a.sweep.is_file():
-        p.error(f"--sweep: no file {a.sweep} (an arch.json that bench_arch wrote)")
     return a
 
 
@@ -274,11 +267,10 @@ def plot(rows: list[dict], info: dict, hidden: int, path: Path) -> None:
                         label="simulated (asgd.sim)" if i == j == 0 else None)
     ax.set_xticks(range(len(workers)), [str(w) for w in workers])
     ax.set_yscale("log")
-    ax.set(xlabel="workers (each on a host of its own)", ylabel="seconds per iteration (log)")
-    ax.set_title(f"2-{hidden}-2, batch {rs[0]['batch'] if rs else '?'}, sync SGD, {info['rate']} links: measured "
-                 "bars (dark: computation, light: communication)", fontsize=9)
-    ax.legend(fontsize=6.5, ncol=2, loc="upper left")
-    ax.grid(alpha=0.3, axis="y", which="both")
+    common.decorate(ax, f"2-{hidden}-2, batch {rs[0]['batch'] if rs else '?'}, sync SGD, {info['rate']} links: "
+                    "measured bars (dark: computation, light: communication)", 9,
+                    dict(fontsize=6.5, ncol=2, loc="upper left"), dict(axis="y", which="both"),
+                    xlabel="workers (each on a host of its own)", ylabel="seconds per iteration (log)")
     for lab in ARCHS:
         pts = validate.series(rs, "workers", label=lab)
         if pts:
@@ -287,11 +279,8 @@ def plot(rows: list[dict], info: dict, hidden: int, path: Path) -> None:
             if pts[0].get("pred_iteration_s"):
                 ax2.plot([x["workers"] for x in pts], [1 / x["pred_iteration_s"] for x in pts], "--",
                          color=colors[lab], alpha=0.6, label=f"{lab}, predicted")
-    ax2.set(xlabel="workers", ylabel="updates/s (one per iteration)")
-    ax2.set_yscale("log")
-    ax2.set_title("updates/s: measured (solid), predicted (dashed)", fontsize=9)
-    ax2.grid(alpha=0.3, which="both")
-    ax2.legend(fontsize=6.5, ncol=2)
+    common.decorate(ax2, "updates/s: measured (solid), predicted (dashed)", 9, dict(fontsize=6.5, ncol=2),
+                    dict(which="both"), xlabel="workers", ylabel="updates/s (one per iteration)", yscale="log")
     fig.suptitle("Measured on the emulated cluster, predicted by the analytical model, simulated by asgd.sim "
                  f"(load 1-min median {info.get('load', {}).get('loadavg_1min_median', '?')})", fontsize=10)
     common.save_figure(fig, path)
@@ -301,27 +290,9 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     run = common.Run("arch", a, end_on_signals=True)
     out = run.out
-    if a.sweep:
-        try:
-            earlier = json.loads(a.sweep.read_text())
-            sweep_rows, sweep_params = earlier["rows"], earlier["summary"]["params"]
-        except (ValueError, KeyError, TypeError):
-            raise SystemExit(f"bench_arch: --sweep {a.sweep}: not an arch.json that bench_arch wrote") from None
-        a.params = a.params or Path(sweep_params)   # the calibration that sweep was predicted from
     base_path = validate.params_file(a.params, out, False, a.cpu_lock)[0]
     base, base_raw = validate.load_params(base_path), json.loads(Path(base_path).read_text())
     hosts = max(a.workers) + max(1, max(a.workers) // 4)
-    if a.sweep:   # the winner at another rate, against a sweep measured before
-        rows = [r for r in sweep_rows if r["rate"] == a.rate]
-        if not rows or a.second_rate == "none":
-            raise SystemExit(f"bench_arch: --sweep needs rows at --rate {a.rate} in {a.sweep} and a --second-rate")
-        # the winners measured again as that sweep measured them (float64: before --precision)
-        a.precision = rows[0].get("precision", "float64")
-        params = validate.load_params(a.sweep.parent / f"testbed-params-{a.rate}.json")
-        got = second_rate(a, base, base_raw, rows, params, out, hosts)
-        run.paths.append(common.write_json(out / "second_rate.json", got))
-        run.wrote()
-        return 0
     t0 = time.perf_counter()
     info = {"rate": a.rate, "rate_bit": validate.parse_rate(a.rate), "hosts": hosts, "params": str(base_path)}
     with validate.testbed(a.name, hosts, a.rate) as tb:

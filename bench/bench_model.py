@@ -176,7 +176,7 @@ def breakdown(rows: list[dict]) -> dict:
     return out
 
 
-def report(rows, summary, parts, checks, meta) -> None:
+def report(rows, summary, checks, meta) -> None:
     print(f"\n{describe(meta['machine'], meta['load'])}")
     cols = [("hidden", "hidden", "d"), ("w", "workers", "d"), ("batch", "batch", "d"), ("reader", "reader", ""),
             ("sample", "sample", "")]
@@ -193,25 +193,10 @@ def report(rows, summary, parts, checks, meta) -> None:
          for k, e in summary.items()}, "phase", extra=[("median limit", "limit", ""), ("verdict", "verdict", "")],
         title=f"\nAPE over {n_out} out-of-sample runs (rank counts calibrate never measured) and "
               f"{len(rows) - n_out} in-sample runs (validated: init, train, total; compute and comm are detail)")
-    print("\nmedian APE% (signed median error of total, + = predicted slower) by:")
-    for dim, groups in parts.items():
-        cells = "   ".join(f"{v}: init {g['init_median_ape']:.0f} train {g['train_median_ape']:.0f} "
-                           f"total {g['total_median_ape']:.0f} ({g['total_median_signed_pct']:+.0f})"
-                           for v, g in groups.items())
-        print(f"  {dim:8s} {cells}")
-    worst = sorted(rows, key=lambda r: -r["total_ape"])[:5]
-    print("\nworst runs by APE of total: " + "; ".join(
-        f"{r['label']} {r['total_pred_s']:.2f}/{r['total_meas_s']:.2f} s ({r['total_ape']:.0f}%; init "
-        f"{r['init_ape']:.0f}%, train {r['train_ape']:.0f}%)" for r in worst))
-    for c in checks:
-        t, b = c["top"], c["best_measured"]
-        meas = f"{t['total_meas_s']:.2f} s measured" if t["total_meas_s"] is not None else "did not run"
-        print(f"\noptimizer, hidden {c['hidden']} ({c['configurations']} configurations): top predicted "
-              f"w={t['workers']} b={t['batch']} {t['reader']} ({t['total_s']:.2f} s predicted, {meas}"
-              f"{', run for this check' if c['top_added_run'] else ''}); best measured {b['label']} "
-              f"{b['total_meas_s']:.2f} s (predicted rank {c['best_measured_predicted_rank']})")
+    for c in checks:   # the rest of the check (its top 5, the best's predicted rank): model.json's optimizer
         ratio = f"{c['ratio']:.3f}" if c["ratio"] is not None else "-"
-        print(f"  top measured / best measured = {ratio} (<= {validate.OPTIMIZER_LIMIT:.2f}): "
+        print(f"optimizer, hidden {c['hidden']}: top predicted {c['top']['label'] or 'did not run'}, measured / best "
+              f"measured ({c['best_measured']['label']}) = {ratio} (<= {validate.OPTIMIZER_LIMIT:.2f}): "
               f"{validate.verdict(c['pass'])}")
 
 
@@ -254,11 +239,9 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
     ax2.legend(handles=h_, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # off the points
     ax2.set_xscale("log", base=2)
     ax2.set_xticks(ws, [str(w) for w in ws])
-    ax2.set(xlim=(min(ws) / 1.4, max(ws) * 1.4), ylim=(0, max(max(r["total_ape"] for r in rows) * 1.15,
-                                                            LIMITS["total"] * 1.5)),
-            xlabel="workers (ranks = workers + 1)", ylabel="APE of total, % of measured")
-    ax2.set_title("where the error of the total sits", fontsize=10)
-    ax2.grid(alpha=0.3)
+    common.decorate(ax2, "where the error of the total sits", 10, xlim=(min(ws) / 1.4, max(ws) * 1.4),
+                    ylim=(0, max(max(r["total_ape"] for r in rows) * 1.15, LIMITS["total"] * 1.5)),
+                    xlabel="workers (ranks = workers + 1)", ylabel="APE of total, % of measured")
     fig.suptitle(title, fontsize=11)
     common.save_figure(fig, path, bbox_inches="tight")
 
@@ -303,10 +286,7 @@ def main(argv=None) -> int:
                         "optimizer": {str(c["hidden"]): c["pass"] for c in checks}})
     meta["passed"]["all"] = (all(meta["passed"]["median_ape"].values())
                              and all(meta["passed"]["optimizer"].values()))
-    report(rows, summary, parts, checks, meta)
-    print(f"contrast: the paper's own equations (eq. 9; section 5.3's update for the sequential reader) with "
-          f"the same parameters: total median APE {paper['median']:.1f}%, p90 {paper['p90']:.1f}% (no start-up, "
-          "no cores shared, no server queue)")
+    report(rows, summary, checks, meta)
     if failed:
         print(f"\n{len(failed)} run(s) failed and were skipped: " + ", ".join(label(f) for f in failed))
     meta["wall_s"] = time.perf_counter() - t_start

@@ -149,9 +149,7 @@ def compare_runs(done: list[dict], params: Path) -> list[dict]:
         row["model_no_crowding_ape_train"] = validate.ape(row["model_no_crowding_train"], row["meas_train"])
         row["sim_startup_check_s"] = sim["simulated"]["startup_check"]["calibrated_job_startup_s"]
         rows.append(row)
-        print(f"  {d['label']:14s} train meas {row['meas_train']:6.2f} sim {row['sim_train']:6.2f} "
-              f"(no load {row['simq_train']:6.2f}) model {row['model_train']:6.2f}   init meas "
-              f"{row['meas_init']:5.2f} sim {row['sim_init']:5.2f} model {row['model_init']:5.2f}", flush=True)
+        print(f"  {d['label']}: simulated in {sim_wall:.1f} s", flush=True)   # the numbers: the table after
     return rows
 
 
@@ -220,10 +218,7 @@ def plot_validate(rows: list[dict], summary: dict, path: Path, title: str) -> No
                label=f"{what} (none for allreduce)" if who == "model" else what)
     ax.axhline(10, color="tab:red", ls="--", lw=1, label="10% (target: median)")
     ax.set_xticks(list(x), [r["label"] for r in order], rotation=90, fontsize=7)
-    ax.set_ylabel("APE of train_s, % of measured")
-    ax.set_title("per run", fontsize=10)
-    ax.legend(fontsize=7.5)
-    ax.grid(alpha=0.3, axis="y")
+    common.decorate(ax, "per run", 10, dict(fontsize=7.5), dict(axis="y"), ylabel="APE of train_s, % of measured")
     fig.suptitle(title, fontsize=11)
     save_figure(fig, path)
 
@@ -252,21 +247,17 @@ def run_validate(a, out: Path, params: Path, meta: dict) -> None:
     validate.print_scores({k: {w: summary.get(f"{w}_{k}") for w in ("sim", "simq", "model")} for k in METRICS},
                           "metric", title=f"\nout-of-sample APE over the {summary['runs']} runs (every architecture; "
                                           "both predict each; simq: the simulator without the others' load)")
-    validate.print_scores({k: {w: summary.get(f"{w}_{k}_rank_count_out") for w in ("sim", "model")}
-                           for k in ("train", "init")}, "metric", stats=("median", "p90", "runs"),
-                          title="\nAPE over the runs at rank counts calibrate never started a job at")
-    for key in ("by_architecture", "by_optimizer"):
-        validate.print_scores({v: {**e, "extra": {"runs": e["sim"]["runs"]}} for v, e in summary[key].items()},
-                              key[3:], extra=[("runs", "runs", "d")],
-                              title=f"\ntrain APE {key.replace('_', ' ')} (model_no_crowding: the model without "
-                                    "its crowding term)")
+    # the APEs by optimizer and at the rank counts calibrate never started a job at: validate.json's summary
+    by_arch = summary["by_architecture"]
+    validate.print_scores({v: {**e, "extra": {"runs": e["sim"]["runs"]}} for v, e in by_arch.items()}, "architecture",
+                          extra=[("runs", "runs", "d")],
+                          title="\ntrain APE by architecture (model_no_crowding: the model without its crowding term)")
     t = summary["target"]
     print(f"{validate.verdict(t['every_architecture_le_15'])}: every architecture's median train APE <= 15% "
           f"(model and simulator); {validate.verdict(t['adagrad_le_10'])}: adagrad's <= 10%")
     e, q = summary["sim_all_train"], summary["simq_all_train"]
     print(f"{validate.verdict(e['median'] <= 10)}: simulator's median APE of train_s over all {len(rows)} runs "
           f"{e['median']:.1f}% (target <= 10%); without the measured load {q['median']:.1f}%")
-    meta.update(validate_summary=summary)
     write_outputs(out, "validate", rows, {**meta, "summary": summary, "sources": SRC})
     plot_validate(rows, summary, out / "validate.png",
                   f"asgd.sim and the analytical model against {len(rows)} asgd.train runs on this machine "
@@ -453,22 +444,18 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
         ax.axvline(16, color="tab:orange", ls=":", lw=1, label=f"training lowest, {SRC['paper']} (16 nodes)")
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
-        ax.set(xlabel="Blue Waters nodes (one worker each, server on node 0, sequential reader)", ylabel="seconds")
         what = ("costs inferred from 4 of the paper's numbers (CNTK)" if cost == "cntk"
                 else "asgd's costs: this machine's calibration, cores scaled")
-        ax.set_title(f"Figure 9 on a simulated Blue Waters: {what}", fontsize=9)
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
+        common.decorate(ax, f"Figure 9 on a simulated Blue Waters: {what}", 9, dict(fontsize=7), ylabel="seconds",
+                        xlabel="Blue Waters nodes (one worker each, server on node 0, sequential reader)")
     ax = axes[2]
     for cost, style in (("cntk", "o-"), ("asgd", "s--")):
         ms = validate.series(rows, "nodes", experiment="mustang-scaling", costs=cost)
         if ms:
             ax.plot([r["nodes"] for r in ms], [r["total_s"] for r in ms], style,
                     label=f"total, {SRC['sim']}, {cost} costs")
-    ax.set(xlabel="Mustang nodes (a 7-node rack, one switch)", ylabel="seconds")
-    ax.set_title("Mustang, batch 256 (paper: scales from 1 to 2 nodes, not beyond)", fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
+    common.decorate(ax, "Mustang, batch 256 (paper: scales from 1 to 2 nodes, not beyond)", 9, dict(fontsize=7),
+                    xlabel="Mustang nodes (a 7-node rack, one switch)", ylabel="seconds")
     save_figure(fig, path)
 
     fixes = [r for r in rows if r["experiment"] == "bluewaters-fixes"]
@@ -484,11 +471,9 @@ def plot_paper(rows: list[dict], path: Path, path_fixes: Path) -> None:
         ax.set_yscale("log")
         ws = sorted({r["workers"] for r in sub})
         ax.set_xticks(ws, [str(w) for w in ws])
-        ax.set(xlabel="workers (16 ranks per Blue Waters node)", ylabel=f"total seconds, {SRC['sim']}")
-        ax.set_title(f"the fixes, {'CNTK-like costs (from the paper)' if cost == 'cntk' else 'asgd costs'}",
-                     fontsize=10)
-        ax.legend(fontsize=7.5)
-        ax.grid(alpha=0.3, which="both")
+        common.decorate(ax, f"the fixes, {'CNTK-like costs (from the paper)' if cost == 'cntk' else 'asgd costs'}",
+                        10, dict(fontsize=7.5), dict(which="both"), xlabel="workers (16 ranks per Blue Waters node)",
+                        ylabel=f"total seconds, {SRC['sim']}")
     save_figure(fig, path_fixes)
 
 

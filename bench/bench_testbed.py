@@ -49,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int_list, default=[1, 2, 4, 8, 12, 16],
                    help="comma list (default 1,2,4,8,12,16)")
     p.add_argument("--servers", type=int_list, default=[1, 2, 4], help="comma list (default 1,2,4)")
-    p.add_argument("--compress", type=common.word_list, default="none,1bit",
+    p.add_argument("--compress", type=common.choice_list(COMPRESSIONS), default="none,1bit",
                    help="comma list of none,1bit (default both)")
     p.add_argument("--bandwidth", default="8mbit",
                    help="each link, each direction (default 8mbit; why: docs/benchmarks.md)")
@@ -71,9 +71,6 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.quick:
         a.workers, a.servers, a.epochs, a.accuracy_epochs = [1, 4], [1, 2], 2, 0
-    bad = [c for c in a.compress if c not in COMPRESSIONS]
-    if bad:
-        p.error(f"--compress: unknown {bad}; choose from {COMPRESSIONS}")
     return a
 
 
@@ -268,15 +265,11 @@ def plot(rows, info, path):
                 ax.axhline(cc["updates_per_s"], color="0.3", lw=1, ls="-.", label=what)
             else:   # far above: a line there would flatten the curves
                 title += f"\n{what}: {cc['updates_per_s']:.0f}/s, off the scale"
-        ax.set(ylim=(0, top), xlabel="workers (each on a host of its own)", ylabel="updates/s (steady state)")
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6.5, loc="upper left")
-    ape_ax.set(xlabel="workers", ylabel="model APE, %")
-    ape_ax.set_title(f"model against measured: median APE {info['summary']['model_median_ape_pct']} %", fontsize=9)
+        common.decorate(ax, title, 9, dict(fontsize=6.5, loc="upper left"), ylim=(0, top),
+                        xlabel="workers (each on a host of its own)", ylabel="updates/s (steady state)")
     ape_ax.axhline(15, color="0.5", ls=":", lw=0.8)
-    ape_ax.grid(alpha=0.3)
-    ape_ax.legend(fontsize=6.5)
+    common.decorate(ape_ax, f"model against measured: median APE {info['summary']['model_median_ape_pct']} %", 9,
+                    dict(fontsize=6.5), xlabel="workers", ylabel="model APE, %")
     fig.suptitle(f"Measured on the emulated cluster (2-{info['args']['hidden']}-2, batch {info['args']['batch']}, "
                  f"{info['testbed']['rate']} links each way); dashed: predicted by the analytical model", fontsize=10)
     common.save_figure(fig, path)
@@ -366,34 +359,16 @@ def main(argv=None):
     print(f"testbed: {hosts} hosts, {format_rate(rate_bit)} each way per link, latency "
           f"{'%g us' % args.latency if args.latency and netem else 'none added'}; "
           "wire/app " + ", ".join(f"{c} {v:.4f}" for c, v in f.items()) + f"; calibration: {params_src}")
-    if info["probe_vs_derived"]:
-        pv = info["probe_vs_derived"]
-        print(f"two-host probe (measured vs derived): ping-pong one way {1e3 * pv['pingpong_s'][0]:.1f} vs "
-              f"{1e3 * pv['pingpong_s'][1]:.1f} ms; push/pull round trip {1e3 * pv['round_trip_s'][0]:.1f} vs "
-              f"{1e3 * pv['round_trip_s'][1]:.1f} ms")
     common.print_table(rows, [("compress", "compress", ""), ("S", "servers", "d"), ("W", "workers", "d"),
                               ("updates/s", "updates_per_s", ".2f"), ("whole run", "updates_per_s_run", ".2f"),
                               ("model", "pred_updates_per_s", ".2f"), ("APE %", "ape_pct", ".1f"),
                               ("link full", "link_util", ".2f"), ("link ceiling", "link_ceiling_updates_per_s", ".1f"),
                               ("wire/app", "wire_over_app_sent", ".3f"), ("proof", "proof_ok", ""),
                               ("acc", "accuracy", ".3f"), ("load", "load_1min", ".1f")])
-    s = info["summary"]
-    for c in args.compress:
-        for S, v in s[c]["ceilings"].items():
-            print(f"{c}: {S} server(s): ceiling {v['ceiling_updates_per_s']:.2f} updates/s at {v['at_workers']} workers"
-                  f" (link ceiling {v['link_ceiling_updates_per_s']:.1f}), {v['vs_one_server']}x one server's")
-    if s.get("onebit_vs_none_one_server"):
-        print(f"1bit against {precision} messages, one server's ceiling: {s['onebit_vs_none_one_server']}x")
+    s = info["summary"]   # the ceilings per server count, the probe against the derived costs: testbed.json
     print(f"model: median APE {s['model_median_ape_pct']} % ("
           + ", ".join(f"{c} {s[c]['model_median_ape_pct']} %" for c in args.compress)
           + f"), max {s['model_max_ape_pct']} %")
-    for cc in cores:
-        print(f"cores' ceiling, {cc['compress']}: {cc['updates_per_s']} updates/s (S={cc['servers']}, "
-              f"W={cc['workers']}, shared memory, load {cc['load_1min']})")
-    for a in accuracy:
-        print(f"accuracy run {a['compress']}: {a['accuracy']:.4f} after {args.accuracy_epochs} epochs; per epoch "
-              + ", ".join(f"{h['test_accuracy']:.3f}@{h['time_s']:.0f}s" for h in a["history"])
-              + f"; {a['updates_per_s']:.2f} updates/s; wire {a['wire_bytes_sent'] / 1e6:.1f} MB")
     run.wrote()
     return 0
 

@@ -102,11 +102,9 @@ def _lscpu() -> dict:
 
 
 def _version(pkg: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version(pkg)
-    except PackageNotFoundError:
-        return None
+    """The installed version of `pkg` (None: not installed)."""
+    from asgd.doctor.parts import distribution_version
+    return distribution_version(pkg) or None
 
 
 STREAM_BYTES = {"copy": 16, "add": 24, "triad": 40}   # per element: reads + writes, no write-allocate
@@ -161,8 +159,8 @@ def machine(bandwidth: bool = True) -> dict:
          "caches": {name: f"{size >> 10}K" for name, size in caches().items()}, "lscpu": _lscpu(),
          "memory_gib": round(mem / 2**30, 1) if mem else None, "host": platform.node(),
          "platform": platform.platform(), "python": platform.python_version(),
-         "numpy": np.__version__, "numba": _version("numba"), "torch": _version("torch"),
-         "matplotlib": _version("matplotlib"), **_mpi_library(),
+         "numpy": np.__version__, **_mpi_library(),
+         **{pkg: _version(pkg) for pkg in ("numba", "torch", "matplotlib")},
          "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
          "date": time.strftime("%Y-%m-%d %H:%M:%S %z")}
     if bandwidth:
@@ -456,6 +454,15 @@ def bars(ax, groups: list, series: list, height, colors: dict | None = None, not
                             va="bottom", fontsize=fontsize, rotation=rotation)
     ax.set_xticks(x, [str(g) for g in groups])
     return at
+
+
+def decorate(ax, title: str, size: float = 9, legend: dict | None = None, grid: dict | None = None, **axes) -> None:
+    """ax.set(**axes), the title in font size `size`, a legend (its keywords; None: none) and a light grid."""
+    ax.set(**axes)
+    ax.set_title(title, fontsize=size)
+    if legend is not None:
+        ax.legend(**legend)
+    ax.grid(alpha=0.3, **(grid or {}))
 
 
 def save_figure(fig, path: Path, dpi: int = 120, rect: tuple | None = None, **savefig) -> None:

@@ -17,6 +17,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -106,9 +107,8 @@ def pred_vs_meas(ax, series: list[tuple], band: float, margin: float, xlabel: st
     ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = measured")
     for xs, ys, kw in series:
         ax.scatter(xs, ys, **kw)
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel=xlabel, ylabel=ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3, which="both")
+    common.decorate(ax, title, 10, grid=dict(which="both"), xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
+                    xlabel=xlabel, ylabel=ylabel)
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -129,15 +129,32 @@ def _procs() -> dict[int, tuple[int, int]]:
 
 
 class OthersCPU:
-    """Cores' worth of CPU that processes other than this one and our job (everything under
-    `root`) used while the job ran, from their CPU counters (counting runnable processes
-    would overstate it: on a crowded machine a task waits long in the run queue)."""
+    """Cores' worth of CPU that processes other than this one and its descendants (our job)
+    used while it was entered, from their CPU counters sampled every `every_s` (counting
+    runnable processes would overstate it: on a crowded machine a task waits long in the run queue)."""
 
-    def __init__(self, root: int):
-        self.root, self.me, self.t0 = root, os.getpid(), time.perf_counter()
+    def __init__(self, every_s: float = 0.2):
+        self.every_s, self.me = every_s, os.getpid()
         self.first: dict[int, int] = {}
         self.last: dict[int, int] = {}
+
+    def __enter__(self):
+        self.t0, self._stop = time.perf_counter(), threading.Event()
         self.sample(initial=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+        ticks = sum(self.last[p] - self.first[p] for p in self.last)
+        self.cores = ticks / os.sysconf("SC_CLK_TCK") / max(time.perf_counter() - self.t0, 1e-9)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.sample()
 
     def sample(self, initial: bool = False) -> None:
         procs = _procs()
@@ -148,45 +165,23 @@ class OthersCPU:
 
     def _ours(self, pid: int, procs) -> bool:
         for _ in range(64):
-            if pid in (self.root, self.me):
+            if pid == self.me:
                 return True
             if pid not in procs or pid <= 1:
                 return False
             pid = procs[pid][0]
         return False
 
-    def cores(self) -> float:
-        ticks = sum(self.last[p] - self.first[p] for p in self.last)
-        return ticks / os.sysconf("SC_CLK_TCK") / max(time.perf_counter() - self.t0, 1e-9)
-
-
-def run_job(n: int, argv: list[str], timeout: float) -> dict:
-    """`mpiexec -n n python argv` with a time limit (its process group killed after it);
-    {wall_s, others_cores}: the launcher's wall and the other users' CPU meanwhile."""
-    cmd = common.mpiexec_command(n, sys.executable, *argv)
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         cwd=common.ROOT)
-    others = OthersCPU(p.pid)
-    while p.poll() is None:
-        time.sleep(0.2)
-        others.sample()
-        if time.perf_counter() - t0 > timeout:
-            os.killpg(p.pid, signal.SIGKILL)   # our own child's group
-            p.wait()
-            raise JobFailed(f"timed out after {timeout:.0f} s: {' '.join(cmd)}")
-    _, err = p.communicate()
-    if p.returncode:
-        raise JobFailed(f"exit {p.returncode}: {' '.join(cmd)}\n{err[-2000:]}")
-    return {"wall_s": time.perf_counter() - t0, "others_cores": others.cores()}
-
 
 def train_here(ranks: int, opts: list[str], run_dir: Path, timeout: float) -> dict:
     """`asgd.train OPTS` on `ranks` ranks here, into run_dir made fresh (a stale results.json
-    misleads) and bounded by asgd.train's own --timeout first; run_job's {wall_s, others_cores}."""
+    misleads) and bounded by asgd.train's own --timeout first; {wall_s: the launcher's,
+    others_cores: the other users' CPU meanwhile}."""
     d = common.fresh_dir(Path(run_dir).resolve())
-    return run_job(ranks, ["-m", "asgd.train", *opts, "--quiet", "--out", str(d), "--timeout", str(timeout)],
-                   timeout + 30)
+    with OthersCPU() as others:
+        job = common.mpiexec(ranks, ["-m", "asgd.train", *opts, "--quiet", "--out", str(d), "--timeout", str(timeout)],
+                             timeout + 30)
+    return {"wall_s": job["wall_s"], "others_cores": others.cores}
 
 
 def python(argv: list[str], timeout: float, what: str) -> float:
