@@ -219,7 +219,7 @@ def lockstep_run(tmp_path_factory):
     300, batch 64, seed 5, 2 epochs, float64 (args may name another --precision: the
     last one given counts), so that every architecture given the same workers takes the
     same steps. Made once per (n, args) for the session: test_architectures'
-    sync-determinism, ring-bytes and model-parallel sync tests and test_p2p's sync test
+    sync-determinism, ring-bytes, model-parallel sync and weight-bytes tests and test_p2p's sync test
     read the same runs (the 4-rank parameter server's twice). Read only: a test that
     changes a run copies it first."""
     made = {}
