@@ -7,12 +7,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from asgd import mpienv
+from asgd.doctor.install import unmapped_shm
 
 MPIEXEC = mpienv.find()
 REPO = Path(__file__).resolve().parents[1]
@@ -160,6 +162,42 @@ def quick_params(request, tmp_path_factory):
     return path
 
 
+SESSION_START = pytest.StashKey[float]()
+
+
+def pytest_sessionstart(session):
+    session.config.stash[SESSION_START] = time.time()
+
+
+def pytest_sessionfinish(session):
+    """The MPICH segments this session's killed jobs left (timeouts, the fault tests) go:
+    left in /dev/shm they pile up, and a later job that names the same segment hangs in
+    MPI_Init (the local Slurm's srun jobs did)."""
+    remove_session_shm("/dev/shm", session.config.stash[SESSION_START])
+
+
+def remove_session_shm(folder: str, since: float, settle: float = 5.0) -> list[str]:
+    """Remove the MPICH segments in `folder` written since `since` that no process maps
+    (asgd.doctor's test); returns them. Others' jobs run alongside: a segment younger than
+    `settle` s may be one its job created and has not mapped yet, so the youngest is waited
+    for until it is that old, and one still younger when removing is kept."""
+    stale, _ = unmapped_shm(folder)
+    fresh = [st.st_mtime for st in stale.values() if st.st_mtime >= since]
+    if not fresh:
+        return []
+    time.sleep(max(0.0, max(fresh) + settle - time.time()))
+    stale, _ = unmapped_shm(folder)   # again: one its job has mapped meanwhile is in use
+    removed = []
+    for path, st in stale.items():
+        if since <= st.st_mtime <= time.time() - settle:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:   # its job attached and unlinked it
+                continue
+            removed.append(path)
+    return removed
+
+
 def pytest_collection_modifyitems(items):
     """A test that may be the first to ask for quick_params sets it up: the local Slurm's
     five jobs (up to 180 s), then a calibration of its own if that one failed (up to
@@ -181,7 +219,7 @@ def lockstep_run(tmp_path_factory):
     300, batch 64, seed 5, 2 epochs, float64 (args may name another --precision: the
     last one given counts), so that every architecture given the same workers takes the
     same steps. Made once per (n, args) for the session: test_architectures'
-    sync-determinism, ring-bytes and model-parallel sync tests and test_p2p's sync test
+    sync-determinism, ring-bytes, model-parallel sync and weight-bytes tests and test_p2p's sync test
     read the same runs (the 4-rank parameter server's twice). Read only: a test that
     changes a run copies it first."""
     made = {}

@@ -205,17 +205,17 @@ def test_model_parallel_sync_takes_the_same_steps(lockstep_run, arch):
     np.testing.assert_allclose(got[2][1], got[1][1], rtol=1e-6, atol=1e-9)
 
 
-def test_model_parallel_divides_each_ranks_weights(tmp_path):
+def test_model_parallel_divides_each_ranks_weights(lockstep_run):
     """results.json's weight_bytes: a worker of a replica of 4 holds about a quarter of the
-    parameter-sized buffers a worker holds alone; a server its shard's."""
+    parameter-sized buffers a worker holds alone. The plain workers' run is the one the
+    model-parallel sync test compares with (lockstep_run makes it once): a worker's buffers
+    are w-sized whatever the workers, the batch or the mode."""
     got = {}
-    for K in (1, 4):   # K = 1: one worker (its buffers are w-sized whatever the workers)
-        p = mpiexec(1 + K, ["--model-parallel", str(K), "--hidden", "4000", "--epochs", "1", "--quiet",
-                            "--out", str(tmp_path / f"k{K}")])
-        assert p.returncode == 0, p.stderr
-        r = load_results(tmp_path / f"k{K}")
+    for K, out in ((1, lockstep_run(3)), (4, lockstep_run(5, "--model-parallel", "4"))):
+        r = load_results(out)
+        assert r["config"]["model_parallel"] == K
         got[K] = [x["weight_bytes"] for x in r["ranks"] if x["role"] == "worker"]
-    assert min(got[1]) > 0
+    assert min(got[1]) > 0 and len(got[4]) == 4
     assert all(0.2 < k4 / max(got[1]) < 0.3 for k4 in got[4]), got
 
 

@@ -158,22 +158,21 @@ def machine(ranks: int | None) -> list[Finding]:
     return out
 
 
-def stale_shm(folder: str = "/dev/shm") -> Finding:
-    """MPICH's shared-memory segments of this user that no process of theirs maps: left by
-    jobs that were killed. A later job whose job id names the same segment (a restarted
-    Slurm numbers its jobs 1, 2, ... again) attaches to the stale one and hangs or fails in
-    MPI_Init ("Message truncated"): the local Slurm's 4-rank srun job hung until its 120 s
-    limit here, 2026-11-29, with 454 such segments (1.9 GB) from a day's killed runs."""
-    mine = {}   # path -> bytes, stat'ed once: a job that attaches meanwhile unlinks its segment
+def unmapped_shm(folder: str = "/dev/shm") -> tuple[dict[str, os.stat_result], int]:
+    """MPICH's shared-memory segments of this user in `folder` that no process maps (path ->
+    its stat), and how many of this user's segments there are in all. A running job maps
+    its segments (and unlinks them once every rank attached), so an unmapped one was left by
+    a job that was killed."""
+    mine = {}   # path -> stat, taken once: a job that attaches meanwhile unlinks its segment
     for f in glob.glob(os.path.join(folder, "mpich_shm_*")):
         try:
             st = os.stat(f)
         except FileNotFoundError:
             continue
         if st.st_uid == os.getuid():
-            mine[f] = st.st_size
+            mine[f] = st
     if not mine:
-        return finding("stale shm", OK, "no MPICH shared-memory segments left in " + folder, stale=0)
+        return {}, 0
     mapped = set()
     for maps in glob.glob("/proc/[0-9]*/maps"):
         try:
@@ -181,10 +180,21 @@ def stale_shm(folder: str = "/dev/shm") -> Finding:
                 mapped.update(line.split()[-1] for line in f if "mpich_shm_" in line)
         except OSError:   # gone, or not ours to read
             continue
-    stale = [f for f in mine if os.path.realpath(f) not in mapped]
+    return {f: st for f, st in mine.items() if os.path.realpath(f) not in mapped}, len(mine)
+
+
+def stale_shm(folder: str = "/dev/shm") -> Finding:
+    """MPICH's shared-memory segments of this user that no process of theirs maps: left by
+    jobs that were killed. A later job whose job id names the same segment (a restarted
+    Slurm numbers its jobs 1, 2, ... again) attaches to the stale one and hangs or fails in
+    MPI_Init ("Message truncated"): the local Slurm's 4-rank srun job hung until its 120 s
+    limit here, 2026-11-29, with 454 such segments (1.9 GB) from a day's killed runs."""
+    stale, mine = unmapped_shm(folder)
+    if not mine:
+        return finding("stale shm", OK, "no MPICH shared-memory segments left in " + folder, stale=0)
     if not stale:
-        return finding("stale shm", OK, f"{len(mine)} MPICH shared-memory segments, all in use", stale=0)
-    size = sum(mine[f] for f in stale)
+        return finding("stale shm", OK, f"{mine} MPICH shared-memory segments, all in use", stale=0)
+    size = sum(st.st_size for st in stale.values())
     return finding("stale shm", WARN, f"{len(stale)} MPICH shared-memory segments in {folder} ({size / 2**20:,.0f} "
                    "MiB) belong to no running process: killed jobs left them, and a later job with the same job id "
                    "can attach to one and hang or fail in MPI_Init", f"with no MPI job of yours running: rm "
