@@ -165,7 +165,10 @@ def from_tta(j: dict) -> dict:
 
     def med(s: dict, k: str) -> str:
         return pct(s[k]["median"]) if s.get(k) else "-"
+    def noise(s: dict) -> str:   # the repeats' own spread: how close any predictor can get
+        return f" (repeats {pct(s['meas_spread'])} apart)" if s.get("meas_spread") is not None else ""
     errs = {who: "; ".join(f"{n} time {med(s, f'{who}_time')}, epochs {med(s, f'{who}_epochs')}"
+                           + (noise(s) if who == "model" else "")
                            for n, s in j["summary"].items()) for who in ("model", "sim")}
     picks = "; ".join(f"{n} {s['pick']['ratio']:.2f}× ({s['pick']['tta_pick']}; best {s['pick']['best']}"
                       + (f"; s/epoch pick {s['pick']['per_epoch_pick']} {s['pick']['per_epoch_pick_s']:.2f} s"
@@ -173,7 +176,8 @@ def from_tta(j: dict) -> dict:
                       if "ratio" in s["pick"] else f"{n} {s['pick']['skipped']}" for n, s in j["summary"].items())
     kind = "measured " + ("here" if not tag else "on the emulated cluster")
     return {f"tta_model{tag}": (f"time to a target, {where}: the model's median error of time and epochs to it, "
-                                "configurations no pilot ran", f"{kind}; predicted", errs["model"]),
+                                "configurations no pilot ran, each judged by its median run (the repeats' "
+                                "spread beside)", f"{kind}; predicted", errs["model"]),
             f"tta_sim{tag}": (f"the same, the simulator's ({where})", f"{kind}; simulated", errs["sim"]),
             f"tta_pick{tag}": (f"optimize --target-accuracy's first pick, measured, over the best measured ({where})",
                                f"{kind}; predicted", picks)}
