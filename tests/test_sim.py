@@ -261,6 +261,16 @@ def test_other_users_load_takes_its_share_of_the_cores(params_file):
     assert alone == pytest.approx(50 * STEP_256 * 3 / 1.6, rel=0.05)
     assert alone < sliver == pytest.approx(alone / 0.99, rel=0.02)
     assert half == pytest.approx(2 * alone, rel=0.05)
+    # the cores' worth itself: one busy rank beside one core's worth of load still has a
+    # core of its own; three share the one left; a sliver takes its sliver of 1.6
+    from asgd.sim.costs import load_params
+    for path, bg, want in ((pf, 1.0, {1: 1.0, 2: 1.0, 3: 1.0}), (worth, 0.02, {1: 1.0, 3: 1.6 * 0.99})):
+        p, raw = load_params(path)
+        machine = by_name("here", p.cores)
+        spec = Spec(run=analytic.Run(workers=3, epochs=1, cores=machine.cores_per_node), machine=machine,
+                    background=bg)
+        costs = Costs(p, spec, raw, corrections=corrections)
+        assert {n: costs.cores_worth(n) for n in want} == pytest.approx(want)
 
 
 def wire_sizes(servers: int, compress: str, precision: str = "float64") -> list[tuple[int, int]]:

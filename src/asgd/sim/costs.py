@@ -233,16 +233,21 @@ class Costs:
         the machine was when calibrate measured it, whatever the load now."""
         if busy <= 0:
             return 0.0
-        if not self.spec.machine.calibrated:
-            worth = float(min(busy, self.cores))
-        else:
-            worth = max(min(self.p.cores_worth(busy, self.run.hidden), busy, self.cores), 1e-3)
+        worth = self._worth(busy)
         if self.spec.background > 0 and not calibrated:
-            # other users took `background` cores' worth meanwhile: the ranks get the rest of
-            # theirs. (Replacing the calibrated worth by the cores left, as this did, made 0.01
-            # cores of others' load speed a run up: 1.6 cores' worth of 3 ranks became 1.99.)
-            worth *= max(1.0 - self.spec.background / self.cores, 0.05)
+            # other users took `background` cores' worth meanwhile: the ranks get at most the
+            # rest of the node's worth, and never more than their own count's (one rank beside
+            # one core of load still has a core). Replacing the calibrated worth by the cores
+            # left, as this did, made 0.01 cores of load speed 3 ranks on 2 cores up from 1.6
+            # cores' worth to 1.99.
+            left = max(self.cores - self.spec.background, 0.05 * self.cores) / self.cores
+            worth = min(worth, self._worth(self.cores) * left)
         return worth
+
+    def _worth(self, busy: int) -> float:
+        if not self.spec.machine.calibrated:
+            return float(min(busy, self.cores))
+        return max(min(self.p.cores_worth(busy, self.run.hidden), busy, self.cores), 1e-3)
 
     def _msg_split(self, node: int, shard_nw: int) -> tuple[float, float]:
         """(worker's, server's) CPU per push/pull of one shard, crowded or not."""
