@@ -19,13 +19,14 @@ import pytest
 
 from asgd.core import wire
 from asgd.core.target import EVAL_BUDGET
+from asgd.data.shares import worker_points
 from asgd.net.mlp import Layout
 from asgd.net.optimizers import default_lr, worker_lr
 from asgd.perf import analytic
 from asgd.run.config import Config
 from asgd.sim import INSTALL_HINT, available
 from asgd.sim.actors import CROWDED_MAX_SLEEP_S
-from asgd.sim.costs import Costs, Spec, worker_points
+from asgd.sim.costs import Costs, Spec
 from asgd.sim.machines import Machine, by_name
 from asgd.sim.probes import corrections
 

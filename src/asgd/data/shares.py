@@ -49,6 +49,12 @@ def assign(n: int, seed: int, servers: int, workers: int, holdout: bool,
     return np.where(p < cut, HELD_OUT, servers + (p - cut) % workers * stride).astype(np.int32)
 
 
+def worker_points(points: int, workers: int, j: int) -> int:
+    """Training points of worker j of `workers`: assign deals a seeded permutation of the
+    `points` round-robin, so the first points % workers workers get one more."""
+    return points // workers + (1 if j < points % workers else 0)
+
+
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S27, _S30, _S31 = np.uint64(27), np.uint64(30), np.uint64(31)
 

@@ -53,9 +53,10 @@ from ..core.target import PROBE_MARGIN, AfterExchange, Evaluations
 from ..core.waiting import CROWDED_MAX_SLEEP_S, FIRST_SLEEP_S, MAX_SLEEP_S, SPIN_S   # the Waiter's polls
 from ..core.wire import DOUBLE, R_VERSION, RECV, SEND, flow_id
 from ..core.worker import allreduce_loop, loop
+from ..data.shares import worker_points
 from ..run.config import eval_cadence
 from .clock import SimClock
-from .costs import Costs, Spec, worker_points
+from .costs import Costs, Spec
 from .links import MailboxLink, RingSum
 from .platform import FLOPS
 

@@ -55,11 +55,6 @@ def load_params(path: str) -> tuple[Params, dict]:
     return Params.from_file(got), got["params"]
 
 
-def worker_points(points: int, workers: int, j: int) -> int:
-    """Points of worker j: asgd.data.shares.assign deals a seeded permutation round-robin."""
-    return points // workers + (1 if j < points % workers else 0)
-
-
 @dataclass(frozen=True)
 class Spec:
     """One simulated run: asgd.train's options (`run`, an analytical-model Run, and the
