@@ -43,10 +43,11 @@ class EpochTracker:
         self.t_start = self.last_line = self.epoch_began = self.now()
         self.epoch_s: float | None = None   # the last epoch's seconds (none ended yet in this run)
         self.first_samples = self.samples  # a resumed run starts past zero: rates count from here
+        self.first_epoch = self.epoch      # ... and its servers count each worker's pushes from here
         self.evaluated_w = None   # a copy of the w the last held-out evaluation was of
-        self.size = float(self.n_train)                       # samples an epoch brings
-        self.ends = (self.epoch + 1) * float(self.n_train)   # the samples at which this epoch ends
-        self.lost = 0                                         # workers lost (--fault-tolerant)
+        self.size = self.n_train                      # samples an epoch brings
+        self.ends = (self.epoch + 1) * self.n_train   # the samples at which this epoch ends
+        self.lost = 0                                 # workers lost (--fault-tolerant)
         self.guard_cuts = 0       # times the guard halved the step
         self.cut_at = 0           # the epoch of the last cut
         self.updates = 0          # versions of w this run has made
@@ -57,17 +58,23 @@ class EpochTracker:
         self.pending: list[tuple[dict, Callable, dict | None]] = []
         self.settled_s = 0.0   # ... and the seconds settle() took to evaluate them (results.json's eval_after_s)
 
-    def lose(self, pushed: float, workers: int) -> None:
-        """A worker died having pushed `pushed` samples: its share (1/workers of the data)
-        is not trained from now on, so this epoch ends that much sooner (less what it had
-        done of it) and every later one brings a share less."""
-        share = self.n_train / workers
-        self.ends -= share - (pushed % share)
+    def lose(self, pushed: float, share: int) -> None:
+        """A worker whose share was `share` points (asgd.data.shares.worker_points) died
+        having pushed `pushed` samples in this run (since its resume, if resumed). Its
+        epochs need not be this one (its pushes interleave with the others'): what it owed
+        up to this epoch's end, a share per epoch of this run less what it pushed, will not
+        come, so this epoch ends that much sooner (later, if it had pushed past it), maybe
+        at once, and every later one brings a share less. The last epoch then ends with
+        the last sample."""
+        self.ends -= (self.epoch + 1 - self.first_epoch) * share - int(pushed)
         self.size -= share
         self.lost += 1
+        self._end_reached(self.now())
 
     def close(self) -> None:
-        """Training is over with workers lost: the epoch they cut short ends here."""
+        """Training is over with workers lost: an epoch still open ends here. lose() prices
+        what they owed exactly; a push counted but not applied (refused as NaN or inf,
+        dropped as late by --backup-workers) can still leave one open."""
         if self.lost and self.epoch < self.epochs and self.samples > self.ends - self.size:
             self._end_epoch(self.now())
 
@@ -92,8 +99,7 @@ class EpochTracker:
         self.loss_sum += loss_sum
         self.loss_n += m
         now = self.now()
-        while self.epoch < self.epochs and self.samples >= self.ends - 1e-6:
-            self._end_epoch(now)
+        self._end_reached(now)
         if (self.cadence is not None and self.evaluate is not None and self.reached is None
                 and self.cadence.due(self.evals, self.updates, now - self.t_start, epoch_s=self.epoch_s)):
             if self.after_exchange is None:
@@ -107,6 +113,11 @@ class EpochTracker:
                         f"train loss {self.loss_sum / max(self.loss_n, 1):.4f}  "
                         f"{(self.samples - self.first_samples) / max(now - self.t_start, 1e-9):,.0f} samples/s")
         return self.reached is not None
+
+    def _end_reached(self, now: float) -> None:
+        """End every epoch the applied samples have reached."""
+        while self.epoch < self.epochs and self.samples >= self.ends:
+            self._end_epoch(now)
 
     def exchanged(self) -> None:
         """This rank's worker has its exchange's fresh w: the evaluation owed, if any

@@ -32,6 +32,7 @@ from ..protocol.replica import Replica
 from ..core.policy import policy
 from ..core.target import PROBE_MARGIN, AfterExchange, target
 from ..core.stats import ServerStats, merge_shards
+from ..data.shares import worker_points
 from ..protocol.server import Server, gather_shards, serve_all
 from ..protocol.worker import PushPull, run_worker
 from . import checkpoint, config, signals
@@ -225,15 +226,18 @@ def servers_of(job: Job, m: Model, shards: list[int], on_version) -> tuple[list[
     checkpoint cuts and reports the progress."""
     topo, cfg = job.topo, job.cfg
     made, ckpts = [], []
+
+    def lost(rank, pushed):   # shard 0's dead worker, priced at its share as the readers dealt it
+        job.tracker.lose(pushed, worker_points(m.n_train, topo.replicas, topo.replica(rank)))
     for v in shards:
         lo, hi = topo.shards[v]
         w = m.w[lo:hi] if job.rank == 0 else m.w[lo:hi].copy()   # rank 0's: views of all of w
         opt, ckpt = state_of(job, m, v, len(topo.shards), lo, hi, w)
         workers = topo.pushers(v)
         msgs = shard_messages(cfg.compress, m.columns(), (lo, hi), w, len(workers))
-        lost = (lambda rank, pushed: job.tracker.lose(pushed, topo.replicas)) if job.tracker and v == 0 else None
         made.append(Server(job.endpoint, w, workers, opt, msgs, on_version if v == 0 else None, ckpt,
-                           leader=v == 0, fault_tolerant=cfg.fault_tolerant, on_lost=lost,
+                           leader=v == 0, fault_tolerant=cfg.fault_tolerant,
+                           on_lost=lost if job.tracker and v == 0 else None,
                            cuts_done=m.resumed.get("cut", 0), stale_step=optimizers.stale_step(cfg.stale_step)))
         ckpts.append(ckpt)
     return made, ckpts
