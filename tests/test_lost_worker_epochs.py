@@ -10,7 +10,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from asgd.data.shares import assign, worker_points
+from asgd.data.shares import HELD_OUT, HOLDOUT, assign, worker_points
 from asgd.run.progress import EpochTracker
 from asgd.run.trace import PhaseClock
 
@@ -68,13 +68,18 @@ class Pushes:
 
 
 def batches(n: int, batch: int) -> list[int]:
+    """An epoch's batch sizes over a share of n points."""
     return [min(batch, n - k) for k in range(0, n, batch)]
 
 
-@pytest.mark.parametrize("n, workers", [(1003, 5), (16384, 4), (10, 3), (7, 7)])
-def test_worker_points_are_the_shares_assign_deals(n, workers):
-    owners = assign(n, 3, 0, workers, False)
-    assert [worker_points(n, workers, j) for j in range(workers)] == np.bincount(owners, minlength=workers).tolist()
+@pytest.mark.parametrize("n, workers, holdout", [(1003, 5, False), (16384, 4, False), (10, 3, False), (7, 7, False),
+                                                (1150, 5, True)])
+def test_worker_points_are_the_shares_assign_deals(n, workers, holdout):
+    """Of the training points (a data file's less the 1/HOLDOUT held out of it)."""
+    owners = assign(n, 3, 0, workers, holdout)
+    train = n - (n // HOLDOUT if holdout else 0)
+    dealt = np.bincount(owners[owners != HELD_OUT], minlength=workers).tolist()
+    assert [worker_points(train, workers, j) for j in range(workers)] == dealt
 
 
 def test_workers_lost_at_a_shares_end_and_mid_share_leave_every_epoch_to_end():
