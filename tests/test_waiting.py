@@ -2,16 +2,18 @@
 
 import pytest
 
+from asgd import mpiutil
 from asgd.core import waiting
 from asgd.sim.actors import _next_poll
 
 
-def test_a_crowded_ranks_longest_sleep_grows_with_the_ranks_per_core():
-    """A core of its own: short sleeps after its spin. Sharing one: the cap is 80 us per
-    rank per core (5 ranks on 2 cores wake within 0.2 ms), between the uncrowded cap and
-    1 ms, which 13 or more ranks per core reach."""
+def test_a_crowded_ranks_polls_cost_less_as_more_ranks_share_a_core():
+    """A core of its own: a 2 ms spin, then short sleeps. Sharing one: 1 ms of yields over
+    the ranks per core (5 ranks on 2 cores: 0.4 ms), then sleeps capped at 80 us per rank
+    per core, between the uncrowded cap and 1 ms, which 13 or more ranks per core reach."""
     assert (waiting.spin_s(0.0), waiting.max_sleep_s(0.0)) == (waiting.SPIN_S, waiting.MAX_SLEEP_S)
-    assert waiting.spin_s(2.5) == 0.0
+    assert waiting.spin_s(2.5) == pytest.approx(400e-6)
+    assert waiting.spin_s(float("inf")) == 0.0                           # sleeps from the start
     assert waiting.max_sleep_s(2.5) == pytest.approx(200e-6)
     assert waiting.max_sleep_s(8.0) == pytest.approx(640e-6)
     assert waiting.max_sleep_s(1.0) == waiting.MAX_SLEEP_S           # just crowded: never below it
@@ -33,3 +35,16 @@ def test_the_simulator_polls_where_the_waiter_would(per_core):
             assert _next_poll(elapsed, per_core, overhead) == elapsed
         else:
             assert _next_poll(elapsed, per_core, overhead) == pytest.approx(min(p for p in polls if p >= elapsed))
+
+
+@pytest.mark.parametrize("per_core", [0.0, 2.5])
+def test_a_crowded_waiter_yields_its_core_between_polls_and_a_lone_one_spins(monkeypatch, per_core):
+    """Within the first poll window a crowded rank hands its core to any rank that wants
+    it (sched_yield) and never sleeps; a rank with a core of its own spins (no yields)."""
+    calls = []
+    monkeypatch.setattr(mpiutil.os, "sched_yield", lambda: calls.append("yield"))
+    monkeypatch.setattr(mpiutil.time, "sleep", lambda s: calls.append("sleep"))
+    monkeypatch.setattr(mpiutil.time, "perf_counter", lambda: 0.0)   # every poll inside the window
+    tries = iter(range(5))
+    assert mpiutil.Waiter(per_core)._poll(lambda: "done" if next(tries) == 4 else None, "test") == "done"
+    assert calls == (["yield"] * 4 if per_core else [])

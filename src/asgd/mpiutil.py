@@ -76,8 +76,10 @@ class Waiter:
     MPICH busy-polls inside Wait; with more ranks than cores that steals the cores of
     the ranks doing work (measured here: a Test loop with sleep backoff was 4-5x faster
     on one rank working while 15 waited, at 1/8 of the CPU).
-    So: spin first (only when every rank has a core: SPIN_S), then sleep, doubling from
-    10 us to a cap that grows with the ranks sharing a core (asgd.core.waiting), with the
+    So: poll without sleeping first (spinning when every rank has a core; yielding the
+    core between polls, for a window that shrinks with the ranks sharing it, when they
+    share one), then sleep, doubling from 10 us to a cap that grows with the ranks
+    sharing a core (asgd.core.waiting), with the
     thread's timer slack cut to 1 us so that a sleep ends when asked (tighten_timer_slack).
     Every wait also checks the job's deadline, so nothing hangs. Make it on the thread
     that waits (the slack is per thread).
@@ -86,7 +88,8 @@ class Waiter:
     def __init__(self, oversubscribed: float, deadline: float = 0.0, what: str = "",
                  stall_s: float = 0.0):
         tighten_timer_slack()
-        self.spin_s = waiting.spin_s(oversubscribed)   # ranks per core, 0: a core of its own
+        self.crowded = bool(oversubscribed)              # ranks per core, 0: a core of its own
+        self.spin_s = waiting.spin_s(oversubscribed)
         self.max_sleep_s = waiting.max_sleep_s(oversubscribed)
         self.deadline = deadline  # time.monotonic() value, 0: none (--timeout)
         self.stall_s = stall_s    # longest one wait may take, 0: no limit (--stall-timeout)
@@ -115,6 +118,8 @@ class Waiter:
             elif now - start >= self.spin_s:
                 time.sleep(sleep)
                 sleep = min(sleep * 2, self.max_sleep_s)
+            elif self.crowded:
+                os.sched_yield()   # a rank with work takes the core; an idle core polls again at once
 
     def any(self, requests: list[MPI.Request], waiting_for: str = "a message", work=None) -> int:
         """Index of a completed request (as MPI_Waitany); work() as in _poll."""

@@ -35,8 +35,9 @@ Not simulated: --standardize's statistics, checkpoints, stop requests.
 
 Waiting (asgd.mpiutil.Waiter): a rank notices a completed message only when it polls:
 it spins 2 ms and then sleeps 10 us doubling to 100 us when its node has a core per
-rank, and sleeps 10 us doubling to 80 us per rank per core (at most 1 ms) from the start
-when ranks outnumber cores (asgd.core.waiting); every
+rank; when ranks outnumber cores it polls between yields for 1 ms over the ranks per core
+(simulated as a spin: a yield costs the others next to nothing), then sleeps 10 us doubling
+to 80 us per rank per core, at most 1 ms (asgd.core.waiting); every
 sleep also overshoots by the calibrated sleep overhead. The simulated rank wakes at that
 poll, not at the message's arrival.
 """
