@@ -178,7 +178,7 @@ def child(args) -> None:
                                                         if c > 0 else None),
                                 "steps": g["steps"]})
     if comm.rank == 1:
-        print(json.dumps({"oversubscribed": crowded, "rows": out}), flush=True)
+        print(json.dumps({"oversubscribed": bool(crowded), "rows": out}), flush=True)
 
 
 # -- the launcher -------------------------------------------------------------------------------

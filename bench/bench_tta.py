@@ -174,7 +174,7 @@ def model(res: dict, c: dict, params, stats, ds: DataSet) -> dict:
     run = perf.run_of(res, params)
     pr = validate.model_predict(params, run)
     row = {"arch": c["arch"], "mode": c["mode"], "workers": c["workers"], "batch": c["batch"],
-           "replicas": run.replicas, "init_s": pr.init_s, "per_epoch_s": pr.train_s / run.epochs}
+           "backup": c["backup"], "replicas": run.replicas, "init_s": pr.init_s, "per_epoch_s": pr.train_s / run.epochs}
     try:
         r = rank_to_target([row], stats, "accuracy", ds.target, c["optimizer"], perf.TRAIN.staleness)[0]
     except NoPilot as e:   # e.g. this optimizer's reference never reached the target: no prediction

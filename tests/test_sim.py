@@ -25,7 +25,7 @@ from asgd.net.optimizers import default_lr, worker_lr
 from asgd.perf import analytic
 from asgd.run.config import Config
 from asgd.sim import INSTALL_HINT, available
-from asgd.sim.actors import CROWDED_MAX_SLEEP_S
+from asgd.core.waiting import CROWDED_MAX_SLEEP_S
 from asgd.sim.costs import Costs, Spec
 from asgd.sim.machines import Machine, by_name
 from asgd.sim.probes import corrections

@@ -39,6 +39,24 @@ def test_an_update_carries_the_batch_or_what_is_left_of_a_share():
     assert update_samples(1257, 4, 1024, False) == 315                       # a batch past the share is the share
     assert update_samples(8192, 3, 128, True) == pytest.approx(3 * 2731 / 22)   # lockstep: every replica's step
     assert update_samples(8192, 4, 64, True) == 256
+    assert update_samples(1257, 5, 256, True, backup=1) == pytest.approx(4 * 252)   # a round: all but the backup's
+
+
+def test_backup_workers_price_a_round_as_the_pushes_it_applies():
+    """Sync with b backup workers applies W - b pushes a round, and its epochs count the
+    samples applied: fewer samples an update than W replicas' (a smaller U, fewer epochs)."""
+    st = Statistics(b_noise=100.0, staleness_cost=0.1, staleness_one=2.0, staleness_per_worker=1.0,
+                    references={"adagrad": Reference(batch=64, points=1257, staleness=2.0,
+                                                     curve=[{"samples": 1257 * e, "accuracy": a, "loss": 1.0 - a}
+                                                            for e, a in ((1, 0.5), (10, 0.9), (20, 0.99))])})
+    plain, backup = (st.epochs_to_target("adagrad", "accuracy", 0.9, 256, 5, True, 0.0, b) for b in (0, 1))
+    assert backup < plain
+    assert (st.update_samples("adagrad", 256, 5, True, 1) / st.update_samples("adagrad", 256, 5, True)
+            == pytest.approx(4 / 5))
+    rows = [{"arch": "ps", "mode": "sync", "workers": 5, "batch": 256, "replicas": 5, "init_s": 0.0, "per_epoch_s": 1.0,
+             "backup": b} for b in (0, 1)]
+    ranked = rank_to_target(rows, st, "accuracy", 0.9, "adagrad")
+    assert [r["backup"] for r in ranked] == [1, 0] and ranked[0]["epochs_to_target"] == pytest.approx(backup)
 
 
 def test_the_staleness_factor_and_the_staleness_line():

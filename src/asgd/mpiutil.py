@@ -30,17 +30,20 @@ class StallError(RuntimeError):
     """A wait outlived the job's deadline."""
 
 
-def oversubscribed(comm: MPI.Comm) -> bool:
-    """More ranks on this node than cores they may run on, unless ASGD_OVERSUBSCRIBED
-    (1 or 0) says otherwise: set by asgd.testbed, whose hosts each look like a node of
-    their own while all share one machine's cores. Collective on comm either way."""
+def oversubscribed(comm: MPI.Comm) -> float:
+    """How many ranks share each core of this node where they outnumber its cores, else 0.0
+    (so `if oversubscribed(comm)` asks whether they do), unless ASGD_OVERSUBSCRIBED (1 or 0)
+    says otherwise: set by asgd.testbed, whose hosts each look like a node of their own
+    while the whole job shares this machine's cores. Collective on comm either way."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        crowded = node.Get_size() > cores_available()
+        per_core = node.Get_size() / cores_available()
     finally:
         node.Free()
     told = os.environ.get(OVERSUBSCRIBED_ENV, "")
-    return told == "1" if told in ("0", "1") else crowded
+    if told in ("0", "1"):
+        return max(comm.Get_size() / cores_available(), 1.0) if told == "1" else 0.0
+    return per_core if per_core > 1 else 0.0
 
 
 def _text(waiting_for) -> str:
@@ -73,17 +76,21 @@ class Waiter:
     MPICH busy-polls inside Wait; with more ranks than cores that steals the cores of
     the ranks doing work (measured here: a Test loop with sleep backoff was 4-5x faster
     on one rank working while 15 waited, at 1/8 of the CPU).
-    So: spin first (only when every rank has a core: SPIN_S), then sleep, doubling from
-    10 us to max_sleep, with the thread's timer slack cut to 1 us so that a sleep ends
-    when asked (tighten_timer_slack). Every wait also checks the job's deadline, so
-    nothing hangs. Make it on the thread that waits (the slack is per thread).
+    So: poll without sleeping first (spinning when every rank has a core; yielding the
+    core between polls, for a window that shrinks with the ranks sharing it, when they
+    share one), then sleep, doubling from 10 us to a cap that grows with the ranks
+    sharing a core (asgd.core.waiting), with the
+    thread's timer slack cut to 1 us so that a sleep ends when asked (tighten_timer_slack).
+    Every wait also checks the job's deadline, so nothing hangs. Make it on the thread
+    that waits (the slack is per thread).
     """
 
-    def __init__(self, oversubscribed: bool, deadline: float = 0.0, what: str = "",
+    def __init__(self, oversubscribed: float, deadline: float = 0.0, what: str = "",
                  stall_s: float = 0.0):
         tighten_timer_slack()
-        self.spin_s = 0.0 if oversubscribed else waiting.SPIN_S   # why so long: asgd.core.waiting
-        self.max_sleep_s = waiting.CROWDED_MAX_SLEEP_S if oversubscribed else waiting.MAX_SLEEP_S
+        self.crowded = bool(oversubscribed)              # ranks per core, 0: a core of its own
+        self.spin_s = waiting.spin_s(oversubscribed)
+        self.max_sleep_s = waiting.max_sleep_s(oversubscribed)
         self.deadline = deadline  # time.monotonic() value, 0: none (--timeout)
         self.stall_s = stall_s    # longest one wait may take, 0: no limit (--stall-timeout)
         self.what = what          # "rank 3 (worker)", for the messages
@@ -111,6 +118,8 @@ class Waiter:
             elif now - start >= self.spin_s:
                 time.sleep(sleep)
                 sleep = min(sleep * 2, self.max_sleep_s)
+            elif self.crowded:
+                os.sched_yield()   # a rank with work takes the core; an idle core polls again at once
 
     def any(self, requests: list[MPI.Request], waiting_for: str = "a message", work=None) -> int:
         """Index of a completed request (as MPI_Waitany); work() as in _poll."""

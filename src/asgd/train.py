@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     role = "peer" if cfg.arch == "p2p" else "server" if comm.rank < servers else "worker"
     clock = (TraceClock("init", T0_NS, config.trace_window(cfg.trace_steps)) if cfg.trace
              else PhaseClock("init", T0_NS))
-    crowded = oversubscribed(comm)
+    crowded = oversubscribed(comm)   # ranks per core, 0.0: each has one
     waiter = Waiter(crowded, time.monotonic() + cfg.timeout if cfg.timeout else 0.0,
                     f"rank {comm.rank} ({role})", cfg.stall_timeout)
     resumed_in = None if cfg.dry_run else cfg.resume   # a dry run never writes into the run it checks
@@ -335,7 +335,7 @@ def save(job: Job, m: Model, record: dict) -> None:
                 "worker_lr": optimizers.worker_lr(cfg.optimizer, m.lr),
                 "features": m.layout.d_in, "classes": m.layout.d_out, "n_w": m.layout.n_w,
                 "train_points": m.n_train, "test_points": len(m.test)},
-        ranks=records, wall_s=wall, meta=results.machine(job.comm, job.crowded),
+        ranks=records, wall_s=wall, meta=results.machine(job.comm, bool(job.crowded)),
         server={"updates": records[0]["rounds"] if job.topo.owners else records[0]["updates"],
                 "samples": tracker.samples, "samples_run": tracker.samples - tracker.first_samples,
                 "history": tracker.history, "loss": loss, "accuracy": accuracy,

@@ -144,8 +144,9 @@ def test_async_without_bound_runs_ahead_of_a_straggler():
 
 
 def test_oversubscribed_is_the_nodes_count_unless_the_environment_says(monkeypatch):
-    """asgd.testbed's hosts each look like a node of their own; ASGD_OVERSUBSCRIBED tells
-    their ranks that they share the machine's cores."""
+    """Ranks per core where the node's ranks outnumber its cores, else 0. asgd.testbed's
+    hosts each look like a node of their own; ASGD_OVERSUBSCRIBED=1 tells their ranks that
+    the whole job shares the machine's cores."""
     from asgd.mpienv import cores_available
     comm = MPI.COMM_WORLD
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -158,8 +159,9 @@ def test_oversubscribed_is_the_nodes_count_unless_the_environment_says(monkeypat
         else:
             monkeypatch.setenv("ASGD_OVERSUBSCRIBED", told)
         got[told] = oversubscribed(comm)
-    crowded = on_node > cores_available()
-    assert got == {None: crowded, "1": True, "0": False, "yes": crowded}
+    per_core = on_node / cores_available() if on_node > cores_available() else 0.0
+    job = max(comm.size / cores_available(), 1.0)
+    assert got == {None: per_core, "1": job, "0": 0.0, "yes": per_core}
 
 
 def test_a_stalled_wait_ends_with_who_waited_on_whom():

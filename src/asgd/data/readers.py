@@ -316,7 +316,7 @@ def _redistribute(comm, waiter, part, dest, traffic):
 def _bulk_wait(waiter, request, waiting_for):
     """Complete a bulk transfer that every rank is in: poll, yielding the core between
     polls. MPICH moves a large message in pieces, a piece per poll, so the Waiter's
-    sleeps (up to 1 ms when oversubscribed) stretch it: 32 MB among 3 ranks took 0.8 s,
+    sleeps (up to 1 ms when oversubscribed) stretched it: 32 MB among 3 ranks took 0.8 s,
     yielding 0.01 s (about as fast as a blocking Alltoallv, which spins). A rank with
     work still gets the core: sched_yield hands it over. The job's deadline still holds."""
     while not request.Test():

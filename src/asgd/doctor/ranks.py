@@ -20,6 +20,7 @@ This module initializes MPI on import; the doctor's own process never imports it
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 
@@ -112,7 +113,8 @@ def time_step(comm) -> float | None:
     if comm.rank == 0:
         from ..probes.calibrate import measure_steps   # the orchestrator's module: loaded only when asked
         seconds = measure_steps((TIMED_HIDDEN,), (TIMED_BATCH,), 0.25)[TIMED_HIDDEN][TIMED_BATCH]
-    Waiter(True, time.monotonic() + 120, f"doctor rank {comm.rank}").barrier(comm, "rank 0's timed step")
+    # waits as the most crowded rank does (sleeping up to 1 ms), so the step keeps its core
+    Waiter(math.inf, time.monotonic() + 120, f"doctor rank {comm.rank}").barrier(comm, "rank 0's timed step")
     return seconds if comm.rank == 0 else None
 
 

@@ -224,6 +224,7 @@ class Run:
     features: int = 2
     classes: int = 2
     mode: str = "async"             # async | ssp | sync
+    backup: int = 0                 # sync's --backup-workers (the statistics' update; not its time)
     overlap: str = "auto"           # --overlap: auto | on | off (async and ssp)
     cores: int = 0                  # 0: the calibrated machine's
     arch: str = "ps"                # ps | p2p | allreduce (asgd.train's --arch)

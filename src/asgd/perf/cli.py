@@ -137,6 +137,7 @@ def run_of(results: dict, p: Params) -> Run:
     arch = c.get("arch", "ps")
     return Run(workers=c["workers"], servers=max(c["servers"], 1) if arch == "ps" else c["servers"],
                batch=c["batch"], hidden=c["hidden"], epochs=c["epochs"], reader=c["reader"], mode=c["mode"],
+               backup=c.get("backup_workers", 0),
                features=c["features"], classes=c["classes"], cores=c.get("cores", 0), arch=arch,
                model_parallel=c.get("model_parallel", 1), optimizer=c.get("optimizer", "sgd"),
                allreduce=c.get("allreduce") or "ring", precision=c.get("precision", "float64"),   # before it: float64

@@ -37,12 +37,13 @@ class NoPilot(ValueError):
 
 # -- epochs to a target ----------------------------------------------------------------------
 
-def update_samples(points: int, replicas: int, batch: int, lockstep: bool) -> float:
+def update_samples(points: int, replicas: int, batch: int, lockstep: bool, backup: int = 0) -> float:
     """The samples an update carries, over an epoch: each replica's share of the points
     (ceil(points / replicas)) goes in ceil(share / batch) steps, the last one short, so a
-    batch past the share is the share; in lockstep an update is every replica's step."""
+    batch past the share is the share; in lockstep an update is every replica's step but
+    `backup` workers' (sync with backup workers: a round applies the first W - b pushes)."""
     share = math.ceil(points / replicas)
-    return share / math.ceil(share / batch) * (replicas if lockstep else 1)
+    return share / math.ceil(share / batch) * (replicas - backup if lockstep else 1)
 
 
 def pooled_in_lockstep(optimizer: str) -> bool:
@@ -187,21 +188,22 @@ class Statistics:
             return min(s, bound * workers) if bound is not None else s
         return s
 
-    def update_samples(self, optimizer: str, batch: int, replicas: int, lockstep: bool) -> float:
+    def update_samples(self, optimizer: str, batch: int, replicas: int, lockstep: bool, backup: int = 0) -> float:
         """The samples an update carries as epochs_to_target prices it (update_samples on the
         pilot's data): a lockstep round pools its replicas' only where pooled_in_lockstep."""
         points = self.references[optimizer].points
-        return update_samples(points, replicas, batch, lockstep and pooled_in_lockstep(optimizer))
+        return update_samples(points, replicas, batch, lockstep and pooled_in_lockstep(optimizer), backup)
 
     def epochs_to_target(self, optimizer: str, metric: str, value: float, batch: int, replicas: int,
-                         lockstep: bool, mean_staleness: float) -> float:
+                         lockstep: bool, mean_staleness: float, backup: int = 0) -> float:
         """E(config) = E_min(target, optimizer) x (1 + U / B_noise) x (1 + c s): U is one
-        update's samples (self.update_samples), s its mean staleness."""
+        update's samples (self.update_samples), s its mean staleness. Epochs count the
+        samples applied, as the trainer's do (a backup worker's dropped pushes are not)."""
         ref = self.references.get(optimizer)
         if ref is None:
             raise NoPilot(f"no pilot of --optimizer {optimizer} (piloted: {', '.join(self.references)}): "
                           f"python -m asgd.perf pilot --optimizers {optimizer}")
         b_noise = self.b_noise_of(optimizer)
         e_min = ref.epochs_min(metric, value, b_noise, self.staleness_cost)
-        update = self.update_samples(optimizer, batch, replicas, lockstep)
+        update = self.update_samples(optimizer, batch, replicas, lockstep, backup)
         return e_min * batch_factor(update, b_noise) * staleness_factor(mean_staleness, self.staleness_cost)

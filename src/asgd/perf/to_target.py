@@ -19,8 +19,9 @@ def rank_to_target(rows: list[dict], stats: Statistics, metric: str, value: floa
     for r in rows:
         lockstep = r["mode"] == "sync" or r["arch"] == "allreduce"
         s = stats.mean_staleness(r["workers"], r["mode"], lockstep, ssp_bound)
-        e = stats.epochs_to_target(optimizer, metric, value, r["batch"], r["replicas"], lockstep, s)
-        u = stats.update_samples(optimizer, r["batch"], r["replicas"], lockstep)
+        backup = r.get("backup", 0)   # sync's backup workers (optimize's rows have none)
+        e = stats.epochs_to_target(optimizer, metric, value, r["batch"], r["replicas"], lockstep, s, backup)
+        u = stats.update_samples(optimizer, r["batch"], r["replicas"], lockstep, backup)
         out.append({**r, "mean_staleness": s, "update_samples": u, "epochs_to_target": e,
                     "time_to_target_s": r["init_s"] + e * r["per_epoch_s"]})
     return sorted(out, key=lambda r: r["time_to_target_s"])

@@ -30,7 +30,7 @@ class Job:
     out: str               # the run folder
     waiter: Waiter
     clock: PhaseClock
-    crowded: bool          # more ranks than cores on this node
+    crowded: float         # ranks per core on this node where they outnumber the cores, else 0.0
     tracker: EpochTracker | None = None  # rank 0's epochs and progress, once the loop starts
     traffic: dict = field(default_factory=lambda: {k: {"sent": 0, "recv": 0} for k in ("init", "train", "finish")})
                            # bytes of asgd's own messages by part of the run (results.json's per-rank `bytes`)

@@ -34,8 +34,10 @@ each step one allreduce of [m * Delta-w | m, loss, stop] (links.RingSum).
 Not simulated: --standardize's statistics, checkpoints, stop requests.
 
 Waiting (asgd.mpiutil.Waiter): a rank notices a completed message only when it polls:
-it spins 200 us and then sleeps 10 us doubling to 100 us when its node has a core per
-rank, and sleeps 10 us doubling to 1 ms from the start when ranks outnumber cores; every
+it spins 2 ms and then sleeps 10 us doubling to 100 us when its node has a core per
+rank; when ranks outnumber cores it polls between yields for 1 ms over the ranks per core
+(simulated as a spin: a yield costs the others next to nothing), then sleeps 10 us doubling
+to 80 us per rank per core, at most 1 ms (asgd.core.waiting); every
 sleep also overshoots by the calibrated sleep overhead. The simulated rank wakes at that
 poll, not at the message's arrival.
 """
@@ -50,7 +52,7 @@ from ..core.schedule import Schedule, schedule
 from ..core.shard import Shard
 from ..core.stats import merge_shards
 from ..core.target import PROBE_MARGIN, AfterExchange, Evaluations
-from ..core.waiting import CROWDED_MAX_SLEEP_S, FIRST_SLEEP_S, MAX_SLEEP_S, SPIN_S   # the Waiter's polls
+from ..core.waiting import FIRST_SLEEP_S, max_sleep_s, spin_s   # the Waiter's polls
 from ..core.wire import DOUBLE, R_VERSION, RECV, SEND, flow_id
 from ..core.worker import allreduce_loop, loop
 from ..data.shares import worker_points
@@ -127,6 +129,10 @@ class World:
     def crowded(self, rank: int) -> bool:
         return self.costs.crowded[self.node[rank]]
 
+    def per_core(self, rank: int) -> float:
+        """The Waiter's word for this rank's node: ranks per core where they outnumber them, else 0."""
+        return self.costs.ranks_on[self.node[rank]] / self.costs.cores if self.crowded(rank) else 0.0
+
     def execute(self, seconds: float, rank: int | None = None) -> None:
         """CPU work of `seconds` reference seconds, shared with the node's other actors.
         With `rank` (a short burst right after a wait: the server's update, a worker's
@@ -153,7 +159,7 @@ class World:
         done = self.now() + extra
         if done <= started:
             return  # done at once: the first Test saw it
-        t = started + _next_poll(done - started, self.crowded(rank), self.sleep_overhead)
+        t = started + _next_poll(done - started, self.per_core(rank), self.sleep_overhead)
         if t > self.now():
             self.sg.this_actor.sleep_for(t - self.now())
 
@@ -302,12 +308,13 @@ class _Delivery:
         self.actor.join()
 
 
-def _next_poll(elapsed: float, crowded: bool, overhead: float) -> float:
-    """The Waiter's first poll at or after `elapsed` seconds into a wait."""
-    spin = 0.0 if crowded else SPIN_S
+def _next_poll(elapsed: float, per_core: float, overhead: float) -> float:
+    """The Waiter's first poll at or after `elapsed` seconds into a wait, among `per_core`
+    ranks per core (0: a core of its own)."""
+    spin = spin_s(per_core)
     if elapsed <= spin:
         return elapsed
-    cap = CROWDED_MAX_SLEEP_S if crowded else MAX_SLEEP_S
+    cap = max_sleep_s(per_core)
     t, s = spin, FIRST_SLEEP_S
     while t < elapsed:
         t += s + overhead

@@ -251,7 +251,8 @@ def target_of(a, spec: Spec, data_path: str | None):
 
     def predict(res: dict) -> dict:
         s = mean_staleness(res)
-        e = stats.epochs_to_target(run.optimizer, metric, value, run.batch, run.replicas, run.lockstep, s)
+        e = stats.epochs_to_target(run.optimizer, metric, value, run.batch, run.replicas, run.lockstep, s,
+                                   run.backup)
         per_epoch = res["train_s"] / run.epochs
         return {"metric": metric, "value": value, "mean_staleness": s, "epochs": e, "per_epoch_s": per_epoch,
                 "time_s": res["init_s"] + e * per_epoch}
