@@ -79,10 +79,9 @@ class Waiter:
     So: poll without sleeping first (spinning when every rank has a core; yielding the
     core between polls, for a window that shrinks with the ranks sharing it, when they
     share one), then sleep, doubling from 10 us to a cap that grows with the ranks
-    sharing a core (asgd.core.waiting), with the
-    thread's timer slack cut to 1 us so that a sleep ends when asked (tighten_timer_slack).
-    Every wait also checks the job's deadline, so nothing hangs. Make it on the thread
-    that waits (the slack is per thread).
+    sharing a core (asgd.core.waiting), with the thread's timer slack cut to 1 us so
+    that a sleep ends when asked (tighten_timer_slack). Every wait also checks the job's
+    deadline, so nothing hangs. Make it on the thread that waits (the slack is per thread).
     """
 
     def __init__(self, oversubscribed: float, deadline: float = 0.0, what: str = "",
