@@ -4,7 +4,7 @@
     python bench/run_all.py --quick    # smaller sweeps (about 1.5 minutes on 2 cores), into bench/results/quick/
     python bench/run_all.py --only kernel,server
     python bench/run_all.py --everything   # also bench_trace, bench_readers, bench_model, bench_startup,
-                                           # bench_data, bench_tta
+                                           # bench_waiting, bench_data, bench_tta
 
 Each benchmark runs as its own process with a time limit, into bench/results/<name>/
 (--quick: bench/results/quick/<name>/); then summary.json and summary.md beside them (what
@@ -37,6 +37,7 @@ OTHERS = {
     "readers": ("bench_readers.py", [], ["--quick"]),
     "model": ("bench_model.py", [], ["--quick"]),
     "startup": ("bench_startup.py", [], ["--repeat", "1"]),
+    "waiting": ("bench_waiting.py", [], ["--repeat", "1"]),
     "data": ("bench_data.py", [], ["--quick"]),
     "tta": ("bench_tta.py", [], ["--quick"]),
 }
