@@ -1,6 +1,7 @@
 """Crowded waiting, before and after: the training seconds of jobs whose ranks outnumber the
-cores, from this tree and from a baseline commit (a git worktree, as bench_startup), the
-repetitions interleaved, each run under the CPU lock. The baseline's Waiter slept from the
+cores, and one rank's work while all the others wait (bench/peers/imbalance.py: what the
+waiters take from it), from this tree and from a baseline commit (a git worktree, as
+bench_startup), the repetitions interleaved, each run under the CPU lock. The baseline's Waiter slept from the
 start, backing off to 1 ms at any crowding; this tree's yields its core between polls for a
 window, then sleeps with a cap, both scaled by the ranks per core (asgd.core.waiting).
 Writes waiting.csv, waiting.json (its `columns`) and waiting.png under bench/results/waiting/.
@@ -21,22 +22,28 @@ import bench_tta
 BASELINE = "33ec18d"   # the last commit whose crowded ranks only slept
 
 
-def cases(data: Path) -> dict[str, tuple[int, list[str]]]:
-    """name -> (ranks, asgd.train options): a tiny model whose updates are mostly waiting, the
-    default run at 16 and 32 ranks, and a lockstep job whose workers wait for the slowest."""
+def cases(data: Path) -> dict[str, tuple[int, list[str] | None]]:
+    """name -> (ranks, asgd.train options; None: the imbalance peer): a tiny model whose
+    updates are mostly waiting, the default run at 16 and 32 ranks, a lockstep job whose
+    workers wait for the slowest, and one rank working while 15 and 31 wait."""
     rings5, mnist = (bench_tta.make_data(name, data, False) for name in ("rings5", "mnist"))
     deferred = ["--eval-every", "epoch", "--eval-deferred"]   # the held-out evaluations out of train_s
     return {"rings5 ps async 4x64, 5 ranks": (5, ["--data", str(rings5), "--hidden", "256", "--epochs", "80",
                                                   "--batch", "64", "--optimizer", "adagrad", *deferred]),
             "default, 16 ranks": (16, []),
             "mnist ps sync 8x256, 9 ranks": (9, ["--data", str(mnist), "--epochs", "15", "--mode", "sync", *deferred]),
-            "default, 32 ranks": (32, [])}
+            "default, 32 ranks": (32, []),
+            "one works, 15 wait": (16, None), "one works, 31 wait": (32, None)}
 
 
-def run_one(tree: Path, ranks: int, argv: list[str], lock: str | None) -> dict:
+def run_one(tree: Path, ranks: int, argv: list[str] | None, lock: str | None) -> dict:
+    env = {"PYTHONPATH": str(tree / "src")}
+    if argv is None:   # the imbalance peer: rank 0's work, its "train" here
+        with common.cpu_lock(lock) as load:
+            got = common.child_result(common.mpiexec(ranks, [str(common.PEERS / "imbalance.py")], 300, env)["stdout"])
+        return {"train_s": got["wall_s"], "cpu_s": got["cpu_s"], "load_1min": load}
     with common.cpu_lock(lock) as load:
-        r, _ = common.train_job(ranks, ["-m", "asgd.train", "--quiet", *argv], 600,
-                                env={"PYTHONPATH": str(tree / "src")})
+        r, _ = common.train_job(ranks, ["-m", "asgd.train", "--quiet", *argv], 600, env=env)
     workers = [x for x in r["ranks"] if x["role"] == "worker"]
     return {"train_s": r["train_s"], "wall_s": r["wall_s"], "updates_per_s": r["throughput"]["updates_per_s"],
             "worker_wait_s": sum(x["phases"].get("comm_wait", 0.0) for x in workers) / len(workers),
@@ -72,19 +79,21 @@ def main(argv=None) -> int:
                 rows.append({"case": case, "tree": name, "rep": i, **run_one(trees[name], ranks, args, a.cpu_lock)})
                 print(f"  {i + 1}/{a.repeat} {case}, {name}: train {rows[-1]['train_s']:.3f} s", flush=True)
     runs = grouped(rows, ("case", "tree"))
-    summary = [{"case": case, "tree": name, **{k: median(runs[case, name], k) for k in
-                                                ("train_s", "wall_s", "updates_per_s", "worker_wait_s", "accuracy")}}
+    columns = ("train_s", "cpu_s", "wall_s", "updates_per_s", "worker_wait_s", "accuracy")
+    summary = [{"case": case, "tree": name, **{k: median(runs[case, name], k) for k in columns}}
                for case in jobs for name in trees]
     before, after = list(trees)
     speedup = {case: median(runs[case, before], "train_s") / median(runs[case, after], "train_s") for case in jobs}
     meta = run.meta(summary=summary, speedup=speedup, columns={
-        "train_s": "results.json train_s", "wall_s": "results.json wall_s (start-up included)",
+        "train_s": "results.json train_s; one works: rank 0's work, wall s", "cpu_s": "one works: rank 0's CPU s",
+        "wall_s": "results.json wall_s (start-up included)",
         "updates_per_s": "results.json throughput.updates_per_s",
         "worker_wait_s": "a worker's comm_wait phase, mean over workers", "load_1min": "once the lock was held"})
     run.write(rows, meta)
     run.print_machine()
     common.print_table([{**s, "speedup": speedup[s["case"]] if s["tree"] == after else None} for s in summary], [
-        ("case", "case", ""), ("tree", "tree", ""), ("train s", "train_s", ".3f"), ("wall s", "wall_s", ".2f"),
+        ("case", "case", ""), ("tree", "tree", ""), ("train s", "train_s", ".3f"), ("CPU s", "cpu_s", ".3f"),
+        ("wall s", "wall_s", ".2f"),
         ("updates/s", "updates_per_s", ",.0f"), ("worker wait s", "worker_wait_s", ".3f"),
         ("accuracy", "accuracy", ".4f"), ("before / after", "speedup", ".2f")],
         title=f"crowded waiting, medians of {a.repeat} interleaved runs")
