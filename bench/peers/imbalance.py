@@ -5,23 +5,25 @@ single-threaded 256x256 matrix products (default 1500, about a second here) whil
 CPU seconds for them (wall over CPU: how much the waiters took from it). Imports asgd
 from $PYTHONPATH, so a baseline tree's Waiter is measured the same way."""
 
+import argparse
 import json
 import os
-import sys
 import time
-
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # before numpy: one core's work
-import numpy as np  # noqa: E402  (after the thread pin)
-from mpi4py import MPI  # noqa: E402
-
-from asgd.mpiutil import Waiter, oversubscribed  # noqa: E402
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("reps", type=int, nargs="?", default=1500, help="rank 0's matrix products (default 1500)")
+    reps = p.parse_args().reps
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # before numpy: one core's work
+    import numpy as np
+    from mpi4py import MPI   # here: MPI starts only once the options are understood
+
+    from asgd.mpiutil import Waiter, oversubscribed
+
     comm = MPI.COMM_WORLD
     waiter = Waiter(oversubscribed(comm), time.monotonic() + 300, f"rank {comm.rank}")
     a = np.random.default_rng(0).random((256, 256))
-    reps = int(sys.argv[1]) if len(sys.argv) > 1 else 1500
     waiter.barrier(comm, "the others at the start")
     if comm.rank == 0:
         t, c = time.perf_counter(), time.process_time()
