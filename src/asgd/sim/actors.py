@@ -57,6 +57,7 @@ from ..core.wire import DOUBLE, R_VERSION, RECV, SEND, flow_id
 from ..core.worker import allreduce_loop, loop
 from ..data.shares import worker_points
 from ..run.config import eval_cadence
+from .buckets import TokenBuckets
 from .clock import SimClock
 from .costs import Costs, Spec
 from .links import MailboxLink, RingSum
@@ -78,6 +79,8 @@ class World:
         self.sg, self.spec, self.costs = sg, spec, costs
         self.topo = costs.topo
         self.nics = nics or []   # testbed: each rank's host on the links
+        bucket = costs.bucket_bytes()
+        self.buckets = TokenBuckets(len(self.nics), bucket, spec.machine.link_bw) if self.nics and bucket else None
         self.run = spec.run
         self.P, self.S, self.W = spec.ranks, spec.servers, spec.run.workers
         self.hosts, self.fs_host = hosts, fs_host
@@ -223,7 +226,14 @@ class World:
         self.mailbox(to).put_init(payload, int(max(nbytes, 1))).detach()
 
     def _courier(self, src: int, dst: int, to: str, payload, nbytes: float) -> None:
-        self.sg.Comm.sendto(self.nics[src], self.nics[dst], int(max(self.costs.wire(nbytes), 1)))
+        """The message's bytes past both links' buckets cross them at the rate, times the
+        efficiency the testbed measured for the run's exchange (against the same: wire
+        time less the burst, asgd.testbed.model.measure_efficiency)."""
+        wire = self.costs.wire(nbytes)
+        free = self.buckets.take(src, dst, wire, self.now()) if self.buckets else 0.0
+        self.sg.Comm.sendto(self.nics[src], self.nics[dst], int(max((wire - free) * self.costs.eta, 1)))
+        if self.buckets:
+            self.buckets.sent(src, dst, self.now())
         self.mailbox(to).put(payload, 1)
 
     def receive_on(self, *names: str) -> None:

@@ -303,10 +303,14 @@ class Costs:
     def wire(self, nbytes: float) -> float:
         """Bytes a message of nbytes occupies on a link: itself on shared memory or a
         described cluster; on a testbed (p.link_s), its framed wire time at the link's
-        rate, times the efficiency measured there for the run's exchange."""
+        rate (what tbf's buckets pass at line speed is taken from these: sim.buckets)."""
         if not self.links:
             return nbytes
-        return self.p.per_nw(self.p.link_s, max(nbytes / DOUBLE, 1)) * self.spec.machine.link_bw * self.eta
+        return self.p.per_nw(self.p.link_s, max(nbytes / DOUBLE, 1)) * self.spec.machine.link_bw
+
+    def bucket_bytes(self) -> float:
+        """tbf's bucket on each direction of a testbed's link (0: no testbed)."""
+        return self.p.link_burst_s * self.spec.machine.link_bw if self.links else 0.0
 
     def evaluate(self) -> float:
         """Rank 0's held-out evaluation during training (a copy of w with --eval-deferred)."""

@@ -51,8 +51,9 @@ def testbed(cores: int, rate_bit: float, latency_s: float = 0.0) -> Machine:
     return Machine("testbed", cores, topology="testbed", link_bw=rate_bit / 8, link_lat=latency_s,
                    stated={"source": "asgd.testbed: hosts of one rank each, tc tbf links, this machine's cores"},
                    assumed={"links": "a message's bytes on the wire from params.json's link_s (TCP/IP framing, "
-                                     "asgd.testbed.model) times the exchange's measured link efficiency; no "
-                                     "token bucket (tbf's burst is not simulated)"})
+                                     "asgd.testbed.model); what tbf's bucket on each end passes at line speed "
+                                     "(link_burst_s, refilled while the link idles: sim.buckets) taken off, "
+                                     "the rest times the exchange's measured link efficiency"})
 
 
 # Relative core speeds: one core of this machine (an AMD EPYC with AVX-512, Zen 4 class)
