@@ -14,6 +14,7 @@ def test_a_crowded_ranks_polls_cost_less_as_more_ranks_share_a_core():
     assert (waiting.spin_s(0.0), waiting.max_sleep_s(0.0)) == (waiting.SPIN_S, waiting.MAX_SLEEP_S)
     assert waiting.spin_s(2.5) == pytest.approx(400e-6)
     assert waiting.spin_s(float("inf")) == 0.0                           # sleeps from the start
+    assert (waiting.ranks_per_core(5, 2), waiting.ranks_per_core(2, 2)) == (2.5, 0.0)   # both runs' word for it
     assert waiting.max_sleep_s(2.5) == pytest.approx(200e-6)
     assert waiting.max_sleep_s(8.0) == pytest.approx(640e-6)
     assert waiting.max_sleep_s(1.0) == waiting.MAX_SLEEP_S           # just crowded: never below it

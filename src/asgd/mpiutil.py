@@ -37,13 +37,13 @@ def oversubscribed(comm: MPI.Comm) -> float:
     while the whole job shares this machine's cores. Collective on comm either way."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        per_core = node.Get_size() / cores_available()
+        on_node = node.Get_size()
     finally:
         node.Free()
     told = os.environ.get(OVERSUBSCRIBED_ENV, "")
     if told in ("0", "1"):
         return max(comm.Get_size() / cores_available(), 1.0) if told == "1" else 0.0
-    return per_core if per_core > 1 else 0.0
+    return waiting.ranks_per_core(on_node, cores_available())
 
 
 def _text(waiting_for) -> str:

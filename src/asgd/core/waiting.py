@@ -32,6 +32,12 @@ CROWDED_SLEEP_PER_RANK_S = 80e-6   # the cap per rank sharing a core
 CROWDED_MAX_SLEEP_S = 1e-3         # and at most this, however crowded
 
 
+def ranks_per_core(ranks: int, cores: int) -> float:
+    """What the Waiter's rules take: the ranks per core of a node whose ranks outnumber its
+    cores, else 0.0 (each rank has a core of its own)."""
+    return ranks / cores if ranks > cores else 0.0
+
+
 def spin_s(ranks_per_core: float) -> float:
     """How long a rank polls before it first sleeps: spinning with a core of its own
     (ranks_per_core 0), yielding the core between polls when it shares one."""

@@ -52,7 +52,7 @@ from ..core.schedule import Schedule, schedule
 from ..core.shard import Shard
 from ..core.stats import merge_shards
 from ..core.target import PROBE_MARGIN, AfterExchange, Evaluations
-from ..core.waiting import FIRST_SLEEP_S, max_sleep_s, spin_s   # the Waiter's polls
+from ..core.waiting import FIRST_SLEEP_S, max_sleep_s, ranks_per_core, spin_s   # the Waiter's polls
 from ..core.wire import DOUBLE, R_VERSION, RECV, SEND, flow_id
 from ..core.worker import allreduce_loop, loop
 from ..data.shares import worker_points
@@ -133,8 +133,8 @@ class World:
         return self.costs.crowded[self.node[rank]]
 
     def per_core(self, rank: int) -> float:
-        """The Waiter's word for this rank's node: ranks per core where they outnumber them, else 0."""
-        return self.costs.ranks_on[self.node[rank]] / self.costs.cores if self.crowded(rank) else 0.0
+        """The Waiter's word for this rank's node (asgd.core.waiting.ranks_per_core)."""
+        return ranks_per_core(self.costs.ranks_on[self.node[rank]], self.costs.cores)
 
     def execute(self, seconds: float, rank: int | None = None) -> None:
         """CPU work of `seconds` reference seconds, shared with the node's other actors.
