@@ -1,11 +1,13 @@
 """The headline figures, written once: read the benches' result files, keep each figure with
 its run, date, commit, CPU and load in docs/figures.json, and rewrite every generated block
-of README.md, docs/model.md, docs/simulator.md and docs/benchmarks.md from that file, so those pages quote the
-figures rather than retype them (tests/test_docs.py checks each block against its rendering).
+of README.md, docs/model.md, docs/simulator.md, docs/choosing.md and docs/benchmarks.md from that file, so
+those pages quote the figures rather than retype them (tests/test_docs.py checks each block against its rendering).
 
-A block is `<!-- figures: ID ID ... -->` ... `<!-- /figures -->`; its IDs are docs/figures.json's.
+A block is `<!-- figures: ID ID ... -->` ... `<!-- /figures -->`, a table of the figures with those IDs, or
+`<!-- output: ID -->` ... `<!-- /output -->`, a command and the output --capture recorded of it, with its run.
 
     python bench/headline.py --data DIR --sim DIR --arch DIR --testbed DIR --tta DIR --commit HASH
+    python bench/headline.py --capture ID --kind "measured here; predicted" --cwd DIR -- COMMAND ...
     python bench/headline.py                         # only re-render the blocks
 """
 
@@ -19,8 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "docs" / "figures.json"
-PAGES = [ROOT / "README.md", *(ROOT / "docs" / f"{page}.md" for page in ("model", "simulator", "benchmarks"))]
-BLOCK = re.compile(r"(<!-- figures: ([^>]*?) -->\n)(.*?)(<!-- /figures -->)", re.S)
+PAGES = [ROOT / "README.md", *(ROOT / "docs" / f"{page}.md" for page in ("model", "simulator", "choosing",
+                                                                         "benchmarks"))]
+BLOCK = re.compile(r"(<!-- (figures|output): ([^>]*?) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
 def source(j: dict, commit: str | None) -> dict:
@@ -199,8 +202,41 @@ def render(ids: list[str], figures: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_output(i: str, figures: dict) -> str:
+    """An output block: the command as a user types it, what it printed, and where that ran."""
+    f = figures[i]
+    return (f"```\n{f['command']}\n```\n\n```text\n{f['value'].rstrip()}\n```\n\n*Output {f['kind']}: "
+            f"{f['date']}, commit {f['commit']}, {f['cpu']}, load {f['load']}.*\n")
+
+
+def render_block(kind: str, ids: str, figures: dict) -> str:
+    return render(ids.split(), figures) if kind == "figures" else render_output(ids.strip(), figures)
+
+
 def rewrite(text: str, figures: dict) -> str:
-    return BLOCK.sub(lambda m: m[1] + render(m[2].split(), figures) + m[4], text)
+    return BLOCK.sub(lambda m: m[1] + render_block(m[2], m[3], figures) + m[5], text)
+
+
+def capture(figure: str, kind: str, cwd: Path, argv: list[str]) -> dict:
+    """Run a command a page shows, under the CPU lock, and keep what it printed (stdout and
+    stderr as a terminal shows them) with its run: the page quotes it as run, not retyped."""
+    import shlex
+    import subprocess
+    import time
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import common   # here, not at the top: it imports asgd, which re-rendering the blocks needs not
+
+    m, sampler = common.machine(bandwidth=False), common.LoadSampler()
+    t0 = time.monotonic()
+    with common.cpu_lock():
+        got = subprocess.run(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             timeout=3600)
+    if got.returncode:
+        sys.exit(f"headline --capture: the command exited with {got.returncode}:\n{got.stdout}")
+    print(f"captured {figure}: {len(got.stdout.splitlines())} lines in {time.monotonic() - t0:.0f} s")
+    j = {"command": shlex.join(argv), "commit": common.commit(), "machine": m, "load": sampler.summary()}
+    return {"what": j["command"], "value": got.stdout, "kind": kind, **source(j, None)}
 
 
 def main(argv=None) -> int:
@@ -208,8 +244,17 @@ def main(argv=None) -> int:
     for name, (file, _) in READERS.items():
         p.add_argument(f"--{name}", type=Path, help=f"a bench_{name} output folder (its {file})")
     p.add_argument("--commit", help="the commit the benches ran, for results that do not record it")
+    p.add_argument("--capture", metavar="ID", help="run the command after --, keep its output as figure ID")
+    p.add_argument("--kind", default="measured here", help="--capture: what the output is (default: measured here)")
+    p.add_argument("--cwd", type=Path, default=Path.cwd(), help="--capture: the folder to run it in")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="--capture: -- COMMAND ...")
     a = p.parse_args(argv)
     figures = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
+    if a.capture:
+        cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
+        if not cmd:
+            p.error("--capture needs the command after --")
+        figures[a.capture] = capture(a.capture, a.kind, a.cwd, cmd)
     for name, (file, read) in READERS.items():
         if getattr(a, name):
             j = json.loads((getattr(a, name) / file).read_text())
@@ -217,7 +262,7 @@ def main(argv=None) -> int:
             for k, (what, kind, value) in read(j).items():
                 figures[k] = {"what": what, "value": value, "kind": kind, **src}
     FIGURES.write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")
-    missing = {f"{q.name}: {i}" for q in PAGES for m in BLOCK.finditer(q.read_text()) for i in m[2].split()
+    missing = {f"{q.name}: {i}" for q in PAGES for m in BLOCK.finditer(q.read_text()) for i in m[3].split()
                if i not in figures}
     if missing:
         print(f"no result gave these figures yet (the pages are left as they were): {', '.join(sorted(missing))}")
