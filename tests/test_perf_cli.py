@@ -4,6 +4,7 @@ and its errors. The equations themselves are in test_analytic.py."""
 import csv
 import json
 import math
+import shlex
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 
 from asgd.perf import analytic
 from asgd.perf import cli
+from asgd.run.config import parse
 from conftest import mpiexec
 
 
@@ -128,6 +130,14 @@ def test_optimize_ranks_by_predicted_time(quick_params):
     t = perf(*args, "--top", "3")
     best = rows[0]
     assert t.returncode == 0 and f"best: --arch {best['arch']}" in t.stdout and f"binds it: {best['bound']}" in t.stdout
+    # the last line is the winner's command, one asgd.train takes on that many ranks
+    run = t.stdout.splitlines()[-1]
+    assert run == f"run it: mpiexec -n {best['ranks']} python -m asgd.train {shlex.join(best['argv'])}"
+    cfg = parse(shlex.split(run.split(" asgd.train ")[1]), world_size=best["ranks"])
+    # --points describes a file, so its default hidden (256) is the row's, as the header says (2-256-2)
+    assert (cfg.arch, cfg.batch, cfg.hidden, cfg.model_parallel) == (best["arch"], best["batch"], 256,
+                                                                     best["model_parallel"])
+    assert "2-256-2" in t.stdout.splitlines()[0]
     p = perf(*args, "--archs", "p2p", "--json")
     assert p.returncode == 0 and {json.loads(ln)["arch"] for ln in p.stdout.splitlines()} == {"p2p"}
     for bad, says in ((["--nodes", "2"], "needs the links between them"),

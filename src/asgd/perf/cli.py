@@ -22,6 +22,7 @@ import functools
 import json
 import math
 import os
+import shlex
 import statistics
 import sys
 import warnings
@@ -570,7 +571,7 @@ def _measure(a) -> None:
         return
     why = _pilot_missing(a, target)
     if why:
-        print(f"optimize --measure: {why}: piloting the data first (about 2 minutes)", flush=True)
+        print(f"optimize --measure: {why}: piloting the data first (up to about 2 minutes)", flush=True)
         _pilot(parse_args(["pilot", "--params", a.params, "--optimizers", a.optimizer, f"--target-{target[0]}",
                            str(target[1]), *(["--data", a.data] if a.data else []),
                            *label_args(a),
@@ -764,8 +765,10 @@ def _optimize(a, p: Params) -> int:
     print(f"best: --arch {w['arch']}" + (f" --servers {w['servers']}" if w["arch"] == "ps" else "")
           + (f" --mode {w['mode']}" if w["arch"] != "allreduce" else "")
           + (f" --model-parallel {w['model_parallel']}" if w["model_parallel"] > 1 else "")
-          + f" with {w['ranks']} ranks, --batch {w['batch']}; what binds it: "
+          + f" with {w['ranks']} rank{'s' if w['ranks'] > 1 else ''}, --batch {w['batch']}; what binds it: "
           + (what_binds(ranked) if target else w["bound"]))
+    # the winner as a command line (on a cluster, the same options after the batch script's name)
+    print(f"run it: mpiexec -n {w['ranks']} python -m asgd.train {shlex.join(w['argv'])}")
     return 0
 
 
