@@ -5,16 +5,24 @@ long commands are not run; the checks read the parsers the commands themselves u
 
 Blocks checked: ``` with no language, console, bash, sh, shell (a ```text block is output,
 not a command). A line ending in a backslash goes on with the next; so does an indented
-line starting with `[` or `--` (the usage synopses of docs/model.md and others)."""
+line starting with `[` or `--` (the usage synopses of docs/model.md and others).
+
+A block right after the line `<!-- test: runs -->` is cheap enough to run: it is run, as
+printed, line by line, in a fresh folder that has the repository's examples/."""
 
 import argparse
 import importlib
+import os
 import pathlib
 import re
 import shlex
+import signal
+import subprocess
 import sys
 
 import pytest
+
+from asgd import mpienv
 
 # The public command -> the module and the function that builds its parser. Modules move;
 # the commands do not: this table is the one place to update when they do.
@@ -189,6 +197,39 @@ def test_the_pages_print_commands_at_all():
 def test_a_misspelled_command_is_caught(text, expected):
     problems = problems_in(text, "page.md")
     assert any(expected in p for p in problems), problems
+
+
+RUNS = re.compile(r"^<!-- test: runs -->\n```(?:|bash|sh|shell|console)\n(.*?)^```", re.S | re.M)
+RUNNABLE = [(doc, m[1]) for doc in DOCS for m in RUNS.finditer(doc.read_text())]
+
+
+def test_the_pages_mark_blocks_to_run():
+    """The README's own-data example is among them (the marker is spelled as RUNS reads it)."""
+    assert any(doc.name == "README.md" and "--label-column species" in block for doc, block in RUNNABLE)
+
+
+@pytest.mark.parametrize("doc, block", RUNNABLE, ids=[f"{d.name}-{i}" for i, (d, _) in enumerate(RUNNABLE)])
+def test_a_block_marked_to_run_runs_as_printed(tmp_path, doc, block):
+    """Each line exits 0 in order, from a folder with the repository's examples/, with this
+    venv's python and mpiexec first on PATH (as the README's `. .venv/bin/activate` puts them)."""
+    launcher = mpienv.find()
+    if launcher is None:
+        pytest.skip("no mpiexec on PATH (pip install -e '.[mpich]')")
+    if "mpiexec" in block and mpienv.flavour(launcher) != "mpich":
+        pytest.skip("Open MPI needs flags on this machine that the pages' lines leave out (cluster.md#open-mpi)")
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    lines = [line for _, line in shell_lines(f"```\n{block}```\n")]
+    assert lines, f"{doc.name}: a block marked to run has no command"
+    for line in lines:
+        proc = subprocess.Popen(["bash", "-c", line], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)   # mpiexec and its ranks with it
+            pytest.fail(f"{doc.name}: {line!r} did not end within 150 s:\n{proc.communicate()[0]}")
+        assert proc.returncode == 0, f"{doc.name}: {line!r} exited {proc.returncode}:\n{out}"
 
 
 def test_output_blocks_are_not_checked():
