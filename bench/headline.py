@@ -101,9 +101,12 @@ def from_arch(j: dict) -> dict:
         got = {k: v for k, v in o["measured_s"][rate2].items() if v is not None}
         mine = got.get(f"{pick['label']} W={pick['workers']}")
         best = min(got, key=got.get)
+        alone = len(got) == 1   # both rates picked it: nothing else was measured at rate2
         out[f"pick_{rate2}_h{h}"] = (f"optimize's pick at {rate2}, 2-{int(h) // 1000}K-2, against the other rate's "
                                      "pick, both measured at " + rate2, "measured on the emulated cluster",
-                                     (f"{mine / got[best]:.3f}× ({pick['label']} W={pick['workers']} {mine:.1f} s; "
+                                     (f"{pick['label']} W={pick['workers']} {mine:.1f} s, the pick at {rate} too: "
+                                      "no other configuration measured" if alone else
+                                      f"{mine / got[best]:.3f}× ({pick['label']} W={pick['workers']} {mine:.1f} s; "
                                       f"best {best} {got[best]:.1f} s)") if mine else "not measured")
     return out
 
