@@ -103,3 +103,16 @@ def test_a_real_file_is_a_file_to_every_command(tmp_path):
         assert (a.hidden == [want[1]]) if cmd == "predict" else (a.hidden == want[1])
     spec, _ = sim_cli.spec_from_args(sim_cli.build_parser().parse_args(["-n", "3", "--data", str(data)]), params())
     assert (spec.run.epochs, spec.run.hidden, spec.run.file_bytes > 0, spec.run.classes) == (*want, True, 3)
+
+
+@pytest.mark.parametrize("header, newline_at_end", [(True, True), (True, False), (False, False)])
+def test_a_files_points_are_its_rows_header_excluded(tmp_path, header, newline_at_end):
+    """A CSV's header is not a data point, nor is a missing last newline one less: the
+    points predict, optimize and the simulator price are the rows asgd.train reads (a
+    newcomer's 140-row file was priced as 141)."""
+    data = tmp_path / "d.csv"
+    rows = [f"{i * 0.1:.1f},{-i * 0.2:.1f},c{i % 3}" for i in range(803)]
+    data.write_text("\n".join((["x,y,label"] if header else []) + rows) + ("\n" if newline_at_end else ""))
+    got = perf_cli.data_of(str(data), None, "embedded", params())
+    assert got["points"] + got["test_points"] == 803
+    assert got["test_points"] == 803 // perf_cli.HOLDOUT

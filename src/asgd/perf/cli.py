@@ -112,13 +112,19 @@ def label_args(a) -> list[str]:
 
 
 def _points(path: str, binary: bool) -> int:
-    """Data points in a file: a .npy header's rows, or a TSV file's lines."""
-    return formats.npy_header(path)[1] if binary else _count_lines(path)
+    """Data points in a file: a .npy header's rows, or a text file's lines after its header
+    (as asgd.train counts them: a header is not a point)."""
+    return formats.npy_header(path)[1] if binary else _count_lines(path, formats.dialect_of(path).start)
 
 
-def _count_lines(path: str) -> int:
+def _count_lines(path: str, start: int = 0) -> int:
+    """Lines from byte `start` on, the last one counted without its newline too."""
     with open(path, "rb") as f:
-        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+        f.seek(start)
+        n, last = 0, b"\n"
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            n, last = n + chunk.count(b"\n"), chunk[-1:]
+        return n + (last != b"\n")
 
 
 def run_of(results: dict, p: Params) -> Run:
@@ -632,7 +638,7 @@ def _predict(a, p: Params) -> int:
     cols = ("workers servers  hidden  batch  reader       init_s compute_s    comm_s   train_s   total_s  bound"
             "    step fits in")
     if not a.json:
-        what = "embedded problem" if not base.file_bytes else f"{'npy' if base.binary else 'TSV'} file"
+        what = "embedded problem" if not base.file_bytes else f"{'npy' if base.binary else 'text'} file"
         print(f"predicted, {base.points:,} training points ({what}), {a.epochs} epoch(s), "
               f"{a.cores or p.cores} cores, {a.mode}, --arch {a.arch}"
               + (f" --model-parallel {a.model_parallel}" if a.model_parallel > 1 else "")
