@@ -262,3 +262,16 @@ def test_the_crowded_rounds_keep_the_least_of_their_windows():
     # P=3: 3.5 (first), 4 (second), 1 (third); P=5: 3.5, 2, 4; P=9: 3.5, 5, 2
     assert {P: got["ring+step"][P][5002] for P in (3, 5, 9)} == {3: 1e-3, 5: 2e-3, 9: 2e-3}
     assert got["ps"] == {3: {5002: 9e-3}}   # not a crowded round: as the first pass measured it
+
+
+def test_a_run_that_ended_at_its_target_is_priced_at_the_epochs_it_trained():
+    """compare predicts the epochs a --target-accuracy run began, not the --epochs cap it
+    never reached (a newcomer's 2-of-200-epoch run was priced at 200: 6,204 % off); a
+    deferred evaluation finds the target after training, every epoch trained."""
+    c = {"train_points": 1000, "test_points": 100, "workers": 2, "servers": 1, "batch": 64, "hidden": 16,
+         "epochs": 200, "reader": "parallel", "mode": "async", "features": 2, "classes": 2}
+    target = {"metric": "accuracy", "value": 0.9, "reached": True, "epochs": 1.3}
+    assert cli.run_of({"config": c, "target": target}, None).epochs == 2
+    assert cli.run_of({"config": {**c, "eval_deferred": True}, "target": target}, None).epochs == 200
+    assert cli.run_of({"config": c, "target": {**target, "reached": False, "epochs": None}}, None).epochs == 200
+    assert cli.run_of({"config": c, "target": None}, None).epochs == 200

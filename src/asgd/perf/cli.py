@@ -142,8 +142,11 @@ def run_of(results: dict, p: Params) -> Run:
             n = c["train_points"] + c["test_points"]
             got.update(binary=binary, file_bytes=int(n * p.bytes_per_point["npy" if binary else "tsv"]))
     arch = c.get("arch", "ps")
+    epochs, t = c["epochs"], results.get("target") or {}
+    if t.get("reached") and t.get("epochs") is not None and not c.get("eval_deferred"):
+        epochs = min(epochs, math.ceil(t["epochs"]))   # it ended at its target, in the epoch it had begun
     return Run(workers=c["workers"], servers=max(c["servers"], 1) if arch == "ps" else c["servers"],
-               batch=c["batch"], hidden=c["hidden"], epochs=c["epochs"], reader=c["reader"], mode=c["mode"],
+               batch=c["batch"], hidden=c["hidden"], epochs=epochs, reader=c["reader"], mode=c["mode"],
                backup=c.get("backup_workers", 0),
                features=c["features"], classes=c["classes"], cores=c.get("cores", 0), arch=arch,
                model_parallel=c.get("model_parallel", 1), optimizer=c.get("optimizer", "sgd"),
