@@ -217,8 +217,12 @@ def test_optimize_ranks_by_time_to_target_with_ranks_and_argv(tmp_path, capsys):
     assert [r["time_to_target_s"] for r in ranked] == sorted(r["time_to_target_s"] for r in ranked)
     w = ranked[0]
     assert w["ranks"] == w["workers"] + 1
+    # to a target, --epochs is asgd.train's cap: room for the predicted epochs' misses, never below the default
+    room = max(5, math.ceil(cli.TARGET_EPOCHS_ROOM * w["epochs_to_target"]))
     assert w["argv"] == ["--arch", "ps", "--servers", "1", "--mode", "async", "--batch", "16", "--hidden", "100",
-                         "--optimizer", "adagrad", "--precision", "float32", "--target-accuracy", "0.8"]
+                         "--optimizer", "adagrad", "--precision", "float32", "--target-accuracy", "0.8",
+                         "--epochs", str(room)]
+    assert all(int(r["argv"][-1]) >= cli.TARGET_EPOCHS_ROOM * r["epochs_to_target"] for r in ranked)
     assert by_epoch[0]["argv"][-2:] == ["--epochs", "5"]
     assert {r["mode"] for r in by_epoch} == {"async"} and {r["mode"] for r in ranked} == {"async", "sync"}
     assert cli.main([*base, "--mode", "sync,ssp", "--json"]) == 0
@@ -246,7 +250,7 @@ def test_optimize_to_a_target_without_a_pilot_says_how_to_run_one(tmp_path, caps
 def test_optimize_measure_calibrates_and_pilots_only_what_the_file_lacks(tmp_path, capsys, monkeypatch):
     """--measure: no file, a calibration; a pilot where the statistics cannot answer (none,
     another optimizer, a target the reference never reached); none where they can."""
-    calls = []
+    calls, epochs = [], []
 
     def calibrate(a):
         calls.append(("calibrate", a.out))
@@ -255,6 +259,7 @@ def test_optimize_measure_calibrates_and_pilots_only_what_the_file_lacks(tmp_pat
 
     def pilot(a):
         calls.append(("pilot", a.optimizers, a.target_accuracy))
+        epochs.append(a.epochs)
         add = json.loads((tmp_path / "params.json").read_text())
         got = st_dict(stats())
         add["statistics"] = {**got, "references": {a.optimizers: got["references"]["adagrad"]}}
@@ -276,6 +281,10 @@ def test_optimize_measure_calibrates_and_pilots_only_what_the_file_lacks(tmp_pat
     assert cli.main([*base, "--target-accuracy", "0.95"]) == 2
     out, err = capsys.readouterr()
     assert calls[-1] == ("pilot", "adagrad", 0.95) and "never reached held-out accuracy 0.95" in out + err
+    # which optimize's --epochs fixes: the pilot's reference gets them (it ran its default again)
+    assert epochs[-1] is None
+    assert cli.main([*base, "--target-accuracy", "0.95", "--epochs", "150"]) == 2
+    assert epochs[-1] == 150
 
 
 def test_optimize_measure_calibrates_a_file_that_holds_only_a_pilot_and_keeps_it(tmp_path, capsys, monkeypatch):

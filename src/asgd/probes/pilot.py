@@ -109,7 +109,7 @@ def pilot(train_args: list[str], points: int, batch: int, optimizers: list[str],
         refs[opt] = {"batch": c["batch"], "staleness": mean_staleness(r), "points": c["train_points"],
                      "curve": curve}
         best = max(p["accuracy"] for p in curve)
-        say(f"  reference {opt}: {len(curve)} held-out points over {curve[-1]['samples'] / c['train_points']:.2f} "
+        say(f"  reference {opt}: {len(curve)} held-out evaluations over {curve[-1]['samples'] / c['train_points']:.2f} "
             f"epochs, best accuracy {best:.4f}, mean staleness {refs[opt]['staleness']:.2f}")
     first = optimizers[0]
     ref = results[first]
