@@ -360,3 +360,15 @@ def test_the_pilot_end_to_end_on_a_tiny_setting(tmp_path, capsys):
                      "--json"]) == 0
     ranked = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert ranked and all(r["epochs_to_target"] > 0 for r in ranked)
+
+
+def test_optimize_into_a_closed_pipe_ends_quietly(tmp_path):
+    """`optimize ... | head -1`: the reader leaving is no error of optimize's (it printed
+    'error: [Errno 32] Broken pipe')."""
+    path = write_params(tmp_path, st_dict(stats()))
+    p = subprocess.Popen([sys.executable, "-m", "asgd.perf", "optimize", "--params", path, "--cores-per-node", "64",
+                          "--hidden", "100", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout.readline().startswith(b"{")
+    p.stdout.close()   # as head does after its line, while thousands more are to come
+    err = p.communicate(timeout=60)[1].decode()
+    assert "Broken pipe" not in err and "Traceback" not in err, err
