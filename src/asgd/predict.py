@@ -1,9 +1,10 @@
 """python -m asgd.predict RUN_DIR [FILE] [--out PRED.csv]: apply a trained run to new data.
 
     python -m asgd.predict runs/RUN new.csv --out predictions.csv
-reads new.csv as the run read its data (the delimiter and header are detected; the
-label's column by the run's header name or index, where the file has one more column
-than the model has features), scales it as the run did (standardize.json), and writes a
+reads new.csv as the run read its data (the delimiter and header are detected; where
+both files have a header, the columns by name, in any order, else by position, the
+label's column by its index where the file has one more column than the model has
+features), scales it as the run did (standardize.json), and writes a
 line per row: its prediction (the run's label names, labels.json, where it had names)
 and the probability of each class. Where the file has labels, it prints the accuracy and
 the confusion matrix.
@@ -89,9 +90,9 @@ class Run:
 
 
 def read(run: Run, path: str, delimiter: str = "auto", header: bool | None = None):
-    """(X, label tokens or None) of a file to predict: its label column, if any, found by
-    the run's header name, else by its index where the file has one more column than the
-    model has features."""
+    """(X, label tokens or None) of a file to predict. Where it and the run's data file
+    have a header, its columns by name (_by_name); else by position, its label column, if
+    any, by its index where the file has one more column than the model has features."""
     if formats.is_npz(path):
         X, y, tokens = formats.read_npz(path)
         return _check(run, path, X), (list(y.astype(str)) if tokens is None else list(tokens))
@@ -109,6 +110,8 @@ def read(run: Run, path: str, delimiter: str = "auto", header: bool | None = Non
         raise PredictError(f"{path}: empty data file")
     trained = run.read_as.get("header")
     label_name = trained[run.read_as["label_column"]] if trained else None
+    if trained and d.names and len(set(trained)) == len(trained):   # by name, whatever the file's order
+        return _by_name(run, path, d, [n for n in trained if n != label_name], label_name)
     if d.names and label_name in d.names:
         label = d.names.index(label_name)
     elif d.columns == run.features + 1:
@@ -121,6 +124,25 @@ def read(run: Run, path: str, delimiter: str = "auto", header: bool | None = Non
     d = Dialect(d.delimiter, d.columns, label, d.names, d.start, d.first_line, d.line1)
     X, tokens, _ = formats.parse_reference(path, d)
     return _check(run, path, X), tokens
+
+
+def _by_name(run: Run, path: str, d: Dialect, features: list[str], label_name: str):
+    """(X, label tokens or None) of a file with a header: its columns reordered to the
+    run's features by name (a label column is read as the label); a feature it lacks or a
+    column the run never saw is refused, not read in another's place."""
+    missing = [n for n in features if n not in d.names]
+    extra = [n for n in d.names if n not in features and n != label_name]
+    twice = sorted({n for n in d.names if d.names.count(n) > 1})
+    if missing or extra or twice:
+        said = [f"{what}: {', '.join(names)}" for what, names in
+                (("missing", missing), ("not features of the run", extra), ("named twice", twice)) if names]
+        raise PredictError(f"{path}: its columns are matched to the run's features ({', '.join(features)}) by the "
+                           f"header's names; {'; '.join(said)}")
+    label = d.names.index(label_name) if label_name in d.names else None
+    d = Dialect(d.delimiter, d.columns, label, d.names, d.start, d.first_line, d.line1)
+    X, tokens, _ = formats.parse_reference(path, d)
+    order = [n for c, n in enumerate(d.names) if c != label]   # X's columns, in the file's order
+    return _check(run, path, X[:, [order.index(n) for n in features]]), tokens
 
 
 def _check(run: Run, path: str, X: np.ndarray) -> np.ndarray:
