@@ -242,3 +242,25 @@ def test_predict_matches_a_headers_columns_by_name_and_refuses_missing_or_unknow
         assert got.returncode == 2 and len(err) == 1, got.stderr
         assert err[0] == (f"asgd.predict: error: {bad}: its columns are matched to the run's features "
                           f"(alcohol, ash, proline) by the header's names; {message}")
+
+
+def test_held_out_says_it_reads_the_runs_data_file_and_names_it_when_gone(tmp_path):
+    """heldout.npy holds the held-out rows' indices, not the rows: --held-out reads the
+    data file results.json records. Its help said it ran 'on any machine with the run
+    folder'; a moved file said only 'gone'."""
+    from asgd.predict import build_parser
+    run = trained_by_name(tmp_path / "run")
+    r = json.loads((run / "results.json").read_text())
+    gone = tmp_path / "wine.csv"
+    r["data"].update(train={"path": str(gone), "bytes": 10, "sha256": "0" * 64}, test=None, heldout="heldout.npy")
+    (run / "results.json").write_text(json.dumps(r))
+    np.save(run / "heldout.npy", np.array([3, 1], np.int64))
+    got = subprocess.run([sys.executable, "-m", "asgd.predict", str(run), "--held-out"], capture_output=True,
+                         text=True, timeout=60)
+    assert got.returncode == 2 and got.stderr.strip().splitlines() == [
+        f"asgd.predict: error: {gone}: not there; --held-out reads the run's data file (results.json's "
+        "data.train) for its held-out rows (heldout.npy holds their indices, not the rows): put it back there"]
+    helps = " ".join(build_parser().format_help().split())
+    assert "any machine with the run folder" not in helps
+    assert "--held-out reads the run's data file" in helps
+    assert "heldout.npy holds the held-out rows' indices, not the rows" in helps

@@ -4,16 +4,17 @@
 reads new.csv as the run read its data (the delimiter and header are detected; where
 both files have a header, the columns by name, in any order, else by position, the
 label's column by its index where the file has one more column than the model has
-features), scales it as the run did (standardize.json), and writes a
-line per row: its prediction (the run's label names, labels.json, where it had names)
-and the probability of each class. Where the file has labels, it prints the accuracy and
-the confusion matrix.
+features), scales it as the run did (standardize.json), and writes a line per row: its
+prediction (the run's label names, labels.json, where it had names) and the probability
+of each class. Where the file has labels, it prints the accuracy and the confusion matrix.
     python -m asgd.predict runs/RUN --held-out
-applies the run to its own held-out points (the rows heldout.npy records, or its test
-file): the accuracy it prints is results.json's.
+applies the run to its own held-out points: the accuracy it prints is results.json's.
+--held-out reads the run's data file, at the path results.json records (data.train, or
+its test file, data.test), unchanged (its sha256 is checked): heldout.npy holds the
+held-out rows' indices, not the rows.
 
-numpy only: no MPI, no numba (the reference parser and forward pass), so it runs on any
-machine with the run folder.
+numpy only: no MPI, no numba (the reference parser and forward pass). New files are
+predicted with the run folder alone; --held-out needs the run's data file too.
 """
 
 from __future__ import annotations
@@ -158,15 +159,18 @@ def held_out(run: Run) -> tuple[str, np.ndarray | None]:
         raise PredictError(f"{run.folder}: trained on the embedded problem; its held-out points are generated "
                            "(asgd.data.problem), not a file")
     if d.get("test"):
-        f, rows = d["test"], None
+        f, rows, which = d["test"], None, "test file (results.json's data.test)"
     else:
-        f = d["train"]
+        f, which = d["train"], "data file (results.json's data.train)"
         try:
             rows = np.load(os.path.join(run.folder, d.get("heldout") or "heldout.npy"))
         except OSError as e:
             raise PredictError(f"{run.folder}: cannot read its held-out rows ({e})") from None
     if not os.path.exists(f["path"]):
-        raise PredictError(f"{f['path']}: the run's data file is gone")
+        # the run folder holds the held-out rows' indices only: the rows are in this file
+        raise PredictError(f"{f['path']}: not there; --held-out reads the run's {which} for its held-out rows"
+                           + (" (heldout.npy holds their indices, not the rows)" if rows is not None else "")
+                           + ": put it back there")
     now = file_digest(f["path"])
     if now["sha256"] != f["sha256"]:
         raise PredictError(f"{f['path']}: changed since the run (sha256 {now['sha256'][:12]}..., the run's "
@@ -217,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE", nargs="?",
                    help="rows to predict: text (as the run's data), .npy or .npz; with or without the label")
     p.add_argument("--held-out", action="store_true",
-                   help="predict the run's own held-out points instead of FILE (the accuracy is results.json's)")
+                   help="predict the run's own held-out points instead of FILE (the accuracy is results.json's), "
+                   "read from the run's data file (its path in results.json)")
     p.add_argument("--out", metavar="PRED.csv", help="write each row's prediction and class probabilities here")
     p.add_argument("--delimiter", default="auto", metavar="SEP",
                    help=f"FILE's delimiter: {', '.join(DELIMITERS)}, one character, or auto (default: detected)")
