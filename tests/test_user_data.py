@@ -186,3 +186,81 @@ def test_a_stray_label_values_note_reaches_the_user(tmp_path):
     assert p.returncode == 0, p.stderr
     assert any(line.startswith("asgd.data check: note: ") and "label '-1'" in line and " 1 row of 401" in line
                for line in p.stdout.splitlines()), p.stdout
+
+
+def trained_by_name(path, header=("species", "alcohol", "ash", "proline"), label=0):
+    """A run folder as asgd.train writes one (no training: seeded weights) whose data file
+    had `header`, the label its column `label`; features on very different scales, as
+    wine's are, so a column read in another's place shows."""
+    from asgd.net.mlp import Layout, init_params
+    config = {"features": 3, "hidden": 8, "classes": 3, "precision": "float64"}
+    read_as = {"delimiter": ",", "header": list(header), "label_column": label, "columns": 4}
+    data = {"read_as": read_as, "labels": ["a", "b", "c"]}
+    scaling = {"mean": [13.0, 2.4, 750.0], "std": [0.8, 0.3, 300.0]}
+    path.mkdir()
+    (path / "results.json").write_text(json.dumps({"config": config, "data": data, "standardize": scaling}))
+    np.save(path / "weights.npy", init_params(Layout(3, 8, 3), 0))
+    return path
+
+
+def predict_rows(run, new, tmp_path, *extra):
+    pred = tmp_path / "pred.csv"
+    got = subprocess.run([sys.executable, "-m", "asgd.predict", str(run), str(new), "--out", str(pred), *extra],
+                         capture_output=True, text=True, timeout=60)
+    return got, (pred.read_text().splitlines() if got.returncode == 0 else None)
+
+
+def test_predict_matches_a_headers_columns_by_name_and_refuses_missing_or_unknown_ones(tmp_path):
+    """A new file's columns in another order than the training file's are matched by name
+    (it was read by position: alcohol's values scaled as proline's, one class for all);
+    a feature the file lacks, or a column the run never saw, is refused in one line."""
+    run = trained_by_name(tmp_path / "run")
+    rows = [(12.9, 2.1, 1290.0), (13.8, 2.7, 420.0), (12.2, 2.3, 600.0)]
+    same = tmp_path / "same.csv"
+    same.write_text("alcohol,ash,proline\n" + "".join(f"{a},{s},{p}\n" for a, s, p in rows))
+    got, want = predict_rows(run, same, tmp_path)
+    assert got.returncode == 0, got.stderr
+    swapped = tmp_path / "swapped.csv"   # proline first, alcohol last, the label between
+    swapped.write_text("proline,species,ash,alcohol\n" + "".join(f"{p},a,{s},{a}\n" for a, s, p in rows))
+    got, lines = predict_rows(run, swapped, tmp_path)
+    assert got.returncode == 0 and "RuntimeWarning" not in got.stderr, got.stderr
+    assert lines == want
+    # no header in the new file: by position, as before
+    bare = tmp_path / "bare.csv"
+    bare.write_text("".join(f"{a},{s},{p}\n" for a, s, p in rows))
+    got, lines = predict_rows(run, bare, tmp_path)
+    assert got.returncode == 0 and lines == want, got.stderr
+
+    for header, message in [("alcohol,proline,colour", "missing: ash; not features of the run: colour"),
+                            ("alcohol,proline", "missing: ash"),
+                            ("alcohol,ash,proline,colour,hue", "not features of the run: colour, hue")]:
+        bad = tmp_path / "bad.csv"
+        n = header.count(",") + 1
+        bad.write_text(header + "\n" + ",".join(["1.5"] * n) + "\n")
+        got, _ = predict_rows(run, bad, tmp_path)
+        err = got.stderr.strip().splitlines()
+        assert got.returncode == 2 and len(err) == 1, got.stderr
+        assert err[0] == (f"asgd.predict: error: {bad}: its columns are matched to the run's features "
+                          f"(alcohol, ash, proline) by the header's names; {message}")
+
+
+def test_held_out_says_it_reads_the_runs_data_file_and_names_it_when_gone(tmp_path):
+    """heldout.npy holds the held-out rows' indices, not the rows: --held-out reads the
+    data file results.json records. Its help said it ran 'on any machine with the run
+    folder'; a moved file said only 'gone'."""
+    from asgd.predict import build_parser
+    run = trained_by_name(tmp_path / "run")
+    r = json.loads((run / "results.json").read_text())
+    gone = tmp_path / "wine.csv"
+    r["data"].update(train={"path": str(gone), "bytes": 10, "sha256": "0" * 64}, test=None, heldout="heldout.npy")
+    (run / "results.json").write_text(json.dumps(r))
+    np.save(run / "heldout.npy", np.array([3, 1], np.int64))
+    got = subprocess.run([sys.executable, "-m", "asgd.predict", str(run), "--held-out"], capture_output=True,
+                         text=True, timeout=60)
+    assert got.returncode == 2 and got.stderr.strip().splitlines() == [
+        f"asgd.predict: error: {gone}: not there; --held-out reads the run's data file (results.json's "
+        "data.train) for its held-out rows (heldout.npy holds their indices, not the rows): put it back there"]
+    helps = " ".join(build_parser().format_help().split())
+    assert "any machine with the run folder" not in helps
+    assert "--held-out reads the run's data file" in helps
+    assert "heldout.npy holds the held-out rows' indices, not the rows" in helps

@@ -1,18 +1,20 @@
 """python -m asgd.predict RUN_DIR [FILE] [--out PRED.csv]: apply a trained run to new data.
 
     python -m asgd.predict runs/RUN new.csv --out predictions.csv
-reads new.csv as the run read its data (the delimiter and header are detected; the
-label's column by the run's header name or index, where the file has one more column
-than the model has features), scales it as the run did (standardize.json), and writes a
-line per row: its prediction (the run's label names, labels.json, where it had names)
-and the probability of each class. Where the file has labels, it prints the accuracy and
-the confusion matrix.
+reads new.csv as the run read its data (the delimiter and header are detected; where
+both files have a header, the columns by name, in any order, else by position, the
+label's column by its index where the file has one more column than the model has
+features), scales it as the run did (standardize.json), and writes a line per row: its
+prediction (the run's label names, labels.json, where it had names) and the probability
+of each class. Where the file has labels, it prints the accuracy and the confusion matrix.
     python -m asgd.predict runs/RUN --held-out
-applies the run to its own held-out points (the rows heldout.npy records, or its test
-file): the accuracy it prints is results.json's.
+applies the run to its own held-out points: the accuracy it prints is results.json's.
+--held-out reads the run's data file, at the path results.json records (data.train, or
+its test file, data.test), unchanged (its sha256 is checked): heldout.npy holds the
+held-out rows' indices, not the rows.
 
-numpy only: no MPI, no numba (the reference parser and forward pass), so it runs on any
-machine with the run folder.
+numpy only: no MPI, no numba (the reference parser and forward pass). New files are
+predicted with the run folder alone; --held-out needs the run's data file too.
 """
 
 from __future__ import annotations
@@ -89,9 +91,9 @@ class Run:
 
 
 def read(run: Run, path: str, delimiter: str = "auto", header: bool | None = None):
-    """(X, label tokens or None) of a file to predict: its label column, if any, found by
-    the run's header name, else by its index where the file has one more column than the
-    model has features."""
+    """(X, label tokens or None) of a file to predict. Where it and the run's data file
+    have a header, its columns by name (_by_name); else by position, its label column, if
+    any, by its index where the file has one more column than the model has features."""
     if formats.is_npz(path):
         X, y, tokens = formats.read_npz(path)
         return _check(run, path, X), (list(y.astype(str)) if tokens is None else list(tokens))
@@ -109,6 +111,8 @@ def read(run: Run, path: str, delimiter: str = "auto", header: bool | None = Non
         raise PredictError(f"{path}: empty data file")
     trained = run.read_as.get("header")
     label_name = trained[run.read_as["label_column"]] if trained else None
+    if trained and d.names and len(set(trained)) == len(trained):   # by name, whatever the file's order
+        return _by_name(run, path, d, [n for n in trained if n != label_name], label_name)
     if d.names and label_name in d.names:
         label = d.names.index(label_name)
     elif d.columns == run.features + 1:
@@ -121,6 +125,25 @@ def read(run: Run, path: str, delimiter: str = "auto", header: bool | None = Non
     d = Dialect(d.delimiter, d.columns, label, d.names, d.start, d.first_line, d.line1)
     X, tokens, _ = formats.parse_reference(path, d)
     return _check(run, path, X), tokens
+
+
+def _by_name(run: Run, path: str, d: Dialect, features: list[str], label_name: str):
+    """(X, label tokens or None) of a file with a header: its columns reordered to the
+    run's features by name (a label column is read as the label); a feature it lacks or a
+    column the run never saw is refused, not read in another's place."""
+    missing = [n for n in features if n not in d.names]
+    extra = [n for n in d.names if n not in features and n != label_name]
+    twice = sorted({n for n in d.names if d.names.count(n) > 1})
+    if missing or extra or twice:
+        said = [f"{what}: {', '.join(names)}" for what, names in
+                (("missing", missing), ("not features of the run", extra), ("named twice", twice)) if names]
+        raise PredictError(f"{path}: its columns are matched to the run's features ({', '.join(features)}) by the "
+                           f"header's names; {'; '.join(said)}")
+    label = d.names.index(label_name) if label_name in d.names else None
+    d = Dialect(d.delimiter, d.columns, label, d.names, d.start, d.first_line, d.line1)
+    X, tokens, _ = formats.parse_reference(path, d)
+    order = [n for c, n in enumerate(d.names) if c != label]   # X's columns, in the file's order
+    return _check(run, path, X[:, [order.index(n) for n in features]]), tokens
 
 
 def _check(run: Run, path: str, X: np.ndarray) -> np.ndarray:
@@ -136,15 +159,18 @@ def held_out(run: Run) -> tuple[str, np.ndarray | None]:
         raise PredictError(f"{run.folder}: trained on the embedded problem; its held-out points are generated "
                            "(asgd.data.problem), not a file")
     if d.get("test"):
-        f, rows = d["test"], None
+        f, rows, which = d["test"], None, "test file (results.json's data.test)"
     else:
-        f = d["train"]
+        f, which = d["train"], "data file (results.json's data.train)"
         try:
             rows = np.load(os.path.join(run.folder, d.get("heldout") or "heldout.npy"))
         except OSError as e:
             raise PredictError(f"{run.folder}: cannot read its held-out rows ({e})") from None
     if not os.path.exists(f["path"]):
-        raise PredictError(f"{f['path']}: the run's data file is gone")
+        # the run folder holds the held-out rows' indices only: the rows are in this file
+        raise PredictError(f"{f['path']}: not there; --held-out reads the run's {which} for its held-out rows"
+                           + (" (heldout.npy holds their indices, not the rows)" if rows is not None else "")
+                           + ": put it back there")
     now = file_digest(f["path"])
     if now["sha256"] != f["sha256"]:
         raise PredictError(f"{f['path']}: changed since the run (sha256 {now['sha256'][:12]}..., the run's "
@@ -195,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE", nargs="?",
                    help="rows to predict: text (as the run's data), .npy or .npz; with or without the label")
     p.add_argument("--held-out", action="store_true",
-                   help="predict the run's own held-out points instead of FILE (the accuracy is results.json's)")
+                   help="predict the run's own held-out points instead of FILE (the accuracy is results.json's), "
+                   "read from the run's data file (its path in results.json)")
     p.add_argument("--out", metavar="PRED.csv", help="write each row's prediction and class probabilities here")
     p.add_argument("--delimiter", default="auto", metavar="SEP",
                    help=f"FILE's delimiter: {', '.join(DELIMITERS)}, one character, or auto (default: detected)")
