@@ -232,3 +232,12 @@ def test_model_parallel_checkpoints_and_resumes(tmp_path):
     assert r["metrics"]["accuracy"] >= 0.95
     p = mpiexec(3, ["--servers", "2", "--hidden", "2000", "--epochs", "3", "--resume", str(run)], timeout=60)
     assert p.returncode == 2 and "resume with the run's --model-parallel" in p.stderr, p.stderr
+
+
+def test_the_header_says_an_allreduce_is_lockstep_and_has_no_servers(tmp_path):
+    """asgd.train's first line said '0 server(s), 2 workers (allreduce, async)': --mode's
+    default, which an allreduce never follows (optimize calls it sync)."""
+    p = mpiexec(2, ["--arch", "allreduce", "--dry-run", "--out", str(tmp_path)], timeout=60)
+    assert p.returncode == 0, p.stderr
+    first = p.stdout.splitlines()[0]
+    assert "every rank a worker holding all of w (allreduce, sync)" in first, first

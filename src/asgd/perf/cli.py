@@ -214,7 +214,7 @@ def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
         row = {"run": path, "arch": run.arch, "workers": run.workers, "servers": run.dedicated_servers,
                "model_parallel": run.model_parallel, "optimizer": run.optimizer, "batch": run.batch,
                "hidden": run.hidden, "reader": run.reader if run.file_bytes else "embedded",
-               "epochs": run.epochs, "mode": run.mode}
+               "epochs": run.epochs, "mode": "sync" if run.arch == "allreduce" else run.mode}
         for k in PHASES + DETAIL:
             row.update({f"{k}_pred_s": pr[k], f"{k}_meas_s": me[k], f"{k}_ape": ape(pr[k], me[k])})
         paper = paper_total(p, run)

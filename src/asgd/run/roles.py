@@ -53,12 +53,14 @@ def tracker_of(job: Job, m: Model, w=None, publish=None) -> EpochTracker | None:
     if job.rank != 0:
         return None
     cfg, topo = job.cfg, job.topo
-    who = (f"every rank a worker owning 1/{job.comm.size} of w" if cfg.arch == "p2p"
-           else f"{job.servers} server(s), {job.workers} workers")
+    who = {"p2p": f"every rank a worker owning 1/{job.comm.size} of w",
+           "allreduce": "every rank a worker holding all of w"}.get(cfg.arch,
+                                                                     f"{job.servers} server(s), {job.workers} workers")
     if topo.K > 1:
         who += f" in {topo.replicas} replicas of {topo.K} (model-parallel)"
-    job.say(f"asgd: {job.comm.size} ranks: {who} ({cfg.arch}, "
-            f"{cfg.mode}); {m.n_train:,} training and {len(m.test):,} held-out points; "
+    mode = "sync" if cfg.arch == "allreduce" else cfg.mode   # an allreduce is lockstep whatever --mode says
+    job.say(f"asgd: {job.comm.size} ranks: {who} ({cfg.arch}, {mode}); "
+            f"{m.n_train:,} training and {len(m.test):,} held-out points; "
             f"{m.layout.d_in}-{m.layout.d_hidden}-{m.layout.d_out} MLP, batch {cfg.batch}, lr {m.lr:g}, "
             f"{cfg.epochs} epochs")
     if m.first_epoch:
