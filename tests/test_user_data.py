@@ -120,6 +120,25 @@ def test_bad_files_stop_with_one_line_that_names_the_fix(tmp_path, case, argv, m
         assert "--label-column NAME or INDEX" in err[0] and "--classes N" in err[0]
 
 
+def test_data_check_reads_a_file_with_asgd_trains_file_options(tmp_path):
+    """asgd.data check's own error named --label-column, which check did not take: it
+    takes asgd.train's options for reading a file (the same definitions)."""
+    from asgd.data import __main__ as data_cli
+    from asgd.run import config
+    data = penguins(tmp_path / "p.csv")
+    data.write_text("\n".join(ln.rsplit(",", 1)[0] for ln in data.read_text().splitlines()) + "\n")  # no year
+    p = mpiexec(2, ["check", str(data), "--reader", "parallel"], module="asgd.data")
+    assert p.returncode == 2 and "use --label-column species" in p.stderr, p.stdout + p.stderr
+    p = mpiexec(2, ["check", str(data), "--label-column", "species", "--delimiter", "comma", "--header"],
+                module="asgd.data")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("exact cover ok") == 2, p.stdout   # both readers
+    check = data_cli.build_parser()._subparsers._group_actions[0].choices["check"]
+    for opt in ("--label-column", "--delimiter", "--header", "--classes"):
+        mine, train = (next(a for a in q._actions if opt in a.option_strings) for q in (check, config.build_parser()))
+        assert (mine.help, mine.default, mine.type) == (train.help, train.default, train.type), opt
+
+
 def test_the_run_folder_check():
     import tempfile
     with tempfile.TemporaryDirectory() as d:

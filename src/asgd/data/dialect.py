@@ -49,6 +49,23 @@ def delimiter_option(value: str | None) -> str | None:
                      f"punctuation character, got {value!r}")
 
 
+def add_file_options(g) -> None:
+    """asgd.train's options that say how to read a data file, for every command that reads
+    one as asgd.train does (asgd.data check): --delimiter, --header, --label-column, --classes."""
+    g.add_argument("--delimiter", default="auto", metavar="SEP",
+                   help="what separates a text file's fields: comma, tab, semicolon, pipe, whitespace, one "
+                        "punctuation character, or auto (default: detected from the first lines)")
+    g.add_argument("--header", action="store_true", default=None,
+                   help="line 1 holds column names (default: detected: a line 1 with no number where the "
+                        "other lines have numbers)")
+    g.add_argument("--label-column", metavar="NAME|INDEX",
+                   help="the label's column: a header's name, or an index from 0 (-1: the last; default: the "
+                        "last). Labels are class indices 0..K-1, or names (any text), mapped to classes in "
+                        "sorted order (OUT/labels.json)")
+    g.add_argument("--classes", type=int, help="number of classes (default: from the labels); also accepts a "
+                   "label column that looks like a measurement (more than 1,000 classes, most values distinct)")
+
+
 @dataclass(frozen=True)
 class Dialect:
     delimiter: str | None           # None: any run of white space separates fields
