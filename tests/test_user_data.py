@@ -192,6 +192,23 @@ def test_a_stray_label_value_gets_a_note_naming_it_and_its_rows(tmp_path):
         assert labels.notes(labels.Labels(d.classes, d.names), np.bincount(d.y), "ok.csv") == [], name
 
 
+def test_integer_labels_that_leave_a_class_empty_get_a_note(tmp_path):
+    """Labels 1, 2, 3 (1-based, as UCI wine's) are classes 1..3 of a 4-class model whose
+    class 0 has no rows: the mapping stays (saved models depend on it), with a note."""
+    from asgd.data import formats, labels
+
+    def said(column):
+        d = formats.read_text(str(labelled(tmp_path / "l.csv", column)))
+        return labels.notes(labels.Labels(d.classes, d.names), np.bincount(d.y, minlength=d.classes), "l.csv")
+    one_based = said(["1", "2", "3"] * 50)
+    assert len(one_based) == 1 and "no row has label 0," in one_based[0], one_based
+    assert "4 classes (0 .. 3)" in one_based[0] and "look 1-based (1 .. 3)" in one_based[0], one_based
+    gap = said(["0", "1", "4"] * 50)
+    assert len(gap) == 1 and "no row has labels 2, 3," in gap[0] and "5 classes" in gap[0], gap
+    assert "1-based" not in gap[0]
+    assert said(["0", "1", "2"] * 50) == [] and said(["b", "c", "d"] * 50) == []
+
+
 def test_a_stray_label_values_note_reaches_the_user(tmp_path):
     """The note of the test above, where a user sees it: a run's (--dry-run: before any
     training) notes, printed and in results.json, and asgd.data check's report."""
