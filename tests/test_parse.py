@@ -221,6 +221,19 @@ def test_header_option_and_label_by_name_errors(tmp_path):
         fast(p, b"1,2,0\n3,4,1\n", label_column="5")
 
 
+def test_a_numpy_savetxt_header_names_its_columns_without_the_hash(tmp_path):
+    """numpy.savetxt(header=...) writes '# a,b,label': the first name was '# a', so
+    --label-column a found no such column."""
+    X = np.array([[0, 0.5, 1.0], [1, 2.0, 3.0], [1, 4.0, 5.0]])   # the label first: a
+    for delimiter in (",", " "):
+        p = tmp_path / "s.csv"
+        np.savetxt(p, X, fmt=["%d", "%g", "%g"], delimiter=delimiter, header=delimiter.join(("a", "b", "label")))
+        assert p.read_text().startswith("# a")
+        assert formats.dialect_of(str(p)).names == ("a", "b", "label")
+        for d in (formats.read_text(str(p), label_column="a"), fast(p, p.read_bytes(), label_column="a")):
+            assert d.X.tolist() == [[0.5, 1], [2, 3], [4, 5]] and d.y.tolist() == [0, 1, 1], delimiter
+
+
 # -- .npy -----------------------------------------------------------------------------
 
 def test_generate_npy_and_convert_roundtrip(tmp_path, capsys):

@@ -11,7 +11,8 @@ rank, so every rank finds the same dialect):
              else white space (the paper's format, and files whose tab counts differ, as
              with trailing tabs)
   header     line 1 is a header when none of its fields is a number in the columns that
-             are numbers on every other sampled line (and there is such a column)
+             are numbers on every other sampled line (and there is such a column), or when
+             it starts with '#' (numpy.savetxt's header; the '#' is no part of a name)
   label      --label-column NAME (a header's name) or INDEX (0-based; negative counts
              from the end); default: the last column
 A field may be quoted ("a"); a delimiter inside quotes is not supported.
@@ -207,7 +208,10 @@ def sniff(path: str, head: bytes, delimiter: str = "auto", header: bool | None =
     delim = None if delim == "whitespace" else delim
     rows = [split(ln, delim) for ln in sample]
     line1_blank = blank(lines[0])
-    has_header = header if header is not None else (not line1_blank and _looks_like_header(rows))
+    commented = lines[0].lstrip(_BLANKS).startswith("#")   # numpy.savetxt's header: "# a,b,label"
+    if commented:   # its names without the '#' (else the first is '# a'); a data line cannot start so
+        rows[0] = split(lines[0].lstrip(_BLANKS).lstrip("#").lstrip(_BLANKS), delim)
+    has_header = header if header is not None else (not line1_blank and (commented or _looks_like_header(rows)))
     if header and line1_blank:
         raise DialectError(f"{path}:1: --header, but line 1 is blank")
     names = tuple(rows[0]) if has_header else None
