@@ -34,6 +34,8 @@ BAD = [
     ("a,b,c\n1,2,0\n3,NA,1\n", ":3: column 2 ('b') is 'NA': a missing value"),
     ("a\tb\tc\n1\t\t0\n3\t4\t1\n", ":2: column 2 ('b') is empty"),                 # tabs do not merge
     ("a;b;c\n1;2;0\n3;nan;1\n", ":3: column 2 ('b') is NaN or infinite"),
+    ("a;b;c\n1;2;0\n3;12,77;1\n", ":3: column 2 ('b'): '12,77' is not a number (a decimal comma? asgd reads '.' "
+                                   "decimals)"),   # a European spreadsheet's CSV
     ("a,b,c\n1,2,0\n3,4\n5,6,1\n", ":3: expected 3 fields like the header, got 2"),
     ("a,b,c\n1,2,0\n3,4,1,\n", ":3: expected 3 fields like the header, got 4"),
     ("a,b,c\n1,2,\n3,4,1\n", ":2: the label, column 3 ('c'), is empty"),

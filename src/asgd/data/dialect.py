@@ -124,6 +124,8 @@ class Dialect:
         if self.delimiter is None and any(d in token for d in CANDIDATES):
             sep = next(d for d in CANDIDATES if d in token)
             return msg + f" (are the fields separated by {sep!r}? then --delimiter {_spelled(sep)})"
+        if _DECIMAL_COMMA.fullmatch(token):   # "12,77" in a semicolon-separated file: a European spreadsheet's
+            return msg + " (a decimal comma? asgd reads '.' decimals)"
         if not is_number(token.lstrip("+-")[:1] or "x"):   # a word, not a mistyped number
             name = self.names[c] if self.names else str(c)
             msg += (f"; features must be numbers: if this column is the label, use --label-column {name}, "
@@ -162,6 +164,9 @@ def _hint(delimiter: str | None, line: str) -> str:
 
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:nan|inf|infinity)",
                      re.IGNORECASE)
+
+
+_DECIMAL_COMMA = re.compile(r"[+-]?[0-9]*,[0-9]+")
 
 
 def is_number(s: str) -> bool:
