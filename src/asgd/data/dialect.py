@@ -61,8 +61,8 @@ def add_file_options(g) -> None:
                         "other lines have numbers)")
     g.add_argument("--label-column", metavar="NAME|INDEX",
                    help="the label's column: a header's name, or an index from 0 (-1: the last; default: the "
-                        "last). Labels are class indices 0..K-1, or names (any text), mapped to classes in "
-                        "sorted order (OUT/labels.json)")
+                        "last; error messages count columns from 1, as a spreadsheet does). Labels are class "
+                        "indices 0..K-1, or names (any text), mapped to classes in sorted order (OUT/labels.json)")
     g.add_argument("--classes", type=int, help="number of classes (default: from the labels); also accepts a "
                    "label column that looks like a measurement (more than 1,000 classes, most values distinct)")
 
