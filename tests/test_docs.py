@@ -75,6 +75,17 @@ def test_help_states_the_learning_rate_default_train_uses():
     assert "sync" in lr.help and "allreduce" in lr.help, lr.help  # the default is scaled there
 
 
+def test_the_label_column_index_and_the_messages_column_numbers_are_told_apart():
+    """--label-column INDEX counts from 0 while a message's "column 4 ('cultivar')" counts
+    from 1: the help and the own-data page say so, so that neither is taken for the other."""
+    from asgd.run import config
+    said = "an index from 0 (-1: the last; default: the last; error messages count columns from 1"
+    label = next(a for a in config.build_parser()._actions if "--label-column" in a.option_strings)
+    assert said in label.help, label.help
+    page = " ".join((ROOT / "docs" / "training.md").read_text().split())
+    assert "an index from 0; error messages count columns from 1" in page
+
+
 TEXTS = [*DOCS, *sorted((ROOT / "scripts").glob("*")), *sorted((ROOT / "slurm").glob("*")),
          *sorted((ROOT / "pbs").glob("*")), *sorted((ROOT / "tests").rglob("*.py"))]
 DOTTED = re.compile(r"(?<![\w./-])asgd(?:\.[A-Za-z_]\w*)+")

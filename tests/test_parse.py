@@ -34,6 +34,8 @@ BAD = [
     ("a,b,c\n1,2,0\n3,NA,1\n", ":3: column 2 ('b') is 'NA': a missing value"),
     ("a\tb\tc\n1\t\t0\n3\t4\t1\n", ":2: column 2 ('b') is empty"),                 # tabs do not merge
     ("a;b;c\n1;2;0\n3;nan;1\n", ":3: column 2 ('b') is NaN or infinite"),
+    ("a;b;c\n1;2;0\n3;12,77;1\n", ":3: column 2 ('b'): '12,77' is not a number (a decimal comma? asgd reads '.' "
+                                   "decimals)"),   # a European spreadsheet's CSV
     ("a,b,c\n1,2,0\n3,4\n5,6,1\n", ":3: expected 3 fields like the header, got 2"),
     ("a,b,c\n1,2,0\n3,4,1,\n", ":3: expected 3 fields like the header, got 4"),
     ("a,b,c\n1,2,\n3,4,1\n", ":2: the label, column 3 ('c'), is empty"),
@@ -219,6 +221,19 @@ def test_header_option_and_label_by_name_errors(tmp_path):
         fast(p, b"1,2,0\n3,4,1\n", label_column="c")
     with pytest.raises(DataError, match="--label-column 5: .* has 3 columns"):
         fast(p, b"1,2,0\n3,4,1\n", label_column="5")
+
+
+def test_a_numpy_savetxt_header_names_its_columns_without_the_hash(tmp_path):
+    """numpy.savetxt(header=...) writes '# a,b,label': the first name was '# a', so
+    --label-column a found no such column."""
+    X = np.array([[0, 0.5, 1.0], [1, 2.0, 3.0], [1, 4.0, 5.0]])   # the label first: a
+    for delimiter in (",", " "):
+        p = tmp_path / "s.csv"
+        np.savetxt(p, X, fmt=["%d", "%g", "%g"], delimiter=delimiter, header=delimiter.join(("a", "b", "label")))
+        assert p.read_text().startswith("# a")
+        assert formats.dialect_of(str(p)).names == ("a", "b", "label")
+        for d in (formats.read_text(str(p), label_column="a"), fast(p, p.read_bytes(), label_column="a")):
+            assert d.X.tolist() == [[0.5, 1], [2, 3], [4, 5]] and d.y.tolist() == [0, 1, 1], delimiter
 
 
 # -- .npy -----------------------------------------------------------------------------

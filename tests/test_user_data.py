@@ -120,6 +120,25 @@ def test_bad_files_stop_with_one_line_that_names_the_fix(tmp_path, case, argv, m
         assert "--label-column NAME or INDEX" in err[0] and "--classes N" in err[0]
 
 
+def test_data_check_reads_a_file_with_asgd_trains_file_options(tmp_path):
+    """asgd.data check's own error named --label-column, which check did not take: it
+    takes asgd.train's options for reading a file (the same definitions)."""
+    from asgd.data import __main__ as data_cli
+    from asgd.run import config
+    data = penguins(tmp_path / "p.csv")
+    data.write_text("\n".join(ln.rsplit(",", 1)[0] for ln in data.read_text().splitlines()) + "\n")  # no year
+    p = mpiexec(2, ["check", str(data), "--reader", "parallel"], module="asgd.data")
+    assert p.returncode == 2 and "use --label-column species" in p.stderr, p.stdout + p.stderr
+    p = mpiexec(2, ["check", str(data), "--label-column", "species", "--delimiter", "comma", "--header"],
+                module="asgd.data")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("exact cover ok") == 2, p.stdout   # both readers
+    check = data_cli.build_parser()._subparsers._group_actions[0].choices["check"]
+    for opt in ("--label-column", "--delimiter", "--header", "--classes"):
+        mine, train = (next(a for a in q._actions if opt in a.option_strings) for q in (check, config.build_parser()))
+        assert (mine.help, mine.default, mine.type) == (train.help, train.default, train.type), opt
+
+
 def test_the_run_folder_check():
     import tempfile
     with tempfile.TemporaryDirectory() as d:
@@ -171,6 +190,23 @@ def test_a_stray_label_value_gets_a_note_naming_it_and_its_rows(tmp_path):
                          ("sentiment", ["-1"] * 12 + ["0", "1"] * 50)):   # -1 on an eighth of the rows: a class
         d = formats.read_text(str(labelled(tmp_path / "ok.csv", column * 10)))
         assert labels.notes(labels.Labels(d.classes, d.names), np.bincount(d.y), "ok.csv") == [], name
+
+
+def test_integer_labels_that_leave_a_class_empty_get_a_note(tmp_path):
+    """Labels 1, 2, 3 (1-based, as UCI wine's) are classes 1..3 of a 4-class model whose
+    class 0 has no rows: the mapping stays (saved models depend on it), with a note."""
+    from asgd.data import formats, labels
+
+    def said(column):
+        d = formats.read_text(str(labelled(tmp_path / "l.csv", column)))
+        return labels.notes(labels.Labels(d.classes, d.names), np.bincount(d.y, minlength=d.classes), "l.csv")
+    one_based = said(["1", "2", "3"] * 50)
+    assert len(one_based) == 1 and "no row has label 0," in one_based[0], one_based
+    assert "4 classes (0 .. 3)" in one_based[0] and "look 1-based (1 .. 3)" in one_based[0], one_based
+    gap = said(["0", "1", "4"] * 50)
+    assert len(gap) == 1 and "no row has labels 2, 3," in gap[0] and "5 classes" in gap[0], gap
+    assert "1-based" not in gap[0]
+    assert said(["0", "1", "2"] * 50) == [] and said(["b", "c", "d"] * 50) == []
 
 
 def test_a_stray_label_values_note_reaches_the_user(tmp_path):

@@ -7,7 +7,8 @@ data.test.tsv (--format npy or --out data.npy: the binary format);
 rewrites one file in the format of OUT's extension (.npy binary, anything else TSV);
     mpiexec -n N python -m asgd.data check data.tsv [data.npy ...] [--sizes 2,3,..] [--out DIR]
 runs both readers on each file (with the first k ranks, for each k of --sizes) and checks
-that the workers' shares are the file exactly once; --out keeps what they read.
+that the workers' shares are the file exactly once; --out keeps what they read. It reads
+a file as asgd.train does, with the same --label-column, --delimiter, --header, --classes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 
 import numpy as np
 
+from .dialect import add_file_options, delimiter_option
 from .formats import DataError, is_binary, test_path, write
 from .labels import notes
 from .problem import DEFAULT_POINTS, rings
@@ -47,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("files", nargs="+", metavar="FILE", help=".tsv/.txt or .npy data files")
     k.add_argument("--reader", default=",".join(READERS), help="comma list (default: both)")
     k.add_argument("--seed", type=int, default=0)
-    k.add_argument("--classes", type=int)
+    add_file_options(k.add_argument_group("reading FILE (as asgd.train --data FILE reads it)"))
     k.add_argument("--servers", type=int, default=1, help="ranks that hold no training points (default 1)")
     k.add_argument("--sizes", help="comma list of world sizes to check on the job's first ranks "
                    "(one launch covers many; default: the job's size)")
@@ -100,6 +102,12 @@ def check(a) -> int:
     except ValueError:
         sizes = []
     names = [r for r in a.reader.split(",") if r]
+    try:
+        job = shares.Job(a.servers, a.seed, a.classes, 1, delimiter_option(a.delimiter), a.header, a.label_column)
+    except ValueError as e:
+        if world.rank == 0:
+            print(f"asgd.data check: error: {e}", file=sys.stderr)
+        return 2
     if not sizes or any(not a.servers < k <= world.size for k in sizes) or any(r not in READERS for r in names):
         if world.rank == 0:
             print(f"asgd.data check: error: sizes must be in {a.servers + 1}..{world.size} and readers in "
@@ -123,7 +131,7 @@ def check(a) -> int:
         for path in a.files if comm != MPI.COMM_NULL else []:
             for reader in names:
                 try:
-                    got = readers.load(comm, waiter, path, None, reader, shares.Job(a.servers, a.seed, a.classes))
+                    got = readers.load(comm, waiter, path, None, reader, job)
                 except DataError as e:
                     if comm.rank == 0:
                         print(f"asgd.data check: error: {e}", file=sys.stderr)

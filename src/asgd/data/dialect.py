@@ -11,7 +11,8 @@ rank, so every rank finds the same dialect):
              else white space (the paper's format, and files whose tab counts differ, as
              with trailing tabs)
   header     line 1 is a header when none of its fields is a number in the columns that
-             are numbers on every other sampled line (and there is such a column)
+             are numbers on every other sampled line (and there is such a column), or when
+             it starts with '#' (numpy.savetxt's header; the '#' is no part of a name)
   label      --label-column NAME (a header's name) or INDEX (0-based; negative counts
              from the end); default: the last column
 A field may be quoted ("a"); a delimiter inside quotes is not supported.
@@ -47,6 +48,23 @@ def delimiter_option(value: str | None) -> str | None:
         return value
     raise ValueError(f"--delimiter must be auto, comma, tab, semicolon, pipe, whitespace or one "
                      f"punctuation character, got {value!r}")
+
+
+def add_file_options(g) -> None:
+    """asgd.train's options that say how to read a data file, for every command that reads
+    one as asgd.train does (asgd.data check): --delimiter, --header, --label-column, --classes."""
+    g.add_argument("--delimiter", default="auto", metavar="SEP",
+                   help="what separates a text file's fields: comma, tab, semicolon, pipe, whitespace, one "
+                        "punctuation character, or auto (default: detected from the first lines)")
+    g.add_argument("--header", action="store_true", default=None,
+                   help="line 1 holds column names (default: detected: a line 1 with no number where the "
+                        "other lines have numbers)")
+    g.add_argument("--label-column", metavar="NAME|INDEX",
+                   help="the label's column: a header's name, or an index from 0 (-1: the last; default: the "
+                        "last; error messages count columns from 1, as a spreadsheet does). Labels are class "
+                        "indices 0..K-1, or names (any text), mapped to classes in sorted order (OUT/labels.json)")
+    g.add_argument("--classes", type=int, help="number of classes (default: from the labels); also accepts a "
+                   "label column that looks like a measurement (more than 1,000 classes, most values distinct)")
 
 
 @dataclass(frozen=True)
@@ -106,6 +124,8 @@ class Dialect:
         if self.delimiter is None and any(d in token for d in CANDIDATES):
             sep = next(d for d in CANDIDATES if d in token)
             return msg + f" (are the fields separated by {sep!r}? then --delimiter {_spelled(sep)})"
+        if _DECIMAL_COMMA.fullmatch(token):   # "12,77" in a semicolon-separated file: a European spreadsheet's
+            return msg + " (a decimal comma? asgd reads '.' decimals)"
         if not is_number(token.lstrip("+-")[:1] or "x"):   # a word, not a mistyped number
             name = self.names[c] if self.names else str(c)
             msg += (f"; features must be numbers: if this column is the label, use --label-column {name}, "
@@ -144,6 +164,9 @@ def _hint(delimiter: str | None, line: str) -> str:
 
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:nan|inf|infinity)",
                      re.IGNORECASE)
+
+
+_DECIMAL_COMMA = re.compile(r"[+-]?[0-9]*,[0-9]+")
 
 
 def is_number(s: str) -> bool:
@@ -190,7 +213,10 @@ def sniff(path: str, head: bytes, delimiter: str = "auto", header: bool | None =
     delim = None if delim == "whitespace" else delim
     rows = [split(ln, delim) for ln in sample]
     line1_blank = blank(lines[0])
-    has_header = header if header is not None else (not line1_blank and _looks_like_header(rows))
+    commented = lines[0].lstrip(_BLANKS).startswith("#")   # numpy.savetxt's header: "# a,b,label"
+    if commented:   # its names without the '#' (else the first is '# a'); a data line cannot start so
+        rows[0] = split(lines[0].lstrip(_BLANKS).lstrip("#").lstrip(_BLANKS), delim)
+    has_header = header if header is not None else (not line1_blank and (commented or _looks_like_header(rows)))
     if header and line1_blank:
         raise DialectError(f"{path}:1: --header, but line 1 is blank")
     names = tuple(rows[0]) if has_header else None

@@ -12,7 +12,8 @@ is given. A column whose values look like a measurement rather than classes is r
 distinct, integers spread thinly over 0..max (a year: 2,010 classes for 3 values), or
 numbers with decimals. A missing label (empty, NA, nan, ...) is an error naming its line.
 A label value that may be no class (a handful of rows, or a code such as -1 or 999 that
-files write for "unknown") is a class all the same, with a note naming it (`notes`).
+files write for "unknown") is a class all the same, with a note naming it (`notes`); so is
+an integer class below the largest label that no row has (1-based labels: class 0).
 """
 
 from __future__ import annotations
@@ -209,7 +210,24 @@ def notes(labels: Labels, counts, where: str) -> list[str]:
                    + f", yet it is a class of its own: the model has {labels.classes} classes ({shown}"
                    + (f", as classes 0 .. {labels.classes - 1}" if labels.names else "")
                    + "); drop or fix those rows if they are not a class")
-    return out
+    return out + _empty_note(labels, counts, where)
+
+
+def _empty_note(labels: Labels, counts, where: str) -> list[str]:
+    """A line when integer labels leave a class below the largest one without rows: label k
+    is class k, so labels 1, 2, 3 (1-based, as UCI wine's) make 4 classes, class 0 empty."""
+    present = [k for k, n in enumerate(counts) if n]
+    if labels.names or not present:
+        return []
+    top = present[-1]
+    empty = [k for k in range(top) if not counts[k]]
+    if not empty:
+        return []
+    shown = ", ".join(map(str, empty[:6])) + (", ..." if len(empty) > 6 else "")
+    return [f"{where}: no row has label{'s' if len(empty) > 1 else ''} {shown}, yet integer labels are class "
+            f"indices: the model has {labels.classes} classes (0 .. {labels.classes - 1})"
+            + (f"; the labels look 1-based (1 .. {top}): subtract 1 from them for {top} classes"
+               if empty == [0] else "")]
 
 
 def _fix(d: Dialect) -> str:

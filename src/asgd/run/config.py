@@ -14,7 +14,7 @@ from .. import BadInput
 from ..core.target import EVAL_BUDGET, Cadence
 from ..core.wire import PRECISIONS
 from ..data import READERS  # how ranks read the data file
-from ..data.dialect import delimiter_option
+from ..data.dialect import add_file_options, delimiter_option
 from ..net import OPTIMIZERS
 from ..net.optimizers import STALE_STEPS
 
@@ -135,18 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "a label in one column) or .npy/.npz (default: the embedded rings problem)")
     g.add_argument("--test", metavar="FILE", help="held-out data (default: DATA's <stem>.test.<ext> if it exists, "
                    "else a seeded 1/8 of DATA, recorded in OUT/heldout.npy)")
-    g.add_argument("--delimiter", default=d.delimiter, metavar="SEP",
-                   help="what separates a text file's fields: comma, tab, semicolon, pipe, whitespace, one "
-                        "punctuation character, or auto (default: detected from the first lines)")
-    g.add_argument("--header", action="store_true", default=None,
-                   help="line 1 holds column names (default: detected: a line 1 with no number where the "
-                        "other lines have numbers)")
-    g.add_argument("--label-column", metavar="NAME|INDEX",
-                   help="the label's column: a header's name, or an index from 0 (-1: the last; default: the "
-                        "last). Labels are class indices 0..K-1, or names (any text), mapped to classes in "
-                        "sorted order (OUT/labels.json)")
-    g.add_argument("--classes", type=int, help="number of classes (default: from the labels); also accepts a "
-                   "label column that looks like a measurement (more than 1,000 classes, most values distinct)")
+    add_file_options(g)   # shared with asgd.data check
     g.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=None,
                    help="scale each feature to mean 0 and variance 1 with statistics of the training points "
                         "(written to OUT/standardize.json; asgd.predict applies them) (default: on with "
