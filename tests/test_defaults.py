@@ -4,6 +4,7 @@ makes, optimizer, batch, --hidden and the --epochs rule included."""
 
 import argparse
 
+import numpy as np
 import pytest
 
 from asgd.perf import cli as perf_cli
@@ -116,3 +117,12 @@ def test_a_files_points_are_its_rows_header_excluded(tmp_path, header, newline_a
     got = perf_cli.data_of(str(data), None, "embedded", params())
     assert got["points"] + got["test_points"] == 803
     assert got["test_points"] == 803 // perf_cli.HOLDOUT
+
+
+def test_an_npz_files_points_are_its_labels(tmp_path):
+    """A .npz's points are its rows (its zip's bytes were counted as lines)."""
+    data = tmp_path / "d.npz"
+    rng = np.random.default_rng(0)
+    np.savez(data, X=rng.normal(size=(803, 3)), y=rng.integers(0, 2, 803))
+    got = perf_cli.data_of(str(data), None, "embedded", params())
+    assert got["points"] + got["test_points"] == 803

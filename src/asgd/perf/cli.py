@@ -112,9 +112,13 @@ def label_args(a) -> list[str]:
 
 
 def _points(path: str, binary: bool) -> int:
-    """Data points in a file: a .npy header's rows, or a text file's lines after its header
-    (as asgd.train counts them: a header is not a point)."""
-    return formats.npy_header(path)[1] if binary else _count_lines(path, formats.dialect_of(path).start)
+    """Data points in a file: a .npy header's rows, a .npz's labels, or a text file's lines
+    after its header (as asgd.train counts them: a header is not a point)."""
+    if binary:
+        return formats.npy_header(path)[1]
+    if formats.is_npz(path):
+        return len(formats.read_npz(path)[1])
+    return _count_lines(path, formats.dialect_of(path).start)
 
 
 def _count_lines(path: str, start: int = 0) -> int:
