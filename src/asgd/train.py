@@ -35,7 +35,7 @@ from . import BadInput
 from .data import shares
 from .data.formats import DataError, Dataset, test_path
 from .data import standardize
-from .data.dialect import delimiter_option
+from .data.dialect import delimiter_option, index_notes
 from .data.labels import notes as label_notes
 from .mpiutil import (Waiter, agree, agree_on, clock_bytes, clock_offsets, describe,
                       end_fault_tolerant_job, gather_objects, leave_without_finalize,
@@ -278,13 +278,18 @@ def class_counts(job: Job, m: Model) -> list[int]:
 
 
 def data_notes(cfg, m: Model, counts: list) -> list[str]:
-    """Rank 0: the notes on the file's labels (data.labels.notes) from every rank's
+    """Rank 0: the notes on the file's columns (a row index read as a feature:
+    data.dialect.index_notes) and labels (data.labels.notes) from every rank's
     class_counts and the held-out rows; none for the embedded problem."""
-    if m.labels is None or any(c is None for c in counts):
+    if cfg.data is None:
         return []
+    columns = index_notes(m.dialect, cfg.data)
+    if m.labels is None or any(c is None for c in counts):
+        return columns
     rows = np.sum(counts, axis=0) + np.bincount(m.test.y, minlength=m.layout.d_out)
     separate = cfg.test is not None or os.path.exists(test_path(cfg.data))
-    return label_notes(m.labels, rows, f"{cfg.data} and {cfg.test or test_path(cfg.data)}" if separate else cfg.data)
+    return columns + label_notes(m.labels, rows,
+                                 f"{cfg.data} and {cfg.test or test_path(cfg.data)}" if separate else cfg.data)
 
 
 def save(job: Job, m: Model, record: dict) -> None:
