@@ -176,7 +176,6 @@ def init(job: Job) -> Model:
     job.hosts = agree(comm, waiter, local, "the other ranks to finish start-up", Agreed)
     model = made["model"]
     split_replicas(job)
-    model.init_end_ns = time.perf_counter_ns()
     return model
 
 
@@ -307,7 +306,9 @@ def save(job: Job, m: Model, record: dict) -> None:
         record["class_counts"] = class_counts(job, m)
     record.update(rank=job.rank, host=socket.gethostname(),
                   phases={**clock.seconds(), **m.read_times},  # + init's read/parse/shuffle
-                  clock_ns=(T0_NS, m.init_end_ns, end_ns), bytes=job.traffic)
+                  # init_end: where the init phase ended (the role's first switch), so the
+                  # timeline's init is the phase's, and init_s + train_s fit in wall_s
+                  clock_ns=(T0_NS, clock.first_end_ns, end_ns), bytes=job.traffic)
     offsets = clock_offsets(comm, job.waiter)
     gathered, sent = gather_objects(comm, job.waiter, (record, clock.events() if cfg.trace else None), TAG_RECORD)
     if job.rank != 0:
@@ -321,10 +322,13 @@ def save(job: Job, m: Model, record: dict) -> None:
     for r in records:
         r["bytes_sent"] = sum(b["sent"] for b in r["bytes"].values())
         r["bytes_recv"] = sum(b["recv"] for b in r["bytes"].values())
-    wall = clock.elapsed()
+    wall = clock.elapsed()   # rank 0's own
     zero = min(r["clock_ns"][0] + off for r, off in zip(records, offsets))  # the first rank's start
     for r, off in zip(records, offsets):
         r["timeline"] = {k: (t + off - zero) / 1e9 for k, t in zip(("start", "init_end", "end"), r.pop("clock_ns"))}
+    # the job's wall, from the first rank's start: a rank the launcher started before rank 0
+    # has an init (init_s) longer than rank 0's own wall, which the summary then cannot split
+    wall += records[0]["timeline"]["start"]
     if cfg.trace:
         path = os.path.join(job.out, "trace.json")
         info = export_trace(path, events, [f"{r['role']} {r['rank']}" for r in records], offsets, zero)
