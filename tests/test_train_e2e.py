@@ -1,11 +1,18 @@
 """The trainer as a user runs it: mpiexec in a subprocess, always with a time limit."""
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from asgd.data import __main__ as data_cli
 from asgd.core import wire
-from conftest import load_results, mpiexec
+from conftest import load_results, mpi, mpiexec
+
+PENGUINS = Path(__file__).resolve().parent.parent / "examples" / "penguins.csv"
 
 WORKER_PHASES = {"init", "compute", "comm_wait"}
 SERVER_PHASES = {"init", "aggregate", "idle"}
@@ -23,6 +30,7 @@ def check_schema(r: dict, world: int) -> None:
     tl = [x["timeline"] for x in r["ranks"]]
     assert r["train_s"] == pytest.approx(max(t["end"] for t in tl) - max(t["init_end"] for t in tl))
     assert 0 < r["train_s"] <= r["wall_s"]
+    assert r["init_s"] + r["train_s"] <= r["wall_s"] + 1e-4   # one clock (the offsets' error: microseconds)
     m, t = r["metrics"], r["throughput"]
     assert 0 <= m["accuracy"] <= 1 and np.isfinite(m["loss"])
     assert len(m["history"]) == c["epochs"]
@@ -51,6 +59,34 @@ def check_schema(r: dict, world: int) -> None:
     push, pull = wire.push_bytes(c["n_w"], itemsize=size), wire.pull_bytes(c["n_w"], itemsize=size)
     for x in ranks[1:]:
         assert x["bytes"]["train"] == {"sent": push * x["updates"] + wire.DONE_BYTES, "recv": pull * x["updates"]}
+
+
+def test_the_summary_adds_up_when_rank_0_starts_last(tmp_path):
+    """A short run printed `wall 1.16 s (init 1.15 s, train 0.05 s)` and a verdict of 99 %
+    beside a table's 95.6 %: wall_s was rank 0's own, init_s the slowest rank's from its
+    own, earlier, start, and the timeline's init ended before the init phase did. Rank 0
+    starts 0.5 s late here (the launcher's skew, made certain): the wall counts from the
+    first rank's start on the job's one clock, so init + train <= wall on the printed
+    line, and the verdict's % is init / wall, as it says; the table's are each rank's own."""
+    late = 'if [ "${PMI_RANK:-$OMPI_COMM_WORLD_RANK}" = 0 ]; then sleep 0.5; fi; exec "$0" -m asgd.train "$@"'
+    cmd = mpi(2, "sh", "-c", late, sys.executable, "--data", str(PENGUINS), "--label-column", "species",
+              "--epochs", "2", "--out", str(tmp_path))
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout.splitlines()
+    line = next(x for x in out if x.startswith("wall "))
+    wall, init, train = map(float, re.match(r"wall ([\d.]+) s \(init ([\d.]+) s, train ([\d.]+) s\)", line).groups())
+    assert init + train <= wall + 0.01, line   # each printed to 0.01 s
+    r = load_results(tmp_path)
+    assert r["init_s"] + r["train_s"] <= r["wall_s"] + 1e-4, (r["init_s"], r["train_s"], r["wall_s"])
+    assert r["wall_s"] >= max(x["timeline"]["end"] for x in r["ranks"]) - 1e-4
+    for x in r["ranks"]:   # the timeline's init is the phase's
+        assert x["timeline"]["init_end"] - x["timeline"]["start"] == pytest.approx(x["phases"]["init"], abs=1e-6)
+    verdict = next(x for x in out if x.startswith("verdict: "))
+    pct = int(re.search(r"init is (\d+)% of the wall time", verdict).group(1))
+    assert pct == round(100 * r["init_s"] / r["wall_s"]) <= 100, verdict
+    assert pct == pytest.approx(100 * init / wall, abs=1.5), (line, verdict)   # the printed line's, rounded
+    assert any("% of its own wall time" in x for x in out), p.stdout
 
 
 @pytest.mark.openmpi

@@ -224,6 +224,37 @@ def test_a_stray_label_values_note_reaches_the_user(tmp_path):
                for line in p.stdout.splitlines()), p.stdout
 
 
+def test_a_pandas_row_index_column_gets_a_note_and_stays_a_feature(tmp_path):
+    """A DataFrame.to_csv() file (index=True, the default) starts its header with an empty
+    name; its index column parses as numbers and trained as a feature without a word (a
+    5-256-3 model for 4 measurements). It stays a feature, with one note saying what it
+    likely is and how to leave it out; a file whose first column has a name gets none."""
+    named = penguins(tmp_path / "named.csv")
+    lines = named.read_text().splitlines()
+    indexed = tmp_path / "indexed.csv"   # what to_csv() writes: ',species,...' then '0,Adelie,...'
+    indexed.write_text("\n".join(["," + lines[0]] + [f"{i},{ln}" for i, ln in enumerate(lines[1:])]) + "\n")
+    said = {}
+    for data in (indexed, named):
+        out = tmp_path / f"o-{data.stem}"
+        p = mpiexec(2, ["--data", str(data), "--label-column", "species", "--dry-run", "--out", str(out)])
+        assert p.returncode == 0, p.stderr
+        said[data.stem] = [line for line in p.stdout.splitlines() if line.startswith("asgd.train: note: ")]
+        assert load_results(out)["notes"] == [n.removeprefix("asgd.train: note: ") for n in said[data.stem]]
+    assert len(said["indexed"]) == 1 and said["named"] == [], said
+    assert "column 1 has no name" in said["indexed"][0] and "row index" in said["indexed"][0], said
+    assert "to_csv(index=False)" in said["indexed"][0] and "trained on as a feature" in said["indexed"][0], said
+    assert load_results(tmp_path / "o-indexed")["config"]["features"] == 5   # noted, not dropped
+    p = mpiexec(2, ["check", str(indexed), "--reader", "parallel", "--label-column", "species"], module="asgd.data")
+    assert p.returncode == 0, p.stderr
+    assert sum(line.startswith("asgd.data check: note: ") and "row index" in line
+               for line in p.stdout.splitlines()) == 1, p.stdout
+    from asgd.data.dialect import index_notes
+    header = ["Unnamed: 0", "a", "label"]   # read_csv's name for it, written back by a second to_csv
+    assert "is named 'Unnamed: 0'" in index_notes({"header": header, "label_column": 2}, "f.csv")[0]
+    assert index_notes({"header": header, "label_column": 0}, "f.csv") == []   # the label: no feature
+    assert index_notes({"header": None, "label_column": 2}, "f.csv") == []
+
+
 def trained_by_name(path, header=("species", "alcohol", "ash", "proline"), label=0):
     """A run folder as asgd.train writes one (no training: seeded weights) whose data file
     had `header`, the label its column `label`; features on very different scales, as

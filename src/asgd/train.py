@@ -35,7 +35,7 @@ from . import BadInput
 from .data import shares
 from .data.formats import DataError, Dataset, test_path
 from .data import standardize
-from .data.dialect import delimiter_option
+from .data.dialect import delimiter_option, index_notes
 from .data.labels import notes as label_notes
 from .mpiutil import (Waiter, agree, agree_on, clock_bytes, clock_offsets, describe,
                       end_fault_tolerant_job, gather_objects, leave_without_finalize,
@@ -176,7 +176,6 @@ def init(job: Job) -> Model:
     job.hosts = agree(comm, waiter, local, "the other ranks to finish start-up", Agreed)
     model = made["model"]
     split_replicas(job)
-    model.init_end_ns = time.perf_counter_ns()
     return model
 
 
@@ -278,13 +277,18 @@ def class_counts(job: Job, m: Model) -> list[int]:
 
 
 def data_notes(cfg, m: Model, counts: list) -> list[str]:
-    """Rank 0: the notes on the file's labels (data.labels.notes) from every rank's
+    """Rank 0: the notes on the file's columns (a row index read as a feature:
+    data.dialect.index_notes) and labels (data.labels.notes) from every rank's
     class_counts and the held-out rows; none for the embedded problem."""
-    if m.labels is None or any(c is None for c in counts):
+    if cfg.data is None:
         return []
+    columns = index_notes(m.dialect, cfg.data)
+    if m.labels is None or any(c is None for c in counts):
+        return columns
     rows = np.sum(counts, axis=0) + np.bincount(m.test.y, minlength=m.layout.d_out)
     separate = cfg.test is not None or os.path.exists(test_path(cfg.data))
-    return label_notes(m.labels, rows, f"{cfg.data} and {cfg.test or test_path(cfg.data)}" if separate else cfg.data)
+    return columns + label_notes(m.labels, rows,
+                                 f"{cfg.data} and {cfg.test or test_path(cfg.data)}" if separate else cfg.data)
 
 
 def save(job: Job, m: Model, record: dict) -> None:
@@ -302,7 +306,9 @@ def save(job: Job, m: Model, record: dict) -> None:
         record["class_counts"] = class_counts(job, m)
     record.update(rank=job.rank, host=socket.gethostname(),
                   phases={**clock.seconds(), **m.read_times},  # + init's read/parse/shuffle
-                  clock_ns=(T0_NS, m.init_end_ns, end_ns), bytes=job.traffic)
+                  # init_end: where the init phase ended (the role's first switch), so the
+                  # timeline's init is the phase's, and init_s + train_s fit in wall_s
+                  clock_ns=(T0_NS, clock.first_end_ns, end_ns), bytes=job.traffic)
     offsets = clock_offsets(comm, job.waiter)
     gathered, sent = gather_objects(comm, job.waiter, (record, clock.events() if cfg.trace else None), TAG_RECORD)
     if job.rank != 0:
@@ -316,10 +322,13 @@ def save(job: Job, m: Model, record: dict) -> None:
     for r in records:
         r["bytes_sent"] = sum(b["sent"] for b in r["bytes"].values())
         r["bytes_recv"] = sum(b["recv"] for b in r["bytes"].values())
-    wall = clock.elapsed()
+    wall = clock.elapsed()   # rank 0's own
     zero = min(r["clock_ns"][0] + off for r, off in zip(records, offsets))  # the first rank's start
     for r, off in zip(records, offsets):
         r["timeline"] = {k: (t + off - zero) / 1e9 for k, t in zip(("start", "init_end", "end"), r.pop("clock_ns"))}
+    # the job's wall, from the first rank's start: a rank the launcher started before rank 0
+    # has an init (init_s) longer than rank 0's own wall, which the summary then cannot split
+    wall += records[0]["timeline"]["start"]
     if cfg.trace:
         path = os.path.join(job.out, "trace.json")
         info = export_trace(path, events, [f"{r['role']} {r['rank']}" for r in records], offsets, zero)

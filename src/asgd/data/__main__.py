@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from .dialect import add_file_options, delimiter_option
+from .dialect import add_file_options, delimiter_option, index_notes
 from .formats import DataError, is_binary, test_path, write
 from .labels import notes
 from .problem import DEFAULT_POINTS, rings
@@ -161,6 +161,8 @@ def _report(path, reader, got, shares, servers, out, scaling=None) -> bool:
     print(f"{path} {reader} n={len(shares)}: {got.train_points} training points, {len(got.test)} held out; worker "
           f"shares {min(sizes)}..{max(sizes)}; exact cover {'ok' if exact else 'FAILED'}; slowest rank "
           + ", ".join(f"{k} {v:.3f} s" for k, v in slowest.items()), flush=True)
+    for note in index_notes(got.dialect, path):   # a row index (pandas' to_csv) read as a feature
+        print(f"asgd.data check: note: {note}", flush=True)
     if got.labels is not None:   # label values that may be no class: every row's, the held-out ones too
         k = got.train.classes
         counts = sum(np.bincount(s[2], minlength=k) for s in shares) + np.bincount(got.test.y, minlength=k)

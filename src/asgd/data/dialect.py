@@ -147,6 +147,22 @@ class Dialect:
         return _hint(self.delimiter, self.line1)
 
 
+INDEX_NAMES = ("", "Unnamed: 0")   # pandas: to_csv's name for its index column, and read_csv's for that one
+
+
+def index_notes(read_as: dict | None, where: str) -> list[str]:
+    """A line when a header's first name is empty (or 'Unnamed: 0'): most likely a pandas
+    DataFrame.to_csv() file's row index, which parses as numbers and so would be trained
+    on as a feature without a word. Noted, not dropped: it may be a feature after all.
+    read_as: Dialect.to_dict() (results.json's `read_as`)."""
+    names = (read_as or {}).get("header")
+    if not names or names[0] not in INDEX_NAMES or read_as.get("label_column") == 0:
+        return []
+    named = "has no name" if not names[0] else f"is named {names[0]!r}"
+    return [f"{where}: column 1 {named} and looks like a row index (pandas' to_csv writes its index so), yet "
+            f"it is trained on as a feature: write the file with to_csv(index=False), or drop the column"]
+
+
 def _spelled(sep: str) -> str:
     return {",": "comma", "\t": "tab", ";": "semicolon", "|": "pipe"}.get(sep, repr(sep))
 

@@ -82,7 +82,6 @@ class Model:
     resumed: dict            # the checkpoint's progress, or {}
     saved_optimizer: dict    # the optimizer's state from the checkpoint, full-length arrays, or {}
     scaling: tuple | None    # --standardize: (mean, std) of every feature
-    init_end_ns: int = 0
     labels: object = None    # data.labels.Labels of a data file's labels (names: labels.json)
     dialect: dict | None = None        # how the data file was read (results.json's data)
     test_lines: np.ndarray | None = None   # rank 0: the held-out points' rows in their file

@@ -213,7 +213,9 @@ def crowding(results: dict) -> dict | None:
 def verdict(results: dict, rows: list[dict]) -> dict:
     """Initialization-, server-, communication- or computation-bound, and why. An
     initialization verdict names the largest part of the slowest rank's init (profile's
-    init_parts) and, with more ranks than cores on rank 0's node, how many on how few."""
+    init_parts) and, with more ranks than cores on rank 0's node, how many on how few.
+    Its % are of the job's wall_s (init_s / wall_s: the summary line's), not a row's of
+    the per-rank table (each of that rank's own time)."""
     wall = max(results["wall_s"], 1e-9)
     init = results["init_s"] / wall
     busy = max((r["busy_pct"] for r in rows if "busy_pct" in r), default=0.0)
@@ -304,7 +306,7 @@ def summary(results: dict, path: str) -> str:
     for role, s in split.items():
         lines.append("  " + f"{role:8}" + "".join(
             f"{s[p]:>12.2f}" if p in s else f"{'-':>12}" for p in phases))
-    lines.append("per rank, % of wall time (IPM style; busy: % of the server's training time):")
+    lines.append("per rank, % of its own wall time (IPM style; busy: % of the server's training time):")
     rows = results["profile"]["ranks"]
     replica = any("replica_pct" in row for row in rows)   # model-parallel: the replica's logit sums
     lines.append(f"  {'rank':>4} {'role':7} {'init':>6} {'compute':>8} {'wait':>6} "

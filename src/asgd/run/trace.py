@@ -30,12 +30,15 @@ class PhaseClock:
         self.phase = first
         self.t0_ns = time.perf_counter_ns() if t0_ns is None else t0_ns
         self.since_ns = self.t0_ns
+        self.first_end_ns: int | None = None   # when the first phase (asgd.train's init) was left
         self.step = 0  # the loops set it; TraceClock records only a window of steps
 
     def switch(self, phase: str) -> int:
         """Enter `phase`; returns the clock reading (ns)."""
         now = time.perf_counter_ns()
         self.totals_ns[self.phase] = self.totals_ns.get(self.phase, 0) + now - self.since_ns
+        if self.first_end_ns is None and phase != self.phase:
+            self.first_end_ns = now
         self.phase, self.since_ns = phase, now
         return now
 
