@@ -1,6 +1,6 @@
 """The headline figures, written once: read the benches' result files, keep each figure with
 its run, date, commit, CPU and load in docs/figures.json, and rewrite every generated block
-of README.md, docs/model.md, docs/simulator.md, docs/choosing.md and docs/benchmarks.md from that file, so
+of README.md and docs/{model,simulator,choosing,getting-started,benchmarks}.md from that file, so
 those pages quote the figures rather than retype them (tests/test_docs.py checks each block against its rendering).
 
 A block is `<!-- figures: ID ID ... -->` ... `<!-- /figures -->`, a table of the figures with those IDs, or
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "docs" / "figures.json"
 PAGES = [ROOT / "README.md", *(ROOT / "docs" / f"{page}.md" for page in ("model", "simulator", "choosing",
-                                                                         "benchmarks"))]
+                                                                         "getting-started", "benchmarks"))]
 BLOCK = re.compile(r"(<!-- (figures|output): ([^>]*?) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
