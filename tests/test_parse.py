@@ -295,3 +295,16 @@ def test_reader_option():
     assert config.parse(["--reader", "sequential"], 4).reader == "sequential"
     with pytest.raises(config.ConfigError, match="invalid choice: 'fast'"):
         config.parse(["--reader", "fast"], 4)
+
+
+def test_convert_reads_its_input_as_asgd_train_does(tmp_path, capsys):
+    """convert's own error says `use --label-column diagnosis`: it takes asgd.train's file options."""
+    csv, npy = tmp_path / "d.csv", tmp_path / "d.npy"
+    csv.write_text("radius;diagnosis;texture\n1.5;M;2\n2.5;B;3\n3.5;M;4\n")
+    assert data_cli.main(["convert", str(csv), str(npy)]) == 2
+    assert "use --label-column diagnosis" in capsys.readouterr().err
+    assert data_cli.main(["convert", str(csv), str(npy), "--label-column", "diagnosis",
+                          "--delimiter", "semicolon", "--header"]) == 0
+    assert np.load(npy).tolist() == [[1.5, 2, 1], [2.5, 3, 0], [3.5, 4, 1]]   # the label last
+    assert data_cli.main(["convert", str(csv), str(npy), "--delimiter", "letters"]) == 2
+    assert "--delimiter must be" in capsys.readouterr().err
