@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             d = read_file(a.input, a.classes, delimiter, a.header, a.label_column)
             write(a.output, d)
             print(f"wrote {len(d)} points from {a.input} to {a.output}")
+            if d.names:   # OUT holds numbers only: the names are lost but for this line
+                print(f"labels written as class indices: {class_names(d.names)}")
             return 0
         if a.format and (a.format == "npy") != is_binary(a.out):
             raise DataError(f"--format {a.format} needs --out to end in "
@@ -93,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"wrote {len(train)} points to {a.out} and {len(test)} to {test_path(a.out)}")
     return 0
+
+
+def class_names(names, shown: int = 10) -> str:
+    """'0 Adelie, 1 Chinstrap, 2 Gentoo'; for many classes the first few and a count."""
+    text = ", ".join(f"{k} {n}" for k, n in enumerate(names[:shown]))
+    return text + (f", ... ({len(names)} classes)" if len(names) > shown else "")
 
 
 def check(a) -> int:
