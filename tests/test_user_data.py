@@ -280,7 +280,8 @@ def predict_rows(run, new, tmp_path, *extra):
 def test_predict_matches_a_headers_columns_by_name_and_refuses_missing_or_unknown_ones(tmp_path):
     """A new file's columns in another order than the training file's are matched by name
     (it was read by position: alcohol's values scaled as proline's, one class for all);
-    a feature the file lacks, or a column the run never saw, is refused in one line."""
+    a feature the file lacks, or a column the run never saw, is refused in one line (that
+    says to drop the latter: it ended with the names alone)."""
     run = trained_by_name(tmp_path / "run")
     rows = [(12.9, 2.1, 1290.0), (13.8, 2.7, 420.0), (12.2, 2.3, 600.0)]
     same = tmp_path / "same.csv"
@@ -298,9 +299,11 @@ def test_predict_matches_a_headers_columns_by_name_and_refuses_missing_or_unknow
     got, lines = predict_rows(run, bare, tmp_path)
     assert got.returncode == 0 and lines == want, got.stderr
 
-    for header, message in [("alcohol,proline,colour", "missing: ash; not features of the run: colour"),
+    for header, message in [("alcohol,proline,colour", "missing: ash; not features of the run: colour; drop it from "
+                             "the file (the run was trained without it)"),
                             ("alcohol,proline", "missing: ash"),
-                            ("alcohol,ash,proline,colour,hue", "not features of the run: colour, hue")]:
+                            ("alcohol,ash,proline,colour,hue", "not features of the run: colour, hue; drop them from "
+                             "the file (the run was trained without them)")]:
         bad = tmp_path / "bad.csv"
         n = header.count(",") + 1
         bad.write_text(header + "\n" + ",".join(["1.5"] * n) + "\n")

@@ -137,8 +137,10 @@ def _by_name(run: Run, path: str, d: Dialect, features: list[str], label_name: s
     if missing or extra or twice:
         said = [f"{what}: {', '.join(names)}" for what, names in
                 (("missing", missing), ("not features of the run", extra), ("named twice", twice)) if names]
+        them = "it" if len(extra) == 1 else "them"   # what to do: the run cannot use a column it never saw
         raise PredictError(f"{path}: its columns are matched to the run's features ({', '.join(features)}) by the "
-                           f"header's names; {'; '.join(said)}")
+                           f"header's names; {'; '.join(said)}"
+                           + (f"; drop {them} from the file (the run was trained without {them})" if extra else ""))
     label = d.names.index(label_name) if label_name in d.names else None
     d = Dialect(d.delimiter, d.columns, label, d.names, d.start, d.first_line, d.line1)
     X, tokens, _ = formats.parse_reference(path, d)
