@@ -4,6 +4,7 @@ column; each trains, or stops with one line that names the fix. Then the trained
 applied by asgd.predict (numpy only), and run folders that refuse to be overwritten."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -312,6 +313,21 @@ def test_predict_matches_a_headers_columns_by_name_and_refuses_missing_or_unknow
         assert got.returncode == 2 and len(err) == 1, got.stderr
         assert err[0] == (f"asgd.predict: error: {bad}: its columns are matched to the run's features "
                           f"(alcohol, ash, proline) by the header's names; {message}")
+
+
+def test_predict_ends_quietly_when_its_reader_goes_away(tmp_path):
+    """`asgd.predict RUN FILE --out /dev/stdout | head`: the reader leaves after a line;
+    that ended in a BrokenPipeError traceback, now quietly (exit 1, as the Python docs advise)."""
+    run = trained_by_name(tmp_path / "run")
+    new = tmp_path / "new.csv"   # far more predictions than a pipe's buffer holds
+    new.write_text("alcohol,ash,proline\n" + "".join(f"{12 + i % 3},{2 + i % 5 / 10},{500 + i}\n" for i in range(5000)))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}   # a shell's: its summary line waits
+    p = subprocess.Popen([sys.executable, "-m", "asgd.predict", str(run), str(new), "--out", "/dev/stdout"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline() == "row,prediction,p_a,p_b,p_c\n"
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 1 and err == "", err
 
 
 def test_held_out_says_it_reads_the_runs_data_file_and_names_it_when_gone(tmp_path):

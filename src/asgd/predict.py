@@ -266,9 +266,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"predictions: {a.out}")
         elif tokens is None:
             print("(--out FILE writes each row's prediction and class probabilities)")
+        sys.stdout.flush()   # here, not at exit: a reader that left is seen inside the try
     except BadInput as e:
         print(f"asgd.predict: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`| head`): end quietly, as the Python docs advise; stdout
+        # goes to /dev/null so that the exit's flush has nowhere to fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 
