@@ -26,7 +26,8 @@ def test_defaults_are_the_papers_setup():
     (["--batch", "abc"], 4, "invalid int value: 'abc'"),
     (["--no-such-option"], 4, "unrecognized arguments: --no-such-option"),
     (["--test", "t.tsv"], 4, "--test needs --data"),
-    ([], 1, "need at least 2 MPI ranks"),
+    ([], 1, "need at least 2 MPI ranks (1 server + 1 worker), got 1; run under mpiexec -n N with N >= 2, or give "
+             "--arch p2p or --arch allreduce (they run on 1 rank)"),
     (["--servers", "4"], 3, "--servers 4 leaves no worker among 3 ranks"),
     (["--servers", "2"], 2, "--servers 2 leaves no worker among 2 ranks"),
     (["--mode", "fast"], 3, "argument --mode: invalid choice: 'fast'"),

@@ -295,3 +295,35 @@ def test_reader_option():
     assert config.parse(["--reader", "sequential"], 4).reader == "sequential"
     with pytest.raises(config.ConfigError, match="invalid choice: 'fast'"):
         config.parse(["--reader", "fast"], 4)
+
+
+def test_convert_reads_its_input_as_asgd_train_does(tmp_path, capsys):
+    """convert's own error says `use --label-column diagnosis`: it takes asgd.train's file options."""
+    csv, npy = tmp_path / "d.csv", tmp_path / "d.npy"
+    csv.write_text("radius;diagnosis;texture\n1.5;M;2\n2.5;B;3\n3.5;M;4\n")
+    assert data_cli.main(["convert", str(csv), str(npy)]) == 2
+    assert "use --label-column diagnosis" in capsys.readouterr().err
+    assert data_cli.main(["convert", str(csv), str(npy), "--label-column", "diagnosis",
+                          "--delimiter", "semicolon", "--header"]) == 0
+    assert np.load(npy).tolist() == [[1.5, 2, 1], [2.5, 3, 0], [3.5, 4, 1]]   # the label last
+    assert data_cli.main(["convert", str(csv), str(npy), "--delimiter", "letters"]) == 2
+    assert "--delimiter must be" in capsys.readouterr().err
+
+
+def test_convert_says_how_label_names_became_class_indices(tmp_path, capsys):
+    """.npy and TSV hold numbers only: convert prints the names' mapping (it lost them silently)."""
+    csv, npy = tmp_path / "d.csv", tmp_path / "d.npy"
+    csv.write_text("x,species\n1,Gentoo\n2,Adelie\n3,Chinstrap\n4,Adelie\n")
+    assert data_cli.main(["convert", str(csv), str(npy)]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "labels written as class indices: 0 Adelie, 1 Chinstrap, 2 Gentoo"
+    assert np.load(npy)[:, 1].tolist() == [2, 0, 1, 0]
+    csv.write_text("x,y\n" + "".join(f"{i},c{i:02d}\n" for i in range(12)))
+    assert data_cli.main(["convert", str(csv), str(npy)]) == 0
+    first = ", ".join(f"{i} c{i:02d}" for i in range(10))
+    assert capsys.readouterr().out.splitlines()[1] == f"labels written as class indices: {first}, ... (12 classes)"
+    csv.write_text("x,y\n1,-1\n2,0\n3,1\n")   # -1 is no class index: names too
+    assert data_cli.main(["convert", str(csv), str(npy)]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "labels written as class indices: 0 -1, 1 0, 2 1"
+    csv.write_text("x,y\n1,0\n2,1\n")          # class indices already: nothing to say
+    assert data_cli.main(["convert", str(csv), str(npy)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1

@@ -166,6 +166,26 @@ def test_a_training_time_long_enough_gives_rates():
     assert "350,500 samples/s  1,500.0 updates/s" in results.summary(r, "results.json")
 
 
+def test_the_summary_counts_in_the_singular_and_the_plural():
+    """It said `(0 server, 1 workers)` and `(1 evaluations during training ...)`."""
+    r = _built(wall_s=3.0, init_s=1.0)
+    assert results.summary(r, "results.json").startswith("asgd: 2 ranks (1 server, 1 worker), 2-10-2 MLP (52 "
+                                                          "parameters), batch 64, lr 0.1, 1 epoch\n")
+    r["config"].update(world_size=1, servers=0, epochs=3)
+    assert results.summary(r, "results.json").startswith("asgd: 1 rank (0 servers, 1 worker), ")
+    r["config"].update(world_size=6, servers=1, workers=5, model_parallel=5, replicas=1)
+    assert "(1 server, 5 workers in 1 replica of 5), " in results.summary(r, "results.json")
+    r["profile"]["eval_pct"] = 12.5
+    r["metrics"].update(curve=[[0, 0.5]], eval_s=0.25)
+    assert results.evaluations_text(r) == "  (1 evaluation during training: 0.25 s, 12.5% of train)"
+    r["metrics"]["curve"] = [[0, 0.5], [1, 0.4]]
+    assert results.evaluations_text(r) == "  (2 evaluations during training: 0.25 s, 12.5% of train)"
+    r["config"]["eval_deferred"] = True
+    assert results.evaluations_text(r).startswith("  (2 copies of w during training, evaluated after it: ")
+    r["metrics"]["curve"] = [[0, 0.5]]
+    assert results.evaluations_text(r).startswith("  (1 copy of w during training, evaluated after it: ")
+
+
 def _crowded_start(ranks=16, cores=2, init=9.0, read=0.3, parse=0.5, shuffle=0.4):
     """A default-like run of `ranks` ranks on one node of `cores` cores, 10 s of wall time,
     init `init` s on every rank but the last (0.5 s more: the slowest), its read, parse

@@ -4,6 +4,7 @@ column; each trains, or stops with one line that names the fix. Then the trained
 applied by asgd.predict (numpy only), and run folders that refuse to be overwritten."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -280,7 +281,8 @@ def predict_rows(run, new, tmp_path, *extra):
 def test_predict_matches_a_headers_columns_by_name_and_refuses_missing_or_unknown_ones(tmp_path):
     """A new file's columns in another order than the training file's are matched by name
     (it was read by position: alcohol's values scaled as proline's, one class for all);
-    a feature the file lacks, or a column the run never saw, is refused in one line."""
+    a feature the file lacks, or a column the run never saw, is refused in one line (that
+    says to drop the latter: it ended with the names alone)."""
     run = trained_by_name(tmp_path / "run")
     rows = [(12.9, 2.1, 1290.0), (13.8, 2.7, 420.0), (12.2, 2.3, 600.0)]
     same = tmp_path / "same.csv"
@@ -298,9 +300,11 @@ def test_predict_matches_a_headers_columns_by_name_and_refuses_missing_or_unknow
     got, lines = predict_rows(run, bare, tmp_path)
     assert got.returncode == 0 and lines == want, got.stderr
 
-    for header, message in [("alcohol,proline,colour", "missing: ash; not features of the run: colour"),
+    for header, message in [("alcohol,proline,colour", "missing: ash; not features of the run: colour; drop it from "
+                             "the file (the run was trained without it)"),
                             ("alcohol,proline", "missing: ash"),
-                            ("alcohol,ash,proline,colour,hue", "not features of the run: colour, hue")]:
+                            ("alcohol,ash,proline,colour,hue", "not features of the run: colour, hue; drop them from "
+                             "the file (the run was trained without them)")]:
         bad = tmp_path / "bad.csv"
         n = header.count(",") + 1
         bad.write_text(header + "\n" + ",".join(["1.5"] * n) + "\n")
@@ -309,6 +313,21 @@ def test_predict_matches_a_headers_columns_by_name_and_refuses_missing_or_unknow
         assert got.returncode == 2 and len(err) == 1, got.stderr
         assert err[0] == (f"asgd.predict: error: {bad}: its columns are matched to the run's features "
                           f"(alcohol, ash, proline) by the header's names; {message}")
+
+
+def test_predict_ends_quietly_when_its_reader_goes_away(tmp_path):
+    """`asgd.predict RUN FILE --out /dev/stdout | head`: the reader leaves after a line;
+    that ended in a BrokenPipeError traceback, now quietly (exit 1, as the Python docs advise)."""
+    run = trained_by_name(tmp_path / "run")
+    new = tmp_path / "new.csv"   # far more predictions than a pipe's buffer holds
+    new.write_text("alcohol,ash,proline\n" + "".join(f"{12 + i % 3},{2 + i % 5 / 10},{500 + i}\n" for i in range(5000)))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}   # a shell's: its summary line waits
+    p = subprocess.Popen([sys.executable, "-m", "asgd.predict", str(run), str(new), "--out", "/dev/stdout"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline() == "row,prediction,p_a,p_b,p_c\n"
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 1 and err == "", err
 
 
 def test_held_out_says_it_reads_the_runs_data_file_and_names_it_when_gone(tmp_path):

@@ -137,8 +137,10 @@ def _by_name(run: Run, path: str, d: Dialect, features: list[str], label_name: s
     if missing or extra or twice:
         said = [f"{what}: {', '.join(names)}" for what, names in
                 (("missing", missing), ("not features of the run", extra), ("named twice", twice)) if names]
+        them = "it" if len(extra) == 1 else "them"   # what to do: the run cannot use a column it never saw
         raise PredictError(f"{path}: its columns are matched to the run's features ({', '.join(features)}) by the "
-                           f"header's names; {'; '.join(said)}")
+                           f"header's names; {'; '.join(said)}"
+                           + (f"; drop {them} from the file (the run was trained without {them})" if extra else ""))
     label = d.names.index(label_name) if label_name in d.names else None
     d = Dialect(d.delimiter, d.columns, label, d.names, d.start, d.first_line, d.line1)
     X, tokens, _ = formats.parse_reference(path, d)
@@ -264,9 +266,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"predictions: {a.out}")
         elif tokens is None:
             print("(--out FILE writes each row's prediction and class probabilities)")
+        sys.stdout.flush()   # here, not at exit: a reader that left is seen inside the try
     except BadInput as e:
         print(f"asgd.predict: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`| head`): end quietly, as the Python docs advise; stdout
+        # goes to /dev/null so that the exit's flush has nowhere to fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 

@@ -4,7 +4,8 @@
 writes the embedded problem (concentric rings) to data.tsv and its held-out companion
 data.test.tsv (--format npy or --out data.npy: the binary format);
     python -m asgd.data convert IN OUT
-rewrites one file in the format of OUT's extension (.npy binary, anything else TSV);
+rewrites one file in the format of OUT's extension (.npy binary, anything else TSV), the
+label last, reading IN as asgd.train does (--label-column, --delimiter, --header, --classes);
     mpiexec -n N python -m asgd.data check data.tsv [data.npy ...] [--sizes 2,3,..] [--out DIR]
 runs both readers on each file (with the first k ranks, for each k of --sizes) and checks
 that the workers' shares are the file exactly once; --out keeps what they read. It reads
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("convert", help="rewrite a data file in the other format (by extension)")
     c.add_argument("input", metavar="IN", help="a .tsv/.txt or .npy data file")
     c.add_argument("output", metavar="OUT", help="the file to write: .npy for binary, else TSV")
+    add_file_options(c.add_argument_group("reading IN (as asgd.train --data IN reads it)"))
     k = sub.add_parser("check", help="(under mpiexec) read FILEs with the readers and check that "
                        "the shares cover them exactly once")
     k.add_argument("files", nargs="+", metavar="FILE", help=".tsv/.txt or .npy data files")
@@ -71,9 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.cmd == "convert":
             from .parse import read_file  # the fast parser: numba, loaded by the commands that parse only
-            d = read_file(a.input)
+            try:
+                delimiter = delimiter_option(a.delimiter)
+            except ValueError as e:
+                raise DataError(str(e)) from None
+            d = read_file(a.input, a.classes, delimiter, a.header, a.label_column)
             write(a.output, d)
             print(f"wrote {len(d)} points from {a.input} to {a.output}")
+            if d.names:   # OUT holds numbers only: the names are lost but for this line
+                print(f"labels written as class indices: {class_names(d.names)}")
             return 0
         if a.format and (a.format == "npy") != is_binary(a.out):
             raise DataError(f"--format {a.format} needs --out to end in "
@@ -87,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"wrote {len(train)} points to {a.out} and {len(test)} to {test_path(a.out)}")
     return 0
+
+
+def class_names(names, shown: int = 10) -> str:
+    """'0 Adelie, 1 Chinstrap, 2 Gentoo'; for many classes the first few and a count."""
+    text = ", ".join(f"{k} {n}" for k, n in enumerate(names[:shown]))
+    return text + (f", ... ({len(names)} classes)" if len(names) > shown else "")
 
 
 def check(a) -> int:

@@ -304,7 +304,8 @@ def validate(cfg: Config, world_size: int) -> None:
     need(cfg.staleness >= 1, f"--staleness must be >= 1, got {cfg.staleness}")
     if cfg.arch == "ps":
         need(world_size >= 2, f"need at least 2 MPI ranks (1 server + 1 worker), got {world_size}; "
-                              "run under mpiexec -n N with N >= 2")
+                              "run under mpiexec -n N with N >= 2, or give --arch p2p or --arch allreduce "
+                              "(they run on 1 rank)")
         need(cfg.servers < world_size, f"--servers {cfg.servers} leaves no worker among {world_size} "
                                        f"ranks; need mpiexec -n N with N > {cfg.servers}")
     else:

@@ -278,21 +278,26 @@ def evaluations_text(results: dict) -> str:
         return ""
     m = results["metrics"]
     if results["config"].get("eval_deferred"):
-        return (f"  ({len(m['curve'])} copies of w during training, evaluated after it: {m['eval_s']:.2f} s, "
-                f"{pct:.1f}% of train)")
-    return f"  ({len(m['curve'])} evaluations during training: {m['eval_s']:.2f} s, {pct:.1f}% of train)"
+        return (f"  ({count(len(m['curve']), 'copy', 'copies')} of w during training, evaluated after it: "
+                f"{m['eval_s']:.2f} s, {pct:.1f}% of train)")
+    return f"  ({count(len(m['curve']), 'evaluation')} during training: {m['eval_s']:.2f} s, {pct:.1f}% of train)"
+
+
+def count(n: int, one: str, many: str | None = None) -> str:
+    """'1 worker', '3 workers', '0 servers'."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def summary(results: dict, path: str) -> str:
     c, t = results["config"], results["throughput"]
     lines = [
-        f"asgd: {c['world_size']} ranks ("
+        f"asgd: {count(c['world_size'], 'rank')} ("
         + (f"p2p: every rank a worker owning 1/{c['world_size']} of w" if c.get("arch") == "p2p"
-           else f"{c['servers']} server, {c['workers']} workers")
-        + (f" in {c['replicas']} replicas of {c['model_parallel']}" if c.get("model_parallel", 1) > 1 else "")
+           else f"{count(c['servers'], 'server')}, {count(c['workers'], 'worker')}")
+        + (f" in {count(c['replicas'], 'replica')} of {c['model_parallel']}" if c.get("model_parallel", 1) > 1 else "")
         + "), "
         f"{c['features']}-{c['hidden']}-{c['classes']} MLP ({c['n_w']:,} parameters), "
-        f"batch {c['batch']}, lr {c['lr']:g}, {c['epochs']} epochs"
+        f"batch {c['batch']}, lr {c['lr']:g}, {count(c['epochs'], 'epoch')}"
         + (f", {c['compress']} messages" if c.get("compress", "none") != "none" else ""),
         f"held-out loss {results['metrics']['loss']:.4f}  accuracy {results['metrics']['accuracy']:.4f}"
         + evaluations_text(results),
