@@ -113,7 +113,7 @@ def test_ranks_over_cores_warn_and_do_not_fail(capsys):
     over = [ln for ln in lines(out, WARN) if "ranks" in ln.split()[1]]
     assert len(over) == 1 and f"{ranks} ranks on {cores_available()} cores" in over[0], out
     assert cli.main(["--ranks", "1", "--no-self-test"]) == 0
-    assert "1 ranks on" in capsys.readouterr().out
+    assert f"1 rank on {cores_available()} cores: one core each" in capsys.readouterr().out
 
 
 def test_a_job_that_fails_or_hangs_is_one_broken_line():

@@ -153,8 +153,8 @@ def machine(ranks: int | None) -> list[Finding]:
                                "each computes slower (the run's verdict says so)",
                                f"at most {cores} ranks here, or spread them over nodes", ranks=ranks, cores=cores))
         else:
-            out.append(finding("ranks", OK, f"{ranks} ranks on {cores} cores: one core each", ranks=ranks,
-                               cores=cores))
+            out.append(finding("ranks", OK, f"{ranks} rank{'s' * (ranks != 1)} on {cores} cores: one core each",
+                               ranks=ranks, cores=cores))
     return out
 
 
