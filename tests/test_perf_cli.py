@@ -117,6 +117,30 @@ def test_compare_against_real_runs(quick_params, tmp_path):
         assert float(r["total_meas_s"]) == pytest.approx(res["wall_s"])
 
 
+def results_of(train_s: float, **top) -> dict:
+    """A 2-worker run's results.json, as much of it as compare reads."""
+    c = {"train_points": 1000, "test_points": 100, "workers": 2, "servers": 1, "batch": 64, "hidden": 16,
+         "epochs": 2, "reader": "parallel", "mode": "async", "features": 2, "classes": 2}
+    ranks = [{"role": "server", "phases": {}}, {"role": "worker", "phases": {"compute": 0.8 * train_s}}]
+    return {"config": c, "ranks": ranks, "init_s": 0.5, "train_s": train_s, "wall_s": 0.5 + train_s,
+            "dry_run": False, **top}
+
+
+def compared(tmp_path, runs: dict) -> tuple[list[str], list[str]]:
+    """compare over these results.json (by name): the rows' runs, and what it skipped."""
+    from test_analytic import make_params
+    for name, res in runs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(res))
+    rows, skipped = cli.compare([str(tmp_path / f"{name}.json") for name in runs], make_params())
+    return [r["run"] for r in rows], skipped
+
+
+def test_compare_skips_a_dry_run(tmp_path):
+    """A dry run trained nothing: scored, its 0 s made a 19,387 % APE and an inf % p90."""
+    got = compared(tmp_path, {"dry": results_of(0.0, dry_run=True), "trained": results_of(0.5)})
+    assert got == ([str(tmp_path / "trained.json")], [f"{tmp_path / 'dry.json'}: dry run: nothing trained"])
+
+
 def test_optimize_ranks_by_predicted_time(quick_params):
     args = ["optimize", "--params", str(quick_params), "--nodes", "2", "--cores-per-node", "4", "--link-gbps", "1",
             "--points", "100000", "--workers", "2,4,6", "--batches", "64,1024"]

@@ -196,8 +196,8 @@ def paper_total(p: Params, run: Run) -> float:
 
 def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
     """One row per usable run: its configuration, predicted and measured seconds and the
-    APE per phase. Runs the model does not cover (stopped early, resumed, 1-bit messages)
-    are skipped, with the reason."""
+    APE per phase. Runs the model does not cover (dry runs, stopped early, resumed, 1-bit
+    messages) are skipped, with the reason."""
     rows, skipped = [], []
     for path in paths:
         f = os.path.join(path, "results.json") if os.path.isdir(path) else path
@@ -208,7 +208,8 @@ def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
             skipped.append(f"{path}: unreadable ({e})")
             continue
         c = res.get("config", {})
-        why = ("stopped early" if res.get("stopped") else "resumed from a checkpoint" if c.get("resume") else
+        why = ("dry run: nothing trained" if res.get("dry_run") else
+               "stopped early" if res.get("stopped") else "resumed from a checkpoint" if c.get("resume") else
                "--compress 1bit (the model prices plain messages)" if c.get("compress", "none") != "none" else None)
         if why:
             skipped.append(f"{path}: {why}")
