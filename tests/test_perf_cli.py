@@ -141,6 +141,17 @@ def test_compare_skips_a_dry_run(tmp_path):
     assert got == ([str(tmp_path / "trained.json")], [f"{tmp_path / 'dry.json'}: dry run: nothing trained"])
 
 
+def test_compare_skips_a_training_too_short_to_time(tmp_path):
+    """Under asgd.train's MIN_TRAIN_S a training phase is clock noise (a newcomer's 2.11 ms,
+    which asgd.train called too short to time, was scored 54 %): skipped with asgd.train's reason."""
+    from asgd.run.results import MIN_TRAIN_S
+    got = compared(tmp_path, {"short": results_of(0.0021), "zero": results_of(0.0), "timed": results_of(MIN_TRAIN_S)})
+    assert got == ([str(tmp_path / "timed.json")],
+                   [f"{tmp_path / 'short.json'}: training took 2.10 ms, under 10 ms: too short to time",
+                    f"{tmp_path / 'zero.json'}: no training time: the last rank ended training as the last "
+                    "init ended"])
+
+
 def test_optimize_ranks_by_predicted_time(quick_params):
     args = ["optimize", "--params", str(quick_params), "--nodes", "2", "--cores-per-node", "4", "--link-gbps", "1",
             "--points", "100000", "--workers", "2,4,6", "--batches", "64,1024"]

@@ -34,6 +34,7 @@ from ..data.shares import HOLDOUT
 from ..net import OPTIMIZERS
 from ..run import config
 from ..run.files import atomic_write
+from ..run.results import why_no_rate
 from . import analytic, html, report
 from .statistics import PILOT_BATCHES, Statistics, samples_to_target
 from .to_target import rank_to_target, what_binds
@@ -197,7 +198,8 @@ def paper_total(p: Params, run: Run) -> float:
 def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
     """One row per usable run: its configuration, predicted and measured seconds and the
     APE per phase. Runs the model does not cover (dry runs, stopped early, resumed, 1-bit
-    messages) are skipped, with the reason."""
+    messages) and trainings too short to time (asgd.train's MIN_TRAIN_S) are skipped, with
+    the reason."""
     rows, skipped = [], []
     for path in paths:
         f = os.path.join(path, "results.json") if os.path.isdir(path) else path
@@ -210,7 +212,8 @@ def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
         c = res.get("config", {})
         why = ("dry run: nothing trained" if res.get("dry_run") else
                "stopped early" if res.get("stopped") else "resumed from a checkpoint" if c.get("resume") else
-               "--compress 1bit (the model prices plain messages)" if c.get("compress", "none") != "none" else None)
+               "--compress 1bit (the model prices plain messages)" if c.get("compress", "none") != "none" else
+               why_no_rate(res["train_s"]))   # asgd.train's own word: too short to time is noise, not an error
         if why:
             skipped.append(f"{path}: {why}")
             continue
