@@ -152,6 +152,25 @@ def test_compare_skips_a_training_too_short_to_time(tmp_path):
                     "init ended"])
 
 
+def test_compares_table_names_each_runs_arch_and_mode(tmp_path, capsys):
+    """An allreduce run printed `w 1 S 0`, as a p2p one would: the table names both."""
+    import dataclasses
+    from test_analytic import make_params
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps({"schema": 1, "params": dataclasses.asdict(make_params())}))
+    ps, ring = results_of(0.5), results_of(0.5)
+    ring["config"].update(arch="allreduce", servers=0, mode="async")   # allreduce's ranks step in lockstep
+    ps["config"]["mode"] = "ssp"
+    for name, res in (("ps-ssp", ps), ("ring", ring)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(res))
+    assert cli.main(["compare", str(tmp_path / "ps-ssp"), str(tmp_path / "ring"), "--params", str(params)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:4] == ["run", "arch", "mode", "w"]
+    assert [ln.split()[:5] for ln in lines[2:4]] == [["ps-ssp", "ps", "ssp", "2", "1"],
+                                                    ["ring", "allreduce", "sync", "2", "0"]]
+
+
 def test_optimize_ranks_by_predicted_time(quick_params):
     args = ["optimize", "--params", str(quick_params), "--nodes", "2", "--cores-per-node", "4", "--link-gbps", "1",
             "--points", "100000", "--workers", "2,4,6", "--batches", "64,1024"]

@@ -682,12 +682,13 @@ def _compare(a, p: Params) -> int:
     if not rows:
         raise PerfError("no run to compare")
     print("predicted / measured seconds, and the absolute percentage error (APE)")
-    print(f"{'run':28s} {'w':>2s} {'S':>2s} {'hidden':>6s} {'batch':>5s} {'reader':10s}" +
+    print(f"{'run':28s} {'arch':9s} {'mode':5s} {'w':>2s} {'S':>2s} {'hidden':>6s} {'batch':>5s} {'reader':10s}" +
           "".join(f" {k:>22s}" for k in PHASES + DETAIL))
     for r in rows:
         cells = "".join(f" {r[f'{k}_pred_s']:7.2f}/{r[f'{k}_meas_s']:6.2f} {r[f'{k}_ape']:5.0f}%"
                         for k in PHASES + DETAIL)
-        print(f"{os.path.basename(os.path.normpath(r['run']))[-28:]:28s} {r['workers']:2d} {r['servers']:2d} "
+        print(f"{os.path.basename(os.path.normpath(r['run']))[-28:]:28s} {r['arch']:9s} {r['mode']:5s} "
+              f"{r['workers']:2d} {r['servers']:2d} "
               f"{r['hidden']:6d} {r['batch']:5d} {r['reader']:10s}{cells}")
     print(f"APE over {len(rows)} runs:  " + "   ".join(
         f"{k} median {e['median']:.1f}% p90 {e['p90']:.1f}%" for k, e in error_summary(rows).items()))
