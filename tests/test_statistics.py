@@ -176,7 +176,22 @@ def test_a_slower_epoch_that_needs_fewer_epochs_wins_when_the_statistics_say_so(
     assert ranked[0]["workers"] == 8 and what_binds(ranked).startswith("statistics: it needs")
     slow_start = [{**r, "init_s": 100.0} for r in rows]
     ranked = rank_to_target(slow_start, stats(b_noise=20.0), "accuracy", 0.8, "adagrad")
-    assert what_binds(ranked).startswith("start-up first (100.00 s of its 10") and "then hardware" in what_binds(ranked)
+    assert what_binds(ranked).startswith("start-up first (100 s of its 10") and "then hardware" in what_binds(ranked)
+
+
+def test_what_binds_prints_a_fast_epochs_seconds_to_three_figures():
+    """A small problem's epochs take milliseconds: 'the least (0.000, p2p 2 workers x batch
+    256)' said nothing; its seconds and epochs get 3 significant figures."""
+    rows = [{**r, "init_s": 1e-5} for r in (row(1024, 0.000123), row(16, 0.000369))]
+    binds = what_binds(rank_to_target(rows, stats(b_noise=20.0), "accuracy", 0.8, "adagrad"))
+    assert binds.startswith("hardware: its s/epoch is 3.00x the least (0.000123, ps 1 workers x batch 1024), "
+                            "whose 7.11 epochs"), binds
+    slow_start = [{**r, "init_s": 0.0042} for r in rows]
+    binds = what_binds(rank_to_target(slow_start, stats(b_noise=20.0), "accuracy", 0.8, "adagrad"))
+    assert binds.startswith("start-up first (0.0042 s of its 0.00429 s); then hardware"), binds
+    binds = what_binds(rank_to_target([row(16, 0.0001, workers=8), row(16, 0.0005)], stats(c=1.0), "accuracy",
+                                      0.8, "adagrad"))
+    assert "statistics: it needs 4.47x the fewest epochs of any (0.25, ps 1 workers x batch 16)" in binds, binds
 
 
 def test_each_row_is_judged_in_its_own_mode():
