@@ -254,6 +254,22 @@ def test_optimize_ranks_by_time_to_target_with_ranks_and_argv(tmp_path, capsys):
     assert "run python -m asgd.perf pilot for this problem" in capsys.readouterr().err
 
 
+def test_a_target_the_pilot_missed_asks_for_what_helps(tmp_path, capsys):
+    """After a pilot that ran to this very target and missed it, optimize said "run the pilot
+    with this target ... or more --epochs" (best 0.96875): more epochs for the pilot, or an
+    easier target, are what help; its best to 4 decimals, as the pilot prints it."""
+    curve = [{"samples": 10_000, "accuracy": 0.9, "loss": 0.3}, {"samples": 20_000, "accuracy": 0.96875, "loss": 0.1}]
+    st = dataclasses.replace(stats(), references={"adagrad": Reference(batch=16, staleness=1.0, points=1000,
+                                                                       curve=curve)})
+    path = write_params(tmp_path, st_dict(st))
+    assert cli.main(["optimize", "--params", path, "--cores-per-node", "4", "--hidden", "100",
+                     "--precision", "float64", "--target-accuracy", "0.99"]) == 2
+    assert capsys.readouterr().err == (
+        "asgd.perf optimize: error: the pilot's adagrad reference never reached held-out accuracy 0.99 in its "
+        "20 epochs (best 0.9688): give the pilot more epochs (add --measure --epochs N to this optimize, or run "
+        "python -m asgd.perf pilot with --target-accuracy 0.99 --epochs N) or ask an easier target\n")
+
+
 def test_optimize_to_a_target_without_a_pilot_says_how_to_run_one(tmp_path, capsys):
     path = tmp_path / "params.json"
     path.write_text(json.dumps({"schema": 1, "params": dataclasses.asdict(make_params())}))

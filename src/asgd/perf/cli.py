@@ -768,6 +768,7 @@ def _optimize(a, p: Params) -> int:
         r["argv"] = train_argv(r, base, a.hidden, a.data, goal, label_args(a))
     if target:
         _same_problem(stats, a)
+        _reference_reaches(stats, a.optimizer, target)
         ranked = rank_to_target(ranked, stats, *target, a.optimizer, TRAIN.staleness)
         for r in ranked:   # asgd.train stops at the target: --epochs is its cap, with room for the prediction's misses
             r["argv"] += ["--epochs", str(max(a.epochs, math.ceil(TARGET_EPOCHS_ROOM * r["epochs_to_target"])))]
@@ -815,6 +816,23 @@ def _same_problem(stats: Statistics, a) -> None:
     if (stats.data, stats.hidden) != (data, a.hidden):
         raise PerfError(f"{a.params}: its pilot ran {stats.data} with hidden {stats.hidden}, not {data} with hidden "
                         f"{a.hidden}: run python -m asgd.perf pilot for this problem (or optimize --measure)")
+
+def _reference_reaches(stats: Statistics, optimizer: str, target: tuple[str, float]) -> None:
+    """Refuse a target the pilot's reference of this optimizer never reached, naming what
+    helps: more pilot epochs to this target (optimize --measure pilots to it), or an easier
+    target. Run to this target already, another pilot with the same epochs misses it again."""
+    ref = stats.references.get(optimizer)
+    if ref is None or samples_to_target(ref.curve, *target) is not None:
+        return   # a missing optimizer: the statistics' own NoPilot says so
+    metric, value = target
+    best = (max if metric == "accuracy" else min)((p[metric] for p in ref.curve if p[metric] is not None),
+                                                  default=math.nan)
+    epochs = ref.curve[-1]["samples"] / ref.points if ref.curve else 0
+    raise PerfError(f"the pilot's {optimizer} reference never reached held-out {metric} {value:g} in its "
+                    f"{epochs:.3g} epochs (best {best:.4f}): give the pilot more epochs (add --measure --epochs N "
+                    f"to this optimize, or run python -m asgd.perf pilot with --target-{metric} {value:g} --epochs N) "
+                    "or ask an easier target")
+
 
 def _words(text: str, allowed, what: str) -> list[str]:
     got = [x.strip() for x in text.split(",") if x.strip()]
