@@ -200,6 +200,31 @@ def test_optimize_ranks_by_predicted_time(quick_params):
         assert p.returncode == 2 and says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
+def test_the_models_synopses_name_every_option():
+    """docs/model.md's usage lines for each command name every option its --help has
+    (predict lacked --label-column, --classes and --precision; optimize --label-column):
+    test_doc_commands checks the other way, that each option named exists."""
+    import argparse
+    import re
+    from conftest import REPO
+    block = (REPO / "docs" / "model.md").read_text().split("## The commands", 1)[1].split("```")[1]
+    named, cmd = {}, None
+    for ln in block.splitlines():
+        if m := re.match(r"python -m asgd.perf (\w+)", ln):
+            cmd = m.group(1)
+            named[cmd] = set()
+        elif not ln.startswith(" "):
+            cmd = None
+        if cmd:
+            named[cmd] |= set(re.findall(r"--[a-z][a-z0-9-]*", ln))
+    assert "# every command but calibrate takes --params FILE" in block
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(named) == {"calibrate", "pilot", "predict", "compare", "optimize"}
+    for cmd, got in named.items():
+        options = {o for a in sub.choices[cmd]._actions for o in a.option_strings if o.startswith("--")}
+        assert options - got - {"--help", "--params"} == set(), cmd
+
+
 def test_errors_are_one_clear_line(tmp_path):
     p = perf("predict", "--params", str(tmp_path / "none.json"))
     assert p.returncode == 2 and "asgd.perf calibrate" in p.stderr and "Traceback" not in p.stderr
