@@ -143,10 +143,12 @@ def test_compare_skips_a_dry_run(tmp_path):
 
 def test_compare_skips_a_training_too_short_to_time(tmp_path):
     """Under asgd.train's MIN_TRAIN_S a training phase is clock noise (a newcomer's 2.11 ms,
-    which asgd.train called too short to time, was scored 54 %): skipped with asgd.train's reason."""
+    which asgd.train called too short to time, was scored 54 %): skipped with asgd.train's reason.
+    A simulated run's clock has no noise: its milliseconds are compared."""
     from asgd.run.results import MIN_TRAIN_S
-    got = compared(tmp_path, {"short": results_of(0.0021), "zero": results_of(0.0), "timed": results_of(MIN_TRAIN_S)})
-    assert got == ([str(tmp_path / "timed.json")],
+    got = compared(tmp_path, {"short": results_of(0.0021), "zero": results_of(0.0), "timed": results_of(MIN_TRAIN_S),
+                              "simulated": results_of(0.0021, simulated={"engine": "SimGrid"})})
+    assert got == ([str(tmp_path / "timed.json"), str(tmp_path / "simulated.json")],
                    [f"{tmp_path / 'short.json'}: training took 2.10 ms, under 10 ms: too short to time",
                     f"{tmp_path / 'zero.json'}: no training time: the last rank ended training as the last "
                     "init ended"])

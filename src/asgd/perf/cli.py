@@ -213,7 +213,8 @@ def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
         why = ("dry run: nothing trained" if res.get("dry_run") else
                "stopped early" if res.get("stopped") else "resumed from a checkpoint" if c.get("resume") else
                "--compress 1bit (the model prices plain messages)" if c.get("compress", "none") != "none" else
-               why_no_rate(res["train_s"]))   # asgd.train's own word: too short to time is noise, not an error
+               # asgd.train's own word: too short to time is clock noise, not an error (a simulated clock has none)
+               None if res.get("simulated") else why_no_rate(res["train_s"]))
         if why:
             skipped.append(f"{path}: {why}")
             continue
