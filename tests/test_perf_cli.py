@@ -117,6 +117,62 @@ def test_compare_against_real_runs(quick_params, tmp_path):
         assert float(r["total_meas_s"]) == pytest.approx(res["wall_s"])
 
 
+def results_of(train_s: float, **top) -> dict:
+    """A 2-worker run's results.json, as much of it as compare reads."""
+    c = {"train_points": 1000, "test_points": 100, "workers": 2, "servers": 1, "batch": 64, "hidden": 16,
+         "epochs": 2, "reader": "parallel", "mode": "async", "features": 2, "classes": 2}
+    ranks = [{"role": "server", "phases": {}}, {"role": "worker", "phases": {"compute": 0.8 * train_s}}]
+    return {"config": c, "ranks": ranks, "init_s": 0.5, "train_s": train_s, "wall_s": 0.5 + train_s,
+            "dry_run": False, **top}
+
+
+def compared(tmp_path, runs: dict) -> tuple[list[str], list[str]]:
+    """compare over these results.json (by name): the rows' runs, and what it skipped."""
+    from test_analytic import make_params
+    for name, res in runs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(res))
+    rows, skipped = cli.compare([str(tmp_path / f"{name}.json") for name in runs], make_params())
+    return [r["run"] for r in rows], skipped
+
+
+def test_compare_skips_a_dry_run(tmp_path):
+    """A dry run trained nothing: scored, its 0 s made a 19,387 % APE and an inf % p90."""
+    got = compared(tmp_path, {"dry": results_of(0.0, dry_run=True), "trained": results_of(0.5)})
+    assert got == ([str(tmp_path / "trained.json")], [f"{tmp_path / 'dry.json'}: dry run: nothing trained"])
+
+
+def test_compare_skips_a_training_too_short_to_time(tmp_path):
+    """Under asgd.train's MIN_TRAIN_S a training phase is clock noise (a newcomer's 2.11 ms,
+    which asgd.train called too short to time, was scored 54 %): skipped with asgd.train's reason.
+    A simulated run's clock has no noise: its milliseconds are compared."""
+    from asgd.run.results import MIN_TRAIN_S
+    got = compared(tmp_path, {"short": results_of(0.0021), "zero": results_of(0.0), "timed": results_of(MIN_TRAIN_S),
+                              "simulated": results_of(0.0021, simulated={"engine": "SimGrid"})})
+    assert got == ([str(tmp_path / "timed.json"), str(tmp_path / "simulated.json")],
+                   [f"{tmp_path / 'short.json'}: training took 2.10 ms, under 10 ms: too short to time",
+                    f"{tmp_path / 'zero.json'}: no training time: the last rank ended training as the last "
+                    "init ended"])
+
+
+def test_compares_table_names_each_runs_arch_and_mode(tmp_path, capsys):
+    """An allreduce run printed `w 1 S 0`, as a p2p one would: the table names both."""
+    import dataclasses
+    from test_analytic import make_params
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps({"schema": 1, "params": dataclasses.asdict(make_params())}))
+    ps, ring = results_of(0.5), results_of(0.5)
+    ring["config"].update(arch="allreduce", servers=0, mode="async")   # allreduce's ranks step in lockstep
+    ps["config"]["mode"] = "ssp"
+    for name, res in (("ps-ssp", ps), ("ring", ring)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(res))
+    assert cli.main(["compare", str(tmp_path / "ps-ssp"), str(tmp_path / "ring"), "--params", str(params)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:4] == ["run", "arch", "mode", "w"]
+    assert [ln.split()[:5] for ln in lines[2:4]] == [["ps-ssp", "ps", "ssp", "2", "1"],
+                                                    ["ring", "allreduce", "sync", "2", "0"]]
+
+
 def test_optimize_ranks_by_predicted_time(quick_params):
     args = ["optimize", "--params", str(quick_params), "--nodes", "2", "--cores-per-node", "4", "--link-gbps", "1",
             "--points", "100000", "--workers", "2,4,6", "--batches", "64,1024"]
@@ -144,6 +200,31 @@ def test_optimize_ranks_by_predicted_time(quick_params):
                       (["--archs", "ps,mesh"], "unknown architecture")):
         p = perf("optimize", "--params", str(quick_params), "--cores-per-node", "2", *bad)
         assert p.returncode == 2 and says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_the_models_synopses_name_every_option():
+    """docs/model.md's usage lines for each command name every option its --help has
+    (predict lacked --label-column, --classes and --precision; optimize --label-column):
+    test_doc_commands checks the other way, that each option named exists."""
+    import argparse
+    import re
+    from conftest import REPO
+    block = (REPO / "docs" / "model.md").read_text().split("## The commands", 1)[1].split("```")[1]
+    named, cmd = {}, None
+    for ln in block.splitlines():
+        if m := re.match(r"python -m asgd.perf (\w+)", ln):
+            cmd = m.group(1)
+            named[cmd] = set()
+        elif not ln.startswith(" "):
+            cmd = None
+        if cmd:
+            named[cmd] |= set(re.findall(r"--[a-z][a-z0-9-]*", ln))
+    assert "# every command but calibrate takes --params FILE" in block
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(named) == {"calibrate", "pilot", "predict", "compare", "optimize"}
+    for cmd, got in named.items():
+        options = {o for a in sub.choices[cmd]._actions for o in a.option_strings if o.startswith("--")}
+        assert options - got - {"--help", "--params"} == set(), cmd
 
 
 def test_errors_are_one_clear_line(tmp_path):

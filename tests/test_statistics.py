@@ -176,7 +176,22 @@ def test_a_slower_epoch_that_needs_fewer_epochs_wins_when_the_statistics_say_so(
     assert ranked[0]["workers"] == 8 and what_binds(ranked).startswith("statistics: it needs")
     slow_start = [{**r, "init_s": 100.0} for r in rows]
     ranked = rank_to_target(slow_start, stats(b_noise=20.0), "accuracy", 0.8, "adagrad")
-    assert what_binds(ranked).startswith("start-up first (100.00 s of its 10") and "then hardware" in what_binds(ranked)
+    assert what_binds(ranked).startswith("start-up first (100 s of its 10") and "then hardware" in what_binds(ranked)
+
+
+def test_what_binds_prints_a_fast_epochs_seconds_to_three_figures():
+    """A small problem's epochs take milliseconds: 'the least (0.000, p2p 2 workers x batch
+    256)' said nothing; its seconds and epochs get 3 significant figures."""
+    rows = [{**r, "init_s": 1e-5} for r in (row(1024, 0.000123), row(16, 0.000369))]
+    binds = what_binds(rank_to_target(rows, stats(b_noise=20.0), "accuracy", 0.8, "adagrad"))
+    assert binds.startswith("hardware: its s/epoch is 3.00x the least (0.000123, ps 1 workers x batch 1024), "
+                            "whose 7.11 epochs"), binds
+    slow_start = [{**r, "init_s": 0.0042} for r in rows]
+    binds = what_binds(rank_to_target(slow_start, stats(b_noise=20.0), "accuracy", 0.8, "adagrad"))
+    assert binds.startswith("start-up first (0.0042 s of its 0.00429 s); then hardware"), binds
+    binds = what_binds(rank_to_target([row(16, 0.0001, workers=8), row(16, 0.0005)], stats(c=1.0), "accuracy",
+                                      0.8, "adagrad"))
+    assert "statistics: it needs 4.47x the fewest epochs of any (0.25, ps 1 workers x batch 16)" in binds, binds
 
 
 def test_each_row_is_judged_in_its_own_mode():
@@ -237,6 +252,22 @@ def test_optimize_ranks_by_time_to_target_with_ranks_and_argv(tmp_path, capsys):
     assert "never reached held-out accuracy 0.99" in capsys.readouterr().err
     assert cli.main([*base, "--hidden", "400", "--target-accuracy", "0.8"]) == 2
     assert "run python -m asgd.perf pilot for this problem" in capsys.readouterr().err
+
+
+def test_a_target_the_pilot_missed_asks_for_what_helps(tmp_path, capsys):
+    """After a pilot that ran to this very target and missed it, optimize said "run the pilot
+    with this target ... or more --epochs" (best 0.96875): more epochs for the pilot, or an
+    easier target, are what help; its best to 4 decimals, as the pilot prints it."""
+    curve = [{"samples": 10_000, "accuracy": 0.9, "loss": 0.3}, {"samples": 20_000, "accuracy": 0.96875, "loss": 0.1}]
+    st = dataclasses.replace(stats(), references={"adagrad": Reference(batch=16, staleness=1.0, points=1000,
+                                                                       curve=curve)})
+    path = write_params(tmp_path, st_dict(st))
+    assert cli.main(["optimize", "--params", path, "--cores-per-node", "4", "--hidden", "100",
+                     "--precision", "float64", "--target-accuracy", "0.99"]) == 2
+    assert capsys.readouterr().err == (
+        "asgd.perf optimize: error: the pilot's adagrad reference never reached held-out accuracy 0.99 in its "
+        "20 epochs (best 0.9688): give the pilot more epochs (add --measure --epochs N to this optimize, or run "
+        "python -m asgd.perf pilot with --target-accuracy 0.99 --epochs N) or ask an easier target\n")
 
 
 def test_optimize_to_a_target_without_a_pilot_says_how_to_run_one(tmp_path, capsys):

@@ -34,6 +34,7 @@ from ..data.shares import HOLDOUT
 from ..net import OPTIMIZERS
 from ..run import config
 from ..run.files import atomic_write
+from ..run.results import why_no_rate
 from . import analytic, html, report
 from .statistics import PILOT_BATCHES, Statistics, samples_to_target
 from .to_target import rank_to_target, what_binds
@@ -196,8 +197,9 @@ def paper_total(p: Params, run: Run) -> float:
 
 def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
     """One row per usable run: its configuration, predicted and measured seconds and the
-    APE per phase. Runs the model does not cover (stopped early, resumed, 1-bit messages)
-    are skipped, with the reason."""
+    APE per phase. Runs the model does not cover (dry runs, stopped early, resumed, 1-bit
+    messages) and trainings too short to time (asgd.train's MIN_TRAIN_S) are skipped, with
+    the reason."""
     rows, skipped = [], []
     for path in paths:
         f = os.path.join(path, "results.json") if os.path.isdir(path) else path
@@ -208,8 +210,11 @@ def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
             skipped.append(f"{path}: unreadable ({e})")
             continue
         c = res.get("config", {})
-        why = ("stopped early" if res.get("stopped") else "resumed from a checkpoint" if c.get("resume") else
-               "--compress 1bit (the model prices plain messages)" if c.get("compress", "none") != "none" else None)
+        why = ("dry run: nothing trained" if res.get("dry_run") else
+               "stopped early" if res.get("stopped") else "resumed from a checkpoint" if c.get("resume") else
+               "--compress 1bit (the model prices plain messages)" if c.get("compress", "none") != "none" else
+               # asgd.train's own word: too short to time is clock noise, not an error (a simulated clock has none)
+               None if res.get("simulated") else why_no_rate(res["train_s"]))
         if why:
             skipped.append(f"{path}: {why}")
             continue
@@ -678,12 +683,13 @@ def _compare(a, p: Params) -> int:
     if not rows:
         raise PerfError("no run to compare")
     print("predicted / measured seconds, and the absolute percentage error (APE)")
-    print(f"{'run':28s} {'w':>2s} {'S':>2s} {'hidden':>6s} {'batch':>5s} {'reader':10s}" +
+    print(f"{'run':28s} {'arch':9s} {'mode':5s} {'w':>2s} {'S':>2s} {'hidden':>6s} {'batch':>5s} {'reader':10s}" +
           "".join(f" {k:>22s}" for k in PHASES + DETAIL))
     for r in rows:
         cells = "".join(f" {r[f'{k}_pred_s']:7.2f}/{r[f'{k}_meas_s']:6.2f} {r[f'{k}_ape']:5.0f}%"
                         for k in PHASES + DETAIL)
-        print(f"{os.path.basename(os.path.normpath(r['run']))[-28:]:28s} {r['workers']:2d} {r['servers']:2d} "
+        print(f"{os.path.basename(os.path.normpath(r['run']))[-28:]:28s} {r['arch']:9s} {r['mode']:5s} "
+              f"{r['workers']:2d} {r['servers']:2d} "
               f"{r['hidden']:6d} {r['batch']:5d} {r['reader']:10s}{cells}")
     print(f"APE over {len(rows)} runs:  " + "   ".join(
         f"{k} median {e['median']:.1f}% p90 {e['p90']:.1f}%" for k, e in error_summary(rows).items()))
@@ -763,6 +769,7 @@ def _optimize(a, p: Params) -> int:
         r["argv"] = train_argv(r, base, a.hidden, a.data, goal, label_args(a))
     if target:
         _same_problem(stats, a)
+        _reference_reaches(stats, a.optimizer, target)
         ranked = rank_to_target(ranked, stats, *target, a.optimizer, TRAIN.staleness)
         for r in ranked:   # asgd.train stops at the target: --epochs is its cap, with room for the prediction's misses
             r["argv"] += ["--epochs", str(max(a.epochs, math.ceil(TARGET_EPOCHS_ROOM * r["epochs_to_target"])))]
@@ -810,6 +817,23 @@ def _same_problem(stats: Statistics, a) -> None:
     if (stats.data, stats.hidden) != (data, a.hidden):
         raise PerfError(f"{a.params}: its pilot ran {stats.data} with hidden {stats.hidden}, not {data} with hidden "
                         f"{a.hidden}: run python -m asgd.perf pilot for this problem (or optimize --measure)")
+
+def _reference_reaches(stats: Statistics, optimizer: str, target: tuple[str, float]) -> None:
+    """Refuse a target the pilot's reference of this optimizer never reached, naming what
+    helps: more pilot epochs to this target (optimize --measure pilots to it), or an easier
+    target. Run to this target already, another pilot with the same epochs misses it again."""
+    ref = stats.references.get(optimizer)
+    if ref is None or samples_to_target(ref.curve, *target) is not None:
+        return   # a missing optimizer: the statistics' own NoPilot says so
+    metric, value = target
+    best = (max if metric == "accuracy" else min)((p[metric] for p in ref.curve if p[metric] is not None),
+                                                  default=math.nan)
+    epochs = ref.curve[-1]["samples"] / ref.points if ref.curve else 0
+    raise PerfError(f"the pilot's {optimizer} reference never reached held-out {metric} {value:g} in its "
+                    f"{epochs:.3g} epochs (best {best:.4f}): give the pilot more epochs (add --measure --epochs N "
+                    f"to this optimize, or run python -m asgd.perf pilot with --target-{metric} {value:g} --epochs N) "
+                    "or ask an easier target")
+
 
 def _words(text: str, allowed, what: str) -> list[str]:
     got = [x.strip() for x in text.split(",") if x.strip()]

@@ -31,9 +31,10 @@ def what_binds(ranked: list[dict]) -> str:
     """Whether hardware or statistics binds the winner, and how: its s/epoch against the
     least any configuration has (hardware efficiency) and its epochs to the target against
     the fewest any needs (statistical efficiency); the further from its best binds. Start-up
-    first where it is most of the winner's time."""
+    first where it is most of the winner's time. Seconds and epochs to 3 significant figures:
+    a small problem's epoch takes a millisecond or less."""
     w = ranked[0]
-    start = (f"start-up first ({w['init_s']:.2f} s of its {w['time_to_target_s']:.2f} s); then "
+    start = (f"start-up first ({w['init_s']:.3g} s of its {w['time_to_target_s']:.3g} s); then "
              if w["init_s"] >= w["time_to_target_s"] / 2 else "")
     return start + _training_binds(w, ranked)
 
@@ -44,15 +45,15 @@ def _training_binds(w: dict, ranked: list[dict]) -> str:
     hw = w["per_epoch_s"] / fast["per_epoch_s"]
     st = w["epochs_to_target"] / few["epochs_to_target"]
     if st <= CLOSE and hw <= CLOSE:
-        return (f"neither: the fewest epochs ({w['epochs_to_target']:.2f}) and within {CLOSE:g}x the least s/epoch; "
+        return (f"neither: the fewest epochs ({w['epochs_to_target']:.3g}) and within {CLOSE:g}x the least s/epoch; "
                 f"its epoch's time is bound by {w['bound']}")
     if st >= hw:
-        return (f"statistics: it needs {st:.2f}x the fewest epochs of any ({few['epochs_to_target']:.2f}, "
+        return (f"statistics: it needs {st:.2f}x the fewest epochs of any ({few['epochs_to_target']:.3g}, "
                 f"{_name(few)}), which take {few['per_epoch_s'] / w['per_epoch_s']:.2f}x its s/epoch; "
                 f"mean staleness {w['mean_staleness']:.1f}, {w['update_samples']:.0f} samples an update")
     more = fast["epochs_to_target"] / w["epochs_to_target"]
-    return (f"hardware: its s/epoch is {hw:.2f}x the least ({fast['per_epoch_s']:.3f}, {_name(fast)}), whose "
-            f"{fast['epochs_to_target']:.2f} epochs to the target are {more:.2f}x its own; its epoch's time is "
+    return (f"hardware: its s/epoch is {hw:.2f}x the least ({fast['per_epoch_s']:.3g}, {_name(fast)}), whose "
+            f"{fast['epochs_to_target']:.3g} epochs to the target are {more:.2f}x its own; its epoch's time is "
             f"bound by {w['bound']}")
 
 
