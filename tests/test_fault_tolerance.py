@@ -222,3 +222,16 @@ def test_a_restart_with_no_complete_cut_starts_over_in_its_own_folder(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "before any checkpoint; starting it over" in p.stderr
     assert load_results(out)["restarts"][0]["resumed_from"] is None
+
+
+def test_one_rank_claims_a_fault_tolerant_jobs_line(tmp_path, monkeypatch):
+    """The ranks that learnt of a death race for the job's one line: the first exclusive
+    create wins (the lowest live rank was the speaker, and a revoke can keep it from ever
+    learning of the death: 4 silent ends in 25 runs). A restarted job, another PMIx
+    namespace, claims anew; with no run folder to write in a rank speaks rather than no one."""
+    from asgd.mpiutil import claim_line
+    monkeypatch.setenv("PMIX_NAMESPACE", "prterun-host-123@1")
+    assert claim_line(str(tmp_path)) and not claim_line(str(tmp_path)) and not claim_line(str(tmp_path))
+    monkeypatch.setenv("PMIX_NAMESPACE", "prterun-host-456@1")
+    assert claim_line(str(tmp_path))
+    assert claim_line(None) and claim_line(str(tmp_path / "gone"))

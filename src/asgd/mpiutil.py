@@ -275,7 +275,8 @@ def leave_without_finalize(code: int) -> None:
     os._exit(code)
 
 
-def end_fault_tolerant_job(comm: MPI.Comm, e: Exception, who: str, servers: int, grace_s: float) -> None:
+def end_fault_tolerant_job(comm: MPI.Comm, e: Exception, who: str, servers: int, grace_s: float,
+                           folder: str | None = None) -> None:
     """End a --fault-tolerant job after this rank's failure `e`, with one line from one
     rank. Under ULFM neither MPI_Abort nor an exit is a failure the other ranks see (seen
     here: workers waited on a server that had left, 20 s and more), and a revoke does not
@@ -283,7 +284,11 @@ def end_fault_tolerant_job(comm: MPI.Comm, e: Exception, who: str, servers: int,
     rank's receives on it fail); the rank that says why dies by SIGKILL, which ends the
     waits on it, and the others exit with status 1 (the job's: a job whose ranks were all
     killed ends with 0), later, so that the line is out first. Who says it: a rank with an
-    error of its own (not MPI's); for a death, the lowest live rank, naming the dead."""
+    error of its own (not MPI's); for a death, the first rank that knows the dead to claim
+    the line in `folder` (the run folder; claim_line). Not the lowest live rank: a rank
+    whose wait the revoke ended never learns of the death (seen 4 runs in 25: rank 2 saw
+    rank 0 die and revoked, ranks 1 and 3 still knew of no death 3 s later, and no one
+    spoke)."""
     revoked = comm.Is_revoked()   # before mine: another rank ended the job first
     if os.environ.get("ASGD_DEBUG"):
         traceback.print_exception(e)
@@ -294,7 +299,7 @@ def end_fault_tolerant_job(comm: MPI.Comm, e: Exception, who: str, servers: int,
         line = describe(e, who)
     else:
         dead = failed_ranks_soon(comm, bool)
-        if dead and comm.rank == min(set(range(comm.size)) - set(dead)):
+        if dead and claim_line(folder):
             lost = [r for r in dead if r < servers]
             line = f"rank(s) {dead} died" + (
                 f", server(s) {lost} among them: a server's shard cannot be rebuilt; restart from the "
@@ -311,6 +316,23 @@ def end_fault_tolerant_job(comm: MPI.Comm, e: Exception, who: str, servers: int,
     if comm.size - len(failed_ranks(comm)) > 1:   # others may wait on me: be a failure they see
         os.kill(os.getpid(), signal.SIGKILL)
     leave_without_finalize(1)
+
+
+def claim_line(folder: str | None) -> bool:
+    """Whether this rank is the job's first to claim its one line: an exclusive create of a
+    file named for the job (PMIx's namespace, which every rank of one job shares and a
+    restarted job does not) in a folder every rank sees. No folder, or none to write in:
+    this rank claims it (a second line beats none)."""
+    if not folder:
+        return True
+    job = "".join(c if c.isalnum() else "-" for c in os.environ.get("PMIX_NAMESPACE", "job"))
+    try:
+        os.close(os.open(os.path.join(folder, f".ended-{job}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def failed_ranks_soon(comm: MPI.Comm, news, limit_s: float = 3.0) -> list[int]:

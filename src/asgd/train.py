@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as e:
         if cfg.fault_tolerant:
-            end_fault_tolerant_job(comm, e, f"rank {comm.rank} ({role})", servers, ABORT_GRACE_S)
+            end_fault_tolerant_job(comm, e, f"rank {comm.rank} ({role})", servers, ABORT_GRACE_S, out)
         why = describe(e, f"rank {comm.rank} ({role})")
         if isinstance(e, MPI.Exception):  # e.g. a peer killed mid-exchange, seen here before the launcher
             why = (f"rank {comm.rank} ({role}): MPI communication failed; another rank probably died or "
