@@ -44,6 +44,7 @@ from .net import mlp, optimizers
 from .run import checkpoint, config, folder, results, roles, signals, startup
 from .run.job import Job, Model
 from .run.progress import RunFacts, convergence_notes
+from .core.schedule import lockstep
 from .core.topology import Topology
 from .run.trace import PhaseClock, TraceClock
 from .run.trace import export as export_trace
@@ -375,9 +376,8 @@ def save(job: Job, m: Model, record: dict) -> None:
         return
     if m.scaling:
         folder.write_scaling(job.out, *m.scaling)
-    lockstep = cfg.mode == "sync" or cfg.arch == "allreduce"
     chance = float(np.bincount(m.test.y).max() / len(m.test)) if len(m.test) else None
-    facts = RunFacts(accuracy=accuracy, chance=chance, workers=1 if lockstep else job.topo.replicas,
+    facts = RunFacts(accuracy=accuracy, chance=chance, workers=1 if lockstep(cfg.arch, cfg.mode) else job.topo.replicas,
                      standardized=bool(cfg.standardize), feature_max=m.feature_stats[0],
                      std_ratio=m.feature_stats[1], guard_cuts=tracker.guard_cuts, stale_step=cfg.stale_step,
                      target_reached=tracker.reached is not None)

@@ -43,6 +43,17 @@ class Schedule:
             yield order[k * self.batch:(k + 1) * self.batch]
 
 
+def lockstep(arch: str, mode: str) -> bool:
+    """Every worker takes each step with the others: --mode sync, or an allreduce (which
+    sums every replica's step, whatever --mode says)."""
+    return mode == "sync" or arch == "allreduce"
+
+
+def effective_mode(arch: str, mode: str) -> str:
+    """The mode a run follows, as its reports name it: an allreduce's is sync."""
+    return "sync" if arch == "allreduce" else mode
+
+
 def schedule(arch: str, mode: str, overlap: str, batch: int, epochs: int, points: int, replicas: int,
              seed: tuple[int, int], lr: float, **rest) -> Schedule:
     """A worker's schedule as its run's options say (asgd.run.roles for a real run, the
@@ -50,10 +61,10 @@ def schedule(arch: str, mode: str, overlap: str, batch: int, epochs: int, points
     as the largest share (of `points` among `replicas`) needs; async and ssp their own
     share's, computing beside the exchange unless --overlap off (only while it is
     short with auto). `rest`: Schedule's other fields."""
-    lockstep = mode == "sync" or arch == "allreduce"
+    together = lockstep(arch, mode)
     steps = math.ceil(math.ceil(points / replicas) / batch)
-    return Schedule(batch, epochs, seed, lr, steps_per_epoch=steps if lockstep else None,
-                    overlap=not lockstep and overlap != "off", adaptive=overlap == "auto", **rest)
+    return Schedule(batch, epochs, seed, lr, steps_per_epoch=steps if together else None,
+                    overlap=not together and overlap != "off", adaptive=overlap == "auto", **rest)
 
 
 class OverlapRule:

@@ -30,7 +30,7 @@ import warnings
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..core import wire
-from ..core.schedule import OverlapRule
+from ..core.schedule import OverlapRule, lockstep
 from ..core.target import PROBE_MARGIN, replay
 
 # -- Part 1: the paper's model ---------------------------------------------------------
@@ -270,7 +270,7 @@ class Run:
     @property
     def lockstep(self) -> bool:
         """Every worker takes each step with the others: sync mode, or allreduce."""
-        return self.mode == "sync" or self.arch == "allreduce"
+        return lockstep(self.arch, self.mode)
 
     @property
     def n_w(self) -> int:

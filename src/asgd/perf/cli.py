@@ -28,6 +28,7 @@ import sys
 import warnings
 from dataclasses import asdict, replace
 
+from ..core.schedule import effective_mode
 from ..core.wire import PRECISIONS
 from ..data import formats, problem
 from ..data.shares import HOLDOUT
@@ -223,7 +224,7 @@ def compare(paths: list[str], p: Params) -> tuple[list[dict], list[str]]:
         row = {"run": path, "arch": run.arch, "workers": run.workers, "servers": run.dedicated_servers,
                "model_parallel": run.model_parallel, "optimizer": run.optimizer, "batch": run.batch,
                "hidden": run.hidden, "reader": run.reader if run.file_bytes else "embedded",
-               "epochs": run.epochs, "mode": "sync" if run.arch == "allreduce" else run.mode}
+               "epochs": run.epochs, "mode": effective_mode(run.arch, run.mode)}
         for k in PHASES + DETAIL:
             row.update({f"{k}_pred_s": pr[k], f"{k}_meas_s": me[k], f"{k}_ape": ape(pr[k], me[k])})
         paper = paper_total(p, run)
@@ -284,7 +285,7 @@ def optimize_in_modes(modes: list[str], p: Params, nodes: int, cores_per_node: i
     for i, mode in enumerate(modes):
         kinds = [x for x in archs if x != "allreduce" or i == 0]
         rows = optimize(p, nodes, cores_per_node, replace(base, mode=mode), *args, archs=kinds, **kw) if kinds else []
-        out += [{**r, "mode": "sync" if r["arch"] == "allreduce" else mode} for r in rows]
+        out += [{**r, "mode": effective_mode(r["arch"], mode)} for r in rows]
     return sorted(out, key=lambda r: r["total_s"])
 
 

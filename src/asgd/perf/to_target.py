@@ -5,6 +5,7 @@ speed into hardware efficiency x statistical efficiency."""
 
 from __future__ import annotations
 
+from ..core.schedule import lockstep
 from .statistics import Statistics
 
 CLOSE = 1.1   # within this factor of the best of a kind, that kind is not what binds
@@ -17,11 +18,11 @@ def rank_to_target(rows: list[dict], stats: Statistics, metric: str, value: floa
     (init_s + epochs x per_epoch_s), best first."""
     out = []
     for r in rows:
-        lockstep = r["mode"] == "sync" or r["arch"] == "allreduce"
-        s = stats.mean_staleness(r["workers"], r["mode"], lockstep, ssp_bound)
+        together = lockstep(r["arch"], r["mode"])
+        s = stats.mean_staleness(r["workers"], r["mode"], together, ssp_bound)
         backup = r.get("backup", 0)   # sync's backup workers (optimize's rows have none)
-        e = stats.epochs_to_target(optimizer, metric, value, r["batch"], r["replicas"], lockstep, s, backup)
-        u = stats.update_samples(optimizer, r["batch"], r["replicas"], lockstep, backup)
+        e = stats.epochs_to_target(optimizer, metric, value, r["batch"], r["replicas"], together, s, backup)
+        u = stats.update_samples(optimizer, r["batch"], r["replicas"], together, backup)
         out.append({**r, "mean_staleness": s, "update_samples": u, "epochs_to_target": e,
                     "time_to_target_s": r["init_s"] + e * r["per_epoch_s"]})
     return sorted(out, key=lambda r: r["time_to_target_s"])

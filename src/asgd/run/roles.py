@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from ..core.schedule import Schedule, schedule
+from ..core.schedule import Schedule, effective_mode, lockstep, schedule
 from ..core.worker import WorkerStats
 from ..net import mlp, optimizers
 from ..protocol.allreduce import run_allreduce
@@ -58,8 +58,7 @@ def tracker_of(job: Job, m: Model, w=None, publish=None) -> EpochTracker | None:
                                                                      f"{job.servers} server(s), {job.workers} workers")
     if topo.K > 1:
         who += f" in {topo.replicas} replicas of {topo.K} (model-parallel)"
-    mode = "sync" if cfg.arch == "allreduce" else cfg.mode   # an allreduce is lockstep whatever --mode says
-    job.say(f"asgd: {job.comm.size} ranks: {who} ({cfg.arch}, {mode}); "
+    job.say(f"asgd: {job.comm.size} ranks: {who} ({cfg.arch}, {effective_mode(cfg.arch, cfg.mode)}); "
             f"{m.n_train:,} training and {len(m.test):,} held-out points; "
             f"{m.layout.d_in}-{m.layout.d_hidden}-{m.layout.d_out} MLP, batch {cfg.batch}, lr {m.lr:g}, "
             f"{cfg.epochs} epochs")
@@ -80,17 +79,17 @@ def tracker_of(job: Job, m: Model, w=None, publish=None) -> EpochTracker | None:
         tracker.evaluated_w = now.copy()   # the final metrics reuse this evaluation only for these weights
         return mlp.make_evaluate(m.layout, now, m.test)()
 
-    lockstep = cfg.mode == "sync" or cfg.arch == "allreduce"
+    together = lockstep(cfg.arch, cfg.mode)
     cadence = config.eval_cadence(cfg.eval_every)
     if current and cfg.eval_deferred:   # copies of w now, evaluated after training
         copies = Copies(expected_copies(cadence, cfg.epochs - m.first_epoch, m.n_train,
-                                        cfg.batch * (job.workers if lockstep else 1)), m.layout.n_w, m.w.dtype)
+                                        cfg.batch * (job.workers if together else 1)), m.layout.n_w, m.w.dtype)
 
         def deferred():
             return mlp.make_evaluate(m.layout, copies.take(current()), m.test)
     tracker = EpochTracker(m.n_train, cfg.epochs, evaluate if current else None, job.say, cfg.progress, job.clock,
                            history=list(m.resumed.get("history", [])), epoch=m.first_epoch,
-                           samples=m.first_epoch * m.n_train, step_losses=[] if lockstep else None,
+                           samples=m.first_epoch * m.n_train, step_losses=[] if together else None,
                            target=target(cfg.target_accuracy, cfg.target_loss),
                            cadence=cadence,
                            eval_cost_s=evaluation_cost(m) if current else 0.0,

@@ -16,6 +16,7 @@ import traceback
 
 import numpy as np
 
+from ..core.schedule import lockstep
 from ..net.optimizers import default_lr, worker_lr
 from ..run import results as _results
 from ..run.config import Config
@@ -108,7 +109,7 @@ def config_of(spec: Spec, out: str | None, data_path: str | None, trace: bool = 
     """results.json's config: the run simulated, as asgd.train records its own (its options,
     then what it resolved: lr, the rank counts, the network's and the data's sizes)."""
     r = spec.run
-    averaged = r.replicas if spec.arch == "allreduce" or r.mode == "sync" else 1
+    averaged = r.replicas if lockstep(spec.arch, r.mode) else 1
     lr = spec.lr if spec.lr is not None else default_lr(spec.optimizer, r.hidden, averaged)
     simulated = dict(data=data_path, classes=r.classes, reader=r.reader, hidden=r.hidden, batch=r.batch,
                      epochs=r.epochs, seed=spec.seed, arch=spec.arch, servers=max(r.servers, 1), mode=r.mode,
