@@ -5,6 +5,7 @@ applied by asgd.predict (numpy only), and run folders that refuse to be overwrit
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -317,7 +318,7 @@ def test_predict_matches_a_headers_columns_by_name_and_refuses_missing_or_unknow
 
 def test_predict_ends_quietly_when_its_reader_goes_away(tmp_path):
     """`asgd.predict RUN FILE --out /dev/stdout | head`: the reader leaves after a line;
-    that ended in a BrokenPipeError traceback, now quietly (exit 1, as the Python docs advise)."""
+    that ended in a BrokenPipeError traceback, now quietly (128 + SIGPIPE, as a tool SIGPIPE ended)."""
     run = trained_by_name(tmp_path / "run")
     new = tmp_path / "new.csv"   # far more predictions than a pipe's buffer holds
     new.write_text("alcohol,ash,proline\n" + "".join(f"{12 + i % 3},{2 + i % 5 / 10},{500 + i}\n" for i in range(5000)))
@@ -327,7 +328,7 @@ def test_predict_ends_quietly_when_its_reader_goes_away(tmp_path):
     assert p.stdout.readline() == "row,prediction,p_a,p_b,p_c\n"
     p.stdout.close()
     err = p.stderr.read()
-    assert p.wait(timeout=60) == 1 and err == "", err
+    assert p.wait(timeout=60) == 128 + signal.SIGPIPE and err == "", err
 
 
 def test_held_out_says_it_reads_the_runs_data_file_and_names_it_when_gone(tmp_path):

@@ -32,6 +32,7 @@ from .data import labels as lab
 from .data.dialect import DELIMITERS, Dialect, delimiter_option
 from .net.mlp import Layout
 from .net.reference import predict as forward
+from .run import signals
 from .run.folder import file_digest
 
 
@@ -271,10 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asgd.predict: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
-        # the reader went away (`| head`): end quietly, as the Python docs advise; stdout
-        # goes to /dev/null so that the exit's flush has nowhere to fail
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return signals.reader_left()
     return 0
 
 

@@ -33,7 +33,7 @@ from ..core.wire import PRECISIONS
 from ..data import formats, problem
 from ..data.shares import HOLDOUT
 from ..net import OPTIMIZERS
-from ..run import config
+from ..run import config, signals
 from ..run.files import atomic_write
 from ..run.results import why_no_rate
 from . import analytic, html, report
@@ -497,9 +497,8 @@ def main(argv=None) -> int:
             _measure(a)
         p = load_params(a.params)
         return {"predict": _predict, "compare": _compare, "optimize": _optimize}[a.cmd](a, p)
-    except BrokenPipeError:   # the reader went away (| head): no error of ours; quiet, as the Python docs advise
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    except BrokenPipeError:
+        return signals.reader_left()
     except (PerfError, ValueError, OSError) as e:
         print(f"asgd.perf {a.cmd}: error: {e}", file=sys.stderr)
         return 2

@@ -7,7 +7,9 @@ seems stuck: `kill -USR2 <rank's pid>`."""
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
+import sys
 
 _requested: str | None = None
 
@@ -24,3 +26,11 @@ def install() -> None:
 def requested() -> str | None:
     """The name of the signal that asked to stop, or None."""
     return _requested
+
+
+def reader_left() -> int:
+    """A command's stdout reader went away (`| head`): end as quietly as a tool that SIGPIPE
+    ended, as the Python docs advise. stdout goes to /dev/null so that the exit's flush has
+    nowhere to fail. Returns the exit status (128 + SIGPIPE, as the shell shows such a tool's)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE

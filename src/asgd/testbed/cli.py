@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import sys
 
+from ..run import signals
 from . import batch, faults, lifecycle, slurm, state
 from .sh import TestbedError
 from .spec import format_rate, parse_rate
@@ -138,10 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()   # here, not at exit: a reader that left is seen inside the try
         return code
     except BrokenPipeError:
-        # the reader went away (`status | head`): end as quietly as a tool that SIGPIPE
-        # ended; stdout goes to /dev/null so that the exit's flush has nowhere to fail
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
+        return signals.reader_left()
 
 
 def _command(a: argparse.Namespace) -> int:
