@@ -18,7 +18,6 @@ from runs_report import grouped, median
 import itertools
 import json
 import statistics
-import time
 
 import numpy as np
 
@@ -98,25 +97,11 @@ def cycling(step, modes: list[str]):
 
 
 def child(args) -> None:
-    from mpi4py import MPI
-
     from asgd.data import problem
     from asgd.net import mlp
-    from asgd.mpiutil import Waiter, oversubscribed
-    from asgd.core.wire import shard_bounds
-    from asgd.core.schedule import Schedule
-    from asgd.protocol.context import Endpoint
-    from asgd.protocol.messages import DenseLink
-    from asgd.core.policy import Async
-    from asgd.protocol.server import Server
-    from asgd.protocol.worker import PushPull, run_worker
     from asgd.run.trace import PhaseClock, TraceClock
 
-    comm = MPI.COMM_WORLD
-    if comm.size != 2:
-        raise SystemExit("bench_overlap's MPI job runs on exactly 2 ranks")
-    crowded = oversubscribed(comm)
-    waiter = Waiter(crowded, time.monotonic() + args.timeout, f"rank {comm.rank}")
+    comm, waiter, crowded = common.two_ranks("bench_overlap's MPI job", args.timeout)
     dt = np.dtype(args.precision)
     mlp.compile_kernels(dtype=dt)
     out = []
@@ -126,14 +111,12 @@ def child(args) -> None:
         w = mlp.init_params(layout, 0, dt)
         comm.Barrier()
         if comm.rank == 0:
-            Server(Endpoint(comm, waiter, PhaseClock("idle")), w, 1).serve(Async())
+            common.exchange(comm, waiter, PhaseClock("idle"), w, None, None, None, batch, 1e-9)
             return None
         data = problem.rings(batch * updates * len(modes), 1)
-        data.X = data.X.astype(dt)   # as asgd.train casts its data to --precision
         clock = TraceClock("idle", steps=(0, 1 << 30))
-        shards = shard_bounds(layout.n_w, 1)
-        run_worker(PushPull(Endpoint(comm, waiter, clock), shards, DenseLink(shards, w)), data.X, data.y,
-                   cycling(step, modes), Schedule(batch=batch, epochs=1, seed=(0, 0), lr=1e-9, adaptive=False))
+        common.exchange(comm, waiter, clock, w, data.X.astype(dt), data.y,   # X as asgd.train casts it to --precision
+                        cycling(step, modes), batch, 1e-9)
         return per_step(clock.events(), modes)
 
     def no_compute(w, X, y, lr, dw, progress=None):
