@@ -23,8 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import common  # noqa: F401  (pins one thread per process before numpy)
-
+import common  # first: pins one thread per process before numpy
 from common import mpiexec_command, mpiexec_path, rank_pids
 from runs_report import median
 
@@ -78,20 +77,14 @@ def check_checkpoint(out: Path, lost: bool) -> str:
     return f"cut {cut}: shards at versions {rounds}" if len(rounds) > 1 and not lost else "ok"
 
 
-def plain_run(a, train: list[str]) -> tuple[dict | None, dict]:
+def plain_run(a, train: list[str], what: str) -> dict | None:
     """An undisturbed `mpiexec -n --ranks python -m asgd.train TRAIN` (MPICH, no supervisor):
-    its results.json (None if it failed) and the job."""
-    return common.train_job(a.ranks, ["-m", "asgd.train", *train], a.limit_s, check=False)
-
-
-def pilot(a) -> float:
-    """train_s of an undisturbed async run with the bench's --ranks, --hidden and --epochs."""
-    r, job = plain_run(a, ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden", str(a.hidden),
-                           "--checkpoint-every", "0.5s", "--quiet"])
+    its results.json, or None if it failed (said, as `what`)."""
+    r, job = common.train_job(a.ranks, ["-m", "asgd.train", *train], a.limit_s, check=False)
     if r is None:
         last = job["stderr"].strip().splitlines()[-1:] or ["no message"]
-        raise SystemExit(f"bench_chaos: the undisturbed pilot run failed (exit {job['rc']}): {last[0]}")
-    return r["train_s"]
+        print(f"bench_chaos: {what} failed (exit {job['rc']}): {last[0]}", flush=True)
+    return r
 
 
 def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, testbed=None) -> dict:
@@ -218,15 +211,6 @@ def testbed_host_of(name: str, out: Path, rank: int) -> str:
     return spec.veth(spec.index(host))
 
 
-def undisturbed(a, row: dict) -> dict | None:
-    """The results of a run's twin: the same options, no fault; None if the twin failed
-    (the row then has no comparison)."""
-    r, job = plain_run(a, row["train"])
-    if r is None:
-        print(f"bench_chaos: the twin of {row['kind']} run {row['run']} failed (exit {job['rc']})", flush=True)
-    return r
-
-
 # -- the bench -------------------------------------------------------------------------------
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -262,7 +246,11 @@ def main(argv=None) -> int:
             testbed = f"ch{a.seed % 10000}"
             subprocess.run([sys.executable, "-m", "asgd.testbed", "up", "--hosts", str(a.ranks), "--bandwidth",
                             "1gbit", "--name", testbed], check=True, capture_output=True)
-        train_s = pilot(a)
+        pilot = plain_run(a, ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden",
+                              str(a.hidden), "--checkpoint-every", "0.5s", "--quiet"], "the undisturbed pilot run")
+        if pilot is None:
+            raise SystemExit("bench_chaos: no pilot run, no time to draw the faults in")
+        train_s = pilot["train_s"]
         print(f"pilot: {a.epochs} epochs train in {train_s:.1f} s; faults come 10-60 % of that after the first "
               "checkpoint", flush=True)
         if "straggler" in a.kinds and 0.6 * train_s < a.stop_s:
@@ -273,7 +261,7 @@ def main(argv=None) -> int:
                 row = one(kind, k, rng, a, work, train_s, testbed)
                 if (kind in ("straggler", "server") and row.get("train_s") is not None
                         and row["faulted_at_s"] is not None):
-                    twin = undisturbed(a, row)
+                    twin = plain_run(a, row["train"], f"the twin of {kind} run {k}")   # None: no comparison
                     if twin is not None:
                         row.update(twin_train_s=twin["train_s"], twin_accuracy=twin["metrics"]["accuracy"])
                     if twin is not None and kind == "straggler":

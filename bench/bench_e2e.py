@@ -204,25 +204,19 @@ def main(argv=None):
         where=(f"measured on the emulated cluster: {max(args.ranks)} hosts, links {args.testbed} each way, "
                "one rank per host" if tb else "measured here, shared memory"),
         summary=summary)
-    run.write(rows, info)
-    if summary:
-        run.plot(plot, summary, args.target, info["where"])
-    run.print_machine()
-    common.print_table(summary, [("ranks", "ranks", "d"), ("implementation", "impl", ""),
-                                 ("precision", "precision", ""),
-                                 (f"time to {args.target}: whole process s", "time_to_accuracy_s", ".2f"),
-                                 ("min", "tta_min_s", ".2f"), ("max", "tta_max_s", ".2f"),
-                                 ("x DDP", "tta_vs_ddp", ".2f"),
-                                 ("training only s", "train_time_to_accuracy_s", ".2f"),
-                                 ("x DDP", "train_tta_vs_ddp", ".2f"), ("epochs", "epochs_to_accuracy", ".0f"),
-                                 ("samples/s", "samples_per_s", ",.0f"), ("updates/s", "updates_per_s", ",.1f"),
-                                 ("x RPC PS", "updates_vs_rpc", ".2f"), ("init s", "init_s", ".2f"),
-                                 *([("link ceiling/s", "link_ceiling_updates_per_s", ".2f"),
-                                    ("x ceiling", "link_util", ".2f"), ("MB sent", "wire_mb", ",.0f")] if tb else []),
-                                 ("runs", "runs", "d"), ("reached", "reached", "d")])
-    print(info["where"])
-    print("the target (asgd before DDP) is judged on the whole-process time; the training-only time is beside it")
-    run.wrote()
+    common.report(run, rows, info, plot if summary else None, summary, [
+        ("ranks", "ranks", "d"), ("implementation", "impl", ""), ("precision", "precision", ""),
+        (f"time to {args.target}: whole process s", "time_to_accuracy_s", ".2f"), ("min", "tta_min_s", ".2f"),
+        ("max", "tta_max_s", ".2f"), ("x DDP", "tta_vs_ddp", ".2f"),
+        ("training only s", "train_time_to_accuracy_s", ".2f"), ("x DDP", "train_tta_vs_ddp", ".2f"),
+        ("epochs", "epochs_to_accuracy", ".0f"),
+        ("samples/s", "samples_per_s", ",.0f"), ("updates/s", "updates_per_s", ",.1f"),
+        ("x RPC PS", "updates_vs_rpc", ".2f"), ("init s", "init_s", ".2f"),
+        *([("link ceiling/s", "link_ceiling_updates_per_s", ".2f"), ("x ceiling", "link_util", ".2f"),
+           ("MB sent", "wire_mb", ",.0f")] if tb else []), ("runs", "runs", "d"), ("reached", "reached", "d")],
+        [info["where"],
+         "the target (asgd before DDP) is judged on the whole-process time; the training-only time is beside it"],
+        data=(summary, args.target, info["where"]))
     return 0
 
 

@@ -198,7 +198,7 @@ def main(argv=None):
                       "x_torch_cpu": (by["numba"]["samples_per_s_cpu"] / by["torch"]["samples_per_s_cpu"]
                                       if "torch" in by else None)})
     print(f"SGEMM 1 thread {gflops['float32']:.1f} GFLOP/s, DGEMM {gflops['float64']:.1f}; torch: {info['torch']}")
-    micro.report(run, rows, info, plot, table, [
+    common.report(run, rows, info, plot, table, [
         ("precision", "precision", ""), ("model", "model", ""), ("batch", "batch", "d"), ("numba s/s", "numba", ",.0f"),
         ("numpy", "numpy", ",.0f"), ("torch", "torch", ",.0f"), ("torch manual", "torch_manual", ",.0f"),
         ("exp only", "exp_only", ",.0f"), ("ceiling", "ceiling_samples_per_s", ",.0f"),

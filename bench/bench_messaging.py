@@ -237,7 +237,7 @@ def main(argv=None):
                     job_wall_s=round(job["wall_s"], 2), float32_over_float64=ratios, columns=COLUMNS,
                     raw=raw["rows"])
     print(f"2 ranks ({'oversubscribed' if raw['oversubscribed'] else 'ranks <= cores'}), {job['cmd'].split()[0]}")
-    micro.report(run, rows, info, plot, rows, [
+    common.report(run, rows, info, plot, rows, [
         ("model", "model", ""), ("precision", "precision", ""), ("KB each way", "kb", ",.0f"),
         ("variant", "variant", ""), ("round trip µs", "rtt_us", ",.1f"), ("min µs", "rtt_us_min", ",.1f"),
         ("x ping-pong", "vs_pingpong", ".2f"), ("x reply-first", "vs_reply_first", ".2f"),

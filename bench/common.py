@@ -63,6 +63,21 @@ def choice_list(choices):
     return parse
 
 
+def report(run, rows: list[dict], meta: dict, draw, table: list[dict], cols: list, lines=(), title: str | None = None,
+           data: tuple | None = None) -> None:
+    """The end of a bench's run: <name>.csv/.json, the figure (draw(*data, path), data
+    default (rows,); draw None: none), the machine, the table, its closing lines, the files
+    written."""
+    run.write(rows, meta)
+    if draw:
+        run.plot(draw, *(data or (rows,)))
+    run.print_machine()
+    print_table(table, cols, title)
+    for line in lines:
+        print(line)
+    run.wrote()
+
+
 # -- the benches that run asgd's protocol in an MPI job of their own (bench_messaging, bench_overlap) --
 
 def two_ranks(what: str, timeout: float):
