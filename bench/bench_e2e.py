@@ -146,17 +146,12 @@ def plot(summary, target, where, path):
     common.save_figure(fig, path)
 
 
-def configs(args) -> list[tuple[str, str]]:
-    """(implementation, precision): every implementation in every precision."""
-    return [(impl, prec) for impl in args.impls for prec in args.precisions]
-
-
-def measure(args, tb) -> list[dict]:
+def measure(args, configs, tb) -> list[dict]:
     """Every (repetition, ranks, implementation, precision), in rotating order."""
     rows = []
     for rep in range(args.repeat):
         for n in args.ranks:
-            for impl, prec in common.rotated(configs(args), rep + n):
+            for impl, prec in common.rotated(configs, rep + n):
                 try:
                     r = run_once(impl, prec, n, args, tb)
                 except common.JobFailed as e:
@@ -172,13 +167,14 @@ def measure(args, tb) -> list[dict]:
 def main(argv=None):
     args = parse_args(argv)
     run = common.Run("e2e", args, end_on_signals=bool(args.testbed))   # a killed bench takes its testbed down
-    for impl, prec in configs(args):   # every side warmed alike: one discarded run each (shared memory)
+    configs = [(impl, prec) for impl in args.impls for prec in args.precisions]   # each in every precision
+    for impl, prec in configs:   # every side warmed alike: one discarded run each (shared memory)
         run_once(impl, prec, min(args.ranks), args)
     with (validate.testbed(args.testbed_name, max(args.ranks), args.testbed) if args.testbed
           else contextlib.nullcontext()) as tb:
-        rows = measure(args, tb)
+        rows = measure(args, configs, tb)
     rate_bit = validate.parse_rate(args.testbed) if args.testbed else None
-    summary = summarize(rows, configs(args), args.ranks, rate_bit)
+    summary = summarize(rows, configs, args.ranks, rate_bit)
     from asgd.net import optimizers
     from asgd.run.config import Config
     _opt = Config().optimizer
