@@ -277,7 +277,7 @@ def main(argv=None) -> int:
                  for b in (0, 1)}
     cost = {f"backup_{b}": {"runs": len(v), "median_s": statistics.median(v) if v else None,
                             "max_s": max(v, default=None)} for b, v in straggler.items()}
-    run.write(rows, run.meta(table=table, straggler_cost=cost, columns={
+    meta = run.meta(table=table, straggler_cost=cost, columns={
         "kind": "the fault", "train": "the run's asgd.train options",
         "status": "the job's (or the supervisor's) exit status", "hung": "killed at --limit-s",
         "completed": "status 0", "restarted": "restarts the supervisor made", "lost": "ranks results.json names lost",
@@ -286,20 +286,16 @@ def main(argv=None) -> int:
         "cut_interval_s": "seconds between server 0's last two cuts when the fault came (--checkpoint-every 0.5s)",
         "twin_accuracy": "the same run's without a fault (server and straggler kinds)",
         "checkpoint": "the newest common cut: ok, none, or why not",
-        "straggler_cost_s": "train_s with the straggler less its undisturbed twin's"}))
-    common.print_table(table, [("kind", "kind", ""), ("runs", "runs", "d"), ("faulted", "faulted", "d"),
-                               ("completed", "completed", "d"), ("restarted", "restarted", "d"), ("hung", "hung", "d"),
-                               ("bad ckpt", "bad_checkpoints", "d"), ("acc min", "accuracy_min", ".3f"),
-                               ("acc median", "accuracy_median", ".3f"), ("lost s max", "lost_s_max", ".1f"),
-                               ("work lost s max", "work_lost_s_max", ".2f"),
-                               ("cut interval s max", "cut_interval_s_max", ".2f"),
-                               ("acc below twin max", "accuracy_below_twin_max", ".4f"),
-                               ("workers lost", "workers_lost", "d")], title="per fault kind")
-    for b, c in cost.items():
-        print(f"straggler stopped {a.stop_s:g} s, {b.replace('_', ' ')}: costs {c['median_s']} s median "
-              f"(max {c['max_s']}) over {c['runs']} runs")
-    run.print_machine()
-    run.wrote()
+        "straggler_cost_s": "train_s with the straggler less its undisturbed twin's"})
+    common.report(run, rows, meta, None, table, [
+        ("kind", "kind", ""), ("runs", "runs", "d"), ("faulted", "faulted", "d"), ("completed", "completed", "d"),
+        ("restarted", "restarted", "d"), ("hung", "hung", "d"), ("bad ckpt", "bad_checkpoints", "d"),
+        ("acc min", "accuracy_min", ".3f"), ("acc median", "accuracy_median", ".3f"),
+        ("lost s max", "lost_s_max", ".1f"),
+        ("work lost s max", "work_lost_s_max", ".2f"), ("cut interval s max", "cut_interval_s_max", ".2f"),
+        ("acc below twin max", "accuracy_below_twin_max", ".4f"), ("workers lost", "workers_lost", "d")],
+        [f"straggler stopped {a.stop_s:g} s, {b.replace('_', ' ')}: costs {c['median_s']} s median (max {c['max_s']}) "
+         f"over {c['runs']} runs" for b, c in cost.items()], "per fault kind")
     return 0 if all(t["hung"] == 0 and t["bad_checkpoints"] == 0 for t in table) else 1
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import common  # first: pins threads, puts src/ on the path
 import validate
-from common import int_list, print_table
+from common import int_list
 
 import itertools
 
@@ -157,32 +157,28 @@ def main(argv=None) -> int:
             "this_parse_s": r["parse_s"], "baseline_parse_s": (b := base[r["format"], r["reader"], r["workers"]]),
             "ratio": r["parse_s"] / b} for r in rows}
     meta["summary"] = summary = summarize(rows, a.format)
-    run.write(all_rows, meta)
-    print()
-    run.print_machine()
-    print_table(all_rows,
-                [("tree", "tree", ""), ("format", "format", ""), ("reader", "reader", ""), ("workers", "workers", "d"),
-                 ("init_s", "init_s", ".2f"), ("reader_s", "data_s", ".2f"), ("read", "read_s", ".2f"),
-                 ("parse", "parse_s", ".2f"), ("shuffle", "shuffle_s", ".2f"), ("rest", "rest_s", ".2f"),
-                 ("accuracy", "accuracy", ".3f")],
-                title=f"init (s) by reader and workers, {a.points:,} points (reader_s: slowest rank's "
-                      "read+parse+shuffle; rest: the slowest rank's init less that)")
+    lines = []
     for fmt, s in summary.items():
         if "sequential_init_fit" in s:
             f, g = s["sequential_init_fit"], s["sequential_data_fit"]
-            print(f"{fmt}: sequential init vs workers: slope {f['slope_s_per_worker']:.3f} s/worker, "
-                  f"R^2 {f['r2']:.4f} (reader part: {g['slope_s_per_worker']:.3f} s/worker, R^2 {g['r2']:.4f})")
+            lines.append(f"{fmt}: sequential init vs workers: slope {f['slope_s_per_worker']:.3f} s/worker, R^2 "
+                         f"{f['r2']:.4f} (reader part: {g['slope_s_per_worker']:.3f} s/worker, R^2 {g['r2']:.4f})")
         if s.get("model"):
-            print(f"{fmt}: eq. 12 calibration: T_disk(d) = {s['model']['T_disk_s']:.3f} s, "
-                  f"r_d = {s['model']['r_d_s_per_byte'] * 1e9:.3f} ns per byte of doubles")
+            lines.append(f"{fmt}: eq. 12 calibration: T_disk(d) = {s['model']['T_disk_s']:.3f} s, "
+                         f"r_d = {s['model']['r_d_s_per_byte'] * 1e9:.3f} ns per byte of doubles")
         if "ratio_at_8_workers" in s:
             q = s["ratio_at_8_workers"]
-            print(f"{fmt}: parallel / sequential at 8 workers: init {q['init']:.3f}, reader part {q['data']:.3f}")
-    for k, v in meta.get("parse_vs_baseline", {}).items():
-        print(f"{k}: parse {v['this_parse_s']:.3f} s against {v['baseline_parse_s']:.3f} s at {a.baseline}: "
-              f"{v['ratio']:.3f}x")
-    run.plot(plot, rows, summary, a.points)
-    run.wrote()
+            lines.append(f"{fmt}: parallel / sequential at 8 workers: init {q['init']:.3f}, "
+                         f"reader part {q['data']:.3f}")
+    lines += [f"{k}: parse {v['this_parse_s']:.3f} s against {v['baseline_parse_s']:.3f} s at {a.baseline}: "
+              f"{v['ratio']:.3f}x" for k, v in meta.get("parse_vs_baseline", {}).items()]
+    print()
+    common.report(run, all_rows, meta, plot, all_rows, [
+        ("tree", "tree", ""), ("format", "format", ""), ("reader", "reader", ""), ("workers", "workers", "d"),
+        ("init_s", "init_s", ".2f"), ("reader_s", "data_s", ".2f"), ("read", "read_s", ".2f"),
+        ("parse", "parse_s", ".2f"), ("shuffle", "shuffle_s", ".2f"), ("rest", "rest_s", ".2f"),
+        ("accuracy", "accuracy", ".3f")], lines, f"init (s) by reader and workers, {a.points:,} points (reader_s: "
+        "slowest rank's read+parse+shuffle; rest: the slowest rank's init less that)", data=(rows, summary, a.points))
     return 0
 
 
