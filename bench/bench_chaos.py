@@ -291,8 +291,8 @@ def main(argv=None) -> int:
         ("kind", "kind", ""), ("runs", "runs", "d"), ("faulted", "faulted", "d"), ("completed", "completed", "d"),
         ("restarted", "restarted", "d"), ("hung", "hung", "d"), ("bad ckpt", "bad_checkpoints", "d"),
         ("acc min", "accuracy_min", ".3f"), ("acc median", "accuracy_median", ".3f"),
-        ("lost s max", "lost_s_max", ".1f"),
-        ("work lost s max", "work_lost_s_max", ".2f"), ("cut interval s max", "cut_interval_s_max", ".2f"),
+        ("lost s max", "lost_s_max", ".1f"), ("work lost s max", "work_lost_s_max", ".2f"),
+        ("cut interval s max", "cut_interval_s_max", ".2f"),
         ("acc below twin max", "accuracy_below_twin_max", ".4f"), ("workers lost", "workers_lost", "d")],
         [f"straggler stopped {a.stop_s:g} s, {b.replace('_', ' ')}: costs {c['median_s']} s median (max {c['max_s']}) "
          f"over {c['runs']} runs" for b, c in cost.items()], "per fault kind")
