@@ -180,8 +180,8 @@ def plot(rows, path):
                          lambda o, p, y: f"{by[o, p]['pct_of_floor']:.0f}%", fontsize=7)
         ax.scatter(at["asgd"], [by[o, "asgd"]["floor_us"] for o in names], marker="_", s=300, color="k", zorder=3,
                    label="floor (its bytes at the bound of its footprint)")
-        ax.set_title(f"{g[0]}, {g[1]} worker{'s' * (g[1] > 1)}, {g[2]}", fontsize=10)
         ax.set_ylabel("µs per push (median)")
+        ax.set_title(f"{g[0]}, {g[1]} worker{'s' * (g[1] > 1)}, {g[2]}", fontsize=10)
         ax.legend(fontsize=7)
     fig.suptitle("The server's per-push work per optimizer, before and now (% over a bar: of the floor), "
                  "one core, measured here", fontsize=10)
