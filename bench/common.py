@@ -63,6 +63,8 @@ def choice_list(choices):
     return parse
 
 
+# -- the end of a bench's run; asgd's protocol in a bench's own 2-rank MPI job (bench_messaging, bench_overlap) --
+
 def report(run, rows: list[dict], meta: dict, draw, table: list[dict], cols: list, lines=(), title: str | None = None,
            data: tuple | None = None) -> None:
     """The end of a bench's run: <name>.csv/.json, the figure (draw(*data, path), data
@@ -78,11 +80,9 @@ def report(run, rows: list[dict], meta: dict, draw, table: list[dict], cols: lis
     run.wrote()
 
 
-# -- the benches that run asgd's protocol in an MPI job of their own (bench_messaging, bench_overlap) --
-
 def two_ranks(what: str, timeout: float):
-    """Inside such a job of 2 ranks (rank 0 serves, rank 1 works): (comm, its Waiter, whether
-    the ranks outnumber the cores)."""
+    """Inside a bench's own MPI job of 2 ranks (rank 0 serves, rank 1 works): (comm, its
+    Waiter, whether the ranks outnumber the cores)."""
     from mpi4py import MPI
     from asgd.mpiutil import Waiter, oversubscribed
     comm = MPI.COMM_WORLD
