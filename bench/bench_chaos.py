@@ -23,8 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import common  # noqa: F401  (pins one thread per process before numpy)
-
+import common  # first: pins one thread per process before numpy
 from common import mpiexec_command, mpiexec_path, rank_pids
 from runs_report import median
 
@@ -78,20 +77,14 @@ def check_checkpoint(out: Path, lost: bool) -> str:
     return f"cut {cut}: shards at versions {rounds}" if len(rounds) > 1 and not lost else "ok"
 
 
-def plain_run(a, train: list[str]) -> tuple[dict | None, dict]:
+def plain_run(a, train: list[str], what: str) -> dict | None:
     """An undisturbed `mpiexec -n --ranks python -m asgd.train TRAIN` (MPICH, no supervisor):
-    its results.json (None if it failed) and the job."""
-    return common.train_job(a.ranks, ["-m", "asgd.train", *train], a.limit_s, check=False)
-
-
-def pilot(a) -> float:
-    """train_s of an undisturbed async run with the bench's --ranks, --hidden and --epochs."""
-    r, job = plain_run(a, ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden", str(a.hidden),
-                           "--checkpoint-every", "0.5s", "--quiet"])
+    its results.json, or None if it failed (said, as `what`)."""
+    r, job = common.train_job(a.ranks, ["-m", "asgd.train", *train], a.limit_s, check=False)
     if r is None:
         last = job["stderr"].strip().splitlines()[-1:] or ["no message"]
-        raise SystemExit(f"bench_chaos: the undisturbed pilot run failed (exit {job['rc']}): {last[0]}")
-    return r["train_s"]
+        print(f"bench_chaos: {what} failed (exit {job['rc']}): {last[0]}", flush=True)
+    return r
 
 
 def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, testbed=None) -> dict:
@@ -218,15 +211,6 @@ def testbed_host_of(name: str, out: Path, rank: int) -> str:
     return spec.veth(spec.index(host))
 
 
-def undisturbed(a, row: dict) -> dict | None:
-    """The results of a run's twin: the same options, no fault; None if the twin failed
-    (the row then has no comparison)."""
-    r, job = plain_run(a, row["train"])
-    if r is None:
-        print(f"bench_chaos: the twin of {row['kind']} run {row['run']} failed (exit {job['rc']})", flush=True)
-    return r
-
-
 # -- the bench -------------------------------------------------------------------------------
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -262,7 +246,11 @@ def main(argv=None) -> int:
             testbed = f"ch{a.seed % 10000}"
             subprocess.run([sys.executable, "-m", "asgd.testbed", "up", "--hosts", str(a.ranks), "--bandwidth",
                             "1gbit", "--name", testbed], check=True, capture_output=True)
-        train_s = pilot(a)
+        pilot = plain_run(a, ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden",
+                              str(a.hidden), "--checkpoint-every", "0.5s", "--quiet"], "the undisturbed pilot run")
+        if pilot is None:
+            raise SystemExit("bench_chaos: no pilot run, no time to draw the faults in")
+        train_s = pilot["train_s"]
         print(f"pilot: {a.epochs} epochs train in {train_s:.1f} s; faults come 10-60 % of that after the first "
               "checkpoint", flush=True)
         if "straggler" in a.kinds and 0.6 * train_s < a.stop_s:
@@ -273,7 +261,7 @@ def main(argv=None) -> int:
                 row = one(kind, k, rng, a, work, train_s, testbed)
                 if (kind in ("straggler", "server") and row.get("train_s") is not None
                         and row["faulted_at_s"] is not None):
-                    twin = undisturbed(a, row)
+                    twin = plain_run(a, row["train"], f"the twin of {kind} run {k}")   # None: no comparison
                     if twin is not None:
                         row.update(twin_train_s=twin["train_s"], twin_accuracy=twin["metrics"]["accuracy"])
                     if twin is not None and kind == "straggler":
@@ -289,7 +277,7 @@ def main(argv=None) -> int:
                  for b in (0, 1)}
     cost = {f"backup_{b}": {"runs": len(v), "median_s": statistics.median(v) if v else None,
                             "max_s": max(v, default=None)} for b, v in straggler.items()}
-    run.write(rows, run.meta(table=table, straggler_cost=cost, columns={
+    meta = run.meta(table=table, straggler_cost=cost, columns={
         "kind": "the fault", "train": "the run's asgd.train options",
         "status": "the job's (or the supervisor's) exit status", "hung": "killed at --limit-s",
         "completed": "status 0", "restarted": "restarts the supervisor made", "lost": "ranks results.json names lost",
@@ -298,20 +286,16 @@ def main(argv=None) -> int:
         "cut_interval_s": "seconds between server 0's last two cuts when the fault came (--checkpoint-every 0.5s)",
         "twin_accuracy": "the same run's without a fault (server and straggler kinds)",
         "checkpoint": "the newest common cut: ok, none, or why not",
-        "straggler_cost_s": "train_s with the straggler less its undisturbed twin's"}))
-    common.print_table(table, [("kind", "kind", ""), ("runs", "runs", "d"), ("faulted", "faulted", "d"),
-                               ("completed", "completed", "d"), ("restarted", "restarted", "d"), ("hung", "hung", "d"),
-                               ("bad ckpt", "bad_checkpoints", "d"), ("acc min", "accuracy_min", ".3f"),
-                               ("acc median", "accuracy_median", ".3f"), ("lost s max", "lost_s_max", ".1f"),
-                               ("work lost s max", "work_lost_s_max", ".2f"),
-                               ("cut interval s max", "cut_interval_s_max", ".2f"),
-                               ("acc below twin max", "accuracy_below_twin_max", ".4f"),
-                               ("workers lost", "workers_lost", "d")], title="per fault kind")
-    for b, c in cost.items():
-        print(f"straggler stopped {a.stop_s:g} s, {b.replace('_', ' ')}: costs {c['median_s']} s median "
-              f"(max {c['max_s']}) over {c['runs']} runs")
-    run.print_machine()
-    run.wrote()
+        "straggler_cost_s": "train_s with the straggler less its undisturbed twin's"})
+    common.report(run, rows, meta, None, table, [
+        ("kind", "kind", ""), ("runs", "runs", "d"), ("faulted", "faulted", "d"), ("completed", "completed", "d"),
+        ("restarted", "restarted", "d"), ("hung", "hung", "d"), ("bad ckpt", "bad_checkpoints", "d"),
+        ("acc min", "accuracy_min", ".3f"), ("acc median", "accuracy_median", ".3f"),
+        ("lost s max", "lost_s_max", ".1f"), ("work lost s max", "work_lost_s_max", ".2f"),
+        ("cut interval s max", "cut_interval_s_max", ".2f"),
+        ("acc below twin max", "accuracy_below_twin_max", ".4f"), ("workers lost", "workers_lost", "d")],
+        [f"straggler stopped {a.stop_s:g} s, {b.replace('_', ' ')}: costs {c['median_s']} s median (max {c['max_s']}) "
+         f"over {c['runs']} runs" for b, c in cost.items()], "per fault kind")
     return 0 if all(t["hung"] == 0 and t["bad_checkpoints"] == 0 for t in table) else 1
 
 

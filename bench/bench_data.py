@@ -303,28 +303,22 @@ def main(argv=None):
                  "pass": f"gap_to_sklearn >= -{args.tolerance} (rings at 16 ranks: also the default run's "
                          "accuracy >= 0.95 within 60 s)"},
         summary=summary)
-    run.write(rows, info)
-    if summary:
-        run.plot(plot, summary, args.tolerance)
-    run.print_machine()
-    common.print_table(summary, [("data set", "dataset", ""), ("ranks", "ranks", "d"), ("seeds", "seeds", "d"),
-                                 ("asgd", "asgd", ".3f"), ("min", "asgd_min", ".3f"),
-                                 ("sk raw", "sklearn_raw", ".3f"), ("sk std", "sklearn_standardized", ".3f"),
-                                 ("gap", "gap_to_sklearn", "+.3f"),
-                                 *[(o, f"asgd_{o}", ".3f") for o in args.precisions[1:]],
-                                 *[(f"-{o}", f"gap_to_{o}", "+.4f") for o in args.precisions[1:]], ("pass", "pass", ""),
-                                 ("hidden", "hidden", "d"), ("epochs", "epochs", "d"),
-                                 ("asgd job s", "asgd_job_s", ".1f"), ("sklearn s", "sklearn_s", ".1f"),
-                                 ("notes", "not_converged_notes", "d"), ("failed", "failed", "d")],
-                       title=f"held-out accuracy, mean over seeds {args.seeds}; pass: gap >= -{args.tolerance}")
+    lines = [f"{'PASSED' if info['passed'] else 'FAILED'}: every data set and rank count within {args.tolerance} "
+             "of sklearn"]
     ring = next((s for s in summary if s["dataset"] == "rings" and s["ranks"] == 16), None)
     if ring:
-        print(f"default run (rings, 16 ranks, seed {min(args.seeds)}): accuracy "
-              f"{common.fmt(ring['default_run_accuracy'], '.4f')} in {common.fmt(ring['default_run_s'], '.1f')} s "
-              f"(mpiexec start to exit): {'pass' if ring['default_run_pass'] else 'FAIL'} (>= 0.95 within 60 s)")
-    print(f"{'PASSED' if info['passed'] else 'FAILED'}: every data set and rank count "
-          f"within {args.tolerance} of sklearn")
-    run.wrote()
+        acc, wall = common.fmt(ring["default_run_accuracy"], ".4f"), common.fmt(ring["default_run_s"], ".1f")
+        lines.insert(0, f"default run (rings, 16 ranks, seed {min(args.seeds)}): accuracy {acc} in {wall} s (mpiexec "
+                     f"start to exit): {'pass' if ring['default_run_pass'] else 'FAIL'} (>= 0.95 within 60 s)")
+    common.report(run, rows, info, plot if summary else None, summary, [
+        ("data set", "dataset", ""), ("ranks", "ranks", "d"), ("seeds", "seeds", "d"), ("asgd", "asgd", ".3f"),
+        ("min", "asgd_min", ".3f"), ("sk raw", "sklearn_raw", ".3f"), ("sk std", "sklearn_standardized", ".3f"),
+        ("gap", "gap_to_sklearn", "+.3f"), *[(o, f"asgd_{o}", ".3f") for o in args.precisions[1:]],
+        *[(f"-{o}", f"gap_to_{o}", "+.4f") for o in args.precisions[1:]], ("pass", "pass", ""),
+        ("hidden", "hidden", "d"), ("epochs", "epochs", "d"), ("asgd job s", "asgd_job_s", ".1f"),
+        ("sklearn s", "sklearn_s", ".1f"), ("notes", "not_converged_notes", "d"), ("failed", "failed", "d")],
+        lines, f"held-out accuracy, mean over seeds {args.seeds}; pass: gap >= -{args.tolerance}",
+        data=(summary, args.tolerance))
     return 0
 
 

@@ -83,12 +83,6 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
-def append_row(path: Path, row: dict) -> None:
-    """defaults.csv rewritten with row added, in today's COLS (an older file's columns too)."""
-    rows = [*read_rows(path), row]
-    common.write_csv(path, [{k: r.get(k) for k in COLS} for r in rows])
-
-
 @functools.lru_cache(maxsize=None)
 def chance(name: str, seed: int) -> tuple[float, float]:
     """(loss, accuracy) of predicting from the training split's class frequencies alone:
@@ -189,7 +183,8 @@ def main(argv=None):
                                "sklearn": sk, "gap": difference(acc, sk),
                                "chance_loss": round(chance_l, 4), "diverged": diverged(r),
                                "loadavg_1min": round(os.getloadavg()[0], 2)}
-                        append_row(path, row)
+                        # defaults.csv rewritten with the row added, in today's COLS (an older file's rows too)
+                        common.write_csv(path, [{k: r.get(k) for k in COLS} for r in [*read_rows(path), row]])
                         print(f"  s{seed} {name:<13} W={w:<2} {opt:<8} {rule:<8} lr {row['lr'] or 0:<9.3g} gap "
                               f"{common.fmt(row['gap'], '+.3f')}{' DIVERGED' if row['diverged'] else ''} "
                               f"{r.get('failed') or ''}", flush=True)

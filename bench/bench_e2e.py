@@ -146,17 +146,12 @@ def plot(summary, target, where, path):
     common.save_figure(fig, path)
 
 
-def configs(args) -> list[tuple[str, str]]:
-    """(implementation, precision): every implementation in every precision."""
-    return [(impl, prec) for impl in args.impls for prec in args.precisions]
-
-
-def measure(args, tb) -> list[dict]:
+def measure(args, configs, tb) -> list[dict]:
     """Every (repetition, ranks, implementation, precision), in rotating order."""
     rows = []
     for rep in range(args.repeat):
         for n in args.ranks:
-            for impl, prec in common.rotated(configs(args), rep + n):
+            for impl, prec in common.rotated(configs, rep + n):
                 try:
                     r = run_once(impl, prec, n, args, tb)
                 except common.JobFailed as e:
@@ -172,13 +167,14 @@ def measure(args, tb) -> list[dict]:
 def main(argv=None):
     args = parse_args(argv)
     run = common.Run("e2e", args, end_on_signals=bool(args.testbed))   # a killed bench takes its testbed down
-    for impl, prec in configs(args):   # every side warmed alike: one discarded run each (shared memory)
+    configs = [(impl, prec) for impl in args.impls for prec in args.precisions]   # each in every precision
+    for impl, prec in configs:   # every side warmed alike: one discarded run each (shared memory)
         run_once(impl, prec, min(args.ranks), args)
     with (validate.testbed(args.testbed_name, max(args.ranks), args.testbed) if args.testbed
           else contextlib.nullcontext()) as tb:
-        rows = measure(args, tb)
+        rows = measure(args, configs, tb)
     rate_bit = validate.parse_rate(args.testbed) if args.testbed else None
-    summary = summarize(rows, configs(args), args.ranks, rate_bit)
+    summary = summarize(rows, configs, args.ranks, rate_bit)
     from asgd.net import optimizers
     from asgd.run.config import Config
     _opt = Config().optimizer
@@ -204,25 +200,19 @@ def main(argv=None):
         where=(f"measured on the emulated cluster: {max(args.ranks)} hosts, links {args.testbed} each way, "
                "one rank per host" if tb else "measured here, shared memory"),
         summary=summary)
-    run.write(rows, info)
-    if summary:
-        run.plot(plot, summary, args.target, info["where"])
-    run.print_machine()
-    common.print_table(summary, [("ranks", "ranks", "d"), ("implementation", "impl", ""),
-                                 ("precision", "precision", ""),
-                                 (f"time to {args.target}: whole process s", "time_to_accuracy_s", ".2f"),
-                                 ("min", "tta_min_s", ".2f"), ("max", "tta_max_s", ".2f"),
-                                 ("x DDP", "tta_vs_ddp", ".2f"),
-                                 ("training only s", "train_time_to_accuracy_s", ".2f"),
-                                 ("x DDP", "train_tta_vs_ddp", ".2f"), ("epochs", "epochs_to_accuracy", ".0f"),
-                                 ("samples/s", "samples_per_s", ",.0f"), ("updates/s", "updates_per_s", ",.1f"),
-                                 ("x RPC PS", "updates_vs_rpc", ".2f"), ("init s", "init_s", ".2f"),
-                                 *([("link ceiling/s", "link_ceiling_updates_per_s", ".2f"),
-                                    ("x ceiling", "link_util", ".2f"), ("MB sent", "wire_mb", ",.0f")] if tb else []),
-                                 ("runs", "runs", "d"), ("reached", "reached", "d")])
-    print(info["where"])
-    print("the target (asgd before DDP) is judged on the whole-process time; the training-only time is beside it")
-    run.wrote()
+    common.report(run, rows, info, plot if summary else None, summary, [
+        ("ranks", "ranks", "d"), ("implementation", "impl", ""), ("precision", "precision", ""),
+        (f"time to {args.target}: whole process s", "time_to_accuracy_s", ".2f"), ("min", "tta_min_s", ".2f"),
+        ("max", "tta_max_s", ".2f"), ("x DDP", "tta_vs_ddp", ".2f"),
+        ("training only s", "train_time_to_accuracy_s", ".2f"), ("x DDP", "train_tta_vs_ddp", ".2f"),
+        ("epochs", "epochs_to_accuracy", ".0f"),
+        ("samples/s", "samples_per_s", ",.0f"), ("updates/s", "updates_per_s", ",.1f"),
+        ("x RPC PS", "updates_vs_rpc", ".2f"), ("init s", "init_s", ".2f"),
+        *([("link ceiling/s", "link_ceiling_updates_per_s", ".2f"), ("x ceiling", "link_util", ".2f"),
+           ("MB sent", "wire_mb", ",.0f")] if tb else []), ("runs", "runs", "d"), ("reached", "reached", "d")],
+        [info["where"],
+         "the target (asgd before DDP) is judged on the whole-process time; the training-only time is beside it"],
+        data=(summary, args.target, info["where"]))
     return 0
 
 

@@ -60,13 +60,6 @@ def exp_rows(a, out, shifts):
             out[i] = kernels.vexp(a[i] - shift)
 
 
-def exp_shifts(rows: int, dtype) -> np.ndarray:
-    """exp_rows' shifts in `dtype`, each pass's input moved by more than the dtype's
-    rounding (1e-9 in float64, as before float32; sqrt(eps) ~ 3.5e-4 in float32)."""
-    step = 1e-9 if np.dtype(dtype) == np.float64 else float(np.finfo(dtype).eps) ** 0.5
-    return (np.arange(rows) * step).astype(dtype)
-
-
 def parse_args(argv=None):
     p = common.parser(__doc__, "kernel", lock=True)
     p.add_argument("--hidden", type=int_list, default=[10000], help="hidden sizes, comma list (default 10000)")
@@ -93,16 +86,11 @@ def gemm_ceilings(n: int) -> dict:
     return got
 
 
-def step_flops(layout):
-    """FLOPs of one sample's step: forward and weight gradients (2 + 2 per weight), dh = dz W2^T
-    (2 per W2 weight), 9 elementwise per hidden unit (bias, sigmoid with exp as 1, its
-    derivative, db1); no dx."""
-    return 4 * layout.d_in * layout.d_hidden + 6 * layout.d_hidden * layout.d_out + 9 * layout.d_hidden
-
-
-def bench_case(layout, batch, repeat, min_time, with_torch, lock=None, dtype=np.float64):
-    """{impl: {samples_per_s, ...}} for one (layout, batch) in `dtype`, common.micro's shape
-    (the same weights and data in both precisions: float32's are float64's, rounded)."""
+def bench_case(layout, batch: int, prec: str, args, with_torch: bool) -> list[dict]:
+    """One (layout, batch, precision)'s rows in common.micro's shape, an implementation each
+    (the same weights and data in both precisions: float32's are float64's, rounded); numba's
+    row also says how much of its step the exps take."""
+    dtype = np.dtype(prec)
     w = init_params(layout, 0, dtype)
     rng = np.random.default_rng(1)
     X = rng.normal(size=(batch, layout.d_in)).astype(dtype)
@@ -116,7 +104,9 @@ def bench_case(layout, batch, repeat, min_time, with_torch, lock=None, dtype=np.
     reference_step(layout, w, X, y, lr, dw_ref)
     check = {"numba": common.rel_diff(dw, dw_ref)}
     a = np.random.default_rng(2).normal(size=layout.d_hidden).astype(dtype)
-    e, shifts = np.empty_like(a), exp_shifts(batch, dtype)
+    # each pass's input moved by more than the dtype's rounding (float32: sqrt(eps) ~ 3.5e-4)
+    shift = 1e-9 if dtype == np.float64 else float(np.finfo(dtype).eps) ** 0.5
+    e, shifts = np.empty_like(a), (np.arange(batch) * shift).astype(dtype)
     fns = {"numba": lambda: step(w, X, y, lr, dw),
            "numpy": lambda: reference_step(layout, w, X, y, lr, dw_ref),
            "exp_only": lambda: exp_rows(a, e, shifts)}
@@ -125,13 +115,29 @@ def bench_case(layout, batch, repeat, min_time, with_torch, lock=None, dtype=np.
         typical, manual, delta_typical = torch_steps(layout, w, X, y, lr)
         check["torch"] = common.rel_diff(delta_typical(), dw_ref)
         fns["torch"], fns["torch_manual"] = typical, manual
-    res = common.micro(fns, repeat, min_time, checks=check, lock=lock)
-    out = {name: {"samples_per_s": batch / r["median_s"], "samples_per_s_min": batch / r["max_s"],
-                  "samples_per_s_max": batch / r["min_s"], "samples_per_s_cpu": batch / r["cpu_median_s"],
-                  "step_ms": 1e3 * r["median_s"], "steps_per_repeat": r["loops"],
-                  "max_rel_diff_vs_numpy": r["max_rel_diff"]} for name, r in res.items()}
-    out["numba"]["first_call_s"] = first_call_s
-    return out
+    res = common.micro(fns, args.repeat, args.min_time, checks=check, lock=args.cpu_lock)
+    sps = {name: batch / r["median_s"] for name, r in res.items()}
+    # forward and weight gradients (2 + 2 per weight), dh = dz W2^T (2 per W2 weight), 9 elementwise
+    # per hidden unit (bias, sigmoid with exp as 1, its derivative, db1); no dx
+    flops = 4 * layout.d_in * layout.d_hidden + 6 * layout.d_hidden * layout.d_out + 9 * layout.d_hidden
+    rows = []
+    for impl, r in ((i, res[i]) for i in IMPLS if i in res):
+        t = {"samples_per_s": sps[impl], "samples_per_s_min": batch / r["max_s"],
+             "samples_per_s_max": batch / r["min_s"], "samples_per_s_cpu": batch / r["cpu_median_s"],
+             "step_ms": 1e3 * r["median_s"],
+             "steps_per_repeat": r["loops"], "max_rel_diff_vs_numpy": r["max_rel_diff"],
+             **({"first_call_s": first_call_s} if impl == "numba" else {})}
+        rows.append({"precision": prec, "d_in": layout.d_in, "hidden": layout.d_hidden, "d_out": layout.d_out,
+                     "batch": batch, "impl": impl,
+                     **{k: float(f"{v:.7g}") if isinstance(v, float) else v for k, v in t.items()},
+                     "flops_per_sample": flops, "gflops": round(sps[impl] * flops / 1e9, 3),
+                     "speedup_vs_numpy": round(sps[impl] / sps["numpy"], 3),
+                     "vs_torch": round(sps[impl] / sps["torch"], 3) if "torch" in sps else None})
+    t_step, t_exp = 1 / sps["numba"], 1 / sps["exp_only"]
+    rows[0]["exp_share_pct"] = round(100 * t_exp / t_step, 1)
+    rows[0]["gflops_without_exp"] = (round((flops - layout.d_hidden) / (t_step - t_exp) / 1e9, 2)
+                                     if t_step > t_exp else None)
+    return rows
 
 
 def plot(rows, path):
@@ -154,30 +160,11 @@ def plot(rows, path):
             ceil = sub[0]["ceiling_samples_per_s"]
             ax.axhline(ceil, color="k", ls="--", lw=1,
                        label=f"FLOP ceiling {ceil / 1e3:,.0f}K ({sub[0]['ceiling_gemm'].upper()} peak)")
-            ax.set_yscale("log")
-            ax.set_xlabel("batch size")
-            ax.set_ylabel("samples/s, one core (log)")
+            ax.set(yscale="log", xlabel="batch size", ylabel="samples/s, one core (log)",
+                   ylim=(None, max(ceil, max(r["samples_per_s_max"] for r in sub)) * 4))
             ax.set_title(f"{sub[0]['d_in']}-{hid}-{sub[0]['d_out']} MLP, {prec} training step", fontsize=10)
-            ax.set_ylim(top=max(ceil, max(r["samples_per_s_max"] for r in sub)) * 4)
             ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
     common.save_figure(fig, path)
-
-
-def case_rows(res: dict, prec: str, layout, batch: int) -> list[dict]:
-    """One (precision, layout, batch)'s rows, an implementation each, numba's first with how
-    much of its step the exps take."""
-    flops, base = step_flops(layout), {"precision": prec, "d_in": layout.d_in, "hidden": layout.d_hidden,
-                                       "d_out": layout.d_out, "batch": batch}
-    rows = [{**base, "impl": impl, **{k: float(f"{v:.7g}") if isinstance(v, float) else v for k, v in r.items()},
-             "flops_per_sample": flops, "gflops": round(r["samples_per_s"] * flops / 1e9, 3),
-             "speedup_vs_numpy": round(r["samples_per_s"] / res["numpy"]["samples_per_s"], 3),
-             "vs_torch": round(r["samples_per_s"] / res["torch"]["samples_per_s"], 3) if "torch" in res else None}
-            for impl, r in ((i, res[i]) for i in IMPLS if i in res)]
-    t_step, t_exp = 1 / res["numba"]["samples_per_s"], 1 / res["exp_only"]["samples_per_s"]
-    rows[0]["exp_share_pct"] = round(100 * t_exp / t_step, 1)
-    rows[0]["gflops_without_exp"] = (round((flops - layout.d_hidden) / (t_step - t_exp) / 1e9, 2)
-                                     if t_step > t_exp else None)
-    return rows
 
 
 def main(argv=None):
@@ -186,11 +173,10 @@ def main(argv=None):
     with_torch = not args.no_torch and common._version("torch") is not None
     gflops, rows = gemm_ceilings(args.dgemm_n), []
     for hid, batch, prec in itertools.product(args.hidden, args.batch, args.precisions):   # a case's precisions
-        layout = Layout(2, hid, 2)                                                         # back to back
-        res = bench_case(layout, batch, args.repeat, args.min_time, with_torch, args.cpu_lock, np.dtype(prec))
-        rows += case_rows(res, prec, layout, batch)
-        print(f"  {prec} 2-{hid}-2 batch {batch}: "
-              + ", ".join(f"{i} {res[i]['samples_per_s']:,.0f}" for i in IMPLS if i in res), flush=True)
+        case = bench_case(Layout(2, hid, 2), batch, prec, args, with_torch)                # back to back
+        rows += case
+        print(f"  {prec} 2-{hid}-2 batch {batch}: " + ", ".join(f"{r['impl']} {r['samples_per_s']:,.0f}" for r in case),
+              flush=True)
     again = gemm_ceilings(args.dgemm_n)   # again at the end: best of both
     gflops = {p: max(v, again[p]) for p, v in gflops.items()}
     for r in rows:
@@ -212,7 +198,7 @@ def main(argv=None):
                       "x_torch_cpu": (by["numba"]["samples_per_s_cpu"] / by["torch"]["samples_per_s_cpu"]
                                       if "torch" in by else None)})
     print(f"SGEMM 1 thread {gflops['float32']:.1f} GFLOP/s, DGEMM {gflops['float64']:.1f}; torch: {info['torch']}")
-    micro.report(run, rows, info, plot, table, [
+    common.report(run, rows, info, plot, table, [
         ("precision", "precision", ""), ("model", "model", ""), ("batch", "batch", "d"), ("numba s/s", "numba", ",.0f"),
         ("numpy", "numpy", ",.0f"), ("torch", "torch", ",.0f"), ("torch manual", "torch_manual", ",.0f"),
         ("exp only", "exp_only", ",.0f"), ("ceiling", "ceiling_samples_per_s", ",.0f"),

@@ -93,24 +93,11 @@ def child(args) -> None:
 
     from asgd.net import kernels
     from asgd.net.optimizers import Optimizer
-    from asgd.mpiutil import Waiter, oversubscribed
-    from asgd.core.wire import shard_bounds
     from asgd.net.mlp import Layout
-    from asgd.core.schedule import Schedule
-    from asgd.protocol.context import Endpoint
-    from asgd.protocol.messages import DenseLink
-    from asgd.core.policy import Async
-    from asgd.protocol.server import Server
-    from asgd.protocol.worker import PushPull, run_worker
     from asgd.run.trace import PhaseClock
 
-    comm = MPI.COMM_WORLD
-    if comm.size != 2:
-        raise SystemExit("bench_messaging runs on exactly 2 ranks")
+    comm, waiter, crowded = common.two_ranks("bench_messaging", args.timeout)
     me = comm.rank
-    crowded = oversubscribed(comm)
-    deadline = time.monotonic() + args.timeout
-    waiter = Waiter(crowded, deadline, f"rank {me}")
     block_s = 0.05 if args.quick else 0.15
     raw = []
 
@@ -151,23 +138,17 @@ def child(args) -> None:
 
     def protocol(n_w, iters, optimizer, dtype=np.float64):
         """Returns the worker's per-exchange times (rank 1) or the server's aggregate s/push (rank 0)."""
-        w0 = np.zeros(n_w, dtype)
-        clock = PhaseClock("init")
-        if me == 0:
-            server = Server(Endpoint(comm, waiter, clock), w0, 1, Optimizer(optimizer, 1e-3, n_w, dtype=dtype))
-            st = server.serve(Async())
-            return clock.seconds().get("aggregate", 0.0) / max(st.updates, 1)
-        stamps = np.empty(iters + 1)
-        k = [0]
+        stamps, k, clock = np.empty(iters + 1), [0], PhaseClock("init")
 
         def stub_step(w, X, y, lr, dw, progress=None):   # no compute: the round trip alone
             stamps[k[0]] = time.perf_counter()
             k[0] += 1
             return 0.0
-        shards = shard_bounds(n_w, 1)
-        run_worker(PushPull(Endpoint(comm, waiter, clock), shards, DenseLink(shards, w0)),
-                   np.zeros((iters, 2), dtype), np.zeros(iters, np.int64), stub_step,
-                   Schedule(batch=1, epochs=1, seed=(0, 0), lr=0.0, adaptive=False))
+        opt = Optimizer(optimizer, 1e-3, n_w, dtype=dtype) if me == 0 else None
+        st = common.exchange(comm, waiter, clock, np.zeros(n_w, dtype), np.zeros((iters, 2), dtype),
+                             np.zeros(iters, np.int64), stub_step, 1, 0.0, opt)
+        if me == 0:
+            return clock.seconds().get("aggregate", 0.0) / max(st.updates, 1)
         stamps[iters] = time.perf_counter()
         return np.diff(stamps[:k[0] + 1])
 
@@ -256,7 +237,7 @@ def main(argv=None):
                     job_wall_s=round(job["wall_s"], 2), float32_over_float64=ratios, columns=COLUMNS,
                     raw=raw["rows"])
     print(f"2 ranks ({'oversubscribed' if raw['oversubscribed'] else 'ranks <= cores'}), {job['cmd'].split()[0]}")
-    micro.report(run, rows, info, plot, rows, [
+    common.report(run, rows, info, plot, rows, [
         ("model", "model", ""), ("precision", "precision", ""), ("KB each way", "kb", ",.0f"),
         ("variant", "variant", ""), ("round trip µs", "rtt_us", ",.1f"), ("min µs", "rtt_us_min", ",.1f"),
         ("x ping-pong", "vs_pingpong", ".2f"), ("x reply-first", "vs_reply_first", ".2f"),

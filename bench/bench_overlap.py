@@ -18,7 +18,6 @@ from runs_report import grouped, median
 import itertools
 import json
 import statistics
-import time
 
 import numpy as np
 
@@ -98,25 +97,11 @@ def cycling(step, modes: list[str]):
 
 
 def child(args) -> None:
-    from mpi4py import MPI
-
     from asgd.data import problem
     from asgd.net import mlp
-    from asgd.mpiutil import Waiter, oversubscribed
-    from asgd.core.wire import shard_bounds
-    from asgd.core.schedule import Schedule
-    from asgd.protocol.context import Endpoint
-    from asgd.protocol.messages import DenseLink
-    from asgd.core.policy import Async
-    from asgd.protocol.server import Server
-    from asgd.protocol.worker import PushPull, run_worker
     from asgd.run.trace import PhaseClock, TraceClock
 
-    comm = MPI.COMM_WORLD
-    if comm.size != 2:
-        raise SystemExit("bench_overlap's MPI job runs on exactly 2 ranks")
-    crowded = oversubscribed(comm)
-    waiter = Waiter(crowded, time.monotonic() + args.timeout, f"rank {comm.rank}")
+    comm, waiter, crowded = common.two_ranks("bench_overlap's MPI job", args.timeout)
     dt = np.dtype(args.precision)
     mlp.compile_kernels(dtype=dt)
     out = []
@@ -126,18 +111,13 @@ def child(args) -> None:
         w = mlp.init_params(layout, 0, dt)
         comm.Barrier()
         if comm.rank == 0:
-            Server(Endpoint(comm, waiter, PhaseClock("idle")), w, 1).serve(Async())
+            common.exchange(comm, waiter, PhaseClock("idle"), w, None, None, None, batch, 1e-9)
             return None
         data = problem.rings(batch * updates * len(modes), 1)
-        data.X = data.X.astype(dt)   # as asgd.train casts its data to --precision
         clock = TraceClock("idle", steps=(0, 1 << 30))
-        shards = shard_bounds(layout.n_w, 1)
-        run_worker(PushPull(Endpoint(comm, waiter, clock), shards, DenseLink(shards, w)), data.X, data.y,
-                   cycling(step, modes), Schedule(batch=batch, epochs=1, seed=(0, 0), lr=1e-9, adaptive=False))
+        common.exchange(comm, waiter, clock, w, data.X.astype(dt), data.y,   # X as asgd.train casts it to --precision
+                        cycling(step, modes), batch, 1e-9)
         return per_step(clock.events(), modes)
-
-    def no_compute(w, X, y, lr, dw, progress=None):
-        return 0.0
 
     def batch_for(layout, seconds: float) -> int:
         """The batch whose real step takes about `seconds` here (rescaled thrice: not quite linear)."""
@@ -154,9 +134,9 @@ def child(args) -> None:
 
     for hidden in args.hidden:
         layout = mlp.Layout(2, hidden, 2)
-        exchange(layout, no_compute, 1, 5, ["alone"])   # warm-up: connections, buffers
+        exchange(layout, None, 1, 5, ["alone"])   # warm-up: connections, buffers ("alone": no step, no compute)
         for rep in range(args.repeat):
-            alone = exchange(layout, no_compute, 1, args.updates, ["alone"])   # sizes the batches
+            alone = exchange(layout, None, 1, args.updates, ["alone"])   # sizes the batches
             E0 = comm.bcast(alone["alone"]["T"] if alone else None, root=1)
             for r in args.ratios:
                 batch = comm.bcast(batch_for(layout, r * E0) if comm.rank == 1 else None, root=1)
@@ -218,9 +198,8 @@ def plot(summary, headline_ratio, path):
         ax.fill_between([s["ratio"] for s in ss], [s["hidden_frac_min"] for s in ss],
                         [s["hidden_frac_max"] for s in ss], color=col, alpha=0.1)
     ax.set_xscale("log", base=2)
-    ax.set(ylim=(-0.05, 1.05), xlabel="compute / exchange alone (c / E)", ylabel="fraction of the exchange hidden")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    common.decorate(ax, "", legend={"fontsize": 8}, ylim=(-0.05, 1.05), xlabel="compute / exchange alone (c / E)",
+                    ylabel="fraction of the exchange hidden")
     ax = axes[1]
     heads = {f"{s['where'].replace(' ', chr(10))}\n{s['mbytes']:.1f} MB\nprogress\n{s['progress']}": s
              for s in summary if s["ratio"] == headline_ratio}
@@ -228,8 +207,7 @@ def plot(summary, headline_ratio, path):
                 {"serial_ms": "0.7", "T_ms": "tab:blue", "perfect_ms": "tab:green"},
                 labels={"serial_ms": "c + E (no overlap)", "T_ms": "measured T", "perfect_ms": "max(c, E) (perfect)"})
     ax.tick_params(axis="x", labelsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel(f"ms per step at c = {headline_ratio:g} E (medians)")
+    ax.set(yscale="log", ylabel=f"ms per step at c = {headline_ratio:g} E (medians)")
     ax.legend(fontsize=8)
     fig.suptitle("The exchange hidden behind the worker's compute: shm measured here (shared memory, one "
                  "machine); testbed measured on the emulated cluster (two hosts, TCP over shaped links)", fontsize=9)
@@ -269,22 +247,16 @@ def main(argv=None):
             heads.setdefault(f"{s['where']} {s['mbytes']:.1f} MB", {})[s["progress"]] = {
                 k: s[k] for k in ("hidden_frac", "c_ms", "T_ms")}
     info = run.meta(testbed=testbed, summary=summary, headline_ratio=headline, columns=COLUMNS, headline=heads)
-    run.write(rows, info)
-    run.plot(plot, summary, headline)
-    run.print_machine()
-    common.print_table(summary, [("where", "where", ""), ("MB", "mbytes", ".1f"), ("progress", "progress", ""),
-                                 ("c/E", "ratio", "g"),
-                                 ("batch", "batch", "d"), ("c/E got", "c_over_E", ".2f"), ("E ms", "E_ms", ".2f"),
-                                 ("c ms", "c_ms", ".2f"),
-                                 ("exposed ms", "exposed_ms", ".2f"), ("T ms", "T_ms", ".2f"),
-                                 ("max(c,E)", "perfect_ms", ".2f"), ("c+E", "serial_ms", ".2f"),
-                                 ("hidden", "hidden_frac", ".2f"), ("min", "hidden_frac_min", ".2f"),
-                                 ("max", "hidden_frac_max", ".2f"), ("by exposed", "hidden_frac_exposed", ".2f")])
-    print(f"headline (c = {headline:g} E), the exchange hidden, progress off -> on (step T ms off -> on): " + "; ".join(
-        f"{name}: " + " -> ".join(f"{100 * v['hidden_frac']:.0f} %" for _, v in sorted(h.items()))
-        + " (" + " -> ".join(f"{v['T_ms']:.1f}" for _, v in sorted(h.items())) + ")"
-        for name, h in heads.items()))
-    run.wrote()
+    common.report(run, rows, info, plot, summary, [
+        ("where", "where", ""), ("MB", "mbytes", ".1f"), ("progress", "progress", ""), ("c/E", "ratio", "g"),
+        ("batch", "batch", "d"), ("c/E got", "c_over_E", ".2f"), ("E ms", "E_ms", ".2f"), ("c ms", "c_ms", ".2f"),
+        ("exposed ms", "exposed_ms", ".2f"), ("T ms", "T_ms", ".2f"), ("max(c,E)", "perfect_ms", ".2f"),
+        ("c+E", "serial_ms", ".2f"), ("hidden", "hidden_frac", ".2f"), ("min", "hidden_frac_min", ".2f"),
+        ("max", "hidden_frac_max", ".2f"), ("by exposed", "hidden_frac_exposed", ".2f")],
+        [f"headline (c = {headline:g} E), the exchange hidden, progress off -> on (step T ms off -> on): " + "; ".join(
+            f"{name}: " + " -> ".join(f"{100 * v['hidden_frac']:.0f} %" for _, v in sorted(h.items()))
+            + " (" + " -> ".join(f"{v['T_ms']:.1f}" for _, v in sorted(h.items())) + ")"
+            for name, h in heads.items())], data=(summary, headline))
     return 0
 
 

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import common  # first: pins threads, puts src/ on the path
 import validate
-from common import int_list, print_table
+from common import int_list
+
+import itertools
 
 import numpy as np
 
@@ -59,11 +61,6 @@ def run_once(path: Path, reader: str, workers: int, timeout: float, tree: str = 
             **{f"{k}_s": max(r["phases"][k] for r in ranks) for k in ("read", "parse", "shuffle")},
             "rest_s": slowest["phases"]["init"] - sub(slowest),  # imports, JIT, model: not the reader
             "wall_s": res["wall_s"], "accuracy": res["metrics"]["accuracy"]}
-
-
-def median_run(runs: list[dict]) -> dict:
-    best = sorted(runs, key=lambda r: r["init_s"])[len(runs) // 2]
-    return {**best, "repeats": len(runs)}
 
 
 def fit(x, y) -> dict:
@@ -124,75 +121,64 @@ def plot(rows, summary, points, path):
             ax_init.plot(ws, seq1["init_s"] + (ws - 1) * m["T_disk_s"], "--", color="k",
                          label="eq. 12 from the 1-worker init")
         for ax, title in ((ax_init, "job init (init_s)"), (ax_data, "reader: read + parse + shuffle")):
-            ax.set(xlabel="workers (ranks = workers + 1)", ylabel="seconds")
-            ax.set_title(f"{title}, {points:,} points, {fmt}", fontsize=10)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+            common.decorate(ax, f"{title}, {points:,} points, {fmt}", 10, legend={"fontsize": 8},
+                            xlabel="workers (ranks = workers + 1)", ylabel="seconds")
     common.save_figure(fig, path)
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
     run = common.Run("readers", a, load_every_s=None, bandwidth=False)   # the load: sampled after the warm-up
-    out = run.out
-    files = {fmt: validate.generate(out / f"rings-{a.points}.{fmt}", a.points, TEST_POINTS) for fmt in a.format}
-    meta = {"machine": run.machine, "points": a.points, "test_points": TEST_POINTS,
-            "workers": a.workers, "formats": a.format, "repeat": a.repeat,
-            "command": "mpiexec -n w+1 python -m asgd.train --data FILE --reader R --epochs 1 "
-                       "--hidden 100 --batch 1024"}
-    trees = {"this": None}
-    if a.baseline:
-        trees[f"baseline {a.baseline}"] = common.worktree(a.baseline, out) / "src"
+    files = {fmt: validate.generate(run.out / f"rings-{a.points}.{fmt}", a.points, TEST_POINTS) for fmt in a.format}
+    trees = {"this": None, **({f"baseline {a.baseline}": common.worktree(a.baseline, run.out) / "src"}
+                              if a.baseline else {})}
     print("warming numba's caches (not timed) ...", flush=True)
     for tree, src in trees.items():
         run_once(files[a.format[0]], "parallel", 1, a.timeout, tree, src)
     run.sample_load()
     all_rows = []
-    for w in a.workers:
-        for fmt in a.format:
-            runs = {(tree, reader): [] for tree in trees for reader in ("sequential", "parallel")}
-            for i in range(a.repeat):
-                for tree, reader in common.rotated(list(runs), i):   # load changes hit all alike
-                    runs[tree, reader].append(run_once(files[fmt], reader, w, a.timeout, tree, trees[tree]))
-            for (tree, reader), rs in runs.items():
-                all_rows.append(r := median_run(rs))
-                print(f"  {tree:18} {fmt} {reader:10} w={w:2}: init {r['init_s']:6.2f} s, reader "
-                      f"{r['data_s']:6.2f} s, parse {r['parse_s']:6.3f} s", flush=True)
-    meta["load"] = run.load
+    for w, fmt in itertools.product(a.workers, a.format):
+        runs = {(tree, reader): [] for tree in trees for reader in ("sequential", "parallel")}
+        for i in range(a.repeat):
+            for tree, reader in common.rotated(list(runs), i):   # load changes hit all alike
+                runs[tree, reader].append(run_once(files[fmt], reader, w, a.timeout, tree, trees[tree]))
+        for (tree, reader), rs in runs.items():   # the median run, by init_s
+            all_rows.append(r := {**sorted(rs, key=lambda r: r["init_s"])[len(rs) // 2], "repeats": len(rs)})
+            print(f"  {tree:18} {fmt} {reader:10} w={w:2}: init {r['init_s']:6.2f} s, reader "
+                  f"{r['data_s']:6.2f} s, parse {r['parse_s']:6.3f} s", flush=True)
+    meta = {"machine": run.machine, "points": a.points, "test_points": TEST_POINTS, "workers": a.workers,
+            "formats": a.format, "repeat": a.repeat, "load": run.load,
+            "command": "mpiexec -n w+1 python -m asgd.train --data FILE --reader R --epochs 1 --hidden 100 "
+                       "--batch 1024"}
     rows = [r for r in all_rows if r["tree"] == "this"]
-    summary = summarize(rows, a.format)
     if a.baseline:
-        base = {(r["format"], r["reader"], r["workers"]): r for r in all_rows if r["tree"] != "this"}
+        base = {(r["format"], r["reader"], r["workers"]): r["parse_s"] for r in all_rows if r["tree"] != "this"}
         meta["parse_vs_baseline"] = {f"{r['format']} {r['reader']} w={r['workers']}": {
-            "this_parse_s": r["parse_s"], "baseline_parse_s": base[r["format"], r["reader"], r["workers"]]["parse_s"],
-            "ratio": r["parse_s"] / base[r["format"], r["reader"], r["workers"]]["parse_s"]} for r in rows}
-    meta["summary"] = summary
-    run.write(all_rows, meta)
-    print()
-    run.print_machine()
-    print_table(all_rows,
-                [("tree", "tree", ""), ("format", "format", ""), ("reader", "reader", ""), ("workers", "workers", "d"),
-                 ("init_s", "init_s", ".2f"), ("reader_s", "data_s", ".2f"), ("read", "read_s", ".2f"),
-                 ("parse", "parse_s", ".2f"), ("shuffle", "shuffle_s", ".2f"), ("rest", "rest_s", ".2f"),
-                 ("accuracy", "accuracy", ".3f")],
-                title=f"init (s) by reader and workers, {a.points:,} points (reader_s: slowest rank's "
-                      "read+parse+shuffle; rest: the slowest rank's init less that)")
+            "this_parse_s": r["parse_s"], "baseline_parse_s": (b := base[r["format"], r["reader"], r["workers"]]),
+            "ratio": r["parse_s"] / b} for r in rows}
+    meta["summary"] = summary = summarize(rows, a.format)
+    lines = []
     for fmt, s in summary.items():
         if "sequential_init_fit" in s:
             f, g = s["sequential_init_fit"], s["sequential_data_fit"]
-            print(f"{fmt}: sequential init vs workers: slope {f['slope_s_per_worker']:.3f} s/worker, "
-                  f"R^2 {f['r2']:.4f} (reader part: {g['slope_s_per_worker']:.3f} s/worker, R^2 {g['r2']:.4f})")
+            lines.append(f"{fmt}: sequential init vs workers: slope {f['slope_s_per_worker']:.3f} s/worker, R^2 "
+                         f"{f['r2']:.4f} (reader part: {g['slope_s_per_worker']:.3f} s/worker, R^2 {g['r2']:.4f})")
         if s.get("model"):
-            print(f"{fmt}: eq. 12 calibration: T_disk(d) = {s['model']['T_disk_s']:.3f} s, "
-                  f"r_d = {s['model']['r_d_s_per_byte'] * 1e9:.3f} ns per byte of doubles")
+            lines.append(f"{fmt}: eq. 12 calibration: T_disk(d) = {s['model']['T_disk_s']:.3f} s, "
+                         f"r_d = {s['model']['r_d_s_per_byte'] * 1e9:.3f} ns per byte of doubles")
         if "ratio_at_8_workers" in s:
             q = s["ratio_at_8_workers"]
-            print(f"{fmt}: parallel / sequential at 8 workers: init {q['init']:.3f}, reader part {q['data']:.3f}")
-    for k, v in meta.get("parse_vs_baseline", {}).items():
-        print(f"{k}: parse {v['this_parse_s']:.3f} s against {v['baseline_parse_s']:.3f} s at {a.baseline}: "
-              f"{v['ratio']:.3f}x")
-    run.plot(plot, rows, summary, a.points)
-    run.wrote()
+            lines.append(f"{fmt}: parallel / sequential at 8 workers: init {q['init']:.3f}, "
+                         f"reader part {q['data']:.3f}")
+    lines += [f"{k}: parse {v['this_parse_s']:.3f} s against {v['baseline_parse_s']:.3f} s at {a.baseline}: "
+              f"{v['ratio']:.3f}x" for k, v in meta.get("parse_vs_baseline", {}).items()]
+    print()
+    common.report(run, all_rows, meta, plot, all_rows, [
+        ("tree", "tree", ""), ("format", "format", ""), ("reader", "reader", ""), ("workers", "workers", "d"),
+        ("init_s", "init_s", ".2f"), ("reader_s", "data_s", ".2f"), ("read", "read_s", ".2f"),
+        ("parse", "parse_s", ".2f"), ("shuffle", "shuffle_s", ".2f"), ("rest", "rest_s", ".2f"),
+        ("accuracy", "accuracy", ".3f")], lines, f"init (s) by reader and workers, {a.points:,} points (reader_s: "
+        "slowest rank's read+parse+shuffle; rest: the slowest rank's init less that)", data=(rows, summary, a.points))
     return 0
 
 

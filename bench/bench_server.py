@@ -234,7 +234,7 @@ def main(argv=None):
     ratios = common.precision_ratios([r for r in rows if r["path"] == "asgd"], ("model", "workers", "optimizer"),
                                      {"float32_over_float64": "us_per_op"})
     info = run.meta(memory_bound_gb_per_s=bound_mem, float32_over_float64=ratios, columns=COLUMNS)
-    micro.report(run, rows, info, plot, rows, [
+    common.report(run, rows, info, plot, rows, [
         ("model", "model", ""), ("workers", "workers", "d"), ("precision", "precision", ""),
         ("optimizer", "optimizer", ""), ("path", "path", ""), ("floor bytes/(itemsize n)", "units", "d"),
         ("µs/push", "us_per_op", ",.1f"), ("updates/s", "ops_per_s", ",.0f"), ("GB/s", "gb_per_s", ".1f"),

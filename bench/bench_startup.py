@@ -91,16 +91,13 @@ def main(argv=None) -> int:
             "columns": {"cpu_s": "a rank's process CPU (user+system) for a 1-epoch 2-10-2 run: start-up and end",
                         "wall_s": "results.json wall_s of the default run", "init_s": "results.json init_s",
                         "launcher_wall_s": "mpiexec's wall time, launch to exit"}}
-    run.write(rows, meta)
-    run.print_machine()
-    common.print_table(summary + [{"tree": "change %", **change}], [
+    common.report(run, rows, meta, plot, summary + [{"tree": "change %", **change}], [
         ("tree", "tree", ""), ("worker CPU s", "worker_cpu_s", ".3f"), ("server CPU s", "server_cpu_s", ".3f"),
         ("default run wall s", "default_wall_s", ".2f"), ("init s", "default_init_s", ".2f"),
         ("train s", "default_train_s", ".2f"), ("mpiexec wall s", "launcher_wall_s", ".2f"),
         ("accuracy", "accuracy", ".4f")],
-        title=f"per-rank start-up CPU ({a.ranks} ranks) and the default {a.ranks}-rank run, medians of {a.repeat}")
-    run.plot(plot, summary, a.ranks)
-    run.wrote()
+        title=f"per-rank start-up CPU ({a.ranks} ranks) and the default {a.ranks}-rank run, medians of {a.repeat}",
+        data=(summary, a.ranks))
     return 0
 
 

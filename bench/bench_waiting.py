@@ -89,16 +89,12 @@ def main(argv=None) -> int:
         "wall_s": "results.json wall_s (start-up included)",
         "updates_per_s": "results.json throughput.updates_per_s",
         "worker_wait_s": "a worker's comm_wait phase, mean over workers", "load_1min": "once the lock was held"})
-    run.write(rows, meta)
-    run.print_machine()
-    common.print_table([{**s, "speedup": speedup[s["case"]] if s["tree"] == after else None} for s in summary], [
+    table = [{**s, "speedup": speedup[s["case"]] if s["tree"] == after else None} for s in summary]
+    common.report(run, rows, meta, plot, table, [
         ("case", "case", ""), ("tree", "tree", ""), ("train s", "train_s", ".3f"), ("CPU s", "cpu_s", ".3f"),
-        ("wall s", "wall_s", ".2f"),
-        ("updates/s", "updates_per_s", ",.0f"), ("worker wait s", "worker_wait_s", ".3f"),
+        ("wall s", "wall_s", ".2f"), ("updates/s", "updates_per_s", ",.0f"), ("worker wait s", "worker_wait_s", ".3f"),
         ("accuracy", "accuracy", ".4f"), ("before / after", "speedup", ".2f")],
-        title=f"crowded waiting, medians of {a.repeat} interleaved runs")
-    run.plot(plot, summary)
-    run.wrote()
+        title=f"crowded waiting, medians of {a.repeat} interleaved runs", data=(summary,))
     return 0
 
 

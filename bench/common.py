@@ -63,6 +63,55 @@ def choice_list(choices):
     return parse
 
 
+# -- the end of a bench's run; asgd's protocol in a bench's own 2-rank MPI job (bench_messaging, bench_overlap) --
+
+def report(run, rows: list[dict], meta: dict, draw, table: list[dict], cols: list, lines=(), title: str | None = None,
+           data: tuple | None = None) -> None:
+    """The end of a bench's run: <name>.csv/.json, the figure (draw(*data, path), data
+    default (rows,); draw None: none), the machine, the table, its closing lines, the files
+    written."""
+    run.write(rows, meta)
+    if draw:
+        run.plot(draw, *(data or (rows,)))
+    run.print_machine()
+    print_table(table, cols, title)
+    for line in lines:
+        print(line)
+    run.wrote()
+
+
+def two_ranks(what: str, timeout: float):
+    """Inside a bench's own MPI job of 2 ranks (rank 0 serves, rank 1 works): (comm, its
+    Waiter, whether the ranks outnumber the cores)."""
+    from mpi4py import MPI
+    from asgd.mpiutil import Waiter, oversubscribed
+    comm = MPI.COMM_WORLD
+    if comm.size != 2:
+        raise SystemExit(f"{what} runs on exactly 2 ranks")
+    crowded = oversubscribed(comm)
+    return comm, Waiter(crowded, time.monotonic() + timeout, f"rank {comm.rank}"), crowded
+
+
+def exchange(comm, waiter, clock, w, X, y, step, batch: int, lr: float, optimizer=None):
+    """One run of asgd's real protocol on those 2 ranks: rank 0 serves w (async; optimizer:
+    the server's, default sgd) and returns its stats; rank 1 trains one epoch of X, y in
+    batches with step(w, X, y, lr, dw, progress) and returns None."""
+    from asgd.core.policy import Async
+    from asgd.core.schedule import Schedule
+    from asgd.core.wire import shard_bounds
+    from asgd.protocol.context import Endpoint
+    from asgd.protocol.messages import DenseLink
+    from asgd.protocol.server import Server
+    from asgd.protocol.worker import PushPull, run_worker
+    end = Endpoint(comm, waiter, clock)
+    if comm.rank == 0:
+        return Server(end, w, 1, optimizer).serve(Async())
+    shards = shard_bounds(w.size, 1)
+    run_worker(PushPull(end, shards, DenseLink(shards, w)), X, y, step,
+               Schedule(batch=batch, epochs=1, seed=(0, 0), lr=lr, adaptive=False))
+    return None
+
+
 def exit_on_signals() -> None:
     """SIGTERM and SIGHUP end the bench as SystemExit, so its `finally` blocks run (a testbed
     bench takes its testbed down); Python's default for SIGTERM skips them."""

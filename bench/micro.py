@@ -1,6 +1,6 @@
 """What the micro-benchmarks (bench_kernel, bench_server, bench_messaging) share beyond
-common.micro's timing: the options each takes, and the end of a run (files, figure,
-machine line, table, the closing lines)."""
+common.micro's timing and common.report's end of a run: the options each takes, and the
+float32 / float64 line."""
 
 import common
 
@@ -25,14 +25,3 @@ def ratio_line(what: str, ratios: list[dict], case, cpu: bool = False) -> list[s
              for r in ratios)
     return [f"float32 / float64 {what}: " + "; ".join(cells)] if ratios else []
 
-
-def report(run, rows: list[dict], info: dict, draw, table: list[dict], cols: list, lines=(), title=None) -> None:
-    """The end of every micro-benchmark: <name>.csv/.json, the figure, the machine, the
-    table, its closing lines, the files written."""
-    run.write(rows, info)
-    run.plot(draw, rows)
-    run.print_machine()
-    common.print_table(table, cols, title)
-    for line in lines:
-        print(line)
-    run.wrote()

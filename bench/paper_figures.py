@@ -112,11 +112,7 @@ def finish(fig, ax, xs, xlabel, ylabel, title, path, grid="major", note=None, wi
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(xs), [str(v) for v in sorted(xs)])
     ax.minorticks_off()
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3, which=grid)
-    ax.legend(fontsize=8)
+    common.decorate(ax, title, 10, legend={"fontsize": 8}, grid={"which": grid}, xlabel=xlabel, ylabel=ylabel)
     rect = None
     if note:
         text = textwrap.fill(note, width)

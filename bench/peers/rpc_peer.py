@@ -6,12 +6,9 @@ wanting an asynchronous parameter server in Python would pick instead of asgd.
 As PyTorch's tutorial "Implementing a Parameter Server Using Distributed RPC Framework"
 builds it: rank 0 holds the model and optimizer; each of the N-1 trainers rpc_asyncs its
 batch's gradient, the server steps under a lock and returns the parameters, which the
-trainer loads before its next step (no overlap). asgd's shares, init, precision
-(--precision), batches, optimizer and async default lr. Rank 0 evaluates each epoch's worth
-of pushes and writes <out>/results.json (ddp_peer.py's keys). --tcp-only: TensorPipe's TCP
-transport only (by default it uses shared memory between one machine's processes, which the
-emulated cluster's hosts are: tensors would bypass the shaped links); bench_e2e --testbed
-passes it.
+trainer loads before its next step (no overlap); asgd's shares, init, precision, batches,
+optimizer and async default lr. Rank 0 evaluates each epoch's worth of pushes and writes
+<out>/results.json (ddp_peer.py's keys).
 """
 
 import time
