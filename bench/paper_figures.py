@@ -59,6 +59,9 @@ def run_once(c: dict, a) -> dict:
     r, job = common.train_job(n, ["-m", "asgd.train", "--optimizer", "sgd", "--hidden", str(hidden), "--batch",
                                   str(batch), "--epochs", str(a.epochs), "--quiet", "--timeout", str(a.timeout - 10)],
                               a.timeout)
+    if r["throughput"]["samples_per_s"] is None:   # the figures plot rates: a run too short for one is no point
+        raise SystemExit(f"paper_figures: {n} ranks, hidden {hidden}, batch {batch}: no samples/s "
+                         f"({r['throughput'].get('no_rate')}); give more --epochs")
     busy = [x.get("busy_pct") for x in r["profile"]["ranks"] if x.get("busy_pct") is not None]
     return {"workers": r["config"]["workers"], "epochs": a.epochs,
             "wall_s": round(r["wall_s"], 3), "init_s": round(r["init_s"], 3), "train_s": round(r["train_s"], 3),
