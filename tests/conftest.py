@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +19,30 @@ from asgd.doctor.install import unmapped_shm
 
 MPIEXEC = mpienv.find()
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _subprocess_environment(env=os.environ) -> str | None:
+    """What every process the suite starts inherits (each mpiexec rank, asgd.perf, the
+    benches, the local Slurm's jobs), set once at import, before any test starts one. The
+    suite's time is the ranks' start-up: hundreds of jobs, each rank importing numpy, mpi4py
+    and numba. Two costs of a start-up that no test is about go:
+    - OpenBLAS's thread pool: numpy's OpenBLAS starts a thread per core that spins for
+      about 0.1 s of CPU after the import, in every process; asgd calls no BLAS (its kernels
+      are numba's), so one thread, as bench/common.py pins every process it starts.
+    - compiling asgd's sources: where PYTHONDONTWRITEBYTECODE is set (it is on this project's
+      machines) no process caches its bytecode, so each rank compiled every asgd module
+      again (0.05 s of CPU a rank). The bytecode goes to a folder of the session's instead
+      (PYTHONPYCACHEPREFIX), so the tree still gets no __pycache__ of Python's.
+    Returns that folder (None: bytecode is written as usual), removed at the session's end."""
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if not env.get("PYTHONDONTWRITEBYTECODE") or env.get("PYTHONPYCACHEPREFIX"):
+        return None
+    del env["PYTHONDONTWRITEBYTECODE"]
+    env["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="asgd-tests-pycache-")
+    return env["PYTHONPYCACHEPREFIX"]
+
+
+PYCACHE = _subprocess_environment()
 
 
 def mpi(n: int, *program: str) -> list[str]:
@@ -174,6 +199,8 @@ def pytest_sessionfinish(session):
     left in /dev/shm they pile up, and a later job that names the same segment hangs in
     MPI_Init (the local Slurm's srun jobs did)."""
     remove_session_shm("/dev/shm", session.config.stash[SESSION_START])
+    if PYCACHE:
+        shutil.rmtree(PYCACHE, ignore_errors=True)
 
 
 def remove_session_shm(folder: str, since: float, settle: float = 5.0) -> list[str]:
