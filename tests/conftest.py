@@ -373,6 +373,8 @@ def stop_cold_cache() -> None:
 
 
 def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
     if any("cold_cache" in getattr(item, "fixturenames", ()) for item in session.items):
         start_cold_cache()
 
