@@ -7,6 +7,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +20,30 @@ from asgd.doctor.install import unmapped_shm
 
 MPIEXEC = mpienv.find()
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _subprocess_environment(env=os.environ) -> str | None:
+    """What every process the suite starts inherits (each mpiexec rank, asgd.perf, the
+    benches, the local Slurm's jobs), set once at import, before any test starts one. The
+    suite's time is the ranks' start-up: hundreds of jobs, each rank importing numpy, mpi4py
+    and numba. Two costs of a start-up that no test is about go:
+    - OpenBLAS's thread pool: numpy's OpenBLAS starts a thread per core that spins for
+      about 0.1 s of CPU after the import, in every process; asgd calls no BLAS (its kernels
+      are numba's), so one thread, as bench/common.py pins every process it starts.
+    - compiling asgd's sources: where PYTHONDONTWRITEBYTECODE is set (it is on this project's
+      machines) no process caches its bytecode, so each rank compiled every asgd module
+      again (0.05 s of CPU a rank). The bytecode goes to a folder of the session's instead
+      (PYTHONPYCACHEPREFIX), so the tree still gets no __pycache__ of Python's.
+    Returns that folder (None: bytecode is written as usual), removed at the session's end."""
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if not env.get("PYTHONDONTWRITEBYTECODE") or env.get("PYTHONPYCACHEPREFIX"):
+        return None
+    del env["PYTHONDONTWRITEBYTECODE"]
+    env["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="asgd-tests-pycache-")
+    return env["PYTHONPYCACHEPREFIX"]
+
+
+PYCACHE = _subprocess_environment()
 
 
 def mpi(n: int, *program: str) -> list[str]:
@@ -174,6 +200,9 @@ def pytest_sessionfinish(session):
     left in /dev/shm they pile up, and a later job that names the same segment hangs in
     MPI_Init (the local Slurm's srun jobs did)."""
     remove_session_shm("/dev/shm", session.config.stash[SESSION_START])
+    stop_cold_cache()
+    if PYCACHE:
+        shutil.rmtree(PYCACHE, ignore_errors=True)
 
 
 def remove_session_shm(folder: str, since: float, settle: float = 5.0) -> list[str]:
@@ -294,25 +323,81 @@ if len(sys.argv) > 3:   # the compiling session: the float32 step's LLVM IR (cod
 """
 
 
+COLD_CACHE_SESSIONS = (("compiles make_step", "s"), ("loads it, compiles the slice's", "sm"), ("loads both", "ms"))
+COLD = {}   # the cold-cache processes, run in a thread of their own: folder, runs, thread, proc, error
+
+
+def start_cold_cache() -> None:
+    """Start cold_cache's three processes (one after the other, in a thread) unless they
+    were started: a process that compiles numba's kernels works on one core for seconds
+    while the suite's own tests run beside it (pytest_collection_finish starts them when a
+    selected test reads them); the tests that read them wait for them."""
+    if "thread" in COLD:
+        return
+    COLD.update(folder=Path(tempfile.mkdtemp(prefix="asgd-cold-cache-")), runs=[])
+    COLD["thread"] = threading.Thread(target=_cold_cache_runs, daemon=True)
+    COLD["thread"].start()
+
+
+def _cold_cache_runs() -> None:
+    tmp = COLD["folder"]
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp / "numba")}
+    try:
+        for i, (session, uses) in enumerate(COLD_CACHE_SESSIONS):
+            ir = [str(tmp / "step_rows.f32.ll")] if i == 0 else []
+            proc = COLD["proc"] = subprocess.Popen([sys.executable, "-c", COLD_CACHE_STEPS, str(tmp / f"{i}.npz"), uses,
+                                                    *ir], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                                   env=env)
+            try:
+                _, err = proc.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                err = f"did not finish within 300 s\n{proc.communicate()[1]}"
+            COLD["runs"].append((session, proc.returncode, err))
+            if proc.returncode != 0 or COLD.get("stop"):
+                return
+    except BaseException as e:   # told to the tests that read the runs
+        COLD["error"] = e
+
+
+def stop_cold_cache() -> None:
+    """At the session's end: a process still running (its readers deselected or failed
+    before it ended) is killed, and the folder goes."""
+    if "thread" not in COLD:
+        return
+    COLD["stop"] = True
+    if COLD.get("proc") is not None and COLD["proc"].poll() is None:
+        COLD["proc"].kill()
+    COLD["thread"].join(30)
+    shutil.rmtree(COLD["folder"], ignore_errors=True)
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
+    if any("cold_cache" in getattr(item, "fixturenames", ()) for item in session.items):
+        start_cold_cache()
+
+
 @pytest.fixture(scope="session")
-def cold_cache(tmp_path_factory):
+def cold_cache():
     """Three processes sharing a numba cache that starts empty, as a job's ranks do: the
     first compiles make_step, the second loads it from the cache and compiles the
     model-parallel step (a slice of 1), the third loads both. -> ({session: {key: Delta-w
     with the loss appended}}, the float32 step_rows' LLVM IR as the first compiled it):
     keys "s<i>" (make_step) and "m<i>" (the slice's step) for three shapes i, in float64,
-    and "s<i>.f32", "m<i>.f32" in float32. One compilation serves the tests below."""
-    tmp = tmp_path_factory.mktemp("cold-cache")
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp / "numba")}
-    sessions, llvm = {}, tmp / "step_rows.f32.ll"
-    for session, uses in (("compiles make_step", "s"), ("loads it, compiles the slice's", "sm"), ("loads both", "ms")):
-        path = tmp / f"{len(sessions)}.npz"
-        ir = [str(llvm)] if not sessions else []
-        p = subprocess.run([sys.executable, "-c", COLD_CACHE_STEPS, str(path), uses, *ir], capture_output=True,
-                           text=True, timeout=300, env=env)
-        assert p.returncode == 0, p.stderr
-        sessions[session] = dict(np.load(path))
-    return sessions, llvm.read_text()
+    and "s<i>.f32", "m<i>.f32" in float32. One compilation serves the tests below. The
+    processes start with the session (start_cold_cache); this waits for them."""
+    start_cold_cache()
+    COLD["thread"].join()
+    if "error" in COLD:
+        raise COLD["error"]
+    for session, code, err in COLD["runs"]:
+        assert code == 0, f"{session}: exit {code}\n{err}"
+    assert [r[0] for r in COLD["runs"]] == [s for s, _ in COLD_CACHE_SESSIONS], COLD["runs"]
+    tmp = COLD["folder"]
+    sessions = {session: dict(np.load(tmp / f"{i}.npz")) for i, (session, _) in enumerate(COLD_CACHE_SESSIONS)}
+    return sessions, (tmp / "step_rows.f32.ll").read_text()
 
 
 @pytest.fixture(scope="session")
