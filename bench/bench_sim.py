@@ -32,6 +32,7 @@ import subprocess
 import time
 
 METRICS = ("train", "init", "total", "updates_per_s")
+WHO = ("sim", "simq", "model")   # the simulator with and without the others' load, the analytical model
 SRC = {"meas": "measured here", "sim": "simulated (asgd.sim, with the CPU other users took during the run)",
        "model": "analytical model (asgd.perf)", "paper": "stated in the paper"}
 
@@ -170,19 +171,14 @@ def summarize(rows: list[dict]) -> dict:
     the runs at rank counts calibrate never started a job at (bench_model's out of sample)."""
     ps = [r for r in rows if r["model_train"] is not None]   # runs both predict
     ar = [r for r in rows if r["model_train"] is None]
-    out = {"runs": len(rows), "runs_both": len(ps), "allreduce_runs": len(ar)}
-    for k in METRICS:
-        for who in ("sim", "simq", "model"):
-            out[f"{who}_{k}"] = validate.score(ps, f"{who}_ape_{k}")
-        out[f"sim_allreduce_{k}"] = validate.score(ar, f"sim_ape_{k}")
-    for who in ("sim", "simq", "model"):
-        out[f"{who}_all_train"] = validate.score(rows, f"{who}_ape_train")
+    out = {"runs": len(rows), "runs_both": len(ps), "allreduce_runs": len(ar),
+           **validate.scores(ps, WHO, METRICS), **validate.scores(ar, ["sim_allreduce"], METRICS, "sim_ape_{k}"),
+           **validate.scores(rows, WHO, ["train"], name="{who}_all_train")}
     for key, field in (("by_architecture", "architecture"), ("by_optimizer", "optimizer")):
-        out[key] = {v: {who: validate.score([r for r in rows if r[field] == v], f"{who}_ape_train")
-                        for who in ("sim", "model", "model_no_crowding")} for v in sorted({r[field] for r in rows})}
-    for who in ("sim", "model"):
-        for k in ("train", "init"):
-            out[f"{who}_{k}_rank_count_out"] = validate.score([r for r in ps if r["sample"] == "out"], f"{who}_ape_{k}")
+        out[key] = {v: validate.scores([r for r in rows if r[field] == v], ("sim", "model", "model_no_crowding"),
+                                       ["train"], name="{who}") for v in sorted({r[field] for r in rows})}
+    out.update(validate.scores([r for r in ps if r["sample"] == "out"], ("sim", "model"), ("train", "init"),
+                               name="{who}_{k}_rank_count_out"))
     out = {k: v for k, v in out.items() if v is not None}
     out["target"] = {"sim_train_median_ape_le_10": out["sim_all_train"]["median"] <= 10.0,
                      "every_architecture_le_15": all(v[w]["median"] <= 15 for v in out["by_architecture"].values()
@@ -244,7 +240,7 @@ def run_validate(a, out: Path, params: Path, meta: dict) -> None:
                  ("model", f"model_{k}", ".2f"), ("APE%", f"model_ape_{k}", ".0f")]
     print_table(sorted(rows, key=lambda r: (r["arch"], r["mode"], r["reader"], r["servers"], r["ranks"])), cols,
                 title=f"\nmeasured here / simulated / analytical model, seconds and APE ({len(rows)} runs)")
-    validate.print_scores({k: {w: summary.get(f"{w}_{k}") for w in ("sim", "simq", "model")} for k in METRICS},
+    validate.print_scores({k: {w: summary.get(f"{w}_{k}") for w in WHO} for k in METRICS},
                           "metric", title=f"\nout-of-sample APE over the {summary['runs']} runs (every architecture; "
                                           "both predict each; simq: the simulator without the others' load)")
     # the APEs by optimizer and at the rank counts calibrate never started a job at: validate.json's summary
