@@ -1,11 +1,10 @@
 """Validation sweep of the performance model (`python -m asgd.perf`) against measured
-asgd.train runs on this machine (the grid and the limits: docs/bench-suite.md; the results: docs/benchmarks.md).
-
-Parameters come from `python -m asgd.perf calibrate` run first, or --params; nothing is
-fitted to the sweep. A run at a rank count calibrate measured a job at is in sample, any
-other out of sample; the pass/fail limits apply out of sample. Then asgd.perf optimize over
-the measured grid: its top configuration's measured total against the best measured.
-Writes model.csv, model.json and model.png; exits 0 whether or not the model passes.
+asgd.train runs on this machine (the grid and the limits: docs/bench-suite.md; the results:
+docs/benchmarks.md). Parameters come from `calibrate` first, or --params; nothing is fitted to
+the sweep. A run at a rank count calibrate measured a job at is in sample, any other out of
+sample, where the pass/fail limits apply. Then optimize over the measured grid: its top
+configuration's measured total against the best measured. Writes model.csv, model.json and
+model.png; exits 0 whether or not the model passes.
 
     python bench/bench_model.py                           # 60 runs, about 15 minutes
     python bench/bench_model.py --params params.json      # reuse a calibration
@@ -82,9 +81,8 @@ def train_argv(c: dict, data: Path, epochs: int) -> list[str]:
 
 def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: list, params,
             seed: int | None = None) -> list[dict]:
-    """Run each configuration (one asgd.train job) and compare it with the model: asgd.perf
-    compare's row, with the order, source, launcher wall and sample (in: a rank count
-    calibrate measured; out: any other)."""
+    """Run each configuration and compare it with the model: asgd.perf compare's row, with
+    the source, launcher wall and sample (in: a rank count calibrate measured; out: any other)."""
     calibrated = validate.calibrated_ranks(params)
 
     def one(c):
@@ -147,8 +145,7 @@ def optimizer_check(rows: list[dict], params, data: Path, out: Path, a, failed: 
 # -- summaries -----------------------------------------------------------------------------
 
 def summarize(rows: list[dict]) -> dict:
-    """APE per phase over the out-of-sample runs (pass/fail), with the in-sample runs' and
-    all runs' beside it (`in_sample`, `all`, for information)."""
+    """APE per phase over the out-of-sample runs (pass/fail), the in-sample and all runs' beside."""
     out = [r for r in rows if r["sample"] == "out"]
     s = {}
     for k in PHASES + DETAIL:
@@ -162,8 +159,8 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def breakdown(rows: list[dict]) -> dict:
-    """Median APE of every phase, and the signed median error of init, train and total, by
-    each of reader, workers, batch, hidden."""
+    """Median APE of every phase, and the signed median error of init, train and total, by reader, workers, batch,
+    hidden."""
     def signed_pct(r, k):
         return (r[f"{k}_pred_s"] - r[f"{k}_meas_s"]) / r[f"{k}_meas_s"] * 100 if r[f"{k}_meas_s"] > 0 else None
     out = {}

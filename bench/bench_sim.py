@@ -53,8 +53,7 @@ def parse_args(argv=None):
 # -- validate ---------------------------------------------------------------------------------
 
 def plan(a) -> list[dict]:
-    """The validation runs: label, ranks and asgd.train options. None of them is a
-    calibration run (calibrate runs microbenchmarks only)."""
+    """The validation runs: label, ranks and asgd.train options (calibrate ran none of them)."""
     runs = []
 
     def add(name, ranks, *opts, data=False):   # a run {name}-n{n} at each rank count n
@@ -98,8 +97,8 @@ def plan(a) -> list[dict]:
 
 
 def measure(runs: list[dict], data: Path, out: Path, a) -> list[dict]:
-    """Each run (shuffled with --seed), holding the CPU lock, with the cores' worth of CPU the
-    other users took meanwhile (an input of the simulation, like the machine's cores)."""
+    """Each run, with the cores' worth of CPU the other users took meanwhile (an input of the
+    simulation, like the machine's cores)."""
     def one(r):
         d = (out / "runs" / r["label"]).resolve()
         opts = r["opts"] if "--optimizer" in r["opts"] else ["--optimizer", "sgd", *r["opts"]]
@@ -155,8 +154,7 @@ def compare_runs(done: list[dict], params: Path) -> list[dict]:
 
 
 def architecture(c: dict) -> str:
-    """A run's architecture as the validation reports it: ps, p2p, allreduce (ring), mpi
-    (allreduce --allreduce mpi), model-parallel (any architecture with --model-parallel)."""
+    """ps, p2p, allreduce (ring), mpi (allreduce --allreduce mpi), model-parallel (any, with --model-parallel)."""
     if c.get("model_parallel", 1) > 1:
         return "model-parallel"
     if c["arch"] == "allreduce":
@@ -165,10 +163,9 @@ def architecture(c: dict) -> str:
 
 
 def summarize(rows: list[dict]) -> dict:
-    """APE medians and p90s: per metric and predictor over the runs both predict; the
-    simulator's over allreduce's; train's per architecture and per optimizer (the targets:
-    <= 15 % per architecture, model and simulator; adagrad's <= 10 %, like sgd's); and over
-    the runs at rank counts calibrate never started a job at (bench_model's out of sample)."""
+    """APE medians and p90s per metric and predictor; train's per architecture and optimizer
+    (the targets: <= 15 % per architecture, model and simulator; adagrad's <= 10 %, like sgd's);
+    and at the rank counts calibrate never started a job at (bench_model's out of sample)."""
     ps = [r for r in rows if r["model_train"] is not None]   # runs both predict
     ar = [r for r in rows if r["model_train"] is None]
     out = {"runs": len(rows), "runs_both": len(ps), "allreduce_runs": len(ar),
@@ -324,11 +321,11 @@ def cntk_params(p_raw: dict, file_bytes: int) -> tuple[dict, dict]:
 def paper_specs(p, cost: str, a) -> list[tuple[str, object, dict]]:
     """(experiment, Spec, what the row is) of the paper's scaling study and of the fixes."""
     Spec, machines = validate.sim_spec()
-    BLUE_WATERS, MUSTANG, Run = machines.BLUE_WATERS, machines.MUSTANG, validate.Run
+    BLUE_WATERS, MUSTANG = machines.BLUE_WATERS, machines.MUSTANG
     per = p.bytes_per_point["tsv"]
     fb, tb = int(PAPER_POINTS * per), int(PAPER_POINTS // 4 * per)
-    base = Run(workers=1, servers=1, batch=256, hidden=10000, epochs=1, reader="sequential", points=PAPER_POINTS,
-               test_points=PAPER_POINTS // 4, file_bytes=fb, test_bytes=tb, cores=16)
+    base = validate.Run(workers=1, servers=1, batch=256, hidden=10000, epochs=1, reader="sequential",
+                        points=PAPER_POINTS, test_points=PAPER_POINTS // 4, file_bytes=fb, test_bytes=tb, cores=16)
     # the cntk costs are Blue Waters' own (inferred from its runs): its cores run at 1.0 there, Mustang's faster
     cntk = cost == "cntk"
     bw = dataclasses.replace(BLUE_WATERS, core_speed=1.0) if cntk else BLUE_WATERS
