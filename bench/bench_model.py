@@ -127,17 +127,17 @@ def optimizer_check(rows: list[dict], params, data: Path, out: Path, a, failed: 
         got = validate.optimizer_check(ranked, at, key, lambda r: r["total_meas_s"])
         t = got["measured"] if got["first"] and key(got["first"]) == key(top) else None   # None: top failed to run
         best = got["best"]
+        top_keys = ("workers", "servers", "batch", "reader", "ranks", "init_s", "train_s", "total_s", "bound")
         checks.append({"hidden": h, "grid": {"workers": ws, "batches": bs, "readers": rs, "servers": [1], "nodes": 1,
-                                     "cores_per_node": params.cores, "max_ranks": max(ws) + 1},
-               "configurations": len(ranked),
-               "top": {**{k: top[k] for k in ("workers", "servers", "batch", "reader", "ranks", "init_s", "train_s",
-                                              "total_s", "bound")},
-                       "label": t and t["label"], "total_meas_s": t and t["total_meas_s"]},
-               "top_added_run": added,
-               "best_measured": {k: best[k] for k in ("label", "workers", "batch", "reader", "total_meas_s",
-                                                      "total_pred_s")},
-               "best_measured_predicted_rank": got["best_predicted_rank"], "top5_predicted": got["top5"],
-               "ratio": t and got["ratio"], "pass": bool(t) and got["pass"]})
+                                             "cores_per_node": params.cores, "max_ranks": max(ws) + 1},
+                       "configurations": len(ranked),
+                       "top": {**{k: top[k] for k in top_keys},
+                               "label": t and t["label"], "total_meas_s": t and t["total_meas_s"]},
+                       "top_added_run": added,
+                       "best_measured": {k: best[k] for k in ("label", "workers", "batch", "reader", "total_meas_s",
+                                                              "total_pred_s")},
+                       "best_measured_predicted_rank": got["best_predicted_rank"], "top5_predicted": got["top5"],
+                       "ratio": t and got["ratio"], "pass": bool(t) and got["pass"]})
     return checks
 
 
