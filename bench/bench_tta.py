@@ -282,10 +282,8 @@ def one_dataset(name: str, args, base_params: Path, tb) -> tuple[list[dict], dic
             ok = row["reached"] and row[f"{who}_time_s"] is not None
             row[f"{who}_ape_time"] = validate.ape(row[f"{who}_time_s"], row["meas_time_s"]) if ok else None
             row[f"{who}_ape_epochs"] = validate.ape(row[f"{who}_epochs"], row["meas_epochs"]) if ok else None
-        rows.append(row)
+        rows.append({**row, "label": label(c)})
         print(f"{name} {label(c):30s} {say(row)}", flush=True)
-    for r in rows:
-        r["label"] = label(r)
     ranked = optimize_ranked(hw, stats, data, ds, configs, tb is not None)
     scores = validate.scores(rows, ("model", "sim"), ("time", "epochs"))
     spreads = [r["meas_spread"] for r in rows if r["meas_spread"] is not None]
