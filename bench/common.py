@@ -370,7 +370,8 @@ def train_job(n: int, argv: list[str], timeout: float, env: dict | None = None, 
 
 
 def time_to_accuracy(history: list[dict], target: float, clock: str = "wall_s") -> float | None:
-    """`clock` (wall_s or time_s) of the first epoch whose held-out accuracy reaches target (None: never)."""
+    """`clock` (wall_s: since the process started; time_s: since training started) of the
+    first epoch whose held-out accuracy reaches target (None: never)."""
     for h in history:
         if h.get("test_accuracy") is not None and h["test_accuracy"] >= target:
             return h[clock]
@@ -378,8 +379,8 @@ def time_to_accuracy(history: list[dict], target: float, clock: str = "wall_s") 
 
 
 def precision_ratios(rows: list[dict], keys: tuple, ratios: dict) -> list[dict]:
-    """Per case (its `keys`) in both precisions: {keys..., out: float32's row[col] / float64's for out, col in
-    ratios}."""
+    """Per case (its `keys`) measured in both precisions: {keys..., out: float32's row[col] /
+    float64's, for out, col in ratios}."""
     by = {(*(r[k] for k in keys), r["precision"]): r for r in rows}
     return [{**dict(zip(keys, case)), **{out: round(r[col] / by[(*case, "float64")][col], 3)
                                          for out, col in ratios.items()}}
