@@ -158,8 +158,8 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def breakdown(rows: list[dict]) -> dict:
-    """Median APE of every phase, and the signed median error of init, train and total, by reader, workers, batch,
-    hidden."""
+    """Median APE of every phase, and the signed median error of init, train and total, by
+    each of reader, workers, batch, hidden."""
     def signed_pct(r, k):
         return (r[f"{k}_pred_s"] - r[f"{k}_meas_s"]) / r[f"{k}_meas_s"] * 100 if r[f"{k}_meas_s"] > 0 else None
     out = {}
