@@ -1,10 +1,8 @@
 """Alqahtani & Demirbas's experiment with asgd's numbers, on the emulated cluster (root):
-synchronous SGD's time per iteration (computation and communication) and updates/s against
-workers for 1-PS, PS S=W/4, P2P, RA and PS K=2, each point measured, predicted by the
-analytical model and simulated; then Yan et al.'s optimizer against the measurements, at
---rate and at --second-rate. The architectures, the columns and why 100 Mbit/s:
-docs/benchmarks.md and arch.json's `columns`. --no-sim without SimGrid; run it without an
-outer `flock`. Writes arch.csv, arch.json and arch-h{H}.png per model size.
+synchronous SGD's time per iteration and updates/s against workers for 1-PS, PS S=W/4, P2P,
+RA and PS K=2, measured, predicted and simulated; then Yan et al.'s optimizer against the
+measurements, at --rate and --second-rate (why 100 Mbit/s: docs/benchmarks.md). --no-sim
+without SimGrid; run it without an outer `flock`. Writes arch.csv, arch.json, arch-h{H}.png.
 
     python bench/bench_arch.py                       # about 25 minutes on 2 cores
     python bench/bench_arch.py --quick               # workers 2,4; 2-10K-2; 5 iterations
@@ -72,7 +70,7 @@ def parse_args(argv=None):
 
 
 def configuration(label: str, W: int) -> dict | None:
-    """asgd.train's architecture options of one label at W workers (None: not runnable)."""
+    """asgd.train's options of one label at W workers (None: not runnable)."""
     return {"1-PS": {"arch": "ps", "servers": 1, "model_parallel": 1},
             "PS S=W/4": {"arch": "ps", "servers": max(1, W // 4), "model_parallel": 1},
             "P2P": {"arch": "p2p", "servers": 0, "model_parallel": 1},
@@ -84,22 +82,20 @@ def configuration(label: str, W: int) -> dict | None:
 
 def measured(res: dict, iterations: int) -> dict:
     """Per iteration: its time, the workers' computation, the rest."""
-    ranks = res["ranks"]
-    workers = [r for r in ranks if r["role"] in ("worker", "peer")]
-    evaluate = ranks[0]["phases"].get("evaluate", 0.0)
-    it = (res["train_s"] - evaluate) / iterations
+    workers = [r for r in res["ranks"] if r["role"] in ("worker", "peer")]
+    it = (res["train_s"] - res["ranks"][0]["phases"].get("evaluate", 0.0)) / iterations
     compute = statistics.fmean(r["phases"].get("compute", 0.0) for r in workers) / iterations
     return {"iteration_s": it, "compute_s": compute, "comm_s": max(it - compute, 0.0)}
 
 
 def one_run(tb, c: dict, a, out: Path) -> dict:
     """One sweep point c = {label, hidden, workers, iterations, rate} on the testbed."""
-    label, W, hidden, iterations, rate = c["label"], c["workers"], c["hidden"], c["iterations"], c["rate"]
+    label, W, hidden = c["label"], c["workers"], c["hidden"]
     cfg = configuration(label, W)
     replicas = W // cfg["model_parallel"]
-    points = replicas * a.batch * iterations
+    points = replicas * a.batch * c["iterations"]
     data = validate.generate(out / "data" / f"d{points}.tsv", points, 16)
-    run_dir = out / "runs" / f"{rate}-h{hidden}-w{W}-{label.replace(' ', '').replace('/', '').replace('=', '')}"
+    run_dir = out / "runs" / f"{c['rate']}-h{hidden}-w{W}-{label.replace(' ', '').replace('/', '').replace('=', '')}"
     ranks = W + (cfg["servers"] if cfg["arch"] == "ps" else 0)
     argv = ["-m", "asgd.train", "--arch", cfg["arch"], "--mode", "sync", "--optimizer", "sgd", "--hidden", str(hidden),
             "--batch", str(a.batch), "--epochs", "1", "--data", str(data), "--precision", a.precision, "--quiet",
@@ -109,7 +105,7 @@ def one_run(tb, c: dict, a, out: Path) -> dict:
     provable = not a.no_check_bytes and cfg["arch"] in ("ps", "allreduce") and cfg["model_parallel"] == 1
     res, load = validate.testbed_job(tb, ranks, argv, a.timeout, provable)
     r = res.results
-    m = measured(r, iterations)
+    m = measured(r, c["iterations"])
     app_sent = sum(x["bytes_sent"] for x in r["ranks"])
     wire_sent = sum(h["sent"] for h in res.wire) if res.wire else None
     return {"replicas": replicas, "ranks": ranks, "batch": a.batch, "precision": a.precision, **cfg, **m,
@@ -121,8 +117,7 @@ def one_run(tb, c: dict, a, out: Path) -> dict:
 
 
 def sweep(tb, a, out: Path, points: list[dict]) -> list[dict]:
-    """Every runnable point, each holding the CPU lock; PS S=W/4 where W/4 rounds to 1 server
-    is the 1-PS run, not run twice."""
+    """Every runnable point; PS S=W/4 where W/4 rounds to 1 server is the 1-PS run, not run twice."""
     same = [c for c in points if c["label"] == "PS S=W/4" and c["workers"] // 4 < 2]
     todo = [c for c in points if c not in same and configuration(c["label"], c["workers"]) is not None]
     def say(r):
@@ -140,8 +135,7 @@ def sweep(tb, a, out: Path, points: list[dict]) -> list[dict]:
 
 
 def predict_and_simulate(rows: list[dict], params, params_path, simulate: bool) -> None:
-    """pred_* on every row (the analytical model, from the run's own configuration) and, if
-    `simulate`, sim_* (asgd.sim --like RUN --machine testbed)."""
+    """pred_* on every row and, if `simulate`, sim_* (asgd.sim --like RUN --machine testbed)."""
     for row in rows:
         d = validate.predict(params, validate.results(row["run_dir"])).detail
         row.update(pred_iteration_s=d["iteration_s"], pred_compute_s=d["iteration_compute_s"],
@@ -169,10 +163,7 @@ def testbed_params(tb, base, base_raw: dict, rate_bit: float, hiddens: list[int]
                                        rounds=4 if a.quick else 6)
     grid = sorted({k for n in sizes for k in model._probe_sizes(n, hosts)} | set(base.round_trip_s))
     p = dataclasses.replace(model.testbed_params(base, rate_bit, sizes=grid), link_efficiency=eff)
-    raw = {**base_raw, "params": {**base_raw["params"], **json.loads(json.dumps(dataclasses.asdict(p)))}}
-    path = out / f"testbed-params-{tag}.json"
-    path.write_text(json.dumps(raw, indent=1))
-    return p, path, eff
+    return p, validate.with_costs(base_raw, p, out / f"testbed-params-{tag}.json"), eff
 
 
 # -- the optimizer ------------------------------------------------------------------------------
@@ -183,8 +174,7 @@ def epoch_time(row: dict, a) -> float:
 
 
 def ranked_configurations(params, hidden: int, a, hosts: int, workers, servers) -> list[dict]:
-    """asgd.perf's optimize over these architectures, workers and servers, in the sweep's
-    precision, best first."""
+    """asgd.perf's optimize over these architectures, workers and servers, best first."""
     base = validate.Run(workers=1, hidden=hidden, batch=a.batch, epochs=a.epochs, points=a.points, test_points=16,
                         mode="sync", optimizer="sgd", precision=a.precision)
     return validate.optimize(params, hosts, params.cores, base, sorted(workers), sorted(servers), [a.batch],
@@ -192,8 +182,7 @@ def ranked_configurations(params, hidden: int, a, hosts: int, workers, servers) 
 
 
 def optimizer_check(params, rows: list[dict], hidden: int, a, hosts: int) -> dict:
-    """The optimizer over the sweep's grid at this hidden size: its first configuration among
-    those measured, against the best measured."""
+    """The optimizer's first configuration among those measured at this hidden size, against the best measured."""
     ranked = ranked_configurations(params, hidden, a, hosts, {r["workers"] for r in rows},
                                    {r["servers"] for r in rows if r["arch"] == "ps"})
     def key(r):
@@ -229,22 +218,19 @@ def orderings(rows: list[dict], hidden: int, W: int) -> dict:
 
 
 def ape_summary(rows: list[dict]) -> dict:
-    """Median and max APE of the time per iteration, per architecture and over all, of the
-    model (pred) and the simulator (sim)."""
+    """Median and max APE of the time per iteration, per architecture and over all, of pred and sim."""
     out = {}
     for who in ("pred", "sim"):
         by = {**validate.score(rows, f"{who}_ape", by="label"), "all": validate.score(rows, f"{who}_ape")}
-        by = {lab: {"median": round(e["median"], 1), "max": round(e["max"], 1), "runs": e["runs"]}
-              for lab, e in by.items() if e}
-        if by:
-            out[who] = by
+        if by["all"]:
+            out[who] = {lab: {"median": round(e["median"], 1), "max": round(e["max"], 1), "runs": e["runs"]}
+                        for lab, e in by.items()}
     return out
 
 
 def plot(rows: list[dict], info: dict, hidden: int, path: Path) -> None:
-    """Alqahtani & Demirbas's figure with asgd's numbers: per worker count, one bar per
-    architecture, its computation (dark) and communication (light) per iteration, measured;
-    the model's (x) and the simulator's (o) time per iteration over it; right: updates/s."""
+    """Alqahtani & Demirbas's figure: per worker count a bar per architecture (computation
+    dark, communication light), the model's (x) and simulator's (o) over it; right: updates/s."""
     plt = common.pyplot()
     rs = [r for r in rows if r["hidden"] == hidden and r["rate"] == info["rate"]]
     workers = sorted({r["workers"] for r in rs})

@@ -1,11 +1,10 @@
 """Validation sweep of the performance model (`python -m asgd.perf`) against measured
-asgd.train runs on this machine (the grid and the limits: docs/bench-suite.md; the results: docs/benchmarks.md).
-
-Parameters come from `python -m asgd.perf calibrate` run first, or --params; nothing is
-fitted to the sweep. A run at a rank count calibrate measured a job at is in sample, any
-other out of sample; the pass/fail limits apply out of sample. Then asgd.perf optimize over
-the measured grid: its top configuration's measured total against the best measured.
-Writes model.csv, model.json and model.png; exits 0 whether or not the model passes.
+asgd.train runs on this machine (the grid and the limits: docs/bench-suite.md; the results:
+docs/benchmarks.md). Parameters come from `calibrate` first, or --params; nothing is fitted to
+the sweep. A run at a rank count calibrate measured a job at is in sample, any other out of
+sample, where the pass/fail limits apply. Then optimize over the measured grid: its top
+configuration's measured total against the best measured. Writes model.csv, model.json and
+model.png; exits 0 whether or not the model passes.
 
     python bench/bench_model.py                           # 60 runs, about 15 minutes
     python bench/bench_model.py --params params.json      # reuse a calibration
@@ -82,9 +81,8 @@ def train_argv(c: dict, data: Path, epochs: int) -> list[str]:
 
 def measure(configs: list[dict], data: Path, out: Path, a, source: str, failed: list, params,
             seed: int | None = None) -> list[dict]:
-    """Run each configuration (one asgd.train job) and compare it with the model: asgd.perf
-    compare's row, with the order, source, launcher wall and sample (in: a rank count
-    calibrate measured; out: any other)."""
+    """Run each configuration and compare it with the model: asgd.perf compare's row, with
+    the source, launcher wall and sample (in: a rank count calibrate measured; out: any other)."""
     calibrated = validate.calibrated_ranks(params)
 
     def one(c):
@@ -129,26 +127,24 @@ def optimizer_check(rows: list[dict], params, data: Path, out: Path, a, failed: 
         got = validate.optimizer_check(ranked, at, key, lambda r: r["total_meas_s"])
         t = got["measured"] if got["first"] and key(got["first"]) == key(top) else None   # None: top failed to run
         best = got["best"]
-        chk = {"hidden": h, "grid": {"workers": ws, "batches": bs, "readers": rs, "servers": [1], "nodes": 1,
-                                     "cores_per_node": params.cores, "max_ranks": max(ws) + 1},
-               "configurations": len(ranked),
-               "top": {**{k: top[k] for k in ("workers", "servers", "batch", "reader", "ranks", "init_s", "train_s",
-                                              "total_s", "bound")},
-                       "label": t and t["label"], "total_meas_s": t and t["total_meas_s"]},
-               "top_added_run": added,
-               "best_measured": {k: best[k] for k in ("label", "workers", "batch", "reader", "total_meas_s",
-                                                      "total_pred_s")},
-               "best_measured_predicted_rank": got["best_predicted_rank"], "top5_predicted": got["top5"],
-               "ratio": t and got["ratio"], "pass": bool(t) and got["pass"]}
-        checks.append(chk)
+        top_keys = ("workers", "servers", "batch", "reader", "ranks", "init_s", "train_s", "total_s", "bound")
+        checks.append({"hidden": h, "grid": {"workers": ws, "batches": bs, "readers": rs, "servers": [1], "nodes": 1,
+                                             "cores_per_node": params.cores, "max_ranks": max(ws) + 1},
+                       "configurations": len(ranked),
+                       "top": {**{k: top[k] for k in top_keys},
+                               "label": t and t["label"], "total_meas_s": t and t["total_meas_s"]},
+                       "top_added_run": added,
+                       "best_measured": {k: best[k] for k in ("label", "workers", "batch", "reader", "total_meas_s",
+                                                              "total_pred_s")},
+                       "best_measured_predicted_rank": got["best_predicted_rank"], "top5_predicted": got["top5"],
+                       "ratio": t and got["ratio"], "pass": bool(t) and got["pass"]})
     return checks
 
 
 # -- summaries -----------------------------------------------------------------------------
 
 def summarize(rows: list[dict]) -> dict:
-    """APE per phase over the out-of-sample runs (pass/fail), with the in-sample runs' and
-    all runs' beside it (`in_sample`, `all`, for information)."""
+    """APE per phase over the out-of-sample runs (pass/fail), the in-sample and all runs' beside."""
     out = [r for r in rows if r["sample"] == "out"]
     s = {}
     for k in PHASES + DETAIL:

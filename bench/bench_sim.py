@@ -32,6 +32,7 @@ import subprocess
 import time
 
 METRICS = ("train", "init", "total", "updates_per_s")
+WHO = ("sim", "simq", "model")   # the simulator with and without the others' load, the analytical model
 SRC = {"meas": "measured here", "sim": "simulated (asgd.sim, with the CPU other users took during the run)",
        "model": "analytical model (asgd.perf)", "paper": "stated in the paper"}
 
@@ -52,8 +53,7 @@ def parse_args(argv=None):
 # -- validate ---------------------------------------------------------------------------------
 
 def plan(a) -> list[dict]:
-    """The validation runs: label, ranks and asgd.train options. None of them is a
-    calibration run (calibrate runs microbenchmarks only)."""
+    """The validation runs: label, ranks and asgd.train options (calibrate ran none of them)."""
     runs = []
 
     def add(name, ranks, *opts, data=False):   # a run {name}-n{n} at each rank count n
@@ -97,8 +97,8 @@ def plan(a) -> list[dict]:
 
 
 def measure(runs: list[dict], data: Path, out: Path, a) -> list[dict]:
-    """Each run (shuffled with --seed), holding the CPU lock, with the cores' worth of CPU the
-    other users took meanwhile (an input of the simulation, like the machine's cores)."""
+    """Each run, with the cores' worth of CPU the other users took meanwhile (an input of the
+    simulation, like the machine's cores)."""
     def one(r):
         d = (out / "runs" / r["label"]).resolve()
         opts = r["opts"] if "--optimizer" in r["opts"] else ["--optimizer", "sgd", *r["opts"]]
@@ -154,8 +154,7 @@ def compare_runs(done: list[dict], params: Path) -> list[dict]:
 
 
 def architecture(c: dict) -> str:
-    """A run's architecture as the validation reports it: ps, p2p, allreduce (ring), mpi
-    (allreduce --allreduce mpi), model-parallel (any architecture with --model-parallel)."""
+    """ps, p2p, allreduce (ring), mpi (allreduce --allreduce mpi), model-parallel (any, with --model-parallel)."""
     if c.get("model_parallel", 1) > 1:
         return "model-parallel"
     if c["arch"] == "allreduce":
@@ -164,25 +163,19 @@ def architecture(c: dict) -> str:
 
 
 def summarize(rows: list[dict]) -> dict:
-    """APE medians and p90s: per metric and predictor over the runs both predict; the
-    simulator's over allreduce's; train's per architecture and per optimizer (the targets:
-    <= 15 % per architecture, model and simulator; adagrad's <= 10 %, like sgd's); and over
-    the runs at rank counts calibrate never started a job at (bench_model's out of sample)."""
+    """APE medians and p90s per metric and predictor; train's per architecture and optimizer
+    (the targets: <= 15 % per architecture, model and simulator; adagrad's <= 10 %, like sgd's);
+    and at the rank counts calibrate never started a job at (bench_model's out of sample)."""
     ps = [r for r in rows if r["model_train"] is not None]   # runs both predict
     ar = [r for r in rows if r["model_train"] is None]
-    out = {"runs": len(rows), "runs_both": len(ps), "allreduce_runs": len(ar)}
-    for k in METRICS:
-        for who in ("sim", "simq", "model"):
-            out[f"{who}_{k}"] = validate.score(ps, f"{who}_ape_{k}")
-        out[f"sim_allreduce_{k}"] = validate.score(ar, f"sim_ape_{k}")
-    for who in ("sim", "simq", "model"):
-        out[f"{who}_all_train"] = validate.score(rows, f"{who}_ape_train")
+    out = {"runs": len(rows), "runs_both": len(ps), "allreduce_runs": len(ar),
+           **validate.scores(ps, WHO, METRICS), **validate.scores(ar, ["sim_allreduce"], METRICS, "sim_ape_{k}"),
+           **validate.scores(rows, WHO, ["train"], name="{who}_all_train")}
     for key, field in (("by_architecture", "architecture"), ("by_optimizer", "optimizer")):
-        out[key] = {v: {who: validate.score([r for r in rows if r[field] == v], f"{who}_ape_train")
-                        for who in ("sim", "model", "model_no_crowding")} for v in sorted({r[field] for r in rows})}
-    for who in ("sim", "model"):
-        for k in ("train", "init"):
-            out[f"{who}_{k}_rank_count_out"] = validate.score([r for r in ps if r["sample"] == "out"], f"{who}_ape_{k}")
+        out[key] = {v: validate.scores([r for r in rows if r[field] == v], ("sim", "model", "model_no_crowding"),
+                                       ["train"], name="{who}") for v in sorted({r[field] for r in rows})}
+    out.update(validate.scores([r for r in ps if r["sample"] == "out"], ("sim", "model"), ("train", "init"),
+                               name="{who}_{k}_rank_count_out"))
     out = {k: v for k, v in out.items() if v is not None}
     out["target"] = {"sim_train_median_ape_le_10": out["sim_all_train"]["median"] <= 10.0,
                      "every_architecture_le_15": all(v[w]["median"] <= 15 for v in out["by_architecture"].values()
@@ -244,7 +237,7 @@ def run_validate(a, out: Path, params: Path, meta: dict) -> None:
                  ("model", f"model_{k}", ".2f"), ("APE%", f"model_ape_{k}", ".0f")]
     print_table(sorted(rows, key=lambda r: (r["arch"], r["mode"], r["reader"], r["servers"], r["ranks"])), cols,
                 title=f"\nmeasured here / simulated / analytical model, seconds and APE ({len(rows)} runs)")
-    validate.print_scores({k: {w: summary.get(f"{w}_{k}") for w in ("sim", "simq", "model")} for k in METRICS},
+    validate.print_scores({k: {w: summary.get(f"{w}_{k}") for w in WHO} for k in METRICS},
                           "metric", title=f"\nout-of-sample APE over the {summary['runs']} runs (every architecture; "
                                           "both predict each; simq: the simulator without the others' load)")
     # the APEs by optimizer and at the rank counts calibrate never started a job at: validate.json's summary
@@ -328,11 +321,11 @@ def cntk_params(p_raw: dict, file_bytes: int) -> tuple[dict, dict]:
 def paper_specs(p, cost: str, a) -> list[tuple[str, object, dict]]:
     """(experiment, Spec, what the row is) of the paper's scaling study and of the fixes."""
     Spec, machines = validate.sim_spec()
-    BLUE_WATERS, MUSTANG, Run = machines.BLUE_WATERS, machines.MUSTANG, validate.Run
+    BLUE_WATERS, MUSTANG = machines.BLUE_WATERS, machines.MUSTANG
     per = p.bytes_per_point["tsv"]
     fb, tb = int(PAPER_POINTS * per), int(PAPER_POINTS // 4 * per)
-    base = Run(workers=1, servers=1, batch=256, hidden=10000, epochs=1, reader="sequential", points=PAPER_POINTS,
-               test_points=PAPER_POINTS // 4, file_bytes=fb, test_bytes=tb, cores=16)
+    base = validate.Run(workers=1, servers=1, batch=256, hidden=10000, epochs=1, reader="sequential",
+                        points=PAPER_POINTS, test_points=PAPER_POINTS // 4, file_bytes=fb, test_bytes=tb, cores=16)
     # the cntk costs are Blue Waters' own (inferred from its runs): its cores run at 1.0 there, Mustang's faster
     cntk = cost == "cntk"
     bw = dataclasses.replace(BLUE_WATERS, core_speed=1.0) if cntk else BLUE_WATERS

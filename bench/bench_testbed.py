@@ -1,9 +1,7 @@
 """The paper's second wall, measured: updates/s against workers on the emulated cluster
 (root), links the bottleneck, 1, 2 and 4 servers on hosts of their own, every run's bytes
-proven against its veths, the performance model's prediction beside it, plus two accuracy
-runs (--accuracy-epochs). Why a testbed, why 8 Mbit/s, and what is measured:
-docs/benchmarks.md; testbed.json's `columns` says what each column is.
-Writes testbed.csv, testbed.json and testbed.png under --out.
+proven against its veths, the model's prediction beside it, plus two accuracy runs. Why
+8 Mbit/s: docs/benchmarks.md. Writes testbed.csv, testbed.json (`columns`: what each is), testbed.png.
 
     python bench/bench_testbed.py                          # 36 runs + 2 accuracy runs, about 40 minutes
     python bench/bench_testbed.py --quick                  # workers 1,4; servers 1,2; 2 epochs
@@ -89,8 +87,7 @@ def child(args) -> None:
 # -- measuring ------------------------------------------------------------------------------
 
 def steady_rate(trace_path: Path) -> tuple[float, int]:
-    """(updates/s, updates) from server 0's Delta-w receipts between the 10th and 90th
-    percentile of the run (see the docstring)."""
+    """(updates/s, updates) from server 0's Delta-w receipts between the 10th and 90th percentile of the run."""
     ev = json.loads(trace_path.read_text())["traceEvents"]
     ts = sorted(e["ts"] for e in ev if e.get("ph") == "i" and e.get("name") == "recv" and e.get("pid") == 0)
     n = len(ts)
@@ -106,8 +103,7 @@ def run_precision(results: dict) -> str:
 
 
 def bytes_per_weight(compress: str, hidden: int, S: int, precision: str) -> float:
-    """Payload bytes per weight of a push in `precision`: its item size, or 1-bit's bits
-    and scales of that size."""
+    """Payload bytes per weight of a push in `precision`: its item size, or 1-bit's bits and scales."""
     from asgd.core.wire import itemsize
     from asgd.net.mlp import Layout
     from asgd.protocol import onebit
@@ -117,9 +113,8 @@ def bytes_per_weight(compress: str, hidden: int, S: int, precision: str) -> floa
 
 def train_argv(S: int, compress: str, args, out: Path, epochs: int | None = None) -> list[str]:
     """python's argv of one run (W + S ranks) with S servers."""
-    cmd = ["-m", "asgd.train", "--optimizer", "sgd", "--servers", str(S),
-           "--hidden", str(args.hidden), "--batch", str(args.batch), "--epochs", str(epochs or args.epochs), "--quiet",
-           "--precision", args.precision,
+    cmd = ["-m", "asgd.train", "--optimizer", "sgd", "--servers", str(S), "--hidden", str(args.hidden), "--batch",
+           str(args.batch), "--epochs", str(epochs or args.epochs), "--quiet", "--precision", args.precision,
            "--trace", "--trace-steps", "0:1000000", "--timeout", str(int(args.timeout - 30)), "--out", str(out)]
     accuracy_run = ["--eval-every", "epoch"] if epochs else []   # its time to accuracy is by epoch
     return cmd + accuracy_run + (["--compress", compress] if compress != "none" else [])
@@ -228,10 +223,9 @@ def summarize(rows, args) -> dict:
 
 
 def plot(rows, info, path):
-    """Updates/s against workers, measured (solid) and predicted by the model (dashed), per
-    server count: plain messages in the run's precision (left) and 1-bit (middle), each on
-    a linear scale (they sit 30-60x apart), with the links' ceilings (dotted) and the cores'
-    ceiling on shared memory (dash-dot); right: the model's APE."""
+    """Updates/s against workers, measured (solid) and predicted (dashed), per server count:
+    plain messages (left) and 1-bit (middle), linear scales apart (they sit 30-60x apart), the
+    links' ceilings (dotted), the cores' on shared memory (dash-dot); right: the model's APE."""
     plt = common.pyplot()
     kinds = list(dict.fromkeys(r["compress"] for r in rows))
     fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(5.2 * len(kinds) + 4.2, 5),
@@ -289,9 +283,9 @@ def main(argv=None):
             tempfile.TemporaryDirectory(prefix="asgd-bench-testbed-") as tmp:
         tmp = Path(tmp)
         # the two-host probe: raw ping-pong and asgd's round trip over one link pair
-        res = tb.run([validate.launcher(), "-n", "2", sys.executable, str(Path(__file__).resolve()),
-                      "--mpi-child", "--hidden", str(args.hidden)], servers=0, capture=True, timeout=300,
-                     say=lambda *a, **k: None)
+        res = tb.run([validate.launcher(), "-n", "2", sys.executable,
+                      *common.mpi_child_argv(__file__, ["--hidden", str(args.hidden)])],
+                     servers=0, capture=True, timeout=300, say=lambda *a, **k: None)
         lines = [ln for ln in (res.stdout or "").splitlines() if ln.startswith("{")]
         probe = json.loads(lines[-1]) if res.rc == 0 and lines else {"error": (res.stderr or "")[-500:]}
         print(f"probe over two hosts: {probe}", flush=True)

@@ -1,34 +1,22 @@
 """Time to accuracy (issue 41): measured, predicted by the model, simulated, and optimize's pick.
 
-Per data set: `python -m asgd.perf pilot` once (its wall recorded), then a sweep of
-configurations no pilot ran (SWEEP: architecture ps/p2p/allreduce x workers x batch x mode
-async/sync/ssp/sync with backup workers x optimizer), each trained to the target with
-`asgd.train --target-accuracy`; for each, the model's time and epochs to the target
-(asgd.perf.to_target.rank_to_target, what optimize ranks by) and the simulator's
-(`python -m asgd.sim --like RUN --target-accuracy`). The sweep runs in --repeats passes (3)
-and each configuration is judged by its median run, the repeats' spread beside (the
-measurement's own noise). Scores per data set: median/p90 error of both (every
-configuration out of sample); optimize's first pick, measured, over the best measured; and
-the time-per-epoch pick against the time-to-target pick. The data sets (--datasets: rings5,
-digits, mnist) and their targets: docs/bench-suite.md.
+Per data set (--datasets: rings5, digits, mnist; their targets: docs/bench-suite.md):
+`python -m asgd.perf pilot` once, then a sweep of configurations no pilot ran (SWEEP), each
+trained to the target in --repeats passes and judged by its median run (the repeats' spread
+beside: the measurement's own noise), against the model's time and epochs to the target (what
+optimize ranks by) and the simulator's (`asgd.sim --like RUN --target-accuracy`); then
+optimize's first pick, measured, over the best measured, and the time-per-epoch pick beside.
+--testbed RATE: every rank on a host of its own, links at RATE, the model and the simulator
+given the links (asgd.testbed.model.testbed_params). Writes tta.json, tta.csv and tta.png
+(held-out error against training time, Dutta et al. 2018's figure, a panel per data set).
 
-Cost on 2 cores: calibrate --quick once (--params reuses one), then per data set a pilot and
-3 x 12 runs with 12 simulations, about 15 min in all. --quick: rings5 only, small, 2
-configurations (the smoke test). --testbed RATE: the same sweep with every rank on a host of
-its own, links at RATE; the model and the simulator get this machine's calibration with the
-links' rate, burst and framing (asgd.testbed.model.testbed_params).
-
-Writes tta.json (rows, per data set pilot and scores), tta.csv and tta.png (held-out error
-against training time, Dutta et al. 2018's figure, a panel per data set).
-
-    python bench/bench_tta.py                         # about 15 min
+    python bench/bench_tta.py                         # about 15 min on 2 cores
     python bench/bench_tta.py --quick --params P.json --out /tmp/tta
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import math
@@ -144,14 +132,11 @@ def measure(c: dict, data: Path, ds: DataSet, folder: Path, tb) -> dict:
 
 
 def middle(runs: list[tuple[dict, Path]]) -> dict:
-    """Repeats of one configuration (results.json, folder): the median time and epochs to
-    the target (a run that missed it counts as endless: None if the median run did), the
-    run with the median time (its folder and curve: what the model and the simulator are
-    set against), and the spread ((max - min) / median of the times that reached it).
-    One run's time to the target is a draw: its epochs vary with the asynchronous order,
-    and a sub-second run on shared cores with the scheduler's turns. A prediction is of
-    the draw's middle, so it is scored against the median; the spread says how close any
-    predictor can get."""
+    """Repeats of one configuration (results.json, folder): the median time and epochs to the
+    target (a miss counts as endless), the median run's folder and curve, and the spread
+    ((max - min) / median of the times that reached it). One run's time to the target is a
+    draw (the asynchronous order, the scheduler's turns); a prediction is of its middle, and
+    the spread says how close any predictor can get."""
     def time_of(res):
         return res["target"]["train_s"] if res["target"]["reached"] else math.inf
     def epochs_of(res):
@@ -234,16 +219,6 @@ def picks(ranked: list[dict], rows: list[dict]) -> dict:
             "picks_differ": label(per_epoch) != label(first)}
 
 
-def with_links(params: Path, hw) -> Path:
-    """A copy of params (the pilot's statistics kept) whose costs are hw's, the testbed's links
-    among them, for the simulator (asgd.sim reads a file)."""
-    raw = json.loads(params.read_text())
-    raw["params"] = {**raw["params"], **json.loads(json.dumps(dataclasses.asdict(hw)))}
-    path = params.with_name("testbed-params.json")
-    path.write_text(json.dumps(raw, indent=1))
-    return path
-
-
 def one_dataset(name: str, args, base_params: Path, tb) -> tuple[list[dict], dict]:
     ds = DATASETS[name]
     if args.quick:
@@ -260,7 +235,7 @@ def one_dataset(name: str, args, base_params: Path, tb) -> tuple[list[dict], dic
     hw = validate.load_params(params)
     if tb is not None:
         hw = validate.testbed_model().testbed_params(hw, validate.parse_rate(args.testbed))
-        params = with_links(params, hw)
+        params = validate.with_costs(json.loads(params.read_text()), hw, params.with_name("testbed-params.json"))
     stats = perf.load_statistics(str(params))
     configs = [{**config(c), "dataset": name} for c in (QUICK if args.quick else SWEEP)]
     sim_missing = None if sim_available() else "SimGrid is not installed"
@@ -307,13 +282,10 @@ def one_dataset(name: str, args, base_params: Path, tb) -> tuple[list[dict], dic
             ok = row["reached"] and row[f"{who}_time_s"] is not None
             row[f"{who}_ape_time"] = validate.ape(row[f"{who}_time_s"], row["meas_time_s"]) if ok else None
             row[f"{who}_ape_epochs"] = validate.ape(row[f"{who}_epochs"], row["meas_epochs"]) if ok else None
-        rows.append(row)
+        rows.append({**row, "label": label(c)})
         print(f"{name} {label(c):30s} {say(row)}", flush=True)
-    for r in rows:
-        r["label"] = label(r)
     ranked = optimize_ranked(hw, stats, data, ds, configs, tb is not None)
-    scores = {f"{who}_{k}": validate.score(rows, f"{who}_ape_{k}")
-              for who in ("model", "sim") for k in ("time", "epochs")}
+    scores = validate.scores(rows, ("model", "sim"), ("time", "epochs"))
     spreads = [r["meas_spread"] for r in rows if r["meas_spread"] is not None]
     scores["meas_spread"] = statistics.median(spreads) * 100 if spreads else None
     return rows, {"pilot": got, "target": ds.target, "epochs_cap": ds.epochs, "hidden": ds.hidden,
@@ -342,10 +314,8 @@ def plot(rows: list[dict], summary: dict, path: Path) -> None:
             ax.plot(t, [1 - a for a in acc], "-o", lw=1, ms=2, color=STYLE[k], label=None if k in seen else k)
             seen.add(k)
         ax.axhline(1 - summary[name]["target"], color="k", lw=0.7, ls="--", label="target")
-        ax.set(yscale="log", xlabel="training seconds (measured)", ylabel="held-out error")
-        ax.set_title(f"{name}: to accuracy {summary[name]['target']:g}", fontsize=10)
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3, which="both")
+        common.decorate(ax, f"{name}: to accuracy {summary[name]['target']:g}", 10, dict(fontsize=7),
+                        dict(which="both"), yscale="log", xlabel="training seconds (measured)", ylabel="held-out error")
     common.save_figure(fig, path)
 
 
@@ -368,7 +338,6 @@ def parse_args(argv=None):
     a.repeats = (1 if a.quick else 3) if a.repeats is None else a.repeats
     if a.repeats < 1:
         p.error("--repeats must be at least 1")
-    a.cpu_lock = None if a.cpu_lock == "none" else a.cpu_lock
     return a
 
 

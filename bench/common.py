@@ -112,15 +112,6 @@ def exchange(comm, waiter, clock, w, X, y, step, batch: int, lr: float, optimize
     return None
 
 
-def exit_on_signals() -> None:
-    """SIGTERM and SIGHUP end the bench as SystemExit, so its `finally` blocks run (a testbed
-    bench takes its testbed down); Python's default for SIGTERM skips them."""
-    def _exit(signum, _frame):
-        raise SystemExit(f"{Path(sys.argv[0]).name}: ended by signal {signal.Signals(signum).name}")
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _exit)
-
-
 # -- the machine -----------------------------------------------------------------------
 
 def _mpi_library() -> dict:
@@ -218,8 +209,7 @@ def machine(bandwidth: bool = True) -> dict:
 
 
 class LoadSampler:
-    """The 1-minute load average every `every_s` in a thread, and at the start and end
-    (.summary()): how busy the machine was while it measured."""
+    """The 1-minute load average every `every_s` in a thread, and at the start and end (.summary())."""
 
     def __init__(self, every_s: float = 2.0):
         self.samples = [os.getloadavg()[0]]
@@ -242,9 +232,9 @@ class LoadSampler:
 # -- timing ----------------------------------------------------------------------------
 
 def interleaved(fns: dict, repeat: int, min_time: float = 0.05, warmup: int = 1) -> dict:
-    """Seconds per call of each callable in `fns`, repetitions interleaved (A B C A B C ...)
-    so a change in the load hits all alike, each looped to last about min_time: wall-clock
-    median/min/max, and the median of the thread's CPU time (blind to preemption)."""
+    """Seconds per call of each callable in `fns`, repetitions interleaved (A B C A B C ...) so a
+    change in the load hits all alike, each looped to last about min_time: wall median/min/max,
+    and the median of the thread's CPU time (blind to preemption)."""
     loops = {}
     for name, f in fns.items():
         for _ in range(warmup):
@@ -359,9 +349,8 @@ def mpiexec(n: int, argv: list[str], timeout: float, env: dict | None = None, ch
 
 def train_job(n: int, argv: list[str], timeout: float, env: dict | None = None, check: bool = True,
               tb=None) -> tuple[dict | None, dict]:
-    """`mpiexec -n n python argv --out DIR` (`-m asgd.train ...` or a peer), DIR a temporary
-    folder; on the testbed `tb` (a rank per host) if given. (DIR/results.json, or None when
-    the job failed and not check; the job: rc, wall_s, ...)."""
+    """`mpiexec -n n python argv --out TMPDIR`, on the testbed `tb` (a rank per host) if given:
+    (its results.json, or None when the job failed and not check; the job: rc, wall_s, ...)."""
     out = Path(tempfile.mkdtemp(prefix="asgd-bench-"))
     try:
         if tb is None:
@@ -484,10 +473,9 @@ def pyplot():
 
 def bars(ax, groups: list, series: list, height, colors: dict | None = None, note=None, labels=None,
          fontsize: float = 6, rotation: float = 0, span=None, **bar) -> dict:
-    """One bar per series in each group, the groups along x: height(group, series) (None: no
-    bar), note(group, series, height) -> its text (None: none), labels: the legend's names
-    (default str(series)), span(group, series) -> (low, high): an error bar, the note above
-    it. Returns each series' bar positions."""
+    """One bar per series in each group along x: height(group, series) (None: no bar), note(group,
+    series, height) -> its text, labels: the legend's names, span(group, series) -> (low, high):
+    an error bar, the note above it. Returns each series' bar positions."""
     x, wd, at = np.arange(len(groups)), 0.8 / max(len(series), 1), {}
     for i, s in enumerate(series):
         at[s] = pos = x - 0.4 + wd * (i + 0.5)
@@ -525,9 +513,8 @@ def save_figure(fig, path: Path, dpi: int = 120, rect: tuple | None = None, **sa
 
 def parser(doc: str, name: str | None = None, plot: bool = True, mpi_child: bool = False,
            lock: bool = False) -> argparse.ArgumentParser:
-    """A bench's command line: its docstring as --help; with `name`, --out (default
-    bench/results/<name>) and --no-plot; mpi_child: the hidden --mpi-child of a bench that
-    starts itself under mpiexec; lock: --cpu-lock (run such a bench without an outer flock)."""
+    """A bench's command line, its docstring as --help; with `name`, --out and --no-plot;
+    mpi_child: the hidden --mpi-child of a bench that starts itself under mpiexec; lock: --cpu-lock."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     if name:
         p.add_argument("--out", type=Path, default=RESULTS / name, help=f"output folder (default bench/results/{name})")
@@ -561,18 +548,22 @@ def child_result(stdout: str) -> dict:
     return json.loads(lines[-1])
 
 
+def _ended(signum, _frame):
+    raise SystemExit(f"{Path(sys.argv[0]).name}: ended by signal {signal.Signals(signum).name}")
+
+
 class Run:
     """What every bench run shares: its output folder, the machine, the load while it
-    measures, the head of its JSON, and the files it wrote.
-
-    load_every_s: the load's sampling period (None: from sample_load() on, e.g. after a
-    warm-up); bandwidth: measure the memory's too; measure=False: no machine and no load
-    (a redraw); end_on_signals: exit_on_signals()."""
+    measures, the head of its JSON, and the files it wrote. load_every_s: the load's sampling
+    period (None: from sample_load() on, e.g. after a warm-up); measure=False: no machine and no
+    load (a redraw); end_on_signals: SIGTERM and SIGHUP end the bench as SystemExit, so its
+    `finally` blocks run (a testbed bench takes its testbed down), which Python's default skips."""
 
     def __init__(self, name: str, args: argparse.Namespace, *, load_every_s: float | None = 2.0,
                  bandwidth: bool = True, measure: bool = True, end_on_signals: bool = False):
         if end_on_signals:
-            exit_on_signals()
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, _ended)
         self.name, self.args = name, args
         self.commit = commit()   # now: the code this process imported, not the checkout at its end
         self.out = Path(args.out or RESULTS / name)
@@ -600,11 +591,9 @@ class Run:
                 "args": options}
 
     def meta(self, **own) -> dict:
-        """The JSON beside the rows: the benchmark's name, head(), then the bench's own keys."""
         return {"benchmark": self.name, **self.head(), **own}
 
     def write(self, rows: list[dict], meta: dict, name: str | None = None) -> None:
-        """<out>/<name>.csv and <out>/<name>.json (name: the bench's)."""
         self.paths += write_outputs(self.out, name or self.name, rows, meta)
 
     def plot(self, draw, *data, name: str | None = None):

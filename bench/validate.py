@@ -1,9 +1,9 @@
 """The validation harness: a grid of configurations -> measured (mpiexec here, or the emulated
 cluster) -> predicted (asgd.perf's analytical model) -> simulated (asgd.sim) -> scored (the
 absolute percentage error, medians per group) -> reported. bench_sim validate, bench_model,
-bench_arch and bench_testbed are each a grid and its targets on top of it. bench/'s doors
-into asgd's model, simulator and testbed are all here: when those modules move, this file
-follows them."""
+bench_arch, bench_testbed and bench_tta are each a grid and its targets on top of it. bench/'s
+doors into asgd's model, simulator and testbed are all here: when those modules move, this
+file follows them."""
 
 from __future__ import annotations
 
@@ -24,19 +24,31 @@ from pathlib import Path
 import common
 from common import JobFailed
 
+from asgd import testbed as _testbed
 from asgd.perf import analytic
-from asgd.perf.architectures import predict as model_predict   # one run of any architecture
 from asgd.perf import cli as perf
+from asgd.perf.architectures import predict as model_predict   # one run of any architecture
+from asgd.sim import cli as sim_cli, costs as sim_costs, machines as sim_machines
+from asgd.sim.probes import corrections
+from asgd.sim.run import simulate_isolated
+from asgd.testbed import model as _testbed_model
+from asgd.testbed.spec import format_rate   # noqa: F401 (bench_overlap, bench_testbed)
 
 Run, Params = analytic.Run, analytic.Params   # a configuration the model predicts; its parameters
 optimize, data_of, PerfError = perf.optimize, perf.data_of, perf.PerfError
+ape = perf.ape   # absolute percentage error, % of the measured value: asgd.perf's definition
+parse_rate, testbed_missing = _testbed.parse_rate, _testbed.missing_requirements
+open_testbed = _testbed.Testbed.open   # a running testbed's handle (its spec: hosts, veths)
+launcher = common.mpiexec_path
+sim_params = sim_costs.load_params     # a params.json as the simulator reads it: (Params, the raw file)
 OPTIMIZER_LIMIT = 1.10   # the optimizer's pick, measured, against the best measured
 
 
+def _stem() -> str:
+    return Path(sys.argv[0]).stem
+
+
 # -- scoring: one error, its medians ------------------------------------------------------
-
-ape = perf.ape   # absolute percentage error, % of the measured value: asgd.perf's definition
-
 
 def quantile(xs: list[float], q: float) -> float:
     """The q-quantile by nearest rank (as asgd.perf compare reports it)."""
@@ -62,6 +74,11 @@ def score(rows: list[dict], key: str, by: str | None = None) -> dict | None:
         if got:
             groups[str(v)] = got
     return groups
+
+
+def scores(rows: list[dict], whos, keys, column: str = "{who}_ape_{k}", name: str = "{who}_{k}") -> dict:
+    """{name: score(rows, column)} for every predictor `who` and metric `k` (the templates' fields)."""
+    return {name.format(who=who, k=k): score(rows, column.format(who=who, k=k)) for who in whos for k in keys}
 
 
 def judged(meas: dict, **predicted: dict) -> dict:
@@ -174,9 +191,8 @@ class OthersCPU:
 
 
 def train_here(ranks: int, opts: list[str], run_dir: Path, timeout: float) -> dict:
-    """`asgd.train OPTS` on `ranks` ranks here, into run_dir made fresh (a stale results.json
-    misleads) and bounded by asgd.train's own --timeout first; {wall_s: the launcher's,
-    others_cores: the other users' CPU meanwhile}."""
+    """`asgd.train OPTS` on `ranks` ranks here into run_dir made fresh, bounded by asgd.train's
+    own --timeout first; {wall_s: the launcher's, others_cores: the other users' CPU meanwhile}."""
     d = common.fresh_dir(Path(run_dir).resolve())
     with OthersCPU() as others:
         job = common.mpiexec(ranks, ["-m", "asgd.train", *opts, "--quiet", "--out", str(d), "--timeout", str(timeout)],
@@ -194,9 +210,9 @@ def python(argv: list[str], timeout: float, what: str) -> float:
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
-        sys.exit(f"{Path(sys.argv[0]).stem}: {what} did not finish within {timeout:.0f} s")
+        sys.exit(f"{_stem()}: {what} did not finish within {timeout:.0f} s")
     if rc:
-        sys.exit(f"{Path(sys.argv[0]).stem}: {what} failed (exit {rc}): python {' '.join(argv)}")
+        sys.exit(f"{_stem()}: {what} failed (exit {rc}): python {' '.join(argv)}")
     return time.perf_counter() - t0
 
 
@@ -214,6 +230,14 @@ def calibrate(out: Path, quick: bool, lock: str | None = None) -> tuple[Path, fl
 def params_file(given: Path | None, out: Path, quick: bool, lock: str | None = None) -> tuple[Path, float | None]:
     """--params, or calibrate() now, before any run of the sweep: (its path, calibrate's wall or None)."""
     return (given.resolve(), None) if given else calibrate(out, quick, lock)
+
+
+def with_costs(raw: dict, hw: Params, path: Path) -> Path:
+    """A copy of the params.json `raw` whose costs are hw's (e.g. the testbed's links), written
+    to `path` for the simulator, which reads a file."""
+    raw = {**raw, "params": {**raw["params"], **json.loads(json.dumps(dataclasses.asdict(hw)))}}
+    path.write_text(json.dumps(raw, indent=1))
+    return path
 
 
 def warm_up(out: Path, timeout: float, *opts: str, lock: str | None = None) -> None:
@@ -270,7 +294,7 @@ def load_params(path) -> Params:
     try:
         return perf.load_params(str(path))
     except PerfError as e:
-        sys.exit(f"{Path(sys.argv[0]).stem}: {e}")
+        sys.exit(f"{_stem()}: {e}")
 
 
 def results(run_dir) -> dict:
@@ -312,19 +336,12 @@ def without_crowding(params: Params) -> Params:
 def need_simulator() -> None:
     from asgd.sim import INSTALL_HINT, available
     if not available():
-        sys.exit(f"{Path(sys.argv[0]).stem}: {INSTALL_HINT}")
-
-
-def sim_params(path) -> tuple[Params, dict]:
-    """A params.json as the simulator reads it: (Params, the raw file)."""
-    from asgd.sim.costs import load_params
-    return load_params(str(path))
+        sys.exit(f"{_stem()}: {INSTALL_HINT}")
 
 
 def sim_spec():
     """asgd.sim's Spec (a simulated run on a machine) and its machines module."""
-    from asgd.sim import costs, machines
-    return costs.Spec, machines
+    return sim_costs.Spec, sim_machines
 
 
 def simulate(params_path, run_dir=None, spec=None, *, params: tuple | None = None, out=None, machine=None,
@@ -332,18 +349,14 @@ def simulate(params_path, run_dir=None, spec=None, *, params: tuple | None = Non
     """asgd.sim in a forked child: a run like `run_dir` (python -m asgd.sim --like RUN_DIR
     [--machine M] [--background CORES]) or `spec`, with params_path's costs or `params`
     ((Params, raw): inferred ones); its results."""
-    from asgd.sim import cli as sim_cli
-    from asgd.sim.costs import Costs
-    from asgd.sim.probes import corrections
-    from asgd.sim.run import simulate_isolated
     p, raw = params or sim_params(params_path)
     data_path = data_name
     if spec is None:
         argv = ["--like", str(run_dir), "--params", str(params_path), "--background", f"{background:.3f}"]
         argv += ["--machine", machine] if machine else []
         spec, data_path = sim_cli.spec_from_args(sim_cli.parse_args(argv + (["--out", str(out)] if out else [])), p)
-    return simulate_isolated(spec, Costs(p, spec, raw, corrections=corrections), str(out) if out else None, False,
-                             (0, 200), raw.get("sleep_overhead_s"), data_path, str(params_path))
+    return simulate_isolated(spec, sim_costs.Costs(p, spec, raw, corrections=corrections), str(out) if out else None,
+                             False, (0, 200), raw.get("sleep_overhead_s"), data_path, str(params_path))
 
 
 def optimizer_check(ranked: list[dict], measured: list[dict], key, cost, limit: float = OPTIMIZER_LIMIT) -> dict:
@@ -363,16 +376,9 @@ def optimizer_check(ranked: list[dict], measured: list[dict], key, cost, limit: 
 
 # -- the emulated cluster ------------------------------------------------------------------------
 
-def testbed_missing() -> str | None:
-    """Why there can be no emulated cluster here (None: there can)."""
-    from asgd.testbed import missing_requirements
-    return missing_requirements()
-
-
-def open_testbed(name: str):
-    """The handle of a running testbed (its spec: hosts, veths)."""
-    from asgd.testbed import Testbed
-    return Testbed.open(name)
+def testbed_model():
+    """asgd.testbed.model: the links' ceilings, wire bytes, testbed_params, the probes."""
+    return _testbed_model
 
 
 @contextlib.contextmanager
@@ -382,17 +388,17 @@ def testbed(name: str, hosts: int, rate: str, latency_us: float = 0.0):
     from asgd.testbed import TestbedError, lifecycle
     reason = testbed_missing()
     if reason:
-        raise SystemExit(f"{Path(sys.argv[0]).stem}: no testbed here: {reason}")
+        raise SystemExit(f"{_stem()}: no testbed here: {reason}")
     try:
         if lifecycle.exists(name):
             lifecycle.down(name, say=lambda *a, **k: None)
         tb = lifecycle.up(name, hosts, parse_rate(rate), latency_us, say=lambda *a, **k: None)
     except TestbedError as e:
-        raise SystemExit(f"{Path(sys.argv[0]).stem}: {e}") from None
+        raise SystemExit(f"{_stem()}: {e}") from None
     try:
         yield tb
     except TestbedError as e:
-        raise SystemExit(f"{Path(sys.argv[0]).stem}: {e}") from None
+        raise SystemExit(f"{_stem()}: {e}") from None
     finally:
         tb.down()
 
@@ -409,23 +415,3 @@ def testbed_job(tb, ranks: int, argv: list[str], timeout: float, check_bytes: bo
     if res.rc or res.results is None:
         raise JobFailed(f"exit {res.rc}: {(res.stderr or '')[-400:]}")
     return res, round((load0 + os.getloadavg()[0]) / 2, 2)
-
-
-def parse_rate(rate: str) -> int:
-    from asgd.testbed import parse_rate as parse
-    return parse(rate)
-
-
-def format_rate(rate_bit: float) -> str:
-    from asgd.testbed.spec import format_rate as fmt
-    return fmt(rate_bit)
-
-
-def testbed_model():
-    """asgd.testbed.model: the links' ceilings, wire bytes, testbed_params, the probes."""
-    from asgd.testbed import model
-    return model
-
-
-def launcher() -> str:
-    return common.mpiexec_path()
