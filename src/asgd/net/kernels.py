@@ -754,7 +754,7 @@ def adagrad_update(w, g2, d, out, lr, eps, scale):
 
 
 @njit(**_OPT)
-def _adam_block(w, m, v, d, out, lr, b1, b2, eps, c1, c2, scale):
+def _adam_block(w, m, v, d, out, a, b1, b2, e, scale):
     one = w.dtype.type(1.0)   # a literal 1.0 is float64: it would lift a float32 update to float64
     for i in range(w.size):
         di = scale * d[i]
@@ -762,28 +762,30 @@ def _adam_block(w, m, v, d, out, lr, b1, b2, eps, c1, c2, scale):
         vi = b2 * v[i] + (one - b2) * di * di
         m[i] = mi
         v[i] = vi
-        out[i] = w[i] + lr * (mi * c1) / (math.sqrt(vi * c2) + eps)
+        out[i] = w[i] + a * mi / (math.sqrt(vi) + e)
 
 
 @njit(**_OPT)
-def adam_update(w, m, v, d, out, lr, b1, b2, eps, c1, c2, scale):
+def adam_update(w, m, v, d, out, a, b1, b2, e, scale):
     """Adam (Kingma & Ba 2015), step t >= 1: m = b1 m + (1-b1) d; v = b2 v + (1-b2) d^2, in
     place; out = w + lr m^ / (sqrt(v^) + eps), with the bias corrections m^ = m c1, v^ = v c2,
-    c1 = 1/(1-b1^t), c2 = 1/(1-b2^t) (the caller's, computed in float64); False (nothing
-    changed) if d is not finite."""
+    c1 = 1/(1-b1^t), c2 = 1/(1-b2^t), taken as out = w + a m / (sqrt(v) + e) with the caller's
+    a = lr c1 / sqrt(c2) and e = eps / sqrt(c2) (the same quantity: sqrt(v c2) = sqrt(v) sqrt(c2);
+    computed in float64 and rounded once each, so no value pays for the corrections); False
+    (nothing changed) if d is not finite."""
     n = w.size
     if not _sizes_agree(n, m, v, d) or (out is not None and out.size != n):
         raise ValueError("adam_update: sizes differ")
     if not all_finite(d):
         return False
     if out is not None:
-        _adam_block(w, m, v, d, out, lr, b1, b2, eps, c1, c2, scale)
+        _adam_block(w, m, v, d, out, a, b1, b2, e, scale)
         return True
     tmp = np.empty(_BLOCK, w.dtype)   # in place: through a scratch block (see above)
-    for a in range(0, n, _BLOCK):
-        b = min(a + _BLOCK, n)
-        _adam_block(w[a:b], m[a:b], v[a:b], d[a:b], tmp[:b - a], lr, b1, b2, eps, c1, c2, scale)
-        w[a:b] = tmp[:b - a]
+    for i in range(0, n, _BLOCK):
+        j = min(i + _BLOCK, n)
+        _adam_block(w[i:j], m[i:j], v[i:j], d[i:j], tmp[:j - i], a, b1, b2, e, scale)
+        w[i:j] = tmp[:j - i]
     return True
 
 
