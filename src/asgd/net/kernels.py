@@ -637,16 +637,18 @@ def add_scaled(w, dw, a):
 # "ninf" too the division becomes vrcp14ps and a Newton step, and adam's update took as
 # long (2026-11-28, as above: 3.44x sgd against 3.30x exact, at 400 KB): memory, not the
 # square root or the division, bounds it.
-# Precision: every scalar comes in w's dtype (Optimizer.update casts lr, eps, the betas,
-# Adam's bias corrections and the scales), so a float32 shard is updated in float32
+# Precision: every scalar comes in w's dtype (Optimizer.update casts lr, eps, the betas
+# and the scales; Adam's lr, eps and bias corrections come folded into two, a and e, made
+# in float64 and rounded once each), so a float32 shard is updated in float32
 # arithmetic throughout, 16 lanes to an AVX-512 register where float64 had 8: sqrt and
 # division are IEEE float32's, correctly rounded. What that costs in accuracy, per update:
 # each value computed is within (its roundings) x 2^-24 relative of the same update done
-# in float64 from the same float32 inputs (adagrad's step: 6.5 roundings; Adam's: 8;
-# tests/test_optimizers.py pins both), far inside what an optimizer needs, whose step size
-# is a learning rate tuned by factors of 2 and is perturbed far more by the staleness of an
-# asynchronous push; summed over T updates, adagrad's G drifts at most T x 2^-24
-# relative (its terms are positive): after 10^5 updates, its step within 0.3 %.
+# in float64 from the same float32 inputs (adagrad's step: 6.5 roundings; Adam's: 7.5,
+# against the exact float64 lr, eps and corrections; tests/test_optimizers.py pins both),
+# far inside what an optimizer needs, whose step size is a learning rate tuned by factors
+# of 2 and is perturbed far more by the staleness of an asynchronous push; summed over T
+# updates, adagrad's G drifts at most T x 2^-24 relative (its terms are positive): after
+# 10^5 updates, its step within 0.3 %.
 
 _BLOCK = 512   # values of d checked, then used: 4 KB of float64 (2 KB of float32), in L1 between the two
 _EXACT = dict(boundscheck=False, error_model="numpy", cache=True)   # sgd, momentum: no contraction, as before
