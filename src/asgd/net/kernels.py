@@ -637,16 +637,18 @@ def add_scaled(w, dw, a):
 # "ninf" too the division becomes vrcp14ps and a Newton step, and adam's update took as
 # long (2026-11-28, as above: 3.44x sgd against 3.30x exact, at 400 KB): memory, not the
 # square root or the division, bounds it.
-# Precision: every scalar comes in w's dtype (Optimizer.update casts lr, eps, the betas,
-# Adam's bias corrections and the scales), so a float32 shard is updated in float32
+# Precision: every scalar comes in w's dtype (Optimizer.update casts lr, eps, the betas
+# and the scales; Adam's lr, eps and bias corrections come folded into two, a and e, made
+# in float64 and rounded once each), so a float32 shard is updated in float32
 # arithmetic throughout, 16 lanes to an AVX-512 register where float64 had 8: sqrt and
 # division are IEEE float32's, correctly rounded. What that costs in accuracy, per update:
 # each value computed is within (its roundings) x 2^-24 relative of the same update done
-# in float64 from the same float32 inputs (adagrad's step: 6.5 roundings; Adam's: 8;
-# tests/test_optimizers.py pins both), far inside what an optimizer needs, whose step size
-# is a learning rate tuned by factors of 2 and is perturbed far more by the staleness of an
-# asynchronous push; summed over T updates, adagrad's G drifts at most T x 2^-24
-# relative (its terms are positive): after 10^5 updates, its step within 0.3 %.
+# in float64 from the same float32 inputs (adagrad's step: 6.5 roundings; Adam's: 7.5,
+# against the exact float64 lr, eps and corrections; tests/test_optimizers.py pins both),
+# far inside what an optimizer needs, whose step size is a learning rate tuned by factors
+# of 2 and is perturbed far more by the staleness of an asynchronous push; summed over T
+# updates, adagrad's G drifts at most T x 2^-24 relative (its terms are positive): after
+# 10^5 updates, its step within 0.3 %.
 
 _BLOCK = 512   # values of d checked, then used: 4 KB of float64 (2 KB of float32), in L1 between the two
 _EXACT = dict(boundscheck=False, error_model="numpy", cache=True)   # sgd, momentum: no contraction, as before
@@ -754,7 +756,7 @@ def adagrad_update(w, g2, d, out, lr, eps, scale):
 
 
 @njit(**_OPT)
-def _adam_block(w, m, v, d, out, lr, b1, b2, eps, c1, c2, scale):
+def _adam_block(w, m, v, d, out, a, b1, b2, e, scale):
     one = w.dtype.type(1.0)   # a literal 1.0 is float64: it would lift a float32 update to float64
     for i in range(w.size):
         di = scale * d[i]
@@ -762,28 +764,30 @@ def _adam_block(w, m, v, d, out, lr, b1, b2, eps, c1, c2, scale):
         vi = b2 * v[i] + (one - b2) * di * di
         m[i] = mi
         v[i] = vi
-        out[i] = w[i] + lr * (mi * c1) / (math.sqrt(vi * c2) + eps)
+        out[i] = w[i] + a * mi / (math.sqrt(vi) + e)
 
 
 @njit(**_OPT)
-def adam_update(w, m, v, d, out, lr, b1, b2, eps, c1, c2, scale):
+def adam_update(w, m, v, d, out, a, b1, b2, e, scale):
     """Adam (Kingma & Ba 2015), step t >= 1: m = b1 m + (1-b1) d; v = b2 v + (1-b2) d^2, in
     place; out = w + lr m^ / (sqrt(v^) + eps), with the bias corrections m^ = m c1, v^ = v c2,
-    c1 = 1/(1-b1^t), c2 = 1/(1-b2^t) (the caller's, computed in float64); False (nothing
-    changed) if d is not finite."""
+    c1 = 1/(1-b1^t), c2 = 1/(1-b2^t), taken as out = w + a m / (sqrt(v) + e) with the caller's
+    a = lr c1 / sqrt(c2) and e = eps / sqrt(c2) (the same quantity: sqrt(v c2) = sqrt(v) sqrt(c2);
+    computed in float64 and rounded once each, so no value pays for the corrections); False
+    (nothing changed) if d is not finite."""
     n = w.size
     if not _sizes_agree(n, m, v, d) or (out is not None and out.size != n):
         raise ValueError("adam_update: sizes differ")
     if not all_finite(d):
         return False
     if out is not None:
-        _adam_block(w, m, v, d, out, lr, b1, b2, eps, c1, c2, scale)
+        _adam_block(w, m, v, d, out, a, b1, b2, e, scale)
         return True
     tmp = np.empty(_BLOCK, w.dtype)   # in place: through a scratch block (see above)
-    for a in range(0, n, _BLOCK):
-        b = min(a + _BLOCK, n)
-        _adam_block(w[a:b], m[a:b], v[a:b], d[a:b], tmp[:b - a], lr, b1, b2, eps, c1, c2, scale)
-        w[a:b] = tmp[:b - a]
+    for i in range(0, n, _BLOCK):
+        j = min(i + _BLOCK, n)
+        _adam_block(w[i:j], m[i:j], v[i:j], d[i:j], tmp[:j - i], a, b1, b2, e, scale)
+        w[i:j] = tmp[:j - i]
     return True
 
 

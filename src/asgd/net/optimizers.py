@@ -21,6 +21,8 @@ nothing, and needs no undo.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import OPTIMIZERS, kernels
@@ -65,9 +67,13 @@ class Optimizer:
         elif self.name == "adagrad":
             ok = kernels.adagrad_update(w, s["g2"], d, out, lr, self._eps, scale)
         else:
-            t = self.t + 1   # the bias corrections in float64, then cast: b2^t is 1 - t (1 - b2) early on
-            c1, c2 = 1.0 / (1.0 - BETAS[0] ** t), 1.0 / (1.0 - BETAS[1] ** t)
-            ok = kernels.adam_update(w, s["m"], s["v"], d, out, lr, *self._betas, self._eps, f(c1), f(c2), scale)
+            # the bias corrections folded into two scalars, in float64 and then rounded once each
+            # (b2^t is 1 - t (1 - b2) early on): lr m^ / (sqrt(v^) + eps) = a m / (sqrt(v) + e),
+            # a = lr c1 / sqrt(c2), e = eps / sqrt(c2), so no value pays for them (net.kernels)
+            t = self.t + 1
+            r2 = math.sqrt(1.0 - BETAS[1] ** t)   # 1 / sqrt(c2)
+            a = self.lr * lr_scale / (1.0 - BETAS[0] ** t) * r2
+            ok = kernels.adam_update(w, s["m"], s["v"], d, out, f(a), *self._betas, f(EPS * r2), scale)
         if ok:
             self.t += 1
         return ok
