@@ -49,12 +49,9 @@ ONEBIT = {"quantize_1bit", "quantize_diff_1bit", "dequantize_1bit", "all_finite"
 def test_each_role_loads_only_its_kernels(role, rank, reads_file, compress, kernels):
     uses = startup.loads(role, rank, reads_file, compress=compress)
     got = _loaded(f"from asgd.run import startup\nstartup.load({uses!r})")["compiled"]
-    public = {name.rsplit(".", 1)[1] for name in got} - {"_mix", "_sigmoid", "vexp", "_fwd22", "_bwd22", "_fwd_any",
-                                                         "_bwd_any", "_forward_block", "_transpose_into",
-                                                         "_check_labels", "_block_rows", "_split_means", "_space",
-                                                         "_digit", "_special", "_float_kind", "_fail",
-                                                         "_finite_block", "_sizes_agree", "_sgd_block",
-                                                         "_momentum_block", "_adagrad_block", "_adam_block"}  # callees
+    # a private dispatcher is a public kernel's callee, compiled with it when numba's cache is
+    # cold (and not when it loads from the cache): only _permuted is called from Python
+    public = {n for n in (name.rsplit(".", 1)[1] for name in got) if not n.startswith("_") or n == "_permuted"}
     assert public == kernels
 
 
