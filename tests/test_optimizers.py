@@ -266,10 +266,11 @@ def test_float32_updates_are_within_their_roundings_of_float64(name, scale):
     n = 5000
     w = rng.normal(size=n).astype(np.float32)
     d = (rng.normal(size=n) * 10.0 ** rng.uniform(-4, 1, n)).astype(np.float32)
-    opt = Optimizer(name, 0.01, n, dtype=np.float32)
+    lr_exact = 0.01
+    opt = Optimizer(name, lr_exact, n, dtype=np.float32)
     opt.t = 41   # Adam's bias corrections well away from 1
     f = np.float32
-    lr, eps, s = f(0.01), f(optimizers.EPS), f(scale)
+    lr, eps, s = f(lr_exact), f(optimizers.EPS), f(scale)
     up = {}
     for k in opt.state:   # a state of every magnitude
         opt.state[k][:] = (np.abs(rng.normal(size=n)) * 10.0 ** rng.uniform(-8, 2, n)).astype(np.float32)
@@ -290,11 +291,11 @@ def test_float32_updates_are_within_their_roundings_of_float64(name, scale):
         m = b1 * up["m"] + (1 - b1) * di
         v = b2 * up["v"] + (1 - b2) * di * di
         den = np.sqrt(v * c2) + optimizers.EPS
-        step = 0.01 * m * c1 / den
+        step = lr_exact * m * c1 / den
         m_err = 3 * U32 * (np.abs(b1 * up["m"]) + np.abs((1 - b1) * di))
         np.testing.assert_array_less(np.abs(opt.state["m"] - m), m_err + 1e-45)
         np.testing.assert_array_less(np.abs(opt.state["v"] - v), 5 * U32 * v + 1e-45)
-        bound = 7.5 * U32 * np.abs(step) + 0.01 * c1 * m_err / den
+        bound = 7.5 * U32 * np.abs(step) + lr_exact * c1 * m_err / den
     w1 = w64 + step
     np.testing.assert_array_less(np.abs(out - w1), bound + U32 * np.abs(w1) + 1e-45)
     assert out.dtype == np.float32 and opt.t == 42
