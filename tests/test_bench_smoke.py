@@ -373,9 +373,10 @@ print("ok")
 
 def test_the_chaos_benchs_bookkeeping(tmp_path):
     """bench_chaos's own arithmetic (its runs take minutes, so the suite runs none): the
-    training a restart lost counts from the cut it resumed from to the kill; the interval
-    is read from server 0's last two cut files; the per-kind table counts hangs and bad
-    checkpoints and compares a run's accuracy with its undisturbed twin's."""
+    epochs that train for --train-s, scaled from the pilot's; the training a restart lost
+    counts from the cut it resumed from to the kill; the interval is read from server 0's
+    last two cut files; the per-kind table counts hangs and bad checkpoints and compares a
+    run's accuracy with its undisturbed twin's."""
     code = """
 import sys, json
 sys.path.insert(0, sys.argv[1])
@@ -386,6 +387,7 @@ from asgd.run import checkpoint
 assert bc.work_lost([{"resumed_from": {"time": 100.0}}], 100.75) == 0.75
 assert bc.work_lost([], 100.75) is None and bc.work_lost([{"resumed_from": None}], 1.0) is None
 assert bc.work_lost([{"resumed_from": {"time": 100.0}}], None) is None
+assert bc.epochs_for(9.0, 100, 1.3) == 692 and bc.epochs_for(9.0, 100, 30.0) == 30 and bc.epochs_for(1, 100, 900) == 1
 out = Path(sys.argv[2])
 assert bc.last_interval(out) is None
 clock = iter([10.0, 10.5])
