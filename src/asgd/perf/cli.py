@@ -818,6 +818,7 @@ def _same_problem(stats: Statistics, a) -> None:
         raise PerfError(f"{a.params}: its pilot ran {stats.data} with hidden {stats.hidden}, not {data} with hidden "
                         f"{a.hidden}: run python -m asgd.perf pilot for this problem (or optimize --measure)")
 
+
 def _reference_reaches(stats: Statistics, optimizer: str, target: tuple[str, float]) -> None:
     """Refuse a target the pilot's reference of this optimizer never reached, naming what
     helps: more pilot epochs to this target (optimize --measure pilots to it), or an easier
